@@ -1,0 +1,1 @@
+"""The ``ssm-scan`` command: the front door to the three backends."""

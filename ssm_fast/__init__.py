@@ -1,0 +1,1 @@
+"""ssm_fast: numba-parallel CPU kernels for the selective scan (issue 3; not built yet)."""

@@ -1,0 +1,99 @@
+"""ssm_ref: the numpy reference of the Mamba selective scan (ggml SSM_SCAN) and its backward
+(ggmlR SSM_SCAN_BACK) -- the executable spec every other backend is tested against.
+
+    import ssm_ref
+    r = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids)             # float32, the contract
+    o = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids, dtype=np.float64)   # the oracle
+    g = ssm_ref.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+
+Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
+s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
+B and C (S,T,G,N), ids (S,) integer in [0, R). See docs/SPEC.md.
+
+The same names exist in ``ssm_fast`` (numba, CPU) and ``ssm_vk`` (Vulkan).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import packing
+from .checks import Dims, Problem, check_backward, check_dtype, check_forward
+from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
+from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
+from .scan import backward as _backward
+from .scan import forward as _forward
+from .scan import scatter_rows
+
+__version__ = "0.1.0"
+
+NAME = "ssm_ref"
+WHERE = "CPU"
+
+__all__ = [
+    "GRAD_NAMES",
+    "NAME",
+    "Dims",
+    "Problem",
+    "ScanGrads",
+    "ScanResult",
+    "Support",
+    "__version__",
+    "check_backward",
+    "check_dtype",
+    "check_forward",
+    "pack_backward",
+    "pack_forward",
+    "packing",
+    "scatter_rows",
+    "ssm_scan",
+    "ssm_scan_back",
+    "supports",
+    "unpack_backward",
+    "unpack_forward",
+]
+
+OPS = ("ssm_scan", "ssm_scan_back")
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> ScanResult:
+    """Forward selective scan.
+
+    Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
+    ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype.
+    dtype: np.float32 (the contract: float32 storage and arithmetic) or np.float64 (the oracle).
+
+    Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
+    Raises TypeError / ValueError for bad input before any work.
+    Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan.
+    """
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype)
+    y, states = _forward(p)
+    return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
+
+
+def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) -> ScanGrads:
+    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
+
+    g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
+    g_states=None. Returns ScanGrads: d_s (R,H,P,N) (scatter-added by ids), d_s0 (S,H,P,N),
+    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``.
+    Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back.
+    """
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype)
+    g = _backward(p)
+    return ScanGrads(**g, where=WHERE, backend=NAME)
+
+
+def check_op(op: str) -> str:
+    """``op`` must be "ssm_scan" or "ssm_scan_back"."""
+    if op not in OPS:
+        raise ValueError(f"op: expected 'ssm_scan' or 'ssm_scan_back', got {op!r}")
+    return op
+
+
+def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
+    """The reference runs every valid case on the CPU. Bad input raises as in ssm_scan."""
+    check_op(op)
+    check_forward(s, x, dt, A, B, C, ids)
+    return Support(True, "the reference runs every shape on the CPU")

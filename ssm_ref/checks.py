@@ -1,0 +1,249 @@
+"""Argument checks shared by every backend.
+
+Glossary (the letters of SCAN.md, used in every backend, shader and doc):
+    N  d_state          P  head_dim         H  n_head
+    G  n_group          T  tokens/sequence  S  sequences
+    R  rows of the state cache s
+
+``check_forward`` / ``check_backward`` take the caller's array-likes, check every argument
+before any work is done, and return a :class:`Problem`: the dimensions plus C-contiguous,
+read-only arrays in the working dtype. A backend never sees the caller's arrays writable and
+never keeps them: when the caller's array already has the right dtype and layout the Problem
+holds a read-only *view* of it (the caller's own flags are untouched); otherwise a converted copy.
+
+Errors follow INTERFACE.md: ``TypeError`` for dtypes, ``ValueError`` for shapes, sizes, ids and
+groups, with a message that names the argument, the expected shape in symbols and numbers, and
+what was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Dims", "Problem", "check_backward", "check_dtype", "check_forward"]
+
+# Accepted working precisions of the reference; the fast backends always use float32.
+_WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes of one problem. ``mamba1`` is True when A has shape (H, N)."""
+
+    S: int
+    T: int
+    H: int
+    P: int
+    N: int
+    G: int
+    R: int
+    mamba1: bool
+    a_shape: tuple  # A's shape as the caller gave it: (H,), (H, 1) or (H, N)
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.H // self.G if self.G else 0
+
+    @property
+    def variant(self) -> str:
+        return "mamba1" if self.mamba1 else "mamba2"
+
+    @property
+    def forward_size(self) -> int:
+        """Length of the packed forward output (ggml SSM_SCAN layout)."""
+        return self.S * self.T * self.H * self.P + self.S * self.H * self.P * self.N
+
+    @property
+    def backward_size(self) -> int:
+        """Length of the packed backward output (ggmlR SSM_SCAN_BACK layout)."""
+        S, T, H, P, N, G = self.S, self.T, self.H, self.P, self.N, self.G
+        return (S * H * P * N + S * T * H * P + S * T * H + int(np.prod(self.a_shape))
+                + 2 * S * T * G * N)
+
+    def group_of_head(self) -> np.ndarray:
+        """(H,) int64: head h reads group h // (H // G)."""
+        return np.arange(self.H, dtype=np.int64) // max(self.heads_per_group, 1)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Checked inputs. Arrays are C-contiguous, read-only, in the working dtype.
+
+    ``A`` is always 2-D here: (H, 1) for Mamba-2, (H, N) for Mamba-1 (``dims.a_shape`` keeps the
+    caller's shape for d_A). ``ids`` is int64 (S,). ``g_y`` / ``g_states`` are set only by
+    ``check_backward`` and are always structured: (S, T, H, P) and (S, H, P, N).
+    """
+
+    dims: Dims
+    s: np.ndarray
+    x: np.ndarray
+    dt: np.ndarray
+    A: np.ndarray
+    B: np.ndarray
+    C: np.ndarray
+    ids: np.ndarray
+    g_y: np.ndarray | None = None
+    g_states: np.ndarray | None = None
+    dtype: np.dtype = _WORK_DTYPES[0]
+
+
+def check_dtype(dtype) -> np.dtype:
+    """The working precision: float32 (the contract) or float64 (the oracle)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"dtype: expected np.float32 or np.float64, got {dtype!r}") from e
+    if dt not in _WORK_DTYPES:
+        raise TypeError(f"dtype: expected np.float32 or np.float64, got {dt}")
+    return dt
+
+
+def _as_array(name: str, value) -> np.ndarray:
+    if value is None:
+        raise TypeError(f"{name}: expected an array, got None")
+    if isinstance(value, np.ndarray):
+        return value
+    # Device-resident arrays (ssm_vk.DeviceArray) are turned into host arrays by their own
+    # backend before they get here; anything else must be array-like.
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # ragged lists and the like
+        raise TypeError(f"{name}: expected a float array, could not convert {type(value).__name__}: {e}") from e
+    return arr
+
+
+def _float_array(name: str, value, dtype: np.dtype) -> np.ndarray:
+    """A read-only C-contiguous array of ``dtype``; the caller's array is never written or kept."""
+    arr = _as_array(name, value)
+    kind = arr.dtype.kind
+    if kind != "f":
+        what = {"i": "an integer", "u": "an unsigned integer", "b": "a bool", "c": "a complex",
+                "O": "an object", "U": "a string", "S": "a bytes", "V": "a structured"}.get(kind, "a non-float")
+        raise TypeError(f"{name}: expected a float array (float16/32/64 are converted to {dtype}), "
+                        f"got {what} array of dtype {arr.dtype}")
+    if arr.dtype.itemsize > 8:
+        raise TypeError(f"{name}: expected float16, float32 or float64, got {arr.dtype}")
+    return arr
+
+
+def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
+    # extra view lets us clear the writeable flag without touching the caller's flags.
+    out = np.ascontiguousarray(arr, dtype=dtype).view()
+    out.flags.writeable = False
+    return out
+
+
+def _fmt(symbols: str, numbers) -> str:
+    nums = ", ".join(str(n) for n in numbers)
+    if len(numbers) == 1:
+        nums += ","
+    return f"{symbols} = ({nums})"
+
+
+def _expect_shape(name: str, arr: np.ndarray, symbols: str, expected: tuple) -> None:
+    if arr.shape != tuple(expected):
+        raise ValueError(f"{name}: expected shape {_fmt(symbols, expected)}, got {tuple(arr.shape)}")
+
+
+def _expect_ndim(name: str, arr: np.ndarray, symbols: str, ndim: int) -> None:
+    if arr.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions {symbols}, got shape {tuple(arr.shape)}")
+
+
+def _check_ids(ids, S: int, R: int) -> np.ndarray:
+    if ids is None:
+        return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
+    arr = _as_array("ids", ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
+    _expect_shape("ids", arr, "(S,)", (S,))
+    if S:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= R:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"ids: every id must be in [0, R) = [0, {R}) (R = rows of s), got {bad}")
+    return _finish(arr.astype(np.int64, copy=False), np.dtype(np.int64))
+
+
+def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> Problem:
+    """Check the forward's arguments (SCAN.md shapes) and return a :class:`Problem`.
+
+    x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
+    those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups) before any work.
+    """
+    work = check_dtype(dtype)
+    x_ = _float_array("x", x, work)
+    _expect_ndim("x", x_, "(S, T, H, P)", 4)
+    S, T, H, P = (int(v) for v in x_.shape)
+    if S < 1:
+        raise ValueError(f"x: S (the number of sequences) must be >= 1, got shape {tuple(x_.shape)}")
+
+    s_ = _float_array("s", s, work)
+    _expect_ndim("s", s_, "(R, H, P, N)", 4)
+    R, N = int(s_.shape[0]), int(s_.shape[3])
+    _expect_shape("s", s_, "(R, H, P, N)", (R, H, P, N))
+    if R < 1:
+        raise ValueError(f"s: R (rows of the state cache) must be >= 1, got shape {tuple(s_.shape)}")
+
+    dt_ = _float_array("dt", dt, work)
+    _expect_shape("dt", dt_, "(S, T, H)", (S, T, H))
+
+    A_ = _float_array("A", A, work)
+    a_shape = tuple(int(v) for v in A_.shape)
+    if a_shape == (H,) or a_shape == (H, 1):
+        mamba1 = False
+    elif a_shape == (H, N):
+        mamba1 = True
+    else:
+        raise ValueError(f"A: expected shape (H,) or (H, 1) = ({H},) or ({H}, 1) for Mamba-2, "
+                         f"or (H, N) = ({H}, {N}) for Mamba-1, got {a_shape}")
+
+    B_ = _float_array("B", B, work)
+    if B_.ndim == 4:
+        G = int(B_.shape[2])
+        _expect_shape("B", B_, "(S, T, G, N)", (S, T, G, N))
+    else:
+        raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, {N}), got {tuple(B_.shape)}")
+    C_ = _float_array("C", C, work)
+    _expect_shape("C", C_, "(S, T, G, N)", (S, T, G, N))
+    if G < 1:
+        raise ValueError(f"B: G (the number of groups) must be >= 1, got shape {tuple(B_.shape)}")
+    if H % G:
+        raise ValueError(f"B: H % G must be 0 (each group is shared by H/G heads), "
+                         f"got H = {H}, G = {G}")
+
+    ids_ = _check_ids(ids, S, R)
+    dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape)
+    A2 = A_.reshape(H, N if mamba1 else 1)
+    return Problem(dims=dims, s=_finish(s_, work), x=_finish(x_, work), dt=_finish(dt_, work),
+                   A=_finish(A2, work), B=_finish(B_, work), C=_finish(C_, work), ids=ids_,
+                   dtype=work)
+
+
+def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) -> Problem:
+    """Check the backward's arguments; ``g_y`` may be the packed 1-D forward layout with
+    ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
+    g_states (S,H,P,N)."""
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype)
+    d = p.dims
+    work = p.dtype
+    n_y = d.S * d.T * d.H * d.P
+    gy = _float_array("g_y", g_y, work)
+    if g_states is None:
+        if gy.ndim != 1:
+            raise ValueError(
+                "g_states: is None, so g_y must be the packed 1-D layout of length "
+                f"S*T*H*P + S*H*P*N = {d.forward_size}, got g_y of shape {tuple(gy.shape)}")
+        _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
+        gy_s = gy[:n_y].reshape(d.S, d.T, d.H, d.P)
+        gs_s = gy[n_y:].reshape(d.S, d.H, d.P, d.N)
+    else:
+        _expect_shape("g_y", gy, "(S, T, H, P)", (d.S, d.T, d.H, d.P))
+        gs = _float_array("g_states", g_states, work)
+        _expect_shape("g_states", gs, "(S, H, P, N)", (d.S, d.H, d.P, d.N))
+        gy_s, gs_s = gy, gs
+    return Problem(dims=d, s=p.s, x=p.x, dt=p.dt, A=p.A, B=p.B, C=p.C, ids=p.ids,
+                   g_y=_finish(gy_s, work), g_states=_finish(gs_s, work), dtype=work)

@@ -1,0 +1,1 @@
+"""ssm_vk: the Vulkan backend (issue 4; not built yet)."""
