@@ -100,13 +100,17 @@ def check_dtype(dtype) -> np.dtype:
     return dt
 
 
+def is_device_array(value) -> bool:
+    """True for device-resident arrays (ssm_vk.DeviceArray): checked by shape and dtype only,
+    never copied to the host by the checker."""
+    return getattr(value, "_ssm_device_array", False) is True
+
+
 def _as_array(name: str, value) -> np.ndarray:
     if value is None:
         raise TypeError(f"{name}: expected an array, got None")
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) or is_device_array(value):
         return value
-    # Device-resident arrays (ssm_vk.DeviceArray) are turned into host arrays by their own
-    # backend before they get here; anything else must be array-like.
     try:
         arr = np.asarray(value)
     except Exception as e:  # ragged lists and the like
@@ -129,11 +133,23 @@ def _float_array(name: str, value, dtype: np.dtype) -> np.ndarray:
 
 
 def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if is_device_array(arr):
+        if arr.dtype != dtype:
+            raise TypeError(f"device arrays hold float32; this call works in {dtype}")
+        return arr
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
     out = np.ascontiguousarray(arr, dtype=dtype).view()
     out.flags.writeable = False
     return out
+
+
+def _part(flat, start: int, shape: tuple):
+    """Elements [start, start + prod(shape)) of a 1-D array, shaped (a view where possible)."""
+    n = int(np.prod(shape))
+    if is_device_array(flat):
+        return flat.view(start, shape)
+    return flat[start:start + n].reshape(shape)
 
 
 def _fmt(symbols: str, numbers) -> str:
@@ -157,6 +173,8 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray:
     if ids is None:
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
     arr = _as_array("ids", ids)
+    if is_device_array(arr):
+        arr = arr.numpy()  # S integers: the range check needs their values
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
     _expect_shape("ids", arr, "(S,)", (S,))
@@ -238,8 +256,8 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) -
                 "g_states: is None, so g_y must be the packed 1-D layout of length "
                 f"S*T*H*P + S*H*P*N = {d.forward_size}, got g_y of shape {tuple(gy.shape)}")
         _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
-        gy_s = gy[:n_y].reshape(d.S, d.T, d.H, d.P)
-        gs_s = gy[n_y:].reshape(d.S, d.H, d.P, d.N)
+        gy_s = _part(gy, 0, (d.S, d.T, d.H, d.P))
+        gs_s = _part(gy, n_y, (d.S, d.H, d.P, d.N))
     else:
         _expect_shape("g_y", gy, "(S, T, H, P)", (d.S, d.T, d.H, d.P))
         gs = _float_array("g_states", g_states, work)
