@@ -10,6 +10,7 @@ visible to later submissions and to the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 from . import binding
@@ -51,9 +52,13 @@ class Sequence:
                 self._cmd = vk.vkAllocateCommandBuffers(device, vk.VkCommandBufferAllocateInfo(
                     commandPool=self._pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
                 self._fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
-            # Built once: a submit reuses them (sharp edge 9: every struct built costs microseconds).
-            self._fences = vk.ffi.new("VkFence[1]", [self._fence])
-            self._submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[self._cmd])
+            # Built once in raw cffi and reused by every submit (sharp edge 9: the binding's
+            # wrappers made a pre-recorded submit+wait 45 us instead of 24 us on lavapipe).
+            ffi = vk.ffi
+            self._fences = ffi.new("VkFence[1]", [self._fence])
+            self._cmds = ffi.new("VkCommandBuffer[1]", [self._cmd])
+            self._submit_info = ffi.new("VkSubmitInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1, "pCommandBuffers": self._cmds})
             ctx.adopt(self)
         except BaseException:
             self._release()
@@ -69,8 +74,8 @@ class Sequence:
         self._kernels: set[Kernel] = set()
         self._labels: list[str] = []
         self._submitted = False
-        with binding.translated("vkBeginCommandBuffer"):
-            vk.vkBeginCommandBuffer(self._cmd, vk.VkCommandBufferBeginInfo())
+        begin = vk.ffi.new("VkCommandBufferBeginInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
+        binding.check_result(vk.lib.vkBeginCommandBuffer(self._cmd, begin), "vkBeginCommandBuffer")
 
     def _recording(self) -> None:
         if self.closed:
@@ -102,14 +107,15 @@ class Sequence:
             got = len(push) if isinstance(push, bytes | bytearray) else type(push).__name__
             raise ValueError(f"dispatch {kernel.name}: push must be {kernel.push_size} bytes, got {got}")
         dset = kernel.descriptor_set(bindings)  # checks the bindings, before any command is recorded
-        vk = binding.require()
-        cmd = self._cmd
-        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
-        vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, [dset], 0, None)
+        vk = binding.vk
+        lib, cmd = vk.lib, self._cmd  # raw calls: recording through the binding's wrappers cost ~2x
+        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
+        sets = vk.ffi.new("VkDescriptorSet[1]", [dset])
+        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, sets, 0, vk.ffi.NULL)
         if push:
             data = binding.bytes_arg(push)  # alive until the call returns; the command copies it
-            vk.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push), data)
-        vk.vkCmdDispatch(cmd, *groups)
+            lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push), data)
+        lib.vkCmdDispatch(cmd, *groups)
         self._kernels.add(kernel)
         for item in bindings:
             buf = item if isinstance(item, Buffer) else item[0]
@@ -121,17 +127,9 @@ class Sequence:
         self._memory_barrier(host=False)
 
     def _memory_barrier(self, host: bool) -> None:
-        vk = binding.require()
-        stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        src_access = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
-        dst_access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-                      | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
-        dst_stages = stages
-        if host:
-            dst_stages |= vk.VK_PIPELINE_STAGE_HOST_BIT
-            dst_access |= vk.VK_ACCESS_HOST_READ_BIT
-        access = vk.VkMemoryBarrier(srcAccessMask=src_access, dstAccessMask=dst_access)
-        vk.vkCmdPipelineBarrier(self._cmd, stages, dst_stages, 0, 1, [access], 0, None, 0, None)
+        vk = binding.vk
+        barrier, src_stages, dst_stages = _barrier(host)
+        vk.lib.vkCmdPipelineBarrier(self._cmd, src_stages, dst_stages, 0, 1, barrier, 0, vk.ffi.NULL, 0, vk.ffi.NULL)
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a copy of ``nbytes`` bytes. Raises TypeError/ValueError (ranges outside the
@@ -188,10 +186,8 @@ class Sequence:
     def finish(self) -> None:
         """End recording. Adds the barrier that exposes the writes to later work and to the host."""
         self._recording()
-        vk = binding.require()
         self._memory_barrier(host=True)
-        with binding.translated("vkEndCommandBuffer"):
-            vk.vkEndCommandBuffer(self._cmd)
+        binding.check_result(binding.vk.lib.vkEndCommandBuffer(self._cmd), "vkEndCommandBuffer")
         self._state = _READY
 
     def reset(self) -> None:
@@ -199,9 +195,7 @@ class Sequence:
         if self.closed:
             raise RuntimeError("this Sequence is closed")
         self.wait()
-        vk = binding.require()
-        with binding.translated("vkResetCommandPool"):
-            vk.vkResetCommandPool(self.ctx.handle, self._pool, 0)
+        binding.check_result(binding.vk.lib.vkResetCommandPool(self.ctx.handle, self._pool, 0), "vkResetCommandPool")
         self._begin()
 
     # -- execution ----------------------------------------------------------------------------------
@@ -229,13 +223,13 @@ class Sequence:
         if fault is DeviceLost:
             ctx.mark_lost()
             raise DeviceLost("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST (injected by fail_next_submit)", -4)
-        vk = binding.require()
+        lib = binding.vk.lib
         with ctx.lock:
-            try:
-                vk.vkResetFences(ctx.handle, 1, self._fences)
-                vk.vkQueueSubmit(ctx.queue, 1, [self._submit_info], self._fence)
-            except (vk.VkError, vk.VkException) as exc:
-                raise self._failed(exc, "vkQueueSubmit") from exc
+            result = lib.vkResetFences(ctx.handle, 1, self._fences)
+            if result == 0:
+                result = lib.vkQueueSubmit(ctx.queue, 1, self._submit_info, self._fence)
+            if result != 0:
+                raise self._failed(result, "vkQueueSubmit")
             ctx.stats.submits += 1
             self.pending = self._submitted = True
             ctx.pending.add(self)
@@ -253,17 +247,15 @@ class Sequence:
         if not self.pending:
             return
         ctx = self.ctx
-        vk = binding.require()
         timeout_ns = int((ctx.timeout_s if timeout_s is None else timeout_s) * 1e9)
-        try:
-            vk.vkWaitForFences(ctx.handle, 1, self._fences, vk.VK_TRUE, timeout_ns)
-        except (vk.VkError, vk.VkException) as exc:
-            raise self._failed(exc, "vkWaitForFences") from exc
+        result = binding.vk.lib.vkWaitForFences(ctx.handle, 1, self._fences, 1, timeout_ns)
+        if result != 0:
+            raise self._failed(result, "vkWaitForFences")
         self.pending = False
         ctx.pending.discard(self)
 
-    def _failed(self, exc, what: str):
-        error = binding.to_package_error(exc, what)
+    def _failed(self, result: int, what: str):
+        error = binding.error_for_result(result, what)
         if isinstance(error, DeviceLost):
             self.ctx.mark_lost()
         return error
@@ -321,6 +313,24 @@ class Sequence:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@functools.cache
+def _barrier(host: bool):
+    """(VkMemoryBarrier[1], src stages, dst stages): compute and transfer writes → later compute
+    and transfer reads and writes, and host reads when ``host``. Built once; never freed."""
+    vk = binding.require()
+    stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+    dst_access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+                  | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+    dst_stages = stages
+    if host:
+        dst_stages |= vk.VK_PIPELINE_STAGE_HOST_BIT
+        dst_access |= vk.VK_ACCESS_HOST_READ_BIT
+    barrier = vk.ffi.new("VkMemoryBarrier[1]", [{
+        "sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "dstAccessMask": dst_access,
+        "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT}])
+    return barrier, stages, dst_stages
 
 
 @contextlib.contextmanager
