@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 
 from . import binding, device
-from .binding import DeviceLost, VulkanTimeout
+from .binding import DeviceLost, VulkanTimeout, VulkanUnavailable
 from .device import DeviceInfo
 
 VALIDATION_ENV = "SSM_VK_VALIDATION"
@@ -63,7 +63,7 @@ class Context:
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
     wait on the GPU may take before VulkanTimeout; default 60 s).
 
-    Raises VulkanUnavailable (no loader, driver, device or validation layer), ValueError (a bad
+    Raises VulkanUnavailable (no loader, driver, device, Vulkan 1.1, or validation layer), ValueError (a bad
     device index), RuntimeError (another context is open), VulkanError (device creation failed).
     """
 
@@ -74,12 +74,9 @@ class Context:
         if not isinstance(validation, bool):
             raise TypeError(f"validation: expected bool or None, got {type(validation).__name__}")
         chosen = device.choose(device.list_devices(), device_index)  # raises before any Vulkan object exists
+        if chosen.api_version < (1, 1):
+            raise VulkanUnavailable(f"{chosen.name} offers Vulkan {chosen.api_version}; 1.1 is needed (subgroups)")
         vk = binding.require()
-        with _current_lock:
-            if _current is not None and not _current.closed:
-                raise RuntimeError("a Vulkan context is already open in this process; "
-                                   "use get_context() or close it first")
-            _current = self
         self.validation = validation
         self.validation_messages: list[str] = []
         self.stats = Stats()
@@ -104,6 +101,11 @@ class Context:
         self._instance = self._messenger = None
         self.handle = None                       # the VkDevice; callers check_usable() before new work
         self._debug_callback = None
+        with _current_lock:
+            if _current is not None and not _current.closed:
+                raise RuntimeError("a Vulkan context is already open in this process; "
+                                   "use get_context() or close it first")
+            _current = self
         try:
             self._create(chosen)
         except BaseException:
@@ -120,13 +122,15 @@ class Context:
         ffi = vk.ffi
         layers, extensions, pnext = [], [], None
         if self.validation:
-            layers, extensions = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION, VALIDATION_FEATURES_EXTENSION]
-            # Synchronization validation too: a missing barrier between dependent dispatches is the
-            # mistake lavapipe hides best (it runs commands in order). The messenger info is chained
-            # so that creating and destroying the instance are checked as well.
-            pnext = vk.VkValidationFeaturesEXT(
-                pNext=self._messenger_info(), enabledValidationFeatureCount=1,
-                pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
+            # The messenger info is chained so that creating and destroying the instance are checked too.
+            layers, extensions, pnext = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION], self._messenger_info()
+            if VALIDATION_FEATURES_EXTENSION in device.layer_extensions(VALIDATION_LAYER):
+                # Synchronization validation as well: a missing barrier is the mistake lavapipe
+                # hides best (it happens to run commands in order).
+                extensions.append(VALIDATION_FEATURES_EXTENSION)
+                pnext = vk.VkValidationFeaturesEXT(
+                    pNext=pnext, enabledValidationFeatureCount=1,
+                    pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
         self._instance = device.create_instance(layers, extensions, pnext)
         if self.validation:
             create = vk.vkGetInstanceProcAddr(self._instance, "vkCreateDebugUtilsMessengerEXT")
@@ -345,7 +349,7 @@ def get_context(device_index: int | str | None = None, validation: bool | None =
             ctx.close()
         if ctx is None or ctx.closed:
             return Context(device_index, validation)
-    if device_index is not None and int(device_index) != ctx.info.index:
+    if device_index is not None and str(device_index).strip() != str(ctx.info.index):
         raise ValueError(f"device_index={device_index}: the open context uses device {ctx.info.index}; "
                          "close() it first")
     if validation is not None and validation != ctx.validation:

@@ -140,6 +140,15 @@ def create_instance(layers=(), extensions=(), pnext=None):
         raise binding.to_package_error(exc, "vkCreateInstance") from exc
 
 
+def layer_extensions(layer: str) -> frozenset[str]:
+    """Instance extensions a layer offers; empty when the layer is not installed."""
+    vk = binding.require()
+    try:
+        return frozenset(e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(layer))
+    except vk.VkError:  # VK_ERROR_LAYER_NOT_PRESENT
+        return frozenset()
+
+
 def physical_devices(instance) -> list:
     """The instance's VkPhysicalDevice handles, in enumeration order."""
     vk = binding.require()

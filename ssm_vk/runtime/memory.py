@@ -25,6 +25,7 @@ from .context import Context
 
 _serials = itertools.count(1)  # unique per process: cache keys must not reuse a freed handle's value
 
+
 def _check_size(name: str, value, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -41,10 +42,11 @@ class Buffer:
     Lives until ``close()``, the end of a ``with`` block, or the close of its context.
     ``staging=True`` (internal) makes a host-visible transfer buffer instead.
 
-    Raises TypeError/ValueError for a bad size, ValueError for a size above
-    ``ctx.info.max_memory_allocation_size`` or the device-local heap (checked before any Vulkan
-    call, so callers can split), OutOfDeviceMemory when the allocation fails, DeviceLost or
-    RuntimeError when the context cannot be used.
+    Raises TypeError/ValueError for a bad size; ValueError for a size above
+    ``ctx.info.max_memory_allocation_size`` (checked before any Vulkan call, so callers can split)
+    or whose memory requirement exceeds that limit or its heap (checked before allocating);
+    OutOfDeviceMemory when the allocation fails; DeviceLost or RuntimeError when the context
+    cannot be used.
     """
 
     def __init__(self, ctx: Context, nbytes: int, *, staging: bool = False):
@@ -62,6 +64,7 @@ class Buffer:
         self.serial = next(_serials)
         self.staging = staging
         self.closed = False
+        self.mappable = False
         self._buffer = self._memory = self._mapped = None
         device = ctx.handle
         usage = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT

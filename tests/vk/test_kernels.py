@@ -244,6 +244,19 @@ def test_sequences_from_threads(ctx, glslc):
     assert not errors, errors
 
 
+def test_validation_layer_reports_a_missing_barrier(ctx, glslc, data):
+    # The canary of this test session: lavapipe runs the two commands in order and gives the right
+    # answer, only synchronization validation sees that the dispatch may overtake the fill.
+    n, _, _, groups, (bx, by, bs) = data
+    with rt.Sequence(ctx) as seq:
+        seq.fill(by, 0)
+        seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)  # no barrier() before it
+        seq.finish()
+        seq.submit()
+    messages, ctx.validation_messages[:] = list(ctx.validation_messages), []
+    assert any("SYNC-HAZARD-WRITE-AFTER-WRITE" in m for m in messages), messages
+
+
 # -- faults -----------------------------------------------------------------------------------------
 
 def test_device_lost_then_a_fresh_context(ctx, glslc, data):
