@@ -13,7 +13,7 @@
 //   5 y   (S, T, H, P)          written
 //   6 st  (S, H, P, N)          read (initial state) and overwritten (final state)
 //   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c
-// Push constants: see PC below (same order as ssm_vk/kernels.py FWD_PUSH).
+// Push constants: see PC below (same order as ssm_vk/specs.py FWD_PUSH).
 // Defines: common.glsl's, plus CKPT (0/1) and K (checkpoint interval, when CKPT). With CKPT the
 // kernel is the backward's recompute pass: it writes checkpoints and the final state, not y.
 

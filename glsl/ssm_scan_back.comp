@@ -16,7 +16,7 @@
 //   5 gy   (S, T, H, P)        readonly         12 dAp  (S, H, P, 1|N)    accumulated (+=)
 //   6 lam  (S, H, P, N)  in: dL/dstate after the window's last token; out: a_0 * lam_0 of
 //                        the window (= d_s0 after the first window)
-// Push constants: PC below (ssm_vk/kernels.py BWD_PUSH). Defines: common.glsl's, plus K.
+// Push constants: PC below (ssm_vk/specs.py BWD_PUSH). Defines: common.glsl's, plus K.
 
 #include "common.glsl"
 

@@ -6,7 +6,7 @@
 //   Bindings: 0 dBp (S,T,H,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
 // MODE 1 (once): d_A (H, KA) = sum over sequences i (outer) and channels p (inner) of
 //   dAp (S, H, P, KA).   Bindings: 0 dAp  3 dA
-// One invocation per output element; no atomics. Push constants: PC (ssm_vk/kernels.py RED_PUSH).
+// One invocation per output element; no atomics. Push constants: PC (ssm_vk/specs.py RED_PUSH).
 
 #extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;

@@ -31,7 +31,7 @@ class Limits:
     """The device limits the planner respects (all from the device; tests may shrink them)."""
 
     subgroup_size: int
-    use_subgroup: bool              # subgroup arithmetic + clustered ops available
+    subgroup_ops: frozenset         # subgroup operation classes in compute shaders ("basic", ...)
     max_workgroup_invocations: int
     max_shared_memory: int
     max_workgroup_count: tuple      # (x, y, z)
@@ -45,6 +45,7 @@ class Layout:
     """How state rows map onto lanes and workgroups (see glsl/common.glsl)."""
 
     LN: int      # lanes per row (power of two)
+    ROW_SUM: int  # how a row is summed (glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
     NPL: int     # state values per lane
     WG: int      # threads per workgroup
     K: int       # checkpoint interval of the backward
@@ -91,8 +92,17 @@ def _pow2_at_least(n: int) -> int:
 def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``."""
     sg = lim.subgroup_size
-    ln_max = sg if lim.use_subgroup else 32
-    LN = min(_pow2_at_least(max(d.N, 1)), ln_max)
+    ops = lim.subgroup_ops
+    want = _pow2_at_least(max(d.N, 1))
+    if "basic" in ops and "clustered" in ops:
+        LN, ROW_SUM = min(want, sg), 1
+    elif "basic" in ops and "shuffle" in ops:
+        LN = min(want, sg)
+        ROW_SUM = 3 if LN == sg and "arithmetic" in ops else 2
+    elif "basic" in ops and "arithmetic" in ops:
+        LN, ROW_SUM = sg, 3
+    else:
+        LN, ROW_SUM = min(want, 32), 0
     NPL = max(1, -(-d.N // LN))
     K = 16
     # Workgroup: up to 256 threads, a multiple of the subgroup size, within the shared memory
@@ -101,7 +111,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     WG = 256
     while WG > max(LN, sg):
         shared = (2 * WG * NPL + WG // LN) * F32 if backward else 0
-        if not lim.use_subgroup:
+        if ROW_SUM == 0:
             shared += WG * F32
         if WG <= lim.max_workgroup_invocations and shared <= lim.max_shared_memory:
             break
@@ -112,7 +122,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     HB = max(1, min(d.H, rows // PB))
     NPB = max(1, -(-d.P // PB))
     NHB = max(1, -(-d.H // HB))
-    return Layout(LN=LN, NPL=NPL, WG=WG, K=K, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
+    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
 
 
 def grid(n_groups: int, lim: Limits) -> tuple[int, int]:

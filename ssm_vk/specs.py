@@ -42,18 +42,18 @@ def _defs(**kw) -> tuple:
     return tuple(sorted((k, int(v)) for k, v in kw.items()))
 
 
-def _common(d: Dims, lay: Layout, use_subgroup: bool) -> dict:
-    return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, USE_SUBGROUP=int(use_subgroup), MAMBA1=int(d.mamba1))
+def _common(d: Dims, lay: Layout) -> dict:
+    return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
 
 
-def fwd_spec(d: Dims, lay: Layout, use_subgroup: bool, checkpoint: bool) -> KernelSpec:
-    defs = _common(d, lay, use_subgroup)
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool) -> KernelSpec:
+    defs = _common(d, lay)
     defs.update(CKPT=int(checkpoint), K=lay.K)
     return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG)
 
 
-def bwd_spec(d: Dims, lay: Layout, use_subgroup: bool) -> KernelSpec:
-    defs = _common(d, lay, use_subgroup)
+def bwd_spec(d: Dims, lay: Layout) -> KernelSpec:
+    defs = _common(d, lay)
     defs.update(K=lay.K)
     return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG)
 
