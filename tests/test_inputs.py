@@ -2,6 +2,8 @@
 sharing no memory with the inputs or with each other), and the inputs it converts rather than
 refuses (other float dtypes, lists, any strides, read-only arrays, any integer ids)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from problems import make_problem
@@ -182,3 +184,16 @@ def test_the_oracle_widens_every_input_to_float64():
     half = {k: (v.astype(np.float16) if k != "ids" else v) for k, v in a.items()}
     wide = {k: (v.astype(np.float64) if k != "ids" else v) for k, v in half.items()}
     assert np.array_equal(ssm_ref.ssm_scan(**half, dtype=np.float64).y, ssm_ref.ssm_scan(**wide, dtype=np.float64).y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+def test_float64_beyond_float32_range_becomes_inf_quietly(backend):
+    # Rounding 1e39 to float32 gives inf; that inf then flows through the scan (SPEC.md section 8)
+    # and, like the scan's own overflow, raises nothing and warns nothing.
+    case = make_problem(np.random.default_rng(65), S=2, T=2, H=2, P=1, N=2, G=1, R=2, ids="identity")
+    a = case.args(np.float64)
+    a["x"][0, 0, 0, 0] = 1e39
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = backend.module.ssm_scan(**a)
+    assert not np.all(np.isfinite(r.states[0, 0])) and np.all(np.isfinite(r.states[1]))
