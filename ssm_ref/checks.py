@@ -91,6 +91,8 @@ class Problem:
 
 def check_dtype(dtype) -> np.dtype:
     """The working precision: float32 (the contract) or float64 (the oracle)."""
+    if dtype is None:  # np.dtype(None) is float64: a silent switch to the oracle, so refuse it
+        raise TypeError("dtype: expected np.float32 or np.float64, got None")
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
@@ -100,9 +102,9 @@ def check_dtype(dtype) -> np.dtype:
     return dt
 
 
-def _as_array(name: str, value) -> np.ndarray:
+def _as_array(name: str, value, what: str = "a float array") -> np.ndarray:
     if value is None:
-        raise TypeError(f"{name}: expected an array, got None")
+        raise TypeError(f"{name}: expected {what}, got None")
     if isinstance(value, np.ndarray):
         return value
     # Device-resident arrays (ssm_vk.DeviceArray) are turned into host arrays by their own
@@ -110,7 +112,7 @@ def _as_array(name: str, value) -> np.ndarray:
     try:
         arr = np.asarray(value)
     except Exception as e:  # ragged lists and the like
-        raise TypeError(f"{name}: expected a float array, could not convert {type(value).__name__}: {e}") from e
+        raise TypeError(f"{name}: expected {what}, could not convert {type(value).__name__}: {e}") from e
     return arr
 
 
@@ -131,7 +133,10 @@ def _float_array(name: str, value, dtype: np.dtype) -> np.ndarray:
 def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
-    out = np.ascontiguousarray(arr, dtype=dtype).view()
+    # Values beyond float32's range become inf, as SCAN.md's numerics expect; like the scan
+    # itself, the cast does so without a RuntimeWarning.
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=dtype).view()
     out.flags.writeable = False
     return out
 
@@ -148,15 +153,17 @@ def _expect_shape(name: str, arr: np.ndarray, symbols: str, expected: tuple) -> 
         raise ValueError(f"{name}: expected shape {_fmt(symbols, expected)}, got {tuple(arr.shape)}")
 
 
-def _expect_ndim(name: str, arr: np.ndarray, symbols: str, ndim: int) -> None:
-    if arr.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions {symbols}, got shape {tuple(arr.shape)}")
+def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None:
+    """``known``: the expected shape with the sizes not yet known given as their symbol."""
+    if arr.ndim != len(known):
+        want = symbols if all(isinstance(k, str) for k in known) else _fmt(symbols, known)
+        raise ValueError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
 
 
 def _check_ids(ids, S: int, R: int) -> np.ndarray:
     if ids is None:
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
-    arr = _as_array("ids", ids)
+    arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
     _expect_shape("ids", arr, "(S,)", (S,))
@@ -176,13 +183,13 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> Problem:
     """
     work = check_dtype(dtype)
     x_ = _float_array("x", x, work)
-    _expect_ndim("x", x_, "(S, T, H, P)", 4)
+    _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
     S, T, H, P = (int(v) for v in x_.shape)
     if S < 1:
         raise ValueError(f"x: S (the number of sequences) must be >= 1, got shape {tuple(x_.shape)}")
 
     s_ = _float_array("s", s, work)
-    _expect_ndim("s", s_, "(R, H, P, N)", 4)
+    _expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
     R, N = int(s_.shape[0]), int(s_.shape[3])
     _expect_shape("s", s_, "(R, H, P, N)", (R, H, P, N))
     if R < 1:
