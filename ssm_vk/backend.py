@@ -65,7 +65,7 @@ def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``).
     Bad input raises as in ssm_ref.ssm_scan."""
     ssm_ref.check_op(op)
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     return _support(op, p)[0]
 
 
@@ -89,7 +89,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     otherwise numpy arrays. A case the device cannot run is computed by ssm_fast on the CPU
     (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     """
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     sup, ctx = _support("ssm_scan", p)
     if not sup:
         _log_once(sup.reason)
@@ -104,7 +104,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour as :func:`ssm_scan`."""
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
     sup, ctx = _support("ssm_scan_back", p)
     if not sup:
         _log_once(sup.reason)
