@@ -31,6 +31,7 @@ NAME = "ssm_ref"
 WHERE = "CPU"
 
 __all__ = [
+    "is_device_array",
     "GRAD_NAMES",
     "NAME",
     "Dims",

@@ -30,7 +30,7 @@ else:
 # ---------------------------------------------------------------------------------------------
 # Exceptions. They do not depend on the binding, so callers can catch them on any machine.
 
-class VulkanUnavailable(RuntimeError):  # noqa: N818 (public names fixed by the spec)
+class VulkanUnavailable(RuntimeError):
     """No usable Vulkan here: no loader, no binding, no driver, or no device."""
 
 
@@ -42,15 +42,15 @@ class VulkanError(RuntimeError):
         self.result = result
 
 
-class DeviceLost(VulkanError):  # noqa: N818
+class DeviceLost(VulkanError):
     """VK_ERROR_DEVICE_LOST: the logical device is gone; its context cannot be used any more."""
 
 
-class OutOfDeviceMemory(VulkanError):  # noqa: N818
+class OutOfDeviceMemory(VulkanError):
     """VK_ERROR_OUT_OF_DEVICE_MEMORY (or host memory) from an allocation or a submit."""
 
 
-class VulkanTimeout(VulkanError):  # noqa: N818
+class VulkanTimeout(VulkanError):
     """A wait on the GPU did not finish within its timeout; the work may still be running."""
 
 

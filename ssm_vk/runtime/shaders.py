@@ -52,7 +52,7 @@ class ShaderBuildError(RuntimeError):
         self.stderr = stderr
 
 
-class GlslcMissing(ShaderBuildError):  # noqa: N818 (the name callers catch, given by the spec)
+class GlslcMissing(ShaderBuildError):
     """A shader must be compiled but ``glslc`` is not on PATH (and no cached or packaged SPIR-V fits)."""
 
 
