@@ -4,8 +4,9 @@
 // MODE 0 (per window): d_B, d_C (S, T, G, N) = sums over the H/G heads of each group and the
 //   NPB channel blocks (h outer, block inner); d_dt (S, T, H) = sum over channel blocks.
 //   Bindings: 0 dBp (S,T,H,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
-// MODE 1 (once): d_A (H, KA) = sum over sequences i (outer) and channels p (inner) of
-//   dAp (S, H, P, KA).   Bindings: 0 dAp  3 dA
+// MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
+//   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
+//   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
 // One invocation per output element; no atomics. Push constants: PC (ssm_vk/specs.py RED_PUSH).
 
 #extension GL_EXT_control_flow_attributes : enable
@@ -14,14 +15,15 @@ layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 layout(std430, binding = 0) readonly buffer B0 { float dBp[]; };
 layout(std430, binding = 1) readonly buffer B1 { float dCp[]; };
 layout(std430, binding = 2) readonly buffer B2 { float ddtp[]; };
-layout(std430, binding = 3) writeonly buffer B3 { float dB[]; };
+layout(std430, binding = 3) buffer B3 { float dB[]; };
 layout(std430, binding = 4) writeonly buffer B4 { float dC[]; };
 layout(std430, binding = 5) writeonly buffer B5 { float ddt[]; };
 
 layout(push_constant) uniform PC {
     uint S, T, H, P, N, G, NPB, KA;
     uint gx;
-    uint o_3, o_4, o_5;          // element offsets of bindings 3, 4, 5 (0-2 are scratch at 0)
+    uint o_0, o_3, o_4, o_5;     // element offsets of bindings 0, 3, 4, 5 (1, 2 are scratch at 0)
+    uint acc;                    // MODE 1: add to d_A instead of assigning
 } pc;
 
 void main() {
@@ -38,7 +40,7 @@ void main() {
         for (uint hh = 0; hh < hpg; ++hh) {
             uint h = gg * hpg + hh;
             for (uint b = 0; b < pc.NPB; ++b) {
-                uint o = ((it * pc.H + h) * pc.NPB + b) * pc.N + n;
+                uint o = pc.o_0 + ((it * pc.H + h) * pc.NPB + b) * pc.N + n;
                 sB += dBp[o];
                 sC += dCp[o];
             }
@@ -59,8 +61,8 @@ void main() {
         float s = 0.0;
         for (uint i = 0; i < pc.S; ++i)
             for (uint p = 0; p < pc.P; ++p)
-                s += dBp[((i * pc.H + h) * pc.P + p) * pc.KA + k];
-        dB[pc.o_3 + e] = s;
+                s += dBp[pc.o_0 + ((i * pc.H + h) * pc.P + p) * pc.KA + k];
+        dB[pc.o_3 + e] = pc.acc != 0 ? dB[pc.o_3 + e] + s : s;
     }
 #endif
 }

@@ -95,6 +95,11 @@ class _Call:
         self.temps.clear()
 
 
+def _zero(seq, buf, n_elems: int) -> None:
+    if buf is not None and n_elems > 0:
+        seq.fill(buf, 0, 0, n_elems * F32)
+
+
 def _kernel(ctx, spec: specs.KernelSpec) -> rt.Kernel:
     return rt.Kernel.get(ctx, spec.name, bindings=spec.n_bindings, push_size=spec.push_size,
                          local_size=(spec.wg, 1, 1), defines=dict(spec.defines))
@@ -190,23 +195,15 @@ def backward(ctx, p: Problem) -> dict[str, DeviceArray]:
                 seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
             if not run_kernels:
                 for name in ("d_x", "d_dt", "d_A", "d_B", "d_C"):
-                    if out[name].buffer is not None:
-                        seq.fill(out[name].buffer, 0, 0, out[name].nbytes)
+                    _zero(seq, out[name].buffer, out[name].size)
             else:
                 st = call.scratch(d.S * row)          # running state of the checkpoint pass
                 _gather_rows(seq, call, s_buf, s_off, st, 0, p.ids, row)
                 dAp = call.scratch(d.S * d.H * d.P * KA)
-                seq.fill(dAp, 0, 0, d.S * d.H * d.P * KA * F32)
+                _zero(seq, dAp, d.S * d.H * d.P * KA)
                 seq.barrier()
                 _backward_windows(ctx, seq, call, p, pl, lim, st, lam, dAp, out)
-                red = _kernel(ctx, specs.reduce_spec(1))
-                gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), lim)
-                dum = call.bind(None, 0, 0, 0)[0]
-                push = dict(S=d.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx,
-                            o_3=0, o_4=0, o_5=0)
-                seq.dispatch(red, [call.bind(dAp, 0, 0, d.S * d.H * d.P * KA)[0], dum, dum,
-                                   call.bind(out["d_A"].buffer, 0, 0, d.H * KA)[0], dum, dum],
-                             specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+                _reduce_dA(ctx, seq, call, p, lim, lay, dAp, out["d_A"].buffer)
             seq.barrier()
             _scatter_rows(ctx, seq, call, lim, lam, out["d_s"], p.ids, row, d.R)
             seq.finish()
@@ -276,7 +273,7 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
         out_tok = {"dB": (out["d_B"].buffer, 0, d.G * d.N), "dC": (out["d_C"].buffer, 0, d.G * d.N),
                    "ddt": (out["d_dt"].buffer, 0, d.H)}
         b2, o2 = _seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-        push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx, **o2)
+        push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx, o_0=0, **o2, acc=0)
         seq.dispatch(red_k, [call.bind(part, 0, 0, n_part * d.N)[0], call.bind(partC, 0, 0, n_part * d.N)[0],
                              call.bind(partT, 0, 0, n_part)[0], b2["dB"], b2["dC"], b2["ddt"]],
                      specs.pack_push(specs.RED_PUSH, push), (gx, gyy, 1))
@@ -299,11 +296,39 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
             back_pass(w, ck)
 
 
+def _cap_elems(lim: Limits) -> int:
+    """Most float32 elements one binding may cover (offset slack included)."""
+    return (lim.max_storage_buffer_range - lim.min_storage_buffer_offset_alignment) // F32
+
+
+def _reduce_dA(ctx, seq, call, p: Problem, lim: Limits, lay, dAp, dA) -> None:
+    """d_A = the per-row accumulators summed over sequences and channels, in windows of
+    sequences that fit a binding (added in sequence order)."""
+    d = p.dims
+    KA = d.N if d.mamba1 else 1
+    per_seq = d.H * d.P * KA
+    if per_seq == 0:
+        _zero(seq, dA, d.H * KA)
+        return
+    k = _kernel(ctx, specs.reduce_spec(1))
+    step = max(1, _cap_elems(lim) // per_seq)
+    gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), lim)
+    dum = call.bind(None, 0, 0, 0)[0]
+    bA, o3 = call.bind(dA, 0, 0, d.H * KA)
+    for i0 in range(0, d.S, step):
+        n = min(step, d.S - i0)
+        bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
+        push = dict(S=n, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
+                    acc=int(i0 > 0))
+        seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+        seq.barrier()
+
+
 def _scatter_rows(ctx, seq, call, lim, d_s0, d_s: DeviceArray, ids, row: int, R: int) -> None:
     """d_s = rows of d_s0 scatter-added by ids, in sequence order (as ssm_ref.scatter_rows)."""
     if d_s.buffer is None:
         return
-    seq.fill(d_s.buffer, 0, 0, d_s.nbytes)
+    _zero(seq, d_s.buffer, d_s.size)
     seq.barrier()
     if row == 0:
         return
@@ -324,14 +349,27 @@ def _scatter_rows(ctx, seq, call, lim, d_s0, d_s: DeviceArray, ids, row: int, R:
     if not layers:
         return
     k = _kernel(ctx, specs.rows_spec())
+    cap = _cap_elems(lim)
+    whole = max(len(ids), R) * row <= cap
+    if not whole and row > cap:
+        raise ValueError(f"a state row of {row} floats exceeds the device's storage-buffer range")
     for pairs in layers:
         seq.barrier()
-        arr = np.asarray(pairs, dtype=np.uint32).reshape(-1)
-        pbuf = call.pool.acquire(arr.nbytes)
-        call.temps.append(pbuf)
-        rt.upload(pbuf, arr)
-        n = len(pairs) * row
-        gx, gy = grid(-(-n // specs.FLAT_WG), lim)
-        push = dict(L=row, n_pairs=len(pairs), gx=gx, o_src=0, o_dst=0)
-        seq.dispatch(k, [call.bind(d_s0, 0, 0, len(ids) * row)[0], call.bind(d_s.buffer, 0, 0, R * row)[0],
-                         (pbuf, 0, arr.nbytes)], specs.pack_push(specs.ROWS_PUSH, push), (gx, gy, 1))
+        groups = [pairs] if whole else [[pr] for pr in pairs]
+        for grp in groups:
+            if whole:
+                src, o_src = call.bind(d_s0, 0, 0, len(ids) * row)
+                dst, o_dst = call.bind(d_s.buffer, 0, 0, R * row)
+                arr = np.asarray(grp, dtype=np.uint32).reshape(-1)
+            else:  # one pair, each row bound on its own
+                (r, i), = grp
+                src, o_src = call.bind(d_s0, 0, i * row, row)
+                dst, o_dst = call.bind(d_s.buffer, 0, r * row, row)
+                arr = np.zeros(2, dtype=np.uint32)
+            pbuf = call.pool.acquire(arr.nbytes)
+            call.temps.append(pbuf)
+            rt.upload(pbuf, arr)
+            n = len(grp) * row
+            gx, gy = grid(-(-n // specs.FLAT_WG), lim)
+            push = dict(L=row, n_pairs=len(grp), gx=gx, o_src=o_src, o_dst=o_dst)
+            seq.dispatch(k, [src, dst, (pbuf, 0, arr.nbytes)], specs.pack_push(specs.ROWS_PUSH, push), (gx, gy, 1))

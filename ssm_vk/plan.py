@@ -129,7 +129,7 @@ def grid(n_groups: int, lim: Limits) -> tuple[int, int]:
     """(gx, gy) with gx * gy >= n_groups inside maxComputeWorkGroupCount; shaders flatten it."""
     mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]
     gx = max(1, min(n_groups, mx))
-    gy = -(-n_groups // gx)
+    gy = max(1, -(-n_groups // gx))
     if gy > my:
         raise TooLarge(f"{n_groups} workgroups exceed maxComputeWorkGroupCount {lim.max_workgroup_count[:2]}")
     return gx, gy

@@ -18,7 +18,7 @@ FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
             "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck")
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
-RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_3", "o_4", "o_5")
+RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
 
 # Threads per workgroup of the element-wise kernels (reduce, rows).
