@@ -67,8 +67,8 @@ class Kernel:
         if bindings > info.max_storage_buffers_per_stage:
             raise ValueError(f"bindings={bindings} exceeds max_storage_buffers_per_stage = "
                              f"{info.max_storage_buffers_per_stage}")
-        if isinstance(push_size, bool) or not isinstance(push_size, int) or push_size < 0 or push_size % 4:
-            raise ValueError(f"push_size: expected a multiple of 4 >= 0, got {push_size!r}")
+        if check_int("push_size", push_size) % 4:
+            raise ValueError(f"push_size: expected a multiple of 4, got {push_size}")
         if push_size > info.max_push_constants_size:
             raise ValueError(f"push_size={push_size} exceeds max_push_constants_size = {info.max_push_constants_size}")
         size = _local_size(ctx, local_size)
