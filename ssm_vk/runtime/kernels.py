@@ -238,7 +238,7 @@ class Kernel:
             return
         ctx = self.ctx
         if not ctx.lost and not ctx.closed:
-            ctx.wait_pending()
+            ctx.wait_idle()
         with ctx.lock:
             self.closed = True
             self._sets.clear()

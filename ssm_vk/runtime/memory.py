@@ -100,7 +100,7 @@ class Buffer:
             return
         ctx = self.ctx
         if not ctx.lost and not ctx.closed:
-            ctx.wait_pending()  # work in flight may still read this memory
+            ctx.wait_idle()  # work in flight may still read this memory
         self.closed = True
         ctx.buffer_closed(self.serial)
         ctx.forget(self)
