@@ -37,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", action="store_true", help="run under the validation layer")
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--big-mib", type=int, default=64, help="size of the bulk transfer timed")
     args = ap.parse_args()
     os.environ["SSM_SCAN_CACHE"] = tempfile.mkdtemp(prefix="ssm-spirv-bench-")
 
@@ -81,6 +82,13 @@ def main() -> None:
     up_us = median_us(lambda: rt.upload(bufs[0], x), args.repeat)
     down_us = median_us(lambda: rt.download(bufs[0], (n, np.float32)), args.repeat)
 
+    big = np.ones(args.big_mib << 18, np.float32)
+    with rt.Buffer(ctx, big.nbytes) as bb:
+        rt.upload(bb, big)  # the staging buffer, if any, is made outside the timing
+        big_up = median_us(lambda: rt.upload(bb, big), 5) * 1e-6
+        big_down = median_us(lambda: rt.download(bb, (big.size, np.float32)), 5) * 1e-6
+    path = "staged" if not bufs[0].mappable else "mapped"
+
     print(f"device: {ctx.info.name} ({ctx.info.driver}); validation={ctx.validation}")
     print(f"glslc compile (saxpy.comp):                  {glslc_ms:8.1f} ms")
     print(f"compile_shader disk-cache hit:               {hit_us:8.1f} us")
@@ -90,6 +98,8 @@ def main() -> None:
     print(f"descriptor set, cache hit:                   {hit:8.1f} us")
     print(f"descriptor set, cache miss (3 writes):       {miss_us:8.1f} us")
     print(f"upload 16 KiB / download 16 KiB:             {up_us:8.1f} / {down_us:.1f} us")
+    print(f"upload / download {args.big_mib} MiB ({path}):         {big.nbytes / big_up / 1e9:8.2f} / "
+          f"{big.nbytes / big_down / 1e9:.2f} GB/s")
     rt.close()
 
 

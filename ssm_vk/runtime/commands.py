@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from . import binding
 from .binding import DeviceLost, VulkanTimeout
+from .checks import check_int
 from .context import Context
 from .kernels import Kernel
 from .memory import Buffer, fill_range
@@ -138,9 +139,9 @@ class Sequence:
         for name, b in (("src", src), ("dst", dst)):
             if not isinstance(b, Buffer) or b.ctx is not self.ctx or b.closed:
                 raise TypeError(f"copy: {name} must be an open Buffer of this context, got {b!r}")
-        for name, v in (("nbytes", nbytes), ("src_offset", src_offset), ("dst_offset", dst_offset)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (name == "nbytes"):
-                raise ValueError(f"copy: bad {name} {v!r}")
+        nbytes = check_int("copy: nbytes", nbytes, 1)
+        src_offset = check_int("copy: src_offset", src_offset)
+        dst_offset = check_int("copy: dst_offset", dst_offset)
         if src_offset + nbytes > src.size or dst_offset + nbytes > dst.size:
             raise ValueError(f"copy: {nbytes} bytes from {src_offset} of {src!r} to {dst_offset} of {dst!r} do not fit")
         if src is dst and abs(src_offset - dst_offset) < nbytes:

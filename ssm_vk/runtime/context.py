@@ -36,7 +36,7 @@ _get_lock = threading.Lock()             # makes get_context's look-then-create 
 class Stats:
     """Counters for tests and tuning: how often the costly Vulkan paths ran."""
 
-    descriptor_writes: int = 0       # vkUpdateDescriptorSets calls (about 28 us each from Python)
+    descriptor_writes: int = 0       # vkUpdateDescriptorSets calls (15-20 us each from Python)
     descriptor_sets: int = 0         # descriptor sets allocated
     pipelines: int = 0               # compute pipelines created
     submits: int = 0                 # vkQueueSubmit calls
@@ -61,7 +61,7 @@ class Context:
     :class:`DeviceInfo` every request is checked against, possibly with lowered limits),
     ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
-    wait on the GPU may take before VulkanTimeout; default 60 s).
+    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s).
 
     Raises VulkanUnavailable (no loader, driver, device, Vulkan 1.1, or validation layer), ValueError (a bad
     device index), RuntimeError (another context is open), VulkanError (device creation failed).
@@ -81,7 +81,7 @@ class Context:
         self.validation_messages: list[str] = []
         self.stats = Stats()
         self.lock = threading.RLock()
-        self.timeout_s = 60.0
+        self.timeout_s = float(os.environ.get("SSM_VK_TIMEOUT_S", 60.0))
         self.closed = False
         self.lost = False
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
@@ -92,6 +92,7 @@ class Context:
         self._alloc_bytes = 0
         self._fault: type[Exception] | None = None
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
+                                                 # (by their own thread; a hint for wait_idle)
         # State owned by the modules named, kept here because it lives as long as the context:
         self._kernels: dict = {}                 # kernels.py: cache key → Kernel
         self._staging = None                     # memory.py: the reusable staging Buffer
@@ -219,13 +220,22 @@ class Context:
             self._alloc_count += count
             self._alloc_bytes += count * nbytes
 
-    def wait_pending(self) -> None:
-        """Wait for every submitted sequence, so the objects they use may be destroyed.
+    def wait_idle(self) -> None:
+        """If any sequence may still run, wait until the queue is idle, so that objects it could
+        use may be destroyed. Raises DeviceLost (and marks the context lost), VulkanError.
 
-        Raises DeviceLost or VulkanTimeout like ``Sequence.wait``.
+        It waits on the queue, not on the sequences' fences: another thread may be closing its
+        sequence, and waiting on a fence being destroyed hung (the validation layer saw it).
         """
-        for seq in list(self.pending):
-            seq.wait()
+        with self.lock:  # vkQueueWaitIdle needs the queue to itself
+            if not self.pending or self.handle is None:
+                return
+            result = self._vk.lib.vkQueueWaitIdle(self.queue)
+        if result != 0:
+            error = binding.error_for_result(result, "vkQueueWaitIdle")
+            if isinstance(error, DeviceLost):
+                self.mark_lost()
+            raise error
 
     def buffer_closed(self, serial: int) -> None:
         """Drop the cached descriptor sets that point at a closed buffer (memory.py calls this)."""

@@ -21,18 +21,10 @@ import math
 import numpy as np
 
 from . import binding
+from .checks import check_int
 from .context import Context
 
 _serials = itertools.count(1)  # unique per process: cache keys must not reuse a freed handle's value
-
-
-def _check_size(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return value
 
 
 class Buffer:
@@ -52,7 +44,7 @@ class Buffer:
     def __init__(self, ctx: Context, nbytes: int, *, staging: bool = False):
         if not isinstance(ctx, Context):
             raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
-        nbytes = _check_size("nbytes", nbytes, 1)
+        nbytes = check_int("nbytes", nbytes, 1)
         limit = ctx.info.max_memory_allocation_size
         if nbytes > limit:
             raise ValueError(f"Buffer of {nbytes} bytes exceeds max_memory_allocation_size = {limit} bytes of "
@@ -108,7 +100,7 @@ class Buffer:
             return
         ctx = self.ctx
         if not ctx.lost and not ctx.closed:
-            ctx.wait_pending()  # work in flight may still read this memory
+            ctx.wait_idle()  # work in flight may still read this memory
         self.closed = True
         ctx.buffer_closed(self.serial)
         ctx.forget(self)
@@ -169,7 +161,7 @@ def _check_range(buffer: Buffer, offset, nbytes: int, what: str) -> int:
         raise TypeError(f"{what}: expected a Buffer, got {type(buffer).__name__}")
     if buffer.closed:
         raise RuntimeError(f"{what}: the Buffer is closed")
-    offset = _check_size("offset", offset)
+    offset = check_int("offset", offset)
     if offset + nbytes > buffer.size:
         raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not fit in a Buffer of {buffer.size} bytes")
     buffer.ctx.check_usable()
@@ -206,12 +198,12 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
         shape, dtype = what
         shape = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
         for n in shape:
-            _check_size("shape", n)
+            check_int("shape", n)
         dtype = np.dtype(dtype)
         if dtype.hasobject:
             raise TypeError("download: object dtypes have no byte representation")
     else:
-        shape, dtype = (_check_size("nbytes", what),), np.dtype(np.uint8)
+        shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
     out = np.empty(shape, dtype)
     offset = _check_range(buffer, offset, out.nbytes, "download")
     if out.nbytes == 0:
@@ -275,10 +267,10 @@ def fill_range(buffer: Buffer, value: int, offset: int, nbytes: int | None) -> t
         raise ValueError(f"fill: value must be a 32-bit unsigned int, got {value!r}")
     if not isinstance(buffer, Buffer):
         raise TypeError(f"fill: expected a Buffer, got {type(buffer).__name__}")
-    offset = _check_size("offset", offset)
+    offset = check_int("offset", offset)
     if nbytes is None:
         nbytes = max(0, buffer.size - offset) // 4 * 4
-    nbytes = _check_size("nbytes", nbytes, 1)
+    nbytes = check_int("nbytes", nbytes, 1)
     if offset % 4 or nbytes % 4:
         raise ValueError(f"fill: offset ({offset}) and nbytes ({nbytes}) must be multiples of 4")
     return _check_range(buffer, offset, nbytes, "fill"), nbytes
@@ -328,7 +320,7 @@ class BufferPool:
         """A buffer of at least ``nbytes``. Raises what :class:`Buffer` raises, RuntimeError when closed."""
         if self.closed:
             raise RuntimeError("this BufferPool is closed")
-        nbytes = _check_size("nbytes", nbytes, 1)
+        nbytes = check_int("nbytes", nbytes, 1)
         size = self.size_class(nbytes)
         if size > self.ctx.info.max_memory_allocation_size >= nbytes:
             size = nbytes  # never round a legal request up past the limit

@@ -199,19 +199,31 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
     glslc = shutil.which("glslc")
     if glslc is None:
         built = sorted(folder.glob("*.spv"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-        if built:
-            stats.disk_hits += 1
-            return built[-1].read_bytes()
+        for path in reversed(built):  # the newest intact build
+            spirv = _read_spirv(path)
+            if spirv is not None:
+                stats.disk_hits += 1
+                return spirv
         raise GlslcMissing(f"glslc is not on PATH and no cached SPIR-V exists for {variant!r} in {folder}; "
                            "install glslc (Debian: apt-get install glslc)")
     st = os.stat(glslc)
     cached = folder / f"{_compiler_key(glslc, st.st_mtime_ns, st.st_size)}.spv"
-    if cached.is_file():
+    spirv = _read_spirv(cached)
+    if spirv is not None:
         stats.disk_hits += 1
-        return cached.read_bytes()
+        return spirv
     spirv = _run_glslc(glslc, source, dirs, defs)
     _store(cached, spirv)
     return spirv
+
+
+def _read_spirv(path: Path) -> bytes | None:
+    """A cached module, or None when absent or damaged (a truncated file is rebuilt, not loaded)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if data.startswith(SPIRV_MAGIC) and len(data) % 4 == 0 else None
 
 
 def _run_glslc(glslc: str, source: Path, dirs: list[Path], defs) -> bytes:
@@ -235,6 +247,7 @@ def _run_glslc(glslc: str, source: Path, dirs: list[Path], defs) -> bytes:
 
 def _store(path: Path, data: bytes) -> None:
     """Write atomically (processes may share the cache); a read-only cache only costs speed."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -243,6 +256,8 @@ def _store(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("ssm_vk: cannot write the SPIR-V cache %s: %s", path, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def build_all(variants: Iterable[tuple[str, Mapping[str, object] | None]], out_dir=None, *,

@@ -39,6 +39,15 @@ def test_compile_then_disk_cache_hit_needs_no_glslc(glslc, spirv_cache, glsl_dir
     assert t2 - t1 < t1 - t0  # a hit is cheaper than glslc (measured: ~0.3 ms vs ~100 ms)
 
 
+def test_a_damaged_cache_entry_is_rebuilt(glslc, spirv_cache, glsl_dir):
+    spirv = rt.compile_shader("saxpy", search_path=glsl_dir)
+    (entry,) = spirv_cache.glob("saxpy-*/*.spv")
+    entry.write_bytes(spirv[:10])  # truncated, as by a full disk
+    runs = _runs()
+    assert rt.compile_shader("saxpy", search_path=glsl_dir) == spirv and _runs() == runs + 1
+    assert entry.read_bytes() == spirv
+
+
 def test_cache_key_covers_defines_and_included_files(glslc, spirv_cache, glsl_dir):
     base = rt.compile_shader("saxpy", None, search_path=glsl_dir)
     runs = _runs()
