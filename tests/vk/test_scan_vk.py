@@ -96,7 +96,7 @@ def test_seed_d_state_16_now_runs_on_vulkan0():
     # The seed's "unsupported d_state falls back to the CPU" case, inverted: it runs on the GPU.
     case = make_problem(np.random.default_rng(5), S=1, T=3, H=2, P=4, N=16, G=1, ids="identity", a_form="h1")
     assert ssm_vk.supports("ssm_scan_back", **case.args())
-    r, g = check_case(case, label="d_state=16")
+    _r, g = check_case(case, label="d_state=16")
     assert g.where == "Vulkan0"
     cpu = ssm_ref.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
     np.testing.assert_allclose(g.packed(), cpu.packed(), rtol=1e-5, atol=1e-6)
