@@ -8,6 +8,7 @@ place), and return DeviceArrays. The caller decides whether to download them.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -18,9 +19,28 @@ from . import specs
 from .arrays import DeviceArray, empty, pool
 from .plan import Limits, Plan, Window, grid, plan
 
-__all__ = ["forward", "backward", "limits_of", "subgroup_ops"]
+__all__ = ["forward", "backward", "limits_of", "subgroup_ops", "last_gpu_ns"]
 
 F32 = 4
+_timing = threading.local()
+
+
+def last_gpu_ns() -> float | None:
+    """GPU time (timestamps) of this thread's last forward or backward, in ns; None when the
+    device has no timestamps."""
+    return getattr(_timing, "ns", None)
+
+
+def _stamp(seq, label: str) -> None:
+    if seq.ctx.info.timestamps:
+        seq.timestamp(label)
+
+
+def _submit(seq) -> None:
+    _stamp(seq, "end")
+    seq.finish()
+    seq.submit()
+    _timing.ns = seq.gpu_times().get("end") if seq.ctx.info.timestamps else None
 # Set by tests (and SSM_VK_NO_SUBGROUP=1) to exercise the shared-memory reduction path.
 FORCE_SHARED_MEMORY = False
 
@@ -142,6 +162,7 @@ def forward(ctx, p: Problem) -> tuple[DeviceArray, DeviceArray]:
     try:
         s_buf, s_off = call.device(p.s)
         with rt.Sequence(ctx) as seq:
+            _stamp(seq, "start")
             _gather_rows(seq, call, s_buf, s_off, states.buffer, 0, p.ids, row)
             seq.barrier()
             if pl.windows and d.H * d.P > 0:
@@ -160,8 +181,7 @@ def forward(ctx, p: Problem) -> tuple[DeviceArray, DeviceArray]:
                     seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"]],
                                  specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
                     seq.barrier()
-            seq.finish()
-            seq.submit()
+            _submit(seq)
     finally:
         call.close()
     return y, states
@@ -191,6 +211,7 @@ def backward(ctx, p: Problem) -> dict[str, DeviceArray]:
         gs_buf, gs_off = call.device(p.g_states)
         run_kernels = bool(pl.windows) and d.H * d.P > 0
         with rt.Sequence(ctx) as seq:
+            _stamp(seq, "start")
             if row:
                 seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
             if not run_kernels:
@@ -206,8 +227,7 @@ def backward(ctx, p: Problem) -> dict[str, DeviceArray]:
                 _reduce_dA(ctx, seq, call, p, lim, lay, dAp, out["d_A"].buffer)
             seq.barrier()
             _scatter_rows(ctx, seq, call, lim, lam, out["d_s"], p.ids, row, d.R)
-            seq.finish()
-            seq.submit()
+            _submit(seq)
     finally:
         call.close()
     return out
