@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import packing
-from .checks import Dims, Problem, check_backward, check_dtype, check_forward
+from .checks import Dims, Problem, check_backward, check_dtype, check_forward, is_device_array
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
 from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
 from .scan import backward as _backward
@@ -31,6 +31,7 @@ NAME = "ssm_ref"
 WHERE = "CPU"
 
 __all__ = [
+    "is_device_array",
     "GRAD_NAMES",
     "NAME",
     "Dims",

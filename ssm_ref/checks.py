@@ -102,13 +102,17 @@ def check_dtype(dtype) -> np.dtype:
     return dt
 
 
+def is_device_array(value) -> bool:
+    """True for device-resident arrays (ssm_vk.DeviceArray): checked by shape and dtype only,
+    never copied to the host by the checker."""
+    return getattr(value, "_ssm_device_array", False) is True
+
+
 def _as_array(name: str, value, what: str = "a float array") -> np.ndarray:
     if value is None:
         raise TypeError(f"{name}: expected {what}, got None")
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) or is_device_array(value):
         return value
-    # Device-resident arrays (ssm_vk.DeviceArray) are turned into host arrays by their own
-    # backend before they get here; anything else must be array-like.
     try:
         arr = np.asarray(value)
     except Exception as e:  # ragged lists and the like
@@ -116,9 +120,11 @@ def _as_array(name: str, value, what: str = "a float array") -> np.ndarray:
     return arr
 
 
-def _float_array(name: str, value, dtype: np.dtype) -> np.ndarray:
+def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -> np.ndarray:
     """A read-only C-contiguous array of ``dtype``; the caller's array is never written or kept."""
     arr = _as_array(name, value)
+    if is_device_array(arr) and not keep_device:
+        arr = arr.numpy()  # host backends compute on a host copy
     kind = arr.dtype.kind
     if kind != "f":
         what = {"i": "an integer", "u": "an unsigned integer", "b": "a bool", "c": "a complex",
@@ -131,6 +137,10 @@ def _float_array(name: str, value, dtype: np.dtype) -> np.ndarray:
 
 
 def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if is_device_array(arr):
+        if arr.dtype != dtype:
+            raise TypeError(f"device arrays hold float32; this call works in {dtype}")
+        return arr
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
     # Values beyond float32's range become inf, as SCAN.md's numerics expect; like the scan
@@ -139,6 +149,14 @@ def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
         out = np.ascontiguousarray(arr, dtype=dtype).view()
     out.flags.writeable = False
     return out
+
+
+def _part(flat, start: int, shape: tuple):
+    """Elements [start, start + prod(shape)) of a 1-D array, shaped (a view where possible)."""
+    n = int(np.prod(shape))
+    if is_device_array(flat):
+        return flat.view(start, shape)
+    return flat[start:start + n].reshape(shape)
 
 
 def _fmt(symbols: str, numbers) -> str:
@@ -164,6 +182,8 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray:
     if ids is None:
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
     arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
+    if is_device_array(arr):
+        arr = arr.numpy()  # S integers: the range check needs their values
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
     _expect_shape("ids", arr, "(S,)", (S,))
@@ -175,30 +195,32 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray:
     return _finish(arr.astype(np.int64, copy=False), np.dtype(np.int64))
 
 
-def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> Problem:
+def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False) -> Problem:
     """Check the forward's arguments (SCAN.md shapes) and return a :class:`Problem`.
 
     x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
     those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups) before any work.
+    Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
+    (the Vulkan backend binds them in place).
     """
     work = check_dtype(dtype)
-    x_ = _float_array("x", x, work)
+    x_ = _float_array("x", x, work, keep_device)
     _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
     S, T, H, P = (int(v) for v in x_.shape)
     if S < 1:
         raise ValueError(f"x: S (the number of sequences) must be >= 1, got shape {tuple(x_.shape)}")
 
-    s_ = _float_array("s", s, work)
+    s_ = _float_array("s", s, work, keep_device)
     _expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
     R, N = int(s_.shape[0]), int(s_.shape[3])
     _expect_shape("s", s_, "(R, H, P, N)", (R, H, P, N))
     if R < 1:
         raise ValueError(f"s: R (rows of the state cache) must be >= 1, got shape {tuple(s_.shape)}")
 
-    dt_ = _float_array("dt", dt, work)
+    dt_ = _float_array("dt", dt, work, keep_device)
     _expect_shape("dt", dt_, "(S, T, H)", (S, T, H))
 
-    A_ = _float_array("A", A, work)
+    A_ = _float_array("A", A, work, keep_device)
     a_shape = tuple(int(v) for v in A_.shape)
     if a_shape == (H,) or a_shape == (H, 1):
         mamba1 = False
@@ -208,13 +230,13 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> Problem:
         raise ValueError(f"A: expected shape (H,) or (H, 1) = ({H},) or ({H}, 1) for Mamba-2, "
                          f"or (H, N) = ({H}, {N}) for Mamba-1, got {a_shape}")
 
-    B_ = _float_array("B", B, work)
+    B_ = _float_array("B", B, work, keep_device)
     if B_.ndim == 4:
         G = int(B_.shape[2])
         _expect_shape("B", B_, "(S, T, G, N)", (S, T, G, N))
     else:
         raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, {N}), got {tuple(B_.shape)}")
-    C_ = _float_array("C", C, work)
+    C_ = _float_array("C", C, work, keep_device)
     _expect_shape("C", C_, "(S, T, G, N)", (S, T, G, N))
     if G < 1:
         raise ValueError(f"B: G (the number of groups) must be >= 1, got shape {tuple(B_.shape)}")
@@ -230,26 +252,27 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> Problem:
                    dtype=work)
 
 
-def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) -> Problem:
+def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
+                   keep_device: bool = False) -> Problem:
     """Check the backward's arguments; ``g_y`` may be the packed 1-D forward layout with
     ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
     g_states (S,H,P,N)."""
-    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype)
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, keep_device=keep_device)
     d = p.dims
     work = p.dtype
     n_y = d.S * d.T * d.H * d.P
-    gy = _float_array("g_y", g_y, work)
+    gy = _float_array("g_y", g_y, work, keep_device)
     if g_states is None:
         if gy.ndim != 1:
             raise ValueError(
                 "g_states: is None, so g_y must be the packed 1-D layout of length "
                 f"S*T*H*P + S*H*P*N = {d.forward_size}, got g_y of shape {tuple(gy.shape)}")
         _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
-        gy_s = gy[:n_y].reshape(d.S, d.T, d.H, d.P)
-        gs_s = gy[n_y:].reshape(d.S, d.H, d.P, d.N)
+        gy_s = _part(gy, 0, (d.S, d.T, d.H, d.P))
+        gs_s = _part(gy, n_y, (d.S, d.H, d.P, d.N))
     else:
         _expect_shape("g_y", gy, "(S, T, H, P)", (d.S, d.T, d.H, d.P))
-        gs = _float_array("g_states", g_states, work)
+        gs = _float_array("g_states", g_states, work, keep_device)
         _expect_shape("g_states", gs, "(S, H, P, N)", (d.S, d.H, d.P, d.N))
         gy_s, gs_s = gy, gs
     return Problem(dims=d, s=p.s, x=p.x, dt=p.dt, A=p.A, B=p.B, C=p.C, ids=p.ids,

@@ -1,0 +1,112 @@
+#version 450
+// Forward selective scan, token-sequential: one state row (i, h, p) per LN lanes, the state in
+// registers, T tokens in order. Optionally writes a checkpoint of every row's state before each
+// chunk of K tokens (the backward recomputes from those).
+//
+// Bindings (all float32 unless noted; every index is relative to the element offset o_* of the
+// window the host bound; the window covers sequences [0, S) and tokens [0, T) of this dispatch):
+//   0 x   (S, T, H, P)          readonly
+//   1 dt  (S, T, H)             readonly
+//   2 A   (H, 1) or (H, N)      readonly
+//   3 B   (S, T, G, N)          readonly
+//   4 C   (S, T, G, N)          readonly
+//   5 y   (S, T, H, P)          written
+//   6 st  (S, H, P, N)          read (initial state) and overwritten (final state)
+//   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c
+// Push constants: see PC below (same order as ssm_vk/specs.py FWD_PUSH).
+// Defines: common.glsl's, plus CKPT (0/1) and K (checkpoint interval, when CKPT). With CKPT the
+// kernel is the backward's recompute pass: it writes checkpoints and the final state, not y.
+
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer Bx { float x[]; };
+layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
+layout(std430, binding = 2) readonly buffer BA { float A[]; };
+layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
+layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
+layout(std430, binding = 5) writeonly buffer By { float y[]; };
+layout(std430, binding = 6) buffer Bst { float st_buf[]; };
+layout(std430, binding = 7) writeonly buffer Bck { float ck[]; };
+
+layout(push_constant) uniform PC {
+    uint S, T, H, P, N, G;   // window sizes (S, T) and problem sizes
+    uint HB, PB;             // heads and channels per workgroup (HB * PB <= ROWS)
+    uint NHB, NPB;           // head blocks and channel blocks: ceil(H / HB), ceil(P / PB)
+    uint gx;                 // workgroups along x (the grid is 2-D when it must be)
+    uint NC, c0;             // checkpoints per row in ck, index of this window's first one
+    uint o_x, o_dt, o_B, o_C, o_y, o_st, o_ck;
+} pc;
+
+void main() {
+    uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
+    uint pbk = wg % pc.NPB;
+    uint hbk = (wg / pc.NPB) % pc.NHB;
+    uint i = wg / (pc.NPB * pc.NHB);
+    uint slot = row_slot();
+    uint lane = lane_id();
+    uint hl = slot / pc.PB, pl = slot % pc.PB;
+    uint h = hbk * pc.HB + hl, p = pbk * pc.PB + pl;
+    bool live = i < pc.S && hl < pc.HB && h < pc.H && p < pc.P;
+    uint g = live ? h / (pc.H / pc.G) : 0u;
+    uint row = (i * pc.H + h) * pc.P + p;          // (i, h, p) in (S, H, P)
+
+    float st[NPL];
+#if MAMBA1
+    float Ar[NPL];
+#endif
+    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+        uint n = lane + k * LN;
+        bool on = live && n < pc.N;
+        st[k] = on ? st_buf[pc.o_st + row * pc.N + n] : 0.0;
+#if MAMBA1
+        Ar[k] = on ? A[h * pc.N + n] : 0.0;
+#endif
+    }
+#if !MAMBA1
+    float Ah = live ? A[h] : 0.0;
+#endif
+
+    for (uint t = 0; t < pc.T; ++t) {
+#if CKPT
+        if (t % K == 0 && live) {
+            uint c = pc.c0 + t / K;
+            [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                uint n = lane + k * LN;
+                if (n < pc.N) ck[pc.o_ck + (row * pc.NC + c) * pc.N + n] = st[k];
+            }
+        }
+#endif
+        uint it = i * pc.T + t;                     // (i, t) in (S, T)
+        float d = 0.0, u = 0.0;
+        if (live) {
+            d = softplus(dt[pc.o_dt + it * pc.H + h]);
+            u = x[pc.o_x + (it * pc.H + h) * pc.P + p] * d;
+        }
+#if !MAMBA1
+        float a = exp(d * Ah);
+#endif
+        uint bc = (it * pc.G + g) * pc.N;
+        float acc = 0.0;
+        [[unroll]] for (uint k = 0; k < NPL; ++k) {
+            uint n = lane + k * LN;
+            if (live && n < pc.N) {
+#if MAMBA1
+                float a = exp(d * Ar[k]);
+#endif
+                st[k] = st[k] * a + Bm[pc.o_B + bc + n] * u;
+#if !CKPT
+                acc += st[k] * Cm[pc.o_C + bc + n];
+#endif
+            }
+        }
+#if !CKPT
+        float yv = row_sum(acc);
+        if (live && lane == 0) y[pc.o_y + (it * pc.H + h) * pc.P + p] = yv;
+#endif
+    }
+
+    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+        uint n = lane + k * LN;
+        if (live && n < pc.N) st_buf[pc.o_st + row * pc.N + n] = st[k];
+    }
+}

@@ -1,0 +1,211 @@
+#version 450
+// Backward selective scan, token-sequential with chunked recompute. For each state row
+// (i, h, p) held by LN lanes: walk the window's chunks of K tokens from last to first; in each,
+// recompute the K states from the chunk's checkpoint into registers, then walk the tokens back
+// carrying lam (= dL/dstate). Sums over channels p (d_B, d_C, d_dt) are reduced inside the
+// workgroup in a fixed order and written as one partial per (i, t, h, channel block); a second
+// kernel (ssm_scan_reduce.comp) sums the partials over heads of a group and channel blocks.
+// No atomics: every output element has one writer and a fixed order of additions.
+//
+// Bindings (float32; indices relative to the element offsets o_* of the bound window):
+//   0 x    (S, T, H, P)        readonly          7 ck   (S, H, P, NC, N)  readonly checkpoints
+//   1 dt   (S, T, H)           readonly          8 dx   (S, T, H, P)      written
+//   2 A    (H, 1) or (H, N)    readonly          9 dBp  (S, T, H, NPB, N) written partials
+//   3 B    (S, T, G, N)        readonly         10 dCp  (S, T, H, NPB, N) written partials
+//   4 C    (S, T, G, N)        readonly         11 ddtp (S, T, H, NPB)    written partials
+//   5 gy   (S, T, H, P)        readonly         12 dAp  (S, H, P, 1|N)    accumulated (+=)
+//   6 lam  (S, H, P, N)  in: dL/dstate after the window's last token; out: a_0 * lam_0 of
+//                        the window (= d_s0 after the first window)
+// Push constants: PC below (ssm_vk/specs.py BWD_PUSH). Defines: common.glsl's, plus K.
+
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer Bx { float x[]; };
+layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
+layout(std430, binding = 2) readonly buffer BA { float A[]; };
+layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
+layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
+layout(std430, binding = 5) readonly buffer Bgy { float gy[]; };
+layout(std430, binding = 6) buffer Blam { float lam_buf[]; };
+layout(std430, binding = 7) readonly buffer Bck { float ck[]; };
+layout(std430, binding = 8) writeonly buffer Bdx { float dx[]; };
+layout(std430, binding = 9) writeonly buffer BdB { float dBp[]; };
+layout(std430, binding = 10) writeonly buffer BdC { float dCp[]; };
+layout(std430, binding = 11) writeonly buffer Bddt { float ddtp[]; };
+layout(std430, binding = 12) buffer BdA { float dAp[]; };
+
+layout(push_constant) uniform PC {
+    uint S, T, H, P, N, G;
+    uint HB, PB, NHB, NPB, gx;
+    uint NC, c0;
+    uint o_x, o_dt, o_B, o_C, o_gy, o_lam, o_ck, o_dx, o_dA;
+} pc;
+
+const uint NMAX = LN * NPL;                 // n slots per row in shared memory
+shared float red[2 * ROWS * NMAX + ROWS];   // [dC contributions | dB contributions | ddt]
+
+void main() {
+    uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
+    uint pbk = wg % pc.NPB;
+    uint hbk = (wg / pc.NPB) % pc.NHB;
+    uint i = wg / (pc.NPB * pc.NHB);
+    uint slot = row_slot();
+    uint lane = lane_id();
+    uint tid = gl_LocalInvocationIndex;
+    uint hl = slot / pc.PB, pl = slot % pc.PB;
+    uint h = hbk * pc.HB + hl, p = pbk * pc.PB + pl;
+    bool live = i < pc.S && hl < pc.HB && h < pc.H && p < pc.P;
+    uint g = live ? h / (pc.H / pc.G) : 0u;
+    uint row = (i * pc.H + h) * pc.P + p;
+
+    float lam_c[NPL];                        // a_{t+1} * lam_{t+1}, carried backwards
+#if MAMBA1
+    float Ar[NPL];
+    float dA_acc[NPL];
+#else
+    float Ah = live ? A[h] : 0.0;
+    float dA_acc = 0.0;
+#endif
+    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+        uint n = lane + k * LN;
+        bool on = live && n < pc.N;
+        lam_c[k] = on ? lam_buf[pc.o_lam + row * pc.N + n] : 0.0;
+#if MAMBA1
+        Ar[k] = on ? A[h * pc.N + n] : 0.0;
+        dA_acc[k] = 0.0;
+#endif
+    }
+
+    uint n_chunks = (pc.T + K - 1) / K;
+    for (uint cc = n_chunks; cc > 0; --cc) {
+        uint c = cc - 1;
+        uint t0 = c * K;
+        uint nt = min(K, pc.T - t0);
+
+        // Recompute the chunk's states from its checkpoint.
+        float s0[NPL];
+        float hist[K][NPL];
+        [[unroll]] for (uint k = 0; k < NPL; ++k) {
+            uint n = lane + k * LN;
+            s0[k] = (live && n < pc.N) ? ck[pc.o_ck + (row * pc.NC + pc.c0 + c) * pc.N + n] : 0.0;
+        }
+        [[unroll]] for (uint j = 0; j < K; ++j) {
+            if (j < nt) {
+                uint it = i * pc.T + t0 + j;
+                float d = 0.0, u = 0.0;
+                if (live) {
+                    d = softplus(dt[pc.o_dt + it * pc.H + h]);
+                    u = x[pc.o_x + (it * pc.H + h) * pc.P + p] * d;
+                }
+#if !MAMBA1
+                float a = exp(d * Ah);
+#endif
+                uint bc = (it * pc.G + g) * pc.N;
+                [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                    uint n = lane + k * LN;
+                    float prev = j == 0 ? s0[k] : hist[j == 0 ? 0 : j - 1][k];
+                    float Bn = (live && n < pc.N) ? Bm[pc.o_B + bc + n] : 0.0;
+#if MAMBA1
+                    float a = exp(d * Ar[k]);
+#endif
+                    hist[j][k] = prev * a + Bn * u;
+                }
+            }
+        }
+
+        // Walk the chunk's tokens back.
+        [[unroll]] for (uint jj = K; jj > 0; --jj) {
+            uint j = jj - 1;
+            if (j < nt) {
+                uint it = i * pc.T + t0 + j;
+                float dtv = 0.0, xv = 0.0, gyv = 0.0;
+                if (live) {
+                    dtv = dt[pc.o_dt + it * pc.H + h];
+                    xv = x[pc.o_x + (it * pc.H + h) * pc.P + p];
+                    gyv = gy[pc.o_gy + (it * pc.H + h) * pc.P + p];
+                }
+                float d = live ? softplus(dtv) : 0.0;
+                float u = xv * d;
+#if !MAMBA1
+                float a = exp(d * Ah);
+#endif
+                uint bc = (it * pc.G + g) * pc.N;
+                float gam = 0.0, qs = 0.0;
+                [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                    uint n = lane + k * LN;
+                    bool on = live && n < pc.N;
+                    float Bn = on ? Bm[pc.o_B + bc + n] : 0.0;
+                    float Cn = on ? Cm[pc.o_C + bc + n] : 0.0;
+                    float prev = j == 0 ? s0[k] : hist[j == 0 ? 0 : j - 1][k];
+#if MAMBA1
+                    float a = exp(d * Ar[k]);
+#endif
+                    float lam = lam_c[k] + gyv * Cn;
+                    red[slot * NMAX + n] = on ? gyv * hist[j][k] : 0.0;
+                    red[ROWS * NMAX + slot * NMAX + n] = on ? lam * u : 0.0;
+                    gam += lam * Bn;
+                    float q = on ? lam * prev * a : 0.0;
+#if MAMBA1
+                    qs += q * Ar[k];
+                    dA_acc[k] += q * d;
+#else
+                    qs += q;
+#endif
+                    lam_c[k] = on ? a * lam : 0.0;
+                }
+                float gamma = row_sum(gam);
+                float qsum = row_sum(qs);
+#if MAMBA1
+                float dd = gamma * xv + qsum;
+#else
+                float dd = gamma * xv + qsum * Ah;
+                dA_acc += qsum * d;
+#endif
+                if (lane == 0) {
+                    if (live) dx[pc.o_dx + (it * pc.H + h) * pc.P + p] = gamma * d;
+                    red[2 * ROWS * NMAX + slot] = live ? dd * softplus_grad(dtv) : 0.0;
+                }
+                barrier();
+                // Sum the contributions of this workgroup's channels, head by head, in order.
+                if (i < pc.S) {
+                    for (uint o = tid; o < pc.HB * pc.N; o += WG) {
+                        uint hl2 = o / pc.N, n = o % pc.N;
+                        uint h2 = hbk * pc.HB + hl2;
+                        if (h2 < pc.H) {
+                            float sC = 0.0, sB = 0.0;
+                            for (uint q = 0; q < pc.PB; ++q) {
+                                sC += red[(hl2 * pc.PB + q) * NMAX + n];
+                                sB += red[ROWS * NMAX + (hl2 * pc.PB + q) * NMAX + n];
+                            }
+                            uint o2 = ((it * pc.H + h2) * pc.NPB + pbk) * pc.N + n;
+                            dCp[o2] = sC;
+                            dBp[o2] = sB;
+                        }
+                    }
+                    for (uint o = tid; o < pc.HB; o += WG) {
+                        uint h2 = hbk * pc.HB + o;
+                        if (h2 < pc.H) {
+                            float s = 0.0;
+                            for (uint q = 0; q < pc.PB; ++q) s += red[2 * ROWS * NMAX + o * pc.PB + q];
+                            ddtp[(it * pc.H + h2) * pc.NPB + pbk] = s;
+                        }
+                    }
+                }
+                barrier();
+            }
+        }
+    }
+
+    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+        uint n = lane + k * LN;
+        if (live && n < pc.N) {
+            lam_buf[pc.o_lam + row * pc.N + n] = lam_c[k];
+#if MAMBA1
+            dAp[pc.o_dA + row * pc.N + n] += dA_acc[k];
+#endif
+        }
+    }
+#if !MAMBA1
+    if (live && lane == 0) dAp[pc.o_dA + row] += dA_acc;
+#endif
+}

@@ -1,0 +1,68 @@
+#version 450
+// Second stage of the backward: fixed-order sums of the partials that ssm_scan_back.comp wrote.
+//
+// MODE 0 (per window): d_B, d_C (S, T, G, N) = sums over the H/G heads of each group and the
+//   NPB channel blocks (h outer, block inner); d_dt (S, T, H) = sum over channel blocks.
+//   Bindings: 0 dBp (S,T,H,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
+// MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
+//   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
+//   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
+// One invocation per output element; no atomics. Push constants: PC (ssm_vk/specs.py RED_PUSH).
+
+#extension GL_EXT_control_flow_attributes : enable
+layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
+
+layout(std430, binding = 0) readonly buffer B0 { float dBp[]; };
+layout(std430, binding = 1) readonly buffer B1 { float dCp[]; };
+layout(std430, binding = 2) readonly buffer B2 { float ddtp[]; };
+layout(std430, binding = 3) buffer B3 { float dB[]; };
+layout(std430, binding = 4) writeonly buffer B4 { float dC[]; };
+layout(std430, binding = 5) writeonly buffer B5 { float ddt[]; };
+
+layout(push_constant) uniform PC {
+    uint S, T, H, P, N, G, NPB, KA;
+    uint gx;
+    uint o_0, o_3, o_4, o_5;     // element offsets of bindings 0, 3, 4, 5 (1, 2 are scratch at 0)
+    uint acc;                    // MODE 1: add to d_A instead of assigning
+} pc;
+
+void main() {
+    uint e = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * WG + gl_LocalInvocationIndex;
+#if MODE == 0
+    uint n_bc = pc.S * pc.T * pc.G * pc.N;
+    if (e < n_bc) {
+        uint n = e % pc.N;
+        uint itg = e / pc.N;
+        uint gg = itg % pc.G;
+        uint it = itg / pc.G;
+        uint hpg = pc.H / pc.G;
+        float sB = 0.0, sC = 0.0;
+        for (uint hh = 0; hh < hpg; ++hh) {
+            uint h = gg * hpg + hh;
+            for (uint b = 0; b < pc.NPB; ++b) {
+                uint o = pc.o_0 + ((it * pc.H + h) * pc.NPB + b) * pc.N + n;
+                sB += dBp[o];
+                sC += dCp[o];
+            }
+        }
+        dB[pc.o_3 + e] = sB;
+        dC[pc.o_4 + e] = sC;
+    }
+    uint n_dt = pc.S * pc.T * pc.H;
+    if (e < n_dt) {
+        float s = 0.0;
+        for (uint b = 0; b < pc.NPB; ++b) s += ddtp[e * pc.NPB + b];
+        ddt[pc.o_5 + e] = s;
+    }
+#else
+    uint n_a = pc.H * pc.KA;
+    if (e < n_a) {
+        uint k = e % pc.KA, h = e / pc.KA;
+        float s = 0.0;
+        for (uint i = 0; i < pc.S; ++i)
+            for (uint p = 0; p < pc.P; ++p)
+                s += dBp[pc.o_0 + ((i * pc.H + h) * pc.P + p) * pc.KA + k];
+        dB[pc.o_3 + e] = pc.acc != 0 ? dB[pc.o_3 + e] + s : s;
+    }
+#endif
+}

@@ -1,0 +1,165 @@
+"""DeviceArray: a float32 (or int32) array that lives in a Vulkan buffer.
+
+``to_device(array)`` uploads; ``DeviceArray.numpy()`` downloads. When any input of ``ssm_scan`` /
+``ssm_scan_back`` is a DeviceArray, the results are DeviceArrays on the same device, so a training
+loop pays no host round trips. A DeviceArray owns its buffer (or views another's); the buffer goes
+back to the context's pool when the owner is released -- explicitly with ``release()``, or when
+the last Python reference goes (``weakref.finalize``, not ``__del__``).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+from . import runtime as rt
+
+__all__ = ["DeviceArray", "to_device", "pool", "empty"]
+
+_pools: dict[int, rt.BufferPool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool(ctx: rt.Context) -> rt.BufferPool:
+    """The buffer pool of ``ctx`` (one per context, closed with it)."""
+    with _pools_lock:
+        p = _pools.get(id(ctx))
+        if p is None or p.closed or p.ctx is not ctx:
+            p = _pools[id(ctx)] = rt.BufferPool(ctx)
+        return p
+
+
+def _give_back(ctx, buf) -> None:
+    # Runs from weakref.finalize or release(); the context (and so the pool) may be gone already.
+    if ctx.closed or buf.closed:
+        return
+    p = _pools.get(id(ctx))
+    if p is not None and not p.closed:
+        try:
+            p.release(buf)
+        except ValueError:
+            pass
+
+
+class DeviceArray:
+    """An array in device memory. Attributes: ``shape``, ``dtype``, ``device`` (index), ``where``
+    ("Vulkan<i>"), ``size``, ``nbytes``, ``ndim``. Methods: ``numpy()``, ``reshape()``,
+    ``view(start, shape)``, ``release()``.
+
+    Internal fields: ``buffer`` (a runtime Buffer, or None when empty) and ``offset`` (elements
+    from the start of the buffer).
+    """
+
+    _ssm_device_array = True
+
+    def __init__(self, ctx, buffer, shape, dtype=np.float32, offset: int = 0, base=None):
+        self.ctx = ctx
+        self.buffer = buffer
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.offset = int(offset)
+        self._base = base  # the owner a view keeps alive
+        self._finalizer = None
+        if base is None and buffer is not None:
+            self._finalizer = weakref.finalize(self, _give_back, ctx, buffer)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def device(self) -> int:
+        return self.ctx.info.index
+
+    @property
+    def where(self) -> str:
+        return self.ctx.info.where
+
+    @property
+    def released(self) -> bool:
+        owner = self._base or self
+        return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
+
+    def _check_live(self) -> None:
+        if self.released or (self.buffer is not None and self.buffer.closed):
+            raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
+
+    def numpy(self) -> np.ndarray:
+        """A host copy (a new, writable numpy array)."""
+        if self.size == 0:
+            return np.zeros(self.shape, dtype=self.dtype)
+        self._check_live()
+        out = rt.download(self.buffer, ((self.size,), self.dtype), self.offset * self.dtype.itemsize)
+        return out.reshape(self.shape)
+
+    def reshape(self, *shape) -> DeviceArray:
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {tuple(shape)}")
+        return DeviceArray(self.ctx, self.buffer, shape, self.dtype, self.offset, base=self._base or self)
+
+    def view(self, start: int, shape) -> DeviceArray:
+        """Elements [start, start + prod(shape)) of this array (flattened), shaped; no copy."""
+        n = int(np.prod(shape, dtype=np.int64))
+        if start < 0 or start + n > self.size:
+            raise ValueError(f"view [{start}, {start + n}) outside a DeviceArray of {self.size} elements")
+        return DeviceArray(self.ctx, self.buffer, shape, self.dtype, self.offset + start, base=self._base or self)
+
+    def release(self) -> None:
+        """Give the buffer back to the pool now. Views of it become invalid. Idempotent."""
+        owner = self._base or self
+        if owner._finalizer is not None:
+            owner._finalizer()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, where={self.where!r})"
+
+
+def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
+    """An uninitialised DeviceArray from the pool (no buffer when it has no elements)."""
+    shape = tuple(int(s) for s in shape)
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    buf = pool(ctx).acquire(n) if n else None
+    return DeviceArray(ctx, buf, shape, dtype)
+
+
+def to_device(array, device=None) -> DeviceArray:
+    """Upload ``array`` to the Vulkan device (``device``: an index, default the process's device).
+
+    Float arrays become float32, integer arrays int32 (for ids). Raises TypeError for other
+    dtypes, ValueError when ``device`` is not the device in use, VulkanUnavailable without Vulkan.
+    """
+    ctx = rt.get_context()
+    if device is not None and int(device) != ctx.info.index:
+        raise ValueError(f"device: this process uses Vulkan device {ctx.info.index} ({ctx.info.name}); "
+                         f"set SSM_VK_DEVICE before the first call to use another, got {device}")
+    if isinstance(array, DeviceArray):
+        return array
+    a = np.asarray(array)
+    if a.dtype.kind == "f":
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    elif a.dtype.kind in "iu":
+        if a.size and (a.min() < -(2**31) or a.max() >= 2**31):
+            raise ValueError("to_device: integer values must fit in int32")
+        a = np.ascontiguousarray(a, dtype=np.int32)
+    else:
+        raise TypeError(f"to_device: expected a float or integer array, got dtype {a.dtype}")
+    out = empty(ctx, a.shape, a.dtype)
+    if a.size:
+        rt.upload(out.buffer, a)
+    return out

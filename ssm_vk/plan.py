@@ -1,0 +1,204 @@
+"""Launch planning for the scan kernels: lane layout, workgroup shape, checkpoint interval and the
+windows a problem is cut into so that every binding, allocation and grid fits the device.
+
+Pure Python (no Vulkan): the numbers here are what the shaders' defines and push constants get,
+and they are unit-tested against small fake limits.
+
+Windows: a problem is processed as a list of windows (i0, i1, t0, t1). Either a window holds
+whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone is too large for
+a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
+reads or writes is contiguous inside a window in both cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssm_ref import Dims
+
+__all__ = ["Limits", "Layout", "Window", "Plan", "layout_for", "plan", "grid", "TooLarge"]
+
+F32 = 4
+SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
+
+
+class TooLarge(ValueError):
+    """The problem cannot be cut into windows that fit this device's limits."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The device limits the planner respects (all from the device; tests may shrink them)."""
+
+    subgroup_size: int
+    subgroup_ops: frozenset         # subgroup operation classes in compute shaders ("basic", ...)
+    max_workgroup_invocations: int
+    max_shared_memory: int
+    max_workgroup_count: tuple      # (x, y, z)
+    max_storage_buffer_range: int
+    max_memory_allocation_size: int
+    min_storage_buffer_offset_alignment: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How state rows map onto lanes and workgroups (see glsl/common.glsl)."""
+
+    LN: int      # lanes per row (power of two)
+    ROW_SUM: int  # how a row is summed (glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
+    NPL: int     # state values per lane
+    WG: int      # threads per workgroup
+    K: int       # checkpoint interval of the backward
+    HB: int      # heads per workgroup
+    PB: int      # channels per workgroup
+    NHB: int     # head blocks
+    NPB: int     # channel blocks
+
+    @property
+    def rows(self) -> int:
+        return self.WG // self.LN
+
+
+@dataclass(frozen=True)
+class Window:
+    i0: int
+    i1: int
+    t0: int
+    t1: int
+
+    @property
+    def S(self) -> int:
+        return self.i1 - self.i0
+
+    @property
+    def T(self) -> int:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    windows: tuple
+    time_split: bool     # True: windows are token ranges of one sequence
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
+    """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``."""
+    sg = lim.subgroup_size
+    ops = lim.subgroup_ops
+    want = _pow2_at_least(max(d.N, 1))
+    if "basic" in ops and "clustered" in ops:
+        LN, ROW_SUM = min(want, sg), 1
+    elif "basic" in ops and "shuffle" in ops:
+        LN = min(want, sg)
+        ROW_SUM = 3 if LN == sg and "arithmetic" in ops else 2
+    elif "basic" in ops and "arithmetic" in ops:
+        LN, ROW_SUM = sg, 3
+    else:
+        LN, ROW_SUM = min(want, 32), 0
+    NPL = max(1, -(-d.N // LN))
+    K = 16
+    # Workgroup: up to 256 threads, a multiple of the subgroup size, within the shared memory
+    # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
+    # for the shared-memory row sums).
+    WG = 256
+    while WG > max(LN, sg):
+        shared = (2 * WG * NPL + WG // LN) * F32 if backward else 0
+        if ROW_SUM == 0:
+            shared += WG * F32
+        if WG <= lim.max_workgroup_invocations and shared <= lim.max_shared_memory:
+            break
+        WG //= 2
+    WG = max(WG, LN)
+    rows = WG // LN
+    PB = max(1, min(d.P, rows))
+    HB = max(1, min(d.H, rows // PB))
+    NPB = max(1, -(-d.P // PB))
+    NHB = max(1, -(-d.H // HB))
+    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
+
+
+def grid(n_groups: int, lim: Limits) -> tuple[int, int]:
+    """(gx, gy) with gx * gy >= n_groups inside maxComputeWorkGroupCount; shaders flatten it."""
+    mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]
+    gx = max(1, min(n_groups, mx))
+    gy = max(1, -(-n_groups // gx))
+    if gy > my:
+        raise TooLarge(f"{n_groups} workgroups exceed maxComputeWorkGroupCount {lim.max_workgroup_count[:2]}")
+    return gx, gy
+
+
+def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) -> dict:
+    """Elements of every windowed binding for a window of Sw sequences x Tw tokens."""
+    KA = d.N if d.mamba1 else 1
+    nc = -(-Tw // lay.K)
+    e = {
+        "x": Sw * Tw * d.H * d.P, "dt": Sw * Tw * d.H, "B": Sw * Tw * d.G * d.N,
+        "states": Sw * d.H * d.P * d.N,
+    }
+    if backward:
+        e.update({
+            "ck": Sw * d.H * d.P * nc * d.N,
+            "dBp": Sw * Tw * d.H * lay.NPB * d.N, "ddtp": Sw * Tw * d.H * lay.NPB,
+            "dAp": Sw * d.H * d.P * KA,
+        })
+    return e
+
+
+def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
+    cap = (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
+           - lim.min_storage_buffer_offset_alignment) // F32
+    e = _per_window_elems(d, lay, Sw, Tw, backward)
+    if any(v > cap for v in e.values()):
+        return False
+    if backward and (e["dBp"] * 2 + e["ddtp"]) * F32 > max(SCRATCH_BUDGET, 0):
+        # a budget, not a limit: one token of one sequence always passes
+        if Sw * Tw > 1:
+            return False
+    groups = Sw * lay.NHB * lay.NPB
+    red = max(Sw * Tw * d.G * d.N, Sw * Tw * d.H)
+    mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]
+    return groups <= mx * my and -(-red // lay.WG) <= mx * my
+
+
+def plan(d: Dims, lim: Limits, backward: bool) -> Plan:
+    """Cut the problem into windows that fit; raise TooLarge when even one token cannot."""
+    lay = layout_for(d, lim, backward)
+    if d.T == 0:
+        return Plan(lay, (), False)
+    # Whole sequences: as many per window as fit.
+    lo, hi = 0, d.S
+    while lo < hi:  # largest Sw in [0, S] that fits (monotone)
+        mid = (lo + hi + 1) // 2
+        if _fits(d, lay, lim, mid, d.T, backward):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo >= 1:
+        Sw = lo
+        wins = tuple(Window(i, min(i + Sw, d.S), 0, d.T) for i in range(0, d.S, Sw))
+        return Plan(lay, wins, False)
+    # One sequence per window, a range of tokens (a multiple of K when more than K fit).
+    lo, hi = 0, d.T
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(d, lay, lim, 1, mid, backward):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < 1:
+        raise TooLarge(
+            f"one token of one sequence does not fit the device's limits "
+            f"(maxStorageBufferRange {lim.max_storage_buffer_range} bytes, "
+            f"maxMemoryAllocationSize {lim.max_memory_allocation_size} bytes) at "
+            f"H={d.H} P={d.P} N={d.N} G={d.G}")
+    Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
+    wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
+    return Plan(lay, wins, True)

@@ -1,0 +1,380 @@
+"""The process's Vulkan context: instance, logical device, compute queue, lock, and what they own.
+
+One :class:`Context` is open per process at a time; :func:`get_context` creates it lazily and
+:func:`close` (or ``atexit``) releases it. Every object of this package (buffers, kernels,
+sequences, pools) is registered with the context that made it, and ``Context.close()`` releases
+whatever is still open, newest first, before the device and the instance.
+
+Thread safety: ``Context.lock`` (a re-entrant lock) serialises queue submission, the kernel and
+descriptor-set caches, allocation bookkeeping and the shared one-shot command sequence. A
+``Sequence`` records into a command pool of its own, so different threads may record different
+sequences at once; one sequence must not be used from two threads at a time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from dataclasses import dataclass
+
+from . import binding, device
+from .binding import DeviceLost, VulkanTimeout, VulkanUnavailable
+from .device import DeviceInfo
+
+VALIDATION_ENV = "SSM_VK_VALIDATION"
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+DEBUG_UTILS_EXTENSION = "VK_EXT_debug_utils"
+VALIDATION_FEATURES_EXTENSION = "VK_EXT_validation_features"  # offered by the validation layer
+
+_current: Context | None = None          # the open context of this process, if any
+_current_lock = threading.Lock()         # guards _current
+_get_lock = threading.Lock()             # makes get_context's look-then-create atomic
+
+
+@dataclass
+class Stats:
+    """Counters for tests and tuning: how often the costly Vulkan paths ran."""
+
+    descriptor_writes: int = 0       # vkUpdateDescriptorSets calls (15-20 us each from Python)
+    descriptor_sets: int = 0         # descriptor sets allocated
+    pipelines: int = 0               # compute pipelines created
+    submits: int = 0                 # vkQueueSubmit calls
+
+
+@dataclass(frozen=True)
+class Allocations:
+    """Device memory held by a context: ``count`` VkDeviceMemory objects of ``nbytes`` in total."""
+
+    count: int
+    nbytes: int
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Context:
+    """Vulkan instance + one logical device with one compute queue.
+
+    Create it through :func:`get_context` (one per process). Attributes: ``info`` (the
+    :class:`DeviceInfo` every request is checked against, possibly with lowered limits),
+    ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
+    validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
+    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s).
+
+    Raises VulkanUnavailable (no loader, driver, device, Vulkan 1.1, or validation layer), ValueError (a bad
+    device index), RuntimeError (another context is open), VulkanError (device creation failed).
+    """
+
+    def __init__(self, device_index: int | str | None = None, validation: bool | None = None):
+        global _current
+        if validation is None:
+            validation = _env_flag(VALIDATION_ENV)
+        if not isinstance(validation, bool):
+            raise TypeError(f"validation: expected bool or None, got {type(validation).__name__}")
+        chosen = device.choose(device.list_devices(), device_index)  # raises before any Vulkan object exists
+        if chosen.api_version < (1, 1):
+            raise VulkanUnavailable(f"{chosen.name} offers Vulkan {chosen.api_version}; 1.1 is needed (subgroups)")
+        vk = binding.require()
+        self.validation = validation
+        self.validation_messages: list[str] = []
+        self.stats = Stats()
+        self.lock = threading.RLock()
+        self.timeout_s = float(os.environ.get("SSM_VK_TIMEOUT_S", 60.0))
+        self.closed = False
+        self.lost = False
+        self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
+        self.info: DeviceInfo = chosen
+        self._vk = vk
+        self._children: dict[int, object] = {}   # id → object with close(); insertion order = creation order
+        self._alloc_count = 0
+        self._alloc_bytes = 0
+        self._fault: type[Exception] | None = None
+        self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
+                                                 # (by their own thread; a hint for wait_idle)
+        # State owned by the modules named, kept here because it lives as long as the context:
+        self._kernels: dict = {}                 # kernels.py: cache key → Kernel
+        self._staging = None                     # memory.py: the reusable staging Buffer
+        self._oneshot = None                     # commands.py: the reusable one-shot Sequence
+        self.force_staging = False               # memory.py test seam: copy through staging even when mappable
+        self.staging_chunk_bytes = 64 << 20      # memory.py: largest staging buffer (bigger copies are chunked)
+        self._instance = self._messenger = None
+        self.handle = None                       # the VkDevice; callers check_usable() before new work
+        self._debug_callback = None
+        with _current_lock:
+            if _current is not None and not _current.closed:
+                raise RuntimeError("a Vulkan context is already open in this process; "
+                                   "use get_context() or close it first")
+            _current = self
+        try:
+            self._create(chosen)
+        except BaseException:
+            self._destroy_core()
+            with _current_lock:
+                _current = None
+            raise
+        atexit.register(self.close)
+
+    # -- creation ---------------------------------------------------------------------------------
+
+    def _create(self, chosen: DeviceInfo) -> None:
+        vk = self._vk
+        ffi = vk.ffi
+        layers, extensions, pnext = [], [], None
+        if self.validation:
+            # The messenger info is chained so that creating and destroying the instance are checked too.
+            layers, extensions, pnext = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION], self._messenger_info()
+            if VALIDATION_FEATURES_EXTENSION in device.layer_extensions(VALIDATION_LAYER):
+                # Synchronization validation as well: a missing barrier is the mistake lavapipe
+                # hides best (it happens to run commands in order).
+                extensions.append(VALIDATION_FEATURES_EXTENSION)
+                pnext = vk.VkValidationFeaturesEXT(
+                    pNext=pnext, enabledValidationFeatureCount=1,
+                    pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
+        self._instance = device.create_instance(layers, extensions, pnext)
+        if self.validation:
+            create = vk.vkGetInstanceProcAddr(self._instance, "vkCreateDebugUtilsMessengerEXT")
+            with binding.translated("vkCreateDebugUtilsMessengerEXT"):
+                self._messenger = create(self._instance, self._messenger_info(), None)
+        physical = device.physical_devices(self._instance)[chosen.index]
+        family, _ = device.compute_queue_family(physical)
+        extensions = device.device_extensions(physical)
+        feats, atomic = device.query_features(physical, extensions)
+        # Enable exactly the optional features DeviceInfo reports, so shaders may use what it promises.
+        wanted = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2})
+        wanted.features.shaderFloat64 = feats.features.shaderFloat64
+        wanted.features.shaderInt64 = feats.features.shaderInt64
+        wanted.features.shaderInt16 = feats.features.shaderInt16
+        device_extensions = []
+        if atomic is not None and atomic.shaderBufferFloat32AtomicAdd:
+            want_atomic = ffi.new("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT*", {
+                "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT,
+                "shaderBufferFloat32Atomics": 1, "shaderBufferFloat32AtomicAdd": 1})
+            wanted.pNext = want_atomic
+            device_extensions.append(device.ATOMIC_FLOAT_EXTENSION)
+        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0])
+        info = vk.VkDeviceCreateInfo(pNext=wanted, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+                                     enabledExtensionCount=len(device_extensions),
+                                     ppEnabledExtensionNames=device_extensions or None)
+        with binding.translated("vkCreateDevice"):
+            self.handle = vk.vkCreateDevice(physical, info, None)
+        self.queue_family = family
+        self.queue = vk.vkGetDeviceQueue(self.handle, family, 0)
+        mem = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+        # (property flags, heap index) per memory type and (size, flags) per heap, copied at once.
+        self.memory_types = [(int(mem.memoryTypes[i].propertyFlags), int(mem.memoryTypes[i].heapIndex))
+                             for i in range(int(mem.memoryTypeCount))]
+        self.memory_heaps = [(int(mem.memoryHeaps[i].size), int(mem.memoryHeaps[i].flags))
+                             for i in range(int(mem.memoryHeapCount))]
+
+    def _messenger_info(self):
+        vk = self._vk
+        messages = self.validation_messages
+
+        def on_message(severity, types, data, _user):
+            # Runs inside a Vulkan call on any thread; it must not raise (cffi would only print).
+            try:
+                level = "ERROR" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else "WARNING"
+                messages.append(f"{level}: {binding.c_string(data.pMessage)}")
+            except Exception as exc:
+                messages.append(f"ERROR: unreadable validation message ({exc})")
+            return 0
+
+        self._debug_callback = on_message  # the binding keeps one module-wide callback; we keep ours too
+        return vk.VkDebugUtilsMessengerCreateInfoEXT(
+            messageSeverity=vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
+            | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+            messageType=vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+            pfnUserCallback=on_message)
+
+    # -- state used by the other modules ------------------------------------------------------------
+
+    def check_usable(self) -> None:
+        """Raise DeviceLost if the device was lost, RuntimeError if the context is closed."""
+        if self.lost:
+            raise DeviceLost("the Vulkan device was lost; close this context and call get_context() again")
+        if self.closed:
+            raise RuntimeError("this Vulkan context is closed")
+
+    def mark_lost(self) -> None:
+        """Record that the device is gone: every later use raises DeviceLost; get_context() makes a new one."""
+        self.lost = True
+
+    def adopt(self, obj) -> None:
+        """Register an object with ``close()`` so that closing the context closes it."""
+        with self.lock:
+            self.check_usable()
+            self._children[id(obj)] = obj
+
+    def forget(self, obj) -> None:
+        """Undo :meth:`adopt` (the object closed itself)."""
+        with self.lock:
+            self._children.pop(id(obj), None)
+
+    def track_allocation(self, nbytes: int, count: int) -> None:
+        """Book ``count`` (+1 or -1) VkDeviceMemory objects of ``nbytes`` each."""
+        with self.lock:
+            self._alloc_count += count
+            self._alloc_bytes += count * nbytes
+
+    def wait_idle(self) -> None:
+        """If any sequence may still run, wait until the queue is idle, so that objects it could
+        use may be destroyed. Raises DeviceLost (and marks the context lost), VulkanError.
+
+        It waits on the queue, not on the sequences' fences: another thread may be closing its
+        sequence, and waiting on a fence being destroyed hung (the validation layer saw it).
+        """
+        with self.lock:  # vkQueueWaitIdle needs the queue to itself
+            if not self.pending or self.handle is None:
+                return
+            result = self._vk.lib.vkQueueWaitIdle(self.queue)
+        if result != 0:
+            error = binding.error_for_result(result, "vkQueueWaitIdle")
+            if isinstance(error, DeviceLost):
+                self.mark_lost()
+            raise error
+
+    def buffer_closed(self, serial: int) -> None:
+        """Drop the cached descriptor sets that point at a closed buffer (memory.py calls this)."""
+        with self.lock:
+            for kernel in self._kernels.values():
+                kernel.forget_buffer(serial)
+
+    @property
+    def live_allocations(self) -> Allocations:
+        """Device memory this context holds now (for leak tests)."""
+        with self.lock:
+            return Allocations(self._alloc_count, self._alloc_bytes)
+
+    # -- test seams ---------------------------------------------------------------------------------
+
+    def override_limits(self, **limits) -> _LimitOverride:
+        """Lower device limits for tests: ``ctx.override_limits(max_workgroup_count=(4, 4, 4))``.
+
+        Every check of the runtime and every caller that splits work reads ``ctx.info``, so tiny
+        limits exercise the splitting paths on any device. Returns a handle that restores the
+        previous limits on ``restore()`` or at the end of a ``with`` block. Raises ValueError for
+        an unknown limit or a value above the device's own.
+        """
+        previous = self.info
+        self.info = device.lowered(self.info, self.hardware_info, **limits)
+        return _LimitOverride(self, previous)
+
+    def fail_next_submit(self, error: type[Exception] = DeviceLost) -> None:
+        """Make the next ``Sequence.submit`` raise ``error`` (DeviceLost or VulkanTimeout).
+
+        DeviceLost is raised without submitting and marks the context lost, as a real loss would.
+        VulkanTimeout is raised after the work was submitted, as when a wait times out: the
+        sequence stays pending and a later wait completes it. Raises ValueError for another type.
+        """
+        if error not in (DeviceLost, VulkanTimeout):
+            raise ValueError(f"fail_next_submit: expected DeviceLost or VulkanTimeout, got {error!r}")
+        self._fault = error
+
+    def take_fault(self) -> type[Exception] | None:
+        """The fault armed by :meth:`fail_next_submit`, disarming it (for commands.py)."""
+        fault, self._fault = self._fault, None
+        return fault
+
+    # -- teardown -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for the GPU, release every object made through this context, then the device and
+        instance. Safe to call twice, after a device loss, and from ``atexit``. Never raises a
+        Vulkan error (a lost device cannot fail its cleanup in a useful way)."""
+        global _current
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        vk = self._vk
+        if self.handle is not None:
+            try:
+                vk.vkDeviceWaitIdle(self.handle)
+            except (vk.VkError, vk.VkException):
+                self.lost = True  # nothing is running any more on a lost device; destroying is allowed
+        for child in reversed(list(self._children.values())):
+            child.close()
+        self._children.clear()
+        self._kernels.clear()
+        self._destroy_core()
+        atexit.unregister(self.close)
+        with _current_lock:
+            if _current is self:
+                _current = None
+
+    def _destroy_core(self) -> None:
+        vk = self._vk
+        if self.handle is not None:
+            vk.vkDestroyDevice(self.handle, None)
+            self.handle = None
+        if self._messenger is not None:
+            destroy = vk.vkGetInstanceProcAddr(self._instance, "vkDestroyDebugUtilsMessengerEXT")
+            destroy(self._instance, self._messenger, None)
+            self._messenger = None
+        if self._instance is not None:
+            vk.vkDestroyInstance(self._instance, None)
+            self._instance = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "lost" if self.lost else "open"
+        return f"<Context {self.info.where} {self.info.name!r} {state}{' validation' if self.validation else ''}>"
+
+
+class _LimitOverride:
+    """Handle returned by ``Context.override_limits``: restores the limits it replaced."""
+
+    def __init__(self, ctx: Context, previous: DeviceInfo):
+        self._ctx, self._previous = ctx, previous
+
+    def restore(self) -> None:
+        self._ctx.info = self._previous
+
+    def __enter__(self) -> _LimitOverride:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+def get_context(device_index: int | str | None = None, validation: bool | None = None) -> Context:
+    """The process's open context, created on first use (device per ``device.choose``; validation
+    per ``$SSM_VK_VALIDATION`` unless given). A lost or closed context is replaced by a new one.
+
+    Raises ValueError when an open context differs from an explicit ``device_index`` or
+    ``validation``, and whatever :class:`Context` raises.
+    """
+    with _get_lock:
+        ctx = _current
+        if ctx is not None and ctx.lost:
+            ctx.close()
+        if ctx is None or ctx.closed:
+            return Context(device_index, validation)
+    if device_index is not None and str(device_index).strip() != str(ctx.info.index):
+        raise ValueError(f"device_index={device_index}: the open context uses device {ctx.info.index}; "
+                         "close() it first")
+    if validation is not None and validation != ctx.validation:
+        raise ValueError(f"validation={validation}: the open context has validation={ctx.validation}; close() it first")
+    return ctx
+
+
+def current_context() -> Context | None:
+    """The open context, or None; creates nothing."""
+    ctx = _current
+    return ctx if ctx is not None and not ctx.closed else None
+
+
+def close() -> None:
+    """Close the process's context if one is open (idempotent)."""
+    ctx = _current
+    if ctx is not None:
+        ctx.close()

@@ -1,0 +1,341 @@
+"""Compute kernels: :class:`Kernel` (pipeline + layouts) and its cached descriptor sets.
+
+Shader convention (checked against the SPIR-V): storage buffers at ``set = 0``, bindings
+``0 .. bindings-1``; one push-constant block of exactly ``push_size`` bytes; the workgroup size
+taken from specialisation constants ``layout(local_size_x_id = 0, local_size_y_id = 1,
+local_size_z_id = 2) in;`` (a dimension the shader fixes must equal ``local_size``); the
+shader's own specialisation constants at ids 3, 4, ... in the order of ``spec``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from . import binding, shaders
+from .checks import check_int
+from .context import Context
+from .memory import Buffer
+
+_POOL_SETS_MIN, _POOL_SETS_MAX = 16, 1024  # descriptor pools grow by doubling between these
+
+
+def _local_size(ctx: Context, local_size) -> tuple[int, int, int]:
+    if isinstance(local_size, int) and not isinstance(local_size, bool):
+        local_size = (local_size, 1, 1)
+    if not isinstance(local_size, tuple | list) or len(local_size) != 3:
+        raise ValueError(f"local_size: expected an int or 3 ints, got {local_size!r}")
+    size = tuple(check_int("local_size", v, 1) for v in local_size)
+    info = ctx.info
+    if any(v > m for v, m in zip(size, info.max_workgroup_size, strict=True)):
+        raise ValueError(f"local_size {size} exceeds max_workgroup_size {info.max_workgroup_size}")
+    if size[0] * size[1] * size[2] > info.max_workgroup_invocations:
+        raise ValueError(f"local_size {size} has {size[0] * size[1] * size[2]} invocations, "
+                         f"above max_workgroup_invocations = {info.max_workgroup_invocations}")
+    return size
+
+
+def _spec_key(spec) -> tuple:
+    if not isinstance(spec, tuple | list):
+        raise TypeError(f"spec: expected a tuple of int/float/bool, got {type(spec).__name__}")
+    for v in spec:
+        if not isinstance(v, int | float):
+            raise TypeError(f"spec: {v!r} is not an int, float or bool")
+    return tuple((type(v).__name__, v) for v in spec)  # 1 and 1.0 and True are different constants
+
+
+class Kernel:
+    """A compute pipeline with its descriptor-set layout, pipeline layout and descriptor sets.
+
+    Get one through :meth:`Kernel.get`, which caches it in the context. Attributes: ``name``,
+    ``bindings`` (number of storage buffers), ``push_size``, ``local_size``, ``spec``.
+    It lives until its context closes (or ``close()``).
+    """
+
+    @classmethod
+    def get(cls, ctx: Context, name: str, *, bindings: int, push_size: int = 0, local_size=(64, 1, 1),
+            spec=(), defines=None, search_path=None) -> Kernel:
+        """The kernel for shader ``name`` (see :func:`shaders.compile_shader` for ``defines`` and
+        ``search_path``), built once per context and argument set.
+
+        Raises TypeError/ValueError for bad arguments or a shader that fixes another workgroup
+        size (all before any Vulkan call), what ``compile_shader`` raises, VulkanError, DeviceLost.
+        """
+        if not isinstance(ctx, Context):
+            raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
+        info = ctx.info
+        check_int("bindings", bindings, 1)
+        if bindings > info.max_storage_buffers_per_stage:
+            raise ValueError(f"bindings={bindings} exceeds max_storage_buffers_per_stage = "
+                             f"{info.max_storage_buffers_per_stage}")
+        if check_int("push_size", push_size) % 4:
+            raise ValueError(f"push_size: expected a multiple of 4, got {push_size}")
+        if push_size > info.max_push_constants_size:
+            raise ValueError(f"push_size={push_size} exceeds max_push_constants_size = {info.max_push_constants_size}")
+        size = _local_size(ctx, local_size)
+        spec_key = _spec_key(spec)
+        defs = shaders.normalize_defines(defines)
+        dirs = tuple(str(p) for p in shaders.search_dirs(search_path))
+        key = (name, defs, dirs, bindings, push_size, size, spec_key)
+        kernel = ctx._kernels.get(key)
+        if kernel is not None and not kernel.closed:
+            return kernel
+        ctx.check_usable()
+        spirv = shaders.compile_shader(name, dict(defs) or None, search_path=list(dirs))  # outside the lock: ~0.1 s
+        with ctx.lock:
+            kernel = ctx._kernels.get(key)
+            if kernel is None or kernel.closed:  # unless another thread built it meanwhile
+                kernel = ctx._kernels[key] = cls(ctx, name, spirv, bindings, push_size, size, tuple(spec))
+            return kernel
+
+    def __init__(self, ctx: Context, name: str, spirv: bytes, bindings: int, push_size: int,
+                 local_size: tuple[int, int, int], spec: tuple):
+        """Internal: use :meth:`get`. Arguments are checked by ``get``."""
+        check_workgroup_size(spirv, local_size, name)
+        vk = binding.require()
+        self.ctx, self.name, self.bindings = ctx, name, bindings
+        self.push_size, self.local_size, self.spec = push_size, local_size, spec
+        self.closed = False
+        self._set_layout = self._layout = self.pipeline = None
+        self._pools: list = []
+        self._pool_room = 0
+        self._sets: dict[tuple, object] = {}            # binding key → VkDescriptorSet
+        self._keys_of_buffer: dict[int, set] = {}       # buffer serial → binding keys using it
+        self._free_sets: list = []                      # sets whose buffers closed, to rewrite
+        device = ctx.handle
+        module = None
+        try:
+            with binding.translated(f"creating kernel {name}"):
+                module_info = vk.VkShaderModuleCreateInfo(codeSize=len(spirv), pCode=spirv)  # bytes (sharp edge 4)
+                module = vk.vkCreateShaderModule(device, module_info, None)
+                layout_bindings = [vk.VkDescriptorSetLayoutBinding(
+                    binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(bindings)]
+                self._set_layout = vk.vkCreateDescriptorSetLayout(device, vk.VkDescriptorSetLayoutCreateInfo(
+                    bindingCount=bindings, pBindings=layout_bindings), None)
+                ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size)]
+                if not push_size:
+                    ranges = []
+                self._layout = vk.vkCreatePipelineLayout(device, vk.VkPipelineLayoutCreateInfo(
+                    setLayoutCount=1, pSetLayouts=[self._set_layout],
+                    pushConstantRangeCount=len(ranges), pPushConstantRanges=ranges or None), None)
+                values = [*local_size, *spec]
+                data, nbytes = binding.words_arg(values)  # kept alive until vkCreateComputePipelines returns
+                # constant_id i ↔ values[i]: 0-2 the workgroup size, 3.. the shader's own constants
+                entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(values))]
+                spec_info = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                                    dataSize=nbytes, pData=data)  # bytes, not the cdata's length
+                stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
+                                                           pName="main", pSpecializationInfo=spec_info)
+                self.pipeline = vk.vkCreateComputePipelines(device, None, 1, [vk.VkComputePipelineCreateInfo(
+                    stage=stage, layout=self._layout)], None)[0]
+                ctx.stats.pipelines += 1
+            ctx.adopt(self)
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            if module is not None:  # the pipeline keeps what it needs
+                vk.vkDestroyShaderModule(device, module, None)
+
+    # -- descriptor sets ----------------------------------------------------------------------------
+
+    def normalize_bindings(self, bindings) -> tuple[tuple[Buffer, int, int], ...]:
+        """``bindings`` as (buffer, offset, nbytes) triples, each checked.
+
+        An item is a Buffer (all of it) or ``(buffer, offset, nbytes)``. Raises TypeError/ValueError
+        for a wrong count, a foreign or closed buffer, an offset not a multiple of
+        min_storage_buffer_offset_alignment, a range outside the buffer or above max_storage_buffer_range.
+        """
+        if not isinstance(bindings, list | tuple) or len(bindings) != self.bindings:
+            got = len(bindings) if isinstance(bindings, list | tuple) else type(bindings).__name__
+            raise ValueError(f"kernel {self.name}: expected {self.bindings} bindings, got {got}")
+        info = self.ctx.info
+        out = []
+        for i, item in enumerate(bindings):
+            if isinstance(item, Buffer):
+                buf, offset, nbytes = item, 0, item.size
+            elif isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], Buffer):
+                buf, offset, nbytes = item
+            else:
+                raise TypeError(f"kernel {self.name} binding {i}: expected a Buffer or (Buffer, offset, nbytes), "
+                                f"got {item!r}")
+            if buf.ctx is not self.ctx or buf.closed or buf.staging:
+                raise ValueError(f"kernel {self.name} binding {i}: {buf!r} is closed, a staging buffer "
+                                 "or from another context")
+            offset = check_int(f"kernel {self.name} binding {i} offset", offset)
+            nbytes = check_int(f"kernel {self.name} binding {i} nbytes", nbytes, 1)
+            if offset % info.min_storage_buffer_offset_alignment:
+                raise ValueError(f"kernel {self.name} binding {i}: offset {offset} is not a multiple of "
+                                 f"min_storage_buffer_offset_alignment = {info.min_storage_buffer_offset_alignment}")
+            if offset + nbytes > buf.size:
+                raise ValueError(f"kernel {self.name} binding {i}: {nbytes} bytes at offset {offset} exceed {buf!r}")
+            if nbytes > info.max_storage_buffer_range:
+                raise ValueError(f"kernel {self.name} binding {i}: range of {nbytes} bytes exceeds "
+                                 f"max_storage_buffer_range = {info.max_storage_buffer_range}; split the work")
+            out.append((buf, offset, nbytes))
+        return tuple(out)
+
+    def descriptor_set(self, bindings):
+        """The VkDescriptorSet for ``bindings``, written once per distinct (buffer, offset, nbytes)
+        list and then reused (on lavapipe a write costs 15-20 us from Python, a hit 3-6 us).
+        Raises as :meth:`normalize_bindings`."""
+        triples = self.normalize_bindings(bindings)
+        key = tuple((b.serial, off, n) for b, off, n in triples)
+        ctx = self.ctx
+        with ctx.lock:
+            dset = self._sets.get(key)
+            if dset is not None:
+                return dset
+            if self.closed:
+                raise RuntimeError(f"kernel {self.name} is closed")
+            ctx.check_usable()
+            dset = self._free_sets.pop() if self._free_sets else self._allocate_set()
+            _write_set(ctx.handle, dset, triples)
+            ctx.stats.descriptor_writes += 1
+            self._sets[key] = dset
+            for serial, _, _ in key:
+                self._keys_of_buffer.setdefault(serial, set()).add(key)
+            return dset
+
+    def _allocate_set(self):
+        vk = binding.require()
+        device = self.ctx.handle
+        if self._pool_room == 0:
+            n_sets = min(_POOL_SETS_MAX, _POOL_SETS_MIN << len(self._pools))
+            size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           descriptorCount=n_sets * self.bindings)
+            with binding.translated("vkCreateDescriptorPool"):
+                self._pools.append(vk.vkCreateDescriptorPool(device, vk.VkDescriptorPoolCreateInfo(
+                    maxSets=n_sets, poolSizeCount=1, pPoolSizes=[size]), None))
+            self._pool_room = n_sets
+        ffi = vk.ffi  # raw cffi: the binding's struct constructors cost ~60 us here
+        layouts = ffi.new("VkDescriptorSetLayout[1]", [self._set_layout])  # a local: cffi fields don't own it
+        info = ffi.new("VkDescriptorSetAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, "descriptorPool": self._pools[-1],
+            "descriptorSetCount": 1, "pSetLayouts": layouts})
+        out = ffi.new("VkDescriptorSet[1]")
+        binding.check_result(vk.lib.vkAllocateDescriptorSets(device, info, out), "vkAllocateDescriptorSets")
+        dset = out[0]
+        self._pool_room -= 1
+        self.ctx.stats.descriptor_sets += 1
+        return dset
+
+    def forget_buffer(self, serial: int) -> None:
+        """Drop the sets that point at a closed buffer; they are rewritten for later bindings."""
+        for key in self._keys_of_buffer.pop(serial, ()):
+            dset = self._sets.pop(key, None)
+            if dset is not None:
+                self._free_sets.append(dset)
+            for other, _, _ in key:
+                if other != serial:
+                    self._keys_of_buffer.get(other, set()).discard(key)
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Destroy the pipeline, layouts and descriptor pools (waits for submitted work). Idempotent."""
+        if self.closed:
+            return
+        ctx = self.ctx
+        if not ctx.lost and not ctx.closed:
+            ctx.wait_idle()
+        with ctx.lock:
+            self.closed = True
+            self._sets.clear()
+            self._keys_of_buffer.clear()
+            self._free_sets.clear()
+            ctx.forget(self)
+            self._release()
+
+    def _release(self) -> None:
+        vk = binding.require()
+        device = self.ctx.handle
+        for pool in self._pools:  # frees their sets too
+            vk.vkDestroyDescriptorPool(device, pool, None)
+        self._pools = []
+        if self.pipeline is not None:
+            vk.vkDestroyPipeline(device, self.pipeline, None)
+            self.pipeline = None
+        if self._layout is not None:
+            vk.vkDestroyPipelineLayout(device, self._layout, None)
+            self._layout = None
+        if self._set_layout is not None:
+            vk.vkDestroyDescriptorSetLayout(device, self._set_layout, None)
+            self._set_layout = None
+
+    @property
+    def layout(self):
+        """The VkPipelineLayout (commands.py binds sets and pushes constants through it)."""
+        return self._layout
+
+    def __repr__(self) -> str:
+        return (f"<Kernel {self.name} bindings={self.bindings} push={self.push_size} local_size={self.local_size}"
+                f"{' closed' if self.closed else ''}>")
+
+
+def _write_set(device, dset, triples) -> None:
+    """One vkUpdateDescriptorSets for all bindings, its structs built straight in cffi: the
+    binding's struct constructors made a 3-binding write cost ~190 us, this ~15 us."""
+    vk = binding.require()
+    ffi = vk.ffi
+    n = len(triples)
+    infos = ffi.new("VkDescriptorBufferInfo[]", n)
+    writes = ffi.new("VkWriteDescriptorSet[]", n)
+    for i, (buf, offset, nbytes) in enumerate(triples):
+        infos[i].buffer, infos[i].offset, infos[i].range = buf.handle, offset, nbytes  # never VK_WHOLE_SIZE (edge 3)
+        w = writes[i]
+        w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+        w.dstSet, w.dstBinding, w.descriptorCount = dset, i, 1
+        w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+        w.pBufferInfo = infos + i  # ``infos`` outlives the call below
+    vk.lib.vkUpdateDescriptorSets(device, n, writes, 0, ffi.NULL)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPIR-V inspection: the workgroup size a module really uses
+
+_OP_DECORATE, _OP_EXECUTION_MODE = 71, 16
+_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 43, 50, 44, 51
+_DECORATION_BUILTIN, _DECORATION_SPEC_ID, _BUILTIN_WORKGROUP_SIZE, _MODE_LOCAL_SIZE = 11, 1, 25, 17
+
+
+def check_workgroup_size(spirv: bytes, local_size: tuple[int, int, int], name: str = "shader") -> None:
+    """Raise ValueError unless the module's workgroup size is ``local_size`` once specialised:
+    each dimension must be a specialisation constant with SpecId 0/1/2, or fixed to that value."""
+    if len(spirv) % 4 or len(spirv) < 20:
+        raise ValueError(f"{name}: not a SPIR-V module")
+    words = struct.unpack(f"<{len(spirv) // 4}I", spirv)
+    literal_size, builtin_id, spec_ids, constants, composites = None, None, {}, {}, {}
+    i = 5
+    while i < len(words):
+        count, op = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0:
+            raise ValueError(f"{name}: malformed SPIR-V")
+        args = words[i + 1:i + count]
+        if op == _OP_EXECUTION_MODE and args[1] == _MODE_LOCAL_SIZE:
+            literal_size = tuple(args[2:5])
+        elif op == _OP_DECORATE and args[1] == _DECORATION_BUILTIN and args[2] == _BUILTIN_WORKGROUP_SIZE:
+            builtin_id = args[0]
+        elif op == _OP_DECORATE and args[1] == _DECORATION_SPEC_ID:
+            spec_ids[args[0]] = args[2]
+        elif op in (_OP_CONSTANT, _OP_SPEC_CONSTANT):
+            constants[args[1]] = (op, args[2])
+        elif op in (_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE):
+            composites[args[1]] = args[2:]
+        i += count
+    if builtin_id is None:
+        fixed = literal_size or local_size
+    else:  # WorkgroupSize overrides LocalSize; its parts are constants or specialisation constants
+        fixed = []
+        for dim, part in enumerate(composites.get(builtin_id, ())):
+            op, value = constants.get(part, (None, None))
+            if op == _OP_SPEC_CONSTANT and spec_ids.get(part) == dim:
+                fixed.append(local_size[dim])  # ours to set
+            elif op == _OP_CONSTANT:
+                fixed.append(value)
+            else:
+                raise ValueError(f"{name}: workgroup size dimension {dim} is neither a constant nor "
+                                 f"specialisation constant {dim}; declare local_size_{'xyz'[dim]}_id = {dim}")
+    if tuple(fixed) != local_size:
+        raise ValueError(f"{name}: the shader fixes local_size {tuple(fixed)}, not {local_size}; declare "
+                         "layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;")

@@ -1,0 +1,373 @@
+"""Device memory: :class:`Buffer`, host transfers (:func:`upload`, :func:`download`, :func:`fill`)
+and :class:`BufferPool`.
+
+Each Buffer owns one VkBuffer bound to one VkDeviceMemory (no sub-allocation). Its memory type is
+the first device-local one without HOST_VISIBLE when the device has one (a discrete GPU: host-
+visible memory is slow for bulk data there, GPU.md), else a device-local host-visible coherent one
+(lavapipe, integrated GPUs). Buffers of the second kind are mapped once for their whole life and
+transfers copy straight through the mapping; the others go through a staging buffer and a copy
+command. The mapping never leaves this module: every transfer copies into or out of it, so no
+numpy view can outlive it (VULKAN-NOTES sharp edge 7).
+
+Transfers are synchronous. They do not wait for sequences submitted with ``wait=False``: do not
+transfer into or out of a buffer that pending work uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from . import binding
+from .checks import check_int
+from .context import Context
+
+_serials = itertools.count(1)  # unique per process: cache keys must not reuse a freed handle's value
+
+
+class Buffer:
+    """A storage buffer on the device: ``size`` bytes, usable as a shader binding and as the
+    source or destination of copies and fills. Its contents start undefined.
+
+    Lives until ``close()``, the end of a ``with`` block, or the close of its context.
+    ``staging=True`` (internal) makes a host-visible transfer buffer instead.
+
+    Raises TypeError/ValueError for a bad size; ValueError for a size above
+    ``ctx.info.max_memory_allocation_size`` (checked before any Vulkan call, so callers can split)
+    or whose memory requirement exceeds that limit or its heap (checked before allocating);
+    OutOfDeviceMemory when the allocation fails; DeviceLost or RuntimeError when the context
+    cannot be used.
+    """
+
+    def __init__(self, ctx: Context, nbytes: int, *, staging: bool = False):
+        if not isinstance(ctx, Context):
+            raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
+        nbytes = check_int("nbytes", nbytes, 1)
+        limit = ctx.info.max_memory_allocation_size
+        if nbytes > limit:
+            raise ValueError(f"Buffer of {nbytes} bytes exceeds max_memory_allocation_size = {limit} bytes of "
+                             f"{ctx.info.name}; split the data over several buffers")
+        ctx.check_usable()
+        vk = binding.require()
+        self.ctx = ctx
+        self.size = nbytes
+        self.serial = next(_serials)
+        self.staging = staging
+        self.closed = False
+        self.mappable = False
+        self._buffer = self._memory = self._mapped = None
+        device = ctx.handle
+        usage = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+        if not staging:
+            usage |= vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+        info = vk.VkBufferCreateInfo(size=nbytes, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+        with binding.translated("vkCreateBuffer"):
+            self._buffer = vk.vkCreateBuffer(device, info, None)
+        try:
+            req = vk.vkGetBufferMemoryRequirements(device, self._buffer)
+            self._alloc_size, type_bits = int(req.size), int(req.memoryTypeBits)
+            type_index, self.mappable = _memory_type(ctx, type_bits, staging)
+            heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
+            if self._alloc_size > min(limit, heap_size):
+                raise ValueError(f"Buffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
+                                 f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
+            alloc = vk.VkMemoryAllocateInfo(allocationSize=self._alloc_size, memoryTypeIndex=type_index)
+            with binding.translated(f"vkAllocateMemory({self._alloc_size} bytes)"):
+                self._memory = vk.vkAllocateMemory(device, alloc, None)
+            ctx.track_allocation(self._alloc_size, +1)
+            with binding.translated("vkBindBufferMemory"):
+                vk.vkBindBufferMemory(device, self._buffer, self._memory, 0)
+            if self.mappable:
+                with binding.translated("vkMapMemory"):
+                    self._mapped = vk.vkMapMemory(device, self._memory, 0, nbytes, 0)  # explicit size (sharp edge 3)
+            ctx.adopt(self)
+        except BaseException:
+            self._release()
+            raise
+
+    @property
+    def handle(self):
+        """The VkBuffer. Raises RuntimeError when the buffer is closed."""
+        if self.closed:
+            raise RuntimeError("this Buffer is closed")
+        return self._buffer
+
+    def close(self) -> None:
+        """Free the buffer and its memory (waits for submitted work first). Idempotent."""
+        if self.closed:
+            return
+        ctx = self.ctx
+        if not ctx.lost and not ctx.closed:
+            ctx.wait_idle()  # work in flight may still read this memory
+        self.closed = True
+        ctx.buffer_closed(self.serial)
+        ctx.forget(self)
+        self._release()
+
+    def _release(self) -> None:
+        vk = binding.require()
+        device = self.ctx.handle
+        if self._mapped is not None:
+            self._mapped = None
+            vk.vkUnmapMemory(device, self._memory)
+        if self._buffer is not None:
+            vk.vkDestroyBuffer(device, self._buffer, None)
+            self._buffer = None
+        if self._memory is not None:
+            vk.vkFreeMemory(device, self._memory, None)
+            self._memory = None
+            self.ctx.track_allocation(self._alloc_size, -1)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "staging" if self.staging else "mapped" if self.mappable else "device"
+        return f"<Buffer #{self.serial} {self.size} B {kind}{' closed' if self.closed else ''}>"
+
+
+def _memory_type(ctx: Context, type_bits: int, staging: bool) -> tuple[int, bool]:
+    """(memory type index, map it directly?) for a buffer whose requirements allow ``type_bits``.
+
+    Raises OutOfDeviceMemory when no allowed type fits (a driver bug rather than a user error).
+    """
+    vk = binding.require()
+    local, visible = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+    coherent, cached = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+    host = visible | coherent
+    allowed = [(i, flags) for i, (flags, _) in enumerate(ctx.memory_types) if type_bits >> i & 1]
+    if staging:
+        # cached: downloads read this memory from the CPU, uncached reads are very slow there.
+        ranked = [(not flags & cached, i) for i, flags in allowed if flags & host == host]
+    else:
+        ranked = [(bool(flags & visible), i) for i, flags in allowed if flags & local]
+    if not ranked:
+        raise binding.OutOfDeviceMemory(f"no {'host-visible coherent' if staging else 'device-local'} memory type "
+                                        f"in memoryTypeBits {type_bits:#x}")
+    index = min(ranked)[1]
+    return index, ctx.memory_types[index][0] & host == host
+
+
+# ---------------------------------------------------------------------------------------------
+# Transfers
+
+def _check_range(buffer: Buffer, offset, nbytes: int, what: str) -> int:
+    if not isinstance(buffer, Buffer):
+        raise TypeError(f"{what}: expected a Buffer, got {type(buffer).__name__}")
+    if buffer.closed:
+        raise RuntimeError(f"{what}: the Buffer is closed")
+    offset = check_int("offset", offset)
+    if offset + nbytes > buffer.size:
+        raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not fit in a Buffer of {buffer.size} bytes")
+    buffer.ctx.check_usable()
+    return offset
+
+
+def upload(buffer: Buffer, array, offset: int = 0) -> None:
+    """Copy the bytes of ``array`` (C order) into ``buffer`` at byte ``offset``.
+
+    Raises TypeError (not a buffer; an object array), ValueError (does not fit), RuntimeError
+    (buffer or context closed), DeviceLost, VulkanTimeout.
+    """
+    data = np.ascontiguousarray(array)
+    if data.dtype.hasobject:
+        raise TypeError("upload: object arrays have no byte representation")
+    offset = _check_range(buffer, offset, data.nbytes, "upload")
+    if data.nbytes == 0:
+        return
+    raw = data.reshape(-1).view(np.uint8)
+    if buffer.mappable and not buffer.ctx.force_staging:
+        memoryview(buffer._mapped)[offset:offset + raw.size] = raw
+        return
+    _through_staging(buffer, offset, raw.size, raw, None)
+
+
+def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
+    """A new array with bytes of ``buffer`` from byte ``offset``.
+
+    ``what`` is a byte count (the result is uint8 of that length) or ``(shape, dtype)``.
+    Raises TypeError/ValueError for a bad ``what`` or a range outside the buffer, RuntimeError
+    (buffer or context closed), DeviceLost, VulkanTimeout.
+    """
+    if isinstance(what, tuple) and len(what) == 2:
+        shape, dtype = what
+        shape = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+        for n in shape:
+            check_int("shape", n)
+        dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise TypeError("download: object dtypes have no byte representation")
+    else:
+        shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
+    out = np.empty(shape, dtype)
+    offset = _check_range(buffer, offset, out.nbytes, "download")
+    if out.nbytes == 0:
+        return out
+    raw = out.reshape(-1).view(np.uint8)
+    if buffer.mappable and not buffer.ctx.force_staging:
+        raw[:] = np.frombuffer(buffer._mapped, np.uint8, raw.size, offset)
+        return out
+    _through_staging(buffer, offset, raw.size, None, raw)
+    return out
+
+
+def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -> None:
+    """Move ``nbytes`` between host bytes and ``buffer`` in chunks of the context's staging buffer."""
+    from .commands import oneshot  # commands imports this module
+
+    ctx = buffer.ctx
+    with ctx.lock:  # one staging buffer per context
+        staging = _staging_buffer(ctx, min(nbytes, ctx.staging_chunk_bytes))
+        window = memoryview(staging._mapped)
+        for start in range(0, nbytes, staging.size):
+            n = min(staging.size, nbytes - start)
+            if source is not None:
+                window[:n] = source[start:start + n]
+            with oneshot(ctx) as seq:
+                if source is not None:
+                    seq.copy(staging, buffer, n, dst_offset=offset + start)
+                else:
+                    seq.copy(buffer, staging, n, src_offset=offset + start)
+            if target is not None:
+                target[start:start + n] = np.frombuffer(window, np.uint8, n)
+
+
+def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
+    staging = ctx._staging
+    if staging is None or staging.closed or staging.size < nbytes:
+        if staging is not None:
+            staging.close()
+        staging = ctx._staging = Buffer(ctx, nbytes, staging=True)
+    return staging
+
+
+def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None) -> None:
+    """Set ``nbytes`` bytes from ``offset`` to repeats of the 32-bit word ``value`` (vkCmdFillBuffer),
+    e.g. 0 to zero a buffer or 0x7FC00000 to poison it with float32 NaN.
+
+    ``nbytes`` defaults to the rest of the buffer rounded down to a multiple of 4. Raises
+    ValueError when offset or nbytes is not a multiple of 4 or the range does not fit, TypeError,
+    RuntimeError, DeviceLost, VulkanTimeout.
+    """
+    from .commands import oneshot
+
+    offset, nbytes = fill_range(buffer, value, offset, nbytes)
+    with oneshot(buffer.ctx) as seq:
+        seq.fill(buffer, value, offset, nbytes)
+
+
+def fill_range(buffer: Buffer, value: int, offset: int, nbytes: int | None) -> tuple[int, int]:
+    """Check the arguments of a fill; return (offset, nbytes). Raises as :func:`fill` does."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= int(value) < 2**32:
+        raise ValueError(f"fill: value must be a 32-bit unsigned int, got {value!r}")
+    if not isinstance(buffer, Buffer):
+        raise TypeError(f"fill: expected a Buffer, got {type(buffer).__name__}")
+    offset = check_int("offset", offset)
+    if nbytes is None:
+        nbytes = max(0, buffer.size - offset) // 4 * 4
+    nbytes = check_int("nbytes", nbytes, 1)
+    if offset % 4 or nbytes % 4:
+        raise ValueError(f"fill: offset ({offset}) and nbytes ({nbytes}) must be multiples of 4")
+    return _check_range(buffer, offset, nbytes, "fill"), nbytes
+
+
+def release_staging(ctx: Context) -> None:
+    """Free the context's staging buffer (it is made again on the next staged transfer)."""
+    with ctx.lock:
+        if ctx._staging is not None:
+            ctx._staging.close()
+            ctx._staging = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Pool
+
+class BufferPool:
+    """Reuses buffers by size class, so a loop of same-shaped calls allocates once.
+
+    ``acquire(n)`` returns a Buffer of at least ``n`` bytes (its ``size`` is the class size: the
+    next 2^k or 1.5·2^k, at least 256); ``release(buffer)`` takes it back for reuse; ``trim()``
+    frees the buffers not in use; ``close()`` frees every buffer the pool made, in use or not.
+    Reused buffers keep their identity, so the descriptor sets cached for them stay valid.
+    ``reused`` counts acquisitions served without allocating.
+    """
+
+    def __init__(self, ctx: Context):
+        if not isinstance(ctx, Context):
+            raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
+        ctx.adopt(self)
+        self.ctx = ctx
+        self.closed = False
+        self.reused = 0
+        self._free: dict[int, list[Buffer]] = {}
+        self._made: dict[int, Buffer] = {}      # serial → every live buffer of this pool
+        self._out: set[int] = set()             # serials acquired and not released
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        """The buffer size serving a request of ``nbytes``: at most a third more than asked."""
+        if nbytes <= 256:
+            return 256
+        k = math.ceil(math.log2(nbytes))
+        return 3 << (k - 2) if nbytes <= 3 << (k - 2) else 1 << k
+
+    def acquire(self, nbytes: int) -> Buffer:
+        """A buffer of at least ``nbytes``. Raises what :class:`Buffer` raises, RuntimeError when closed."""
+        if self.closed:
+            raise RuntimeError("this BufferPool is closed")
+        nbytes = check_int("nbytes", nbytes, 1)
+        size = self.size_class(nbytes)
+        if size > self.ctx.info.max_memory_allocation_size >= nbytes:
+            size = nbytes  # never round a legal request up past the limit
+        free = self._free.get(size, [])
+        while free and free[-1].closed:  # closed behind the pool's back
+            self._made.pop(free.pop().serial, None)
+        if free:
+            buffer = free.pop()
+            self.reused += 1
+        else:
+            buffer = Buffer(self.ctx, size)
+            self._made[buffer.serial] = buffer
+        self._out.add(buffer.serial)
+        return buffer
+
+    def release(self, buffer: Buffer) -> None:
+        """Give ``buffer`` back for reuse. Raises ValueError if it is not out from this pool."""
+        if not isinstance(buffer, Buffer) or buffer.serial not in self._out:
+            raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
+        self._out.discard(buffer.serial)
+        if buffer.closed:
+            self._made.pop(buffer.serial, None)
+            return
+        self._free.setdefault(buffer.size, []).append(buffer)
+
+    def trim(self) -> None:
+        """Free every buffer not in use."""
+        for buffers in self._free.values():
+            for buffer in buffers:
+                self._made.pop(buffer.serial, None)
+                buffer.close()
+        self._free.clear()
+
+    def close(self) -> None:
+        """Free every buffer this pool made. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for buffer in list(self._made.values()):
+            buffer.close()
+        self._made.clear()
+        self._free.clear()
+        self._out.clear()
+        self.ctx.forget(self)
+
+    def __enter__(self) -> BufferPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,298 @@
+"""Runtime kernels and sequences: dispatch against numpy, caches, replay, timestamps, limits, faults."""
+
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssm_vk import runtime as rt
+from ssm_vk.runtime import kernels
+
+TEST_GLSL = Path(__file__).resolve().parents[1] / "glsl"  # the test shaders
+
+pytestmark = pytest.mark.vulkan
+
+LOCAL = 64
+SCALE = 0.5
+
+
+def saxpy(ctx, offset=None):
+    """tests/glsl/saxpy.comp: y = a*x + SCALE*y + OFFSET; bindings x, y, sums; push (uint n, float a)."""
+    return rt.Kernel.get(ctx, "saxpy", bindings=3, push_size=8, local_size=(LOCAL, 1, 1), spec=(SCALE,),
+                         defines=None if offset is None else {"OFFSET": offset}, search_path=TEST_GLSL)
+
+
+def push(n, a):
+    return struct.pack("<If", n, a)
+
+
+@pytest.fixture
+def data(ctx):
+    """x, y on the host and in buffers; ``sums`` for the subgroup partials."""
+    n = 1000
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    groups = -(-n // LOCAL)
+    bufs = [rt.Buffer(ctx, 4 * n), rt.Buffer(ctx, 4 * n), rt.Buffer(ctx, 4 * groups * LOCAL)]
+    rt.upload(bufs[0], x)
+    rt.upload(bufs[1], y)
+    rt.fill(bufs[2], 0)
+    yield n, x, y, groups, bufs
+    for b in bufs:
+        b.close()
+
+
+def test_dispatch_matches_numpy_with_push_spec_define_and_subgroups(ctx, glslc, data):
+    n, x, y, groups, (bx, by, bs) = data
+    k = saxpy(ctx, offset=0.25)
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(k, [bx, by, bs], push(n, 3.0), groups=groups)
+        seq.finish()
+        seq.submit()
+    want = 3.0 * x + np.float32(SCALE) * y + np.float32(0.25)
+    got = rt.download(by, (n, np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # subgroupAdd partials: however the device lays out its subgroups, they add up to the total.
+    sums = rt.download(bs, (groups * LOCAL, np.float32))
+    assert np.count_nonzero(sums) >= groups  # at least one subgroup per workgroup wrote
+    np.testing.assert_allclose(sums.sum(dtype=np.float64), got.sum(dtype=np.float64), rtol=1e-4, atol=1e-3)
+
+
+def test_kernels_are_cached_per_arguments(ctx, glslc):
+    a = saxpy(ctx)
+    pipelines = ctx.stats.pipelines
+    assert saxpy(ctx) is a and ctx.stats.pipelines == pipelines
+    c = rt.Kernel.get(ctx, "saxpy", bindings=3, push_size=8, local_size=(32, 1, 1), spec=(SCALE,),
+                      search_path=TEST_GLSL)
+    d = rt.Kernel.get(ctx, "saxpy", bindings=3, push_size=8, local_size=(64, 1, 1), spec=(1,),  # int 1, not 1.0
+                      search_path=TEST_GLSL)
+    assert len({id(a), id(c), id(d)}) == 3 and ctx.stats.pipelines == pipelines + 2
+
+
+def test_descriptor_sets_are_written_once_per_binding_list(ctx, glslc, data):
+    n, _, _, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        writes = ctx.stats.descriptor_writes
+        seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+        assert ctx.stats.descriptor_writes == writes + 1
+        seq.barrier()
+        seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)  # the same list: cache hit
+        seq.barrier()
+        seq.dispatch(k, [bx, (by, 0, 4 * n), bs], push(n, 1.0), groups=groups)  # same triples, spelled out
+        assert ctx.stats.descriptor_writes == writes + 1
+        seq.barrier()
+        seq.dispatch(k, [bx, (by, 16, 4 * n - 16), bs], push(n - 4, 1.0), groups=groups)  # another range
+        assert ctx.stats.descriptor_writes == writes + 2
+    sets = ctx.stats.descriptor_sets
+    with rt.Buffer(ctx, 4 * n) as other:
+        k.descriptor_set([bx, other, bs])
+    with rt.Buffer(ctx, 4 * n) as another:  # the closed buffer's set is rewritten, not a new one allocated
+        k.descriptor_set([bx, another, bs])
+    assert ctx.stats.descriptor_sets == sets + 1
+
+
+def test_sequence_replays(ctx, glslc, data):
+    n, x, y, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(k, [bx, by, bs], push(n, 2.0), groups=groups)
+        seq.finish()
+        for _ in range(3):
+            seq.submit()
+    want = y.copy()
+    for _ in range(3):
+        want = np.float32(2.0) * x + np.float32(SCALE) * want
+    np.testing.assert_allclose(rt.download(by, (n, np.float32)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_timestamps(ctx, glslc, data):
+    n, _, _, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        seq.timestamp("start")
+        seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+        seq.timestamp("saxpy")
+        with pytest.raises(ValueError, match="not used before"):
+            seq.timestamp("saxpy")
+        seq.finish()
+        with pytest.raises(RuntimeError, match="submit"):
+            seq.gpu_times()
+        seq.submit()
+        times = seq.gpu_times()
+        assert list(times) == ["start", "saxpy"] and times["start"] == 0 and times["saxpy"] > 0
+        seq.submit(wait=False)
+        assert seq.gpu_times()["saxpy"] > 0  # waits for the pending run
+
+
+def test_limits_override_makes_callers_split(ctx, glslc, data):
+    n, _, _, _, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with ctx.override_limits(max_workgroup_count=(4, 1, 1), max_storage_buffer_range=1024), rt.Sequence(ctx) as seq:
+        with pytest.raises(ValueError, match="max_workgroup_count"):
+            seq.dispatch(k, [(bx, 0, 1024), (by, 0, 1024), (bs, 0, 1024)], push(256, 1.0), groups=5)
+        with pytest.raises(ValueError, match="max_storage_buffer_range = 1024"):
+            seq.dispatch(k, [(bx, 0, 1028), (by, 0, 1024), (bs, 0, 1024)], push(256, 1.0), groups=4)
+        with pytest.raises(ValueError, match="max_storage_buffer_range"):
+            seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=4)  # a whole 4000-byte buffer
+        # What a caller does instead: one dispatch per 1024-byte window, within the group limit.
+        for start in range(0, 4 * n, 1024):
+            m = min(1024, 4 * n - start)
+            seq.dispatch(k, [(bx, start, m), (by, start, m), (bs, 0, 1024)], push(m // 4, 1.0), groups=4)
+        seq.finish()
+        seq.submit()
+    assert ctx.info.max_workgroup_count == ctx.hardware_info.max_workgroup_count
+
+
+def test_dispatch_arguments_are_checked(ctx, glslc, data):
+    n, _, _, _, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        for bad_groups in (0, (1, 0, 1), (1, 1), 1.5):
+            with pytest.raises(ValueError, match="groups"):
+                seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=bad_groups)
+        with pytest.raises(ValueError, match="push must be 8 bytes"):
+            seq.dispatch(k, [bx, by, bs], b"1234", groups=1)
+        with pytest.raises(ValueError, match="expected 3 bindings"):
+            seq.dispatch(k, [bx, by], push(n, 1.0), groups=1)
+        with pytest.raises(ValueError, match="min_storage_buffer_offset_alignment"):
+            seq.dispatch(k, [(bx, 4, 64), by, bs], push(n, 1.0), groups=1)
+        with pytest.raises(TypeError):
+            seq.dispatch(k, [bx, by, "buffer"], push(n, 1.0), groups=1)
+        seq.finish()
+        with pytest.raises(RuntimeError, match="finished"):
+            seq.barrier()
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(bindings=0), "bindings"), (dict(push_size=6), "push_size"), (dict(push_size=4096), "max_push_constants"),
+    (dict(local_size=(2048, 1, 1)), "max_workgroup_size"), (dict(local_size=(64, 64, 1)), "invocations"),
+    (dict(spec=("x",)), "spec"),
+])
+def test_kernel_arguments_are_checked(ctx, kw, match):
+    args = dict(bindings=3, push_size=8, local_size=(64, 1, 1), spec=(), search_path=TEST_GLSL) | kw
+    with pytest.raises((TypeError, ValueError), match=match):
+        rt.Kernel.get(ctx, "saxpy", **args)
+
+
+def test_fixed_workgroup_size_must_match(ctx, glslc, tmp_path):
+    (tmp_path / "fixed.comp").write_text(
+        "#version 450\nlayout(local_size_x = 32) in;\n"
+        "layout(std430, binding = 0) buffer B { float b[]; };\nvoid main() { b[gl_GlobalInvocationID.x] = 1.0; }\n")
+    with pytest.raises(ValueError, match=r"fixes local_size \(32, 1, 1\)"):
+        rt.Kernel.get(ctx, "fixed", bindings=1, local_size=(64, 1, 1), search_path=tmp_path)
+    assert rt.Kernel.get(ctx, "fixed", bindings=1, local_size=(32, 1, 1), search_path=tmp_path).local_size == (32, 1, 1)
+    spirv = rt.compile_shader("saxpy", search_path=TEST_GLSL)
+    kernels.check_workgroup_size(spirv, (7, 3, 2))  # fully specialisable: any size
+
+
+def test_submit_refuses_closed_buffers(ctx, glslc, data):
+    n, _, _, groups, (bx, _, bs) = data
+    scratch = rt.Buffer(ctx, 4 * n)
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(saxpy(ctx), [bx, scratch, bs], push(n, 1.0), groups=groups)
+        seq.finish()
+        scratch.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            seq.submit()
+
+
+def test_copy_and_one_shot(ctx):
+    with rt.Buffer(ctx, 64) as a, rt.Buffer(ctx, 64) as b:
+        rt.upload(a, np.arange(16, dtype=np.uint32))
+        with rt.oneshot(ctx) as seq:
+            seq.copy(a, b, 32, src_offset=8, dst_offset=4)
+        assert np.array_equal(rt.download(b, (8, np.uint32), offset=4), np.arange(2, 10))
+        with pytest.raises(ValueError, match="overlap"), rt.oneshot(ctx) as seq:
+            seq.copy(a, a, 16, 0, 8)
+        with pytest.raises(ZeroDivisionError), rt.oneshot(ctx) as seq:
+            seq.fill(b, 7)
+            1 / 0  # noqa: B018  (a block that fails: nothing it recorded runs)
+        assert np.array_equal(rt.download(b, (8, np.uint32), offset=4), np.arange(2, 10))
+        rt.fill(b, 9)
+        assert (rt.download(b, (16, np.uint32)) == 9).all()
+
+
+def test_sequences_from_threads(ctx, glslc):
+    k = saxpy(ctx)
+    n, errors = 256, []
+
+    def work(seed):
+        try:
+            x = np.full(n, seed, np.float32)
+            with rt.Buffer(ctx, 4 * n) as bx, rt.Buffer(ctx, 4 * n) as by, rt.Buffer(ctx, 4 * n) as bs:
+                rt.upload(bx, x)
+                rt.fill(by, 0)
+                with rt.Sequence(ctx) as seq:
+                    seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=n // LOCAL)
+                    seq.finish()
+                    for _ in range(5):
+                        seq.submit()
+                # y_{k+1} = x + SCALE * y_k, from y_0 = 0
+                want = x * sum(SCALE**i for i in range(5))
+                np.testing.assert_allclose(rt.download(by, (n, np.float32)), want, rtol=1e-6)
+        except Exception as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i + 1,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_validation_layer_reports_a_missing_barrier(ctx, glslc, data):
+    # The canary of this test session: lavapipe runs the two commands in order and gives the right
+    # answer, only synchronization validation sees that the dispatch may overtake the fill.
+    n, _, _, groups, (bx, by, bs) = data
+    with rt.Sequence(ctx) as seq:
+        seq.fill(by, 0)
+        seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)  # no barrier() before it
+        seq.finish()
+        seq.submit()
+    messages, ctx.validation_messages[:] = list(ctx.validation_messages), []
+    assert any("SYNC-HAZARD-WRITE-AFTER-WRITE" in m for m in messages), messages
+
+
+# -- faults -----------------------------------------------------------------------------------------
+
+def test_device_lost_then_a_fresh_context(ctx, glslc, data):
+    n, x, y, groups, (bx, by, bs) = data
+    seq = rt.Sequence(ctx)
+    seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
+    seq.finish()
+    ctx.fail_next_submit(rt.DeviceLost)
+    with pytest.raises(rt.DeviceLost, match="injected"):
+        seq.submit()
+    assert ctx.lost
+    with pytest.raises(rt.DeviceLost):
+        seq.submit()
+    with pytest.raises(rt.DeviceLost):
+        rt.Buffer(ctx, 4)
+    fresh = rt.get_context()  # closes the lost context and opens another
+    assert fresh is not ctx and ctx.closed and seq.closed and bx.closed
+    assert ctx.live_allocations.count == 0 and not ctx.validation_messages
+    with rt.Buffer(fresh, 4 * n) as b2, rt.Buffer(fresh, 4 * n) as b1, rt.Buffer(fresh, 4 * LOCAL * groups) as b3:
+        rt.upload(b1, x)
+        rt.upload(b2, y)
+        with rt.oneshot(fresh) as s:
+            s.dispatch(saxpy(fresh), [b1, b2, b3], push(n, 1.0), groups=groups)
+        np.testing.assert_allclose(rt.download(b2, (n, np.float32)), x + np.float32(SCALE) * y, rtol=1e-6)
+
+
+def test_timeout_leaves_the_work_pending(ctx, glslc, data):
+    n, x, y, groups, (bx, by, bs) = data
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
+        seq.finish()
+        ctx.fail_next_submit(rt.VulkanTimeout)
+        with pytest.raises(rt.VulkanTimeout):
+            seq.submit()
+        assert seq.pending and not ctx.lost
+        seq.wait()
+    np.testing.assert_allclose(rt.download(by, (n, np.float32)), x + np.float32(SCALE) * y, rtol=1e-6)
+    with pytest.raises(ValueError):
+        ctx.fail_next_submit(RuntimeError)

@@ -1,0 +1,129 @@
+"""Runtime memory: buffers, transfers (direct and staged), fills, the pool, allocation accounting."""
+
+import numpy as np
+import pytest
+
+from ssm_vk import runtime as rt
+from ssm_vk.runtime import memory
+
+pytestmark = pytest.mark.vulkan
+
+
+@pytest.fixture(params=["direct", "staged"])
+def transfer_ctx(request, ctx):
+    """The context, transferring through its mapping or (forced) through a small staging buffer."""
+    if request.param == "staged":
+        ctx.force_staging, ctx.staging_chunk_bytes = True, 40  # odd-sized chunks: several per transfer
+    yield ctx
+    ctx.force_staging, ctx.staging_chunk_bytes = False, 64 << 20
+    memory.release_staging(ctx)
+
+
+@pytest.mark.parametrize(("nbytes", "offset"), [(1, 0), (7, 3), (100, 13), (257, 0), (4096, 4)])
+def test_round_trip_bytes(transfer_ctx, nbytes, offset):
+    rng = np.random.default_rng(nbytes)
+    with rt.Buffer(transfer_ctx, offset + nbytes + 5) as buf:
+        filled = buf.size // 4 * 4
+        rt.fill(buf, 0xA5A5A5A5, 0, filled)
+        data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        rt.upload(buf, data, offset)
+        assert np.array_equal(rt.download(buf, nbytes, offset), data)
+        whole = rt.download(buf, buf.size)
+        assert np.all(whole[:offset] == 0xA5) and np.all(whole[offset + nbytes:filled] == 0xA5)  # neighbours kept
+
+
+def test_round_trip_typed(transfer_ctx):
+    x = np.arange(24, dtype=np.float64).reshape(2, 3, 4)[:, ::2]  # not contiguous: uploaded in C order
+    with rt.Buffer(transfer_ctx, 256) as buf:
+        rt.upload(buf, x, offset=16)
+        back = rt.download(buf, (x.shape, x.dtype), offset=16)
+        assert back.dtype == x.dtype and np.array_equal(back, x)
+        assert rt.download(buf, (0, np.float32)).shape == (0,)
+
+
+def test_fill_zero_and_poison(ctx):
+    with rt.Buffer(ctx, 64) as buf:
+        rt.fill(buf, 0)
+        assert not rt.download(buf, 64).any()
+        rt.fill(buf, 0x7FC00000, offset=16, nbytes=32)
+        f = rt.download(buf, (16, np.float32))
+        assert not f[:4].any() and np.isnan(f[4:12]).all() and not f[12:].any()
+
+
+def test_transfer_arguments_are_checked_before_vulkan(ctx):
+    with rt.Buffer(ctx, 16) as buf:
+        writes = ctx.stats.submits
+        with pytest.raises(ValueError, match="do not fit"):
+            rt.upload(buf, np.zeros(5, np.float32))
+        with pytest.raises(ValueError, match="do not fit"):
+            rt.download(buf, 8, offset=9)
+        with pytest.raises(ValueError, match="multiples of 4"):
+            rt.fill(buf, 0, offset=2)
+        with pytest.raises(ValueError, match="32-bit"):
+            rt.fill(buf, -1)
+        with pytest.raises(TypeError):
+            rt.upload(buf, np.array([object()]))
+        with pytest.raises(TypeError):
+            rt.upload("not a buffer", np.zeros(1))
+        assert ctx.stats.submits == writes
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.download(buf, 4)
+
+
+def test_allocation_above_the_limit_raises_before_allocating(ctx):
+    start = ctx.live_allocations
+    with pytest.raises(ValueError, match="max_memory_allocation_size"):
+        rt.Buffer(ctx, ctx.info.max_memory_allocation_size + 1)
+    with ctx.override_limits(max_memory_allocation_size=1024):
+        with pytest.raises(ValueError, match="max_memory_allocation_size = 1024"):
+            rt.Buffer(ctx, 1025)
+        rt.Buffer(ctx, 1024).close()
+    assert ctx.live_allocations == start
+    with pytest.raises(ValueError):
+        rt.Buffer(ctx, 0)
+    with pytest.raises(TypeError):
+        rt.Buffer(ctx, 4.0)
+
+
+def test_live_allocations_return_to_start(ctx):
+    start = ctx.live_allocations
+    bufs = [rt.Buffer(ctx, n) for n in (4, 100, 4096)]
+    now = ctx.live_allocations
+    assert now.count == start.count + 3 and now.nbytes >= start.nbytes + 4200
+    for b in bufs:
+        b.close()
+        b.close()
+    pool = rt.BufferPool(ctx)
+    pool.release(pool.acquire(1000))
+    pool.acquire(10)
+    pool.close()
+    assert ctx.live_allocations == start
+
+
+def test_pool_reuses_by_size_class(ctx):
+    assert [rt.BufferPool.size_class(n) for n in (1, 256, 257, 384, 385, 1000, 1024, 1025)] == \
+        [256, 256, 384, 384, 512, 1024, 1024, 1536]
+    with rt.BufferPool(ctx) as pool:
+        a = pool.acquire(1000)
+        assert a.size == 1024
+        pool.release(a)
+        b = pool.acquire(900)  # same class: the same buffer, so cached descriptor sets still apply
+        assert b is a and pool.reused == 1
+        c = pool.acquire(900)  # a is out: a new one
+        assert c is not a and pool.reused == 1
+        with rt.Buffer(ctx, 4) as stray, pytest.raises(ValueError, match="not acquired"):
+            pool.release(stray)
+        pool.release(b)
+        with pytest.raises(ValueError):
+            pool.release(b)
+        before = ctx.live_allocations.count
+        pool.trim()
+        assert ctx.live_allocations.count == before - 1 and not c.closed
+    assert c.closed
+
+
+def test_pool_respects_the_allocation_limit(ctx):
+    with ctx.override_limits(max_memory_allocation_size=1000), rt.BufferPool(ctx) as pool:
+        assert pool.acquire(1000).size == 1000  # its class (1024) would exceed the limit
+        with pytest.raises(ValueError, match="max_memory_allocation_size"):
+            pool.acquire(1001)
