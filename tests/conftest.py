@@ -1,8 +1,23 @@
-"""Shared test configuration: hypothesis profiles (ci is the default; dev and fuzz run longer)."""
+"""Shared test configuration.
+
+- hypothesis profiles: ``ci`` (default), ``dev`` and ``fuzz`` (HYPOTHESIS_PROFILE=...).
+- Vulkan: every Vulkan context of the session runs under the Khronos validation layer, and any
+  message it reports fails the test that caused it (every test, not only those under tests/vk:
+  the backend registry runs ssm_vk everywhere). Tests marked ``vulkan`` are skipped without a
+  Vulkan device, or fail when SSM_REQUIRE_VULKAN=1 (CI).
+- SPIR-V compiled during the session goes to a cache of its own, not the user's.
+"""
 
 import os
 
+# Before any Vulkan context exists.
+os.environ["SSM_VK_VALIDATION"] = "1"
+
+import pytest
 from hypothesis import HealthCheck, settings
+from vkcheck import drain, missing
+
+from ssm_vk import runtime as rt
 
 settings.register_profile("ci", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -11,3 +26,42 @@ settings.register_profile("dev", max_examples=100, deadline=None,
 settings.register_profile("fuzz", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _vulkan_checked(request):
+    """Skip or fail marked tests when Vulkan is missing; fail any test on a validation message."""
+    if request.node.get_closest_marker("vulkan") is not None:
+        ok, reason = rt.available()
+        if not ok:
+            missing(f"no Vulkan device: {reason}")
+    before = rt.current_context()
+    yield
+    messages = []
+    for ctx in {before, rt.current_context()} - {None}:
+        messages += drain(ctx)
+    if messages:
+        pytest.fail("the validation layer reported:\n" + "\n".join(messages), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_spirv_cache(tmp_path_factory):
+    """Shaders compiled by the tests go to a cache of this session, not the user's."""
+    saved = os.environ.get("SSM_SCAN_CACHE")
+    os.environ["SSM_SCAN_CACHE"] = str(tmp_path_factory.mktemp("spirv-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("SSM_SCAN_CACHE", None)
+    else:
+        os.environ["SSM_SCAN_CACHE"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_at_end():
+    """Close the last context under validation: objects still alive at vkDestroyDevice are reported."""
+    yield
+    ctx = rt.current_context()
+    if ctx is not None:
+        ctx.close()
+        messages = drain(ctx)
+        assert not messages, "the validation layer reported at close:\n" + "\n".join(messages)
