@@ -1,0 +1,144 @@
+"""Threads: eight Python threads calling one backend at once, each on its own problem, get the
+results a single thread gets -- bit for bit (every backend is deterministic) -- and those are
+within tolerance of the float64 oracle.
+
+For ssm_vk the threads also race the creation of the Vulkan context and of every kernel (the
+context is closed first), share device-resident inputs, and hammer the buffer pool directly.
+What is thread-safe, and why, is written down in docs/RELIABILITY.md ("Threads").
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from problems import make_problem
+from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan
+
+import ssm_vk
+from ssm_vk import runtime as rt
+from ssm_vk.arrays import pool
+
+THREADS = 8
+REPEATS = 3
+
+
+def _problem(k: int):
+    """Problem k of eight: every thread gets other sizes, ids and variant."""
+    return make_problem(np.random.default_rng(100 + k), S=1 + k % 3, T=2 + 3 * k, H=2 * (1 + k % 2), P=1 + k % 4,
+                        N=3 + 5 * k, G=1 + k % 2, ids=("permutation", "duplicates", "none", "unused")[k % 4],
+                        variant="mamba1" if k % 3 == 2 else "mamba2")
+
+
+PROBLEMS = [_problem(k) for k in range(THREADS)]
+
+
+def _run(module, case, device=False):
+    a = case.args()
+    gy, gs = case.g_y, case.g_states
+    if device:
+        a = {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in a.items()}
+        gy, gs = ssm_vk.to_device(gy), ssm_vk.to_device(gs)
+    r = module.ssm_scan(**a)
+    g = module.ssm_scan_back(**a, g_y=gy, g_states=gs)
+    out = {"y": r.y, "states": r.states, **g.as_dict()}
+    return {k: (v.numpy() if isinstance(v, ssm_vk.DeviceArray) else v) for k, v in out.items()}
+
+
+def _in_threads(work, n=THREADS):
+    """Run work(k) for k < n in n threads started together; re-raise the first error."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def body(k):
+        try:
+            start.wait()
+            work(k)
+        except BaseException as exc:  # reported below, with its traceback
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k,), name=f"ssm-test-{k}") for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def _assert_same(got, want, label):
+    for name in OUTPUTS:
+        assert np.array_equal(got[name], want[name], equal_nan=True), f"{label}: {name} differs from one thread's"
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+def test_eight_threads_get_the_single_thread_results(backend):
+    m = backend.module
+    want = [_run(m, c) for c in PROBLEMS]
+    for case, w in zip(PROBLEMS, want, strict=True):  # and those are right
+        a = case.args()
+        o, og = oracle_scan(**a), oracle_back(**a, g_y=case.g_y, g_states=case.g_states)
+        for name, ref in {"y": o.y, "states": o.states, **og.as_dict()}.items():
+            assert_close(backend, name, w[name], ref, label=case.label)
+    if m is ssm_vk:
+        rt.close()  # the threads race the context's creation and every kernel's build too
+
+    def work(k):
+        for r in range(REPEATS):
+            _assert_same(_run(m, PROBLEMS[k]), want[k], f"thread {k} call {r}")
+
+    _in_threads(work)
+
+
+@pytest.mark.vulkan
+def test_threads_with_device_resident_and_shared_inputs():
+    want = [_run(ssm_vk, c) for c in PROBLEMS]
+    shared = PROBLEMS[0]
+    dev = {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in shared.args().items()}
+    dev_g = (ssm_vk.to_device(shared.g_y), ssm_vk.to_device(shared.g_states))
+    ctx = rt.get_context()
+
+    def work(k):
+        for r in range(REPEATS):
+            if k % 2:  # odd threads: the same device arrays at once (bound by several sequences)
+                g = ssm_vk.ssm_scan_back(**dev, g_y=dev_g[0], g_states=dev_g[1])
+                f = ssm_vk.ssm_scan(**dev)
+                got = {"y": f.y.numpy(), "states": f.states.numpy(), **{n: v.numpy() for n, v in g.as_dict().items()}}
+                _assert_same(got, want[0], f"thread {k} shared call {r}")
+            else:
+                _assert_same(_run(ssm_vk, PROBLEMS[k], device=True), want[k], f"thread {k} device call {r}")
+
+    _in_threads(work)
+    for a in (*dev.values(), *dev_g):
+        if isinstance(a, ssm_vk.DeviceArray):
+            a.release()
+    assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_the_buffer_pool_survives_eight_threads():
+    # acquire / release / trim from eight threads: trim used to iterate the free lists while
+    # another thread added to them ("dictionary changed size during iteration"), and could close a
+    # buffer another thread had just taken.
+    ctx = rt.get_context()
+    p = rt.BufferPool(ctx)
+    before = ctx.live_allocations
+
+    def work(k):
+        for j in range(400):
+            b = p.acquire(300 * (1 + (j + k) % 40))
+            assert not b.closed
+            p.release(b)
+            if j % 7 == k % 7:
+                p.trim()
+
+    try:
+        _in_threads(work)
+        assert p.in_use == 0
+        p.trim()
+        assert ctx.live_allocations == before
+    finally:
+        p.close()
+    assert ctx.live_allocations == before
