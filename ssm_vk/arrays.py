@@ -25,8 +25,10 @@ _pools_lock = threading.Lock()
 def pool(ctx: rt.Context) -> rt.BufferPool:
     """The buffer pool of ``ctx`` (one per context, closed with it)."""
     with _pools_lock:
+        for key in [k for k, p in _pools.items() if p.closed]:
+            del _pools[key]  # a closed context's pool (a lost device's): keep neither it nor the context
         p = _pools.get(id(ctx))
-        if p is None or p.closed or p.ctx is not ctx:
+        if p is None or p.ctx is not ctx:
             p = _pools[id(ctx)] = rt.BufferPool(ctx)
         return p
 
