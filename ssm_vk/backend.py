@@ -97,7 +97,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         return _fast().ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
     y, states = launch.forward(ctx, p)
     if not _has_device_arrays(s, x, dt, A, B, C):
-        y, states = _download(y), _download(states)
+        y, states = _to_host(y, states)
     return ScanResult(y=y, states=states, where=ctx.info.where, backend=NAME)
 
 
@@ -114,11 +114,14 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         return _fast().ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
     g = launch.backward(ctx, p)
     if not _has_device_arrays(s, x, dt, A, B, C, g_y, g_states):
-        g = {k: _download(v) for k, v in g.items()}
+        g = dict(zip(g, _to_host(*g.values()), strict=True))
     return ScanGrads(**g, where=ctx.info.where, backend=NAME)
 
 
-def _download(a: DeviceArray) -> np.ndarray:
-    out = a.numpy()
-    a.release()
-    return out
+def _to_host(*arrays: DeviceArray) -> list[np.ndarray]:
+    """Host copies of ``arrays``; every one goes back to the pool, even when a download fails."""
+    try:
+        return [a.numpy() for a in arrays]
+    finally:
+        for a in arrays:
+            a.release()

@@ -64,14 +64,34 @@ def limits_of(info) -> Limits:
 
 
 class _Call:
-    """What one call owns: temporary buffers (returned to the pool at the end) and bindings."""
+    """What one call owns: temporary buffers (returned to the pool at the end), its results until
+    it succeeds (returned to the pool if it fails: a call that raises keeps nothing), bindings.
+
+    Use as ``with _Call(ctx) as call:``."""
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.temps: list = []
+        self.results: list[DeviceArray] = []
         self._dummy = None
+
+    def __enter__(self) -> _Call:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            for a in self.results:
+                a.release()
+        self.results.clear()
+        self.close()
+
+    def result(self, shape) -> DeviceArray:
+        """A float32 DeviceArray for a result, released if the call fails."""
+        a = empty(self.ctx, shape)
+        self.results.append(a)
+        return a
 
     def scratch(self, n_elems: int) -> rt.Buffer | None:
         if n_elems <= 0:
@@ -156,10 +176,9 @@ def forward(ctx, p: Problem) -> tuple[DeviceArray, DeviceArray]:
     lay = pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
-    y = empty(ctx, (d.S, d.T, d.H, d.P))
-    states = empty(ctx, (d.S, d.H, d.P, d.N))
-    call = _Call(ctx)
-    try:
+    with _Call(ctx) as call:
+        y = call.result((d.S, d.T, d.H, d.P))
+        states = call.result((d.S, d.H, d.P, d.N))
         s_buf, s_off = call.device(p.s)
         with rt.Sequence(ctx) as seq:
             _stamp(seq, "start")
@@ -182,8 +201,6 @@ def forward(ctx, p: Problem) -> tuple[DeviceArray, DeviceArray]:
                                  specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
                     seq.barrier()
             _submit(seq)
-    finally:
-        call.close()
     return y, states
 
 
@@ -195,18 +212,17 @@ def backward(ctx, p: Problem) -> dict[str, DeviceArray]:
     lay = pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
-    out = {
-        "d_s": empty(ctx, (d.R, d.H, d.P, d.N)),
-        "d_s0": empty(ctx, (d.S, d.H, d.P, d.N)),
-        "d_x": empty(ctx, (d.S, d.T, d.H, d.P)),
-        "d_dt": empty(ctx, (d.S, d.T, d.H)),
-        "d_A": empty(ctx, d.a_shape),
-        "d_B": empty(ctx, (d.S, d.T, d.G, d.N)),
-        "d_C": empty(ctx, (d.S, d.T, d.G, d.N)),
-    }
-    lam = out["d_s0"].buffer   # carries dL/dstate backwards; ends as d_s0
-    call = _Call(ctx)
-    try:
+    with _Call(ctx) as call:
+        out = {
+            "d_s": call.result((d.R, d.H, d.P, d.N)),
+            "d_s0": call.result((d.S, d.H, d.P, d.N)),
+            "d_x": call.result((d.S, d.T, d.H, d.P)),
+            "d_dt": call.result((d.S, d.T, d.H)),
+            "d_A": call.result(d.a_shape),
+            "d_B": call.result((d.S, d.T, d.G, d.N)),
+            "d_C": call.result((d.S, d.T, d.G, d.N)),
+        }
+        lam = out["d_s0"].buffer   # carries dL/dstate backwards; ends as d_s0
         s_buf, s_off = call.device(p.s)
         gs_buf, gs_off = call.device(p.g_states)
         run_kernels = bool(pl.windows) and d.H * d.P > 0
@@ -228,8 +244,6 @@ def backward(ctx, p: Problem) -> dict[str, DeviceArray]:
             seq.barrier()
             _scatter_rows(ctx, seq, call, lim, lam, out["d_s"], p.ids, row, d.R)
             _submit(seq)
-    finally:
-        call.close()
     return out
 
 
