@@ -21,12 +21,19 @@ _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
 
-def _log_once(reason: str) -> None:
+def _log_once(message: str) -> None:
+    """A warning on the ``ssm_vk`` logger, the first time this message comes up in the process."""
     with _logged_lock:
-        if reason in _logged:
+        if message in _logged:
             return
-        _logged.add(reason)
-    log.warning("ssm_vk falls back to ssm_fast on the CPU: %s", reason)
+        _logged.add(message)
+    log.warning("%s", message)
+
+
+def _fall_back(reason: str):
+    """The CPU backend that computes a case the device cannot run; the reason is logged once."""
+    _log_once(f"ssm_vk falls back to ssm_fast on the CPU: {reason}")
+    return _fast()
 
 
 def _context_or_reason():
@@ -76,10 +83,22 @@ def _host(p):
                              B=p.B, C=p.C).items()}
 
 
-def _fast():
-    import ssm_fast
+_INTERFACE = ("ssm_scan", "ssm_scan_back", "supports")
 
-    return ssm_fast
+
+def _fast():
+    """The CPU backend of the fallback: ssm_fast; ssm_ref when ssm_fast cannot be imported here
+    (numba missing or broken) or is not built yet -- logged once, and visible in ``backend``."""
+    try:
+        import ssm_fast
+    except Exception as exc:  # ImportError, or numba failing at import on this machine
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if all(hasattr(ssm_fast, f) for f in _INTERFACE):
+            return ssm_fast
+        why = "it has no ssm_scan / ssm_scan_back yet"
+    _log_once(f"ssm_fast is unusable here ({why}); the CPU fallback is ssm_ref, the numpy reference")
+    return ssm_ref
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
@@ -92,9 +111,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     sup, ctx = _support("ssm_scan", p)
     if not sup:
-        _log_once(sup.reason)
+        cpu = _fall_back(sup.reason)
         h = _host(p)
-        return _fast().ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
+        return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
     y, states = launch.forward(ctx, p)
     if not _has_device_arrays(s, x, dt, A, B, C):
         y, states = _to_host(y, states)
@@ -107,11 +126,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
     sup, ctx = _support("ssm_scan_back", p)
     if not sup:
-        _log_once(sup.reason)
+        cpu = _fall_back(sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
-        return _fast().ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
+        return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
     g = launch.backward(ctx, p)
     if not _has_device_arrays(s, x, dt, A, B, C, g_y, g_states):
         g = dict(zip(g, _to_host(*g.values()), strict=True))
