@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
-
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward, is_device_array
 
@@ -114,10 +112,8 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         cpu = _fall_back(sup.reason)
         h = _host(p)
         return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
-    y, states = launch.forward(ctx, p)
-    if not _has_device_arrays(s, x, dt, A, B, C):
-        y, states = _to_host(y, states)
-    return ScanResult(y=y, states=states, where=ctx.info.where, backend=NAME)
+    out = launch.forward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C))
+    return ScanResult(y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
@@ -131,16 +127,5 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
-    g = launch.backward(ctx, p)
-    if not _has_device_arrays(s, x, dt, A, B, C, g_y, g_states):
-        g = dict(zip(g, _to_host(*g.values()), strict=True))
+    g = launch.backward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C, g_y, g_states))
     return ScanGrads(**g, where=ctx.info.where, backend=NAME)
-
-
-def _to_host(*arrays: DeviceArray) -> list[np.ndarray]:
-    """Host copies of ``arrays``; every one goes back to the pool, even when a download fails."""
-    try:
-        return [a.numpy() for a in arrays]
-    finally:
-        for a in arrays:
-            a.release()
