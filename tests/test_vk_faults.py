@@ -36,7 +36,7 @@ from problems import make_problem
 from registry import BACKENDS
 
 import ssm_vk
-from ssm_vk import arrays
+from ssm_vk import arrays, launch
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 
@@ -45,22 +45,50 @@ FALLBACK = "ssm_fast" if any(b.name == "ssm_fast" for b in BACKENDS) else "ssm_r
 CASE = make_problem(np.random.default_rng(71), S=2, T=5, H=4, P=3, N=6, G=2, ids="duplicates")
 
 
-def _forward(**kw):
-    r = ssm_vk.ssm_scan(**CASE.args(), **kw)
-    return r, {"y": r.y, "states": r.states}
+def _args(device: bool):
+    a = {**CASE.args(), "g_y": CASE.g_y, "g_states": CASE.g_states}
+    if device:
+        a = {k: (v if k == "ids" else ssm_vk.to_device(v)) for k, v in a.items()}
+    return a
 
 
-def _backward(**kw):
-    g = ssm_vk.ssm_scan_back(**CASE.args(), g_y=CASE.g_y, g_states=CASE.g_states, **kw)
-    return g, g.as_dict()
+def _host(d: dict) -> dict:
+    return {k: (v.numpy() if isinstance(v, ssm_vk.DeviceArray) else v) for k, v in d.items()}
+
+
+def _forward(a):
+    r = ssm_vk.ssm_scan(**{k: v for k, v in a.items() if k not in ("g_y", "g_states")})
+    return r, _host({"y": r.y, "states": r.states})
+
+
+def _backward(a):
+    g = ssm_vk.ssm_scan_back(**a)
+    return g, _host(g.as_dict())
 
 
 OPS = {"ssm_scan": _forward, "ssm_scan_back": _backward}
 
 
 def _held(ctx):
-    """What a context holds: device allocations and pool buffers out."""
+    """What a context holds: device allocations and pool buffers out (the per-shape workspaces
+    keep theirs between calls, so these are compared before and after, never with zero)."""
     return ctx.live_allocations, pool(ctx).in_use
+
+
+def _kept_by(exc: BaseException, mine: dict) -> list:
+    """Device arrays the frames of ``exc``'s traceback still hold, alive and owning a buffer,
+    other than the caller's own inputs ``mine``: what a caller holding the exception would keep."""
+    skip = {id(v) for v in mine.values()}
+    found, tb = {}, exc.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else [value]
+            for v in items:
+                if (isinstance(v, ssm_vk.DeviceArray) and id(v) not in skip and v._finalizer is not None
+                        and v._finalizer.alive):
+                    found[id(v)] = v
+        tb = tb.tb_next
+    return list(found.values())
 
 
 def _same(got: dict, want: dict):
@@ -71,48 +99,54 @@ def _same(got: dict, want: dict):
 # -- faults during a call -----------------------------------------------------------------------
 
 @pytest.mark.vulkan
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
 @pytest.mark.parametrize("op", OPS)
-def test_device_lost_mid_call_raises_and_the_next_call_gets_a_fresh_context(op):
+def test_device_lost_mid_call_raises_and_the_next_call_gets_a_fresh_context(op, device):
     run = OPS[op]
-    want = run()[1]
+    want = run(_args(False))[1]
     ctx = rt.get_context()
-    kept = ssm_vk.to_device(CASE.inputs["x"])    # a user's device array on the device that is lost
+    a = _args(device)                     # a user's device arrays live on the device that is lost
     ctx.fail_next_submit(rt.DeviceLost)
     with pytest.raises(rt.DeviceLost, match="DEVICE_LOST") as info:
-        run()
-    # Only the user's array is out: the failed call kept nothing, even while its exception (and
-    # so its frames) is still held, as a caller that logs or retries holds it.
-    assert info.value.__traceback__ is not None
-    assert ctx.lost and pool(ctx).in_use == 1
+        run(a)
+    # The failed call kept nothing, even while its exception (and so its frames) is still held,
+    # as a caller that logs or retries holds it.
+    assert ctx.lost and _kept_by(info.value, a) == []
     del info
-    res, got = run()                             # the process carries on, on a new context
+    res, got = run(_args(False))          # the process carries on, on a new context
     assert res.where.startswith("Vulkan") and res.backend == "ssm_vk"
     _same(got, want)
     fresh = rt.get_context()
     assert fresh is not ctx and ctx.closed and ctx.live_allocations.count == 0
     assert list(arrays._pools.values()) == [pool(fresh)]  # the lost context's pool is not kept either
-    with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
-        kept.numpy()                             # a clear error, not a read of freed memory
-    with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
-        ssm_vk.ssm_scan(**{**CASE.args(), "x": kept})
-    assert pool(fresh).in_use == 0
+    assert all(owner is fresh for owner, _ in launch._caches.values())  # nor its workspaces
+    if device:
+        with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
+            a["x"].numpy()                # a clear error, not a read of freed memory
+        with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
+            run(a)
 
 
 @pytest.mark.vulkan
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
 @pytest.mark.parametrize("op", OPS)
-def test_timeout_mid_call_raises_and_the_context_carries_on(op):
+def test_timeout_mid_call_raises_and_the_context_carries_on(op, device):
     run = OPS[op]
-    want = run()[1]
+    a = _args(device)
+    want = run(a)[1]
     ctx = rt.get_context()
-    before = _held(ctx)
-    ctx.fail_next_submit(rt.VulkanTimeout)
-    with pytest.raises(rt.VulkanTimeout, match="timed out") as info:
-        run()
-    assert info.value.__traceback__ is not None   # held, with its frames: still nothing is kept
-    assert not ctx.lost and _held(ctx) == before
-    del info
-    _same(run()[1], want)
-    assert rt.get_context() is ctx and _held(ctx) == before
+    held = []
+    for _ in range(6):  # repeated: what the context holds stops changing (the replay caches fill)
+        ctx.fail_next_submit(rt.VulkanTimeout)
+        with pytest.raises(rt.VulkanTimeout, match="timed out") as info:
+            run(a)
+        assert not ctx.lost and _kept_by(info.value, a) == []
+        del info
+        _same(run(a)[1], want)
+        held.append(_held(ctx))
+    assert rt.get_context() is ctx
+    (alloc, out) = held[2]
+    assert all(h[0].count <= alloc.count and h[0].nbytes <= alloc.nbytes and h[1] <= out for h in held[3:]), held
 
 
 # -- no Vulkan at all (subprocesses) ----------------------------------------------------------------
