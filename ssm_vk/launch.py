@@ -272,9 +272,11 @@ def _release(arrays: dict) -> None:
 
 
 def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
-    ws = _workspace(ctx, p.dims, backward)
-    with ws.lock:
-        return _run_in(ws, ctx, p, backward, device_out)
+    while True:
+        ws = _workspace(ctx, p.dims, backward)
+        with ws.lock:
+            if not ws.closed:  # else another thread evicted it after our look-up: look again
+                return _run_in(ws, ctx, p, backward, device_out)
 
 
 def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict:

@@ -9,6 +9,7 @@ What is thread-safe, and why, is written down in docs/RELIABILITY.md ("Threads")
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -17,6 +18,7 @@ from problems import make_problem
 from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
+from ssm_vk import launch
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 
@@ -90,6 +92,13 @@ def test_eight_threads_get_the_single_thread_results(backend):
             _assert_same(_run(m, PROBLEMS[k]), want[k], f"thread {k} call {r}")
 
     _in_threads(work)
+    if m is ssm_vk:
+        # Sixteen shapes (eight problems, forward and backward) for eight cached workspaces: the
+        # threads evicted each other's. Dropping the cache must give every buffer back; one that
+        # stays out was taken by a workspace used after its eviction, and would never come back.
+        ctx = rt.get_context()
+        launch.clear_cache(ctx)
+        assert pool(ctx).in_use == 0
 
 
 @pytest.mark.vulkan
@@ -114,6 +123,7 @@ def test_threads_with_device_resident_and_shared_inputs():
     for a in (*dev.values(), *dev_g):
         if isinstance(a, ssm_vk.DeviceArray):
             a.release()
+    launch.clear_cache(ctx)  # the workspaces' own buffers
     assert pool(ctx).in_use == 0
 
 
@@ -142,3 +152,53 @@ def test_the_buffer_pool_survives_eight_threads():
     finally:
         p.close()
     assert ctx.live_allocations == before
+
+
+@pytest.mark.vulkan
+def test_threads_sharing_more_shapes_than_the_workspace_cache_holds():
+    # Threads on the same shapes wait for each other's workspace while others evict it: a thread
+    # that looked a workspace up before its eviction must not run in it (its buffers and
+    # sequences would never be given back).
+    shapes = [make_problem(np.random.default_rng(200 + j), S=1, T=2 + j, H=2, P=2, N=3, G=1)
+              for j in range(launch.MAX_WORKSPACES + 2)]
+    want = [ssm_vk.ssm_scan(**c.args()).y for c in shapes]
+
+    def work(k):
+        for r in range(4):
+            for j in range(len(shapes)):
+                jj = (j * (1 + k % 3) + k + r) % len(shapes)
+                assert np.array_equal(ssm_vk.ssm_scan(**shapes[jj].args()).y, want[jj]), (k, r, jj)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show up
+    try:
+        _in_threads(work)
+    finally:
+        sys.setswitchinterval(interval)
+    ctx = rt.get_context()
+    launch.clear_cache(ctx)
+    assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_a_workspace_evicted_between_look_up_and_lock_is_not_used(monkeypatch):
+    # The gap the test above races for, made certain: another thread evicts the workspace after
+    # this call looked it up and before it took the workspace's lock.
+    real = launch._workspace
+    evicted = []
+
+    def racing(ctx, dims, backward):
+        ws = real(ctx, dims, backward)
+        if not evicted:
+            evicted.append(ws)
+            launch.clear_cache(ctx)
+        return ws
+
+    case = make_problem(np.random.default_rng(300), S=2, T=3, H=2, P=2, N=3, G=1)
+    want = ssm_vk.ssm_scan(**case.args()).y
+    monkeypatch.setattr(launch, "_workspace", racing)
+    assert np.array_equal(ssm_vk.ssm_scan(**case.args()).y, want)
+    assert evicted[0].closed
+    ctx = rt.get_context()
+    launch.clear_cache(ctx)
+    assert pool(ctx).in_use == 0
