@@ -149,6 +149,31 @@ def test_timeout_mid_call_raises_and_the_context_carries_on(op, device):
     assert all(h[0].count <= alloc.count and h[0].nbytes <= alloc.nbytes and h[1] <= out for h in held[3:]), held
 
 
+@pytest.mark.vulkan
+def test_after_a_timeout_no_buffer_of_the_pending_work_is_written(monkeypatch):
+    # A timed-out call leaves its work pending (it may still be running on a real GPU); the next
+    # call of that shape must wait for it before uploading into the same buffers.
+    a = _args(False)
+    want = _backward(a)[1]
+    ctx = rt.get_context()
+    ctx.fail_next_submit(rt.VulkanTimeout)
+    with pytest.raises(rt.VulkanTimeout):
+        _backward(a)
+    pending = [seq for _, cache in launch._caches.values() for ws in cache.values()
+               for seq, _ in ws.sequences.values() if seq.pending]
+    assert pending
+    writes = []
+    upload = rt.upload
+
+    def watched(buf, arr, *rest):
+        writes.append(any(seq.pending for seq in pending))
+        upload(buf, arr, *rest)
+
+    monkeypatch.setattr(rt, "upload", watched)
+    _same(_backward(a)[1], want)
+    assert writes and not any(writes), "an input was uploaded while the timed-out work was pending"
+
+
 # -- no Vulkan at all (subprocesses) ----------------------------------------------------------------
 
 CHILD = textwrap.dedent("""
