@@ -174,6 +174,33 @@ def test_after_a_timeout_no_buffer_of_the_pending_work_is_written(monkeypatch):
     assert writes and not any(writes), "an input was uploaded while the timed-out work was pending"
 
 
+@pytest.mark.vulkan
+def test_work_still_running_at_close_is_not_freed_under_the_gpu(monkeypatch):
+    # Closing a sequence whose run outlives a second timeout would free memory the GPU may still
+    # use: the context is given up instead, and freed after vkDeviceWaitIdle by its close.
+    a = _args(False)
+    want = _forward(a)[1]
+    ctx = rt.get_context()
+    ctx.fail_next_submit(rt.VulkanTimeout)
+    with pytest.raises(rt.VulkanTimeout):
+        _forward(a)
+    pending = [seq for _, cache in launch._caches.values() for ws in cache.values()
+               for seq, _ in ws.sequences.values() if seq.pending]
+    assert len(pending) == 1
+
+    def still_running(self, timeout_s=None):
+        if self.pending:
+            raise rt.VulkanTimeout("waiting for the GPU timed out (the test's hung GPU)", 2)
+
+    monkeypatch.setattr(rt.Sequence, "wait", still_running)
+    launch.clear_cache(ctx)                    # evicts the workspace: closes its sequences
+    assert ctx.lost and not pending[0].closed
+    monkeypatch.undo()
+    _same(_forward(a)[1], want)                # a new context; the old one closed after its wait
+    assert rt.get_context() is not ctx and ctx.closed and pending[0].closed
+    assert ctx.live_allocations.count == 0
+
+
 # -- no Vulkan at all (subprocesses) ----------------------------------------------------------------
 
 CHILD = textwrap.dedent("""
