@@ -272,6 +272,16 @@ def _release(arrays: dict) -> None:
 
 
 def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+    try:
+        return _run_once(ctx, p, backward, device_out)
+    except rt.OutOfDeviceMemory:
+        # The workspaces of other shapes hold buffers between calls: give them all back (the pool
+        # frees its idle ones when it next runs out) and try once more; a second failure raises.
+        clear_cache(ctx)
+        return _run_once(ctx, p, backward, device_out)
+
+
+def _run_once(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
     while True:
         ws = _workspace(ctx, p.dims, backward)
         with ws.lock:

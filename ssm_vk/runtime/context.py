@@ -91,6 +91,7 @@ class Context:
         self._alloc_count = 0
         self._alloc_bytes = 0
         self._fault: type[Exception] | None = None
+        self._allocation_faults = 0              # memory.py test seam: allocations left to fail
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
         # State owned by the modules named, kept here because it lives as long as the context:
@@ -273,6 +274,23 @@ class Context:
         if error not in (DeviceLost, VulkanTimeout):
             raise ValueError(f"fail_next_submit: expected DeviceLost or VulkanTimeout, got {error!r}")
         self._fault = error
+
+    def fail_allocations(self, count: int = 1) -> None:
+        """Make the next ``count`` device-memory allocations of this context fail with
+        OutOfDeviceMemory, as a driver that ran out of memory would (0 disarms). A test seam:
+        exhausting a real device would disturb everything else on it."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"fail_allocations: count must be an int >= 0, got {count!r}")
+        with self.lock:
+            self._allocation_faults = count
+
+    def take_allocation_fault(self) -> bool:
+        """True (and one fewer armed) when the allocation about to be made must fail (memory.py)."""
+        with self.lock:
+            if self._allocation_faults <= 0:
+                return False
+            self._allocation_faults -= 1
+            return True
 
     def take_fault(self) -> type[Exception] | None:
         """The fault armed by :meth:`fail_next_submit`, disarming it (for commands.py)."""

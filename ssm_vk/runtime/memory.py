@@ -74,6 +74,9 @@ class Buffer:
             if self._alloc_size > min(limit, heap_size):
                 raise ValueError(f"Buffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
                                  f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
+            if ctx.take_allocation_fault():
+                raise binding.OutOfDeviceMemory(f"vkAllocateMemory({self._alloc_size} bytes) failed: "
+                                                "VK_ERROR_OUT_OF_DEVICE_MEMORY (injected by fail_allocations)", -2)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=self._alloc_size, memoryTypeIndex=type_index)
             with binding.translated(f"vkAllocateMemory({self._alloc_size} bytes)"):
                 self._memory = vk.vkAllocateMemory(device, alloc, None)
@@ -292,7 +295,8 @@ class BufferPool:
     """Reuses buffers by size class, so a loop of same-shaped calls allocates once.
 
     ``acquire(n)`` returns a Buffer of at least ``n`` bytes (its ``size`` is the class size: the
-    next 2^k or 1.5·2^k, at least 256); ``release(buffer)`` takes it back for reuse; ``trim()``
+    next 2^k or 1.5·2^k, at least 256; when the driver is out of memory it frees the idle buffers
+    and tries once more); ``release(buffer)`` takes it back for reuse; ``trim()``
     frees the buffers not in use; ``close()`` frees every buffer the pool made, in use or not.
     Reused buffers keep their identity, so the descriptor sets cached for them stay valid.
     ``reused`` counts acquisitions served without allocating; ``in_use`` the buffers out now.
@@ -345,7 +349,12 @@ class BufferPool:
                 self.reused += 1
                 self._out.add(buffer.serial)
                 return buffer
-        buffer = Buffer(self.ctx, size)  # outside the lock: allocating may take long, and wait
+        try:
+            buffer = Buffer(self.ctx, size)  # outside the lock: allocating may take long, and wait
+        except binding.OutOfDeviceMemory:
+            # The driver is out of memory: give back the buffers this pool keeps idle, try once more.
+            self.trim()
+            buffer = Buffer(self.ctx, size)
         with self._lock:
             closed = self.closed
             if not closed:
