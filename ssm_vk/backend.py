@@ -8,7 +8,7 @@ import threading
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward, is_device_array
 
-from . import launch
+from . import budget, launch, record
 from . import runtime as rt
 from .arrays import DeviceArray
 from .plan import TooLarge, plan
@@ -49,19 +49,24 @@ def _has_device_arrays(*arrays) -> bool:
 
 
 def _support(op: str, p) -> tuple[Support, object]:
+    """Whether ``p`` runs on the device, decided before any allocation: a device and context,
+    a plan within the device's limits (plan.py), every buffer within maxMemoryAllocationSize and
+    all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches."""
     ctx, reason = _context_or_reason()
     if ctx is None:
         return Support(False, reason), None
-    d = p.dims
+    backward = op == "ssm_scan_back"
+    lim = launch.limits_of(ctx.info)
     try:
-        plan(d, launch.limits_of(ctx.info), backward=(op == "ssm_scan_back"))
+        pl = plan(p.dims, lim, backward=backward)
     except TooLarge as e:
         return Support(False, str(e)), ctx
-    # Whole arrays must each fit one allocation (results and device-resident inputs are buffers).
-    biggest = max(d.S * d.T * d.H * d.P, d.R * d.H * d.P * d.N, d.S * d.T * d.G * d.N) * 4
-    if biggest > ctx.info.max_memory_allocation_size:
-        return Support(False, f"an array of {biggest} bytes exceeds maxMemoryAllocationSize "
-                              f"({ctx.info.max_memory_allocation_size} bytes) of {ctx.info.name}"), ctx
+    resident = {k for k in ("s", "x", "dt", "A", "B", "C", "g_y", "g_states") if is_device_array(getattr(p, k))}
+    why = budget.check(ctx.info, budget.buffers(p, pl, lim, backward, resident))
+    if not why:
+        why = record.missing_spirv(ctx, record.kernels_needed(p, pl, backward))
+    if why:
+        return Support(False, why), ctx
     return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), ctx
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,9 +37,12 @@ from problems import make_problem
 from registry import BACKENDS
 
 import ssm_vk
-from ssm_vk import arrays, launch
+from ssm_ref import check_backward, check_forward
+from ssm_vk import arrays, budget, launch
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
+from ssm_vk.plan import plan
+from ssm_vk.runtime import shaders
 
 REPO = Path(__file__).resolve().parents[1]
 FALLBACK = "ssm_fast" if any(b.name == "ssm_fast" for b in BACKENDS) else "ssm_ref"
@@ -199,6 +203,156 @@ def test_work_still_running_at_close_is_not_freed_under_the_gpu(monkeypatch):
     _same(_forward(a)[1], want)                # a new context; the old one closed after its wait
     assert rt.get_context() is not ctx and ctx.closed and pending[0].closed
     assert ctx.live_allocations.count == 0
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+def _fresh_context():
+    """A new context: empty pool, no workspaces, no kernels."""
+    rt.close()
+    return rt.get_context()
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("op", OPS)
+def test_the_memory_estimate_covers_what_a_call_allocates(op):
+    # supports() decides by budget.buffers(); it must not under-count what a call takes.
+    backward = op == "ssm_scan_back"
+    shapes = [dict(S=2, T=5, H=4, P=3, N=6, G=2, ids="duplicates"),
+              dict(S=3, T=40, H=2, P=2, N=16, G=1, ids="permutation", variant="mamba1")]
+    for k, dims in enumerate(shapes):
+        case = make_problem(np.random.default_rng(80 + k), **dims)
+        for small_range in (False, True):   # whole sequences, then token windows
+            ctx = _fresh_context()
+            with ctx.override_limits(**({"max_storage_buffer_range": 2048} if small_range else {})):
+                lim = launch.limits_of(ctx.info)
+                chk = check_backward if backward else check_forward
+                args = {**case.args(), **({"g_y": case.g_y, "g_states": case.g_states} if backward else {})}
+                p = chk(**args)
+                pl = plan(p.dims, lim, backward=backward)
+                assert pl.time_split == (small_range and k == 1)
+                estimate = sum(budget._pooled(n, ctx.info.max_memory_allocation_size)
+                               for n in budget.buffers(p, pl, lim, backward).values())
+                OPS[op](args if backward else case.args())
+                made = sum(b.size for b in pool(ctx)._made.values())
+            assert made <= estimate <= made + 256, (dims, small_range, made, estimate)
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("op", OPS)
+def test_a_problem_larger_than_device_memory_falls_back_before_allocating(op, caplog):
+    ctx = rt.get_context()
+    OPS[op](_args(False))
+    before = _held(ctx)
+    with ctx.override_limits(device_local_bytes=4096):   # "ask for more than the device has"
+        sup = ssm_vk.supports(op, **CASE.args())
+        assert not sup and "largest device-local heap" in sup.reason
+        with caplog.at_level("WARNING", logger="ssm_vk"):
+            res, got = OPS[op](_args(False))
+            OPS[op](_args(False))
+    assert res.where == "CPU" and res.backend == FALLBACK
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged.count(f"ssm_vk falls back to ssm_fast on the CPU: {sup.reason}") == 1
+    assert _held(ctx) == before                         # nothing was allocated for it
+    want = OPS[op](_args(False))[1]
+    for k, v in got.items():                            # and the CPU result is right
+        np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.vulkan
+def test_an_array_beyond_the_allocation_limit_falls_back():
+    # Sixteen sequences share one cache row: the states (S, H, P, N) are 16x the cache s and the
+    # largest array; with an allocation limit between the two, the call must fall back (it used
+    # to be let through by supports() and die in the allocation with a ValueError).
+    case = make_problem(np.random.default_rng(81), S=16, T=1, H=4, P=1, N=64, G=1, ids=[0] * 16, R=1)
+    ctx = rt.get_context()
+    row_bytes = 4 * 64 * 4
+    with ctx.override_limits(max_memory_allocation_size=4 * row_bytes):
+        sup = ssm_vk.supports("ssm_scan", **case.args())
+        assert not sup and "maxMemoryAllocationSize" in sup.reason and "states" in sup.reason
+        r = ssm_vk.ssm_scan(**case.args())
+    assert r.where == "CPU"
+    np.testing.assert_allclose(r.states, ssm_vk.ssm_scan(**case.args()).states, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.vulkan
+def test_out_of_device_memory_once_is_absorbed():
+    # The driver refuses one allocation: the pool frees its idle buffers and tries again.
+    ctx = rt.get_context()
+    want = _backward(_args(False))[1]
+    case = make_problem(np.random.default_rng(82), S=3, T=7, H=2, P=2, N=5, G=1)   # a shape not seen yet
+    ctx.fail_allocations(1)
+    g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    assert g.where.startswith("Vulkan") and not ctx.take_allocation_fault()
+    _same(_backward(_args(False))[1], want)
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+@pytest.mark.parametrize("op", OPS)
+def test_out_of_device_memory_raises_keeps_nothing_and_the_next_call_works(op, device):
+    ctx = rt.get_context()
+    a = _args(device)
+    want = OPS[op](a)[1]
+    launch.clear_cache(ctx)                              # the call must allocate again
+    pool(ctx).trim()
+    before = _held(ctx)
+    ctx.fail_allocations(10**6)                          # the device stays full
+    try:
+        with pytest.raises(rt.OutOfDeviceMemory, match="OUT_OF_DEVICE_MEMORY") as info:
+            OPS[op](a)
+        assert _kept_by(info.value, a) == []
+        del info
+    finally:
+        ctx.fail_allocations(0)
+    launch.clear_cache(ctx)
+    pool(ctx).trim()
+    assert _held(ctx) == before and not ctx.lost
+    _same(OPS[op](a)[1], want)
+
+
+# -- shaders ---------------------------------------------------------------------------------------
+
+@pytest.mark.vulkan
+def test_glslc_missing_with_nothing_cached_falls_back(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))                       # no glslc
+    monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(shaders, "PACKAGED_SPIRV", tmp_path / "no-package")
+    ctx = _fresh_context()                                          # no kernel built yet
+    for op in OPS:
+        sup = ssm_vk.supports(op, **CASE.args())
+        assert not sup and "glslc is not on PATH" in sup.reason
+        with caplog.at_level("WARNING", logger="ssm_vk"):
+            res, _ = OPS[op](_args(False))
+        assert res.where == "CPU" and res.backend == FALLBACK
+    assert any("glslc is not on PATH" in r.getMessage() for r in caplog.records)
+    assert ctx.live_allocations.count == 0 and pool(ctx).in_use == 0
+    monkeypatch.undo()                                              # glslc back: the GPU again
+    res, _ = _backward(_args(False))
+    assert res.where.startswith("Vulkan")
+
+
+@pytest.mark.vulkan
+def test_a_shader_that_fails_to_compile_raises_and_keeps_nothing(monkeypatch, tmp_path):
+    broken = tmp_path / "glsl"
+    shutil.copytree(REPO / "glsl", broken)
+    with (broken / "ssm_scan_back.comp").open("a") as f:
+        f.write("\nthis is not GLSL;\n")
+    monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "cache"))
+    ctx = rt.get_context()
+    a = _args(True)
+    want = _backward(a)[1]
+    before = pool(ctx).in_use
+    monkeypatch.setattr(shaders, "REPO_GLSL", broken)
+    with pytest.raises(shaders.ShaderBuildError, match="glslc failed") as info:
+        _backward(a)
+    assert "this is not GLSL" in info.value.stderr or "error" in info.value.stderr
+    assert _kept_by(info.value, a) == []
+    del info
+    launch.clear_cache(ctx)
+    assert pool(ctx).in_use <= before and not ctx.lost
+    monkeypatch.setattr(shaders, "REPO_GLSL", REPO / "glsl")
+    _same(_backward(a)[1], want)
 
 
 # -- no Vulkan at all (subprocesses) ----------------------------------------------------------------
