@@ -35,6 +35,9 @@ def _fall_back(reason: str):
 
 
 def _context_or_reason():
+    ctx = rt.current_context()
+    if ctx is not None and not ctx.closed and not ctx.lost:
+        return ctx, ""  # the per-call fast path
     ok, reason = rt.available()
     if not ok:
         return None, f"no Vulkan device: {reason}"
@@ -48,26 +51,50 @@ def _has_device_arrays(*arrays) -> bool:
     return any(is_device_array(a) for a in arrays)
 
 
+_support_cache: dict = {}
+_INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+
+
 def _support(op: str, p) -> tuple[Support, object]:
     """Whether ``p`` runs on the device, decided before any allocation: a device and context,
     a plan within the device's limits (plan.py), every buffer within maxMemoryAllocationSize and
-    all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches."""
+    all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches.
+
+    Decisions are cached by context, limits, op, dims and which inputs are device-resident -- all
+    they depend on (budget.py and record.kernels_needed assume the worst about duplicate ids) --
+    except a refusal for want of SPIR-V, which glslc on PATH or a warm cache may lift later.
+    """
     ctx, reason = _context_or_reason()
     if ctx is None:
         return Support(False, reason), None
+    resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
+    key = (id(ctx), id(ctx.info), op, p.dims, resident)  # override_limits swaps ctx.info
+    hit = _support_cache.get(key)
+    if hit is not None and hit[1] is ctx:
+        return hit
+    sup, cache = _decide(ctx, op, p, resident)
+    if cache:
+        if len(_support_cache) > 256:
+            _support_cache.clear()
+        _support_cache[key] = (sup, ctx)
+    return sup, ctx
+
+
+def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
+    """(the decision, whether it may be cached)."""
     backward = op == "ssm_scan_back"
     lim = launch.limits_of(ctx.info)
     try:
         pl = plan(p.dims, lim, backward=backward)
     except TooLarge as e:
-        return Support(False, str(e)), ctx
-    resident = {k for k in ("s", "x", "dt", "A", "B", "C", "g_y", "g_states") if is_device_array(getattr(p, k))}
-    why = budget.check(ctx.info, budget.buffers(p, pl, lim, backward, resident))
-    if not why:
-        why = record.missing_spirv(ctx, record.kernels_needed(p, pl, backward))
+        return Support(False, str(e)), True
+    why = budget.check(ctx.info, budget.buffers(p.dims, pl, lim, backward, resident))
     if why:
-        return Support(False, why), ctx
-    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), ctx
+        return Support(False, why), True
+    why = record.missing_spirv(ctx, record.kernels_needed(p.dims, pl, backward))
+    if why:
+        return Support(False, why), False
+    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), True
 
 
 def supports(op, s, x, dt, A, B, C, ids=None) -> Support:

@@ -8,7 +8,9 @@ A call acquires these buffers through the context's pool (each rounded up by
 - the backward's scratch (record.py): the running state (S, H, P, N), the d_A partials
   (S, H, P, 1|N), the d_B / d_C / d_dt partials of the largest window, and the checkpoints -- one
   set per token window of a sequence when sequences are cut into token windows,
-- small constants (the row pairs of the d_s scatter) and a 16-byte stand-in binding.
+- small constants (the row pairs of the d_s scatter: at most S - 1 of them, counted as if every
+  sequence after the first shared a row, so that the answer does not depend on the ids) and a
+  16-byte stand-in binding.
 
 The rule: every buffer within ``maxMemoryAllocationSize``, and all of them together within the
 largest device-local heap (``DeviceInfo.device_local_bytes``). A problem beyond either falls back
@@ -19,9 +21,7 @@ it could -- see runtime.memory.BufferPool.acquire.)
 
 from __future__ import annotations
 
-import numpy as np
-
-from ssm_ref import Problem
+from ssm_ref import Dims
 
 from . import runtime as rt
 from .plan import Limits, Plan
@@ -67,27 +67,18 @@ def _scratch(d, pl: Plan) -> dict[str, int]:
     return out
 
 
-def _pairs_bytes(ids: np.ndarray, whole: bool) -> list[int]:
-    """The constant buffers of the d_s scatter: one per layer of duplicate ids (8 bytes a pair),
-    or one per pair when the rows are bound one at a time."""
-    _, counts = np.unique(ids, return_counts=True)
-    layers = [int((counts > k).sum()) for k in range(1, int(counts.max(initial=1)))]
-    return [8 * n for n in layers] if whole else [8] * sum(layers)
-
-
-def buffers(p: Problem, pl: Plan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
-    """Bytes of every buffer a call of ``p`` acquires (before the pool's rounding), by name.
-    ``resident``: names of inputs already on the device (DeviceArrays), which take nothing."""
-    d = p.dims
+def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
+    """Bytes of every buffer a call of a problem of dims ``d`` acquires (before the pool's
+    rounding), by name; an upper bound where ids matter. ``resident``: names of inputs already on
+    the device (DeviceArrays), which take nothing."""
     sizes = {f"in:{k}": n * F32 for k, n in _inputs(d, backward).items() if k not in resident}
     sizes.update({f"out:{k}": n * F32 for k, n in _outputs(d, backward).items()})
     row = d.H * d.P * d.N
     if backward:
         sizes.update({f"scratch:{k}": n * F32 for k, n in _scratch(d, pl).items()})
-        if row:
-            cap = (lim.max_storage_buffer_range - lim.min_storage_buffer_offset_alignment) // F32
-            for k, n in enumerate(_pairs_bytes(p.ids, max(d.S, d.R) * row <= cap)):
-                sizes[f"const:pairs{k}"] = n
+        if d.R * row:
+            for k in range(d.S - 1):  # the most pair buffers any ids can ask for, each the smallest
+                sizes[f"const:pairs{k}"] = 8
     sizes["dummy"] = DUMMY_BYTES
     return {k: v for k, v in sizes.items() if v > 0}
 

@@ -22,10 +22,10 @@ __all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv
 F32 = 4
 
 
-def kernels_needed(p: Problem, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
-    """The kernels the recording of ``p`` dispatches (what ``_kernel`` below is asked for), so
-    that ssm_vk.supports() can tell, before any work, whether their SPIR-V can be had."""
-    d = p.dims
+def kernels_needed(d, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
+    """The kernels the recording of a problem of dims ``d`` may dispatch (what ``_kernel`` below
+    is asked for; the d_s scatter's counted whenever ids could repeat), so that
+    ssm_vk.supports() can tell, before any work, whether their SPIR-V can be had."""
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
     elif not backward:
@@ -34,8 +34,8 @@ def kernels_needed(p: Problem, pl: Plan, backward: bool) -> list[specs.KernelSpe
         kernels = [specs.fwd_spec(d, pl.layout, checkpoint=True), specs.bwd_spec(d, pl.layout), specs.reduce_spec(0)]
         if d.H * d.P * (d.N if d.mamba1 else 1):
             kernels.append(specs.reduce_spec(1))
-    if backward and d.R * d.H * d.P * d.N and len(np.unique(p.ids)) < len(p.ids):
-        kernels.append(specs.rows_spec())  # duplicate ids: rows added by the scatter kernel
+    if backward and d.R * d.H * d.P * d.N and d.S > 1:
+        kernels.append(specs.rows_spec())  # ids may repeat: rows added by the scatter kernel
     return kernels
 
 

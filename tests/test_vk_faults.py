@@ -232,10 +232,11 @@ def test_the_memory_estimate_covers_what_a_call_allocates(op):
                 pl = plan(p.dims, lim, backward=backward)
                 assert pl.time_split == (small_range and k == 1)
                 estimate = sum(budget._pooled(n, ctx.info.max_memory_allocation_size)
-                               for n in budget.buffers(p, pl, lim, backward).values())
+                               for n in budget.buffers(p.dims, pl, lim, backward).values())
                 OPS[op](args if backward else case.args())
                 made = sum(b.size for b in pool(ctx)._made.values())
-            assert made <= estimate <= made + 256, (dims, small_range, made, estimate)
+            # At most the stand-in binding and the pair buffers of ids that did not repeat over.
+            assert made <= estimate <= made + 256 * p.dims.S, (dims, small_range, made, estimate)
 
 
 @pytest.mark.vulkan
