@@ -202,3 +202,34 @@ def test_a_workspace_evicted_between_look_up_and_lock_is_not_used(monkeypatch):
     ctx = rt.get_context()
     launch.clear_cache(ctx)
     assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_a_context_being_built_is_not_handed_out(monkeypatch):
+    # While one thread builds the process's context, another must not be given it (its device
+    # does not exist yet: a buffer made on it aborted the process); it waits for the build.
+    rt.close()
+    real = rt.Context._create
+    building, go = threading.Event(), threading.Event()
+
+    def slow(self, chosen):
+        building.set()
+        assert go.wait(60)
+        real(self, chosen)
+
+    monkeypatch.setattr(rt.Context, "_create", slow)
+    case = PROBLEMS[0]
+    results = {}
+    builder = threading.Thread(target=lambda: results.setdefault("ctx", rt.get_context()))
+    caller = threading.Thread(target=lambda: results.setdefault("y", ssm_vk.ssm_scan(**case.args()).y))
+    builder.start()
+    assert building.wait(60)
+    assert rt.current_context() is None
+    caller.start()
+    caller.join(timeout=0.5)
+    assert caller.is_alive(), "a call went ahead on a context still being built"
+    go.set()
+    builder.join(timeout=120)
+    caller.join(timeout=120)
+    assert rt.current_context() is results["ctx"]
+    assert np.array_equal(results["y"], _run(ssm_vk, case)["y"])

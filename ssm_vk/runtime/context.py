@@ -83,6 +83,7 @@ class Context:
         self.lock = threading.RLock()
         self.timeout_s = float(os.environ.get("SSM_VK_TIMEOUT_S", 60.0))
         self.closed = False
+        self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
         self.info: DeviceInfo = chosen
@@ -116,6 +117,7 @@ class Context:
                 _current = None
             raise
         atexit.register(self.close)
+        self.ready = True
 
     # -- creation ---------------------------------------------------------------------------------
 
@@ -386,9 +388,10 @@ def get_context(device_index: int | str | None = None, validation: bool | None =
 
 
 def current_context() -> Context | None:
-    """The open context, or None; creates nothing."""
+    """The open context, or None; creates nothing. A context another thread is still building is
+    not open yet (its device does not exist): None, and get_context() waits for it."""
     ctx = _current
-    return ctx if ctx is not None and not ctx.closed else None
+    return ctx if ctx is not None and ctx.ready and not ctx.closed else None
 
 
 def close() -> None:
