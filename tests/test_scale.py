@@ -14,8 +14,12 @@ overflows on the way there (docs/RELIABILITY.md, "Limits").
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +30,8 @@ from registry import BACKENDS
 import ssm_ref
 from ssm_ref import memory
 from ssm_ref.scan import backward_workspace, forward_workspace
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _need(case, backward: bool) -> int:
@@ -109,3 +115,70 @@ def test_the_machine_limit_is_the_physical_memory_or_less(monkeypatch):
     have, source = memory.host_memory_bytes()
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < have <= physical and source
+
+
+# -- more than 2^31 elements in one array, for real -------------------------------------------------
+
+BIG_CHILD = r"""
+import json, sys
+import numpy as np
+import {module} as m
+N, T = 1024, 2**21 + 1                      # B and C: (1, T, 1, N), 2^31 + 1024 elements each
+B = np.zeros((1, T, 1, N), np.float32)      # calloc'd: untouched pages are the zero page, no memory
+C = np.zeros((1, T, 1, N), np.float32)
+B[0, -1, 0, :] = 1.0                        # the last token lives at flat index 2^31 and beyond
+C[0, -1, 0, :] = np.arange(N, dtype=np.float32)
+B.flags.writeable = C.flags.writeable = False
+s = np.zeros((1, 1, 1, N), np.float32)
+x = np.ones((1, T, 1, 1), np.float32)
+dt = np.full((1, T, 1), 30.0, np.float32)   # softplus(30) = 30 (identity branch)
+A = np.zeros(1, np.float32)                 # no decay: the state only gathers B * x * 30
+sup = m.supports("ssm_scan", s, x, dt, A, B, C)
+r = m.ssm_scan(s, x, dt, A, B, C)
+peak = [int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(json.dumps(dict(where=r.where, backend=r.backend, ok=sup.ok, reason=sup.reason,
+                      y_last=float(r.y[0, -1, 0, 0]), y_rest=float(np.abs(r.y[0, :-1]).max()),
+                      states=sorted(set(r.states.ravel().tolist())), peak_rss=peak)))
+"""
+
+
+def _big_forward(module: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-c", BIG_CHILD.format(module=module)], capture_output=True, text=True,
+                         env=env, timeout=900, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _assert_big_forward_right(out: dict):
+    # Only the last token adds to the state: states = 30 everywhere, y[-1] = 30 * sum(arange(1024)),
+    # exact in float32; every earlier y is 0. An index that wrapped at 2^31 reads other memory.
+    assert out["y_last"] == 30.0 * 523776 and out["y_rest"] == 0.0 and out["states"] == [30.0], out
+    assert out["peak_rss"] < 1 << 30, f"peak RSS {out['peak_rss']} bytes: the 16 GiB inputs were copied"
+
+
+CPU_FAST = [b.name for b in BACKENDS if b.name == "ssm_fast"]
+VK_FALLBACK = "ssm_fast" if CPU_FAST else "ssm_ref"
+
+
+@pytest.mark.parametrize("module", CPU_FAST)
+def test_a_forward_over_arrays_of_more_than_2_31_elements(module):
+    _assert_big_forward_right(_big_forward(module))
+
+
+@pytest.mark.skipif(VK_FALLBACK != "ssm_fast", reason="ssm_vk falls back to ssm_ref here: the soak run covers it")
+def test_ssm_vk_hands_arrays_beyond_its_device_to_the_cpu():
+    # 8 GiB for B alone: beyond maxMemoryAllocationSize of any device here; the fallback says so.
+    out = _big_forward("ssm_vk")
+    _assert_big_forward_right(out)
+    assert out["where"] == "CPU" and out["backend"] == VK_FALLBACK and not out["ok"]
+    assert "maxMemoryAllocationSize" in out["reason"] or "no Vulkan device" in out["reason"]
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("module", ["ssm_ref", "ssm_vk"])
+def test_soak_the_reference_forward_over_more_than_2_31_elements(module):
+    # ssm_ref walks the 2^21 tokens in Python (about two minutes).
+    out = _big_forward(module)
+    _assert_big_forward_right(out)
+    assert out["where"] == "CPU"
