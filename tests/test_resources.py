@@ -126,7 +126,7 @@ EXIT = textwrap.dedent(r"""
     import ssm_vk
     from problems import make_problem
     holder.append(rt.get_context())
-    assert holder[0].validation
+    assert holder[0].validation == {validation}
     kept = []
     for k, n in enumerate((3, 8, 33)):
         case = make_problem(np.random.default_rng(k), S=2, T=5 + k, H=2, P=3, N=n, G=1, ids="duplicates")
@@ -142,8 +142,11 @@ EXIT = textwrap.dedent(r"""
 
 @pytest.mark.vulkan
 def test_exit_releases_everything_under_the_validation_layer():
-    code = EXIT.format(tests=str(REPO / "tests"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_VALIDATION": "1"}
+    # Under the layer unless the session runs without it (SSM_VK_VALIDATION=0: a GPU host that has
+    # only the driver); the allocation count is checked either way.
+    validation = os.environ.get("SSM_VK_VALIDATION", "1") != "0"
+    code = EXIT.format(tests=str(REPO / "tests"), validation=validation)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_VALIDATION": "1" if validation else "0"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
                          check=False)
     assert run.returncode == 0, run.stderr[-3000:]
