@@ -155,6 +155,8 @@ def _assert_big_forward_right(out: dict):
     # exact in float32; every earlier y is 0. An index that wrapped at 2^31 reads other memory.
     assert out["y_last"] == 30.0 * 523776 and out["y_rest"] == 0.0 and out["states"] == [30.0], out
     assert out["peak_rss"] < 1 << 30, f"peak RSS {out['peak_rss']} bytes: the 16 GiB inputs were copied"
+    peak = out["peak_rss"] / 2**20
+    print(f"\n2^31-element forward on {out['backend']} ({out['where']}): exact, peak RSS {peak:.0f} MiB")
 
 
 CPU_FAST = [b.name for b in BACKENDS if b.name == "ssm_fast"]
