@@ -56,6 +56,22 @@ __all__ = [
 
 OPS = ("ssm_scan", "ssm_scan_back")
 
+# Submodules loaded on first use: ``strategies`` and ``fuzzing`` need hypothesis (optional), the
+# others pull in nothing heavy but are not needed to run a scan.
+_LAZY = ("cases", "jvp", "properties", "strategies", "fuzzing", "tolerance", "vectors", "verification")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "verify":
+        from .verification import verify
+
+        return verify
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> ScanResult:
     """Forward selective scan.
