@@ -1,0 +1,28 @@
+"""Every property of ssm_ref.properties, on every backend of the registry (ssm_ref float32,
+ssm_fast, ssm_vk on lavapipe), over drawn problems in every value regime the property is
+claimed for. A property that does not apply to a drawn case (its check returns False) makes
+hypothesis draw another."""
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from registry import BACKENDS
+
+from ssm_ref.properties import PROPERTIES
+from ssm_ref.strategies import problems
+
+# Regimes drawn for each property (default: every regime it is claimed for). The non-finite
+# pattern holds trivially where everything is finite, so its examples go where inf/nan appear.
+DRAWN = {"nonfinite_pattern": ("overflow", "nonfinite")}
+
+# Small enough that lavapipe under the validation layer keeps the suite to minutes.
+SIZES = dict(max_elements=1500, max_S=3, max_T=6, max_T_long=64, max_G=2, max_H_per_G=4, max_P=3, max_N=6)
+
+
+@pytest.mark.parametrize("name", list(PROPERTIES))
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+@given(data=st.data())
+def test_property_holds(backend, name, data):
+    prop = PROPERTIES[name]
+    case = data.draw(problems(regimes=DRAWN.get(name, prop.regimes), **SIZES), label="case")
+    assume(prop.check(backend.module, case, backend.tol))
