@@ -15,7 +15,7 @@ typical        the seed test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt 
                A ~ -U(0.2, 1.0); g_y, g_states ~ U(-1, 1)
 wide_dt        dt beyond +-20: each dt is typical, exactly 20 (the log branch), in (20, 40]
                (identity branch) or in [-40, -20) (float32 softplus is exactly 0 there)
-small_A        A near 0: U(-1e-3, 1e-3), a quarter of the entries exactly 0
+small_A        A near 0: U(-1e-3, 1e-3), about a quarter of the entries (at least one) exactly 0
 long_decay     decay near 1 over many tokens: A ~ -U(1e-3, 1e-2), so a = exp(d*A) is in
                [0.99, 0.9995]; the strategies pair it with a large T
 overflow       some heads have A ~ U(100, 300) > 0; on those heads each sequence is either hot
@@ -221,7 +221,10 @@ def make_problem(rng, *, S=2, T=3, H=4, P=2, N=3, G=2, R=None, ids="permutation"
         inputs["dt"] = _wide_dt(rng, (S, T, H))
     elif regime == "small_A":
         A = _u(rng, -1e-3, 1e-3, a_shape)
-        inputs["A"] = np.where(rng.random(a_shape) < 0.25, np.float32(0), A).astype(np.float32)
+        A = np.where(rng.random(a_shape) < 0.25, np.float32(0), A).astype(np.float32)
+        if A.size:
+            A.flat[int(rng.integers(0, A.size))] = 0.0                # at least one exact 0
+        inputs["A"] = A
     elif regime == "long_decay":
         inputs["A"] = -_u(rng, 1e-3, 1e-2, a_shape)
     elif regime == "overflow":

@@ -54,20 +54,28 @@ def _check_args(max_elements, regimes, variants, ids_patterns) -> None:
             raise ValueError(f"{name}: expected a non-empty selection of {allowed}, got {tuple(got)}")
 
 
-@st.composite
-def dims(draw, *, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_per_G=3,
+def dims(*, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_per_G=3,
          max_P=4, max_N=9, max_extra_R=3, variants=VARIANTS, ids_patterns=IDS_PATTERNS,
-         regimes=("typical",), allow_empty=False) -> dict:
-    """Draw the recipe of a problem (the keyword arguments of make_problem, seed included).
+         regimes=("typical",), allow_empty=False):
+    """A strategy for the recipe of a problem (the keyword arguments of make_problem, seed included).
 
     Sizes: S in 1..max_S, G in 1..max_G, H = G * (1..max_H_per_G), P in 1..max_P, N in 1..max_N
     (0 allowed for H/G, P and N with ``allow_empty``), R = S + 0..max_extra_R (R = S for the
     identity pattern, R > S for unused). T in 0..max_T with 0 and 1 favoured; for the
     long_decay regime T in max_T_long/4..max_T_long. Then, while the problem would hold more than
     ``max_elements`` elements (:func:`elements`), the largest of N, P, H/G, S, G is halved, and
-    T is capped to what is left. Raises ValueError for arguments outside these sets.
+    T is capped to what is left. Raises ValueError (when called) for arguments outside these sets.
     """
     _check_args(max_elements, regimes, variants, ids_patterns)
+    return _dims(max_elements=max_elements, max_S=max_S, max_T=max_T, max_T_long=max_T_long, max_G=max_G,
+                 max_H_per_G=max_H_per_G, max_P=max_P, max_N=max_N, max_extra_R=max_extra_R,
+                 variants=tuple(variants), ids_patterns=tuple(ids_patterns), regimes=tuple(regimes),
+                 allow_empty=allow_empty)
+
+
+@st.composite
+def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, max_P, max_N, max_extra_R,
+          variants, ids_patterns, regimes, allow_empty) -> dict:
     lo = 0 if allow_empty else 1
     regime = draw(st.sampled_from(tuple(regimes)))
     variant = draw(st.sampled_from(tuple(variants)))
@@ -105,14 +113,18 @@ def dims(draw, *, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, 
                 a_form=a_form, regime=regime)
 
 
-@st.composite
-def problems(draw, **kw) -> Case:
-    """Draw a whole :class:`Case` (inputs and loss gradients); keyword arguments as :func:`dims`.
+def problems(**kw):
+    """A strategy for a whole :class:`Case` (inputs and loss gradients); keyword arguments as :func:`dims`.
 
     Defaults keep every array to a few thousand elements (``max_elements=4096``) and the seed
     test's value ranges (``regimes=("typical",)``); pass ``regimes=ORACLE_REGIMES`` for every
     regime a float32 result is held to the float64 oracle in, or ``REGIMES`` to add non-finite
     inputs (compare those with the float32 reference's non-finite pattern, not the oracle).
+    Raises ValueError (when called) for bad arguments.
     """
-    recipe = draw(dims(**kw))
-    return make_problem(recipe.pop("seed"), **recipe)
+    return dims(**kw).map(_build)
+
+
+def _build(recipe: dict) -> Case:
+    kw = dict(recipe)
+    return make_problem(kw.pop("seed"), **kw)
