@@ -28,7 +28,7 @@ import numpy as np
 
 from .checks import Dims
 from .packing import unpack_backward, unpack_forward
-from .tolerance import Comparison, compare
+from .tolerance import F32_TOL, Comparison, compare, scaled
 
 __all__ = ["VerifyReport", "VerifyRow", "verify"]
 
@@ -129,7 +129,7 @@ def _args(g, *extra) -> tuple:
     return tuple(np.array(g.inputs[k]) for k in ("s", "x", "dt", "A", "B", "C", "ids", *extra))
 
 
-def _check(rows: list, g, label: str, call, unpack, names) -> None:
+def _check(rows: list, g, label: str, call, unpack, names, tol: dict) -> None:
     try:
         got = unpack(call(), _dims(g))
     except Exception as e:  # the port's own error: reported, not raised
@@ -137,16 +137,18 @@ def _check(rows: list, g, label: str, call, unpack, names) -> None:
         return
     for k in names:
         if k in got:
-            rows.append(VerifyRow(g.name, k, compare(k, got[k], g.expected[k], g.tol[k])))
+            rows.append(VerifyRow(g.name, k, compare(k, got[k], g.expected[k], tol[k])))
 
 
-def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None) -> VerifyReport:
+def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) -> VerifyReport:
     """Check ``fn_forward`` / ``fn_backward`` against the golden vectors; returns a VerifyReport.
 
     vectors: None (compute the golden cases now with ssm_ref) or a directory written by
     ``ssm-scan vectors`` / ``ssm_ref.vectors.write_vectors``. cases: names to check (default all;
     see ssm_ref.vectors.GOLDEN). Each output passes when ||got - want|| <= rtol * ||want|| +
-    atol * sqrt(size) with the case's tolerance table (non-finite entries must match exactly).
+    atol * sqrt(size) (non-finite entries must match exactly), with ``tol`` (an output -> Tol
+    table; default ssm_ref.tolerance.F32_TOL, F64_TOL for a float64 implementation) scaled for
+    the case's T.
     An exception from a callable becomes an ERROR row. Raises ValueError when both callables
     are None.
     """
@@ -159,9 +161,10 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None) -> VerifyR
         goldens = [g for g in goldens if g.name in set(cases)]
     report = VerifyReport()
     for g in goldens:
+        t = scaled(F32_TOL if tol is None else tol, g.dims["T"])
         if fn_forward is not None:
-            _check(report.rows, g, "forward", lambda g=g: fn_forward(*_args(g)), _forward_outputs, ("y", "states"))
+            _check(report.rows, g, "forward", lambda g=g: fn_forward(*_args(g)), _forward_outputs, ("y", "states"), t)
         if fn_backward is not None:
             _check(report.rows, g, "backward", lambda g=g: fn_backward(*_args(g, "g_y", "g_states")),
-                   _backward_outputs, ("d_s", *BLOCKS))
+                   _backward_outputs, ("d_s", *BLOCKS), t)
     return report

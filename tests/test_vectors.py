@@ -154,3 +154,15 @@ def test_cli_vectors_writes_the_directory(tmp_path, capsys):
                                                                  "tiny_mamba2.npz"]
     assert "tiny_mamba2" in capsys.readouterr().out
     assert main(["vectors", "--out", str(tmp_path / "h"), "--case", "nonesuch"]) == 2
+
+
+# oracle64 (a test tool of ssm_fast, not a backend) sums d_A outside an errstate: inf + -inf in the
+# overflow case warns there.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_float64_implementation_verifies_to_float64_accuracy():
+    from ssm_fast.oracle64 import scan64, scan_back64
+    from ssm_ref.tolerance import F64_TOL
+
+    assert ssm_ref.verify(scan64, scan_back64, tol=F64_TOL).ok              # float64, other order
+    f32 = ssm_ref.verify(ssm_ref.ssm_scan, ssm_ref.ssm_scan_back, tol=F64_TOL, cases=["tiny_mamba2"])
+    assert not f32.ok and all(r.comparison.rel > 1e-9 for r in f32.failures())   # float32 is not
