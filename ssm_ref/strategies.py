@@ -55,27 +55,34 @@ def _check_args(max_elements, regimes, variants, ids_patterns) -> None:
 
 
 def dims(*, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_per_G=3,
-         max_P=4, max_N=9, max_extra_R=3, variants=VARIANTS, ids_patterns=IDS_PATTERNS,
-         regimes=("typical",), allow_empty=False):
+         max_P=4, max_N=9, max_extra_R=3, min_P=None, min_N=None, variants=VARIANTS,
+         ids_patterns=IDS_PATTERNS, regimes=("typical",), allow_empty=False):
     """A strategy for the recipe of a problem (the keyword arguments of make_problem, seed included).
 
     Sizes: S in 1..max_S, G in 1..max_G, H = G * (1..max_H_per_G), P in 1..max_P, N in 1..max_N
-    (0 allowed for H/G, P and N with ``allow_empty``), R = S + 0..max_extra_R (R = S for the
+    (0 allowed for H/G, P and N with ``allow_empty``; at least ``min_P`` / ``min_N`` when given,
+    e.g. to reach the multi-block layouts of a GPU kernel), R = S + 0..max_extra_R (R = S for the
     identity pattern, R > S for unused). T in 0..max_T with 0 and 1 favoured; for the
     long_decay regime T in max_T_long/4..max_T_long. Then, while the problem would hold more than
-    ``max_elements`` elements (:func:`elements`), the largest of N, P, H/G, S, G is halved, and
-    T is capped to what is left. Raises ValueError (when called) for arguments outside these sets.
+    ``max_elements`` elements (:func:`elements`), the largest of N, P, H/G, S, G is halved (never
+    below its minimum: min_P, min_N, 2 for S with duplicate ids, else 1), and T is capped to what
+    is left (so only minimums that alone exceed ``max_elements`` can exceed it).
+    Raises ValueError (when called) for arguments outside these sets.
     """
     _check_args(max_elements, regimes, variants, ids_patterns)
+    for name, lo, hi in (("min_P", min_P, max_P), ("min_N", min_N, max_N)):
+        if lo is not None and not 0 <= lo <= hi:
+            raise ValueError(f"{name}: expected 0 <= {name} <= max_{name[-1]} = {hi}, got {lo}")
     return _dims(max_elements=max_elements, max_S=max_S, max_T=max_T, max_T_long=max_T_long, max_G=max_G,
                  max_H_per_G=max_H_per_G, max_P=max_P, max_N=max_N, max_extra_R=max_extra_R,
+                 min_P=min_P, min_N=min_N,
                  variants=tuple(variants), ids_patterns=tuple(ids_patterns), regimes=tuple(regimes),
                  allow_empty=allow_empty)
 
 
 @st.composite
 def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, max_P, max_N, max_extra_R,
-          variants, ids_patterns, regimes, allow_empty) -> dict:
+          min_P, min_N, variants, ids_patterns, regimes, allow_empty) -> dict:
     lo = 0 if allow_empty else 1
     regime = draw(st.sampled_from(tuple(regimes)))
     variant = draw(st.sampled_from(tuple(variants)))
@@ -83,8 +90,8 @@ def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, m
     S = draw(st.integers(1, max_S))
     G = draw(st.integers(1, max_G))
     k = draw(st.integers(lo, max_H_per_G))
-    P = draw(st.integers(lo, max_P))
-    N = draw(st.integers(lo, max_N))
+    P = draw(st.integers(lo if min_P is None else min_P, max_P))
+    N = draw(st.integers(lo if min_N is None else min_N, max_N))
     patterns = [p for p in ids_patterns if not (p == "duplicates" and S < 2)] or ["none"]
     pattern = draw(st.sampled_from(patterns))
     extra = draw(st.integers(1 if pattern == "unused" else 0, max(max_extra_R, 1)))
@@ -99,12 +106,13 @@ def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, m
 
     while size(0) > max_elements:          # too big even without tokens: halve the largest size
         sizes = {"N": N, "P": P, "k": k, "S": S, "G": G}
-        name = max(sizes, key=sizes.get)
-        floor = 2 if (name == "S" and pattern == "duplicates") else 1
-        if sizes[name] <= floor:
+        floors = {"N": max(1, min_N or 1), "P": max(1, min_P or 1), "k": 1, "G": 1,
+                  "S": 2 if pattern == "duplicates" else 1}
+        shrinkable = {n: v for n, v in sizes.items() if v > floors[n]}
+        if not shrinkable:
             break
-        N, P, k, S, G = (v // 2 if n == name else v for n, v in sizes.items())
-        S = max(S, 2 if pattern == "duplicates" else 1)
+        name = max(shrinkable, key=shrinkable.get)
+        N, P, k, S, G = (max(v // 2, floors[n]) if n == name else v for n, v in sizes.items())
     per_token = max(1, size(1) - size(0))
     T = max(0, min(T, (max_elements - size(0)) // per_token))
     R = S if pattern == "identity" else S + extra

@@ -4,7 +4,7 @@ claimed for. A property that does not apply to a drawn case (its check returns F
 hypothesis draw another."""
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from registry import BACKENDS
 
@@ -17,6 +17,10 @@ DRAWN = {"nonfinite_pattern": ("overflow", "nonfinite")}
 
 # Small enough that lavapipe under the validation layer keeps the suite to minutes.
 SIZES = dict(max_elements=1500, max_S=3, max_T=6, max_T_long=64, max_G=2, max_H_per_G=4, max_P=3, max_N=6)
+# Wide rows: P > 32 with N >= 8 splits a head's channels over several workgroups of ssm_vk on an
+# 8-lane subgroup (lavapipe): the channel-block reductions run only there.
+WIDE = dict(max_elements=12_000, max_S=2, max_T=4, max_T_long=20, max_G=2, max_H_per_G=2, min_P=33, max_P=48,
+            min_N=8, max_N=12)
 
 
 @pytest.mark.parametrize("name", list(PROPERTIES))
@@ -25,4 +29,14 @@ SIZES = dict(max_elements=1500, max_S=3, max_T=6, max_T_long=64, max_G=2, max_H_
 def test_property_holds(backend, name, data):
     prop = PROPERTIES[name]
     case = data.draw(problems(regimes=DRAWN.get(name, prop.regimes), **SIZES), label="case")
+    assume(prop.check(backend.module, case, backend.tol))
+
+
+@pytest.mark.parametrize("name", list(PROPERTIES))
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+@given(data=st.data())
+@settings(max_examples=max(5, settings().max_examples // 4))
+def test_property_holds_on_wide_rows(backend, name, data):
+    prop = PROPERTIES[name]
+    case = data.draw(problems(regimes=DRAWN.get(name, prop.regimes), **WIDE), label="case")
     assume(prop.check(backend.module, case, backend.tol))
