@@ -64,9 +64,10 @@ def dims(*, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_
     e.g. to reach the multi-block layouts of a GPU kernel), R = S + 0..max_extra_R (R = S for the
     identity pattern, R > S for unused). T in 0..max_T with 0 and 1 favoured; for the
     long_decay regime T in max_T_long/4..max_T_long. Then, while the problem would hold more than
-    ``max_elements`` elements (:func:`elements`), the largest of N, P, H/G, S, G is halved (never
-    below its minimum: min_P, min_N, 2 for S with duplicate ids, else 1), and T is capped to what
-    is left (so only minimums that alone exceed ``max_elements`` can exceed it).
+    ``max_elements`` elements (:func:`elements`) with its fewest tokens (0, or max_T_long/4 for
+    long_decay), the largest of N, P, H/G, S, G is halved (never below its minimum: min_P, min_N,
+    2 for S with duplicate ids, else 1); then T is capped to what is left (so only minimums that
+    alone exceed ``max_elements`` can exceed it).
     Raises ValueError (when called) for arguments outside these sets.
     """
     _check_args(max_elements, regimes, variants, ids_patterns)
@@ -104,7 +105,8 @@ def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, m
         R_ = S if pattern == "identity" else S + extra
         return elements(S, T_, G * k, P, N, G, R_, variant == "mamba1")
 
-    while size(0) > max_elements:          # too big even without tokens: halve the largest size
+    T_floor = max(1, max_T_long // 4) if regime == "long_decay" else 0
+    while size(T_floor) > max_elements:    # too big even with the fewest tokens: halve the largest size
         sizes = {"N": N, "P": P, "k": k, "S": S, "G": G}
         floors = {"N": max(1, min_N or 1), "P": max(1, min_P or 1), "k": 1, "G": 1,
                   "S": 2 if pattern == "duplicates" else 1}

@@ -105,9 +105,9 @@ def test_each_regime_makes_the_values_it_promises(seed):
     assert sum(int((~np.isfinite(v)).sum()) for v in arrays) >= 1
 
 
-@given(problems(regimes=("long_decay",), max_T_long=80, max_elements=100_000))
-def test_long_decay_draws_long_scans(case):
-    assert 20 <= case.dims["T"] <= 80
+@given(problems(regimes=("long_decay",), max_T_long=80, max_N=20, max_P=20))
+def test_long_decay_draws_long_scans_within_the_size_limit(case):
+    assert 20 <= case.dims["T"] <= 80 and case.size() <= 4096
 
 
 @given(problems(regimes=("overflow",)))
