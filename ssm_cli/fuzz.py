@@ -27,8 +27,14 @@ def add_parser(sub) -> None:
                    help="module to test (repeatable; default: every installed one of " + ", ".join(BUILTIN) + ")")
     p.add_argument("--property", action="append", metavar="NAME", help="property to check (repeatable; default all)")
     p.add_argument("--regime", action="append", choices=REGIMES, help="value regime to draw (repeatable; default all)")
-    p.add_argument("--max-elements", type=int, default=4096, help="elements per drawn problem, at most (default 4096)")
-    p.add_argument("--max-T-long", type=int, default=256, help="tokens of the long_decay regime, at most (default 256)")
+    # Larger than the test suite's sizes: a GPU kernel's multi-block layouts (channels split over
+    # workgroups, several lanes per state row, checkpoints every K tokens) need P, N, T that big.
+    for flag, default, what in (("--max-elements", 20_000, "elements per drawn problem"),
+                                ("--max-S", 4, "sequences"), ("--max-T", 40, "tokens"),
+                                ("--max-T-long", 256, "tokens of the long_decay regime"),
+                                ("--max-G", 4, "groups"), ("--max-H-per-G", 4, "heads per group"),
+                                ("--max-P", 64, "channels per head"), ("--max-N", 64, "state size")):
+        p.add_argument(flag, type=int, default=default, help=f"{what}, at most (default {default})")
     p.add_argument("--seed", type=int, default=None, help="make the draws repeatable")
     p.add_argument("--tol-scale", type=float, default=1.0,
                    help="multiply the tolerance table (default 1; for exploring a less accurate port)")
@@ -75,8 +81,9 @@ def run(args) -> int:
         kw["regimes"] = args.regime
     try:
         report = fuzz(backends, minutes=args.minutes, properties=args.property, tol=tol, seed=args.seed,
-                      save_dir=args.save, log=print, max_elements=args.max_elements,
-                      max_T_long=args.max_T_long, **kw)
+                      save_dir=args.save, log=print, max_elements=args.max_elements, max_S=args.max_S,
+                      max_T=args.max_T, max_T_long=args.max_T_long, max_G=args.max_G,
+                      max_H_per_G=args.max_H_per_G, max_P=args.max_P, max_N=args.max_N, **kw)
     except ValueError as e:
         print(f"ssm-scan fuzz: {e}")
         return 2

@@ -34,6 +34,10 @@ from .tolerance import F32_TOL
 __all__ = ["Failure", "FuzzReport", "fuzz", "reproducer"]
 
 
+class _TimeUp(Exception):
+    """Raised inside hypothesis's search when the time is up and nothing has failed."""
+
+
 @dataclass
 class Failure:
     backend: str
@@ -86,14 +90,15 @@ def _modname(module) -> str:
 
 
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
-         save_dir=None, batch: int = 20, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
+         save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
     """Fuzz ``backends`` (modules with ssm_scan, ssm_scan_back; INTERFACE.md) for ``minutes``.
 
     properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
     (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
     where failures are written as regression files. batch: examples per (backend, property)
-    per round. sizes: size limits passed to ssm_ref.strategies.problems (max_elements=...).
+    per round (small, so that every property gets its turn early). sizes: size limits passed to
+    ssm_ref.strategies.problems (max_elements=...).
     Raises ValueError for an unknown property or regime. Returns a FuzzReport.
     """
     names = list(PROPERTIES) if properties is None else list(properties)
@@ -106,7 +111,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     tol = F32_TOL if tol is None else tol
     rnd = random.Random(seed)
     report = FuzzReport()
-    start = time.monotonic()
+    start = last_log = time.monotonic()
     deadline = start + 60.0 * minutes
     pairs = [(b, n) for b in backends for n in names if set(PROPERTIES[n].regimes) & set(regimes)]
     done: set = set()
@@ -120,27 +125,31 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             prop = PROPERTIES[name]
             strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes)
 
-            def fails(case, module=module, prop=prop, key=key) -> bool:
+            found = []
+
+            def fails(case, module=module, prop=prop, key=key, found=found) -> bool:
+                if not found and time.monotonic() >= deadline:
+                    raise _TimeUp           # stop drawing; a failure already found is still shrunk
                 report.examples[key] = report.examples.get(key, 0) + 1
                 try:
                     applied = prop.check(module, case, tol)
-                except PropertyFailed:
-                    return True
-                except Exception:  # a crash is a failure too
+                except Exception:  # PropertyFailed, or a crash, which is a failure too
+                    found.append(True)
                     return True
                 report.checked[key] = report.checked.get(key, 0) + int(bool(applied))
                 return False
 
             try:
                 case = find(strategy, fails, settings=cfg, random=random.Random(rnd.getrandbits(64)))
-            except (NoSuchExample, Unsatisfiable):
+            except (NoSuchExample, Unsatisfiable, _TimeUp):
                 continue
             done.add(key)
             report.failures.append(_failure(module, key, prop, case, tol, save_dir))
             if log:
                 log(f"FAIL {key[0]} {name}: {reproducer(case)}")
-        if log:
-            log(f"{time.monotonic() - start:6.0f} s  {sum(report.checked.values())} checks, "
+        if log and time.monotonic() - last_log >= 10.0:
+            last_log = time.monotonic()
+            log(f"{last_log - start:6.0f} s  {sum(report.checked.values())} checks, "
                 f"{len(report.failures)} failures")
     report.seconds = time.monotonic() - start
     return report
