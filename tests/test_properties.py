@@ -27,6 +27,7 @@ WIDE = dict(max_elements=12_000, max_S=2, max_T=4, max_T_long=20, max_G=2, max_H
 @pytest.mark.parametrize("name", list(PROPERTIES))
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 @given(data=st.data())
+@settings(max_examples=2 * settings().max_examples)   # ci: 50 per (backend, property), about 30 s in all
 def test_property_holds(backend, name, data):
     prop = PROPERTIES[name]
     case = data.draw(problems(regimes=DRAWN.get(name, prop.regimes), **SIZES), label="case")
@@ -36,7 +37,7 @@ def test_property_holds(backend, name, data):
 @pytest.mark.parametrize("name", list(PROPERTIES))
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 @given(data=st.data())
-@settings(max_examples=max(5, settings().max_examples // 4))
+@settings(max_examples=max(5, settings().max_examples // 2))
 def test_property_holds_on_wide_rows(backend, name, data):
     prop = PROPERTIES[name]
     case = data.draw(problems(regimes=DRAWN.get(name, prop.regimes), **WIDE), label="case")
