@@ -16,10 +16,11 @@ from ssm_ref.strategies import problems
 DRAWN = {"nonfinite_pattern": ("overflow", "nonfinite")}
 
 # Small enough that lavapipe under the validation layer keeps the suite to minutes.
-# long_decay: T in 20..80, past ssm_vk's checkpoint interval (16 tokens) of the backward.
+# long_decay: T in 20..80, past ssm_vk's checkpoint interval of the backward (8 or 16 tokens).
 SIZES = dict(max_elements=1500, max_S=3, max_T=6, max_T_long=80, max_G=2, max_H_per_G=4, max_P=3, max_N=6)
-# Wide rows: P > 32 with N >= 8 splits a head's channels over several workgroups of ssm_vk on an
-# 8-lane subgroup (lavapipe): the channel-block reductions run only there.
+# Wide rows: P in 33..48 with N >= 8 splits a head's channels over several workgroups of ssm_vk
+# on an 8-lane subgroup (lavapipe) with workgroups of up to 256 threads: the channel-block
+# reductions run only there.
 WIDE = dict(max_elements=12_000, max_S=2, max_T=4, max_T_long=20, max_G=2, max_H_per_G=2, min_P=33, max_P=48,
             min_N=8, max_N=12)
 
