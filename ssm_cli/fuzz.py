@@ -69,7 +69,11 @@ def _installed():
 
 
 def run(args) -> int:
-    from ssm_ref.fuzzing import fuzz
+    try:
+        from ssm_ref.fuzzing import fuzz
+    except ImportError as e:  # hypothesis is an optional dependency
+        print(f"ssm-scan fuzz: {e}")
+        return 2
     from ssm_ref.tolerance import F32_TOL
 
     backends = _load(args.backend) if args.backend else _installed()

@@ -33,6 +33,14 @@ def test_without_hypothesis_the_strategies_say_what_to_install(module):
     assert "needs hypothesis" in r.stdout and "pip install 'ssm-scan[test]'" in r.stdout
 
 
+def test_cli_without_hypothesis_writes_vectors_and_explains_fuzz(tmp_path):
+    r = _run("import sys; sys.modules['hypothesis'] = None\nfrom ssm_cli.main import main\n"
+             f"assert main(['vectors', '--out', {str(tmp_path)!r}, '--case', 'one_token']) == 0\n"
+             "assert main(['fuzz', '--minutes', '0.01']) == 2")
+    assert r.returncode == 0, r.stderr
+    assert "needs hypothesis" in r.stdout and (tmp_path / "manifest.json").exists()
+
+
 def test_strategies_are_reachable_as_an_attribute_of_ssm_ref():
     import ssm_ref
 
