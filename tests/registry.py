@@ -38,6 +38,10 @@ import numpy as np
 
 import ssm_ref
 
+# The float32 bounds (measured, with a comment per output saying why) and rel_err live in the
+# package, where ssm_ref.verify and the fuzzer use them too: ssm_ref/tolerance.py.
+from ssm_ref.tolerance import F32_TOL, OUTPUTS, Tol, rel_err
+
 __all__ = [
     "BACKENDS",
     "F32_TOL",
@@ -49,50 +53,6 @@ __all__ = [
     "oracle_scan",
     "rel_err",
 ]
-
-OUTPUTS = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
-
-
-@dataclass(frozen=True)
-class Tol:
-    rtol: float  # norm-relative
-    atol: float  # absolute RMS floor per element
-
-
-# float32 contract vs float64 oracle. Measured with tests/measure_f32_error.py, seeds 7, 11, 12:
-# 12000 drawn shapes in the seed's value ranges (S<=3, T<=16, H<=9, P<=4, N<=9, every ids pattern,
-# both variants) plus the seed's shapes at N = 16/128/256 (up to P=64, H=8, T=16). Each comment
-# gives the worst seen: "rel" = norm-relative error over outputs whose norm is not
-# cancellation-small (>= 0.1 * sqrt(size)), "rel(all)" the same over every output, "rms" the
-# absolute RMS error, "used" the largest share of the bound below any case used. Every bound is
-# at least 10x what the reference needs; faster backends that reorder sums or fuse multiply-adds
-# should land within a small factor of the reference, which leaves them room.
-F32_TOL = {
-    # y = sum_n st*C: one reduction over N per token on top of the state's error.
-    # rel 5.4e-7, rel(all) 1.8e-6 (a one-element y cancelling to 1e-3 of its terms), rms 1.3e-7; used 4.2%.
-    "y": Tol(rtol=3e-6, atol=1e-6),
-    # states: T multiply-adds per element, no reduction. rel 4.0e-7, rel(all) 9.1e-7, rms 5.6e-8; used 3.8%.
-    "states": Tol(rtol=3e-6, atol=1e-6),
-    # d_s0 = a_0 * lam_0: lam carries the whole reverse recurrence.
-    # rel 3.3e-7, rel(all) 6.0e-7, rms 9.5e-8; used 5.0%.
-    "d_s0": Tol(rtol=3e-6, atol=1e-6),
-    # d_s: d_s0 scatter-added; duplicate ids add one rounding per extra sequence.
-    # rel 3.3e-7, rel(all) 7.5e-7, rms 9.5e-8; used 5.0%.
-    "d_s": Tol(rtol=3e-6, atol=1e-6),
-    # d_x = gamma * d, gamma a reduction over N. rel 3.5e-7, rel(all) 3.7e-7, rms 2.0e-7; used 4.1%.
-    "d_x": Tol(rtol=3e-6, atol=1e-6),
-    # d_dt: reductions over N (inside dd) and over P of terms of both signs.
-    # rel 3.7e-7, rel(all) 1.5e-5, rms 4.6e-7; used 4.0%.
-    "d_dt": Tol(rtol=5e-6, atol=1e-6),
-    # d_A: per head (per (h, n) for Mamba-1), summed over S*T*P(*N) terms that partly cancel:
-    # the loosest output. rel 2.3e-6, rel(all) 2.5e-4 (a one-element d_A cancelling), rms 3.8e-6; used 8.8%.
-    "d_A": Tol(rtol=2e-5, atol=1e-5),
-    # d_B, d_C: sums over the H/G heads and P channels of a group; at P=64, H=8 the absolute error
-    # grows with the sum. d_B rel 4.5e-7, rms 1.4e-6, used 7.9%; d_C rel 4.3e-7, rms 1.0e-6, used 7.3%.
-    "d_B": Tol(rtol=5e-6, atol=2e-6),
-    "d_C": Tol(rtol=5e-6, atol=2e-6),
-}
-
 
 @dataclass(frozen=True)
 class Backend:
@@ -129,6 +89,7 @@ def _entry(name: str, *, where: str, tol: dict) -> Backend | None:
 # ssm_vk: the same float32 bounds. Its kernels fuse multiply-adds and sum over n, channels and
 # heads in other orders (row sums by subgroup operations, per-workgroup partials); measured on
 # lavapipe and on an H200 its errors sit within 1.5x of the reference's (docs/BENCHMARKS.md).
+# ssm_fast: the same float32 bounds; it joins the suite as soon as it exposes the interface.
 BACKENDS: list[Backend] = [b for b in (
     _entry("ssm_ref", where=r"CPU", tol=F32_TOL),
     _entry("ssm_fast", where=r"CPU", tol=F32_TOL),
@@ -144,30 +105,6 @@ def oracle_scan(**kw):
 def oracle_back(**kw):
     """The float64 oracle backward."""
     return ssm_ref.ssm_scan_back(**kw, dtype=np.float64)
-
-
-def rel_err(got, want) -> float:
-    """||got - want|| / ||want|| in float64 (2-norms over all elements).
-
-    Empty arrays: 0.0. want all zero: ||got|| (the absolute error, 0 only if got is zero too).
-    Non-finite entries must sit at the same places with the same values (inf sign, nan), else the
-    error is inf; the norms then run over the finite entries only. Shapes must match.
-    """
-    g = np.asarray(got, dtype=np.float64)
-    w = np.asarray(want, dtype=np.float64)
-    if g.shape != w.shape:
-        raise AssertionError(f"shape mismatch: got {g.shape}, want {w.shape}")
-    if w.size == 0:
-        return 0.0
-    fin_g, fin_w = np.isfinite(g), np.isfinite(w)
-    if not np.array_equal(fin_g, fin_w):
-        return math.inf
-    if not np.array_equal(g[~fin_w], w[~fin_w], equal_nan=True):
-        return math.inf
-    g, w = g[fin_w], w[fin_w]
-    diff = float(np.linalg.norm(g - w))
-    norm = float(np.linalg.norm(w))
-    return diff / norm if norm > 0 else diff
 
 
 def _abs_err(got, want) -> float:
