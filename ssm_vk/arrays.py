@@ -9,6 +9,7 @@ the last Python reference goes (``weakref.finalize``, not ``__del__``).
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -20,6 +21,15 @@ __all__ = ["DeviceArray", "to_device", "pool", "empty"]
 
 _pools: dict[int, rt.BufferPool] = {}
 _pools_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _pools_lock
+    _pools_lock = threading.Lock()  # the inherited pools belong to the abandoned context
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pool(ctx: rt.Context) -> rt.BufferPool:
@@ -93,7 +103,7 @@ class DeviceArray:
         return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
 
     def _check_live(self) -> None:
-        if self.released or (self.buffer is not None and self.buffer.closed):
+        if self.released or self.ctx.closed or (self.buffer is not None and self.buffer.closed):
             raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
 
     def numpy(self) -> np.ndarray:

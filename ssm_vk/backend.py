@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import ssm_ref
@@ -53,6 +54,15 @@ def _has_device_arrays(*arrays) -> bool:
 
 _support_cache: dict = {}
 _INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+
+
+def _after_fork_in_child() -> None:
+    global _logged_lock
+    _logged_lock = threading.Lock()
+    _support_cache.clear()  # decisions about the parent's context
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _support(op: str, p) -> tuple[Support, object]:

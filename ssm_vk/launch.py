@@ -36,6 +36,15 @@ _timing = threading.local()
 _caches: dict[int, tuple[object, OrderedDict]] = {}
 _caches_lock = threading.Lock()
 
+
+def _after_fork_in_child() -> None:
+    global _caches_lock
+    _caches_lock = threading.Lock()  # the inherited workspaces belong to the abandoned context
+    _caches.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 FWD_IN = ("s", "x", "dt", "A", "B", "C")
 BWD_IN = (*FWD_IN, "g_y", "g_states")
 FWD_OUT = ("y", "states")

@@ -16,6 +16,8 @@ The policy (docs/RELIABILITY.md, "Faults"):
 |                                                   | context                                       |
 | a wait times out                                  | raises VulkanTimeout; the context carries on  |
 |                                                   | (or is dropped if the work is still running)  |
+| the process forks                                 | the child abandons the inherited context and  |
+|                                                   | makes its own; the parent is untouched        |
 
 Faults are injected through the runtime's seams or provoked in a subprocess, never by exhausting a
 real device, so this file runs unchanged on lavapipe and on a discrete GPU.
@@ -441,3 +443,61 @@ def test_a_bad_device_index_is_a_clear_error_in_a_fresh_process():
                          check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("ValueError: SSM_VK_DEVICE=99: no such device") == 2, run.stdout
+
+
+# -- fork -----------------------------------------------------------------------------------------
+
+FORK = textwrap.dedent("""
+    import json, os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from problems import make_problem
+    import ssm_vk
+    from ssm_vk.runtime import context
+    signal.alarm(100)                # neither process outlives a hang (the child inherits it)
+    case = make_problem(np.random.default_rng(73), S=2, T=5, H=2, P=3, N=4, G=1, ids="duplicates")
+    want = ssm_vk.ssm_scan(**case.args()).y
+    kept = ssm_vk.to_device(case.inputs["x"])
+    r, w = os.pipe()
+    with context._get_lock:          # a lock held at the fork (here by the forking thread itself)
+        pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)
+        os.close(r)
+        out = {{}}
+        try:
+            res = ssm_vk.ssm_scan(**case.args())
+            out.update(where=res.where, same=bool(np.array_equal(res.y, want)))
+            try:
+                kept.numpy()
+                out["kept"] = "read"
+            except RuntimeError as exc:
+                out["kept"] = str(exc)
+        except BaseException as exc:
+            out["error"] = repr(exc)
+        os.write(w, json.dumps(out).encode())
+        os.close(w)
+        sys.exit(0)                  # a normal exit: atexit runs in the child too
+    os.close(w)
+    child = json.loads(os.read(r, 1 << 16).decode())
+    _, status = os.waitpid(pid, 0)
+    ok = np.array_equal(ssm_vk.ssm_scan(**case.args()).y, want) and np.array_equal(kept.numpy(), case.inputs["x"])
+    print(json.dumps(dict(child=child, status=status, parent_ok=bool(ok))))
+""")
+
+
+@pytest.mark.vulkan
+def test_a_forked_child_makes_its_own_context_and_leaves_the_parents_alone():
+    # The child inherits the parent's context but not its device: calls on it hung until
+    # VulkanTimeout. Now the child abandons it (no Vulkan call on the parent's handles, its locks
+    # renewed), makes its own, and exits cleanly; the parent carries on.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_TIMEOUT_S": "20"}
+    run = subprocess.run([sys.executable, "-c", FORK.format(tests=str(REPO / "tests"))], capture_output=True,
+                         text=True, env=env, timeout=300, check=False)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["status"] == 0 and out["parent_ok"], out
+    child = out["child"]
+    assert "error" not in child, child
+    assert child["where"].startswith("Vulkan") and child["same"], child
+    assert "released (or its Vulkan context closed)" in child["kept"], child

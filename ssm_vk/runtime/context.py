@@ -339,6 +339,13 @@ class Context:
             vk.vkDestroyInstance(self._instance, None)
             self._instance = None
 
+    def abandon(self) -> None:
+        """Give the context up without a Vulkan call: in a forked child, whose process has the
+        parent's handles but not its device. Everything made through it then refuses work."""
+        self.closed = self.lost = True
+        self.lock = threading.RLock()  # the parent's may have been held by a thread that is gone
+        atexit.unregister(self.close)
+
     def __enter__(self) -> Context:
         return self
 
@@ -385,6 +392,21 @@ def get_context(device_index: int | str | None = None, validation: bool | None =
     if validation is not None and validation != ctx.validation:
         raise ValueError(f"validation={validation}: the open context has validation={ctx.validation}; close() it first")
     return ctx
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the parent's context but not its device (on lavapipe its threads;
+    on a GPU its driver state): using it hung until VulkanTimeout. Abandon it -- never destroy
+    what the parent still uses -- and renew the locks a parent thread may have held at the fork;
+    the child's first call makes a context of its own."""
+    global _current, _current_lock, _get_lock
+    _current_lock, _get_lock = threading.Lock(), threading.Lock()
+    if _current is not None:
+        _current.abandon()
+    _current = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_context() -> Context | None:
