@@ -78,15 +78,16 @@ def _support(op: str, p) -> tuple[Support, object]:
     if ctx is None:
         return Support(False, reason), None
     resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
-    key = (id(ctx), id(ctx.info), op, p.dims, resident)  # override_limits swaps ctx.info
+    info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
+    key = (id(ctx), id(info), op, p.dims, resident)
     hit = _support_cache.get(key)
-    if hit is not None and hit[1] is ctx:
-        return hit
+    if hit is not None and hit[1] is ctx and hit[2] is info:
+        return hit[0], ctx
     sup, cache = _decide(ctx, op, p, resident)
     if cache:
         if len(_support_cache) > 256:
             _support_cache.clear()
-        _support_cache[key] = (sup, ctx)
+        _support_cache[key] = (sup, ctx, info)
     return sup, ctx
 
 

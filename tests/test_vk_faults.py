@@ -263,6 +263,19 @@ def test_a_problem_larger_than_device_memory_falls_back_before_allocating(op, ca
 
 
 @pytest.mark.vulkan
+def test_a_cached_decision_never_outlives_the_limits_it_was_made_under():
+    # supports() caches decisions by the identity of ctx.info, which override_limits swaps: the
+    # limits of one override must not answer for the next one (whose object may reuse the freed
+    # one's address).
+    ctx = rt.get_context()
+    for _ in range(5):
+        with ctx.override_limits(device_local_bytes=4096):
+            assert not ssm_vk.supports("ssm_scan", **CASE.args())
+        with ctx.override_limits(device_local_bytes=ctx.hardware_info.device_local_bytes):
+            assert ssm_vk.supports("ssm_scan", **CASE.args())
+
+
+@pytest.mark.vulkan
 def test_an_array_beyond_the_allocation_limit_falls_back():
     # Sixteen sequences share one cache row: the states (S, H, P, N) are 16x the cache s and the
     # largest array; with an allocation limit between the two, the call must fall back (it used
