@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from children import child_env
 from registry import BACKENDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ LOOP = textwrap.dedent(r"""
 def _loop(module: str, mode: str, calls: int, every: int, warm: int = 100) -> dict:
     code = LOOP.format(tests=str(REPO / "tests"), module=module, device=mode == "device", warm=warm, calls=calls,
                        every=every)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_VALIDATION": "0"}
+    env = child_env(SSM_VK_VALIDATION="0")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600,
                          check=False)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -146,7 +147,7 @@ def test_exit_releases_everything_under_the_validation_layer():
     # only the driver); the allocation count is checked either way.
     validation = os.environ.get("SSM_VK_VALIDATION", "1") != "0"
     code = EXIT.format(tests=str(REPO / "tests"), validation=validation)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_VALIDATION": "1" if validation else "0"}
+    env = child_env(SSM_VK_VALIDATION="1" if validation else "0")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
                          check=False)
     assert run.returncode == 0, run.stderr[-3000:]

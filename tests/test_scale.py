@@ -19,10 +19,10 @@ import os
 import subprocess
 import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
+from children import child_env
 from numpy.lib.stride_tricks import as_strided
 from problems import make_problem
 from registry import BACKENDS
@@ -30,8 +30,6 @@ from registry import BACKENDS
 import ssm_ref
 from ssm_ref import memory
 from ssm_ref.scan import backward_workspace, forward_workspace
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _need(case, backward: bool) -> int:
@@ -143,7 +141,7 @@ print(json.dumps(dict(where=r.where, backend=r.backend, ok=sup.ok, reason=sup.re
 
 
 def _big_forward(module: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     run = subprocess.run([sys.executable, "-c", BIG_CHILD.format(module=module)], capture_output=True, text=True,
                          env=env, timeout=900, check=False)
     assert run.returncode == 0, run.stderr[-3000:]

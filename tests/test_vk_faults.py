@@ -26,7 +26,6 @@ real device, so this file runs unchanged on lavapipe and on a discrete GPU.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from children import child_env
 from problems import make_problem
 from registry import BACKENDS
 
@@ -398,8 +398,7 @@ CHILD = textwrap.dedent("""
 
 
 def _child(env_extra: dict, pythonpath_first: str | None = None) -> tuple[dict, str]:
-    env = {**os.environ, **env_extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath_first, str(REPO)) if p)
+    env = child_env(*([pythonpath_first] if pythonpath_first else []), **env_extra)
     code = CHILD.format(tests=str(REPO / "tests"))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
                          check=False)
@@ -451,7 +450,7 @@ def test_a_bad_device_index_is_a_clear_error_in_a_fresh_process():
             except ValueError as e:
                 print("ValueError:", e)
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_DEVICE": "99"}
+    env = child_env(SSM_VK_DEVICE="99")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                          check=False)
     assert run.returncode == 0, run.stderr
@@ -504,7 +503,7 @@ def test_a_forked_child_makes_its_own_context_and_leaves_the_parents_alone():
     # The child inherits the parent's context but not its device: calls on it hung until
     # VulkanTimeout. Now the child abandons it (no Vulkan call on the parent's handles, its locks
     # renewed), makes its own, and exits cleanly; the parent carries on.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SSM_VK_TIMEOUT_S": "20"}
+    env = child_env(SSM_VK_TIMEOUT_S="20")
     run = subprocess.run([sys.executable, "-c", FORK.format(tests=str(REPO / "tests"))], capture_output=True,
                          text=True, env=env, timeout=300, check=False)
     assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
