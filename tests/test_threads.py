@@ -9,11 +9,16 @@ What is thread-safe, and why, is written down in docs/RELIABILITY.md ("Threads")
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from children import child_env
 from problems import make_problem
 from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan
 
@@ -22,6 +27,7 @@ from ssm_vk import launch
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 
+REPO = Path(__file__).resolve().parents[1]
 THREADS = 8
 REPEATS = 3
 
@@ -233,3 +239,94 @@ def test_a_context_being_built_is_not_handed_out(monkeypatch):
     caller.join(timeout=120)
     assert rt.current_context() is results["ctx"]
     assert np.array_equal(results["y"], _run(ssm_vk, case)["y"])
+
+
+# -- ssm_fast and numba's threading layers (subprocesses: the layer is chosen once per process) -----
+
+FAST = [b.name for b in BACKENDS if b.name == "ssm_fast"]
+LAYERS = ["default", "workqueue"]  # whatever numba picks here (omp or tbb when present), and the unsafe one
+
+FAST_THREADS = textwrap.dedent(r"""
+    import json, sys, threading
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from problems import make_problem
+    import numba, ssm_fast
+    cases = [make_problem(np.random.default_rng(k), S=2, T=12, H=4, P=8, N=16, G=2, variant=("mamba1", "mamba2")[k % 2])
+             for k in range(8)]
+    want = [ssm_fast.ssm_scan_back(**c.args(), g_y=c.g_y, g_states=c.g_states).d_x for c in cases]
+    bad, start = [], threading.Barrier(8)
+
+    def work(k):
+        start.wait()
+        for _ in range(10):
+            got = ssm_fast.ssm_scan_back(**cases[k].args(), g_y=cases[k].g_y, g_states=cases[k].g_states).d_x
+            if not np.array_equal(got, want[k]):
+                bad.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(dict(layer=numba.threading_layer(), bad=bad)))
+""")
+
+
+def _layer_env(layer: str) -> dict:
+    return child_env(**({"NUMBA_THREADING_LAYER": layer} if layer != "default" else {}))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("module", FAST)
+def test_ssm_fast_from_eight_threads_under_every_threading_layer(module, layer):
+    # Under numba's workqueue layer two threads launching parallel kernels at once abort the whole
+    # process ("Concurrent access has been detected", exit 134); ssm_fast serialises its launches
+    # unless the active layer is thread-safe.
+    run = subprocess.run([sys.executable, "-c", FAST_THREADS.format(tests=str(REPO / "tests"))], capture_output=True,
+                         text=True, env=_layer_env(layer), timeout=900, check=False)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["bad"] == [] and (layer == "default" or out["layer"] == layer), out
+
+
+FAST_FORK = textwrap.dedent(r"""
+    import json, os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from problems import make_problem
+    import ssm_fast, ssm_ref
+    from ssm_fast import guard
+    signal.alarm(300)
+    case = make_problem(np.random.default_rng(3), S=2, T=9, H=4, P=4, N=8, G=2)
+    want = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(120)
+        g = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+        close = all(np.allclose(getattr(g, k), getattr(want, k), rtol=1e-4, atol=1e-5) for k in ssm_ref.GRAD_NAMES)
+        os.write(w, json.dumps(dict(backend=g.backend, close=bool(close), unusable=guard.unusable())).encode())
+        os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 1 << 16).decode() or "{{}}")
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(dict(child=child, status=status)))
+""")
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("module", FAST)
+def test_a_process_forked_after_ssm_fast_ran_still_computes(module, layer):
+    # GNU OpenMP is not fork-safe: numba terminates a child forked after the parent's omp layer
+    # started at its first parallel launch. There ssm_fast computes with ssm_ref and says so; under
+    # fork-safe layers (workqueue, tbb) the child keeps the kernels.
+    run = subprocess.run([sys.executable, "-c", FAST_FORK.format(tests=str(REPO / "tests"))], capture_output=True,
+                         text=True, env=_layer_env(layer), timeout=900, check=False)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    child = out["child"]
+    assert out["status"] == 0 and child["close"], out
+    assert child["backend"] == ("ssm_ref" if child["unusable"] else "ssm_fast"), child
+    if layer == "workqueue":
+        assert child["backend"] == "ssm_fast", child
