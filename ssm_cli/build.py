@@ -111,5 +111,10 @@ def run(args) -> int:
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
     print(f"  N = {', '.join(map(str, n_values))}; Mamba-1 and Mamba-2; forward and backward")
     for label, _ in profs:
-        print(f"  for {label}")
+        if label.startswith("local"):
+            print(f"  for {label}")
+    others = sorted({lim.subgroup_size for label, lim in profs if not label.startswith("local")})
+    if others:
+        print(f"  for subgroup sizes {', '.join(map(str, others))} (every subgroup operation class, 1024 "
+              f"invocations) x {', '.join(str(m >> 10) for m in COMMON_SHARED)} KiB of shared memory")
     return common.EXIT_OK
