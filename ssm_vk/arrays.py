@@ -54,7 +54,7 @@ class DeviceArray:
 
     _ssm_device_array = True
 
-    def __init__(self, ctx, buffer, shape, dtype=np.float32, offset: int = 0, base=None):
+    def __init__(self, ctx, buffer, shape, dtype=np.float32, offset: int = 0, base=None, owned: bool = True):
         self.ctx = ctx
         self.buffer = buffer
         self.shape = tuple(int(s) for s in shape)
@@ -62,7 +62,7 @@ class DeviceArray:
         self.offset = int(offset)
         self._base = base  # the owner a view keeps alive
         self._finalizer = None
-        if base is None and buffer is not None:
+        if base is None and buffer is not None and owned:
             self._finalizer = weakref.finalize(self, _give_back, ctx, buffer)
 
     @property

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
-
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward, is_device_array
 
@@ -95,10 +93,8 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         _log_once(sup.reason)
         h = _host(p)
         return _fast().ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
-    y, states = launch.forward(ctx, p)
-    if not _has_device_arrays(s, x, dt, A, B, C):
-        y, states = _download(y), _download(states)
-    return ScanResult(y=y, states=states, where=ctx.info.where, backend=NAME)
+    out = launch.forward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C))
+    return ScanResult(y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
@@ -112,13 +108,5 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return _fast().ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
-    g = launch.backward(ctx, p)
-    if not _has_device_arrays(s, x, dt, A, B, C, g_y, g_states):
-        g = {k: _download(v) for k, v in g.items()}
+    g = launch.backward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C, g_y, g_states))
     return ScanGrads(**g, where=ctx.info.where, backend=NAME)
-
-
-def _download(a: DeviceArray) -> np.ndarray:
-    out = a.numpy()
-    a.release()
-    return out

@@ -21,6 +21,20 @@ __all__ = ["Limits", "Layout", "Window", "Plan", "layout_for", "plan", "grid", "
 F32 = 4
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 
+# Tuning knobs for benchmarks (``SSM_VK_TUNE="LN=8,WG=128,K=16"`` or set here): they replace the
+# planner's choice where legal (LN a power of two no larger than the subgroup size).
+TUNE: dict = {}
+
+
+def _tune() -> dict:
+    import os
+
+    out = dict(TUNE)
+    for item in filter(None, os.environ.get("SSM_VK_TUNE", "").split(",")):
+        k, _, v = item.partition("=")
+        out[k.strip()] = int(v)
+    return out
+
 
 class TooLarge(ValueError):
     """The problem cannot be cut into windows that fit this device's limits."""
@@ -93,7 +107,10 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``."""
     sg = lim.subgroup_size
     ops = lim.subgroup_ops
+    tune = _tune()
     want = _pow2_at_least(max(d.N, 1))
+    if "LN" in tune:
+        want = min(want, tune["LN"])
     if "basic" in ops and "clustered" in ops:
         LN, ROW_SUM = min(want, sg), 1
     elif "basic" in ops and "shuffle" in ops:
@@ -103,12 +120,15 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
         LN, ROW_SUM = sg, 3
     else:
         LN, ROW_SUM = min(want, 32), 0
+    legal = {0: True, 1: "clustered" in ops, 2: "shuffle" in ops, 3: "arithmetic" in ops and LN == sg}
+    if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops:
+        ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    K = 16
+    K = tune.get("K", 16)
     # Workgroup: up to 256 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).
-    WG = 256
+    WG = tune.get("WG", 256)
     while WG > max(LN, sg):
         shared = (2 * WG * NPL + WG // LN) * F32 if backward else 0
         if ROW_SUM == 0:

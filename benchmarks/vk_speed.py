@@ -1,0 +1,137 @@
+"""GPU speed of ssm_vk: ceilings of this stack, then forward / backward GPU time per shape and
+tuning variant, with the error of each against the float64 oracle.
+
+    python benchmarks/vk_speed.py [--shapes demo,mid,train,long] [--variants "LN=32;LN=8,WG=128"]
+
+Steps: (1) warm the GPU (clocks ramp under load); (2) FMA ceiling of a simple shader through this
+stack (TFLOP/s); (3) one pre-recorded empty submit + wait from Python; (4) per shape and variant:
+median GPU time (timestamps) and wall time per device-resident call, max relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import time
+
+import ssm_vk
+from ssm_vk import launch, plan
+from ssm_vk import runtime as rt
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from vk_gpu_check import SHAPES, inputs, rel
+
+
+def fma_ceiling(ctx, seconds=1.0):
+    wg = 256
+    k = rt.Kernel.get(ctx, "bench_fma", bindings=1, push_size=8, local_size=(wg, 1, 1), defines={"WG": wg})
+    groups = 132 * 64
+    buf = rt.Buffer(ctx, groups * wg * 4)
+    iters = 4096
+    seq = rt.Sequence(ctx)
+    seq.timestamp("a")
+    seq.dispatch(k, [buf], struct.pack("<II", iters, groups), (groups, 1, 1))
+    seq.timestamp("b")
+    seq.finish()
+    t_end = time.perf_counter() + seconds
+    best = 0.0
+    while time.perf_counter() < t_end:
+        seq.submit()
+        ns = seq.gpu_times()["b"]
+        best = max(best, groups * wg * iters * 16 / ns / 1e3)  # TFLOP/s
+    seq.close()
+    buf.close()
+    return best
+
+
+def submit_cost(ctx, n=300):
+    seq = rt.Sequence(ctx)
+    seq.finish()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        seq.submit()
+        ts.append(time.perf_counter() - t0)
+    seq.close()
+    return statistics.median(ts) * 1e6
+
+
+def measure(fn, reps):
+    walls, gpus = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+        gpus.append(launch.last_gpu_ns() or float("nan"))
+    return out, statistics.median(gpus) / 1e3, statistics.median(walls) * 1e6, min(gpus) / 1e3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="demo,mid,train,long,mamba1")
+    ap.add_argument("--variants", default="")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from ssm_fast.oracle64 import scan64, scan_back64
+
+    ctx = rt.get_context()
+    info = ctx.info
+    print(f"device: {info.name}, {info.driver}, subgroup {info.subgroup_size}", flush=True)
+    tflops = fma_ceiling(ctx, 1.5)
+    print(f"FMA ceiling: {tflops:.1f} TFLOP/s (float32, 8 chains per invocation)", flush=True)
+    print(f"empty submit+wait: {submit_cost(ctx):.1f} us", flush=True)
+    variants = [v for v in args.variants.split(";")] if args.variants else [""]
+    rows = []
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        a, g_y, g_states = inputs(shape)
+        ref = None
+        if not args.no_check:
+            ref = (scan64(**a), scan_back64(**a, ids=None, g_y=g_y, g_states=g_states))
+        dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
+        dgy, dgs = ssm_vk.to_device(g_y), ssm_vk.to_device(g_states)
+        S, T, H, P, N, _, _ = shape
+        updates = S * T * H * P * N
+        for var in variants:
+            plan.TUNE.clear()
+            for item in filter(None, var.split(",")):
+                kk, _, vv = item.partition("=")
+                plan.TUNE[kk] = int(vv)
+            launch.clear_cache(ctx)
+            for _ in range(3):
+                ssm_vk.ssm_scan(**dev)
+                ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
+            r, fg, fw, fmin = measure(lambda dev=dev: ssm_vk.ssm_scan(**dev), args.reps)
+            g, bg, bw, bmin = measure(lambda dev=dev, dgy=dgy, dgs=dgs: ssm_vk.ssm_scan_back(
+                **dev, ids=None, g_y=dgy, g_states=dgs), args.reps)
+            err = float("nan")
+            if ref is not None:
+                errs = [rel(r.y.numpy(), ref[0].y), rel(r.states.numpy(), ref[0].states)]
+                errs += [rel(getattr(g, k).numpy(), getattr(ref[1], k)) for k in
+                         ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")]
+                err = max(errs)
+            lay = plan.layout_for(ssm_vk.backend.check_forward(**dev, keep_device=True).dims,
+                                  launch.limits_of(info), True)
+            row = dict(shape=name, variant=var or "default", layout=str(lay), fwd_gpu_us=fg, fwd_min_us=fmin,
+                       fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
+                       fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3)
+            rows.append(row)
+            print(f"{name:7s} {var or 'default':22s} fwd {fg:9.1f} us (wall {fw:9.1f}) bwd {bg:10.1f} us "
+                  f"(wall {bw:10.1f}) err {err:.1e}  fwd {row['fwd_gupd_s']:.1f} Gupd/s  "
+                  f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}", flush=True)
+        for v in dev.values():
+            v.release()
+    plan.TUNE.clear()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=info.name, driver=info.driver, fma_tflops=tflops, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
