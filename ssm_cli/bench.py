@@ -19,7 +19,8 @@ HELP = "time the forward and backward on each backend (GPU time for Vulkan), opt
 # call at 3e8); lavapipe runs the backward at ~140 ns per update on 2 cores (15 s a call at 1.1e8).
 SLOW_LIMITS = {"ssm_ref": 3e8, "cpu-device": 1.1e8}
 
-_SHAPE_LINES = "\n".join(f"  {s.name:8s} {s.N},{s.P},{s.H},{s.G},{s.T},{s.S}  {s.note}" for s in SHAPES.values())
+_SHAPE_LINES = "\n".join(f"  {s.name:8s} {f'{s.N},{s.P},{s.H},{s.G},{s.T},{s.S}':20s} {s.note}"
+                         for s in SHAPES.values())
 DESCRIPTION = f"""Time ssm_scan (fwd) and ssm_scan_back (bwd) per backend and shape: median wall time with
 its min-max spread over the repetitions, for Vulkan also the GPU time from timestamps (inputs are
 uploaded once, device-resident, as in a training loop), throughput in state updates per second
@@ -31,8 +32,8 @@ shapes (N,P,H,G,T,S):
   custom N,P,H,G,T,S[,mamba1]
 
 On a machine without a GPU the big shapes are slow: ssm_ref (numpy, one core, every state of a
-sequence in memory) is refused above {SLOW_LIMITS["ssm_ref"]:.0e} state updates and ssm_vk on a CPU
-device (lavapipe) above {SLOW_LIMITS["cpu-device"]:.0e}, unless --force.
+sequence in memory) is refused above {SLOW_LIMITS["ssm_ref"]:.2g} state updates and ssm_vk on a CPU
+device (lavapipe) above {SLOW_LIMITS["cpu-device"]:.2g}, unless --force.
 
   ssm-scan bench                                  the demo shape, every backend
   ssm-scan bench --shape prefill --backend vk --op fwd
@@ -66,10 +67,10 @@ def too_slow(b: bk.Backend, shape: Shape) -> str | None:
     n = shape.updates
     if b.name == "ssm_ref" and n > SLOW_LIMITS["ssm_ref"]:
         gb = 4 * n * (shape.T + 1) / max(shape.T, 1) / 1e9
-        return (f"{n:.1e} state updates > {SLOW_LIMITS['ssm_ref']:.0e}: numpy on one core, about "
+        return (f"{n:.2g} state updates > {SLOW_LIMITS['ssm_ref']:.2g}: numpy on one core, about "
                 f"{40e-9 * n:.0f} s a backward and {gb:.1f} GB of states; --force runs it")
     if b.is_vulkan and b.device().type == "cpu" and n > SLOW_LIMITS["cpu-device"]:
-        return (f"{n:.1e} state updates > {SLOW_LIMITS['cpu-device']:.0e} on a CPU Vulkan device "
+        return (f"{n:.2g} state updates > {SLOW_LIMITS['cpu-device']:.2g} on a CPU Vulkan device "
                 f"({b.device().name}): about {140e-9 * n:.0f} s a backward; --force runs it")
     return None
 

@@ -4,7 +4,8 @@ ssm_vk picks a kernel variant (glsl file + defines) per problem from the device'
 operations, its shared memory and workgroup limits, d_state N and the Mamba variant (ssm_vk/plan.py,
 ssm_vk/specs.py); head count, head_dim, T and S only change push constants and grids. So the set
 "every N in a list x Mamba-1/Mamba-2 x forward/backward" for a device profile covers every shape
-with those N on devices of that profile. ``ssm_vk.runtime.shaders`` looks the variants up in
+with those N on devices of that profile (another N needs glslc on first use, or fails in a wheel
+that has no GLSL). ``ssm_vk.runtime.shaders`` looks the variants up in
 ``ssm_vk/spirv/index.json`` first, which the package ships (pyproject: package data), so a wheel
 built after this runs those shapes without glslc.
 """

@@ -225,6 +225,19 @@ def test_bench_times_every_backend_and_draws_the_plot(tmp_path):
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
 
 
+def test_bench_refuses_the_reference_only_where_it_would_take_minutes():
+    import ssm_ref
+    from ssm_cli.backends import Backend
+    from ssm_cli.bench import too_slow
+    from ssm_cli.shapes import SHAPES
+
+    ref = Backend("ssm_ref", ssm_ref)
+    refused = {name for name, shape in SHAPES.items() if too_slow(ref, shape)}
+    assert refused == {"train", "long"}
+    assert "12.9 GB" in too_slow(ref, SHAPES["train"]) and "--force" in too_slow(ref, SHAPES["long"])
+    assert too_slow(Backend("my_port", ssm_ref), SHAPES["long"]) is None  # other backends: no limit
+
+
 def test_bench_json_on_stdout_is_only_json():
     p = ssm_scan("bench", "--shape", "custom", "4,2,2,1,4,1", "--backend", "ssm_ref", "--reps", "1", "--op", "fwd",
                  "--json")
