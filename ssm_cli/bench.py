@@ -180,7 +180,8 @@ def run(args) -> int:
         for b in backs:
             why = None if args.force else too_slow(b, shape)
             if why:
-                report["skipped"].append({"shape": shape.name, "dims": shape.dims, "backend": b.name, "reason": why})
+                report["skipped"].append({"shape": _point(shape, sweep), "dims": shape.dims, "backend": b.name,
+                                          "reason": why})
             else:
                 plan.append((shape, b))
     if not plan:
