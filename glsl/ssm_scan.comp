@@ -14,7 +14,8 @@
 //   6 st  (S, H, P, N)          read (initial state) and overwritten (final state)
 //   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c
 // Push constants: see PC below (same order as ssm_vk/specs.py FWD_PUSH).
-// Defines: common.glsl's, plus CKPT (0/1) and K (checkpoint interval, when CKPT). With CKPT the
+// Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1) and K (checkpoint
+// interval, when CKPT). With CKPT the
 // kernel is the backward's recompute pass: it writes checkpoints and the final state, not y.
 
 #include "common.glsl"
@@ -66,42 +67,74 @@ void main() {
     float Ah = live ? A[h] : 0.0;
 #endif
 
-    for (uint t = 0; t < pc.T; ++t) {
-#if CKPT
-        if (t % K == 0 && live) {
-            uint c = pc.c0 + t / K;
+    // Tokens go in blocks of TB: the loads of a block do not depend on the state, so they are
+    // issued together and their latencies overlap; then the block's state updates run in order,
+    // then its TB row sums (independent of each other).
+    for (uint t0 = 0; t0 < pc.T; t0 += TB) {
+        float dv[TB], uv[TB];
+        float Bv[TB][NPL];
+#if !CKPT
+        float Cv[TB][NPL];
+#endif
+        [[unroll]] for (uint j = 0; j < TB; ++j) {
+            bool on_t = live && t0 + j < pc.T;
+            uint it = i * pc.T + min(t0 + j, pc.T - 1);     // (i, t) in (S, T)
+            float dtr = on_t ? dt[pc.o_dt + it * pc.H + h] : 0.0;
+            float xr = on_t ? x[pc.o_x + (it * pc.H + h) * pc.P + p] : 0.0;
+            dv[j] = on_t ? softplus(dtr) : 0.0;
+            uv[j] = xr * dv[j];
+            uint bc = (it * pc.G + g) * pc.N;
             [[unroll]] for (uint k = 0; k < NPL; ++k) {
                 uint n = lane + k * LN;
-                if (n < pc.N) ck[pc.o_ck + (row * pc.NC + c) * pc.N + n] = st[k];
+                bool on = on_t && n < pc.N;
+                Bv[j][k] = on ? Bm[pc.o_B + bc + n] : 0.0;
+#if !CKPT
+                Cv[j][k] = on ? Cm[pc.o_C + bc + n] : 0.0;
+#endif
             }
         }
+#if !CKPT
+        float acc[TB];
 #endif
-        uint it = i * pc.T + t;                     // (i, t) in (S, T)
-        float d = 0.0, u = 0.0;
-        if (live) {
-            d = softplus(dt[pc.o_dt + it * pc.H + h]);
-            u = x[pc.o_x + (it * pc.H + h) * pc.P + p] * d;
-        }
+        [[unroll]] for (uint j = 0; j < TB; ++j) {
+            uint t = t0 + j;
+            if (t < pc.T) {                                  // uniform
+#if CKPT
+                if (t % K == 0 && live) {
+                    uint c = pc.c0 + t / K;
+                    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                        uint n = lane + k * LN;
+                        if (n < pc.N) ck[pc.o_ck + (row * pc.NC + c) * pc.N + n] = st[k];
+                    }
+                }
+#endif
 #if !MAMBA1
-        float a = exp(d * Ah);
+                float a = exp(dv[j] * Ah);
 #endif
-        uint bc = (it * pc.G + g) * pc.N;
-        float acc = 0.0;
-        [[unroll]] for (uint k = 0; k < NPL; ++k) {
-            uint n = lane + k * LN;
-            if (live && n < pc.N) {
-#if MAMBA1
-                float a = exp(d * Ar[k]);
-#endif
-                st[k] = st[k] * a + Bm[pc.o_B + bc + n] * u;
 #if !CKPT
-                acc += st[k] * Cm[pc.o_C + bc + n];
+                acc[j] = 0.0;
 #endif
+                [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                    if (lane + k * LN < pc.N) {   // slots past N stay 0 (no 0 * inf)
+#if MAMBA1
+                        float a = exp(dv[j] * Ar[k]);
+#endif
+                        st[k] = st[k] * a + Bv[j][k] * uv[j];
+#if !CKPT
+                        acc[j] += st[k] * Cv[j][k];
+#endif
+                    }
+                }
             }
         }
 #if !CKPT
-        float yv = row_sum(acc);
-        if (live && lane == 0) y[pc.o_y + (it * pc.H + h) * pc.P + p] = yv;
+        [[unroll]] for (uint j = 0; j < TB; ++j) {
+            if (t0 + j < pc.T) {                             // uniform
+                float yv = row_sum(acc[j]);
+                uint it = i * pc.T + t0 + j;
+                if (live && lane == 0) y[pc.o_y + (it * pc.H + h) * pc.P + p] = yv;
+            }
+        }
 #endif
     }
 

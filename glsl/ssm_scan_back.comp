@@ -16,7 +16,8 @@
 //   5 gy   (S, T, H, P)        readonly         12 dAp  (S, H, P, 1|N)    accumulated (+=)
 //   6 lam  (S, H, P, N)  in: dL/dstate after the window's last token; out: a_0 * lam_0 of
 //                        the window (= d_s0 after the first window)
-// Push constants: PC below (ssm_vk/specs.py BWD_PUSH). Defines: common.glsl's, plus K.
+// Push constants: PC below (ssm_vk/specs.py BWD_PUSH). Defines: common.glsl's, plus K and TBR
+// (tokens per round of shared-memory reduction; K % TBR == 0).
 
 #include "common.glsl"
 
@@ -42,7 +43,8 @@ layout(push_constant) uniform PC {
 } pc;
 
 const uint NMAX = LN * NPL;                 // n slots per row in shared memory
-shared float red[2 * ROWS * NMAX + ROWS];   // [dC contributions | dB contributions | ddt]
+const uint RED = 2 * ROWS * NMAX + ROWS;    // one token: [dC contributions | dB contributions | ddt]
+shared float red[TBR * RED];                // TBR tokens per round of barriers
 
 void main() {
     uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
@@ -113,81 +115,96 @@ void main() {
             }
         }
 
-        // Walk the chunk's tokens back.
-        [[unroll]] for (uint jj = K; jj > 0; --jj) {
-            uint j = jj - 1;
-            if (j < nt) {
-                uint it = i * pc.T + t0 + j;
-                float dtv = 0.0, xv = 0.0, gyv = 0.0;
-                if (live) {
-                    dtv = dt[pc.o_dt + it * pc.H + h];
-                    xv = x[pc.o_x + (it * pc.H + h) * pc.P + p];
-                    gyv = gy[pc.o_gy + (it * pc.H + h) * pc.P + p];
-                }
-                float d = live ? softplus(dtv) : 0.0;
-                float u = xv * d;
+        // Walk the chunk's tokens back, TBR tokens per round: each token leaves its channels'
+        // contributions in its own slice of shared memory; one pair of barriers per round.
+        [[unroll]] for (uint rr = K / TBR; rr > 0; --rr) {
+            if ((rr - 1) * TBR < nt) {                       // uniform
+                [[unroll]] for (uint q = TBR; q > 0; --q) {
+                    uint j = (rr - 1) * TBR + (q - 1);
+                    uint sl = (q - 1) * RED;
+                    if (j < nt) {                            // uniform
+                        uint it = i * pc.T + t0 + j;
+                        float dtv = 0.0, xv = 0.0, gyv = 0.0;
+                        if (live) {
+                            dtv = dt[pc.o_dt + it * pc.H + h];
+                            xv = x[pc.o_x + (it * pc.H + h) * pc.P + p];
+                            gyv = gy[pc.o_gy + (it * pc.H + h) * pc.P + p];
+                        }
+                        float d = live ? softplus(dtv) : 0.0;
+                        float u = xv * d;
 #if !MAMBA1
-                float a = exp(d * Ah);
+                        float a = exp(d * Ah);
 #endif
-                uint bc = (it * pc.G + g) * pc.N;
-                float gam = 0.0, qs = 0.0;
-                [[unroll]] for (uint k = 0; k < NPL; ++k) {
-                    uint n = lane + k * LN;
-                    bool on = live && n < pc.N;
-                    float Bn = on ? Bm[pc.o_B + bc + n] : 0.0;
-                    float Cn = on ? Cm[pc.o_C + bc + n] : 0.0;
-                    float prev = j == 0 ? s0[k] : hist[j == 0 ? 0 : j - 1][k];
+                        uint bc = (it * pc.G + g) * pc.N;
+                        float gam = 0.0, qs = 0.0;
+                        [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                            uint n = lane + k * LN;
+                            bool on = live && n < pc.N;
+                            float Bn = on ? Bm[pc.o_B + bc + n] : 0.0;
+                            float Cn = on ? Cm[pc.o_C + bc + n] : 0.0;
+                            float prev = j == 0 ? s0[k] : hist[j == 0 ? 0 : j - 1][k];
 #if MAMBA1
-                    float a = exp(d * Ar[k]);
+                            float a = exp(d * Ar[k]);
 #endif
-                    float lam = lam_c[k] + gyv * Cn;
-                    red[slot * NMAX + n] = on ? gyv * hist[j][k] : 0.0;
-                    red[ROWS * NMAX + slot * NMAX + n] = on ? lam * u : 0.0;
-                    gam += lam * Bn;
-                    float q = on ? lam * prev * a : 0.0;
+                            float lam = lam_c[k] + gyv * Cn;
+                            red[sl + slot * NMAX + n] = on ? gyv * hist[j][k] : 0.0;
+                            red[sl + ROWS * NMAX + slot * NMAX + n] = on ? lam * u : 0.0;
+                            gam += lam * Bn;
+                            float qv = on ? lam * prev * a : 0.0;
 #if MAMBA1
-                    qs += q * Ar[k];
-                    dA_acc[k] += q * d;
+                            qs += qv * Ar[k];
+                            dA_acc[k] += qv * d;
 #else
-                    qs += q;
+                            qs += qv;
 #endif
-                    lam_c[k] = on ? a * lam : 0.0;
-                }
-                float gamma = row_sum(gam);
-                float qsum = row_sum(qs);
+                            lam_c[k] = on ? a * lam : 0.0;
+                        }
+                        float gamma = row_sum(gam);
+                        float qsum = row_sum(qs);
 #if MAMBA1
-                float dd = gamma * xv + qsum;
+                        float dd = gamma * xv + qsum;
 #else
-                float dd = gamma * xv + qsum * Ah;
-                dA_acc += qsum * d;
+                        float dd = gamma * xv + qsum * Ah;
+                        dA_acc += qsum * d;
 #endif
-                if (lane == 0) {
-                    if (live) dx[pc.o_dx + (it * pc.H + h) * pc.P + p] = gamma * d;
-                    red[2 * ROWS * NMAX + slot] = live ? dd * softplus_grad(dtv) : 0.0;
-                }
-                barrier();
-                // Sum the contributions of this workgroup's channels, head by head, in order.
-                if (i < pc.S) {
-                    for (uint o = tid; o < pc.HB * pc.N; o += WG) {
-                        uint hl2 = o / pc.N, n = o % pc.N;
-                        uint h2 = hbk * pc.HB + hl2;
-                        if (h2 < pc.H) {
-                            float sC = 0.0, sB = 0.0;
-                            for (uint q = 0; q < pc.PB; ++q) {
-                                sC += red[(hl2 * pc.PB + q) * NMAX + n];
-                                sB += red[ROWS * NMAX + (hl2 * pc.PB + q) * NMAX + n];
-                            }
-                            uint o2 = ((it * pc.H + h2) * pc.NPB + pbk) * pc.N + n;
-                            dCp[o2] = sC;
-                            dBp[o2] = sB;
+                        if (lane == 0) {
+                            if (live) dx[pc.o_dx + (it * pc.H + h) * pc.P + p] = gamma * d;
+                            red[sl + 2 * ROWS * NMAX + slot] = live ? dd * softplus_grad(dtv) : 0.0;
                         }
                     }
-                    for (uint o = tid; o < pc.HB; o += WG) {
-                        uint h2 = hbk * pc.HB + o;
-                        if (h2 < pc.H) {
-                            float s = 0.0;
-                            for (uint q = 0; q < pc.PB; ++q) s += red[2 * ROWS * NMAX + o * pc.PB + q];
-                            ddtp[(it * pc.H + h2) * pc.NPB + pbk] = s;
+                }
+                barrier();
+                // Sum each token's contributions over this workgroup's channels, head by head,
+                // channel by channel in order.
+                if (i < pc.S) {
+                    [[unroll]] for (uint q = TBR; q > 0; --q) {
+                        uint j = (rr - 1) * TBR + (q - 1);
+                        uint sl = (q - 1) * RED;
+                        if (j < nt) {
+                            uint it = i * pc.T + t0 + j;
+                            for (uint o = tid; o < pc.HB * pc.N; o += WG) {
+                                uint hl2 = o / pc.N, n = o % pc.N;
+                                uint h2 = hbk * pc.HB + hl2;
+                                if (h2 < pc.H) {
+                                    float sC = 0.0, sB = 0.0;
+                                    for (uint c2 = 0; c2 < pc.PB; ++c2) {
+                                        sC += red[sl + (hl2 * pc.PB + c2) * NMAX + n];
+                                        sB += red[sl + ROWS * NMAX + (hl2 * pc.PB + c2) * NMAX + n];
+                                    }
+                                    uint o2 = ((it * pc.H + h2) * pc.NPB + pbk) * pc.N + n;
+                                    dCp[o2] = sC;
+                                    dBp[o2] = sB;
+                                }
+                            }
+                            for (uint o = tid; o < pc.HB; o += WG) {
+                                uint h2 = hbk * pc.HB + o;
+                                if (h2 < pc.H) {
+                                    float s = 0.0;
+                                    for (uint c2 = 0; c2 < pc.PB; ++c2)
+                                        s += red[sl + 2 * ROWS * NMAX + o * pc.PB + c2];
+                                    ddtp[(it * pc.H + h2) * pc.NPB + pbk] = s;
+                                }
+                            }
                         }
                     }
                 }

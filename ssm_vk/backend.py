@@ -28,6 +28,9 @@ def _log_once(reason: str) -> None:
 
 
 def _context_or_reason():
+    ctx = rt.current_context()
+    if ctx is not None and not ctx.closed and not ctx.lost:
+        return ctx, ""  # the per-call fast path
     ok, reason = rt.available()
     if not ok:
         return None, f"no Vulkan device: {reason}"
@@ -41,21 +44,34 @@ def _has_device_arrays(*arrays) -> bool:
     return any(is_device_array(a) for a in arrays)
 
 
+_support_cache: dict = {}
+
+
 def _support(op: str, p) -> tuple[Support, object]:
     ctx, reason = _context_or_reason()
     if ctx is None:
         return Support(False, reason), None
-    d = p.dims
+    key = (id(ctx), id(ctx.info), op, p.dims)  # override_limits swaps ctx.info
+    hit = _support_cache.get(key)
+    if hit is not None and hit[1] is ctx:
+        return hit
+    if len(_support_cache) > 256:
+        _support_cache.clear()
+    out = _support_cache[key] = (_decide(ctx, op, p.dims), ctx)
+    return out
+
+
+def _decide(ctx, op: str, d) -> Support:
     try:
         plan(d, launch.limits_of(ctx.info), backward=(op == "ssm_scan_back"))
     except TooLarge as e:
-        return Support(False, str(e)), ctx
+        return Support(False, str(e))
     # Whole arrays must each fit one allocation (results and device-resident inputs are buffers).
     biggest = max(d.S * d.T * d.H * d.P, d.R * d.H * d.P * d.N, d.S * d.T * d.G * d.N) * 4
     if biggest > ctx.info.max_memory_allocation_size:
         return Support(False, f"an array of {biggest} bytes exceeds maxMemoryAllocationSize "
-                              f"({ctx.info.max_memory_allocation_size} bytes) of {ctx.info.name}"), ctx
-    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), ctx
+                              f"({ctx.info.max_memory_allocation_size} bytes) of {ctx.info.name}")
+    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})")
 
 
 def supports(op, s, x, dt, A, B, C, ids=None) -> Support:

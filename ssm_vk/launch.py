@@ -44,8 +44,11 @@ BWD_OUT = ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 
 def last_gpu_ns() -> float | None:
     """GPU time (timestamps) of this thread's last forward or backward, in ns; None when the
-    device has no timestamps."""
-    return getattr(_timing, "ns", None)
+    device has no timestamps. Read on demand (a query costs some microseconds)."""
+    seq = getattr(_timing, "seq", None)
+    if seq is None or seq.closed or not seq.ctx.info.timestamps:
+        return None
+    return seq.gpu_times().get("end")
 
 
 def subgroup_ops(info) -> frozenset:
@@ -258,7 +261,7 @@ def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
         rec = record_backward if backward else record_forward
         seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))
         seq.submit()
-        _timing.ns = seq.gpu_times().get("end") if ctx.info.timestamps else None
+        _timing.seq = seq
         if device_out:
             return outs
         return {k: a.numpy() for k, a in outs.items()}

@@ -21,6 +21,8 @@ __all__ = ["Limits", "Layout", "Window", "Plan", "layout_for", "plan", "grid", "
 F32 = 4
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 
+MAX_NPL = 16                 # state values per lane before rows spread over shared memory
+
 # Tuning knobs for benchmarks (``SSM_VK_TUNE="LN=8,WG=128,K=16"`` or set here): they replace the
 # planner's choice where legal (LN a power of two no larger than the subgroup size).
 TUNE: dict = {}
@@ -63,6 +65,8 @@ class Layout:
     NPL: int     # state values per lane
     WG: int      # threads per workgroup
     K: int       # checkpoint interval of the backward
+    TB: int      # tokens per load block (forward)
+    TBR: int     # tokens per shared-memory reduction round (backward)
     HB: int      # heads per workgroup
     PB: int      # channels per workgroup
     NHB: int     # head blocks
@@ -111,20 +115,25 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     want = _pow2_at_least(max(d.N, 1))
     if "LN" in tune:
         want = min(want, tune["LN"])
-    if "basic" in ops and "clustered" in ops:
-        LN, ROW_SUM = min(want, sg), 1
-    elif "basic" in ops and "shuffle" in ops:
+    if "basic" in ops and "shuffle" in ops:
+        # xor butterfly: measured faster than clustered adds on an H200 (docs/BENCHMARKS.md)
         LN = min(want, sg)
         ROW_SUM = 3 if LN == sg and "arithmetic" in ops else 2
+    elif "basic" in ops and "clustered" in ops:
+        LN, ROW_SUM = min(want, sg), 1
     elif "basic" in ops and "arithmetic" in ops:
         LN, ROW_SUM = sg, 3
     else:
         LN, ROW_SUM = min(want, 32), 0
+    if -(-d.N // LN) > MAX_NPL and "LN" not in tune:
+        # A long row would need too many registers per lane: spread it over more lanes than a
+        # subgroup has and sum through shared memory.
+        LN, ROW_SUM = min(_pow2_at_least(-(-d.N // MAX_NPL)), 256), 0
     legal = {0: True, 1: "clustered" in ops, 2: "shuffle" in ops, 3: "arithmetic" in ops and LN == sg}
-    if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops:
+    if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    K = tune.get("K", 16)
+    K = tune.get("K", 16 if NPL <= 8 else 8)
     # Workgroup: up to 256 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).
@@ -136,13 +145,21 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
         if WG <= lim.max_workgroup_invocations and shared <= lim.max_shared_memory:
             break
         WG //= 2
-    WG = max(WG, LN)
+    WG = max(WG, LN, sg if ROW_SUM else 1)
     rows = WG // LN
     PB = max(1, min(d.P, rows))
     HB = max(1, min(d.H, rows // PB))
     NPB = max(1, -(-d.P // PB))
     NHB = max(1, -(-d.H // HB))
-    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
+    TB = tune.get("TB", max(1, min(8, 32 // NPL)))
+    # Backward: contributions of TBR tokens share one round of barriers; each round needs
+    # TBR * (2 * WG * NPL + WG / LN) floats of shared memory.
+    per_tok = (2 * WG * NPL + WG // LN) * F32
+    room = lim.max_shared_memory - (WG * F32 if ROW_SUM == 0 else 0)
+    TBR = tune.get("TBR", max(1, min(4, room // per_tok)))
+    while K % TBR:
+        TBR -= 1
+    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
 
 
 def grid(n_groups: int, lim: Limits) -> tuple[int, int]:

@@ -48,13 +48,13 @@ def _common(d: Dims, lay: Layout) -> dict:
 
 def fwd_spec(d: Dims, lay: Layout, checkpoint: bool) -> KernelSpec:
     defs = _common(d, lay)
-    defs.update(CKPT=int(checkpoint), K=lay.K)
+    defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
     return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG)
 
 
 def bwd_spec(d: Dims, lay: Layout) -> KernelSpec:
     defs = _common(d, lay)
-    defs.update(K=lay.K)
+    defs.update(K=lay.K, TBR=lay.TBR)
     return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG)
 
 
