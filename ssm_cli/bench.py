@@ -111,8 +111,9 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         r = call()
         t = time.perf_counter() - t0
         walls.append(t)
-        if gpu_ns is not None and r.where.startswith("Vulkan") and gpu_ns() is not None:
-            gpus.append(gpu_ns() * 1e-9)
+        ns = gpu_ns() if gpu_ns is not None and r.where.startswith("Vulkan") else None
+        if ns is not None:
+            gpus.append(ns * 1e-9)
         _release(r)
         spent += t
         if spent > budget and len(walls) >= MIN_SAMPLES:
