@@ -133,11 +133,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    K = tune.get("K", 16 if NPL <= 8 else 8)
-    # Workgroup: up to 256 threads, a multiple of the subgroup size, within the shared memory
+    K = tune.get("K", 8)    # H200: K=8 halved the backward against K=16 (registers)
+    # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).
-    WG = tune.get("WG", 256)
+    WG = tune.get("WG", 128)
     while WG > max(LN, sg):
         shared = (2 * WG * NPL + WG // LN) * F32 if backward else 0
         if ROW_SUM == 0:
@@ -151,7 +151,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     HB = max(1, min(d.H, rows // PB))
     NPB = max(1, -(-d.P // PB))
     NHB = max(1, -(-d.H // HB))
-    TB = tune.get("TB", max(1, min(8, 32 // NPL)))
+    TB = tune.get("TB", max(1, min(4, 32 // NPL)))
     # Backward: contributions of TBR tokens share one round of barriers; each round needs
     # TBR * (2 * WG * NPL + WG / LN) floats of shared memory.
     per_tok = (2 * WG * NPL + WG // LN) * F32
