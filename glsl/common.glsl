@@ -25,8 +25,10 @@ layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 const uint ROWS = WG / LN;
 
 // softplus(z) = z if z > 20 else log(1 + exp(z)), in float32 (not log1p: SCAN.md numerics).
+// No min(z, 20) to guard exp: the log branch only sees z <= 20 (or nan), and min() with a nan
+// operand is undefined in SPIR-V (lavapipe returns 20, so softplus(nan) was 20, not nan).
 float softplus(float z) {
-    return z > 20.0 ? z : log(1.0 + exp(min(z, 20.0)));
+    return z > 20.0 ? z : log(1.0 + exp(z));
 }
 
 // d softplus / dz: 1 on the identity branch, sigmoid(z) on the log branch.

@@ -149,7 +149,7 @@ void main() {
                             float lam = lam_c[k] + gyv * Cn;
                             red[sl + slot * NMAX + n] = on ? gyv * hist[j][k] : 0.0;
                             red[sl + ROWS * NMAX + slot * NMAX + n] = on ? lam * u : 0.0;
-                            gam += lam * Bn;
+                            gam += on ? lam * Bn : 0.0;   // an idle lane's lam is inf * 0 = nan when g_y is inf
                             float qv = on ? lam * prev * a : 0.0;
 #if MAMBA1
                             qs += qv * Ar[k];

@@ -24,7 +24,8 @@ DESCRIPTION = """Run the forward and backward of a set of problems on every back
 those named by --backend), compare every output with the float64 reference (ssm_ref with
 dtype=float64, itself checked against finite differences first) and print, per backend and problem,
 where it ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
-ssm_ref/tolerance.py (the one the tests use). Exit code 1 when anything fails: run it after
+ssm_ref/tolerance.py (the one the tests, ssm_ref.verify and the fuzzer use; bounds grow as T/16
+beyond 16 tokens). Exit code 1 when anything fails: run it after
 installing a new driver.
 
   ssm-scan check --quick             small problems, a few seconds per backend
@@ -124,8 +125,9 @@ def _run_one(mod, kw, g_y, g_states, device_resident: bool):
 
 
 def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False) -> dict:
-    """Run one backend on one problem and judge all nine outputs."""
-    from ssm_ref.tolerance import OUTPUTS, judge
+    """Run one backend on one problem and compare all nine outputs with the oracle, with the
+    tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled)."""
+    from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
 
     label = prob.name + (" (device)" if device_resident else "")
     row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
@@ -136,16 +138,16 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         return row
     row["seconds"] = secs
-    wheres = sorted({r.where, g.where})
-    row["where"] = "/".join(wheres)
+    row["where"] = "/".join(sorted({r.where, g.where}))
     row["computed_by"] = "/".join(sorted({r.backend, g.backend}))
     got = {"y": r.y, "states": r.states, **{k: getattr(g, k) for k in OUTPUTS[2:]}}
+    tol = scaled(F32_TOL, prob.shape.T)
     ok = True
     for out in OUTPUTS:
-        v = judge(out, _host(got[out]), oracle[out])
-        row["outputs"][out] = {"rel": v.rel, "err": v.err, "bound": v.bound, "used": v.used, "ok": v.ok,
-                               "message": v.message}
-        ok &= v.ok
+        c = compare(out, _host(got[out]), oracle[out], tol[out])
+        row["outputs"][out] = {"rel": c.rel, "max_rel": c.max_rel, "err": c.err, "bound": c.bound, "used": c.used,
+                               "ok": c.ok, "message": "" if c.ok else c.message(f"{b.name} {label}")}
+        ok &= c.ok
     row["ok"] = ok
     return row
 
@@ -241,9 +243,9 @@ def render(rep: dict) -> str:
         tail = f"; largest share of a bound: {worst[0]:.0%} ({worst[1]} on {worst[2]})" if worst else ""
         out.append(f"{b['name']}: {passed} of {len(runs)} runs pass{tail}")
     for r in rep["runs"]:
-        for k, o in r["outputs"].items():
+        for o in r["outputs"].values():
             if not o["ok"]:
-                out.append(f"  {r['backend']} {r['problem']} {k}: {o['message']}")
+                out.append(f"  {o['message']}")
     n_fail = sum(not r["ok"] for r in rep["runs"]) + (0 if rep["oracle_ok"] else 1)
     out.append("check: " + ("PASS" if rep["ok"] else f"FAIL ({n_fail} failing)"))
     return "\n".join(out)

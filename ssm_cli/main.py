@@ -1,8 +1,14 @@
 """``ssm-scan``: the sub-command table and dispatch.
 
-Each command is a module of this package with ``HELP`` (one line), optionally ``DESCRIPTION``,
-``add_arguments(parser)`` and ``run(args) -> exit code``. Adding a command is one line in
-:data:`COMMANDS`. Modules import the heavy packages inside ``run`` so that ``--help`` stays fast.
+A command is a module of this package, in one of two forms:
+
+- ``HELP`` (one line), optionally ``DESCRIPTION``, ``add_arguments(parser)`` and
+  ``run(args) -> exit code`` (info, check, bench, build-shaders, demo);
+- ``add_parser(subparsers)``, which registers the command itself with ``set_defaults(func=run)``
+  (fuzz, vectors).
+
+Adding a command is one line in :data:`COMMANDS`. Modules import the heavy packages inside
+``run`` so that ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ COMMANDS = (
     ("bench", "bench"),
     ("build-shaders", "build"),
     ("demo", "demo"),
+    ("fuzz", "fuzz"),
+    ("vectors", "vectors"),
 )
 
 
@@ -33,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS:
         mod = importlib.import_module(f"{__package__}.{module}")
+        if hasattr(mod, "add_parser"):  # a command that registers itself
+            mod.add_parser(sub)
+            p = sub.choices[name]
+            p.epilog = p.epilog or common.EXIT_CODES_HELP
+            continue
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            epilog=common.EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
@@ -45,8 +58,9 @@ def main(argv=None) -> int:
     args.verbose = getattr(args, "verbose", 0) + args.verbose_all
     common.setup_logging(args.verbose)
     prog = f"ssm-scan {args.command}"
+    run = getattr(args, "run", None) or args.func
     try:
-        return args.run(args)
+        return run(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

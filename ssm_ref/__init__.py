@@ -11,6 +11,15 @@ s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
 B and C (S,T,G,N), ids (S,) integer in [0, R). See docs/SPEC.md.
 
 The same names exist in ``ssm_fast`` (numba, CPU) and ``ssm_vk`` (Vulkan).
+
+Testing an implementation (docs/PORTING.md), loaded on first use:
+    ssm_ref.verify(fn_forward, fn_backward)   golden cases, a report per case and output
+    ssm_ref.vectors      the golden cases; write_vectors(DIR) for ports in other languages
+    ssm_ref.strategies   hypothesis strategies drawing whole problems (needs hypothesis)
+    ssm_ref.properties   the properties every backend must have, as plain functions
+    ssm_ref.fuzzing      a time-boxed fuzzer over them (needs hypothesis); ``ssm-scan fuzz``
+    ssm_ref.jvp          forward mode (tangents of y and states)
+    ssm_ref.cases, ssm_ref.tolerance, ssm_ref.regressions   problems, bounds, saved cases
 """
 
 from __future__ import annotations
@@ -55,6 +64,23 @@ __all__ = [
 ]
 
 OPS = ("ssm_scan", "ssm_scan_back")
+
+# Submodules loaded on first use: ``strategies`` and ``fuzzing`` need hypothesis (optional), the
+# others pull in nothing heavy but are not needed to run a scan.
+_LAZY = ("cases", "jvp", "properties", "strategies", "fuzzing", "regressions", "tolerance", "vectors",
+         "verification")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "verify":
+        from .verification import verify
+
+        return verify
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> ScanResult:

@@ -72,7 +72,8 @@ def scatter_rows(d_s0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
     """d_s (R, H, P, N): row ids[i] receives d_s0[i], in order i = 0..S-1 (duplicate ids add,
     rows no sequence reads stay 0). Deterministic; every backend uses this."""
     d_s = np.zeros((R, *d_s0.shape[1:]), dtype=d_s0.dtype)  # (R, H, P, N)
-    np.add.at(d_s, ids, d_s0)
+    with np.errstate(invalid="ignore", over="ignore"):      # inf + -inf is nan, silently
+        np.add.at(d_s, ids, d_s0)
     return d_s
 
 

@@ -12,6 +12,8 @@ from oracles import naive_forward
 from problems import make_problem, problems
 from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan, rel_err
 
+import ssm_ref
+
 
 def run_all(module, case, **kw):
     """Forward and backward outputs of one backend by name (y, states, d_s, ...)."""
@@ -175,3 +177,13 @@ def test_nan_input_stays_in_its_sequence(backend):
     assert np.isnan(r.y[0, 1, 0, 0]) and np.all(np.isnan(r.states[0, 0, 0]))
     assert np.all(np.isfinite(r.y[1])) and np.all(np.isfinite(r.states[1]))
     assert np.all(np.isfinite(r.y[0, 0]))                 # tokens before the nan are untouched
+
+
+def test_scatter_of_opposite_infinities_is_nan_without_warnings():
+    # Two sequences reading one row, whose d_s0 are +inf and -inf: the row's d_s is nan, silently
+    # (found by the overflow regime of ssm_ref.cases: np.add.at ran outside the scan's errstate).
+    d_s0 = np.array([[[[np.inf]]], [[[-np.inf]]]], dtype=np.float32)   # (S=2, H=1, P=1, N=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d_s = ssm_ref.scatter_rows(d_s0, np.array([0, 0]), 1)
+    assert d_s.shape == (1, 1, 1, 1) and np.isnan(d_s[0, 0, 0, 0])

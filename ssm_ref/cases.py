@@ -1,0 +1,235 @@
+"""Whole problems for testing a scan implementation: dimensions, inputs and loss gradients.
+
+Glossary (SCAN.md): N d_state · P head_dim · H n_head · G n_group (H % G == 0) · T tokens ·
+S sequences · R rows of the state cache s (every id < R).
+
+``make_problem(seed, **dims)`` builds one :class:`Case` from a seed (or a numpy Generator).
+Every float is stored as float32 (as ggml holds it), so a float32 implementation and the float64
+oracle see exactly the same numbers and their difference is arithmetic only. No hypothesis here:
+the strategies that draw Cases are in :mod:`ssm_ref.strategies`.
+
+Value regimes (``regime=``), each a different way for a port to go wrong:
+
+=============  ==================================================================================
+typical        the seed test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5),
+               A ~ -U(0.2, 1.0); g_y, g_states ~ U(-1, 1)
+wide_dt        dt beyond +-20: each dt is typical, exactly 20 (the log branch), in (20, 40]
+               (identity branch) or in [-40, -20) (float32 softplus is exactly 0 there)
+small_A        A near 0: U(-1e-3, 1e-3), about a quarter of the entries (at least one) exactly 0
+long_decay     decay near 1 over many tokens: A ~ -U(1e-3, 1e-2), so a = exp(d*A) is in
+               [0.99, 0.9995]; the strategies pair it with a large T
+overflow       some heads have A ~ U(100, 300) > 0; on those heads each sequence is either hot
+               (every dt in [10, 30]: exp(d*A) overflows to inf at every token, float32 and
+               float64 alike) or frozen (every dt in [-45, -40]: d*A ~ 0). The other heads
+               are typical. Designed so float32 and float64 give non-finite values at the same
+               places (SCAN.md, "Numerics"); the finite entries are judged by tolerance.
+nonfinite      typical values with a few nan, +inf and -inf written into random entries of the
+               inputs and the loss gradients. The float64 oracle may place non-finite values
+               differently from float32 here (float32's softplus is exactly 0 where float64's
+               is tiny, and inf * 0 is nan), so implementations are compared with the float32
+               reference's non-finite pattern only.
+=============  ==================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "IDS_PATTERNS",
+    "INPUT_NAMES",
+    "ORACLE_REGIMES",
+    "REGIMES",
+    "Case",
+    "make_problem",
+]
+
+INPUT_NAMES = ("s", "x", "dt", "A", "B", "C")
+
+# How ids map sequences to cache rows:
+#   none         ids=None (the default, arange(S)); R may exceed S, the extra rows are unused
+#   identity     ids = arange(S) given explicitly, R = S
+#   permutation  S distinct rows of R in shuffled order (R >= S; rows left over are unused)
+#   duplicates   some sequences share a row (needs S >= 2; one row is forced to repeat)
+#   unused       S distinct sorted rows of R > S, so at least one row is read by nobody
+IDS_PATTERNS = ("none", "identity", "permutation", "duplicates", "unused")
+
+REGIMES = ("typical", "wide_dt", "small_A", "long_decay", "overflow", "nonfinite")
+# The regimes whose float32 results are held to the float64 oracle within the tolerance table.
+ORACLE_REGIMES = ("typical", "wide_dt", "small_A", "long_decay", "overflow")
+
+
+@dataclass
+class Case:
+    """One problem: dims, float32 inputs (ids int64 or None) and the loss gradients.
+
+    ``recipe`` holds the keyword arguments that rebuild this Case with :func:`make_problem`
+    (seed included) when it was made from an integer seed; None otherwise.
+    """
+
+    dims: dict                      # S T H P N G R
+    variant: str                    # "mamba1" (A (H, N)) or "mamba2" (A (H,) or (H, 1))
+    ids_pattern: str
+    inputs: dict = field(repr=False)     # s x dt A B C ids
+    g_y: np.ndarray = field(repr=False)      # (S, T, H, P) float32
+    g_states: np.ndarray = field(repr=False)  # (S, H, P, N) float32
+    regime: str = "typical"
+    recipe: dict | None = None
+
+    def args(self, dtype=None) -> dict:
+        """Fresh copies of the inputs (widened to ``dtype`` if given) as keyword arguments."""
+        out = {}
+        for k, v in self.inputs.items():
+            if v is None or k == "ids":
+                out[k] = None if v is None else v.copy()
+            else:
+                out[k] = v.astype(dtype) if dtype is not None else v.copy()
+        return out
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The effective ids (arange(S) when the inputs say None)."""
+        ids = self.inputs["ids"]
+        return np.arange(self.dims["S"]) if ids is None else ids
+
+    @property
+    def label(self) -> str:
+        d = self.dims
+        seed = f" seed={self.recipe['seed']}" if self.recipe else ""
+        return (f"S={d['S']} T={d['T']} H={d['H']} P={d['P']} N={d['N']} G={d['G']} R={d['R']} "
+                f"{self.variant} A{self.inputs['A'].shape} ids={self.ids_pattern} "
+                f"regime={self.regime}{seed}")
+
+    def size(self) -> int:
+        """Elements in all inputs and loss gradients together."""
+        n = sum(v.size for k, v in self.inputs.items() if v is not None and k != "ids")
+        return n + self.g_y.size + self.g_states.size
+
+
+def _ids(rng, pattern: str, S: int, R: int):
+    if pattern == "none":
+        return None
+    if pattern == "identity":
+        return np.arange(S, dtype=np.int64)
+    if pattern == "permutation":
+        return rng.permutation(R)[:S].astype(np.int64)
+    if pattern == "duplicates":
+        ids = rng.integers(0, R, S).astype(np.int64)
+        ids[-1] = ids[0]
+        return ids
+    if pattern == "unused":
+        return np.sort(rng.choice(R, S, replace=False)).astype(np.int64)
+    raise ValueError(f"ids: unknown pattern {pattern!r}, expected one of {IDS_PATTERNS}")
+
+
+def _default_R(pattern: str, S: int) -> int:
+    return {"identity": S, "none": S, "duplicates": S, "permutation": S + 1, "unused": S + 2}[pattern]
+
+
+def _u(rng, lo, hi, shape) -> np.ndarray:
+    return rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def _pick(rng, choices: list[np.ndarray]) -> np.ndarray:
+    """Element-wise choice among same-shaped arrays, uniformly."""
+    k = rng.integers(0, len(choices), choices[0].shape)
+    return np.choose(k, choices).astype(np.float32)
+
+
+def _wide_dt(rng, shape) -> np.ndarray:
+    return _pick(rng, [_u(rng, -0.5, 0.5, shape), np.full(shape, 20.0, np.float32),
+                       _u(rng, 20.0, 40.0, shape) + np.float32(1e-3), _u(rng, -40.0, -20.0, shape)])
+
+
+def _overflow(rng, inputs: dict, S: int, T: int, H: int) -> None:
+    """Hot heads (A > 0): per sequence all tokens overflow exp, or all are frozen (d*A ~ 0)."""
+    A = inputs["A"]                                           # (H,), (H, 1) or (H, N)
+    hot_head = rng.random(H) < 0.5                            # (H,)
+    if H:
+        hot_head[rng.integers(0, H)] = True
+    A[hot_head] = _u(rng, 100.0, 300.0, A[hot_head].shape)
+    hot_seq = rng.random((S, H)) < 0.5                        # (S, H)
+    dt = inputs["dt"]                                         # (S, T, H)
+    for h in np.flatnonzero(hot_head):
+        for i in range(S):
+            lo, hi = (10.0, 30.0) if hot_seq[i, h] else (-45.0, -40.0)
+            dt[i, :, h] = _u(rng, lo, hi, T)
+
+
+def _poison(rng, arrays: dict) -> None:
+    """Write a few nan / +inf / -inf into random entries of the non-empty arrays."""
+    names = [k for k, v in arrays.items() if v is not None and v.size]
+    if not names:
+        return
+    for _ in range(int(rng.integers(1, 4))):
+        v = arrays[names[int(rng.integers(0, len(names)))]]
+        v.flat[int(rng.integers(0, v.size))] = (np.nan, np.inf, -np.inf)[int(rng.integers(0, 3))]
+
+
+def make_problem(rng, *, S=2, T=3, H=4, P=2, N=3, G=2, R=None, ids="permutation",
+                 variant="mamba2", a_form="h", dt_range=(-0.5, 0.5), regime="typical") -> Case:
+    """Build one Case.
+
+    rng: an int seed (the Case then carries a ``recipe`` that rebuilds it) or a numpy Generator.
+    ids: a pattern name from IDS_PATTERNS or an explicit sequence of ints (R defaults to
+    max + 1). a_form picks Mamba-2's A shape: "h" -> (H,), "h1" -> (H, 1); Mamba-1's is (H, N).
+    dt_range: the typical dt range (typical regime only). regime: one of REGIMES.
+    Raises ValueError for an unknown pattern, variant or regime, or a pattern the sizes forbid.
+    """
+    recipe = None
+    if isinstance(rng, (int, np.integer)):
+        recipe = dict(seed=int(rng), S=S, T=T, H=H, P=P, N=N, G=G, R=R, ids=ids, variant=variant,
+                      a_form=a_form, regime=regime)
+        if not isinstance(ids, str):
+            recipe["ids"] = [int(i) for i in ids]
+        rng = np.random.default_rng(int(rng))
+    if regime not in REGIMES:
+        raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+    if isinstance(ids, str):
+        R = _default_R(ids, S) if R is None else R
+        if ids == "duplicates" and S < 2:
+            raise ValueError("ids: the duplicates pattern needs S >= 2")
+        if ids == "unused" and R <= S:
+            raise ValueError("ids: the unused pattern needs R > S")
+        pattern, ids_arr = ids, _ids(rng, ids, S, R)
+    else:
+        pattern, ids_arr = "explicit", np.asarray(ids, dtype=np.int64)
+        R = int(ids_arr.max()) + 1 if R is None else R
+    if recipe is not None:
+        recipe["R"] = R
+
+    if variant == "mamba1":
+        a_shape = (H, N)
+    elif variant == "mamba2":
+        a_shape = (H,) if a_form == "h" else (H, 1)
+    else:
+        raise ValueError(f"variant: expected 'mamba1' or 'mamba2', got {variant!r}")
+    # The draw order of the typical regime is fixed: seeds of existing tests keep their values.
+    inputs = dict(
+        s=_u(rng, -0.5, 0.5, (R, H, P, N)),
+        x=_u(rng, -1.0, 1.0, (S, T, H, P)),
+        dt=_u(rng, *dt_range, (S, T, H)),
+        A=-_u(rng, 0.2, 1.0, a_shape),
+        B=_u(rng, -0.5, 0.5, (S, T, G, N)),
+        C=_u(rng, -0.5, 0.5, (S, T, G, N)),
+        ids=ids_arr,
+    )
+    g_y, g_states = _u(rng, -1.0, 1.0, (S, T, H, P)), _u(rng, -1.0, 1.0, (S, H, P, N))
+    if regime == "wide_dt":
+        inputs["dt"] = _wide_dt(rng, (S, T, H))
+    elif regime == "small_A":
+        A = _u(rng, -1e-3, 1e-3, a_shape)
+        A = np.where(rng.random(a_shape) < 0.25, np.float32(0), A).astype(np.float32)
+        if A.size:
+            A.flat[int(rng.integers(0, A.size))] = 0.0                # at least one exact 0
+        inputs["A"] = A
+    elif regime == "long_decay":
+        inputs["A"] = -_u(rng, 1e-3, 1e-2, a_shape)
+    elif regime == "overflow":
+        _overflow(rng, inputs, S, T, H)
+    elif regime == "nonfinite":
+        _poison(rng, {**{k: inputs[k] for k in INPUT_NAMES}, "g_y": g_y, "g_states": g_states})
+    return Case(dims=dict(S=S, T=T, H=H, P=P, N=N, G=G, R=R), variant=variant, ids_pattern=pattern,
+                inputs=inputs, g_y=g_y, g_states=g_states, regime=regime, recipe=recipe)

@@ -1,0 +1,167 @@
+"""A time-boxed fuzzer: every property of ssm_ref.properties, on any module with the
+INTERFACE.md functions, over problems drawn by ssm_ref.strategies, until the time is up.
+
+    from ssm_ref.fuzzing import fuzz
+    report = fuzz([my_port], minutes=30, save_dir="tests/regressions")
+    print(report.summary()); assert report.ok
+
+A failure is shrunk by hypothesis to a small case, which is reported with its recipe (the
+``make_problem`` call that rebuilds it: shapes, ids, variant, regime, seed) and, with
+``save_dir``, written as a regression file (ssm_ref.regressions) that the test suite replays.
+Needs hypothesis (``pip install 'ssm-scan[test]'``). The command line is ``ssm-scan fuzz``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+try:
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+except ImportError as e:  # pragma: no cover - exercised only without hypothesis installed
+    raise ImportError("ssm_ref.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
+                      "pip install 'ssm-scan[test]' (or pip install hypothesis)") from e
+
+from .cases import REGIMES, Case
+from .properties import PROPERTIES, PropertyFailed
+from .regressions import save_case
+from .strategies import problems
+from .tolerance import F32_TOL
+
+__all__ = ["Failure", "FuzzReport", "fuzz", "reproducer"]
+
+
+class _TimeUp(Exception):
+    """Raised inside hypothesis's search when the time is up and nothing has failed."""
+
+
+@dataclass
+class Failure:
+    backend: str
+    property: str
+    case: Case
+    message: str
+    saved: str = ""
+
+
+@dataclass
+class FuzzReport:
+    """Counts per (backend, property): ``examples`` drawn, ``checked`` (the property applied),
+    and every failure found (one per pair at most: a pair that failed is not fuzzed again)."""
+
+    seconds: float = 0.0
+    examples: dict = field(default_factory=dict)
+    checked: dict = field(default_factory=dict)
+    failures: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        lines = [f"fuzzed for {self.seconds:.0f} s: "
+                 f"{sum(self.checked.values())} property checks on {sum(self.examples.values())} drawn problems"]
+        for b, p in sorted(self.examples):
+            bad = any(f.backend == b and f.property == p for f in self.failures)
+            lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}")
+        for f in self.failures:
+            lines += ["", f"FAIL {f.backend} {f.property}", f"  reproduce: {reproducer(f.case)}",
+                      *("  " + line for line in f.message.splitlines())]
+            if f.saved:
+                lines.append(f"  saved: {f.saved}")
+        return "\n".join(lines)
+
+
+def reproducer(case: Case) -> str:
+    """The Python call that rebuilds ``case`` (from its recipe), or its label without one."""
+    if not case.recipe:
+        return case.label
+    r = dict(case.recipe)
+    seed = r.pop("seed")
+    args = ", ".join(f"{k}={v!r}" for k, v in r.items())
+    return f"ssm_ref.cases.make_problem({seed}, {args})"
+
+
+def _modname(module) -> str:
+    return getattr(module, "NAME", getattr(module, "__name__", repr(module)))
+
+
+def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
+         save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
+    """Fuzz ``backends`` (modules with ssm_scan, ssm_scan_back; INTERFACE.md) for ``minutes``.
+
+    properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
+    to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
+    (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
+    where failures are written as regression files. batch: examples per (backend, property)
+    per round (small, so that every property gets its turn early). sizes: size limits passed to
+    ssm_ref.strategies.problems (max_elements=...).
+    Raises ValueError for an unknown property or regime. Returns a FuzzReport.
+    """
+    names = list(PROPERTIES) if properties is None else list(properties)
+    unknown = [n for n in names if n not in PROPERTIES]
+    if unknown:
+        raise ValueError(f"properties: unknown {unknown}, expected names from {list(PROPERTIES)}")
+    bad = [r for r in regimes if r not in REGIMES]
+    if bad or not regimes:
+        raise ValueError(f"regimes: expected a non-empty selection of {REGIMES}, got {tuple(regimes)}")
+    tol = F32_TOL if tol is None else tol
+    rnd = random.Random(seed)
+    report = FuzzReport()
+    start = last_log = time.monotonic()
+    deadline = start + 60.0 * minutes
+    pairs = [(b, n) for b in backends for n in names if set(PROPERTIES[n].regimes) & set(regimes)]
+    done: set = set()
+    cfg = settings(max_examples=batch, database=None, deadline=None, phases=(Phase.generate, Phase.shrink),
+                   suppress_health_check=list(HealthCheck))
+    while time.monotonic() < deadline and len(done) < len(pairs):
+        for module, name in pairs:
+            key = (_modname(module), name)
+            if key in done or time.monotonic() >= deadline:
+                continue
+            prop = PROPERTIES[name]
+            strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes)
+
+            found = []
+
+            def fails(case, module=module, prop=prop, key=key, found=found) -> bool:
+                if not found and time.monotonic() >= deadline:
+                    raise _TimeUp           # stop drawing; a failure already found is still shrunk
+                report.examples[key] = report.examples.get(key, 0) + 1
+                try:
+                    applied = prop.check(module, case, tol)
+                except Exception:  # PropertyFailed, or a crash, which is a failure too
+                    found.append(True)
+                    return True
+                report.checked[key] = report.checked.get(key, 0) + int(bool(applied))
+                return False
+
+            try:
+                case = find(strategy, fails, settings=cfg, random=random.Random(rnd.getrandbits(64)))
+            except (NoSuchExample, Unsatisfiable, _TimeUp):
+                continue
+            done.add(key)
+            report.failures.append(_failure(module, key, prop, case, tol, save_dir))
+            if log:
+                log(f"FAIL {key[0]} {name}: {reproducer(case)}")
+        if log and time.monotonic() - last_log >= 10.0:
+            last_log = time.monotonic()
+            log(f"{last_log - start:6.0f} s  {sum(report.checked.values())} checks, "
+                f"{len(report.failures)} failures")
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
+    try:
+        prop.check(module, case, tol)
+        message = "failed while fuzzing, passed on the re-run (not deterministic?)"
+    except Exception as e:  # PropertyFailed, or the crash itself
+        message = str(e) if isinstance(e, PropertyFailed) else f"{type(e).__name__}: {e}"
+    f = Failure(backend=key[0], property=key[1], case=case, message=message)
+    if save_dir is not None:
+        f.saved = str(save_case(case, save_dir, prop=key[1], found_on=key[0], message=message))
+    return f

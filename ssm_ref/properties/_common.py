@@ -1,0 +1,108 @@
+"""What every property shares: running a backend, the oracle, comparisons that collect every
+failing output into one message, and a random generator tied to the case (so a failure
+reproduces from the case's recipe alone)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cases import Case
+from ..results import GRAD_NAMES
+from ..tolerance import Comparison, Tol, compare, scaled
+
+__all__ = ["Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run", "tol_for"]
+
+
+class PropertyFailed(AssertionError):
+    """A property does not hold; the message names the property, the outputs and the case."""
+
+
+@dataclass(frozen=True)
+class Property:
+    """One property: ``check(module, case, tol) -> bool`` raises PropertyFailed when it fails and
+    returns False when it does not apply to the case (e.g. Mamba-2 vs Mamba-1 needs N >= 2).
+    ``regimes``: the value regimes (ssm_ref.cases.REGIMES) it is claimed for."""
+
+    name: str
+    check: Callable
+    regimes: tuple
+    summary: str
+
+
+def _host(a) -> np.ndarray:
+    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def run(module, args: dict, g_y, g_states, backward: bool = True) -> dict:
+    """Forward (and backward) of ``module`` (INTERFACE.md) on keyword ``args``: outputs by name
+    (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays."""
+    r = module.ssm_scan(**args)
+    out = {"y": _host(r.y), "states": _host(r.states)}
+    if backward:
+        g = module.ssm_scan_back(**args, g_y=g_y, g_states=g_states)
+        out.update({k: _host(getattr(g, k)) for k in GRAD_NAMES})
+    return out
+
+
+def oracle(args: dict, g_y, g_states, backward: bool = True) -> dict:
+    """The float64 oracle's outputs (ssm_ref with dtype=np.float64)."""
+    import ssm_ref
+
+    r = ssm_ref.ssm_scan(**args, dtype=np.float64)
+    out = {"y": r.y, "states": r.states}
+    if backward:
+        g = ssm_ref.ssm_scan_back(**args, g_y=g_y, g_states=g_states, dtype=np.float64)
+        out.update(g.as_dict())
+    return out
+
+
+def tol_for(tol: dict, case: Case, k: float = 1.0) -> dict:
+    """The tolerance table for this case's T (ssm_ref.tolerance.scaled), times k."""
+    t = scaled(tol, case.dims["T"])
+    return t if k == 1.0 else {name: v.times(k) for name, v in t.items()}
+
+
+def close(name: str, got, want, tol: dict) -> Comparison:
+    return compare(name, got, want, tol[name])
+
+
+def combo(name: str, got, parts: list, tol: Tol) -> Comparison:
+    """``got`` against sum(c * a for c, a in parts), with a bound that grows with each part's own
+    size (a sum of float32 results carries each one's error): rtol * (||got|| + sum |c|*||a||)
+    + atol * sqrt(size) * (1 + sum |c|)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = sum(c * np.asarray(a, dtype=np.float64) for c, a in parts)
+    weight = 1.0 + sum(abs(c) for c, _ in parts)
+    base = compare(name, got, want, Tol(0.0, 0.0))
+    if base.detail or np.asarray(want).size == 0:
+        return base if base.detail else Comparison(name, True, 0.0, 0.0, 0.0, 0.0)
+    fin = np.isfinite(want)
+    norm = float(np.linalg.norm(np.asarray(got, dtype=np.float64)[fin]))
+    norm += sum(abs(c) * float(np.linalg.norm(np.asarray(a, dtype=np.float64)[fin])) for c, a in parts)
+    bound = tol.rtol * norm + tol.atol * math.sqrt(int(fin.sum())) * weight
+    return Comparison(name, base.err <= bound, base.err, bound, base.rel, base.max_rel)
+
+
+def expect(prop: str, comparisons, case: Case, note: str = "") -> None:
+    """Raise PropertyFailed listing every failed comparison."""
+    bad = [c for c in comparisons if not c.ok]
+    if bad:
+        lines = "\n  ".join(c.message() for c in bad)
+        raise PropertyFailed(f"{prop}{' (' + note + ')' if note else ''} fails for {case.label}:\n  {lines}")
+
+
+def case_rng(case: Case, salt: str) -> np.random.Generator:
+    """A generator determined by the case (its recipe seed, else its bytes) and ``salt``."""
+    if case.recipe is not None:
+        key = int(case.recipe["seed"])
+    else:
+        key = 0
+        for v in (*case.inputs.values(), case.g_y, case.g_states):
+            if v is not None:
+                key = zlib.crc32(np.ascontiguousarray(v).tobytes(), key)
+    return np.random.default_rng([key, zlib.crc32(salt.encode())])

@@ -1,0 +1,121 @@
+"""Properties of the scan's structure, each comparing a backend with itself on two equivalent
+problems: splitting the tokens, repeating groups, Mamba-2 as Mamba-1, permuting sequences, and
+d_s as the scatter-add of d_s0.
+
+Two float32 runs are each within the tolerance of the exact value, so they are within twice the
+tolerance of each other: every comparison here uses the table times 2 (scaled for long T)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cases import Case
+from ..tolerance import compare
+from ._common import case_rng, close, combo, expect, run, tol_for
+
+__all__ = ["group_broadcast", "mamba2_as_mamba1", "permute_sequences", "scatter_of_d_s0", "split_tokens"]
+
+PER_TOKEN = ("x", "dt", "B", "C")
+PER_SEQ_OUT = ("y", "states", "d_s0", "d_x", "d_dt", "d_B", "d_C")
+SAME = ("y", "states", "d_s", "d_s0", "d_x", "d_dt")
+
+
+def split_tokens(module, case: Case, tol: dict) -> bool:
+    """Scanning tokens [0, t) then [t, T) from the first part's final states equals one scan;
+    backward: the second part's d_s0 is the first part's g_states, and the gradients of the two
+    parts, concatenated over tokens (d_A: added), equal the one scan's. t is drawn in 0..T."""
+    a = case.args()
+    T = case.dims["T"]
+    t = int(case_rng(case, "split").integers(0, T + 1))
+    head = {**a, **{k: a[k][:, :t] for k in PER_TOKEN}}
+    whole = run(module, a, case.g_y, case.g_states)
+    r1 = run(module, head, None, None, backward=False)
+    tail = {"s": r1["states"], "A": a["A"], "ids": None, **{k: a[k][:, t:] for k in PER_TOKEN}}
+    second = run(module, tail, case.g_y[:, t:], case.g_states)
+    first = run(module, head, case.g_y[:, :t], second["d_s0"])
+    tt = tol_for(tol, case, 2.0)
+    got = {"y": np.concatenate([r1["y"], second["y"]], axis=1), "states": second["states"],
+           "d_s": first["d_s"], "d_s0": first["d_s0"],
+           **{k: np.concatenate([first[k], second[k]], axis=1) for k in ("d_x", "d_dt", "d_B", "d_C")}}
+    checks = [close(k, got[k], whole[k], tt) for k in got]
+    checks.append(combo("d_A", whole["d_A"], [(1.0, first["d_A"]), (1.0, second["d_A"])], tt["d_A"]))
+    expect("split_tokens", checks, case, f"split at t = {t}")
+    return True
+
+
+def group_broadcast(module, case: Case, tol: dict) -> bool:
+    """G groups equal G*k groups with B and C repeated k times (k > 1 divides H/G; not
+    applicable when H/G has no such divisor); d_B and d_C of the repeated groups, summed back
+    over each block of k, equal the G-group gradients."""
+    d = case.dims
+    hpg = d["H"] // d["G"] if d["G"] else 0
+    ks = [k for k in range(2, hpg + 1) if hpg % k == 0]
+    if not ks:
+        return False
+    k = ks[int(case_rng(case, "groups").integers(0, len(ks)))]
+    a = case.args()
+    wide = {**a, "B": np.repeat(a["B"], k, axis=2), "C": np.repeat(a["C"], k, axis=2)}
+    base = run(module, a, case.g_y, case.g_states)
+    rep = run(module, wide, case.g_y, case.g_states)
+    tt = tol_for(tol, case, 2.0)
+    S, T, G, N = d["S"], d["T"], d["G"], d["N"]
+    checks = [close(n, rep[n], base[n], tt) for n in (*SAME, "d_A")]
+    for n in ("d_B", "d_C"):
+        blocks = rep[n].reshape(S, T, G, k, N)
+        checks.append(combo(n, base[n], [(1.0, blocks[:, :, :, j]) for j in range(k)], tt[n]))
+    expect("group_broadcast", checks, case, f"G = {G} vs {G * k}")
+    return True
+
+
+def mamba2_as_mamba1(module, case: Case, tol: dict) -> bool:
+    """Mamba-2 with A (H,) equals Mamba-1 with that A repeated over N (needs N >= 2: with N == 1
+    the shapes coincide); d_A of the Mamba-1 run summed over N equals the Mamba-2 d_A. A Mamba-1
+    case uses the first column of its A."""
+    d = case.dims
+    if d["N"] < 2:
+        return False
+    a = case.args()
+    H, N = d["H"], d["N"]
+    A2 = a["A"].reshape(H, -1)[:, 0].copy()                  # (H,)
+    m2 = run(module, {**a, "A": A2}, case.g_y, case.g_states)
+    m1 = run(module, {**a, "A": np.repeat(A2[:, None], N, axis=1)}, case.g_y, case.g_states)
+    tt = tol_for(tol, case, 2.0)
+    checks = [close(n, m1[n], m2[n], tt) for n in (*SAME, "d_B", "d_C")]
+    checks.append(combo("d_A", m2["d_A"], [(1.0, m1["d_A"][:, j]) for j in range(N)], tt["d_A"]))
+    expect("mamba2_as_mamba1", checks, case)
+    return True
+
+
+def permute_sequences(module, case: Case, tol: dict) -> bool:
+    """Permuting the sequences together with their ids (and g_y, g_states) permutes y, states,
+    d_s0, d_x, d_dt, d_B, d_C the same way and leaves d_s and d_A unchanged."""
+    S = case.dims["S"]
+    perm = case_rng(case, "permute").permutation(S)
+    a = case.args()
+    moved = {**a, "ids": np.asarray(case.ids)[perm], **{k: a[k][perm] for k in PER_TOKEN}}
+    base = run(module, a, case.g_y, case.g_states)
+    got = run(module, moved, case.g_y[perm], case.g_states[perm])
+    tt = tol_for(tol, case, 2.0)
+    checks = [close(n, got[n], base[n][perm], tt) for n in PER_SEQ_OUT]
+    checks += [close(n, got[n], base[n], tt) for n in ("d_s", "d_A")]
+    expect("permute_sequences", checks, case, f"permutation {perm.tolist()}")
+    return True
+
+
+def scatter_of_d_s0(module, case: Case, tol: dict) -> bool:
+    """d_s equals the scatter-add of the backend's own d_s0: row r holds the sum of d_s0[i] over
+    the i with ids[i] == r (summed here in float64, in order i = 0..S-1), rows no sequence reads
+    are exactly 0."""
+    g = run(module, case.args(), case.g_y, case.g_states)
+    ids = np.asarray(case.ids).tolist()
+    want = np.zeros(g["d_s"].shape, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, r in enumerate(ids):
+            want[r] += g["d_s0"][i]
+    unread = sorted(set(range(case.dims["R"])) - set(ids))
+    checks = [compare("d_s", g["d_s"], want, tol_for(tol, case)["d_s"])]
+    if unread and np.any(g["d_s"][unread] != 0):
+        checks.append(compare("d_s (rows nobody reads)", g["d_s"][unread], np.zeros_like(want[unread]),
+                              tol["d_s"].times(0.0)))
+    expect("scatter_of_d_s0", checks, case)
+    return True

@@ -1,0 +1,176 @@
+"""Golden vectors: a fixed, documented set of cases with their inputs and the float64 oracle's
+outputs, in memory or on disk for ports in any language (docs/PORTING.md).
+
+    cases = golden_cases()                  # list[Golden], computed now by ssm_ref
+    write_vectors("golden/")                # manifest.json + <case>.bin + <case>.npz
+    cases = read_vectors("golden/")         # the same list, read back (from the .bin files)
+
+On disk, per case, one raw little-endian ``<case>.bin`` (arrays back to back, each at an offset
+that is a multiple of 8) and one ``<case>.npz`` with the same arrays by name; ``manifest.json``
+lists every array's name, role, dtype, shape (numpy order), ggml ``ne`` (reversed), offset and
+byte count, plus the tolerance table. Arrays of a case:
+
+    inputs    s x dt A B C (float32; A in the shape the case gives it), ids (int32),
+              g_y g_states (float32), g_packed (float32: g_y | g_states, the packed layout)
+    expected  y states d_s d_s0 d_x d_dt d_A d_B d_C (float64: the oracle),
+              fwd_packed (float32: y | states, ggml SSM_SCAN),
+              bwd_packed (float32: d_s0 | d_x | d_dt | d_A | d_B | d_C, ggmlR SSM_SCAN_BACK)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cases import Case, make_problem
+from .tolerance import F32_TOL, T_MEASURED
+
+__all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_vectors"]
+
+FORMAT = "ssm-scan golden vectors 1"
+INPUTS = ("s", "x", "dt", "A", "B", "C", "ids", "g_y", "g_states", "g_packed")
+EXPECTED = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C", "fwd_packed", "bwd_packed")
+
+# name -> (what it exercises, make_problem arguments). Fixed seeds: the values never change.
+GOLDEN = {
+    "tiny_mamba2": ("the smallest interesting case: Mamba-2, A of shape (H,), one group",
+                    dict(seed=101, S=1, T=3, H=2, P=2, N=4, G=1, ids="none")),
+    "mamba1_groups": ("Mamba-1 (A of shape (H, N)), two groups, ids permuted into a cache of R > S rows",
+                      dict(seed=102, S=2, T=5, H=4, P=3, N=5, G=2, R=3, ids="permutation", variant="mamba1")),
+    "shared_rows": ("ids [2, 0, 2]: two sequences read one row, row 1 is read by none; d_s != d_s0; "
+                    "A of shape (H, 1)", dict(seed=103, S=3, T=4, H=2, P=2, N=3, G=1, R=4, ids=[2, 0, 2],
+                                              a_form="h1")),
+    "no_tokens": ("T = 0: empty y, states = s[ids], d_s0 = g_states, d_A = 0",
+                  dict(seed=104, S=2, T=0, H=2, P=2, N=3, G=1, R=3, ids="permutation")),
+    "one_token": ("T = 1, three groups of one head", dict(seed=105, S=2, T=1, H=3, P=2, N=2, G=3, ids="identity")),
+    "softplus_branches": ("dt exactly 20 (log branch), above 20 (identity), below -20 (float32 softplus is 0)",
+                          dict(seed=106, S=2, T=6, H=2, P=2, N=3, G=1, ids="none", regime="wide_dt")),
+    "small_A": ("A within 1e-3 of 0, some exactly 0", dict(seed=107, S=2, T=5, H=2, P=3, N=4, G=2,
+                                                         variant="mamba1", regime="small_A")),
+    "long_decay": ("T = 128 with decay exp(d*A) in [0.99, 0.9995]: the tolerance is scaled by T / 16",
+                   dict(seed=108, S=1, T=128, H=2, P=2, N=4, G=1, ids="none", regime="long_decay")),
+    "ggml_shape": ("d_state 128, head_dim 16: a shape ggml's own Vulkan kernel accepts",
+                   dict(seed=109, S=1, T=4, H=2, P=16, N=128, G=1, ids="none")),
+    "overflow": ("heads 0, 1: A > 0 large, exp overflows (head 0 only in sequence 0); head 2 typical: "
+                 "outputs hold inf and nan at defined places",
+                 dict(seed=110, S=2, T=3, H=3, P=2, N=3, G=1, ids="identity", regime="overflow")),
+}
+
+
+@dataclass(frozen=True)
+class Golden:
+    """One golden case: ``inputs`` and ``expected`` arrays by name (see the module docstring),
+    its dims (S T H P N G R), the case it was made from, and the tolerance table for its T."""
+
+    name: str
+    description: str
+    dims: dict
+    variant: str
+    regime: str
+    inputs: dict
+    expected: dict
+
+    @property
+    def tol(self) -> dict:
+        from .tolerance import scaled
+
+        return scaled(F32_TOL, self.dims["T"])
+
+
+def _golden(name: str, description: str, case: Case) -> Golden:
+    import ssm_ref
+
+    a = case.args()
+    ids = np.asarray(case.ids, dtype=np.int32)                # explicit, ggml's id type
+    r = ssm_ref.ssm_scan(**{**a, "ids": ids}, dtype=np.float64)
+    g = ssm_ref.ssm_scan_back(**{**a, "ids": ids}, g_y=case.g_y, g_states=case.g_states, dtype=np.float64)
+    inputs = {k: a[k] for k in ("s", "x", "dt", "A", "B", "C")}
+    inputs.update(ids=ids, g_y=case.g_y, g_states=case.g_states,
+                  g_packed=ssm_ref.pack_forward(case.g_y, case.g_states))
+    expected = {"y": r.y, "states": r.states, **g.as_dict(), "fwd_packed": r.packed(), "bwd_packed": g.packed()}
+    return Golden(name=name, description=description, dims=dict(case.dims), variant=case.variant,
+                  regime=case.regime, inputs=inputs, expected=expected)
+
+
+def golden_cases(names=None) -> list[Golden]:
+    """The golden cases (all of GOLDEN, or those named), computed with ssm_ref's float64 oracle.
+    Raises KeyError for an unknown name."""
+    out = []
+    for name in (GOLDEN if names is None else names):
+        description, recipe = GOLDEN[name]
+        kw = dict(recipe)
+        out.append(_golden(name, description, make_problem(kw.pop("seed"), **kw)))
+    return out
+
+
+def _layout(g: Golden) -> list[dict]:
+    entries, offset = [], 0
+    for role, arrays in (("input", g.inputs), ("expected", g.expected)):
+        for k, v in arrays.items():
+            v = np.asarray(v)
+            nbytes = v.size * v.dtype.itemsize
+            entries.append({"name": k, "role": role, "dtype": v.dtype.name, "shape": list(v.shape),
+                            "ne": list(v.shape[::-1]), "offset": offset, "nbytes": nbytes})
+            offset += -(-nbytes // 8) * 8
+    return entries
+
+
+def write_vectors(out_dir, names=None) -> Path:
+    """Write the golden cases to ``out_dir`` (created if needed); returns the manifest's path."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    import ssm_ref
+
+    cases = []
+    for g in golden_cases(names):
+        layout = _layout(g)
+        blob = bytearray(layout[-1]["offset"] + layout[-1]["nbytes"] if layout else 0)
+        arrays = {**g.inputs, **g.expected}
+        for e in layout:
+            v = np.ascontiguousarray(arrays[e["name"]])
+            le = v.astype(v.dtype.newbyteorder("<"), copy=False)
+            blob[e["offset"]:e["offset"] + e["nbytes"]] = le.tobytes()
+        (d / f"{g.name}.bin").write_bytes(bytes(blob))
+        np.savez(d / f"{g.name}.npz", **arrays)
+        cases.append({"name": g.name, "description": g.description, "dims": g.dims, "variant": g.variant,
+                      "regime": g.regime, "bin": f"{g.name}.bin", "npz": f"{g.name}.npz",
+                      "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in g.tol.items()},
+                      "arrays": layout})
+    manifest = {
+        "format": FORMAT, "ssm_ref_version": ssm_ref.__version__, "byte_order": "little",
+        "layout": "C order (numpy shape; ggml ne is the reverse); offsets are multiples of 8",
+        "expected_precision": "float64 oracle for structured outputs; packed blocks rounded to float32",
+        "tolerance_rule": "||got - want||_2 <= rtol * ||want||_2 + atol * sqrt(size), over finite entries; "
+                          f"non-finite entries (nan, +inf, -inf) must match exactly; when T > {T_MEASURED} the "
+                          f"table is scaled by T / {T_MEASURED} (already applied in each case's table)",
+        "cases": cases,
+    }
+    path = d / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def read_vectors(in_dir) -> list[Golden]:
+    """Read cases written by :func:`write_vectors` from their ``.bin`` files and the manifest.
+    Raises ValueError for another format or a file whose size disagrees with the manifest."""
+    d = Path(in_dir)
+    manifest = json.loads((d / "manifest.json").read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{d / 'manifest.json'}: expected format {FORMAT!r}, got {manifest.get('format')!r}")
+    out = []
+    for c in manifest["cases"]:
+        blob = (d / c["bin"]).read_bytes()
+        arrays = {"input": {}, "expected": {}}
+        for e in c["arrays"]:
+            end = e["offset"] + e["nbytes"]
+            if end > len(blob):
+                raise ValueError(f"{c['bin']}: {e['name']} ends at byte {end}, the file has {len(blob)}")
+            dt = np.dtype(e["dtype"]).newbyteorder("<")
+            v = np.frombuffer(blob[e["offset"]:end], dtype=dt).reshape(e["shape"])
+            arrays[e["role"]][e["name"]] = v.astype(dt.newbyteorder("="))
+        out.append(Golden(name=c["name"], description=c["description"], dims=c["dims"], variant=c["variant"],
+                          regime=c["regime"], inputs=arrays["input"], expected=arrays["expected"]))
+    return out
