@@ -1,0 +1,283 @@
+"""Backward scan kernels (private: they trust their inputs and only do arithmetic).
+
+Partition and determinism
+-------------------------
+Every sum that crosses rows (h, p) -- d_B and d_C over the heads of a group and the channels,
+d_dt over channels, d_A over sequences, channels and tokens -- must come out bit-identical for any
+number of threads. So no task ever adds into memory another task writes:
+
+* A task is (sequence i, group g, chunk c). The hpg*P rows (h, p) of group g are cut into
+  ``chunks`` contiguous ranges; ``chunks`` depends only on the shape (config.TASKS_BWD), never on
+  the thread count. A task walks its rows in order and adds their d_B / d_C contributions into its
+  own slab ``part_B[i, c]`` / ``part_C[i, c]`` (T, G, N). With one chunk the slab *is* d_B / d_C.
+* Per-row results go to per-row scratch: ``dd[i, t, h, p]`` (the row's share of dL/d softplus(dt))
+  and ``dA_rows[i, h, p, :]`` (the row's share of d_A). Rows are owned by exactly one task.
+* :func:`finish` then reduces in a fixed order: d_dt over p, d_A over (i, p), and the chunk slabs
+  over c (c = 0, 1, ...), each in a loop that one thread runs from start to end.
+
+Thread scheduling can change which thread runs a task, never what a task computes or the order of
+a reduction, hence bit-identical results for NUMBA_NUM_THREADS = 1, 2, 4, ... and run to run.
+
+Recompute with checkpoints
+--------------------------
+The forward states are not stored. Per row (Mamba-2) or block of rows (Mamba-1), a first pass runs
+the recurrence and keeps the state at the start of every segment of ``seg`` tokens (checkpoints);
+then, from the last segment to the first, the segment's states are recomputed into a (seg+1)-state
+buffer and the tokens are walked backwards. Scratch per task is O(T/seg + seg) states per row
+in flight, never O(T) states per row; with one segment (T <= seg) the first pass is skipped.
+
+Layouts follow the forward's (kernels_fwd): Mamba-2 walks one row of N contiguous floats at a time
+(sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` rows side by side, transposed
+(N, lanes), so the per-state exp and the per-row sums run lane-wise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .config import KERNEL
+from .mathf import exp_f32, sigmoid_f32, softplus_f32
+
+ZERO = np.float32(0.0)
+
+
+@njit(**KERNEL)
+def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
+                    d_s0, d_x, dd, dA_rows, part_B, part_C):
+    """Mamba-2 backward, rows layout. Inputs as the forward plus g_y (S,T,H,P), g_states (S,H,P,N).
+    Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and adds into
+    part_B / part_C (S, chunks, T, G, N), which must be zero on entry."""
+    S, T, H, P = x.shape
+    N = s.shape[3]
+    G = B.shape[2]
+    hpg = H // G
+    RG = hpg * P
+    nseg = (T + seg - 1) // seg
+    for task in prange(S * G * chunks):
+        i = task // (G * chunks)
+        g = (task // chunks) % G
+        c = task % chunks
+        ra = c * RG // chunks
+        rb = (c + 1) * RG // chunks
+        j = ids[i]
+        d_t = np.empty(T, dtype=np.float32)
+        a_t = np.empty(T, dtype=np.float32)
+        cps = np.empty((max(nseg, 1), N), dtype=np.float32)  # state before token k*seg
+        sts = np.empty((seg + 1, N), dtype=np.float32)       # states of one segment
+        lam = np.empty(N, dtype=np.float32)                  # a_{t+1} * lam_{t+1}, then d_s0
+        h_cur = -1
+        for r in range(ra, rb):
+            h = g * hpg + r // P
+            p = r % P
+            if h != h_cur:
+                for t in range(T):
+                    d = softplus_f32(dt[i, t, h])
+                    d_t[t] = d
+                    a_t[t] = exp_f32(d * A[h, 0])
+                h_cur = h
+            for n in range(N):
+                cps[0, n] = s[j, h, p, n]
+                lam[n] = g_states[i, h, p, n]
+            if nseg > 1:
+                for n in range(N):
+                    sts[0, n] = cps[0, n]
+                for t in range((nseg - 1) * seg):
+                    a = a_t[t]
+                    u = x[i, t, h, p] * d_t[t]
+                    for n in range(N):
+                        sts[0, n] = sts[0, n] * a + B[i, t, g, n] * u
+                    if (t + 1) % seg == 0:
+                        k = (t + 1) // seg
+                        for n in range(N):
+                            cps[k, n] = sts[0, n]
+            dA_acc = 0.0
+            for sg in range(nseg - 1, -1, -1):
+                t0 = sg * seg
+                t1 = min(T, t0 + seg)
+                for n in range(N):
+                    sts[0, n] = cps[sg, n]
+                for t in range(t0, t1):
+                    k = t - t0
+                    a = a_t[t]
+                    u = x[i, t, h, p] * d_t[t]
+                    for n in range(N):
+                        sts[k + 1, n] = sts[k, n] * a + B[i, t, g, n] * u
+                for t in range(t1 - 1, t0 - 1, -1):
+                    k = t - t0
+                    d = d_t[t]
+                    a = a_t[t]
+                    xv = x[i, t, h, p]
+                    u = xv * d
+                    gy = g_y[i, t, h, p]
+                    gam = ZERO
+                    qs = ZERO
+                    for n in range(N):
+                        lm = lam[n] + gy * C[i, t, g, n]
+                        part_C[i, c, t, g, n] += gy * sts[k + 1, n]
+                        part_B[i, c, t, g, n] += lm * u
+                        gam += lm * B[i, t, g, n]
+                        qs += lm * sts[k, n]
+                        lam[n] = a * lm
+                    w = a * qs                               # sum_n q_t[n] = a_t * sum_n lam*st_{t-1}
+                    d_x[i, t, h, p] = gam * d
+                    dd[i, t, h, p] = gam * xv + A[h, 0] * w
+                    dA_acc += np.float64(d * w)
+            for n in range(N):
+                d_s0[i, h, p, n] = lam[n]
+            dA_rows[i, h, p, 0] = dA_acc
+
+
+@njit(**KERNEL)
+def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
+                    d_s0, d_x, dd, dA_rows, part_B, part_C):
+    """Mamba-1 backward, lanes layout. As :func:`backward_mamba2` with A (H,N) and dA_rows
+    (S,H,P,N) float64; ``lanes``: rows walked side by side."""
+    S, T, H, P = x.shape
+    N = s.shape[3]
+    G = B.shape[2]
+    hpg = H // G
+    RG = hpg * P
+    nseg = (T + seg - 1) // seg
+    x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
+    gy2 = g_y.reshape(S, T, H * P)
+    dx2 = d_x.reshape(S, T, H * P)
+    dd2 = dd.reshape(S, T, H * P)
+    for task in prange(S * G * chunks):
+        i = task // (G * chunks)
+        g = (task // chunks) % G
+        c = task % chunks
+        ra = g * RG + c * RG // chunks
+        rb = g * RG + (c + 1) * RG // chunks
+        j = ids[i]
+        L = max(1, min(lanes, rb - ra))
+        h_l = np.empty(L, dtype=np.int64)
+        d_tl = np.empty((T, L), dtype=np.float32)            # softplus(dt[i, t, h_l])
+        A_t = np.empty((N, L), dtype=np.float32)             # A[h_l, n]
+        cps = np.empty((max(nseg, 1), N, L), dtype=np.float32)
+        sts = np.empty((seg + 1, N, L), dtype=np.float32)
+        dec = np.empty((seg, N, L), dtype=np.float32)        # exp(d * A) of the segment
+        lam = np.empty((N, L), dtype=np.float32)
+        dA1 = np.empty((N, L), dtype=np.float32)
+        u_l = np.empty(L, dtype=np.float32)
+        g_l = np.empty(L, dtype=np.float32)
+        gam = np.empty(L, dtype=np.float32)
+        qa = np.empty(L, dtype=np.float32)
+        r0 = ra
+        while r0 < rb:
+            nl = min(L, rb - r0)
+            for l in range(nl):
+                h = (r0 + l) // P
+                p = r0 + l - h * P
+                h_l[l] = h
+                for n in range(N):
+                    cps[0, n, l] = s[j, h, p, n]
+                    lam[n, l] = g_states[i, h, p, n]
+                    A_t[n, l] = A[h, n]
+                    dA1[n, l] = ZERO
+            for t in range(T):
+                for l in range(nl):
+                    d_tl[t, l] = softplus_f32(dt[i, t, h_l[l]])
+            if nseg > 1:
+                for n in range(N):
+                    for l in range(nl):
+                        sts[0, n, l] = cps[0, n, l]
+                for t in range((nseg - 1) * seg):
+                    for l in range(nl):
+                        u_l[l] = x2[i, t, r0 + l] * d_tl[t, l]
+                    for n in range(N):
+                        b = B[i, t, g, n]
+                        for l in range(nl):
+                            sts[0, n, l] = sts[0, n, l] * exp_f32(d_tl[t, l] * A_t[n, l]) + b * u_l[l]
+                    if (t + 1) % seg == 0:
+                        k = (t + 1) // seg
+                        for n in range(N):
+                            for l in range(nl):
+                                cps[k, n, l] = sts[0, n, l]
+            for sg in range(nseg - 1, -1, -1):
+                t0 = sg * seg
+                t1 = min(T, t0 + seg)
+                for n in range(N):
+                    for l in range(nl):
+                        sts[0, n, l] = cps[sg, n, l]
+                for t in range(t0, t1):
+                    k = t - t0
+                    for l in range(nl):
+                        u_l[l] = x2[i, t, r0 + l] * d_tl[t, l]
+                    for n in range(N):
+                        b = B[i, t, g, n]
+                        for l in range(nl):
+                            a = exp_f32(d_tl[t, l] * A_t[n, l])
+                            dec[k, n, l] = a
+                            sts[k + 1, n, l] = sts[k, n, l] * a + b * u_l[l]
+                for t in range(t1 - 1, t0 - 1, -1):
+                    k = t - t0
+                    for l in range(nl):
+                        u_l[l] = x2[i, t, r0 + l] * d_tl[t, l]
+                        g_l[l] = gy2[i, t, r0 + l]
+                        gam[l] = ZERO
+                        qa[l] = ZERO
+                    for n in range(N):
+                        b = B[i, t, g, n]
+                        cc = C[i, t, g, n]
+                        sC = ZERO
+                        sB = ZERO
+                        for l in range(nl):
+                            lm = lam[n, l] + g_l[l] * cc
+                            sC += g_l[l] * sts[k + 1, n, l]
+                            sB += lm * u_l[l]
+                            gam[l] += lm * b
+                            a = dec[k, n, l]
+                            q = lm * sts[k, n, l] * a
+                            qa[l] += q * A_t[n, l]
+                            dA1[n, l] += q * d_tl[t, l]
+                            lam[n, l] = a * lm
+                        part_C[i, c, t, g, n] += sC
+                        part_B[i, c, t, g, n] += sB
+                    for l in range(nl):
+                        dx2[i, t, r0 + l] = gam[l] * d_tl[t, l]
+                        dd2[i, t, r0 + l] = gam[l] * x2[i, t, r0 + l] + qa[l]
+            for l in range(nl):
+                h = h_l[l]
+                p = r0 + l - h * P
+                for n in range(N):
+                    d_s0[i, h, p, n] = lam[n, l]
+                    dA_rows[i, h, p, n] = dA1[n, l]
+            r0 += nl
+
+
+@njit(**KERNEL)
+def finish(dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C):
+    """The fixed-order reductions: d_dt[i,t,h] = sum_p dd * softplus'(dt); d_A = sum over (i, p)
+    of dA_rows (float64 sums); d_B / d_C = sum over chunks c of the slabs (skipped with one chunk,
+    where the slab is d_B / d_C itself)."""
+    S, T, H, P = dd.shape
+    chunks = part_B.shape[1]
+    G = d_B.shape[2]
+    N = d_B.shape[3]
+    for it in prange(S * T):
+        i = it // T
+        t = it % T
+        for h in range(H):
+            acc = 0.0
+            for p in range(P):
+                acc += dd[i, t, h, p]
+            d_dt[i, t, h] = np.float32(acc) * sigmoid_f32(dt[i, t, h])
+        if chunks > 1:
+            for g in range(G):
+                for n in range(N):
+                    sb = part_B[i, 0, t, g, n]
+                    sc = part_C[i, 0, t, g, n]
+                    for c in range(1, chunks):
+                        sb += part_B[i, c, t, g, n]
+                        sc += part_C[i, c, t, g, n]
+                    d_B[i, t, g, n] = sb
+                    d_C[i, t, g, n] = sc
+    K = d_A.shape[1]
+    for h in prange(H):
+        for n in range(K):
+            acc = 0.0
+            for i in range(S):
+                for p in range(P):
+                    acc += dA_rows[i, h, p, n]
+            d_A[h, n] = np.float32(acc)
