@@ -155,6 +155,9 @@ def _expect_ndim(name: str, arr: np.ndarray, symbols: str, ndim: int) -> None:
 
 def _check_ids(ids, S: int, R: int) -> np.ndarray:
     if ids is None:
+        if S > R:
+            raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
+                             f"got R = {R}")
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
     arr = _as_array("ids", ids)
     if arr.dtype.kind not in "iu":
