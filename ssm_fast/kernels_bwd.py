@@ -28,7 +28,9 @@ in flight, never O(T) states per row; with one segment (T <= seg) the first pass
 
 Layouts follow the forward's (kernels_fwd): Mamba-2 walks one row of N contiguous floats at a time
 (sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` rows side by side, transposed
-(N, lanes), so the per-state exp and the per-row sums run lane-wise.
+(N, lanes), so the per-state exp and the per-row sums run lane-wise. Backward walks are written as
+forward ``range`` loops with a computed index: numba's negative-step ``range`` kept LLVM from
+vectorising the loops over n inside it.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                         for n in range(N):
                             cps[k, n] = sts[0, n]
             dA_acc = 0.0
-            for sg in range(nseg - 1, -1, -1):
+            for back in range(nseg):                        # segments, last first
+                sg = nseg - 1 - back
                 t0 = sg * seg
                 t1 = min(T, t0 + seg)
                 for n in range(N):
@@ -103,8 +106,9 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                     u = x[i, t, h, p] * d_t[t]
                     for n in range(N):
                         sts[k + 1, n] = sts[k, n] * a + B[i, t, g, n] * u
-                for t in range(t1 - 1, t0 - 1, -1):
-                    k = t - t0
+                for k_back in range(t1 - t0):               # tokens, last first
+                    k = t1 - t0 - 1 - k_back
+                    t = t0 + k
                     d = d_t[t]
                     a = a_t[t]
                     xv = x[i, t, h, p]
@@ -112,13 +116,17 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                     gy = g_y[i, t, h, p]
                     gam = ZERO
                     qs = ZERO
+                    # Two passes over n, each with few enough arrays that LLVM's runtime alias
+                    # checks stay under its limit and the loop is vectorised.
                     for n in range(N):
-                        lm = lam[n] + gy * C[i, t, g, n]
-                        part_C[i, c, t, g, n] += gy * sts[k + 1, n]
-                        part_B[i, c, t, g, n] += lm * u
+                        lm = lam[n] + gy * C[i, t, g, n]     # lam_t
+                        lam[n] = lm
                         gam += lm * B[i, t, g, n]
                         qs += lm * sts[k, n]
-                        lam[n] = a * lm
+                    for n in range(N):
+                        part_C[i, c, t, g, n] += gy * sts[k + 1, n]
+                        part_B[i, c, t, g, n] += lam[n] * u
+                        lam[n] = a * lam[n]
                     w = a * qs                               # sum_n q_t[n] = a_t * sum_n lam*st_{t-1}
                     d_x[i, t, h, p] = gam * d
                     dd[i, t, h, p] = gam * xv + A[h, 0] * w
@@ -194,7 +202,8 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
                         for n in range(N):
                             for l in range(nl):
                                 cps[k, n, l] = sts[0, n, l]
-            for sg in range(nseg - 1, -1, -1):
+            for back in range(nseg):                        # segments, last first
+                sg = nseg - 1 - back
                 t0 = sg * seg
                 t1 = min(T, t0 + seg)
                 for n in range(N):
@@ -210,8 +219,9 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
                             a = exp_f32(d_tl[t, l] * A_t[n, l])
                             dec[k, n, l] = a
                             sts[k + 1, n, l] = sts[k, n, l] * a + b * u_l[l]
-                for t in range(t1 - 1, t0 - 1, -1):
-                    k = t - t0
+                for k_back in range(t1 - t0):               # tokens, last first
+                    k = t1 - t0 - 1 - k_back
+                    t = t0 + k
                     for l in range(nl):
                         u_l[l] = x2[i, t, r0 + l] * d_tl[t, l]
                         g_l[l] = gy2[i, t, r0 + l]
