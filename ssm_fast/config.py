@@ -30,6 +30,10 @@ MATH = dict(cache=True, fastmath={"contract"}, error_model="numpy")
 # vectorisation of the caller's loop), so they take the caller's flags.
 MATH_INLINE = dict(MATH, inline="always")
 
+# Preferred SIMD width of the kernels' loops in bits (see simd.py): LLVM's default on Intel server
+# CPUs is 256 even with AVX-512; None keeps LLVM's choice.
+VECTOR_BITS = 512
+
 # Mamba-2 forward ("rows" layout): channels p per task. A task holds ROWS_FWD state rows of N
 # floats; 32 rows of N = 128 are 16 KiB, which stay in L1 while the task walks the tokens.
 ROWS_FWD = 32

@@ -40,6 +40,7 @@ from numba import njit, prange
 
 from .config import KERNEL
 from .mathf import exp_f32, sigmoid_f32, softplus_f32
+from .simd import prefer_vector_width
 
 ZERO = np.float32(0.0)
 
@@ -57,6 +58,7 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
     RG = hpg * P
     nseg = (T + seg - 1) // seg
     for task in prange(S * G * chunks):
+        prefer_vector_width()
         i = task // (G * chunks)
         g = (task // chunks) % G
         c = task % chunks
@@ -116,17 +118,13 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                     gy = g_y[i, t, h, p]
                     gam = ZERO
                     qs = ZERO
-                    # Two passes over n, each with few enough arrays that LLVM's runtime alias
-                    # checks stay under its limit and the loop is vectorised.
                     for n in range(N):
                         lm = lam[n] + gy * C[i, t, g, n]     # lam_t
-                        lam[n] = lm
                         gam += lm * B[i, t, g, n]
                         qs += lm * sts[k, n]
-                    for n in range(N):
                         part_C[i, c, t, g, n] += gy * sts[k + 1, n]
-                        part_B[i, c, t, g, n] += lam[n] * u
-                        lam[n] = a * lam[n]
+                        part_B[i, c, t, g, n] += lm * u
+                        lam[n] = a * lm                      # a_t lam_t, for token t-1
                     w = a * qs                               # sum_n q_t[n] = a_t * sum_n lam*st_{t-1}
                     d_x[i, t, h, p] = gam * d
                     dd[i, t, h, p] = gam * xv + A[h, 0] * w
@@ -152,6 +150,7 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
     dx2 = d_x.reshape(S, T, H * P)
     dd2 = dd.reshape(S, T, H * P)
     for task in prange(S * G * chunks):
+        prefer_vector_width()
         i = task // (G * chunks)
         g = (task // chunks) % G
         c = task % chunks
@@ -266,6 +265,7 @@ def finish(dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C):
     G = d_B.shape[2]
     N = d_B.shape[3]
     for it in prange(S * T):
+        prefer_vector_width()
         i = it // T
         t = it % T
         for h in range(H):

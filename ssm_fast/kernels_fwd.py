@@ -25,6 +25,7 @@ from numba import njit, prange
 
 from .config import KERNEL
 from .mathf import exp_f32, softplus_f32
+from .simd import prefer_vector_width
 
 ZERO = np.float32(0.0)
 
@@ -39,6 +40,7 @@ def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
     hpg = H // G
     blocks = (P + rows - 1) // rows
     for task in prange(S * H * blocks):
+        prefer_vector_width()
         i = task // (H * blocks)
         h = (task // blocks) % H
         p0 = (task % blocks) * rows
@@ -116,6 +118,7 @@ def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
     x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
     y2 = y.reshape(S, T, H * P)
     for task in prange(S * G * blocks):
+        prefer_vector_width()
         i = task // (G * blocks)
         g = (task // blocks) % G
         r0 = g * RG + (task % blocks) * lanes                # first row of this task
