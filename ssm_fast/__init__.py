@@ -30,7 +30,6 @@ from ssm_ref import (
     check_backward,
     check_forward,
     check_op,
-    scatter_rows,
 )
 
 from . import config
@@ -115,8 +114,9 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         backward_mamba2(*args, *outs)
     d_dt = np.empty((S, T, H), dtype=_F32)
     d_A = np.empty(p.A.shape, dtype=_F32)
-    finish(p.dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C)
-    return ScanGrads(d_s=scatter_rows(d_s0, p.ids, d.R), d_s0=d_s0, d_x=d_x, d_dt=d_dt,
+    d_s = np.empty((d.R, H, P, N), dtype=_F32)
+    finish(p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    return ScanGrads(d_s=d_s, d_s0=d_s0, d_x=d_x, d_dt=d_dt,
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 

@@ -50,5 +50,5 @@ TASKS_BWD = 16
 # Backward recompute: a segment of seg tokens keeps its states (and, for Mamba-1, its decays) in a
 # buffer of at most SEGMENT_BYTES per task; seg >= SEGMENT_MIN. A sequence that fits in one
 # segment is recomputed once, a longer one twice (checkpoints, then segment by segment).
-SEGMENT_BYTES = 512 * 1024
+SEGMENT_BYTES = 1024 * 1024
 SEGMENT_MIN = 8

@@ -256,10 +256,16 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
 
 
 @njit(**KERNEL)
-def finish(dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C):
-    """The fixed-order reductions: d_dt[i,t,h] = sum_p dd * softplus'(dt); d_A = sum over (i, p)
-    of dA_rows (float64 sums); d_B / d_C = sum over chunks c of the slabs (skipped with one chunk,
-    where the slab is d_B / d_C itself)."""
+def finish(dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s):
+    """The fixed-order reductions after the backward kernels:
+
+    * d_dt[i,t,h] = (sum over p of dd, in float64) * softplus'(dt);
+    * d_B / d_C = sum over chunks c = 0, 1, ... of the slabs (skipped with one chunk, where the
+      slab is d_B / d_C itself);
+    * d_A = sum over (i, p) of dA_rows, in float64;
+    * d_s (R,H,P,N): row r = 0 + sum of d_s0[i] over the i with ids[i] == r, i ascending -- the
+      same additions in the same order as ssm_ref.scatter_rows, hence the same bits.
+    """
     S, T, H, P = dd.shape
     chunks = part_B.shape[1]
     G = d_B.shape[2]
@@ -268,21 +274,21 @@ def finish(dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C):
         prefer_vector_width()
         i = it // T
         t = it % T
-        for h in range(H):
-            acc = 0.0
+        dd_h = np.zeros(H, dtype=np.float64)                 # sum over p, then one loop over h
+        for h in range(H):                                   # that vectorises the sigmoid
             for p in range(P):
-                acc += dd[i, t, h, p]
-            d_dt[i, t, h] = np.float32(acc) * sigmoid_f32(dt[i, t, h])
+                dd_h[h] += dd[i, t, h, p]
+        for h in range(H):
+            d_dt[i, t, h] = np.float32(dd_h[h]) * sigmoid_f32(dt[i, t, h])
         if chunks > 1:
             for g in range(G):
                 for n in range(N):
-                    sb = part_B[i, 0, t, g, n]
-                    sc = part_C[i, 0, t, g, n]
-                    for c in range(1, chunks):
-                        sb += part_B[i, c, t, g, n]
-                        sc += part_C[i, c, t, g, n]
-                    d_B[i, t, g, n] = sb
-                    d_C[i, t, g, n] = sc
+                    d_B[i, t, g, n] = part_B[i, 0, t, g, n]
+                    d_C[i, t, g, n] = part_C[i, 0, t, g, n]
+                for c in range(1, chunks):
+                    for n in range(N):
+                        d_B[i, t, g, n] += part_B[i, c, t, g, n]
+                        d_C[i, t, g, n] += part_C[i, c, t, g, n]
     K = d_A.shape[1]
     for h in prange(H):
         for n in range(K):
@@ -291,3 +297,15 @@ def finish(dt, dd, dA_rows, part_B, part_C, d_dt, d_A, d_B, d_C):
                 for p in range(P):
                     acc += dA_rows[i, h, p, n]
             d_A[h, n] = np.float32(acc)
+    R = d_s.shape[0]
+    for r in prange(R):
+        for h in range(H):
+            for p in range(P):
+                for n in range(N):
+                    d_s[r, h, p, n] = ZERO
+        for i in range(S):
+            if ids[i] == r:
+                for h in range(H):
+                    for p in range(P):
+                        for n in range(N):
+                            d_s[r, h, p, n] += d_s0[i, h, p, n]

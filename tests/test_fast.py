@@ -395,3 +395,13 @@ def test_supports_every_valid_shape_and_checks_op():
     with pytest.raises(ValueError):
         ssm_fast.supports("ssm_conv", **p)
     assert ssm_fast.NAME == "ssm_fast"
+
+
+def test_d_s_is_the_reference_scatter_bit_for_bit():
+    """d_s adds d_s0 rows into rows ids[i] in the order of ssm_ref.scatter_rows (duplicates add,
+    unread rows are zero), so it equals scatter_rows(d_s0) exactly."""
+    p, g_y, g_states = make_problem(np.random.default_rng(12), S=4, T=3, H=2, P=3, N=5, G=1, R=6,
+                                    ids=[5, 1, 5, 5])
+    g = ssm_fast.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
+    np.testing.assert_array_equal(g.d_s, ssm_ref.scatter_rows(g.d_s0, np.asarray(p["ids"]), 6))
+    assert not g.d_s[[0, 2, 3, 4]].any()
