@@ -172,15 +172,17 @@ def test_edge_cases(dims, mamba1):
     check_against_reference(*make_problem(rng, mamba1=mamba1, **dims))
 
 
-def test_long_sequences_use_several_segments():
-    """T large enough that both backward kernels checkpoint (more than one segment)."""
-    for mamba1, (N, lanes) in ((False, (128, 1)), (True, (16, ssm_fast.config.LANES))):
-        d = ssm_ref.Dims(S=1, T=2000, H=2, P=2, N=N, G=1, R=1, mamba1=mamba1,
-                         a_shape=(2, N) if mamba1 else (2,))
-        assert ssm_fast._segment(d, lanes) < d.T
+@pytest.mark.parametrize("mamba1", [False, True], ids=["mamba2", "mamba1"])
+def test_several_recompute_segments(mamba1, monkeypatch):
+    """With small segment buffers the backward checkpoints and recomputes segment by segment,
+    the last one partial (T = 45 with segments of SEGMENT_MIN = 8 tokens)."""
+    monkeypatch.setattr(ssm_fast.config, "SEGMENT_BYTES", 64)
+    d = ssm_ref.Dims(S=2, T=45, H=4, P=3, N=6, G=2, R=2, mamba1=mamba1,
+                     a_shape=(4, 6) if mamba1 else (4,))
+    seg = ssm_fast._segment(d, ssm_fast.config.LANES)
+    assert seg == ssm_fast.config.SEGMENT_MIN and d.T % seg
     rng = np.random.default_rng(3)
-    check_against_reference(*make_problem(rng, S=1, T=2000, H=2, P=2, N=128, G=1))
-    check_against_reference(*make_problem(rng, S=1, T=2000, H=8, P=1, N=16, G=1, mamba1=True))
+    check_against_reference(*make_problem(rng, S=2, T=45, H=4, P=3, N=6, G=2, mamba1=mamba1))
 
 
 def test_many_chunks_and_partial_lane_blocks():
