@@ -281,9 +281,17 @@ DETERMINISM_SHAPES = [
 
 
 def _digests_here() -> list[str]:
+    """Digests of every DETERMINISM_SHAPES case, with the configured segments and again with
+    8-token segments (checkpoints everywhere)."""
     out = []
-    for k, dims in enumerate(DETERMINISM_SHAPES):
-        out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
+    saved = ssm_fast.config.SEGMENT_BYTES
+    try:
+        for seg_bytes in (saved, 64):
+            ssm_fast.config.SEGMENT_BYTES = seg_bytes
+            for k, dims in enumerate(DETERMINISM_SHAPES):
+                out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
+    finally:
+        ssm_fast.config.SEGMENT_BYTES = saved
     return out
 
 
