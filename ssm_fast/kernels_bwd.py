@@ -43,6 +43,7 @@ from .mathf import exp_f32, sigmoid_f32, softplus_f32
 from .simd import prefer_vector_width
 
 ZERO = np.float32(0.0)
+F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @njit(**KERNEL)
@@ -117,15 +118,27 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                     u = xv * d
                     gy = g_y[i, t, h, p]
                     gam = ZERO
-                    qs = ZERO
-                    for n in range(N):
-                        lm = lam[n] + gy * C[i, t, g, n]     # lam_t
-                        gam += lm * B[i, t, g, n]
-                        qs += lm * sts[k, n]
-                        part_C[i, c, t, g, n] += gy * sts[k + 1, n]
-                        part_B[i, c, t, g, n] += lm * u
-                        lam[n] = a * lm                      # a_t lam_t, for token t-1
-                    w = a * qs                               # sum_n q_t[n] = a_t * sum_n lam*st_{t-1}
+                    w = ZERO                                 # sum_n q_t[n], q_t = lam_t st_{t-1} a_t
+                    if a <= F32_MAX:
+                        # finite decay: factored out of the sum, one multiply per row and token
+                        for n in range(N):
+                            lm = lam[n] + gy * C[i, t, g, n]     # lam_t
+                            gam += lm * B[i, t, g, n]
+                            w += lm * sts[k, n]
+                            part_C[i, c, t, g, n] += gy * sts[k + 1, n]
+                            part_B[i, c, t, g, n] += lm * u
+                            lam[n] = a * lm                      # a_t lam_t, for token t-1
+                        w = a * w
+                    else:
+                        # a = inf (exp overflowed) or nan: term by term, so that terms of both
+                        # signs give inf - inf = nan as in the reference (SCAN.md, numerics)
+                        for n in range(N):
+                            lm = lam[n] + gy * C[i, t, g, n]
+                            gam += lm * B[i, t, g, n]
+                            w += lm * sts[k, n] * a
+                            part_C[i, c, t, g, n] += gy * sts[k + 1, n]
+                            part_B[i, c, t, g, n] += lm * u
+                            lam[n] = a * lm
                     d_x[i, t, h, p] = gam * d
                     dd[i, t, h, p] = gam * xv + A[h, 0] * w
                     dA_acc += np.float64(d * w)

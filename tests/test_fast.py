@@ -226,6 +226,23 @@ def test_overflow_gives_inf_and_nan_where_the_reference_does(mamba1):
         np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{name}: -inf pattern")
 
 
+def test_infinite_decay_with_terms_of_both_signs_gives_nan_like_the_reference():
+    """a = exp(d*A) = inf and lam_t * st_{t-1} of both signs: sum_n q_t[n] is inf - inf = nan in
+    the reference, so d_dt and d_A are nan (a factored-out a_t * sum_n lam st would give inf).
+    Found by the property suite on main (tests/regressions/ssm_fast-nonfinite_pattern-overflow-0)."""
+    p = dict(s=np.array([[[[1.0, -1.0, 0.5]]]]), x=np.ones((1, 1, 1, 1)), dt=np.full((1, 1, 1), 30.0),
+             A=np.array([10.0]), B=np.ones((1, 1, 1, 3)), C=np.ones((1, 1, 1, 3)), ids=None)
+    g_y, g_states = np.zeros((1, 1, 1, 1)), np.ones((1, 1, 1, 3))
+    with np.errstate(all="ignore"):
+        want = ssm_ref.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
+    got = ssm_fast.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
+    assert np.isnan(want.d_dt).all() and np.isnan(want.d_A).all()
+    for k in OUTPUTS_BWD:
+        w, g = getattr(want, k), getattr(got, k)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=k)
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(w), err_msg=k)
+
+
 # ---------------------------------------------------------------------------------------------
 # Gradients against finite differences
 
