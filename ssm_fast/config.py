@@ -1,10 +1,10 @@
 """Every numba option and tuning constant of ssm_fast, in one place.
 
 Kernels import ``KERNEL`` / ``MATH`` and pass them to ``numba.njit``; nothing else in the package
-names a numba option. Changing a value here changes the compiled code, which numba's cache notices
-(the cache is keyed by the function's source and this module's constants are part of it only
-through the decorated functions, so after editing this file clear ``__pycache__`` or set a fresh
-``NUMBA_CACHE_DIR``).
+names a numba option. The sizes below (ROWS_FWD, LANES, TASKS_BWD, SEGMENT_*) are read by the
+public wrappers and passed to the kernels at call time. The flags and VECTOR_BITS are compile-time:
+numba's on-disk cache does not notice a change to this file, so after changing them clear
+``ssm_fast/__pycache__`` or point ``NUMBA_CACHE_DIR`` somewhere fresh.
 
 Numerics of the flags:
 
