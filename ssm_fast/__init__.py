@@ -74,7 +74,8 @@ def _chunks(d) -> int:
 
 def _segment(d, lanes: int) -> int:
     """Tokens per recompute segment: its buffers fit config.SEGMENT_BYTES."""
-    floats_per_token = max(1, d.N) * (2 * lanes if d.mamba1 else 1)  # states (+ decays for Mamba-1)
+    # states of two rows (Mamba-2), or states and decays of ``lanes`` rows (Mamba-1)
+    floats_per_token = max(1, d.N) * (2 * lanes if d.mamba1 else 2)
     seg = config.SEGMENT_BYTES // (4 * floats_per_token)
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
