@@ -20,14 +20,15 @@ a reduction, hence bit-identical results for NUMBA_NUM_THREADS = 1, 2, 4, ... an
 
 Recompute with checkpoints
 --------------------------
-The forward states are not stored. Per pair of rows (Mamba-2) or block of rows (Mamba-1), a first pass runs
-the recurrence and keeps the state at the start of every segment of ``seg`` tokens (checkpoints);
-then, from the last segment to the first, the segment's states are recomputed into a (seg+1)-state
-buffer and the tokens are walked backwards. Scratch per task is O(T/seg + seg) states per row
-in flight, never O(T) states per row; with one segment (T <= seg) the first pass is skipped.
+The forward states are not stored. Per pair of rows (Mamba-2) or block of rows (Mamba-1), a first
+pass runs the recurrence and keeps the state at the start of every segment of ``seg`` tokens
+(checkpoints); then, from the last segment to the first, the segment's states are recomputed into
+a (seg+1)-state buffer and the tokens are walked backwards. Scratch per task: T/seg + seg + 1
+states per row in flight, seg chosen so the buffer fits config.SEGMENT_BYTES (so at most O(T) per
+row, never O(S*H*P*T*N) in all); with one segment (T <= seg) the first pass is skipped.
 
-Layouts follow the forward's (kernels_fwd): Mamba-2 walks rows of N contiguous floats, two channels at a time
-(sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` rows side by side, transposed
+Layouts follow the forward's (kernels_fwd): Mamba-2 walks rows of N contiguous floats, two channels
+at a time (sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` rows side by side, transposed
 (N, lanes), so the per-state exp and the per-row sums run lane-wise. Backward walks are written as
 forward ``range`` loops with a computed index: numba's negative-step ``range`` kept LLVM from
 vectorising the loops over n inside it.
