@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-# Floating-point operations per state update (one element of one state, one token), counted from
-# the recurrences of SCAN.md. Forward: st*a, B*u, + (3) and y's multiply-add (2) = 5.
-# Backward (recomputes the forward states, then walks back): recompute 3, lam = a*lam + g_y*C 3,
-# d_B lam*u summed 2, gamma += lam*B 2, q = lam*st*a 2, sum q*A 2, d_A += q*d 2, d_C g_y*st summed 2
-# = 18. exp, softplus and everything per token rather than per state element are left out, so
-# the floor below is a lower bound on time.
-FLOPS_PER_UPDATE = {"fwd": 5, "bwd": 18}
+# Floating-point operations per state update (one element of one state, one token), an FMA
+# counting 2, as docs/BENCHMARKS.md ("The floor") counts the Mamba-2 kernels' inner loops.
+# Forward: st*a, then + B*u as an FMA, then y's FMA = 5. Backward (recomputes the forward states,
+# then walks back): recompute 3; walk: lam, gamma, sum of q, d_C, d_B as FMAs and the decay's
+# multiply = 11; 14 in all. exp (Mamba-1) and the work per token rather than per state element are
+# left out, so the floor below is a lower bound on time.
+FLOPS_PER_UPDATE = {"fwd": 5, "bwd": 14}
 
 # float32 FMA peaks measured on devices we ran (GPU.md: 8 independent FMA chains per invocation,
 # timestamps). Matched against the Vulkan device name.

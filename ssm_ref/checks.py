@@ -180,6 +180,9 @@ def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None
 
 def _check_ids(ids, S: int, R: int) -> np.ndarray:
     if ids is None:
+        if S > R:
+            raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
+                             f"got R = {R}")
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
     arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
     if is_device_array(arr):
