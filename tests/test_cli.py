@@ -103,7 +103,7 @@ def test_check_quick_passes_on_every_available_backend(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["ok"] and rep["oracle_ok"] and rep["quick"]
     ran = {r["backend"] for r in rep["runs"]}
-    assert "ssm_ref" in ran
+    assert {"ssm_ref", "ssm_fast"} <= ran  # numba is a dependency: ssm_fast always runs
     assert ("ssm_vk" in ran) == VULKAN
     for r in rep["runs"]:
         assert r["ok"] and set(r["outputs"]) == {"y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"}
@@ -202,7 +202,7 @@ def test_a_bad_argument_is_one_line_and_exit_2(argv, fragments):
 
 def test_bench_times_every_backend_and_draws_the_plot(tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    backends = "ssm_ref,ssm_vk" if VULKAN else "ssm_ref"
+    backends = "ssm_ref,ssm_fast,ssm_vk" if VULKAN else "ssm_ref,ssm_fast"
     p = ssm_scan("bench", "--shape", "custom", "16,8,2,1,8,1", "--sweep", "T=4,8", "--reps", "2",
                  "--backend", backends, "--json", out, "--plot", png, "-v")
     assert p.returncode == 0, p.stdout + p.stderr
