@@ -3,11 +3,12 @@
 PY       ?= python3
 VENV     := .venv
 VPY      := $(VENV)/bin/python
-APT_PKGS := libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers
+APT_PKGS := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers
 STAMP    := $(VENV)/.installed
 
-.PHONY: demo test setup apt lint clean
+.PHONY: demo test setup apt lint wheel clean
 
+# info, a quick check against the float64 reference, a small benchmark with a plot (out/).
 demo: setup
 	$(VENV)/bin/ssm-scan demo
 
@@ -35,5 +36,11 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(VPY) -m ruff check .
 
+# A wheel that runs the common shapes without glslc: SPIR-V for this machine's Vulkan device and
+# for GPUs of subgroup size 8-64 goes into ssm_vk/spirv/ (package data) first.
+wheel: setup
+	$(VENV)/bin/ssm-scan build-shaders --subgroup-sizes local,8,16,32,64
+	$(VPY) -m pip wheel -q --no-deps -w dist .
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis out ssm_vk/spirv

@@ -1,73 +1,56 @@
-"""``ssm-scan demo``: a small forward + backward with a finite-difference check."""
+"""``ssm-scan demo`` (``make demo``): info, a quick check, and a small bench with a plot, on the
+default device (lavapipe when there is no GPU)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-import numpy as np
+from . import common
 
-import ssm_ref
+HELP = "the main job: info, a quick check, a small bench with a plot (what make demo runs)"
+DESCRIPTION = """Run, in order:
+  ssm-scan info
+  ssm-scan check --quick          (includes the oracle's finite-difference check)
+  ssm-scan bench --shape demo --sweep T=16,64,256 --reps 3 --plot OUT/bench.png --json OUT/bench.json
+on every backend available here (Vulkan on the default device: lavapipe when there is no GPU).
+Exit code 1 when the check fails (the bench still runs)."""
 
-
-def make_problem(rng, S=2, T=16, H=4, P=8, N=16, G=2, R=3):
-    """Inputs with the seed test's distributions; ids permuted into a cache of R rows."""
-    return dict(
-        s=rng.uniform(-0.5, 0.5, (R, H, P, N)),
-        x=rng.uniform(-1, 1, (S, T, H, P)),
-        dt=rng.uniform(-0.5, 0.5, (S, T, H)),
-        A=-rng.uniform(0.2, 1.0, H),
-        B=rng.uniform(-0.5, 0.5, (S, T, G, N)),
-        C=rng.uniform(-0.5, 0.5, (S, T, G, N)),
-        ids=rng.permutation(R)[:S],
-    )
+DEMO_BENCH = ["--shape", "demo", "--sweep", "T=16,64,256", "--reps", "3"]
+QUICK_BENCH = ["--shape", "custom", "16,8,4,1,16,1", "--sweep", "T=4,16", "--reps", "2"]
 
 
-def fd_check(inp, g_y, g_states, grads, rng, samples=4, h=1e-6):
-    """Max relative error of sampled gradient entries against central differences (float64)."""
-    def loss(**kw):
-        a = {**inp, **kw}
-        r = ssm_ref.ssm_scan(**a, dtype=np.float64)
-        return float(np.sum(r.y * g_y) + np.sum(r.states * g_states))
-
-    worst = {}
-    for name in ("s", "x", "dt", "A", "B", "C"):
-        base = np.asarray(inp[name], dtype=np.float64)
-        an = getattr(grads, "d_" + name)
-        errs = []
-        for flat in rng.choice(base.size, size=min(samples, base.size), replace=False):
-            i = np.unravel_index(flat, base.shape)
-            up, dn = base.copy(), base.copy()
-            up[i] += h
-            dn[i] -= h
-            fd = (loss(**{name: up}) - loss(**{name: dn})) / (2 * h)
-            errs.append(abs(fd - an[i]) / max(abs(fd), 1e-3))
-        worst[name] = max(errs)
-    return worst
+def add_arguments(p) -> None:
+    p.add_argument("--out", default="out", metavar="DIR",
+                   help="folder for the plot and the bench JSON (default: out)")
+    p.add_argument("--quick", action="store_true", help="tiny bench shapes (seconds; for tests)")
+    common.add_backend(p, "run")
+    common.add_verbose(p)
 
 
 def run(args) -> int:
-    rng = np.random.default_rng(args.seed)
-    inp = make_problem(rng)
-    S, T, H, P = inp["x"].shape
-    N = inp["s"].shape[3]
-    print(f"problem: S={S} T={T} H={H} P={P} N={N} G={inp['B'].shape[2]} R={inp['s'].shape[0]} "
-          f"ids={list(inp['ids'])} (Mamba-2)")
+    from .main import build_parser
+
+    out = Path(args.out)
+    backend = [f"--backend={b}" for b in common.split_list(args.backend, "--backend")]
+    verbose = ["-v"] * args.verbose
+    plot = out / "ssm-scan-demo.png"
+    steps = [
+        ["info", *verbose],
+        ["check", "--quick", *backend, *verbose],
+        ["bench", *(QUICK_BENCH if args.quick else DEMO_BENCH), *backend, "--plot", str(plot),
+         "--json", str(out / "ssm-scan-demo.json"), *verbose],
+    ]
+    parser = build_parser()
+    worst = common.EXIT_OK
     t0 = time.perf_counter()
-    r = ssm_ref.ssm_scan(**inp)
-    t1 = time.perf_counter()
-    g_y = rng.uniform(-1, 1, r.y.shape)
-    g_states = rng.uniform(-1, 1, r.states.shape)
-    g = ssm_ref.ssm_scan_back(**inp, g_y=g_y, g_states=g_states)
-    t2 = time.perf_counter()
-    print(f"ssm_ref forward  float32: y {r.y.shape} states {r.states.shape}  {1e3 * (t1 - t0):.2f} ms")
-    print("ssm_ref backward float32: " + " ".join(f"{k} {getattr(g, k).shape}" for k in ssm_ref.GRAD_NAMES)
-          + f"  {1e3 * (t2 - t1):.2f} ms")
-    g64 = ssm_ref.ssm_scan_back(**inp, g_y=g_y, g_states=g_states, dtype=np.float64)
-    worst = fd_check(inp, g_y, g_states, g64, rng)
-    ok = all(v < 1e-6 for v in worst.values())
-    print("finite differences vs float64 backward (max rel. error of 4 sampled entries each):")
-    print("  " + "  ".join(f"d_{k} {v:.1e}" for k, v in worst.items()) + ("  PASS" if ok else "  FAIL"))
-    rel = {k: float(np.linalg.norm(getattr(g, k) - getattr(g64, k)) / max(np.linalg.norm(getattr(g64, k)), 1e-30))
-           for k in ssm_ref.GRAD_NAMES}
-    print("float32 vs float64 backward (norm-relative): " + "  ".join(f"{k} {v:.1e}" for k, v in rel.items()))
-    return 0 if ok else 1
+    for argv in steps:
+        shown = " ".join(a for a in argv if a != "-v")
+        print(f"\n=== ssm-scan {shown}\n", flush=True)
+        sub = parser.parse_args(argv)
+        sub.verbose = args.verbose
+        code = sub.run(sub)
+        worst = max(worst, code)
+    print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s: check {'PASS' if worst == 0 else 'FAIL'}; "
+          f"plot {plot}")
+    return worst

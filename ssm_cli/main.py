@@ -1,31 +1,94 @@
-"""``ssm-scan``: entry point and sub-command table."""
+"""``ssm-scan``: the sub-command table and dispatch.
+
+A command is a module of this package, in one of two forms:
+
+- ``HELP`` (one line), optionally ``DESCRIPTION``, ``add_arguments(parser)`` and
+  ``run(args) -> exit code`` (info, check, bench, build-shaders, demo);
+- ``add_parser(subparsers)``, which registers the command itself with ``set_defaults(func=run)``
+  (fuzz, vectors).
+
+Adding a command is one line in :data:`COMMANDS`. Modules import the heavy packages inside
+``run`` so that ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import traceback
 
-from . import fuzz, vectors
+from . import common
+
+# (command, module of ssm_cli), in the order --help lists them.
+COMMANDS = (
+    ("info", "info"),
+    ("check", "check"),
+    ("bench", "bench"),
+    ("build-shaders", "build"),
+    ("demo", "demo"),
+    ("fuzz", "fuzz"),
+    ("vectors", "vectors"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ssm-scan", description="The Mamba selective scan on numpy, numba and Vulkan.")
+    ap = common.Parser(prog="ssm-scan", description="The Mamba selective scan (ggml SSM_SCAN) and its backward "
+                                                    "on numpy, numba and Vulkan.",
+                       epilog=common.EXIT_CODES_HELP)
+    ap.add_argument("-v", "--verbose", action="count", default=0, dest="verbose_all",
+                    help="log what happens (also accepted after the command)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser("demo", help="run a small forward + backward with a finite-difference check")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    for mod in (fuzz, vectors):  # sub-commands that register themselves (set_defaults(func=...))
-        mod.add_parser(sub)
+    for name, module in COMMANDS:
+        mod = importlib.import_module(f"{__package__}.{module}")
+        if hasattr(mod, "add_parser"):  # a command that registers itself
+            mod.add_parser(sub)
+            p = sub.choices[name]
+            p.epilog = p.epilog or common.EXIT_CODES_HELP
+            continue
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           epilog=common.EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(run=mod.run)
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if hasattr(args, "func"):
-        return args.func(args)
-    if args.command == "demo":
-        from . import demo
-        return demo.run(args)
-    return 2
+    args.verbose = getattr(args, "verbose", 0) + args.verbose_all
+    common.setup_logging(args.verbose)
+    prog = f"ssm-scan {args.command}"
+    run = getattr(args, "run", None) or args.func
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (common.UsageError, ValueError, TypeError) as e:
+        # Bad arguments (ours, or those the library rejects, such as H % G != 0): one line.
+        _report(prog, e, args.verbose)
+        return common.EXIT_USAGE
+    except Exception as e:
+        if _is_environment_error(e):  # no Vulkan, glslc missing, a device error: one line too
+            _report(prog, e, args.verbose)
+            return common.EXIT_FAIL
+        raise
+
+
+def _is_environment_error(e: Exception) -> bool:
+    from ssm_vk import runtime as rt
+
+    return isinstance(e, rt.VulkanUnavailable | rt.VulkanError | rt.ShaderBuildError | OSError)
+
+
+def _report(prog: str, e: Exception, verbose: int) -> None:
+    if verbose:
+        traceback.print_exc()
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    ours = isinstance(e, common.UsageError)
+    hint = "" if verbose or ours else " (-v shows the traceback)"
+    kind = "" if ours else f"{type(e).__name__}: "
+    print(f"{prog}: error: {kind}{text}{hint}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,140 @@
-"""ssm_fast: numba-parallel CPU kernels for the selective scan (issue 3; not built yet)."""
+"""ssm_fast: the selective scan (ggml SSM_SCAN) and its backward as numba-parallel CPU kernels.
+
+    import ssm_fast
+    r = ssm_fast.ssm_scan(s, x, dt, A, B, C, ids)                # ScanResult, float32
+    g = ssm_fast.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+
+Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
+s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
+B and C (S,T,G,N), ids (S,) integers in [0, R) or None. The same functions, with the same
+arguments, results and errors, are ``ssm_ref.ssm_scan`` (numpy reference) and ``ssm_vk.ssm_scan``.
+
+Numerics: float32 storage and float32 arithmetic (SCAN.md's contract); multiply-adds may be fused
+and sums over n regrouped (config). float64 is used only where it costs nothing: the scalar
+per-row sums of the backward (d_dt's sum over channels, Mamba-2's d_A over tokens) and the final
+sums of d_A over sequences and channels. Results are bit-identical run to run and for any thread
+count. Design, partition and measured costs: docs/FAST.md.
+
+The kernels are compiled by numba on first use (tens of seconds) and cached on disk
+(``__pycache__`` beside the modules, or ``NUMBA_CACHE_DIR``); :func:`warmup` compiles all of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssm_ref import (
+    ScanGrads,
+    ScanResult,
+    Support,
+    check_backward,
+    check_forward,
+    check_op,
+)
+
+from . import config
+from .kernels_bwd import backward_mamba1, backward_mamba2, finish
+from .kernels_fwd import forward_mamba1, forward_mamba2
+
+NAME = "ssm_fast"
+WHERE = "CPU"
+
+__all__ = ["NAME", "ssm_scan", "ssm_scan_back", "supports", "warmup"]
+
+_F32 = np.float32
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
+    """Forward selective scan on the CPU (numba, parallel).
+
+    Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
+    ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype are
+    converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
+    where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
+    (the checks of ssm_ref). Inputs are never written.
+    Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
+    """
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
+    d = p.dims
+    y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
+    states = np.empty((d.S, d.H, d.P, d.N), dtype=_F32)
+    if d.mamba1:
+        forward_mamba1(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.LANES, y, states)
+    else:
+        forward_mamba2(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.ROWS_FWD, y, states)
+    return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
+
+
+def _chunks(d) -> int:
+    """Chunks per (sequence, group) of the backward: a function of the shape only."""
+    rows = d.heads_per_group * d.P
+    want = -(-config.TASKS_BWD // (d.S * d.G))
+    return max(1, min(rows, want))
+
+
+def _segment(d, lanes: int) -> int:
+    """Tokens per recompute segment: its buffers fit config.SEGMENT_BYTES."""
+    # states of two rows (Mamba-2), or states and decays of ``lanes`` rows (Mamba-1)
+    floats_per_token = max(1, d.N) * (2 * lanes if d.mamba1 else 2)
+    seg = config.SEGMENT_BYTES // (4 * floats_per_token)
+    return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
+
+
+def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
+    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
+
+    g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
+    g_states=None. Returns ScanGrads in float32: d_s (R,H,P,N) (d_s0 scatter-added into rows
+    ids[i]), d_s0 (S,H,P,N), d_x, d_dt, d_A (A's shape as given), d_B, d_C; where="CPU",
+    backend="ssm_fast". Raises as ssm_ref. Bit-identical for any thread count (docs/FAST.md).
+    Same function: ssm_ref.ssm_scan_back, ssm_vk.ssm_scan_back.
+    """
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32)
+    d = p.dims
+    S, T, H, P, N, G = d.S, d.T, d.H, d.P, d.N, d.G
+    lanes = config.LANES
+    seg = _segment(d, lanes)
+    chunks = _chunks(d)
+    d_s0 = np.empty((S, H, P, N), dtype=_F32)
+    d_x = np.empty((S, T, H, P), dtype=_F32)
+    dd = np.empty((S, T, H, P), dtype=_F32)                  # per-row share of dL/d softplus(dt)
+    dA_rows = np.empty((S, H, P, p.A.shape[1]), dtype=np.float64)
+    d_B = np.zeros((S, T, G, N), dtype=_F32)
+    d_C = np.zeros((S, T, G, N), dtype=_F32)
+    if chunks == 1:                                          # the one slab is d_B / d_C itself
+        part_B = d_B.reshape(S, 1, T, G, N)
+        part_C = d_C.reshape(S, 1, T, G, N)
+    else:
+        part_B = np.zeros((S, chunks, T, G, N), dtype=_F32)
+        part_C = np.zeros((S, chunks, T, G, N), dtype=_F32)
+    args = (p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, seg, chunks)
+    outs = (d_s0, d_x, dd, dA_rows, part_B, part_C)
+    if d.mamba1:
+        backward_mamba1(*args, lanes, *outs)
+    else:
+        backward_mamba2(*args, *outs)
+    d_dt = np.empty((S, T, H), dtype=_F32)
+    d_A = np.empty(p.A.shape, dtype=_F32)
+    d_s = np.empty((d.R, H, P, N), dtype=_F32)
+    finish(p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    return ScanGrads(d_s=d_s, d_s0=d_s0, d_x=d_x, d_dt=d_dt,
+                     d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
+
+
+def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
+    """ssm_fast runs every shape the reference accepts. Bad input raises as in ssm_scan."""
+    check_op(op)
+    check_forward(s, x, dt, A, B, C, ids)
+    return Support(True, "numba CPU kernels run every shape")
+
+
+def warmup() -> None:
+    """Compile (or load from numba's cache) every kernel, on tiny inputs of both variants."""
+    rng = np.random.default_rng(0)
+    S, T, H, P, N, G = 1, 2, 2, 2, 3, 1
+    for a_shape in ((H,), (H, N)):
+        inp = dict(s=rng.standard_normal((S, H, P, N)), x=rng.standard_normal((S, T, H, P)),
+                   dt=rng.standard_normal((S, T, H)), A=-rng.random(a_shape),
+                   B=rng.standard_normal((S, T, G, N)), C=rng.standard_normal((S, T, G, N)))
+        ssm_scan(**inp)
+        ssm_scan_back(**inp, ids=None, g_y=np.ones((S, T, H, P)), g_states=np.ones((S, H, P, N)))

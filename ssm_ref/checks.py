@@ -184,6 +184,9 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
     """The caller's ids, checked (None stays None: arange(S) is made by _finish_ids, after the
     host memory check -- S itself may be huge)."""
     if ids is None:
+        if S > R:
+            raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
+                             f"got R = {R}")
         return None
     arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
     if is_device_array(arr):

@@ -1,0 +1,259 @@
+"""``ssm-scan bench``: median times per backend, shape and op; GPU time beside wall time for Vulkan;
+throughput; the float32 FLOP floor where the machine's peak is known; optionally a plot."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from . import backends as bk
+from . import common, machine
+from .progress import Progress
+from .shapes import SHAPES, Shape, default_sweep, make_inputs, parse_shapes, parse_sweep, swept
+from .table import flops, rate, seconds, table
+
+HELP = "time the forward and backward on each backend (GPU time for Vulkan), optionally plot them"
+
+# Above these many state updates a run is refused unless --force: ssm_ref keeps all T+1 states
+# of the backward (4 bytes each: 1.2 GB at 3e8) and runs at ~40 ns per update on one core (12 s a
+# call at 3e8); lavapipe runs the backward at ~140 ns per update on 2 cores (15 s a call at 1.1e8).
+SLOW_LIMITS = {"ssm_ref": 3e8, "cpu-device": 1.1e8}
+
+_SHAPE_LINES = "\n".join(f"  {s.name:8s} {f'{s.N},{s.P},{s.H},{s.G},{s.T},{s.S}':20s} {s.note}"
+                         for s in SHAPES.values())
+DESCRIPTION = f"""Time ssm_scan (fwd) and ssm_scan_back (bwd) per backend and shape: median wall time with
+its min-max spread over the repetitions, for Vulkan also the GPU time from timestamps (inputs are
+uploaded once, device-resident, as in a training loop), throughput in state updates per second
+(S*T*H*P*N per call, for both ops) and the float32 FLOP floor (FLOPs / the machine's float32 peak,
+where that peak is known: a measured GPU, or an estimate for the CPU from /proc/cpuinfo).
+
+shapes (N,P,H,G,T,S):
+{_SHAPE_LINES}
+  custom N,P,H,G,T,S[,mamba1]
+
+On a machine without a GPU the big shapes are slow: ssm_ref (numpy, one core, every state of a
+sequence in memory) is refused above {SLOW_LIMITS["ssm_ref"]:.2g} state updates and ssm_vk on a CPU
+device (lavapipe) above {SLOW_LIMITS["cpu-device"]:.2g}, unless --force.
+
+  ssm-scan bench                                  the demo shape, every backend
+  ssm-scan bench --shape prefill --backend vk --op fwd
+  ssm-scan bench --shape demo --sweep T=16,64,256 --plot bench.png --json bench.json"""
+MIN_SAMPLES = 3
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--shape", action="extend", nargs="+", metavar="SHAPE",
+                   help=f"one or more of {', '.join(SHAPES)}, or custom N,P,H,G,T,S[,mamba1] (default: demo)")
+    p.add_argument("--sweep", metavar="AXIS=V1,V2,...",
+                   help="run each shape at these values of one axis (N, P, H, G, T or S), e.g. T=16,64,256")
+    common.add_backend(p, "time")
+    common.add_device(p)
+    p.add_argument("--op", choices=("fwd", "bwd", "both"), default="both", help="which op to time (default both)")
+    p.add_argument("--reps", type=int, default=5, help="timed calls per measurement after one warm-up (default 5)")
+    p.add_argument("--budget", type=float, default=20.0, metavar="SECONDS",
+                   help=f"stop a measurement early once it took this long and has {MIN_SAMPLES} samples "
+                        "(default 20)")
+    p.add_argument("--force", action="store_true", help="run slow backends above their size limits")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    common.add_json(p)
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw time against the swept axis per backend and op (log-log, needs matplotlib); "
+                        "without --sweep, T is swept over 1/16, 1/4 and 1 of the shape's")
+    common.add_verbose(p)
+
+
+def too_slow(b: bk.Backend, shape: Shape) -> str | None:
+    """Why ``b`` should not run ``shape`` without --force, or None."""
+    n = shape.updates
+    if b.name == "ssm_ref" and n > SLOW_LIMITS["ssm_ref"]:
+        gb = 4 * n * (shape.T + 1) / max(shape.T, 1) / 1e9
+        return (f"{n:.2g} state updates > {SLOW_LIMITS['ssm_ref']:.2g}: numpy on one core, about "
+                f"{40e-9 * n:.0f} s a backward and {gb:.1f} GB of states; --force runs it")
+    if b.is_vulkan and b.device().type == "cpu" and n > SLOW_LIMITS["cpu-device"]:
+        return (f"{n:.2g} state updates > {SLOW_LIMITS['cpu-device']:.2g} on a CPU Vulkan device "
+                f"({b.device().name}): about {140e-9 * n:.0f} s a backward; --force runs it")
+    return None
+
+
+def _release(result) -> None:
+    """Give device-resident results back to the pool now rather than at garbage collection."""
+    for v in vars(result).values():
+        if hasattr(v, "release"):
+            v.release()
+
+
+def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: float) -> dict:
+    """One warm-up call (shader builds, JIT), then up to ``reps`` timed calls."""
+    mod = b.module
+    gpu_ns = None
+    if b.is_vulkan:  # device-resident inputs, as a training loop holds them
+        from ssm_vk import launch
+
+        kw = {k: (mod.to_device(v) if v is not None and k != "ids" else v) for k, v in kw.items()}
+        g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
+        gpu_ns = launch.last_gpu_ns
+    if op == "fwd":
+        def call():
+            return mod.ssm_scan(**kw)
+    else:
+        def call():
+            return mod.ssm_scan_back(**kw, g_y=g_y, g_states=g_states)
+
+    t0 = time.perf_counter()
+    r = call()
+    first = time.perf_counter() - t0
+    where, computed_by = r.where, r.backend
+    _release(r)
+    walls, gpus = [], []
+    spent = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        r = call()
+        t = time.perf_counter() - t0
+        walls.append(t)
+        ns = gpu_ns() if gpu_ns is not None and r.where.startswith("Vulkan") else None
+        if ns is not None:
+            gpus.append(ns * 1e-9)
+        _release(r)
+        spent += t
+        if spent > budget and len(walls) >= MIN_SAMPLES:
+            break
+    if b.is_vulkan:
+        for v in (*kw.values(), g_y, g_states):
+            if hasattr(v, "release"):
+                v.release()
+    out = {"where": where, "computed_by": computed_by, "first_call_s": first, "samples_s": walls,
+           **_stats(walls, "")}
+    if gpus:
+        out.update(_stats(gpus, "gpu_"))
+        out["gpu_samples_s"] = gpus
+    return out
+
+
+def _stats(xs: list[float], prefix: str) -> dict:
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {f"{prefix}median_s": statistics.median(xs), f"{prefix}min_s": min(xs), f"{prefix}max_s": max(xs),
+            f"{prefix}q1_s": q[0], f"{prefix}q3_s": q[2], f"{prefix}n": len(xs)}
+
+
+def hardware(backs: list[bk.Backend]) -> dict:
+    """What the timings ran on, with float32 peaks where known."""
+    c = machine.cpu()
+    hw = {"cpu": c.label(), "cpu_peak_flops": c.peak_flops, "cpu_peak_note": c.peak_note(), "vulkan": None}
+    vk = next((b for b in backs if b.is_vulkan and b.available), None)
+    if vk is not None:
+        info = vk.device()
+        peak, note = machine.device_peak(info)
+        hw["vulkan"] = {"where": info.where, "name": info.name, "type": info.type, "driver": info.driver,
+                        "peak_flops": peak, "peak_note": note}
+    return hw
+
+
+def _peak(b: bk.Backend, row: dict, hw: dict) -> float | None:
+    if row["where"].startswith("Vulkan") and hw["vulkan"]:
+        return hw["vulkan"]["peak_flops"]
+    return hw["cpu_peak_flops"]
+
+
+def run(args) -> int:
+    shapes = parse_shapes(args.shape)
+    sweep = parse_sweep(args.sweep)
+    if args.reps < 1:
+        raise common.UsageError(f"--reps must be >= 1, got {args.reps}")
+    if args.plot:
+        _require_matplotlib()
+        if sweep is None:
+            sweep = default_sweep(shapes[0])
+    points = [s for shape in shapes for s in swept(shape, sweep)]
+    names = common.split_list(args.backend, "--backend")
+    backs = bk.resolve(names or None, args.device)
+    for b in backs:
+        if b.requested and not b.available:
+            raise common.UsageError(f"--backend {b.name}: not available here: {b.reason}")
+    backs = [b for b in backs if b.available]
+    ops = ("fwd", "bwd") if args.op == "both" else (args.op,)
+    hw = hardware(backs)
+    report = {"hardware": hw, "sweep": {"axis": sweep[0], "values": sweep[1]} if sweep else None,
+              "reps": args.reps, "seed": args.seed, "flops_per_update": machine.FLOPS_PER_UPDATE,
+              "rows": [], "skipped": []}
+    plan = []
+    for shape in points:
+        for b in backs:
+            why = None if args.force else too_slow(b, shape)
+            if why:
+                report["skipped"].append({"shape": _point(shape, sweep), "dims": shape.dims, "backend": b.name,
+                                          "reason": why})
+            else:
+                plan.append((shape, b))
+    if not plan:
+        raise common.UsageError("nothing to measure: " + "; ".join(f"{s['backend']} on {s['shape']}: {s['reason']}"
+                                                                     for s in report["skipped"]))
+    prog = Progress(len(plan) * len(ops), args.verbose)
+    inputs_for = None
+    try:
+        for shape, b in plan:
+            if inputs_for is None or inputs_for[0] != shape:
+                inputs_for = (shape, make_inputs(shape, args.seed))
+            kw, g_y, g_states = inputs_for[1]
+            for op in ops:
+                prog.update(f"{b.name} {_point(shape, sweep)} {op}")
+                m = measure(b, op, kw, g_y, g_states, args.reps, args.budget)
+                row = {"shape": shape.name, "point": _point(shape, sweep), "dims": shape.dims,
+                       "variant": shape.variant, "updates": shape.updates, "backend": b.name, "op": op, **m}
+                row["updates_per_s"] = shape.updates / row["median_s"] if row["median_s"] > 0 else None
+                if "gpu_median_s" in row and row["gpu_median_s"] > 0:
+                    row["gpu_updates_per_s"] = shape.updates / row["gpu_median_s"]
+                peak = _peak(b, row, hw)
+                flops = machine.FLOPS_PER_UPDATE[op] * shape.updates
+                row["flops"] = flops
+                row["floor_s"] = flops / peak if peak else None
+                report["rows"].append(row)
+                prog.update(f"{b.name} {_point(shape, sweep)} {op}", advance=1)
+    finally:
+        prog.close()
+    common.say(args, render(report))
+    common.write_json(args, report)
+    if args.plot:
+        from . import plot
+
+        plot.plot_bench(report, args.plot)
+        common.say(args, f"plot: {args.plot}")
+    return common.EXIT_OK
+
+
+def _point(shape: Shape, sweep) -> str:
+    return shape.name if sweep is None else f"{shape.name} {sweep[0]}={getattr(shape, sweep[0])}"
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise common.UsageError("--plot needs matplotlib: pip install 'ssm-scan[plot]'") from None
+
+
+def render(rep: dict) -> str:
+    hw = rep["hardware"]
+    out = [f"CPU: {hw['cpu']}; float32 peak "
+           + (f"{flops(hw['cpu_peak_flops'])} ({hw['cpu_peak_note']})" if hw["cpu_peak_flops"]
+              else hw["cpu_peak_note"])]
+    v = hw["vulkan"]
+    if v:
+        peak = flops(v["peak_flops"])
+        out.append(f"{v['where']}: {v['name']} ({v['type']}; {v['driver']}); float32 peak {peak} ({v['peak_note']})")
+    out.append("")
+    rows = []
+    for r in rep["rows"]:
+        where = r["where"] + (f" by {r['computed_by']}" if r["computed_by"] != r["backend"] else "")
+        spread = f"{seconds(r['min_s'])} - {seconds(r['max_s'])}"
+        gpu = seconds(r.get("gpu_median_s")) if "gpu_median_s" in r else "-"
+        rows.append([r["point"], r["backend"], where, r["op"], seconds(r["median_s"]), spread, str(r["n"]), gpu,
+                     rate(r["updates_per_s"]), seconds(r["floor_s"])])
+    out.append(table(["shape", "backend", "where", "op", "median", "min - max", "n", "GPU", "updates/s", "floor"],
+                     rows, right={4, 5, 6, 7, 8, 9}))
+    out.append("median, min - max: wall time per call over n calls after a warm-up; GPU: timestamps of the "
+               "same calls; updates/s: S*T*H*P*N / median; floor: float32 FLOPs / peak "
+               f"({rep['flops_per_update']['fwd']} per update fwd, {rep['flops_per_update']['bwd']} bwd)")
+    for s in rep["skipped"]:
+        out.append(f"skipped {s['backend']} on {s['shape']}: {s['reason']}")
+    return "\n".join(out)

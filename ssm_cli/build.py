@@ -1,0 +1,121 @@
+"""``ssm-scan build-shaders``: precompile the SPIR-V variants ssm_vk uses into package data.
+
+ssm_vk picks a kernel variant (glsl file + defines) per problem from the device's subgroup size and
+operations, its shared memory and workgroup limits, d_state N and the Mamba variant (ssm_vk/plan.py,
+ssm_vk/specs.py); head count, head_dim, T and S only change push constants and grids. So the set
+"every N in a list x Mamba-1/Mamba-2 x forward/backward" for a device profile covers every shape
+with those N on devices of that profile (another N needs glslc on first use, or fails in a wheel
+that has no GLSL). ``ssm_vk.runtime.shaders`` looks the variants up in
+``ssm_vk/spirv/index.json`` first, which the package ships (pyproject: package data), so a wheel
+built after this runs those shapes without glslc.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import common
+from .table import bytes_
+
+HELP = "precompile the SPIR-V kernel variants for common shapes (package data for wheels)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1].strip() + """
+
+  ssm-scan build-shaders                       this device's variants into ssm_vk/spirv/
+  ssm-scan build-shaders --subgroup-sizes local,8,16,32,64   also the common GPU profiles (a wheel)
+  ssm-scan build-shaders --out /tmp/spv --n 16,128"""
+
+DEFAULT_N = "16,32,64,128,256"
+# Profiles assumed for devices other than the local one: every subgroup operation class (NVIDIA,
+# AMD and Intel GPUs offer clustered reductions; lavapipe does not -- build on it with "local"),
+# 1024 invocations per workgroup, and each of the shared-memory sizes common among GPUs (the
+# backward's workgroup size depends on it).
+ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
+COMMON_SHARED = (32 << 10, 48 << 10, 64 << 10)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", metavar="DIR",
+                   help="where to write the .spv files and index.json (default: the package's ssm_vk/spirv/, "
+                        "which wheels ship)")
+    p.add_argument("--n", default=DEFAULT_N, metavar="N1,N2,...",
+                   help=f"d_state values to build for (default {DEFAULT_N})")
+    p.add_argument("--subgroup-sizes", default="local", metavar="LIST",
+                   help="'local' (this machine's Vulkan device, exactly) and/or subgroup sizes of other GPUs, "
+                        "e.g. local,8,16,32,64 for a wheel (default: local)")
+    common.add_verbose(p)
+
+
+def profiles(spec: str) -> list[tuple[str, object]]:
+    """(label, ssm_vk.plan.Limits) for each entry of ``--subgroup-sizes``."""
+    from ssm_vk import launch
+    from ssm_vk import runtime as rt
+    from ssm_vk.plan import Limits
+
+    out = []
+    for item in common.split_list([spec], "--subgroup-sizes"):
+        if item == "local":
+            ok, why = rt.available()
+            if not ok:
+                raise common.UsageError(f"--subgroup-sizes local: no Vulkan device here ({why}); "
+                                        "give subgroup sizes instead, e.g. 8,16,32,64")
+            info = rt.get_context().info
+            out.append((f"local: {info.name}, subgroup {info.subgroup_size}", launch.limits_of(info)))
+            continue
+        (sg,) = common.int_list(item, "--subgroup-sizes", minimum=1)
+        if sg & (sg - 1) or not 4 <= sg <= 128:
+            raise common.UsageError(f"--subgroup-sizes: {sg} is not a power of two in [4, 128]")
+        for shared in COMMON_SHARED:
+            out.append((f"subgroup {sg}, {shared >> 10} KiB shared", Limits(
+                subgroup_size=sg, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=shared,
+                max_workgroup_count=(65535, 65535, 65535), max_storage_buffer_range=1 << 27,
+                max_memory_allocation_size=1 << 30, min_storage_buffer_offset_alignment=256)))
+    return out
+
+
+def variants(limits_list, n_values: list[int]) -> list[tuple[str, dict]]:
+    """Every (shader, defines) the forward and backward request for these device profiles and N,
+    for both Mamba variants, in a stable order without duplicates."""
+    from ssm_ref import Dims
+    from ssm_vk import specs
+    from ssm_vk.plan import layout_for
+
+    seen: dict = {}
+
+    def add(spec) -> None:
+        seen.setdefault((spec.name, spec.defines), None)
+
+    for lim in limits_list:
+        for N in n_values:
+            for mamba1 in (False, True):
+                # H and P only set how rows are spread over workgroups (push constants), not the defines.
+                d = Dims(S=1, T=1, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
+                         a_shape=(8, N) if mamba1 else (8,))
+                fwd = layout_for(d, lim, backward=False)
+                add(specs.fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
+                bwd = layout_for(d, lim, backward=True)
+                add(specs.fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
+                add(specs.bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
+    for spec in (specs.reduce_spec(0), specs.reduce_spec(1), specs.rows_spec()):
+        add(spec)
+    return [(name, dict(defines)) for name, defines in seen]
+
+
+def run(args) -> int:
+    from ssm_vk.runtime import shaders
+
+    n_values = common.int_list(args.n, "--n", minimum=1)
+    profs = profiles(args.subgroup_sizes)
+    todo = variants([lim for _, lim in profs], n_values)
+    out = Path(args.out) if args.out else shaders.PACKAGED_SPIRV
+    written = shaders.build_all(todo, out)
+    total = sum(p.stat().st_size for p in written)
+    print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
+    print(f"  N = {', '.join(map(str, n_values))}; Mamba-1 and Mamba-2; forward and backward")
+    for label, _ in profs:
+        if label.startswith("local"):
+            print(f"  for {label}")
+    others = sorted({lim.subgroup_size for label, lim in profs if not label.startswith("local")})
+    if others:
+        print(f"  for subgroup sizes {', '.join(map(str, others))} (every subgroup operation class, 1024 "
+              f"invocations) x {', '.join(str(m >> 10) for m in COMMON_SHARED)} KiB of shared memory")
+    return common.EXIT_OK

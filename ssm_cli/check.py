@@ -1,0 +1,251 @@
+"""``ssm-scan check``: every backend against the float64 oracle, with the tests' tolerance table.
+
+First the oracle itself is checked: its gradients against finite differences of its forward.
+Then each backend runs the forward and the backward of a set of problems (Mamba-1 and Mamba-2,
+groups, permuted and shared cache rows, d_state that is no power of two, ggml's layouts) and every
+output is judged against the oracle with ``ssm_ref.tolerance`` -- the table the test suite uses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import backends as bk
+from . import common
+from .progress import Progress
+from .shapes import SHAPES, Shape, make_inputs
+from .table import sci, table
+
+HELP = "run every backend against the float64 reference; exit 1 on any result out of tolerance"
+DESCRIPTION = """Run the forward and backward of a set of problems on every backend available here (or
+those named by --backend), compare every output with the float64 reference (ssm_ref with
+dtype=float64, itself checked against finite differences first) and print, per backend and problem,
+where it ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
+ssm_ref/tolerance.py (the one the tests, ssm_ref.verify and the fuzzer use; bounds grow as T/16
+beyond 16 tokens). Exit code 1 when anything fails: run it after
+installing a new driver.
+
+  ssm-scan check --quick             small problems, a few seconds per backend
+  ssm-scan check --backend vk        the Vulkan backend must run (and pass)
+  ssm-scan check --backend mypkg.myport   your own port, if it has the interface of INTERFACE.md"""
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    shape: Shape
+    R: int | None = None     # rows of the state cache (default S)
+    ids: str = "none"        # "none" | "permutation" | "duplicates"
+    what: str = ""
+
+
+QUICK = (
+    Problem("mamba2", Shape("mamba2", N=16, P=8, H=4, G=2, T=16, S=2), R=3, ids="permutation",
+            what="Mamba-2, 2 groups, 2 of 3 cache rows in shuffled order"),
+    Problem("mamba1", Shape("mamba1", N=16, P=1, H=8, G=1, T=20, S=1, mamba1=True),
+            what="Mamba-1: A (H, N)"),
+    Problem("shared-rows", Shape("shared-rows", N=5, P=3, H=2, G=1, T=17, S=3), R=2, ids="duplicates",
+            what="3 sequences on 2 cache rows, N = 5 (no power of two)"),
+    Problem("ggml", Shape("ggml", N=128, P=16, H=2, G=1, T=8, S=1),
+            what="a layout ggml's Vulkan kernels take: d_state 128, head_dim 16"),
+)
+FULL = (
+    *QUICK,
+    Problem("demo", SHAPES["demo"], what="the demo shape (Mamba-2, d_state 128, head_dim 64)"),
+    Problem("n256", Shape("n256", N=256, P=16, H=4, G=2, T=40, S=2), what="d_state 256, 2 groups"),
+    Problem("mamba1-long", Shape("mamba1-long", N=16, P=1, H=64, G=1, T=300, S=2, mamba1=True),
+            what="Mamba-1, T not a multiple of the checkpoint interval"),
+    Problem("many-groups", Shape("many-groups", N=64, P=32, H=8, G=4, T=33, S=3), R=5, ids="permutation",
+            what="4 groups, 3 of 5 cache rows"),
+    Problem("no-tokens", Shape("no-tokens", N=8, P=4, H=2, G=1, T=0, S=2), what="T = 0"),
+)
+FD_PROBLEMS = ("mamba2", "mamba1")
+FD_SAMPLES = 4        # entries of each input's gradient checked
+FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and rounding near 1e-12
+FD_RTOL, FD_ATOL = 1e-7, 1e-11
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help=f"only the {len(QUICK)} small problems "
+                                                        f"(default: all {len(FULL)})")
+    common.add_backend(p, "check")
+    common.add_device(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    common.add_json(p)
+    common.add_verbose(p)
+
+
+def _host(a) -> np.ndarray:
+    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def fd_check(kw: dict, g_y, g_states, rng) -> dict:
+    """The float64 oracle's gradients against finite differences of its forward, on
+    :data:`FD_SAMPLES` entries of every input: {input: (max |fd - analytic|, bound)}."""
+    import ssm_ref
+
+    g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64)
+
+    def loss(**over) -> float:
+        r = ssm_ref.ssm_scan(**{**kw, **over}, dtype=np.float64)
+        return float(np.sum(r.y * g_y) + np.sum(r.states * g_states))
+
+    out = {}
+    for name in ("s", "x", "dt", "A", "B", "C"):
+        base = np.asarray(kw[name], dtype=np.float64)
+        grad = np.asarray(getattr(g64, "d_" + name), dtype=np.float64)
+        fds, ans = [], []
+        for flat in rng.choice(base.size, size=min(FD_SAMPLES, base.size), replace=False):
+            i = np.unravel_index(flat, base.shape)
+            f = {}
+            for k in (-2, -1, 1, 2):
+                moved = base.copy()
+                moved[i] += k * FD_H
+                f[k] = loss(**{name: moved})
+            fds.append((f[-2] - 8 * f[-1] + 8 * f[1] - f[2]) / (12 * FD_H))
+            ans.append(grad[i])
+        fds_a, ans_a = np.array(fds), np.array(ans)
+        err = float(np.max(np.abs(fds_a - ans_a))) if fds else 0.0
+        bound = FD_RTOL * float(np.max(np.abs(fds_a), initial=0.0)) + FD_ATOL
+        out["d_" + name] = (err, bound)
+    return out
+
+
+def _run_one(mod, kw, g_y, g_states, device_resident: bool):
+    if device_resident:
+        kw = {k: (mod.to_device(v) if isinstance(v, np.ndarray) and k != "ids" else v) for k, v in kw.items()}
+        g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
+    t0 = time.perf_counter()
+    r = mod.ssm_scan(**kw)
+    g = mod.ssm_scan_back(**kw, g_y=g_y, g_states=g_states)
+    return r, g, time.perf_counter() - t0
+
+
+def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False) -> dict:
+    """Run one backend on one problem and compare all nine outputs with the oracle, with the
+    tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled)."""
+    from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
+
+    label = prob.name + (" (device)" if device_resident else "")
+    row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
+           "outputs": {}, "error": None}
+    try:
+        r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident)
+    except Exception as e:  # a broken backend is a failed check, reported, not a crash
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return row
+    row["seconds"] = secs
+    row["where"] = "/".join(sorted({r.where, g.where}))
+    row["computed_by"] = "/".join(sorted({r.backend, g.backend}))
+    got = {"y": r.y, "states": r.states, **{k: getattr(g, k) for k in OUTPUTS[2:]}}
+    tol = scaled(F32_TOL, prob.shape.T)
+    ok = True
+    for out in OUTPUTS:
+        c = compare(out, _host(got[out]), oracle[out], tol[out])
+        row["outputs"][out] = {"rel": c.rel, "max_rel": c.max_rel, "err": c.err, "bound": c.bound, "used": c.used,
+                               "ok": c.ok, "message": "" if c.ok else c.message(f"{b.name} {label}")}
+        ok &= c.ok
+    row["ok"] = ok
+    return row
+
+
+def run(args) -> int:
+    import ssm_ref
+    from ssm_ref.tolerance import F32_TOL, OUTPUTS
+
+    names = common.split_list(args.backend, "--backend")
+    backs = bk.resolve(names or None, args.device)
+    problems = QUICK if args.quick else FULL
+    report = {"ok": True, "quick": bool(args.quick), "seed": args.seed,
+              "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in F32_TOL.items()},
+              "problems": [{"name": p.name, "dims": p.shape.dims, "variant": p.shape.variant,
+                            "R": p.R or p.shape.S, "ids": p.ids, "what": p.what} for p in problems],
+              "backends": [{"name": b.name, "available": b.available, "reason": b.reason,
+                            "where": b.where() if b.available else None} for b in backs],
+              "oracle": {}, "runs": []}
+    runnable = [b for b in backs if b.available]
+    steps = len(problems) * (1 + len(runnable)) + sum(1 for b in runnable if hasattr(b.module, "to_device"))
+    prog = Progress(steps, args.verbose)
+    inputs = {}
+    try:
+        for k, p in enumerate(problems):
+            prog.update(f"oracle (float64) on {p.name}")
+            kw, g_y, g_states = make_inputs(p.shape, args.seed + k, R=p.R, ids=p.ids)
+            r64 = ssm_ref.ssm_scan(**kw, dtype=np.float64)
+            g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64)
+            oracle = {"y": r64.y, "states": r64.states, **{o: getattr(g64, o) for o in OUTPUTS[2:]}}
+            inputs[p.name] = (kw, g_y, g_states, oracle)
+            if p.name in FD_PROBLEMS:
+                fd = fd_check(kw, g_y, g_states, np.random.default_rng(args.seed + 100 + k))
+                report["oracle"][p.name] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
+            prog.update(f"oracle (float64) on {p.name}", advance=1)
+        for b in runnable:
+            for k, p in enumerate(problems):
+                prog.update(f"{b.name} on {p.name}")
+                report["runs"].append(check_backend(b, p, *inputs[p.name]))
+                if k == 0 and hasattr(b.module, "to_device"):
+                    prog.update(f"{b.name} on {p.name}, device-resident inputs", advance=1)
+                    report["runs"].append(check_backend(b, p, *inputs[p.name], device_resident=True))
+                prog.update(f"{b.name} on {p.name}", advance=1)
+    finally:
+        prog.close()
+    for b in backs:
+        if not b.available and b.requested:
+            report["runs"].append({"backend": b.name, "problem": "-", "ok": False, "where": "-", "computed_by": None,
+                                   "outputs": {}, "error": f"not available: {b.reason}"})
+    fd_ok = all(v["ok"] for per in report["oracle"].values() for v in per.values())
+    report["oracle_ok"] = fd_ok
+    report["ok"] = fd_ok and all(r["ok"] for r in report["runs"])
+    common.say(args, render(report))
+    common.write_json(args, report)
+    return common.EXIT_OK if report["ok"] else common.EXIT_FAIL
+
+
+def render(rep: dict) -> str:
+    from ssm_ref.tolerance import OUTPUTS
+
+    out = []
+    for name, per in rep["oracle"].items():
+        worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
+        ok = all(v["ok"] for v in per.values())
+        out.append(f"oracle: ssm_ref float64 gradients vs 4th-order finite differences ({FD_SAMPLES} entries of "
+                   f"each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| {sci(worst['err'])} "
+                   f"= {worst['err'] / worst['bound']:.1%} of its bound")
+    out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
+               "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
+    out.append("")
+    rows = []
+    for r in rep["runs"]:
+        cells = [r["problem"], r["backend"], r["where"]
+                 + (f" by {r['computed_by']}" if r["computed_by"] and r["computed_by"] != r["backend"] else "")]
+        if r["error"]:
+            cells += [""] * len(OUTPUTS) + [f"FAIL: {r['error']}"]
+        else:
+            cells += [sci(r["outputs"][o]["rel"]) + ("" if r["outputs"][o]["ok"] else "!") for o in OUTPUTS]
+            cells.append("PASS" if r["ok"] else "FAIL")
+        rows.append(cells)
+    if rows:
+        out.append(table(["problem", "backend", "where", *OUTPUTS, "result"], rows,
+                         right=set(range(3, 3 + len(OUTPUTS)))))
+    for b in rep["backends"]:  # those asked for by name have a FAIL row above
+        if not b["available"] and not any(r["backend"] == b["name"] for r in rep["runs"]):
+            out.append(f"{b['name']}: skipped, not available: {b['reason']}")
+    out.append("")
+    for b in rep["backends"]:
+        runs = [r for r in rep["runs"] if r["backend"] == b["name"] and not r["error"]]
+        if not runs:
+            continue
+        passed = sum(r["ok"] for r in runs)
+        worst = max(((o["used"], k, r["problem"]) for r in runs for k, o in r["outputs"].items()), default=None)
+        tail = f"; largest share of a bound: {worst[0]:.0%} ({worst[1]} on {worst[2]})" if worst else ""
+        out.append(f"{b['name']}: {passed} of {len(runs)} runs pass{tail}")
+    for r in rep["runs"]:
+        for o in r["outputs"].values():
+            if not o["ok"]:
+                out.append(f"  {o['message']}")
+    n_fail = sum(not r["ok"] for r in rep["runs"]) + (0 if rep["oracle_ok"] else 1)
+    out.append("check: " + ("PASS" if rep["ok"] else f"FAIL ({n_fail} failing)"))
+    return "\n".join(out)

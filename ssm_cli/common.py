@@ -1,0 +1,129 @@
+"""What every command shares: exit codes, the parser class, -v/--json options, logging, JSON output.
+
+Exit codes (all commands): 0 success, 1 a check failed (a wrong result, or a backend asked for by
+name could not run), 2 a usage error (bad arguments, or a request this machine cannot serve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+EXIT_CODES_HELP = "exit codes: 0 success, 1 a check failed, 2 usage error"
+
+
+class UsageError(ValueError):
+    """A request that cannot be served as given; reported in one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``ssm-scan bench: error: ... (see ssm-scan bench --help)``."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log what happens (-vv: debug); also shows progress when stderr is not a terminal")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="also write the results as JSON to FILE; without FILE (or with -), print JSON "
+                        "instead of the table")
+
+
+def add_backend(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help=f"backend(s) to {what}: ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk), or any "
+                        "importable module with NAME, ssm_scan, ssm_scan_back and supports (your own "
+                        "port); repeat or separate by commas (default: every backend available here)")
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", metavar="INDEX",
+                   help="Vulkan device index for ssm_vk (sets SSM_VK_DEVICE; default: first discrete "
+                        "GPU, else integrated, else a CPU implementation such as lavapipe)")
+
+
+def setup_logging(verbose: int) -> None:
+    """Quiet by default (errors only); -v info, -vv debug. Logs go to stderr."""
+    level = logging.ERROR if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+                        force=True)
+
+
+def json_ready(value):
+    """``value`` with tuples, sets, numpy scalars and non-finite floats made JSON-safe."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(json_ready(v) for v in value)
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def json_to_stdout(args) -> bool:
+    """True when ``--json`` asks for JSON on stdout (so the table is not printed)."""
+    return getattr(args, "json", None) == "-"
+
+
+def write_json(args, data) -> None:
+    """Write ``data`` where ``--json`` says (nothing without --json)."""
+    dest = getattr(args, "json", None)
+    if dest is None:
+        return
+    text = json.dumps(json_ready(data), indent=1) + "\n"
+    if dest == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(text)
+    except OSError as e:
+        raise UsageError(f"--json {dest}: cannot write: {e.strerror or e}") from None
+
+
+def say(args, text: str = "") -> None:
+    """Print a line of the human-readable output (suppressed when JSON goes to stdout)."""
+    if not json_to_stdout(args):
+        print(text, flush=True)
+
+
+def split_list(values, what: str) -> list[str]:
+    """Values of a repeatable, comma-separated option, in order, without duplicates."""
+    out: list[str] = []
+    for v in values or ():
+        for item in v.split(","):
+            item = item.strip()
+            if not item:
+                raise UsageError(f"{what}: empty item in {v!r}")
+            if item not in out:
+                out.append(item)
+    return out
+
+
+def int_list(text: str, what: str, minimum: int = 0) -> list[int]:
+    """``"16,64,256"`` -> [16, 64, 256]; UsageError for anything else."""
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    bad = [v for v in vals if v < minimum]
+    if bad:
+        raise UsageError(f"{what}: values must be >= {minimum}, got {bad[0]}")
+    return vals

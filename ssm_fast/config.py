@@ -1,0 +1,54 @@
+"""Every numba option and tuning constant of ssm_fast, in one place.
+
+Kernels import ``KERNEL`` / ``MATH`` and pass them to ``numba.njit``; nothing else in the package
+names a numba option. The sizes below (ROWS_FWD, LANES, TASKS_BWD, SEGMENT_*) are read by the
+public wrappers and passed to the kernels at call time. The flags and VECTOR_BITS are compile-time:
+numba's on-disk cache does not notice a change to this file, so after changing them clear
+``ssm_fast/__pycache__`` or point ``NUMBA_CACHE_DIR`` somewhere fresh.
+
+Numerics of the flags:
+
+* ``contract`` lets LLVM fuse ``a*b + c`` into one FMA (SCAN.md allows fused multiply-adds).
+* ``reassoc`` (kernels only) lets LLVM vectorise the sums over the state index n (the dot products
+  ``sum_n st*C``, ``sum_n lam*B``, ...) with several partial sums. The grouping is fixed at compile
+  time by the vector width and the trip count N, so results are the same on every run and for every
+  thread count; they can differ in the last bits between CPUs with different vector widths.
+* No ``nnan``/``ninf``/``nsz``/``arcp``/``afn``: inf and nan propagate as in the reference.
+* The float32 math helpers (``mathf``) are compiled with ``contract`` only, so LLVM cannot
+  regroup their range reduction; LLVM inlining keeps each instruction's own flags.
+"""
+
+from __future__ import annotations
+
+# Options for the parallel kernels (kernels_fwd, kernels_bwd).
+KERNEL = dict(parallel=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+
+# Options for the serial helpers that the kernels call (mathf): no reassociation.
+MATH = dict(cache=True, fastmath={"contract"}, error_model="numpy")
+# softplus and sigmoid only combine the MATH helpers with selects and one add; they are inlined
+# into the caller by numba (LLVM's inliner declines the combined body, which stops the
+# vectorisation of the caller's loop), so they take the caller's flags.
+MATH_INLINE = dict(MATH, inline="always")
+
+# Preferred SIMD width of the kernels' loops in bits (see simd.py): LLVM's default on Intel server
+# CPUs is 256 even with AVX-512; None keeps LLVM's choice.
+VECTOR_BITS = 512
+
+# Mamba-2 forward ("rows" layout): channels p per task. A task holds ROWS_FWD state rows of N
+# floats; 32 rows of N = 128 are 16 KiB, which stay in L1 while the task walks the tokens.
+ROWS_FWD = 32
+
+# Mamba-1 forward and backward ("lanes" layout): rows (h, p) walked side by side.
+LANES = 64
+
+# Backward partition: (sequence, group, chunk); the rows (h, p) of a group are cut into chunks so
+# that S*G*chunks >= TASKS_BWD. A constant, never the thread count: the grouping of every sum
+# depends only on the shape, so results are bit-identical for any NUMBA_NUM_THREADS. Each chunk
+# beyond the first costs a (T, G, N) slab for d_B and one for d_C, summed afterwards.
+TASKS_BWD = 16
+
+# Backward recompute: a segment of seg tokens keeps its states (and, for Mamba-1, its decays) in a
+# buffer of at most SEGMENT_BYTES per task; seg >= SEGMENT_MIN. A sequence that fits in one
+# segment is recomputed once, a longer one twice (checkpoints, then segment by segment).
+SEGMENT_BYTES = 1024 * 1024
+SEGMENT_MIN = 8

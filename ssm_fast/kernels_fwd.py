@@ -1,0 +1,159 @@
+"""Forward scan kernels (private: they trust their inputs and only do arithmetic).
+
+Two layouts, one per variant, chosen for what each variant's decay shares:
+
+* Mamba-2 (:func:`forward_mamba2`, "rows"): the decay is one scalar per (i, t, h), shared by the
+  P channels of the head. A task owns (sequence i, head h, a block of ``rows`` channels); its state
+  rows (rows x N float32) stay in L1 while it walks the tokens. Per token it updates four rows at a
+  time over n, so B[t] and C[t] are loaded once per four rows and four dot products with C run side
+  by side. The loops over n are contiguous and vectorised; the sum over n is grouped by LLVM at
+  compile time (``reassoc``, see config).
+* Mamba-1 (:func:`forward_mamba1`, "lanes"): the decay exp(d * A[h, n]) is different for every
+  state, and N is typically 16, too short for a vector loop with a reduction. A task owns
+  (sequence i, group g, a block of ``lanes`` rows (h, p) of that group) and keeps the state
+  transposed, (N, lanes), so the inner loop runs over rows: the exp, the update and y accumulate
+  lane-wise with no horizontal sum (y's sum over n runs in plain order n = 0..N-1).
+
+Tasks share nothing but read-only inputs and write disjoint slices of y and states, so results do
+not depend on the thread count or on which thread runs which task.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .config import KERNEL
+from .mathf import exp_f32, softplus_f32
+from .simd import prefer_vector_width
+
+ZERO = np.float32(0.0)
+
+
+@njit(**KERNEL)
+def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
+    """Mamba-2 forward. s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,1), B/C (S,T,G,N),
+    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task."""
+    S, T, H, P = x.shape
+    N = s.shape[3]
+    G = B.shape[2]
+    hpg = H // G
+    blocks = (P + rows - 1) // rows
+    for task in prange(S * H * blocks):
+        prefer_vector_width()
+        i = task // (H * blocks)
+        h = (task // blocks) % H
+        p0 = (task % blocks) * rows
+        nr = min(rows, P - p0)
+        g = h // hpg
+        j = ids[i]
+        st = np.empty((nr, N), dtype=np.float32)            # state rows p0 .. p0+nr-1
+        for q in range(nr):
+            for n in range(N):
+                st[q, n] = s[j, h, p0 + q, n]
+        d_t = np.empty(T, dtype=np.float32)                  # softplus(dt[i, :, h])
+        a_t = np.empty(T, dtype=np.float32)                  # exp(d * A[h]): one exp per (i, t, h)
+        for t in range(T):
+            d = softplus_f32(dt[i, t, h])
+            d_t[t] = d
+            a_t[t] = exp_f32(d * A[h, 0])
+        for t in range(T):
+            d = d_t[t]
+            a = a_t[t]
+            q = 0
+            while q + 4 <= nr:
+                p = p0 + q
+                u0 = x[i, t, h, p] * d
+                u1 = x[i, t, h, p + 1] * d
+                u2 = x[i, t, h, p + 2] * d
+                u3 = x[i, t, h, p + 3] * d
+                y0 = ZERO
+                y1 = ZERO
+                y2 = ZERO
+                y3 = ZERO
+                for n in range(N):
+                    b = B[i, t, g, n]
+                    c = C[i, t, g, n]
+                    v0 = st[q, n] * a + b * u0
+                    v1 = st[q + 1, n] * a + b * u1
+                    v2 = st[q + 2, n] * a + b * u2
+                    v3 = st[q + 3, n] * a + b * u3
+                    st[q, n] = v0
+                    st[q + 1, n] = v1
+                    st[q + 2, n] = v2
+                    st[q + 3, n] = v3
+                    y0 += v0 * c
+                    y1 += v1 * c
+                    y2 += v2 * c
+                    y3 += v3 * c
+                y[i, t, h, p] = y0
+                y[i, t, h, p + 1] = y1
+                y[i, t, h, p + 2] = y2
+                y[i, t, h, p + 3] = y3
+                q += 4
+            while q < nr:
+                u0 = x[i, t, h, p0 + q] * d
+                y0 = ZERO
+                for n in range(N):
+                    v0 = st[q, n] * a + B[i, t, g, n] * u0
+                    st[q, n] = v0
+                    y0 += v0 * C[i, t, g, n]
+                y[i, t, h, p0 + q] = y0
+                q += 1
+        for q in range(nr):
+            for n in range(N):
+                states[i, h, p0 + q, n] = st[q, n]
+
+
+@njit(**KERNEL)
+def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
+    """Mamba-1 forward. Same arguments as :func:`forward_mamba2` with A (H,N); ``lanes``: rows
+    (h, p) per task."""
+    S, T, H, P = x.shape
+    N = s.shape[3]
+    G = B.shape[2]
+    hpg = H // G
+    RG = hpg * P                                             # rows (h, p) per group
+    blocks = (RG + lanes - 1) // lanes
+    x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
+    y2 = y.reshape(S, T, H * P)
+    for task in prange(S * G * blocks):
+        prefer_vector_width()
+        i = task // (G * blocks)
+        g = (task // blocks) % G
+        r0 = g * RG + (task % blocks) * lanes                # first row of this task
+        nl = min(lanes, (g + 1) * RG - r0)
+        j = ids[i]
+        h_l = np.empty(nl, dtype=np.int64)                   # head of each lane
+        st = np.empty((N, nl), dtype=np.float32)             # state, transposed
+        A_t = np.empty((N, nl), dtype=np.float32)            # A[h_l, n], transposed
+        for l in range(nl):
+            h = (r0 + l) // P
+            p = r0 + l - h * P
+            h_l[l] = h
+            for n in range(N):
+                st[n, l] = s[j, h, p, n]
+                A_t[n, l] = A[h, n]
+        d_l = np.empty(nl, dtype=np.float32)
+        u_l = np.empty(nl, dtype=np.float32)
+        y_l = np.empty(nl, dtype=np.float32)
+        for t in range(T):
+            for l in range(nl):
+                d = softplus_f32(dt[i, t, h_l[l]])
+                d_l[l] = d
+                u_l[l] = x2[i, t, r0 + l] * d
+                y_l[l] = ZERO
+            for n in range(N):
+                b = B[i, t, g, n]
+                c = C[i, t, g, n]
+                for l in range(nl):
+                    v = st[n, l] * exp_f32(d_l[l] * A_t[n, l]) + b * u_l[l]
+                    st[n, l] = v
+                    y_l[l] += v * c
+            for l in range(nl):
+                y2[i, t, r0 + l] = y_l[l]
+        for l in range(nl):
+            h = h_l[l]
+            p = r0 + l - h * P
+            for n in range(N):
+                states[i, h, p, n] = st[n, l]

@@ -1,0 +1,319 @@
+"""The ``ssm-scan`` command, run as a user runs it: a subprocess, its output, files and exit code.
+
+Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback).
+Shapes stay tiny: lavapipe is slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssm_cli.main import COMMANDS
+from ssm_vk import runtime as rt
+
+ROOT = Path(__file__).resolve().parents[1]
+VULKAN, NO_VULKAN_REASON = rt.available()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def ssm_scan(*argv, extra_path: Path | None = None, timeout: float = 120, env_extra: dict | None = None
+             ) -> subprocess.CompletedProcess:
+    """Run ``ssm-scan argv...`` (the console script's target, through this interpreter)."""
+    env = dict(os.environ)
+    env.pop("SSM_VK_VALIDATION", None)  # the suite's validation layer: slow, and nobody reads it here
+    env.update(env_extra or {})
+    paths = [str(ROOT), *([str(extra_path)] if extra_path else [])]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "ssm_cli.main", *map(str, argv)], capture_output=True,
+                          text=True, env=env, timeout=timeout, check=False, cwd=ROOT)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr and lines[0].startswith("ssm-scan")
+    assert ": error: " in lines[0]
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_the_console_script_is_this_main():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"ssm-scan": "ssm_cli.main:main"}
+
+
+@pytest.mark.parametrize("command", ["", *[name for name, _ in COMMANDS]])
+def test_help_works_for_every_command(command):
+    p = ssm_scan(*([command] if command else []), "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: ssm-scan {command}".rstrip())
+    assert "exit codes: 0 success, 1 a check failed, 2 usage error" in p.stdout
+    if not command:  # the top level lists every command
+        for name, _ in COMMANDS:
+            assert name in p.stdout
+
+
+def test_info_reports_versions_backends_devices_and_placement(tmp_path):
+    out = tmp_path / "info.json"
+    p = ssm_scan("info", "--json", out)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # quiet by default
+    text = p.stdout
+    assert f"numpy {np.__version__}" in text and "glslc" in text and "CPU:" in text
+    rep = json.loads(out.read_text())
+    assert [b["name"] for b in rep["backends"]] == ["ssm_ref", "ssm_fast", "ssm_vk"]
+    assert rep["backends"][0]["available"] and rep["versions"]["numpy"] == np.__version__
+    rows = {r["shape"]: r for r in rep["support"]}
+    assert {"demo", "prefill", "batch", "mamba1", "train", "long"} <= set(rows)
+    assert rows["mamba1"]["ggml_vulkan"] == {"fwd": "CPU: Mamba-1", "bwd": "CPU: Mamba-1"}
+    assert rows["demo"]["ggml_vulkan"]["fwd"] == "GPU" and rows["p8"]["ggml_vulkan"]["fwd"].startswith("CPU")
+    assert rows["demo"]["backends"]["ssm_ref"]["fwd"]["where"] == "CPU"
+    if VULKAN:
+        names = [d.name for d in rt.list_devices()]
+        assert [d["name"] for d in rep["vulkan"]["devices"]] == names
+        assert names[rep["vulkan"]["selected"]] in text and "subgroup size" in text
+        vk = rows["demo"]["backends"]["ssm_vk"]
+        assert vk["fwd"]["ok"] and vk["fwd"]["where"].startswith("Vulkan") and vk["bwd"]["plan"]["windows"] >= 1
+    else:
+        assert "Vulkan: not available" in text and rep["vulkan"]["devices"] == []
+
+
+def test_info_json_on_stdout_is_only_json():
+    p = ssm_scan("info", "--json")
+    assert p.returncode == 0, p.stderr
+    assert set(json.loads(p.stdout)) >= {"versions", "cpu", "backends", "vulkan", "support"}
+
+
+def test_check_quick_passes_on_every_available_backend(tmp_path):
+    out = tmp_path / "check.json"
+    p = ssm_scan("check", "--quick", "--json", out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stderr == ""
+    assert "oracle: ssm_ref float64 gradients vs 4th-order finite differences" in p.stdout
+    assert p.stdout.rstrip().endswith("check: PASS")
+    rep = json.loads(out.read_text())
+    assert rep["ok"] and rep["oracle_ok"] and rep["quick"]
+    ran = {r["backend"] for r in rep["runs"]}
+    assert {"ssm_ref", "ssm_fast"} <= ran  # numba is a dependency: ssm_fast always runs
+    assert ("ssm_vk" in ran) == VULKAN
+    for r in rep["runs"]:
+        assert r["ok"] and set(r["outputs"]) == {"y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"}
+        assert all(0 <= o["rel"] < 1e-5 for o in r["outputs"].values())
+        if r["backend"] == "ssm_vk":
+            assert r["where"].startswith("Vulkan")
+    if VULKAN:
+        assert any(r["problem"].endswith("(device)") for r in rep["runs"])  # device-resident inputs too
+
+
+BROKEN_PORT = '''
+"""A port with a bug: d_A is 0.1% too large."""
+import dataclasses
+
+import ssm_ref
+
+NAME = "broken_port"
+supports = ssm_ref.supports
+
+
+def ssm_scan(*args, **kw):
+    return dataclasses.replace(ssm_ref.ssm_scan(*args, **kw), backend=NAME)
+
+
+def ssm_scan_back(*args, **kw):
+    g = ssm_ref.ssm_scan_back(*args, **kw)
+    return dataclasses.replace(g, d_A=g.d_A * 1.001, backend=NAME)
+'''
+
+RAISING_PORT = '''
+"""A port whose backward crashes."""
+import ssm_ref
+
+NAME = "raising_port"
+supports = ssm_ref.supports
+ssm_scan = ssm_ref.ssm_scan
+
+
+def ssm_scan_back(*args, **kw):
+    raise RuntimeError("boom")
+'''
+
+
+def test_check_fails_with_exit_1_when_a_backend_is_wrong_or_crashes(tmp_path):
+    (tmp_path / "broken_port.py").write_text(BROKEN_PORT)
+    (tmp_path / "raising_port.py").write_text(RAISING_PORT)
+    out = tmp_path / "check.json"
+    p = ssm_scan("check", "--quick", "--backend", "broken_port,raising_port", "--json", out, extra_path=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    assert p.stdout.rstrip().splitlines()[-1].startswith("check: FAIL")
+    assert "FAIL: RuntimeError: boom" in p.stdout
+    rep = json.loads(out.read_text())
+    assert not rep["ok"] and rep["oracle_ok"]
+    broken = [r for r in rep["runs"] if r["backend"] == "broken_port"]
+    assert broken and all(not r["ok"] for r in broken)
+    for r in broken:  # exactly d_A fails, by its 1e-3 relative error
+        assert [k for k, o in r["outputs"].items() if not o["ok"]] == ["d_A"]
+        assert r["outputs"]["d_A"]["rel"] == pytest.approx(1e-3, rel=1e-2)
+    assert all(r["error"] == "RuntimeError: boom" for r in rep["runs"] if r["backend"] == "raising_port")
+
+
+# A loader pointed at a driver manifest that does not exist finds no driver: a machine whose
+# Vulkan driver is missing or broken.
+NO_DRIVER = {"VK_DRIVER_FILES": "/nonexistent/icd.json", "VK_ICD_FILENAMES": "/nonexistent/icd.json"}
+
+
+def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_check_fails():
+    p = ssm_scan("info", env_extra=NO_DRIVER)
+    assert p.returncode == 0, p.stderr
+    assert "Vulkan: not available" in p.stdout and "ssm_vk    not available: no Vulkan device" in p.stdout
+    p = ssm_scan("check", "--quick", "--backend", "vk", env_extra=NO_DRIVER)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL: not available: no Vulkan device" in p.stdout
+    assert_one_line_error(ssm_scan("bench", "--backend", "vk", env_extra=NO_DRIVER),
+                          "--backend ssm_vk: not available here: no Vulkan device")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["check", "--backend", "no_such_module"], ["--backend no_such_module: no such module"]),
+    (["check", "--backend", "json"], ["--backend json: the module lacks NAME"]),
+    (["check", "--device", "x"], ["--device x"]),
+    (["bench", "--shape", "nonsense"], ["--shape nonsense"]),
+    (["bench", "--shape", "custom", "128,64,3,2,8,1"], ["H % G must be 0"]),
+    (["bench", "--sweep", "Q=1,2"], ["--sweep Q=1,2"]),
+    (["bench", "--op", "sideways"], ["invalid choice: 'sideways'"]),
+    (["bench", "--reps", "0"], ["--reps must be >= 1"]),
+    (["bench", "--shape", "train", "--backend", "ssm_ref"], ["nothing to measure", "--force"]),
+    (["build-shaders", "--subgroup-sizes", "12"], ["12 is not a power of two"]),
+    (["build-shaders", "--n", "16,x"], ["--n: expected comma-separated integers"]),
+    (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+])
+def test_a_bad_argument_is_one_line_and_exit_2(argv, fragments):
+    assert_one_line_error(ssm_scan(*argv), *fragments)
+
+
+def test_bench_times_every_backend_and_draws_the_plot(tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    backends = "ssm_ref,ssm_fast,ssm_vk" if VULKAN else "ssm_ref,ssm_fast"
+    p = ssm_scan("bench", "--shape", "custom", "16,8,2,1,8,1", "--sweep", "T=4,8", "--reps", "2",
+                 "--backend", backends, "--json", out, "--plot", png, "-v")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[0/" in p.stderr  # -v shows progress when stderr is not a terminal
+    assert "updates/s" in p.stdout and f"plot: {png}" in p.stdout
+    rep = json.loads(out.read_text())
+    assert rep["sweep"] == {"axis": "T", "values": [4, 8]}
+    rows = rep["rows"]
+    assert sorted((r["backend"], r["op"], r["dims"]["T"]) for r in rows) == sorted(
+        (b, op, t) for b in backends.split(",") for op in ("fwd", "bwd") for t in (4, 8))
+    for r in rows:
+        assert r["n"] == 2 and 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["updates"] == 16 * 8 * 2 * r["dims"]["T"]
+        assert r["updates_per_s"] == pytest.approx(r["updates"] / r["median_s"])
+        if r["backend"] == "ssm_vk":
+            assert r["where"].startswith("Vulkan")
+            assert 0 < r["gpu_median_s"] and r["gpu_n"] == 2  # GPU timestamps beside wall time
+        else:
+            assert r["where"] == "CPU" and "gpu_median_s" not in r
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+
+
+def test_bench_refuses_the_reference_only_where_it_would_take_minutes():
+    import ssm_ref
+    from ssm_cli.backends import Backend
+    from ssm_cli.bench import too_slow
+    from ssm_cli.shapes import SHAPES
+
+    ref = Backend("ssm_ref", ssm_ref)
+    refused = {name for name, shape in SHAPES.items() if too_slow(ref, shape)}
+    assert refused == {"train", "long"}
+    assert "12.9 GB" in too_slow(ref, SHAPES["train"]) and "--force" in too_slow(ref, SHAPES["long"])
+    assert too_slow(Backend("my_port", ssm_ref), SHAPES["long"]) is None  # other backends: no limit
+
+
+def test_bench_json_on_stdout_is_only_json():
+    p = ssm_scan("bench", "--shape", "custom", "4,2,2,1,4,1", "--backend", "ssm_ref", "--reps", "1", "--op", "fwd",
+                 "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["rows"]
+    assert [(r["backend"], r["op"]) for r in rows] == [("ssm_ref", "fwd")]
+
+
+def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
+    if not VULKAN:
+        p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16")
+        assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
+        return
+    from ssm_ref import Dims
+    from ssm_vk import launch, specs
+    from ssm_vk.plan import plan
+    from ssm_vk.runtime import shaders
+    from ssm_vk.runtime.device import choose
+
+    p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16")
+    assert p.returncode == 0, p.stderr
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert p.stdout.startswith(f"wrote {len(index)} SPIR-V variants")
+    for entry in index.values():
+        assert (tmp_path / entry["file"]).read_bytes()[:4] == shaders.SPIRV_MAGIC
+    # Every kernel a forward and a backward at N = 16 request on this device is in the index.
+    lim = launch.limits_of(choose(rt.list_devices()))
+    for mamba1 in (False, True):
+        d = Dims(S=2, T=5, H=3, P=1 if mamba1 else 4, N=16, G=1, R=2, mamba1=mamba1,
+                 a_shape=(3, 16) if mamba1 else (3,))
+        f, b = plan(d, lim, backward=False).layout, plan(d, lim, backward=True).layout
+        for spec in (specs.fwd_spec(d, f, False), specs.fwd_spec(d, b, True), specs.bwd_spec(d, b),
+                     specs.reduce_spec(0), specs.reduce_spec(1), specs.rows_spec()):
+            assert shaders._variant_id(spec.name, shaders.normalize_defines(dict(spec.defines))) in index
+    # ... and the wheel ships them: the package-data globs of pyproject match the files.
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["ssm_vk"]
+    for name in [e["file"] for e in index.values()] + ["index.json"]:
+        assert any(Path("spirv", name).match(g) for g in globs), name
+
+
+def test_demo_runs_info_check_and_bench_and_names_its_plot(tmp_path):
+    p = ssm_scan("demo", "--quick", "--out", tmp_path, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for step in ("=== ssm-scan info", "=== ssm-scan check --quick", "=== ssm-scan bench"):
+        assert step in p.stdout
+    assert "check: PASS" in p.stdout
+    plot = tmp_path / "ssm-scan-demo.png"
+    assert p.stdout.rstrip().splitlines()[-1].endswith(f"plot {plot}")
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((tmp_path / "ssm-scan-demo.json").read_text())["rows"]
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    blocks, inside, cur = [], False, []
+    for line in markdown.splitlines():
+        if line.strip() == "```python":
+            inside, cur = True, []
+        elif line.strip() == "```" and inside:
+            inside = False
+            blocks.append("\n".join(cur))
+        elif inside:
+            cur.append(line)
+    return blocks
+
+
+def test_the_readme_python_examples_run(tmp_path):
+    """Every Python example of the README runs as written (the golden-vector one after the
+    README's `ssm-scan vectors --out golden/`)."""
+    blocks = _python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) == 4
+    p = ssm_scan("vectors", "--out", tmp_path / "golden")
+    assert p.returncode == 0, p.stderr
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("SSM_VK_VALIDATION", None)
+    for code in blocks:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=300, check=False)
+        assert p.returncode == 0, code + "\n" + p.stdout + p.stderr
+    assert "PASS" in p.stdout and "FAIL" not in p.stdout  # the verify report of the last example
