@@ -5,7 +5,8 @@
 
 For each shape family (S, H, P, N, G fixed; T grows) it bisects the largest T that:
   ssm_ref / ssm_fast -- fits the host memory rule (ssm_ref.memory: input copies, outputs, the
-                        backend's workspace; ssm_ref's backward keeps T+1 states);
+                        backend's workspace: ssm_ref's backward keeps T+1 states, ssm_fast's its
+                        d_B / d_C partial slabs);
   ssm_vk             -- plans within the device's limits and fits budget.py (every buffer within
                         maxMemoryAllocationSize, all within the device-local heap); beyond it the
                         call runs on the CPU (ssm_fast) and says why.
@@ -48,9 +49,18 @@ def _dims(S, T, H, P, N, G) -> Dims:
     return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=False, a_shape=(H,))
 
 
+def _workspace(d: Dims, backward: bool, reference: bool) -> int:
+    f32 = np.dtype(np.float32)
+    if reference:
+        return (backward_workspace if backward else forward_workspace)(d, f32)
+    if not backward:
+        return 0
+    import ssm_fast
+    return ssm_fast.backward_workspace(d, f32)
+
+
 def _host_ok(d: Dims, backward: bool, reference: bool, have: int) -> bool:
-    ws = (backward_workspace if backward else forward_workspace)(d, np.dtype(np.float32)) if reference else 0
-    return d.S * 8 + output_elems(d, backward) * 4 + ws <= have
+    return d.S * 8 + output_elems(d, backward) * 4 + _workspace(d, backward, reference) <= have
 
 
 def _device_ok(d: Dims, backward: bool, lim: Limits, heap: int, name: str) -> bool:

@@ -81,6 +81,15 @@ def _reference():
     return ssm_ref
 
 
+def backward_workspace(d, dtype) -> int:
+    """Bytes the backward needs besides its inputs and outputs, for the host memory rule
+    (ssm_ref.memory): dd (S, T, H, P) float32, dA_rows (S, H, P, 1|N) float64 and, when the rows
+    of a group are cut into chunks, two (S, chunks, T, G, N) float32 slabs of d_B / d_C partials."""
+    chunks = _chunks(d)
+    slabs = 2 * d.S * chunks * d.T * d.G * d.N * 4 if chunks > 1 else 0
+    return d.S * d.T * d.H * d.P * 4 + d.S * d.H * d.P * (d.N if d.mamba1 else 1) * 8 + slabs
+
+
 def _chunks(d) -> int:
     """Chunks per (sequence, group) of the backward: a function of the shape only."""
     rows = d.heads_per_group * d.P
@@ -107,7 +116,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     """
     if guard.unusable():
         return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace)
     d = p.dims
     S, T, H, P, N, G = d.S, d.T, d.H, d.P, d.N, d.G
     lanes = config.LANES

@@ -182,3 +182,25 @@ def test_soak_the_reference_forward_over_more_than_2_31_elements(module):
     out = _big_forward(module)
     _assert_big_forward_right(out)
     assert out["where"] == "CPU"
+
+
+@pytest.mark.parametrize("module", CPU_FAST)
+def test_ssm_fast_counts_its_backward_scratch(module, monkeypatch):
+    # ssm_fast's backward keeps per-row partials and, when a group's rows are cut into chunks, two
+    # (S, chunks, T, G, N) slabs of d_B / d_C partials: more than its outputs here. The host memory
+    # rule counts them, exactly.
+    import ssm_fast
+    case = make_problem(np.random.default_rng(93), S=1, T=200, H=4, P=8, N=16, G=1, ids="identity")
+    d = ssm_ref.check_forward(**case.args()).dims
+    base = d.S * 8 + ssm_ref.checks.output_elems(d, True) * 4
+    ws = ssm_fast.backward_workspace(d, np.dtype(np.float32))
+    assert ws > base
+
+    def run():
+        return ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+
+    monkeypatch.setenv(memory.HOST_MEMORY_ENV, str(base + ws))
+    assert run().backend == "ssm_fast"
+    monkeypatch.setenv(memory.HOST_MEMORY_ENV, str(base + ws - 1))
+    with pytest.raises(ValueError, match=f"workspace {ws}\\)"):
+        run()
