@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import ssm_ref
 from ssm_ref import (
     ScanGrads,
     ScanResult,
@@ -32,7 +33,7 @@ from ssm_ref import (
     check_op,
 )
 
-from . import config
+from . import config, guard
 from .kernels_bwd import backward_mamba1, backward_mamba2, finish
 from .kernels_fwd import forward_mamba1, forward_mamba2
 
@@ -54,15 +55,39 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     (the checks of ssm_ref). Inputs are never written.
     Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
     """
+    if guard.unusable():
+        return _reference().ssm_scan(s, x, dt, A, B, C, ids)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
     d = p.dims
     y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
     states = np.empty((d.S, d.H, d.P, d.N), dtype=_F32)
-    if d.mamba1:
-        forward_mamba1(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.LANES, y, states)
-    else:
-        forward_mamba2(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.ROWS_FWD, y, states)
+    with guard.launching():
+        if d.mamba1:
+            forward_mamba1(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.LANES, y, states)
+        else:
+            forward_mamba2(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.ROWS_FWD, y, states)
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
+
+
+_warned: set[str] = set()
+
+
+def _reference():
+    """ssm_ref, for a process that must not launch the kernels (guard.unusable), said once."""
+    why = guard.unusable()
+    if why not in _warned:
+        _warned.add(why)
+        guard.log.warning("ssm_fast computes with ssm_ref, the numpy reference: %s", why)
+    return ssm_ref
+
+
+def backward_workspace(d, dtype) -> int:
+    """Bytes the backward needs besides its inputs and outputs, for the host memory rule
+    (ssm_ref.memory): dd (S, T, H, P) float32, dA_rows (S, H, P, 1|N) float64 and, when the rows
+    of a group are cut into chunks, two (S, chunks, T, G, N) float32 slabs of d_B / d_C partials."""
+    chunks = _chunks(d)
+    slabs = 2 * d.S * chunks * d.T * d.G * d.N * 4 if chunks > 1 else 0
+    return d.S * d.T * d.H * d.P * 4 + d.S * d.H * d.P * (d.N if d.mamba1 else 1) * 8 + slabs
 
 
 def _chunks(d) -> int:
@@ -89,7 +114,9 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     backend="ssm_fast". Raises as ssm_ref. Bit-identical for any thread count (docs/FAST.md).
     Same function: ssm_ref.ssm_scan_back, ssm_vk.ssm_scan_back.
     """
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32)
+    if guard.unusable():
+        return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace)
     d = p.dims
     S, T, H, P, N, G = d.S, d.T, d.H, d.P, d.N, d.G
     lanes = config.LANES
@@ -109,14 +136,15 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         part_C = np.zeros((S, chunks, T, G, N), dtype=_F32)
     args = (p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, seg, chunks)
     outs = (d_s0, d_x, dd, dA_rows, part_B, part_C)
-    if d.mamba1:
-        backward_mamba1(*args, lanes, *outs)
-    else:
-        backward_mamba2(*args, *outs)
     d_dt = np.empty((S, T, H), dtype=_F32)
     d_A = np.empty(p.A.shape, dtype=_F32)
     d_s = np.empty((d.R, H, P, N), dtype=_F32)
-    finish(p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    with guard.launching():
+        if d.mamba1:
+            backward_mamba1(*args, lanes, *outs)
+        else:
+            backward_mamba2(*args, *outs)
+        finish(p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
     return ScanGrads(d_s=d_s, d_s0=d_s0, d_x=d_x, d_dt=d_dt,
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 

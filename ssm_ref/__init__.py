@@ -27,12 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import packing
-from .checks import Dims, Problem, check_backward, check_dtype, check_forward, is_device_array
+from .checks import Dims, Problem, check_backward, check_dtype, check_forward, is_device_array, output_elems
+from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
 from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
 from .scan import backward as _backward
+from .scan import backward_workspace, forward_workspace, scatter_rows
 from .scan import forward as _forward
-from .scan import scatter_rows
 
 __version__ = "0.1.0"
 
@@ -59,6 +60,7 @@ __all__ = [
     "ssm_scan",
     "ssm_scan_back",
     "supports",
+    "host_memory_bytes",
     "unpack_backward",
     "unpack_forward",
 ]
@@ -91,10 +93,11 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> ScanResult:
     dtype: np.float32 (the contract: float32 storage and arithmetic) or np.float64 (the oracle).
 
     Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
-    Raises TypeError / ValueError for bad input before any work.
+    Raises TypeError / ValueError for bad input before any work, ValueError for a problem beyond
+    the host memory limit (ssm_ref.memory) before any allocation.
     Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan.
     """
-    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype)
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
     y, states = _forward(p)
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
@@ -104,10 +107,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) ->
 
     g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
     g_states=None. Returns ScanGrads: d_s (R,H,P,N) (scatter-added by ids), d_s0 (S,H,P,N),
-    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``.
+    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``. Raises as :func:`ssm_scan`; the host
+    memory it needs includes the T+1 states of the recompute.
     Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back.
     """
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace)
     g = _backward(p)
     return ScanGrads(**g, where=WHERE, backend=NAME)
 
@@ -120,7 +124,17 @@ def check_op(op: str) -> str:
 
 
 def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
-    """The reference runs every valid case on the CPU. Bad input raises as in ssm_scan."""
+    """The reference runs every valid case that fits the host memory limit (ssm_ref.memory).
+    Bad input raises as in ssm_scan (a forward beyond the limit too); a backward beyond it --
+    the T+1 states -- is answered ``Support(False, reason)`` (ssm_scan_back would raise)."""
     check_op(op)
-    check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, workspace=forward_workspace)
+    if op == "ssm_scan_back":
+        f32 = np.dtype(np.float32)
+        need = (output_elems(p.dims, True) + 2 * p.dims.S * p.dims.T * p.dims.H * p.dims.P) * 4 \
+            + backward_workspace(p.dims, f32)
+        have, source = host_memory_bytes()
+        if need > have:
+            return Support(False, f"the backward needs about {need} bytes of host memory (T+1 states), "
+                                  f"more than the {have} bytes this process may use ({source})")
     return Support(True, "the reference runs every shape on the CPU")

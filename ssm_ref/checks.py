@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Dims", "Problem", "check_backward", "check_dtype", "check_forward"]
+from .memory import check_host_memory
+
+__all__ = ["Dims", "Problem", "check_backward", "check_dtype", "check_forward", "output_elems"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -178,12 +180,14 @@ def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None
         raise ValueError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
 
 
-def _check_ids(ids, S: int, R: int) -> np.ndarray:
+def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
+    """The caller's ids, checked (None stays None: arange(S) is made by _finish_ids, after the
+    host memory check -- S itself may be huge)."""
     if ids is None:
         if S > R:
             raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
                              f"got R = {R}")
-        return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
+        return None
     arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
     if is_device_array(arr):
         arr = arr.numpy()  # S integers: the range check needs their values
@@ -195,18 +199,18 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray:
         if lo < 0 or hi >= R:
             bad = lo if lo < 0 else hi
             raise ValueError(f"ids: every id must be in [0, R) = [0, {R}) (R = rows of s), got {bad}")
-    return _finish(arr.astype(np.int64, copy=False), np.dtype(np.int64))
+    return arr
 
 
-def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False) -> Problem:
-    """Check the forward's arguments (SCAN.md shapes) and return a :class:`Problem`.
+def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
+    if ids is None:
+        return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
+    return _finish(ids.astype(np.int64, copy=False), np.dtype(np.int64))
 
-    x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
-    those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups) before any work.
-    Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
-    (the Vulkan backend binds them in place).
-    """
-    work = check_dtype(dtype)
+
+def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:
+    """The forward's argument checks (SCAN.md shapes): (dims, the float arrays as given -- not yet
+    converted --, the checked ids or None)."""
     x_ = _float_array("x", x, work, keep_device)
     _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
     S, T, H, P = (int(v) for v in x_.shape)
@@ -250,19 +254,62 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     ids_ = _check_ids(ids, S, R)
     dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape)
     A2 = A_.reshape(H, N if mamba1 else 1)
-    return Problem(dims=dims, s=_finish(s_, work), x=_finish(x_, work), dt=_finish(dt_, work),
-                   A=_finish(A2, work), B=_finish(B_, work), C=_finish(C_, work), ids=ids_,
+    return dims, dict(s=s_, x=x_, dt=dt_, A=A2, B=B_, C=C_), ids_
+
+
+def output_elems(d: Dims, backward: bool) -> int:
+    """Elements of the results of one call: y and states, or the seven gradients."""
+    row = d.H * d.P * d.N
+    if not backward:
+        return d.S * d.T * d.H * d.P + d.S * row
+    return (d.R * row + d.S * row + d.S * d.T * d.H * d.P + d.S * d.T * d.H + d.H * (d.N if d.mamba1 else 1)
+            + 2 * d.S * d.T * d.G * d.N)
+
+
+def _check_memory(dims: Dims, raw: dict, work: np.dtype, keep_device: bool, backward: bool, workspace) -> None:
+    """The host memory rule (ssm_ref.memory): copies + outputs + the backend's workspace, before
+    anything is converted or allocated."""
+    copies = sum(a.size * work.itemsize for a in raw.values()
+                 if not is_device_array(a) and not (a.dtype == work and a.flags.c_contiguous))
+    copies += dims.S * 8  # ids as int64
+    on_device = keep_device and any(is_device_array(a) for a in raw.values())
+    parts = {"input copies": int(copies),
+             "outputs": 0 if on_device else output_elems(dims, backward) * work.itemsize,
+             "workspace": int(workspace(dims, work)) if workspace is not None else 0}
+    d = dims
+    check_host_memory(max(raw, key=lambda k: raw[k].size),
+                      f"(S, T, H, P, N, G, R) = ({d.S}, {d.T}, {d.H}, {d.P}, {d.N}, {d.G}, {d.R})", parts)
+
+
+def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> Problem:
+    return Problem(dims=dims, **{k: _finish(v, work) for k, v in raw.items()}, ids=_finish_ids(ids, dims.S),
                    dtype=work)
 
 
+def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False,
+                  workspace=None) -> Problem:
+    """Check the forward's arguments (SCAN.md shapes) and return a :class:`Problem`.
+
+    x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
+    those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups; a problem beyond the host
+    memory limit, see ssm_ref.memory) before any work or allocation. ``workspace(dims, dtype)``:
+    the bytes the calling backend needs besides the converted inputs and the outputs.
+    Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
+    (the Vulkan backend binds them in place).
+    """
+    work = check_dtype(dtype)
+    dims, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
+    _check_memory(dims, raw, work, keep_device, False, workspace)
+    return _problem(dims, raw, ids_, work)
+
+
 def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
-                   keep_device: bool = False) -> Problem:
+                   keep_device: bool = False, workspace=None) -> Problem:
     """Check the backward's arguments; ``g_y`` may be the packed 1-D forward layout with
     ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
-    g_states (S,H,P,N)."""
-    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, keep_device=keep_device)
-    d = p.dims
-    work = p.dtype
+    g_states (S,H,P,N). Raises as :func:`check_forward`."""
+    work = check_dtype(dtype)
+    d, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
     n_y = d.S * d.T * d.H * d.P
     gy = _float_array("g_y", g_y, work, keep_device)
     if g_states is None:
@@ -278,5 +325,6 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
         gs = _float_array("g_states", g_states, work, keep_device)
         _expect_shape("g_states", gs, "(S, H, P, N)", (d.S, d.H, d.P, d.N))
         gy_s, gs_s = gy, gs
-    return Problem(dims=d, s=p.s, x=p.x, dt=p.dt, A=p.A, B=p.B, C=p.C, ids=p.ids,
-                   g_y=_finish(gy_s, work), g_states=_finish(gs_s, work), dtype=work)
+    raw.update(g_y=gy_s, g_states=gs_s)
+    _check_memory(d, raw, work, keep_device, True, workspace)
+    return _problem(d, raw, ids_, work)

@@ -15,7 +15,20 @@ import numpy as np
 
 from .checks import Problem
 
-__all__ = ["backward", "forward", "scatter_rows", "softplus", "softplus_grad"]
+__all__ = ["backward", "backward_workspace", "forward", "forward_workspace", "scatter_rows", "softplus",
+           "softplus_grad"]
+
+
+def forward_workspace(d, dtype) -> int:
+    """Bytes :func:`forward` needs besides its inputs and outputs: the running state and the
+    per-token temporaries, about four (S, H, P, N) arrays."""
+    return 4 * d.S * d.H * d.P * d.N * np.dtype(dtype).itemsize
+
+
+def backward_workspace(d, dtype) -> int:
+    """Bytes :func:`backward` needs besides its inputs and outputs: the T+1 recomputed states
+    (T+1, S, H, P, N) and about six (S, H, P, N) temporaries of the walk back."""
+    return (d.T + 1 + 6) * d.S * d.H * d.P * d.N * np.dtype(dtype).itemsize
 
 
 def softplus(z: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ the last Python reference goes (``weakref.finalize``, not ``__del__``).
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -22,11 +23,22 @@ _pools: dict[int, rt.BufferPool] = {}
 _pools_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _pools_lock
+    _pools_lock = threading.Lock()  # the inherited pools belong to the abandoned context
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def pool(ctx: rt.Context) -> rt.BufferPool:
     """The buffer pool of ``ctx`` (one per context, closed with it)."""
     with _pools_lock:
+        for key in [k for k, p in _pools.items() if p.closed]:
+            del _pools[key]  # a closed context's pool (a lost device's): keep neither it nor the context
         p = _pools.get(id(ctx))
-        if p is None or p.closed or p.ctx is not ctx:
+        if p is None or p.ctx is not ctx:
             p = _pools[id(ctx)] = rt.BufferPool(ctx)
         return p
 
@@ -91,7 +103,7 @@ class DeviceArray:
         return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
 
     def _check_live(self) -> None:
-        if self.released or (self.buffer is not None and self.buffer.closed):
+        if self.released or self.ctx.closed or (self.buffer is not None and self.buffer.closed):
             raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
 
     def numpy(self) -> np.ndarray:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward, is_device_array
 
-from . import launch
+from . import budget, launch, record
 from . import runtime as rt
 from .arrays import DeviceArray
 from .plan import TooLarge, plan
@@ -19,12 +20,19 @@ _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
 
-def _log_once(reason: str) -> None:
+def _log_once(message: str) -> None:
+    """A warning on the ``ssm_vk`` logger, the first time this message comes up in the process."""
     with _logged_lock:
-        if reason in _logged:
+        if message in _logged:
             return
-        _logged.add(reason)
-    log.warning("ssm_vk falls back to ssm_fast on the CPU: %s", reason)
+        _logged.add(message)
+    log.warning("%s", message)
+
+
+def _fall_back(reason: str):
+    """The CPU backend that computes a case the device cannot run; the reason is logged once."""
+    _log_once(f"ssm_vk falls back to ssm_fast on the CPU: {reason}")
+    return _fast()
 
 
 def _context_or_reason():
@@ -45,33 +53,59 @@ def _has_device_arrays(*arrays) -> bool:
 
 
 _support_cache: dict = {}
+_INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+
+
+def _after_fork_in_child() -> None:
+    global _logged_lock
+    _logged_lock = threading.Lock()
+    _support_cache.clear()  # decisions about the parent's context
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _support(op: str, p) -> tuple[Support, object]:
+    """Whether ``p`` runs on the device, decided before any allocation: a device and context,
+    a plan within the device's limits (plan.py), every buffer within maxMemoryAllocationSize and
+    all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches.
+
+    Decisions are cached by context, limits, op, dims and which inputs are device-resident -- all
+    they depend on (budget.py and record.kernels_needed assume the worst about duplicate ids) --
+    except a refusal for want of SPIR-V, which glslc on PATH or a warm cache may lift later.
+    """
     ctx, reason = _context_or_reason()
     if ctx is None:
         return Support(False, reason), None
-    key = (id(ctx), id(ctx.info), op, p.dims)  # override_limits swaps ctx.info
+    resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
+    info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
+    key = (id(ctx), id(info), op, p.dims, resident)
     hit = _support_cache.get(key)
-    if hit is not None and hit[1] is ctx:
-        return hit
-    if len(_support_cache) > 256:
-        _support_cache.clear()
-    out = _support_cache[key] = (_decide(ctx, op, p.dims), ctx)
-    return out
+    if hit is not None and hit[1] is ctx and hit[2] is info:
+        return hit[0], ctx
+    sup, cache = _decide(ctx, op, p, resident)
+    if cache:
+        if len(_support_cache) > 256:
+            _support_cache.clear()
+        _support_cache[key] = (sup, ctx, info)
+    return sup, ctx
 
 
-def _decide(ctx, op: str, d) -> Support:
+def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
+    """(the decision, whether it may be cached)."""
+    backward = op == "ssm_scan_back"
+    lim = launch.limits_of(ctx.info)
     try:
-        plan(d, launch.limits_of(ctx.info), backward=(op == "ssm_scan_back"))
+        pl = plan(p.dims, lim, backward=backward)
     except TooLarge as e:
-        return Support(False, str(e))
-    # Whole arrays must each fit one allocation (results and device-resident inputs are buffers).
-    biggest = max(d.S * d.T * d.H * d.P, d.R * d.H * d.P * d.N, d.S * d.T * d.G * d.N) * 4
-    if biggest > ctx.info.max_memory_allocation_size:
-        return Support(False, f"an array of {biggest} bytes exceeds maxMemoryAllocationSize "
-                              f"({ctx.info.max_memory_allocation_size} bytes) of {ctx.info.name}")
-    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})")
+        return Support(False, str(e)), True
+    why = budget.check(ctx.info, budget.buffers(p.dims, pl, lim, backward, resident))
+    if why:
+        return Support(False, why), True
+    why = record.missing_spirv(ctx, record.kernels_needed(p.dims, pl, backward))
+    if why:
+        return Support(False, why), False
+    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), True
 
 
 def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
@@ -90,10 +124,22 @@ def _host(p):
                              B=p.B, C=p.C).items()}
 
 
-def _fast():
-    import ssm_fast
+_INTERFACE = ("ssm_scan", "ssm_scan_back", "supports")
 
-    return ssm_fast
+
+def _fast():
+    """The CPU backend of the fallback: ssm_fast; ssm_ref when ssm_fast cannot be imported here
+    (numba missing or broken) or is not built yet -- logged once, and visible in ``backend``."""
+    try:
+        import ssm_fast
+    except Exception as exc:  # ImportError, or numba failing at import on this machine
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if all(hasattr(ssm_fast, f) for f in _INTERFACE):
+            return ssm_fast
+        why = "it has no ssm_scan / ssm_scan_back yet"
+    _log_once(f"ssm_fast is unusable here ({why}); the CPU fallback is ssm_ref, the numpy reference")
+    return ssm_ref
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
@@ -106,9 +152,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     sup, ctx = _support("ssm_scan", p)
     if not sup:
-        _log_once(sup.reason)
+        cpu = _fall_back(sup.reason)
         h = _host(p)
-        return _fast().ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
+        return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
     out = launch.forward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C))
     return ScanResult(y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
 
@@ -119,10 +165,10 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
     sup, ctx = _support("ssm_scan_back", p)
     if not sup:
-        _log_once(sup.reason)
+        cpu = _fall_back(sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
-        return _fast().ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
+        return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
     g = launch.backward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C, g_y, g_states))
     return ScanGrads(**g, where=ctx.info.where, backend=NAME)

@@ -36,6 +36,15 @@ _timing = threading.local()
 _caches: dict[int, tuple[object, OrderedDict]] = {}
 _caches_lock = threading.Lock()
 
+
+def _after_fork_in_child() -> None:
+    global _caches_lock
+    _caches_lock = threading.Lock()  # the inherited workspaces belong to the abandoned context
+    _caches.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 FWD_IN = ("s", "x", "dt", "A", "B", "C")
 BWD_IN = (*FWD_IN, "g_y", "g_states")
 FWD_OUT = ("y", "states")
@@ -81,7 +90,8 @@ def _shapes(d, backward: bool) -> dict:
 class Workspace:
     """Everything one problem shape needs on one context, kept between calls: the plan, upload
     buffers for host inputs, output buffers for host calls, scratch, recorded sequences.
-    Used under ``lock`` (one call at a time per shape)."""
+    Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
+    caller that looked it up before the eviction must look up a new one."""
 
     def __init__(self, ctx, dims, backward: bool):
         self.ctx = ctx
@@ -102,6 +112,7 @@ class Workspace:
         self._dummy = None
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
+        self.closed = False
 
     # -- buffers ------------------------------------------------------------------------------
     def _acquire(self, nbytes: int):
@@ -164,7 +175,14 @@ class Workspace:
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
         if device_out:
-            return {k: empty(self.ctx, shape) for k, shape in self.shapes.items()}
+            out: dict = {}
+            try:
+                for k, shape in self.shapes.items():
+                    out[k] = empty(self.ctx, shape)
+            except BaseException:
+                _release(out)
+                raise
+            return out
         out = {}
         for k, shape in self.shapes.items():
             n = self.sizes[k] * F32
@@ -192,17 +210,29 @@ class Workspace:
             seq.finish()
         except BaseException:
             seq.close()
+            self._drop(self._constants)  # a recording that failed keeps none of its constants
             raise
         self.sequences[key] = (seq, self._constants)
         while len(self.sequences) > MAX_SEQUENCES:
             _, (old, consts) = self.sequences.popitem(last=False)
             old.close()
-            for b in consts:
-                self._owned.remove(b)
-                self.pool.release(b)
+            self._drop(consts)
         return seq
 
+    def _drop(self, buffers: list) -> None:
+        for b in buffers:
+            self._owned.remove(b)
+            self.pool.release(b)
+
+    def settle(self) -> None:
+        """Wait for every submission of this workspace's sequences. A call whose wait timed out
+        left its sequence pending; nothing may write the buffers that work reads until it ends
+        (raises VulkanTimeout again if it still has not)."""
+        for seq, _ in self.sequences.values():
+            seq.wait()
+
     def close(self) -> None:
+        self.closed = True
         for seq, _ in self.sequences.values():
             seq.close()
         self.sequences.clear()
@@ -218,6 +248,8 @@ class Workspace:
 def _workspace(ctx, dims, backward: bool) -> Workspace:
     key = (dims, backward, limits_of(ctx.info))
     with _caches_lock:
+        for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
+            del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
         owner, cache = _caches.get(id(ctx), (None, None))
         if owner is not ctx:
             cache = OrderedDict()
@@ -246,15 +278,41 @@ def clear_cache(ctx=None) -> None:
             _caches.pop(k, None)
 
 
+def _release(arrays: dict) -> None:
+    for a in arrays.values():
+        a.release()
+
+
 def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
-    ws = _workspace(ctx, p.dims, backward)
+    try:
+        return _run_once(ctx, p, backward, device_out)
+    except rt.OutOfDeviceMemory:
+        # The workspaces of other shapes hold buffers between calls: give them all back (the pool
+        # frees its idle ones when it next runs out) and try once more; a second failure raises.
+        clear_cache(ctx)
+        return _run_once(ctx, p, backward, device_out)
+
+
+def _run_once(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+    while True:
+        ws = _workspace(ctx, p.dims, backward)
+        with ws.lock:
+            if not ws.closed:  # else another thread evicted it after our look-up: look again
+                return _run_in(ws, ctx, p, backward, device_out)
+
+
+def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+    """One call in workspace ``ws`` (its lock held). A call that raises keeps no results: device
+    outputs go back to the pool before the exception leaves, so a caller that holds the exception
+    (and so its frames) holds no device memory."""
+    ws.settle()
     names_in = BWD_IN if backward else FWD_IN
-    with ws.lock:
-        arrays = {"s": p.s, "x": p.x, "dt": p.dt, "A": p.A, "B": p.B, "C": p.C}
-        if backward:
-            arrays.update(g_y=p.g_y, g_states=p.g_states)
-        bufs = {k: ws.input(k, arrays[k]) for k in names_in}
-        outs = ws.outputs(device_out)
+    arrays = {"s": p.s, "x": p.x, "dt": p.dt, "A": p.A, "B": p.B, "C": p.C}
+    if backward:
+        arrays.update(g_y=p.g_y, g_states=p.g_states)
+    bufs = {k: ws.input(k, arrays[k]) for k in names_in}
+    outs = ws.outputs(device_out)
+    try:
         bufs.update({k: (a.buffer, a.offset) for k, a in outs.items()})
         key = (tuple((k, b.serial if b is not None else None, off) for k, (b, off) in bufs.items()),
                p.ids.tobytes())
@@ -265,6 +323,10 @@ def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
         if device_out:
             return outs
         return {k: a.numpy() for k, a in outs.items()}
+    except BaseException:
+        if device_out:
+            _release(outs)
+        raise
 
 
 def forward(ctx, p: Problem, device_out: bool = True) -> dict:

@@ -15,10 +15,28 @@ from ssm_ref import Problem
 from . import runtime as rt
 from . import specs
 from .plan import Limits, Plan, Window, grid
+from .runtime import shaders
 
-__all__ = ["record_forward", "record_backward", "F32"]
+__all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv", "F32"]
 
 F32 = 4
+
+
+def kernels_needed(d, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
+    """The kernels the recording of a problem of dims ``d`` may dispatch (what ``_kernel`` below
+    is asked for; the d_s scatter's counted whenever ids could repeat), so that
+    ssm_vk.supports() can tell, before any work, whether their SPIR-V can be had."""
+    if not (pl.windows and d.H * d.P > 0):
+        kernels = []
+    elif not backward:
+        return [specs.fwd_spec(d, pl.layout, checkpoint=False)]
+    else:
+        kernels = [specs.fwd_spec(d, pl.layout, checkpoint=True), specs.bwd_spec(d, pl.layout), specs.reduce_spec(0)]
+        if d.H * d.P * (d.N if d.mamba1 else 1):
+            kernels.append(specs.reduce_spec(1))
+    if backward and d.R * d.H * d.P * d.N and d.S > 1:
+        kernels.append(specs.rows_spec())  # ids may repeat: rows added by the scatter kernel
+    return kernels
 
 
 def _zero(seq, buf, n_elems: int) -> None:
@@ -31,9 +49,24 @@ def _zero_at(seq, buf, off: int, n_elems: int) -> None:
         seq.fill(buf, 0, off * F32, n_elems * F32)
 
 
+def _kernel_args(spec: specs.KernelSpec) -> dict:
+    return dict(bindings=spec.n_bindings, push_size=spec.push_size, local_size=(spec.wg, 1, 1),
+                defines=dict(spec.defines))
+
+
 def _kernel(ctx, spec: specs.KernelSpec) -> rt.Kernel:
-    return rt.Kernel.get(ctx, spec.name, bindings=spec.n_bindings, push_size=spec.push_size,
-                         local_size=(spec.wg, 1, 1), defines=dict(spec.defines))
+    return rt.Kernel.get(ctx, spec.name, **_kernel_args(spec))
+
+
+def missing_spirv(ctx, kernels: list[specs.KernelSpec]) -> str:
+    """Why one of ``kernels`` could not be built on ``ctx`` (no glslc, no packaged or cached
+    SPIR-V), or "": kernels the context already holds need nothing."""
+    for spec in kernels:
+        if rt.Kernel.cached(ctx, spec.name, **_kernel_args(spec)) is None:
+            why = shaders.unavailable(spec.name, dict(spec.defines))
+            if why:
+                return why
+    return ""
 
 
 def _gather_rows(seq, call, src, src_base, dst, dst_base, ids, row_elems) -> None:

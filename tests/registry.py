@@ -84,6 +84,8 @@ def _entry(name: str, *, where: str, tol: dict) -> Backend | None:
     return Backend(name=name, module=mod, where=where, tol=tol)
 
 
+# ssm_fast: the same float32 bounds (it fuses multiply-adds and regroups sums over n; it is left out
+# until its package exposes the interface).
 # ssm_vk: the same float32 bounds. Its kernels fuse multiply-adds and sum over n, channels and
 # heads in other orders (row sums by subgroup operations, per-workgroup partials); measured on
 # lavapipe and on an H200 its errors sit within 1.5x of the reference's (docs/BENCHMARKS.md).

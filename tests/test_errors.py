@@ -9,6 +9,13 @@ forward rows through ssm_scan, ssm_scan_back and supports (which checks like ssm
 gradient rows through ssm_scan_back only.
 
 The valid problem every row starts from: S=2 T=3 H=4 P=2 N=5 G=2 R=3, ids [2, 0], Mamba-2.
+
+No row may write to the caller's arrays (checked for every row, and again with every array
+read-only). Sizes whose element counts overflow int32 (zero-stride as_strided views, so they cost
+no memory) must be refused by the host memory rule of ssm_ref.memory before anything is converted
+or allocated; the limit is pinned to 64 GiB here so that the rows mean the same on every machine.
+Odd inputs that are *valid* (nan, inf, other dtypes and layouts, zero-size dimensions) are in
+test_odd_inputs.py.
 """
 
 import re
@@ -17,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.lib.stride_tricks import as_strided
 from registry import BACKENDS
 
 import ssm_ref
@@ -55,6 +63,16 @@ def z(*shape, dtype=np.float32):
 
 
 E = re.escape  # most messages carry literal parentheses
+
+BIG = 2**31  # beyond int32: element counts and single dimensions
+
+
+def huge(*shape, dtype=np.float32):
+    """A zero-stride view of the given (huge) shape over one element: costs no memory."""
+    return as_strided(np.zeros(1, dtype), shape=shape, strides=(0,) * len(shape), writeable=False)
+
+
+NEEDS_MEMORY = r": the problem \(S, T, H, P, N, G, R\) = .* needs \d+ bytes of host memory .*nothing was allocated$"
 
 BAD = [
     # --- shapes: wrong ndim for every array, every dimension mismatched -----------------------
@@ -143,6 +161,38 @@ BAD = [
     Bad("g_states-complex", {"g_states": z(S, H, P, N, dtype=complex)}, TypeError,
         r"^g_states: .*complex array", back_only=True),
     Bad("g_y-None", {"g_y": None}, TypeError, E("g_y: expected a float array, got None"), back_only=True),
+    # --- more of every argument -----------------------------------------------------------------
+    Bad("G-greater-than-H", {"B": z(S, T, 8, N), "C": z(S, T, 8, N)}, ValueError,
+        r"^B: H % G must be 0.*H = 4, G = 8$"),
+    Bad("dt-scalar", {"dt": 0.5}, ValueError, E("dt: expected shape (S, T, H) = (2, 3, 4), got ()")),
+    Bad("s-1d-list", {"s": [0.0, 1.0]}, ValueError, E("s: expected shape (R, H, P, N) = (R, 4, 2, N), got (2,)")),
+    Bad("x-float128", {"x": z(S, T, H, P, dtype=np.longdouble)}, TypeError,
+        r"^x: expected float16, float32 or float64, got float128$"),
+    Bad("A-bytes", {"A": np.full(H, b"1")}, TypeError, r"^A: .*got a bytes array of dtype \|S1$"),
+    Bad("B-structured", {"B": np.zeros((S, T, G, N), dtype=[("a", "f4")])}, TypeError,
+        r"^B: .*got a structured array"),
+    Bad("ids-uint64-huge", {"ids": np.array([2**63, 0], np.uint64)}, ValueError,
+        E("ids: every id must be in [0, R) = [0, 3) (R = rows of s), got 9223372036854775808")),
+    Bad("ids-int8-negative", {"ids": np.array([0, -128], np.int8)}, ValueError, r"^ids: every id .*got -128$"),
+    Bad("ids-object", {"ids": np.array([0, 1], dtype=object)}, TypeError,
+        E("ids: expected an integer array of shape (S,) = (2,), got dtype object")),
+    Bad("ids-scalar", {"ids": 0}, ValueError, E("ids: expected shape (S,) = (2,), got ()")),
+    Bad("g_y-bool", {"g_y": z(S, T, H, P, dtype=bool)}, TypeError, r"^g_y: .*bool array", back_only=True),
+    Bad("g_states-3d", {"g_states": z(S, H, P)}, ValueError,
+        E("g_states: expected shape (S, H, P, N) = (2, 4, 2, 5), got (2, 4, 2)"), back_only=True),
+    # --- sizes beyond int32 (no memory: zero-stride views); refused before any allocation --------
+    Bad("T-2^31-tokens", {"x": huge(S, BIG, H, P), "dt": huge(S, BIG, H), "B": huge(S, BIG, G, N),
+                          "C": huge(S, BIG, G, N), "g_y": huge(S, BIG, H, P)}, ValueError, "^B" + NEEDS_MEMORY),
+    Bad("R-2^31-rows", {"s": huge(BIG, H, P, N)}, ValueError, "^s" + NEEDS_MEMORY),
+    Bad("N-2^31-states", {"s": huge(R, H, P, BIG), "B": huge(S, T, G, BIG), "C": huge(S, T, G, BIG),
+                          "g_states": huge(S, H, P, BIG)}, ValueError, "^s" + NEEDS_MEMORY),
+    Bad("S-2^31-sequences", {"x": huge(BIG, T, H, P), "dt": huge(BIG, T, H), "B": huge(BIG, T, G, N),
+                             "C": huge(BIG, T, G, N), "ids": None, "s": huge(BIG, H, P, N),
+                             "g_y": huge(BIG, T, H, P), "g_states": huge(BIG, H, P, N)},
+        ValueError, "^s" + NEEDS_MEMORY),
+    Bad("P-2^31-channels-packed-g_y", {"s": huge(R, H, BIG, N), "x": huge(S, T, H, BIG), "g_states": None,
+                                       "g_y": huge(S * T * H * BIG + S * H * BIG * N)},
+        ValueError, "^s" + NEEDS_MEMORY, back_only=True),
 ]
 
 FWD_ARGS = ("s", "x", "dt", "A", "B", "C", "ids")
@@ -162,8 +212,41 @@ CASES = [pytest.param(bad, entry, id=f"{bad.id}-{entry}")
          for bad in BAD for entry in ENTRY_POINTS if entry == "ssm_scan_back" or not bad.back_only]
 
 
+@pytest.fixture(autouse=True)
+def _host_memory_64_gib(monkeypatch):
+    monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", str(64 << 30))
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (through views and as_strided's wrapper)."""
+    while not (isinstance(a, np.ndarray) and a.flags.owndata) and getattr(a, "base", None) is not None:
+        a = a.base
+    return a
+
+
+def _memory(a: dict) -> dict:
+    """Every distinct block of memory the arguments live in, by owner."""
+    out = {}
+    for v in a.values():
+        if isinstance(v, np.ndarray):
+            own = _owner(v)
+            out[id(own)] = own
+    return out
+
+
+def _snapshot(a: dict):
+    return {k: (v.copy(), v.flags.writeable) for k, v in _memory(a).items()}
+
+
+def _assert_untouched(a: dict, snap) -> None:
+    for k, v in _memory(a).items():
+        data, writeable = snap[k]
+        assert np.array_equal(v, data, equal_nan=v.dtype.kind in "fc"), "an input was written"
+        assert v.flags.writeable == writeable, "an input's flags changed"
+
+
 def test_the_table_is_broad():
-    assert len(BAD) >= 25
+    assert len(BAD) >= 40
     assert len({b.id for b in BAD}) == len(BAD)
     touched = {k for b in BAD for k in b.change}
     assert touched >= {"s", "x", "dt", "A", "B", "C", "ids", "g_y", "g_states"}
@@ -179,10 +262,26 @@ def test_the_valid_problem_is_valid(backend):
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 @pytest.mark.parametrize("bad,entry", CASES)
 def test_bad_input_raises(backend, bad, entry):
+    a = bad.args()
+    snap = _snapshot(a)
     with pytest.raises(bad.exc, match=bad.match) as info:
-        call(backend.module, entry, bad.args())
+        call(backend.module, entry, a)
     # The message names the argument first, as "<arg>: ...".
     assert re.match(r"^[A-Za-z_]+: ", str(info.value)), str(info.value)
+    _assert_untouched(a, snap)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+@pytest.mark.parametrize("bad", BAD, ids=lambda b: b.id)
+def test_bad_input_with_every_array_read_only(backend, bad):
+    # The same mistakes with every array read-only: the same error, nothing written, no flag changed.
+    a = bad.args()
+    for v in _memory(a).values():
+        v.flags.writeable = False
+    snap = _snapshot(a)
+    with pytest.raises(bad.exc, match=bad.match):
+        call(backend.module, "ssm_scan_back", a)
+    _assert_untouched(a, snap)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)

@@ -284,12 +284,22 @@ class Sequence:
     # -- lifetime -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for a pending run (unless the device is lost), then free everything. Idempotent."""
+        """Wait for a pending run (unless the device is lost), then free everything. Idempotent.
+
+        A run still going when that wait times out is not freed under the GPU: the context is
+        marked lost (later use raises DeviceLost and get_context() makes a new one) and this
+        sequence stays registered with it, so Context.close frees it after vkDeviceWaitIdle.
+        """
         if self.closed:
             return
         if self.pending and not self.ctx.lost:
-            with contextlib.suppress(binding.VulkanError):
+            try:
                 self.wait()
+            except VulkanTimeout:
+                self.ctx.mark_lost()
+                return
+            except binding.VulkanError:
+                pass  # DeviceLost (marked by wait) or another failure: the run is over either way
         self.closed = True
         self.pending = False
         self.ctx.pending.discard(self)

@@ -83,6 +83,7 @@ class Context:
         self.lock = threading.RLock()
         self.timeout_s = float(os.environ.get("SSM_VK_TIMEOUT_S", 60.0))
         self.closed = False
+        self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
         self.info: DeviceInfo = chosen
@@ -91,6 +92,7 @@ class Context:
         self._alloc_count = 0
         self._alloc_bytes = 0
         self._fault: type[Exception] | None = None
+        self._allocation_faults = 0              # memory.py test seam: allocations left to fail
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
         # State owned by the modules named, kept here because it lives as long as the context:
@@ -115,6 +117,7 @@ class Context:
                 _current = None
             raise
         atexit.register(self.close)
+        self.ready = True
 
     # -- creation ---------------------------------------------------------------------------------
 
@@ -274,6 +277,23 @@ class Context:
             raise ValueError(f"fail_next_submit: expected DeviceLost or VulkanTimeout, got {error!r}")
         self._fault = error
 
+    def fail_allocations(self, count: int = 1) -> None:
+        """Make the next ``count`` device-memory allocations of this context fail with
+        OutOfDeviceMemory, as a driver that ran out of memory would (0 disarms). A test seam:
+        exhausting a real device would disturb everything else on it."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"fail_allocations: count must be an int >= 0, got {count!r}")
+        with self.lock:
+            self._allocation_faults = count
+
+    def take_allocation_fault(self) -> bool:
+        """True (and one fewer armed) when the allocation about to be made must fail (memory.py)."""
+        with self.lock:
+            if self._allocation_faults <= 0:
+                return False
+            self._allocation_faults -= 1
+            return True
+
     def take_fault(self) -> type[Exception] | None:
         """The fault armed by :meth:`fail_next_submit`, disarming it (for commands.py)."""
         fault, self._fault = self._fault, None
@@ -318,6 +338,13 @@ class Context:
         if self._instance is not None:
             vk.vkDestroyInstance(self._instance, None)
             self._instance = None
+
+    def abandon(self) -> None:
+        """Give the context up without a Vulkan call: in a forked child, whose process has the
+        parent's handles but not its device. Everything made through it then refuses work."""
+        self.closed = self.lost = True
+        self.lock = threading.RLock()  # the parent's may have been held by a thread that is gone
+        atexit.unregister(self.close)
 
     def __enter__(self) -> Context:
         return self
@@ -367,10 +394,26 @@ def get_context(device_index: int | str | None = None, validation: bool | None =
     return ctx
 
 
+def _after_fork_in_child() -> None:
+    """A forked child inherits the parent's context but not its device (on lavapipe its threads;
+    on a GPU its driver state): using it hung until VulkanTimeout. Abandon it -- never destroy
+    what the parent still uses -- and renew the locks a parent thread may have held at the fork;
+    the child's first call makes a context of its own."""
+    global _current, _current_lock, _get_lock
+    _current_lock, _get_lock = threading.Lock(), threading.Lock()
+    if _current is not None:
+        _current.abandon()
+    _current = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def current_context() -> Context | None:
-    """The open context, or None; creates nothing."""
+    """The open context, or None; creates nothing. A context another thread is still building is
+    not open yet (its device does not exist): None, and get_context() waits for it."""
     ctx = _current
-    return ctx if ctx is not None and not ctx.closed else None
+    return ctx if ctx is not None and ctx.ready and not ctx.closed else None
 
 
 def close() -> None:

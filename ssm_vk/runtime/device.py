@@ -74,7 +74,7 @@ class DeviceInfo:
 LIMIT_FIELDS = (
     "max_shared_memory", "max_workgroup_size", "max_workgroup_invocations", "max_workgroup_count",
     "max_storage_buffer_range", "max_memory_allocation_size", "max_push_constants_size",
-    "max_storage_buffers_per_stage",
+    "max_storage_buffers_per_stage", "device_local_bytes",
 )
 
 

@@ -43,6 +43,13 @@ def _spec_key(spec) -> tuple:
     return tuple((type(v).__name__, v) for v in spec)  # 1 and 1.0 and True are different constants
 
 
+def _cache_key(name, defines, search_path, bindings, push_size, size, spec) -> tuple:
+    """The key of a kernel in ``ctx._kernels`` (shared by Kernel.get and Kernel.cached)."""
+    defs = shaders.normalize_defines(defines)
+    dirs = tuple(str(p) for p in shaders.search_dirs(search_path))
+    return (name, defs, dirs, bindings, push_size, tuple(size), _spec_key(spec))
+
+
 class Kernel:
     """A compute pipeline with its descriptor-set layout, pipeline layout and descriptor sets.
 
@@ -72,10 +79,8 @@ class Kernel:
         if push_size > info.max_push_constants_size:
             raise ValueError(f"push_size={push_size} exceeds max_push_constants_size = {info.max_push_constants_size}")
         size = _local_size(ctx, local_size)
-        spec_key = _spec_key(spec)
-        defs = shaders.normalize_defines(defines)
-        dirs = tuple(str(p) for p in shaders.search_dirs(search_path))
-        key = (name, defs, dirs, bindings, push_size, size, spec_key)
+        key = _cache_key(name, defines, search_path, bindings, push_size, size, spec)
+        _, defs, dirs = key[:3]
         kernel = ctx._kernels.get(key)
         if kernel is not None and not kernel.closed:
             return kernel
@@ -86,6 +91,17 @@ class Kernel:
             if kernel is None or kernel.closed:  # unless another thread built it meanwhile
                 kernel = ctx._kernels[key] = cls(ctx, name, spirv, bindings, push_size, size, tuple(spec))
             return kernel
+
+    @classmethod
+    def cached(cls, ctx: Context, name: str, *, bindings: int, push_size: int = 0, local_size=(64, 1, 1),
+               spec=(), defines=None, search_path=None) -> Kernel | None:
+        """The kernel :meth:`get` would return from the context's cache, or None when ``get``
+        would have to build it (compile the shader). Arguments as for ``get``; nothing is built."""
+        if isinstance(local_size, int) and not isinstance(local_size, bool):
+            local_size = (local_size, 1, 1)
+        key = _cache_key(name, defines, search_path, bindings, push_size, tuple(local_size), spec)
+        kernel = ctx._kernels.get(key)
+        return kernel if kernel is not None and not kernel.closed else None
 
     def __init__(self, ctx: Context, name: str, spirv: bytes, bindings: int, push_size: int,
                  local_size: tuple[int, int, int], spec: tuple):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import numpy as np
 
@@ -73,6 +74,9 @@ class Buffer:
             if self._alloc_size > min(limit, heap_size):
                 raise ValueError(f"Buffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
                                  f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
+            if ctx.take_allocation_fault():
+                raise binding.OutOfDeviceMemory(f"vkAllocateMemory({self._alloc_size} bytes) failed: "
+                                                "VK_ERROR_OUT_OF_DEVICE_MEMORY (injected by fail_allocations)", -2)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=self._alloc_size, memoryTypeIndex=type_index)
             with binding.translated(f"vkAllocateMemory({self._alloc_size} bytes)"):
                 self._memory = vk.vkAllocateMemory(device, alloc, None)
@@ -291,10 +295,16 @@ class BufferPool:
     """Reuses buffers by size class, so a loop of same-shaped calls allocates once.
 
     ``acquire(n)`` returns a Buffer of at least ``n`` bytes (its ``size`` is the class size: the
-    next 2^k or 1.5·2^k, at least 256); ``release(buffer)`` takes it back for reuse; ``trim()``
+    next 2^k or 1.5·2^k, at least 256; when the driver is out of memory it frees the idle buffers
+    and tries once more); ``release(buffer)`` takes it back for reuse; ``trim()``
     frees the buffers not in use; ``close()`` frees every buffer the pool made, in use or not.
     Reused buffers keep their identity, so the descriptor sets cached for them stay valid.
-    ``reused`` counts acquisitions served without allocating.
+    ``reused`` counts acquisitions served without allocating; ``in_use`` the buffers out now.
+
+    Thread safety: every method may be called from any thread, and ``release`` also from a
+    garbage-collector finalizer that interrupts another pool call on the same thread. The pool's
+    lock is re-entrant and a leaf: nothing else is locked while it is held (buffers are created and
+    closed outside it), so it cannot deadlock with ``ctx.lock``.
     """
 
     def __init__(self, ctx: Context):
@@ -304,6 +314,7 @@ class BufferPool:
         self.ctx = ctx
         self.closed = False
         self.reused = 0
+        self._lock = threading.RLock()
         self._free: dict[int, list[Buffer]] = {}
         self._made: dict[int, Buffer] = {}      # serial → every live buffer of this pool
         self._out: set[int] = set()             # serials acquired and not released
@@ -316,54 +327,81 @@ class BufferPool:
         k = math.ceil(math.log2(nbytes))
         return 3 << (k - 2) if nbytes <= 3 << (k - 2) else 1 << k
 
+    @property
+    def in_use(self) -> int:
+        """How many buffers are acquired and not released (for leak tests)."""
+        with self._lock:
+            return len(self._out)
+
     def acquire(self, nbytes: int) -> Buffer:
         """A buffer of at least ``nbytes``. Raises what :class:`Buffer` raises, RuntimeError when closed."""
-        if self.closed:
-            raise RuntimeError("this BufferPool is closed")
         nbytes = check_int("nbytes", nbytes, 1)
         size = self.size_class(nbytes)
         if size > self.ctx.info.max_memory_allocation_size >= nbytes:
             size = nbytes  # never round a legal request up past the limit
-        free = self._free.get(size, [])
-        while free and free[-1].closed:  # closed behind the pool's back
-            self._made.pop(free.pop().serial, None)
-        if free:
-            buffer = free.pop()
-            self.reused += 1
-        else:
+        with self._lock:
+            self._check_open()
+            free = self._free.get(size, [])
+            while free and free[-1].closed:  # closed behind the pool's back
+                self._made.pop(free.pop().serial, None)
+            if free:
+                buffer = free.pop()
+                self.reused += 1
+                self._out.add(buffer.serial)
+                return buffer
+        try:
+            buffer = Buffer(self.ctx, size)  # outside the lock: allocating may take long, and wait
+        except binding.OutOfDeviceMemory:
+            # The driver is out of memory: give back the buffers this pool keeps idle, try once more.
+            self.trim()
             buffer = Buffer(self.ctx, size)
-            self._made[buffer.serial] = buffer
-        self._out.add(buffer.serial)
+        with self._lock:
+            closed = self.closed
+            if not closed:
+                self._made[buffer.serial] = buffer
+                self._out.add(buffer.serial)
+        if closed:  # the pool closed meanwhile
+            buffer.close()
+            self._check_open()
         return buffer
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this BufferPool is closed")
 
     def release(self, buffer: Buffer) -> None:
         """Give ``buffer`` back for reuse. Raises ValueError if it is not out from this pool."""
-        if not isinstance(buffer, Buffer) or buffer.serial not in self._out:
-            raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
-        self._out.discard(buffer.serial)
-        if buffer.closed:
-            self._made.pop(buffer.serial, None)
-            return
-        self._free.setdefault(buffer.size, []).append(buffer)
+        with self._lock:
+            if not isinstance(buffer, Buffer) or buffer.serial not in self._out:
+                raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
+            self._out.discard(buffer.serial)
+            if buffer.closed:
+                self._made.pop(buffer.serial, None)
+                return
+            self._free.setdefault(buffer.size, []).append(buffer)
 
     def trim(self) -> None:
         """Free every buffer not in use."""
-        for buffers in self._free.values():
-            for buffer in buffers:
+        with self._lock:
+            idle = [b for buffers in self._free.values() for b in buffers]
+            self._free.clear()
+            for buffer in idle:
                 self._made.pop(buffer.serial, None)
-                buffer.close()
-        self._free.clear()
+        for buffer in idle:
+            buffer.close()
 
     def close(self) -> None:
         """Free every buffer this pool made. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        for buffer in list(self._made.values()):
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            made = list(self._made.values())
+            self._made.clear()
+            self._free.clear()
+            self._out.clear()
+        for buffer in made:
             buffer.close()
-        self._made.clear()
-        self._free.clear()
-        self._out.clear()
         self.ctx.forget(self)
 
     def __enter__(self) -> BufferPool:

@@ -198,12 +198,10 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
     folder = cache_dir() / f"{name}-{_short_hash(variant, digest)}"
     glslc = shutil.which("glslc")
     if glslc is None:
-        built = sorted(folder.glob("*.spv"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-        for path in reversed(built):  # the newest intact build
-            spirv = _read_spirv(path)
-            if spirv is not None:
-                stats.disk_hits += 1
-                return spirv
+        spirv = _newest_cached(folder)
+        if spirv is not None:
+            stats.disk_hits += 1
+            return spirv
         raise GlslcMissing(f"glslc is not on PATH and no cached SPIR-V exists for {variant!r} in {folder}; "
                            "install glslc (Debian: apt-get install glslc)")
     st = os.stat(glslc)
@@ -215,6 +213,33 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
     spirv = _run_glslc(glslc, source, dirs, defs)
     _store(cached, spirv)
     return spirv
+
+
+def _newest_cached(folder: Path) -> bytes | None:
+    """The newest intact build in a source key's cache folder, by any compiler (None if none)."""
+    built = sorted(folder.glob("*.spv"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    for path in reversed(built):
+        spirv = _read_spirv(path)
+        if spirv is not None:
+            return spirv
+    return None
+
+
+def unavailable(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> str:
+    """Why :func:`compile_shader` would fail for want of glslc, or "" when it would not: the
+    variant is packaged, cached on disk, or glslc is on PATH. (Whether glslc then accepts the
+    source is not foreseen: a compile error is a defect and raises ShaderBuildError.)"""
+    if shutil.which("glslc") is not None:
+        return ""
+    defs, dirs = normalize_defines(defines), search_dirs(search_path)
+    source = find_source(name, dirs)
+    digest = source_digest(source, dirs) if source is not None else None
+    variant = _variant_id(name, defs)
+    if _packaged(variant, digest) is not None:
+        return ""
+    if source is not None and _newest_cached(cache_dir() / f"{name}-{_short_hash(variant, digest)}") is not None:
+        return ""
+    return f"glslc is not on PATH and no packaged or cached SPIR-V exists for {variant!r}"
 
 
 def _read_spirv(path: Path) -> bytes | None:

@@ -1,0 +1,248 @@
+"""No index in a shader overflows uint32 or leaves its binding, for any problem ssm_vk accepts.
+
+The shaders index with uint32 *relative to each window's binding* (glsl/*.comp). This test
+records the real command sequences (ssm_vk.record, with the real planner and bindings) for a grid
+of huge problems under H200 and lavapipe limits -- without a device: a fake sequence collects every
+dispatch -- and evaluates, for every dispatch and every binding, the largest index a live
+invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
+a sum of products of non-negative terms (Horner form), so its largest value is reached at the
+largest coordinates and bounds every intermediate value too. Asserted for every binding:
+
+    largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
+
+and for every dispatch: workgroups within maxComputeWorkGroupCount, threads (gx * gy * WG) within
+2^32 (the element-wise kernels compute a flat thread index). Problems beyond the device are shown
+to fall back instead (budget.py / plan.py), so no kernel ever sees them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import numpy as np
+import pytest
+
+from ssm_ref import Dims, Problem
+from ssm_vk import budget, launch, record, specs
+from ssm_vk.plan import Limits, TooLarge, plan
+
+U32 = 2**32
+ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
+
+# NVIDIA H200 (driver 580, VULKAN-NOTES.md / GPU.md) and lavapipe (llvmpipe 15) limits.
+H200 = Limits(subgroup_size=32, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+              max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+              max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16)
+H200_HEAP = 140 * 10**9
+LAVAPIPE = Limits(subgroup_size=8, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=32 << 10,
+                  max_workgroup_count=(65535, 65535, 65535), max_storage_buffer_range=2**27,
+                  max_memory_allocation_size=2**31, min_storage_buffer_offset_alignment=16)
+LAVAPIPE_HEAP = 2**31
+DEVICES = {"h200": (H200, H200_HEAP), "lavapipe": (LAVAPIPE, LAVAPIPE_HEAP)}
+
+
+class FakeBuffer:
+    def __init__(self, nbytes: int, content=None):
+        self.size = nbytes
+        self.content = content          # constants: the pairs the rows kernel reads
+
+
+class FakeInfo:
+    def __init__(self, lim: Limits, heap: int):
+        self.max_memory_allocation_size = lim.max_memory_allocation_size
+        self.device_local_bytes = heap
+        self.name = "fake"
+
+
+class FakeWorkspace:
+    """What record.py asks of a launch.Workspace: limits, plan, scratch, constants, bindings."""
+
+    bind = launch.Workspace.bind
+
+    def __init__(self, d: Dims, lim: Limits, pl, backward: bool):
+        self.ctx = None
+        self.limits, self.plan, self.align = lim, pl, lim.min_storage_buffer_offset_alignment
+        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in launch._shapes(d, backward).items()}
+        self._dummy = FakeBuffer(16)
+
+    def scratch(self, n_elems: int):
+        return FakeBuffer(n_elems * 4) if n_elems > 0 else None
+
+    def constant(self, arr):
+        return FakeBuffer(arr.nbytes, arr.copy())
+
+    def dummy(self):
+        return self._dummy
+
+
+class FakeSequence:
+    """Collects dispatches; checks copies and fills stay inside their buffers."""
+
+    def __init__(self):
+        self.dispatches = []
+
+    def dispatch(self, spec, bindings, push, groups):
+        self.dispatches.append((spec, bindings, push, groups))
+
+    def copy(self, src, dst, nbytes, src_offset=0, dst_offset=0):
+        assert src_offset + nbytes <= src.size and dst_offset + nbytes <= dst.size
+
+    def fill(self, buf, value, offset=0, nbytes=None):
+        assert offset + (nbytes or 0) <= buf.size
+
+    def barrier(self):
+        pass
+
+    def timestamp(self, label):
+        pass
+
+
+def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
+    monkeypatch.setattr(record, "_kernel", lambda ctx, spec: spec)
+    pl = plan(d, lim, backward=backward)
+    ws = FakeWorkspace(d, lim, pl, backward)
+    p = Problem(dims=d, s=None, x=None, dt=None, A=None, B=None, C=None, ids=ids)
+    names = {"s": d.R * d.H * d.P * d.N, "x": d.S * d.T * d.H * d.P, "dt": d.S * d.T * d.H,
+             "A": d.H * (d.N if d.mamba1 else 1), "B": d.S * d.T * d.G * d.N, "C": d.S * d.T * d.G * d.N,
+             "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
+    bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
+    seq = FakeSequence()
+    (record.record_backward if backward else record.record_forward)(seq, ws, p, bufs)
+    return seq.dispatches
+
+
+def _push(spec, push: bytes) -> dict:
+    fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
+              "rows": specs.ROWS_PUSH}[spec.name]
+    return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
+
+
+def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
+    """Binding -> (largest index a live invocation computes) + 1; the shaders' expressions."""
+    S, T, H, P, N = v.get("S", 0), v.get("T", 0), v.get("H", 0), v.get("P", 0), v.get("N", 0)
+    G = v.get("G", 1)
+    if spec.name in ("ssm_scan", "ssm_scan_back"):
+        rows = S * H * P
+        KA = N if D["MAMBA1"] else 1
+        if rows == 0 or S * T == 0:
+            return {}
+        out = {0: v["o_x"] + S * T * H * P,                    # x[o_x + (it*H + h)*P + p]
+               1: v["o_dt"] + S * T * H,                       # dt[o_dt + it*H + h]
+               2: H * KA,                                      # A[h*N + n] or A[h]
+               3: v["o_B"] + S * T * G * N,                    # B[o_B + (it*G + g)*N + n]
+               4: v["o_C"] + S * T * G * N}
+        if N == 0:
+            out.update({2: H * KA if KA else 0, 3: 0, 4: 0})
+        last_c = v["c0"] + -(-T // D["K"]) - 1                 # the last checkpoint chunk read/written
+        ck = v["o_ck"] + ((rows - 1) * v["NC"] + last_c) * N + N if N else 0
+        if spec.name == "ssm_scan":
+            out[6] = v["o_st"] + rows * N                      # st_buf[o_st + row*N + n]
+            if D["CKPT"]:
+                out[7] = ck                                    # ck[o_ck + (row*NC + c)*N + n]
+            else:
+                out[5] = v["o_y"] + S * T * H * P              # y[o_y + (it*H + h)*P + p]
+        else:
+            out.update({5: v["o_gy"] + S * T * H * P,          # gy[o_gy + (it*H + h)*P + p]
+                        6: v["o_lam"] + rows * N,              # lam_buf[o_lam + row*N + n]
+                        7: ck,                                 # ck[o_ck + (row*NC + c0 + c)*N + n]
+                        8: v["o_dx"] + S * T * H * P,          # dx[o_dx + (it*H + h)*P + p]
+                        9: S * T * H * v["NPB"] * N,           # dBp[((it*H + h2)*NPB + pbk)*N + n]
+                        10: S * T * H * v["NPB"] * N,
+                        11: S * T * H * v["NPB"],              # ddtp[(it*H + h2)*NPB + pbk]
+                        12: v["o_dA"] + rows * (N if D["MAMBA1"] else 1)})  # dAp[o_dA + row*N + n] / [o_dA + row]
+        return out
+    if spec.name == "ssm_scan_reduce":
+        if D["MODE"] == 0:
+            n_bc, n_dt = S * T * G * N, S * T * H
+            part = v["o_0"] + S * T * H * v["NPB"] * N if n_bc else 0  # dBp[o_0 + ((it*H + h)*NPB + b)*N + n]
+            return {0: part, 1: part, 2: n_dt * v["NPB"],             # ddtp[e*NPB + b]
+                    3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc, 5: v["o_5"] + n_dt}
+        n_a = H * v["KA"]
+        return {0: v["o_0"] + S * H * P * v["KA"] if n_a else 0,       # dAp[o_0 + ((i*H + h)*P + p)*KA + k]
+                3: v["o_3"] + n_a}                                     # dA[o_3 + e]
+    # rows.comp: dst[o_dst + d*L + j] += src[o_src + s*L + j], (d, s) from the pairs buffer
+    pairs = bindings[2][0].content.reshape(-1, 2)[: v["n_pairs"]]
+    L = v["L"]
+    return {0: v["o_src"] + (int(pairs[:, 1].max()) + 1) * L, 1: v["o_dst"] + (int(pairs[:, 0].max()) + 1) * L,
+            2: 2 * v["n_pairs"]}
+
+
+def _check_dispatches(dispatches, lim: Limits, label: str) -> int:
+    for spec, bindings, push, (gx, gy, gz) in dispatches:
+        v, D = _push(spec, push), dict(spec.defines)
+        mx = lim.max_workgroup_count
+        assert 1 <= gx <= mx[0] and 1 <= gy <= mx[1] and gz == 1, (label, spec.name, gx, gy)
+        assert gx * gy * spec.wg <= U32, (label, spec.name, "flat thread index overflows")
+        assert v.get("gx", gx) == gx
+        for b, bound in _bounds(spec, v, D, bindings).items():
+            buf, offset, nbytes = bindings[b]
+            assert offset % lim.min_storage_buffer_offset_alignment == 0
+            assert offset + nbytes <= buf.size, (label, spec.name, b)
+            assert nbytes <= lim.max_storage_buffer_range, (label, spec.name, b, nbytes)
+            assert bound * 4 <= nbytes, (label, spec.name, b, bound, nbytes // 4)
+            assert bound < U32
+    return len(dispatches)
+
+
+def _dims(S, T, H, P, N, G, mamba1, R=None) -> Dims:
+    R = S if R is None else R
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
+
+
+# (S, T, H, P, N, G): the H200 benchmark shapes, then long, wide and tall ones far beyond int32.
+SHAPES = [
+    (1, 64, 16, 64, 128, 1), (1, 512, 48, 64, 128, 1), (8, 2048, 24, 64, 128, 1), (1, 16384, 24, 64, 128, 1),
+    (1, 65536, 24, 64, 128, 1),        # x: 400 MiB, beyond lavapipe's 128 MiB binding range: windows
+    (1, 2**20, 24, 64, 128, 1),        # x: 2^35 elements: beyond one allocation anywhere, refused
+    (64, 4096, 32, 64, 256, 8),        # B: 2^31 elements
+    (1024, 1, 128, 64, 16, 4),         # many sequences, one token
+    (2, 1000, 1, 1, 1 << 16, 1),       # long rows (d_state 65536)
+    (3, 17, 5, 3, 7, 1),               # odd sizes
+]
+
+
+def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
+    try:
+        pl = plan(d, lim, backward=backward)
+    except TooLarge:
+        return False
+    return not budget.check(FakeInfo(lim, heap), budget.buffers(d, pl, lim, backward))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
+    lim, heap = DEVICES[device]
+    checked = refused = 0
+    for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
+        d = _dims(S, T, H, P, N, G, mamba1)
+        if not _accepted(d, lim, heap, backward):
+            refused += 1   # supports() says no: the CPU computes it, no kernel sees it
+            continue
+        ids = np.arange(S)
+        if backward and S > 1:
+            ids = ids // 2  # duplicates: the rows kernel runs too
+            d = _dims(S, T, H, P, N, G, mamba1, R=int(ids.max()) + 1)
+        label = f"{device} {'backward' if backward else 'forward'} {d}"
+        assert _check_dispatches(_record(d, ids, lim, backward, monkeypatch), lim, label) > 0
+        checked += 1
+    assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_what_decides_the_largest_problem(device):
+    # Every array of an accepted problem is one buffer: at most maxMemoryAllocationSize / 4 floats
+    # (2^30 on the H200, 2^29 on lavapipe), far below 2^32; bindings bigger than the storage range
+    # are cut into windows. One sequence of 2^20 tokens (x: 2^35 floats) is refused everywhere, the
+    # reason naming the array and the limit; 65536 tokens run, on lavapipe in token windows.
+    lim, heap = DEVICES[device]
+    big = _dims(1, 2**20, 24, 64, 128, 1, False)
+    pl = plan(big, lim, backward=True)
+    why = budget.check(FakeInfo(lim, heap), budget.buffers(big, pl, lim, True))
+    assert why.startswith("x needs a buffer of 6442450944 bytes, above maxMemoryAllocationSize")
+    ok = _dims(1, 65536, 24, 64, 128, 1, False)
+    assert _accepted(ok, lim, heap, backward=False)
+    pl = plan(ok, lim, backward=False)
+    assert max(w.S * w.T for w in pl.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range
+    assert pl.time_split == (lim.max_storage_buffer_range < ok.T * ok.H * ok.P * 4)

@@ -1,0 +1,332 @@
+"""Threads: eight Python threads calling one backend at once, each on its own problem, get the
+results a single thread gets -- bit for bit (every backend is deterministic) -- and those are
+within tolerance of the float64 oracle.
+
+For ssm_vk the threads also race the creation of the Vulkan context and of every kernel (the
+context is closed first), share device-resident inputs, and hammer the buffer pool directly.
+What is thread-safe, and why, is written down in docs/RELIABILITY.md ("Threads").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from children import child_env
+from problems import make_problem
+from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan
+
+import ssm_vk
+from ssm_vk import launch
+from ssm_vk import runtime as rt
+from ssm_vk.arrays import pool
+
+REPO = Path(__file__).resolve().parents[1]
+THREADS = 8
+REPEATS = 3
+
+
+def _problem(k: int):
+    """Problem k of eight: every thread gets other sizes, ids and variant."""
+    return make_problem(np.random.default_rng(100 + k), S=1 + k % 3, T=2 + 3 * k, H=2 * (1 + k % 2), P=1 + k % 4,
+                        N=3 + 5 * k, G=1 + k % 2, ids=("permutation", "duplicates", "none", "unused")[k % 4],
+                        variant="mamba1" if k % 3 == 2 else "mamba2")
+
+
+PROBLEMS = [_problem(k) for k in range(THREADS)]
+
+
+def _run(module, case, device=False):
+    a = case.args()
+    gy, gs = case.g_y, case.g_states
+    if device:
+        a = {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in a.items()}
+        gy, gs = ssm_vk.to_device(gy), ssm_vk.to_device(gs)
+    r = module.ssm_scan(**a)
+    g = module.ssm_scan_back(**a, g_y=gy, g_states=gs)
+    out = {"y": r.y, "states": r.states, **g.as_dict()}
+    return {k: (v.numpy() if isinstance(v, ssm_vk.DeviceArray) else v) for k, v in out.items()}
+
+
+def _in_threads(work, n=THREADS):
+    """Run work(k) for k < n in n threads started together; re-raise the first error."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def body(k):
+        try:
+            start.wait()
+            work(k)
+        except BaseException as exc:  # reported below, with its traceback
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k,), name=f"ssm-test-{k}") for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def _assert_same(got, want, label):
+    for name in OUTPUTS:
+        assert np.array_equal(got[name], want[name], equal_nan=True), f"{label}: {name} differs from one thread's"
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+def test_eight_threads_get_the_single_thread_results(backend):
+    m = backend.module
+    want = [_run(m, c) for c in PROBLEMS]
+    for case, w in zip(PROBLEMS, want, strict=True):  # and those are right
+        a = case.args()
+        o, og = oracle_scan(**a), oracle_back(**a, g_y=case.g_y, g_states=case.g_states)
+        for name, ref in {"y": o.y, "states": o.states, **og.as_dict()}.items():
+            assert_close(backend, name, w[name], ref, label=case.label)
+    if m is ssm_vk:
+        rt.close()  # the threads race the context's creation and every kernel's build too
+
+    def work(k):
+        for r in range(REPEATS):
+            _assert_same(_run(m, PROBLEMS[k]), want[k], f"thread {k} call {r}")
+
+    _in_threads(work)
+    if m is ssm_vk:
+        # Sixteen shapes (eight problems, forward and backward) for eight cached workspaces: the
+        # threads evicted each other's. Dropping the cache must give every buffer back; one that
+        # stays out was taken by a workspace used after its eviction, and would never come back.
+        ctx = rt.get_context()
+        launch.clear_cache(ctx)
+        assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_threads_with_device_resident_and_shared_inputs():
+    want = [_run(ssm_vk, c) for c in PROBLEMS]
+    shared = PROBLEMS[0]
+    dev = {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in shared.args().items()}
+    dev_g = (ssm_vk.to_device(shared.g_y), ssm_vk.to_device(shared.g_states))
+    ctx = rt.get_context()
+
+    def work(k):
+        for r in range(REPEATS):
+            if k % 2:  # odd threads: the same device arrays at once (bound by several sequences)
+                g = ssm_vk.ssm_scan_back(**dev, g_y=dev_g[0], g_states=dev_g[1])
+                f = ssm_vk.ssm_scan(**dev)
+                got = {"y": f.y.numpy(), "states": f.states.numpy(), **{n: v.numpy() for n, v in g.as_dict().items()}}
+                _assert_same(got, want[0], f"thread {k} shared call {r}")
+            else:
+                _assert_same(_run(ssm_vk, PROBLEMS[k], device=True), want[k], f"thread {k} device call {r}")
+
+    _in_threads(work)
+    for a in (*dev.values(), *dev_g):
+        if isinstance(a, ssm_vk.DeviceArray):
+            a.release()
+    launch.clear_cache(ctx)  # the workspaces' own buffers
+    assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_the_buffer_pool_survives_eight_threads():
+    # acquire / release / trim from eight threads: trim used to iterate the free lists while
+    # another thread added to them ("dictionary changed size during iteration"), and could close a
+    # buffer another thread had just taken.
+    ctx = rt.get_context()
+    p = rt.BufferPool(ctx)
+    before = ctx.live_allocations
+
+    def work(k):
+        for j in range(400):
+            b = p.acquire(300 * (1 + (j + k) % 40))
+            assert not b.closed
+            p.release(b)
+            if j % 7 == k % 7:
+                p.trim()
+
+    try:
+        _in_threads(work)
+        assert p.in_use == 0
+        p.trim()
+        assert ctx.live_allocations == before
+    finally:
+        p.close()
+    assert ctx.live_allocations == before
+
+
+@pytest.mark.vulkan
+def test_threads_sharing_more_shapes_than_the_workspace_cache_holds():
+    # Threads on the same shapes wait for each other's workspace while others evict it: a thread
+    # that looked a workspace up before its eviction must not run in it (its buffers and
+    # sequences would never be given back).
+    shapes = [make_problem(np.random.default_rng(200 + j), S=1, T=2 + j, H=2, P=2, N=3, G=1)
+              for j in range(launch.MAX_WORKSPACES + 2)]
+    want = [ssm_vk.ssm_scan(**c.args()).y for c in shapes]
+
+    def work(k):
+        for r in range(4):
+            for j in range(len(shapes)):
+                jj = (j * (1 + k % 3) + k + r) % len(shapes)
+                assert np.array_equal(ssm_vk.ssm_scan(**shapes[jj].args()).y, want[jj]), (k, r, jj)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show up
+    try:
+        _in_threads(work)
+    finally:
+        sys.setswitchinterval(interval)
+    ctx = rt.get_context()
+    launch.clear_cache(ctx)
+    assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_a_workspace_evicted_between_look_up_and_lock_is_not_used(monkeypatch):
+    # The gap the test above races for, made certain: another thread evicts the workspace after
+    # this call looked it up and before it took the workspace's lock.
+    real = launch._workspace
+    evicted = []
+
+    def racing(ctx, dims, backward):
+        ws = real(ctx, dims, backward)
+        if not evicted:
+            evicted.append(ws)
+            launch.clear_cache(ctx)
+        return ws
+
+    case = make_problem(np.random.default_rng(300), S=2, T=3, H=2, P=2, N=3, G=1)
+    want = ssm_vk.ssm_scan(**case.args()).y
+    monkeypatch.setattr(launch, "_workspace", racing)
+    assert np.array_equal(ssm_vk.ssm_scan(**case.args()).y, want)
+    assert evicted[0].closed
+    ctx = rt.get_context()
+    launch.clear_cache(ctx)
+    assert pool(ctx).in_use == 0
+
+
+@pytest.mark.vulkan
+def test_a_context_being_built_is_not_handed_out(monkeypatch):
+    # While one thread builds the process's context, another must not be given it (its device
+    # does not exist yet: a buffer made on it aborted the process); it waits for the build.
+    rt.close()
+    real = rt.Context._create
+    building, go = threading.Event(), threading.Event()
+
+    def slow(self, chosen):
+        building.set()
+        assert go.wait(60)
+        real(self, chosen)
+
+    monkeypatch.setattr(rt.Context, "_create", slow)
+    case = PROBLEMS[0]
+    results = {}
+    builder = threading.Thread(target=lambda: results.setdefault("ctx", rt.get_context()))
+    caller = threading.Thread(target=lambda: results.setdefault("y", ssm_vk.ssm_scan(**case.args()).y))
+    builder.start()
+    assert building.wait(60)
+    assert rt.current_context() is None
+    caller.start()
+    caller.join(timeout=0.5)
+    assert caller.is_alive(), "a call went ahead on a context still being built"
+    go.set()
+    builder.join(timeout=120)
+    caller.join(timeout=120)
+    assert rt.current_context() is results["ctx"]
+    assert np.array_equal(results["y"], _run(ssm_vk, case)["y"])
+
+
+# -- ssm_fast and numba's threading layers (subprocesses: the layer is chosen once per process) -----
+
+FAST = [b.name for b in BACKENDS if b.name == "ssm_fast"]
+LAYERS = ["default", "workqueue"]  # whatever numba picks here (omp or tbb when present), and the unsafe one
+
+FAST_THREADS = textwrap.dedent(r"""
+    import json, sys, threading
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from problems import make_problem
+    import numba, ssm_fast
+    cases = [make_problem(np.random.default_rng(k), S=2, T=12, H=4, P=8, N=16, G=2, variant=("mamba1", "mamba2")[k % 2])
+             for k in range(8)]
+    want = [ssm_fast.ssm_scan_back(**c.args(), g_y=c.g_y, g_states=c.g_states).d_x for c in cases]
+    bad, start = [], threading.Barrier(8)
+
+    def work(k):
+        start.wait()
+        for _ in range(10):
+            got = ssm_fast.ssm_scan_back(**cases[k].args(), g_y=cases[k].g_y, g_states=cases[k].g_states).d_x
+            if not np.array_equal(got, want[k]):
+                bad.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(dict(layer=numba.threading_layer(), bad=bad)))
+""")
+
+
+def _layer_env(layer: str) -> dict:
+    return child_env(**({"NUMBA_THREADING_LAYER": layer} if layer != "default" else {}))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("module", FAST)
+def test_ssm_fast_from_eight_threads_under_every_threading_layer(module, layer):
+    # Under numba's workqueue layer two threads launching parallel kernels at once abort the whole
+    # process ("Concurrent access has been detected", exit 134); ssm_fast serialises its launches
+    # unless the active layer is thread-safe.
+    run = subprocess.run([sys.executable, "-c", FAST_THREADS.format(tests=str(REPO / "tests"))], capture_output=True,
+                         text=True, env=_layer_env(layer), timeout=900, check=False)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["bad"] == [] and (layer == "default" or out["layer"] == layer), out
+
+
+FAST_FORK = textwrap.dedent(r"""
+    import json, os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from problems import make_problem
+    import ssm_fast, ssm_ref
+    from ssm_fast import guard
+    signal.alarm(300)
+    case = make_problem(np.random.default_rng(3), S=2, T=9, H=4, P=4, N=8, G=2)
+    want = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(120)
+        g = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+        close = all(np.allclose(getattr(g, k), getattr(want, k), rtol=1e-4, atol=1e-5) for k in ssm_ref.GRAD_NAMES)
+        os.write(w, json.dumps(dict(backend=g.backend, close=bool(close), unusable=guard.unusable())).encode())
+        os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 1 << 16).decode() or "{{}}")
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(dict(child=child, status=status)))
+""")
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("module", FAST)
+def test_a_process_forked_after_ssm_fast_ran_still_computes(module, layer):
+    # GNU OpenMP is not fork-safe: numba terminates a child forked after the parent's omp layer
+    # started at its first parallel launch. There ssm_fast computes with ssm_ref and says so; under
+    # fork-safe layers (workqueue, tbb) the child keeps the kernels.
+    run = subprocess.run([sys.executable, "-c", FAST_FORK.format(tests=str(REPO / "tests"))], capture_output=True,
+                         text=True, env=_layer_env(layer), timeout=900, check=False)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    child = out["child"]
+    assert out["status"] == 0 and child["close"], out
+    assert child["backend"] == ("ssm_ref" if child["unusable"] else "ssm_fast"), child
+    if layer == "workqueue":
+        assert child["backend"] == "ssm_fast", child
