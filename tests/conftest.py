@@ -34,13 +34,14 @@ SOAK_ENV = "SSM_SOAK"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Soak tests run only when asked for (``-m soak``, or SSM_SOAK=1)."""
+    """Soak tests run only when asked for (``-m soak``, or SSM_SOAK=1); otherwise they are
+    deselected (a profile, like hypothesis's ``fuzz``), not skipped."""
     if os.environ.get(SOAK_ENV, "").strip() == "1" or "soak" in (config.getoption("markexpr") or ""):
         return
-    skip = pytest.mark.skip(reason=f"soak test: run with -m soak or {SOAK_ENV}=1")
-    for item in items:
-        if "soak" in item.keywords:
-            item.add_marker(skip)
+    soak = [item for item in items if "soak" in item.keywords]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if "soak" not in item.keywords]
 
 
 @pytest.fixture(autouse=True)
