@@ -46,6 +46,11 @@ def _context_or_reason():
         return rt.get_context(), ""
     except rt.VulkanUnavailable as e:
         return None, f"no Vulkan device: {e}"
+    except rt.VulkanError as e:
+        # The driver lists a device but will not open it here. Seen on an H200: in a process
+        # forked from one that had used Vulkan, vkCreateDevice fails with
+        # VK_ERROR_INITIALIZATION_FAILED. The GPU truly cannot run this process's calls.
+        return None, f"the Vulkan device could not be opened in this process: {e}"
 
 
 def _has_device_arrays(*arrays) -> bool:
