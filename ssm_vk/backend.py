@@ -18,6 +18,7 @@ NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
+_unopenable: dict[int, str] = {}   # pid -> why the driver would not open the device in it
 
 
 def _log_once(message: str) -> None:
@@ -39,6 +40,8 @@ def _context_or_reason():
     ctx = rt.current_context()
     if ctx is not None and not ctx.closed and not ctx.lost:
         return ctx, ""  # the per-call fast path
+    if os.getpid() in _unopenable:
+        return None, _unopenable[os.getpid()]
     ok, reason = rt.available()
     if not ok:
         return None, f"no Vulkan device: {reason}"
@@ -49,8 +52,10 @@ def _context_or_reason():
     except rt.VulkanError as e:
         # The driver lists a device but will not open it here. Seen on an H200: in a process
         # forked from one that had used Vulkan, vkCreateDevice fails with
-        # VK_ERROR_INITIALIZATION_FAILED. The GPU truly cannot run this process's calls.
-        return None, f"the Vulkan device could not be opened in this process: {e}"
+        # VK_ERROR_INITIALIZATION_FAILED. The GPU truly cannot run this process's calls; the
+        # answer is kept for this process, so each later call does not try again.
+        _unopenable[os.getpid()] = f"the Vulkan device could not be opened in this process: {e}"
+        return None, _unopenable[os.getpid()]
 
 
 def _has_device_arrays(*arrays) -> bool:

@@ -269,6 +269,11 @@ class Context:
     def fail_next_submit(self, error: type[Exception] = DeviceLost) -> None:
         """Make the next ``Sequence.submit`` raise ``error`` (DeviceLost or VulkanTimeout).
 
+        Only the caller's own sequences count: the runtime's internal transfer sequence (staging
+        copies for upload/download on devices whose memory the host cannot map, such as a
+        discrete GPU) never takes the fault, so a test hits the same submit on lavapipe and on an
+        H200 (where it used to hit a staging copy instead).
+
         DeviceLost is raised without submitting and marks the context lost, as a real loss would.
         VulkanTimeout is raised after the work was submitted, as when a wait times out: the
         sequence stays pending and a later wait completes it. Raises ValueError for another type.
