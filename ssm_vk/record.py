@@ -175,13 +175,20 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
         return {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
                 "gy": (*gy, d.H * d.P), "dx": (*bufs["d_x"], d.H * d.P)}
 
-    def ckpt_pass(w: Window, ck) -> None:
+    def window(w: Window, carry, ck):
+        """What both passes bind for window ``w``: grid, token arrays, A, the carried rows
+        (states or lam) and the checkpoints."""
         gx, gyy = grid(w.S * lay.NHB * lay.NPB, lim)
         b, o = _seq_bindings(call, d, w, tok_arrays(), names)
-        bA, _ = call.bind(*A, 0, d.H * KA)
-        bst, o_st = call.bind(st, 0, w.i0 * row, w.S * row)
+        b["A"], _ = call.bind(*A, 0, d.H * KA)
+        b["carry"], o_carry = call.bind(carry, 0, w.i0 * row, w.S * row)
         nc = -(-w.T // lay.K)
-        bck, o_ck = call.bind(ck, 0, 0, w.S * row * nc)
+        b["ck"], o["o_ck"] = call.bind(ck, 0, 0, w.S * row * nc)
+        return gx, gyy, b, o, o_carry, nc
+
+    def ckpt_pass(w: Window, ck) -> None:
+        gx, gyy, b, o, o_st, nc = window(w, st, ck)
+        bA, bst, bck, o_ck = b["A"], b["carry"], b["ck"], o["o_ck"]
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, "o_x": o["o_x"], "o_dt": o["o_dt"],
                 "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck}
         dum = call.bind(None, 0, 0, 0)[0]
@@ -190,16 +197,11 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
         seq.barrier()
 
     def back_pass(w: Window, ck) -> None:
-        gx, gyy = grid(w.S * lay.NHB * lay.NPB, lim)
-        b, o = _seq_bindings(call, d, w, tok_arrays(), names)
-        bA, _ = call.bind(*A, 0, d.H * KA)
-        blam, o_lam = call.bind(lam, 0, w.i0 * row, w.S * row)
-        nc = -(-w.T // lay.K)
-        bck, o_ck = call.bind(ck, 0, 0, w.S * row * nc)
+        gx, gyy, b, o, o_lam, nc = window(w, lam, ck)
+        bA, blam, bck = b["A"], b["carry"], b["ck"]
         n_part = w.S * w.T * d.H * lay.NPB
         bdA, o_dA = call.bind(dAp, 0, w.i0 * d.H * d.P * KA, w.S * d.H * d.P * KA)
-        push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, **o, "o_lam": o_lam, "o_ck": o_ck,
-                "o_dA": o_dA}
+        push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, **o, "o_lam": o_lam, "o_dA": o_dA}
         seq.dispatch(bwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
                              call.bind(part, 0, 0, n_part * d.N)[0], call.bind(partC, 0, 0, n_part * d.N)[0],
                              call.bind(partT, 0, 0, n_part)[0], bdA],
