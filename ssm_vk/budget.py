@@ -49,6 +49,18 @@ def _inputs(d, backward: bool) -> dict[str, int]:
     return sizes
 
 
+def _chunk_scratch(d, pl: Plan, backward: bool) -> dict[str, int]:
+    """The chunked kernels' scratch, as record_chunked requests it."""
+    from .chunk_plan import scratch_elems
+
+    cp = pl.chunked
+    e = scratch_elems(d, cp.CL, cp.Sw, backward)
+    out = {k: v for k, v in e.items() if k not in ("x", "B", "states")}
+    if backward:
+        out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
+    return out
+
+
 def _scratch(d, pl: Plan) -> dict[str, int]:
     """The backward's scratch, as record.record_backward requests it."""
     if not (pl.windows and d.H * d.P > 0):
@@ -74,7 +86,9 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
     sizes = {f"in:{k}": n * F32 for k, n in _inputs(d, backward).items() if k not in resident}
     sizes.update({f"out:{k}": n * F32 for k, n in _outputs(d, backward).items()})
     row = d.H * d.P * d.N
-    if backward:
+    if pl.chunked is not None:
+        sizes.update({f"scratch:{k}": n * F32 for k, n in _chunk_scratch(d, pl, backward).items()})
+    elif backward:
         sizes.update({f"scratch:{k}": n * F32 for k, n in _scratch(d, pl).items()})
         if d.R * row:
             for k in range(d.S - 1):  # the most pair buffers any ids can ask for, each the smallest

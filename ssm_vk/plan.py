@@ -98,6 +98,7 @@ class Plan:
     layout: Layout
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
+    chunked: object = None   # a chunk_plan.ChunkPlan when the chunked kernels run this shape
 
 
 def _pow2_at_least(n: int) -> int:
@@ -206,7 +207,16 @@ def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
 
 
 def plan(d: Dims, lim: Limits, backward: bool) -> Plan:
-    """Cut the problem into windows that fit; raise TooLarge when even one token cannot."""
+    """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
+    plan carries the chunked kernels' plan (ssm_vk/chunk_plan.py) where they take the shape."""
+    from dataclasses import replace
+
+    from .chunk_plan import chunk_plan
+
+    return replace(_sequential_plan(d, lim, backward), chunked=chunk_plan(d, lim, backward))
+
+
+def _sequential_plan(d: Dims, lim: Limits, backward: bool) -> Plan:
     lay = layout_for(d, lim, backward)
     if d.T == 0:
         return Plan(lay, (), False)

@@ -26,6 +26,10 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
     """The kernels the recording of a problem of dims ``d`` may dispatch (what ``_kernel`` below
     is asked for; the d_s scatter's counted whenever ids could repeat), so that
     ssm_vk.supports() can tell, before any work, whether their SPIR-V can be had."""
+    if pl.chunked is not None:
+        from .record_chunked import chunk_kernels
+
+        return chunk_kernels(d, pl.chunked, backward)
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
     elif not backward:
@@ -95,6 +99,10 @@ def _seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[di
 def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     """Record the forward: states <- s[ids]; the scan over every window. ``bufs`` maps s, x, dt,
     A, B, C, y, states to (buffer or None, element offset)."""
+    if ws.plan.chunked is not None:
+        from .record_chunked import record_forward_chunked
+
+        return record_forward_chunked(seq, ws, p, bufs)
     d = p.dims
     lim, pl = ws.limits, ws.plan
     lay = pl.layout
@@ -125,6 +133,10 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
 def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     """Record the backward. ``bufs`` maps the inputs (s, x, dt, A, B, C, g_y, g_states) and the
     outputs (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) to (buffer or None, element offset)."""
+    if ws.plan.chunked is not None:
+        from .record_chunked import record_backward_chunked
+
+        return record_backward_chunked(seq, ws, p, bufs)
     d = p.dims
     lim, pl = ws.limits, ws.plan
     lay = pl.layout

@@ -10,8 +10,8 @@ from ssm_ref import Dims
 
 from .plan import Layout
 
-__all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "pack_push",
-           "FWD_PUSH", "BWD_PUSH", "RED_PUSH", "ROWS_PUSH"]
+__all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
+           "FWD_PUSH", "BWD_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH", "CHUNK_BINDINGS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -20,6 +20,10 @@ BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
 RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
+# The chunked kernels (glsl/chunk_common.glsl): one push block and one binding table for all.
+CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
+CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
+                  "sm", "st", "ddtp", "dAp")
 
 # Threads per workgroup of the element-wise kernels (reduce, rows).
 FLAT_WG = 64
@@ -64,6 +68,12 @@ def reduce_spec(mode: int) -> KernelSpec:
 
 def rows_spec() -> KernelSpec:
     return KernelSpec("rows", _defs(WG=FLAT_WG), 3, ROWS_PUSH, FLAT_WG)
+
+
+def chunk_spec(name: str, d: Dims, CL: int, wg: int, **defines) -> KernelSpec:
+    """A chunked kernel (glsl/<name>.comp): sizes P, N and the chunk length are compile-time."""
+    defs = _defs(WG=wg, CL=CL, PD=d.P, ND=d.N, **defines)
+    return KernelSpec(name, defs, len(CHUNK_BINDINGS), CHUNK_PUSH, wg)
 
 
 def pack_push(fields: tuple, values: dict) -> bytes:

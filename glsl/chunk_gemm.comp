@@ -1,0 +1,278 @@
+#version 450
+// The matrix products of the chunked Mamba-2 scan (ssm_ref/chunked.py), one per MODE. Each
+// workgroup computes an RBLK x CBLK tile of one (sequence, chunk, head) matrix -- (.., group) for
+// MODE 0 -- as a sum over up to two contraction segments, staged through shared memory KS at a
+// time:
+//
+//   segment 1: over the chunk's tokens (CL), masked causal (k <= row), anti-causal (k >= row)
+//              or not at all; masked entries are left out of the sum, never multiplied by zero
+//   segment 2: over N or P, unmasked
+//
+//   MODE  out (rows x cols)         segment 1 (tokens)                 segment 2
+//   0 CB  cb[t][s]   (CL x CL)      -                                  sum_n C_t[n] B_s[n]
+//   1 GU  gu[t][s]   (CL x CL)      -                                  sum_p gy_t[p] u_s[p]
+//   2 ZF  hs[p][n]   (P x N)        sum_s dout_s u_s[p] B_s[n]         -
+//   3 ZB  gs[p][n]   (P x N)        sum_r din_r gy_r[p] C_r[n]         -
+//   4 Y   y[t][p]    (CL x P)       sum_{s<=t} mcb[t][s] u_s[p]        din_t sum_n C_t[n] hs[p][n]
+//   5 GAM d_x[s][p]  (CL x P)       sum_{r>=s} mcb[r][s] gy_r[p]       dout_s sum_n B_s[n] gs[p][n]
+//   6 DB  dBp[s][n]  (CL x N)       sum_{r>=s} mgu[r][s] C_r[n]        dout_s sum_p u_s[p] gs[p][n]
+//   7 DC  dCp[t][n]  (CL x N)       sum_{s<=t} mgu[t][s] B_s[n]        din_t sum_p gy_t[p] hs[p][n]
+//
+// (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
+// DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
+// Defines: chunk_common's, MODE, RBLK and CBLK (tile; multiples of 16 and of WG / 16), KS.
+// Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
+// (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
+// shared-memory reads of a warp hit distinct banks).
+
+#extension GL_EXT_control_flow_attributes : enable
+#include "chunk_common.glsl"
+
+const uint RG = 16u;
+const uint CG = WG / RG;
+const uint TR = RBLK / RG;
+const uint TC = CBLK / CG;
+
+#if MODE == 0 || MODE == 1
+const uint ROWS = CL, COLS = CL, K1 = 0u, MASK = 0u;
+const uint K2 = (MODE == 0) ? ND : PD;
+#elif MODE == 2 || MODE == 3
+const uint ROWS = PD, COLS = ND, K1 = CL, MASK = 0u, K2 = 0u;
+#elif MODE == 4
+const uint ROWS = CL, COLS = PD, K1 = CL, MASK = 1u, K2 = ND;
+#elif MODE == 5
+const uint ROWS = CL, COLS = PD, K1 = CL, MASK = 2u, K2 = ND;
+#elif MODE == 6
+const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 2u, K2 = PD;
+#else
+const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 1u, K2 = PD;
+#endif
+const uint NRB = (ROWS + RBLK - 1u) / RBLK;
+const uint NCBK = (COLS + CBLK - 1u) / CBLK;
+
+shared float As[KS][RBLK + 1u];
+shared float Bs[KS][CBLK + 1u];
+shared float sd[CL];      // d_t = softplus(dt)
+shared float sdi[CL];     // din_t
+shared float sdo[CL];     // dout_t
+shared float red[RBLK][CG];
+
+uint i, c, h, g, Lc, mat, hmat, r0, c0;
+
+// Clamped token index: loads of padded tokens read a valid address and are then discarded.
+uint tk(uint t) { return tok(i, c, min(t, Lc - 1u)); }
+
+float u_of(uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h) * PD + p] * sd[t]; }
+float gy_of(uint t, uint p) { return gy[pc.o_gy + (tk(t) * pc.H + h) * PD + p]; }
+float B_of(uint t, uint n) { return Bm[pc.o_B + (tk(t) * pc.G + g) * ND + n]; }
+float C_of(uint t, uint n) { return Cm[pc.o_C + (tk(t) * pc.G + g) * ND + n]; }
+float hs_of(uint p, uint n) { return hs[hmat * PD * ND + p * ND + n]; }
+float gs_of(uint p, uint n) { return gs[hmat * PD * ND + p * ND + n]; }
+
+// Segment 1 operands: A1(row, k), B1(k, col), k a token of the chunk. Rows and columns past the
+// matrix give 0. A1_RF / B1_CF: consecutive threads stage consecutive rows / columns (else
+// consecutive k) -- whichever is contiguous in memory.
+#if MODE == 2
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return (k < Lc && r < PD) ? u_of(k, r) * sdo[k] : 0.0; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+#elif MODE == 3
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return (k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+#elif MODE == 4
+const bool A1_RF = false, B1_CF = true;
+float A1(uint r, uint k) { return mcb[mat * CL * CL + r * CL + k]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? u_of(k, cc) : 0.0; }
+#elif MODE == 5
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return mcb[mat * CL * CL + k * CL + r]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? gy_of(k, cc) : 0.0; }
+#elif MODE == 6
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return mgu[mat * CL * CL + k * CL + r]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+#elif MODE == 7
+const bool A1_RF = false, B1_CF = true;
+float A1(uint r, uint k) { return mgu[mat * CL * CL + r * CL + k]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+#else
+const bool A1_RF = false, B1_CF = false;
+float A1(uint r, uint k) { return 0.0; }
+float B1(uint k, uint cc) { return 0.0; }
+#endif
+
+// Segment 2 operands: A2(row, k), B2(k, col), k in [0, K2).
+#if MODE == 0
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }
+float B2(uint k, uint cc) { return cc < Lc ? B_of(cc, k) : 0.0; }
+#elif MODE == 1
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
+float B2(uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
+#elif MODE == 4
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? C_of(r, k) * sdi[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < PD ? hs_of(cc, k) : 0.0; }
+#elif MODE == 5
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? B_of(r, k) * sdo[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < PD ? gs_of(cc, k) : 0.0; }
+#elif MODE == 6
+const bool A2_RF = false, B2_CF = true;
+float A2(uint r, uint k) { return r < Lc ? u_of(r, k) * sdo[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < ND ? gs_of(k, cc) : 0.0; }
+#elif MODE == 7
+const bool A2_RF = false, B2_CF = true;
+float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) * sdi[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < ND ? hs_of(k, cc) : 0.0; }
+#else
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return 0.0; }
+float B2(uint k, uint cc) { return 0.0; }
+#endif
+
+float acc1[TR][TC];   // segment 1
+float acc2[TR][TC];   // segment 2 (kept apart: GAM's beta and DC's alpha need it alone)
+
+void stage(uint seg, uint k0, uint klen) {
+    uint lid = gl_LocalInvocationIndex;
+    for (uint e = lid; e < KS * RBLK; e += WG) {
+        bool rf = seg == 1u ? A1_RF : A2_RF;
+        uint rr = rf ? e % RBLK : e / KS;
+        uint kk = rf ? e / RBLK : e % KS;
+        uint k = k0 + kk;
+        As[kk][rr] = k < klen ? (seg == 1u ? A1(r0 + rr, k) : A2(r0 + rr, k)) : 0.0;
+    }
+    for (uint e = lid; e < KS * CBLK; e += WG) {
+        bool cf = seg == 1u ? B1_CF : B2_CF;
+        uint cc = cf ? e % CBLK : e / KS;
+        uint kk = cf ? e / CBLK : e % KS;
+        uint k = k0 + kk;
+        Bs[kk][cc] = k < klen ? (seg == 1u ? B1(k, c0 + cc) : B2(k, c0 + cc)) : 0.0;
+    }
+}
+
+void main() {
+    uint wg = wg_index();
+    uint HH = MODE == 0 ? pc.G : pc.H;
+    uint total = pc.S * pc.NCH * HH * NRB * NCBK;
+    if (wg >= total) return;                      // uniform over the workgroup
+    uint bat = wg / (NRB * NCBK);
+    uint rem = wg % (NRB * NCBK);
+    uint rb = rem / NCBK, cbk = rem % NCBK;
+    i = bat / (pc.NCH * HH);
+    c = (bat / HH) % pc.NCH;
+    uint hh = bat % HH;
+    h = MODE == 0 ? 0u : hh;
+    g = MODE == 0 ? hh : hh / (pc.H / pc.G);
+    Lc = chunk_len(c);
+    mat = (MODE == 0) ? group_mat(i, c, g) : head_mat(i, c, h);
+    hmat = head_mat(i, c, h);
+    r0 = rb * RBLK;
+    c0 = cbk * CBLK;
+    uint lid = gl_LocalInvocationIndex;
+    uint tr = lid / CG, tc = lid % CG;
+
+    for (uint t = lid; t < CL; t += WG) {
+        bool on = t < Lc && MODE != 0;
+        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
+        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
+        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
+    }
+    [[unroll]] for (uint j = 0; j < TR; ++j)
+        [[unroll]] for (uint q = 0; q < TC; ++q) { acc1[j][q] = 0.0; acc2[j][q] = 0.0; }
+    barrier();
+
+    uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
+    for (uint k0 = 0; k0 < K1; k0 += KS) {
+        stage(1u, k0, K1);
+        barrier();
+        uint khi = k0 + KS - 1u;
+        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
+        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
+        if (!skip) {
+            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+                float a[TR], b[TC];
+                [[unroll]] for (uint j = 0; j < TR; ++j) a[j] = As[kk][tr * TR + j];
+                [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+                if (full) {
+                    [[unroll]] for (uint j = 0; j < TR; ++j)
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] += a[j] * b[q];
+                } else {
+                    uint k = k0 + kk;
+                    [[unroll]] for (uint j = 0; j < TR; ++j) {
+                        bool inc = MASK == 1u ? k <= rlo + j : k >= rlo + j;
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] += inc ? a[j] * b[q] : 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+    for (uint k0 = 0; k0 < K2; k0 += KS) {
+        stage(2u, k0, K2);
+        barrier();
+        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+            float a[TR], b[TC];
+            [[unroll]] for (uint j = 0; j < TR; ++j) a[j] = As[kk][tr * TR + j];
+            [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+            [[unroll]] for (uint j = 0; j < TR; ++j)
+                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[j][q] += a[j] * b[q];
+        }
+        barrier();
+    }
+
+    // Epilogue: write the tile (and the per-token sums of GAM and DC).
+    float part0[TR], part1[TR];
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part0[j] = 0.0;
+        part1[j] = 0.0;
+        [[unroll]] for (uint q = 0; q < TC; ++q) {
+            uint cc = c0 + tc + CG * q;
+            float v = acc1[j][q] + acc2[j][q];
+#if MODE == 0 || MODE == 1
+            if (r < CL && cc < CL) {
+                if (MODE == 0) cb[mat * CL * CL + r * CL + cc] = v;
+                else gu[mat * CL * CL + r * CL + cc] = v;
+            }
+#elif MODE == 2
+            if (r < PD && cc < ND) hs[hmat * PD * ND + r * ND + cc] = v;
+#elif MODE == 3
+            if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
+#elif MODE == 4
+            if (r < Lc && cc < PD) outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v;
+#elif MODE == 5
+            if (r < Lc && cc < PD) {
+                outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v * sd[r];
+                float xv = x[pc.o_x + (tk(r) * pc.H + h) * PD + cc];
+                part0[j] += v * xv;                 // Gam . x
+                part1[j] += acc2[j][q] * (xv * sd[r]);  // beta: the boundary part . u
+            }
+#else
+            if (r < Lc && cc < ND) {
+                outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+#if MODE == 7
+                part0[j] += acc2[j][q] * C_of(r, cc);  // alpha
+#endif
+            }
+#endif
+        }
+    }
+#if MODE == 5 || MODE == 7
+    // Row sums over the CG column groups, in column-group order.
+    [[unroll]] for (uint which = 0; which < (MODE == 5 ? 2u : 1u); ++which) {
+        [[unroll]] for (uint j = 0; j < TR; ++j) red[tr * TR + j][tc] = which == 0u ? part0[j] : part1[j];
+        barrier();
+        if (lid < RBLK && r0 + lid < Lc) {
+            float s = 0.0;
+            for (uint q = 0; q < CG; ++q) s += red[lid][q];
+            uint slot = MODE == 7 ? SM_ALPHA : (which == 0u ? SM_GX : SM_BETA);
+            sm[(tk(r0 + lid) * pc.H + h) * NSM + slot + cbk] = s;
+        }
+        barrier();
+    }
+#endif
+}

@@ -1,0 +1,139 @@
+"""Planning for the chunked (matrix-form) Mamba-2 kernels (glsl/chunk_*.comp): whether they
+apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
+the device. Pure Python, like ssm_vk.plan.
+
+The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
+are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
+the choice for short sequences, Mamba-1, very wide rows and devices with small workgroups. The
+crossover (``CHUNK_MIN_T``) was measured on an H200 (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssm_ref import Dims
+
+from .plan import F32, Limits, TooLarge, Window, _tune, grid
+
+__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
+           "CHUNK_MIN_T", "MODES", "why_not"]
+
+GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
+KS = 16            # contraction slice staged in shared memory
+CHUNK_MIN_T = 256  # shortest sequence that takes the chunked kernels by default
+MAX_PN = 256       # P and N up to this (two column blocks of 128)
+SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
+
+# chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
+MODES = {"CB": 0, "GU": 1, "ZF": 2, "ZB": 3, "Y": 4, "GAM": 5, "DB": 6, "DC": 7}
+
+
+def _shape(mode: str, CL: int, P: int, N: int) -> tuple[int, int]:
+    return {"CB": (CL, CL), "GU": (CL, CL), "ZF": (P, N), "ZB": (P, N), "Y": (CL, P), "GAM": (CL, P),
+            "DB": (CL, N), "DC": (CL, N)}[mode]
+
+
+def _up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
+    """(RBLK, CBLK, NRB, NCBK) of a chunk_gemm mode: tiles of at most 64 x 128."""
+    rows, cols = _shape(mode, CL, P, N)
+    RBLK = min(_up(rows, 16), 64)
+    CBLK = min(_up(cols, 16), 128)
+    return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
+
+
+def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
+    return (KS * (RBLK + 1) + KS * (CBLK + 1) + 3 * CL + RBLK * 16) * F32
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    CL: int
+    NCH: int
+    windows: tuple       # Window(i0, i1, 0, T): whole sequences
+    Sw: int              # sequences per window (the largest)
+
+
+def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool) -> dict:
+    """Elements of every scratch array (and windowed input) for a window of Sw sequences."""
+    NCH = -(-d.T // CL)
+    e = {
+        "x": Sw * d.T * d.H * d.P, "B": Sw * d.T * d.G * d.N, "states": Sw * d.H * d.P * d.N,
+        "hs": Sw * NCH * d.H * d.P * d.N, "cb": Sw * NCH * d.G * CL * CL,
+        "mcb": Sw * NCH * d.H * CL * CL, "dec": Sw * NCH * d.H * (2 * CL + 1),
+    }
+    if backward:
+        e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * d.T * d.H * 8,
+                 dBp=Sw * d.T * d.H * d.N, dCp=Sw * d.T * d.H * d.N, ddtp=Sw * d.T * d.H,
+                 dAp=Sw * d.H * NCH)
+    return e
+
+
+def _grids(d: Dims, CL: int, Sw: int) -> list[int]:
+    NCH = -(-d.T // CL)
+    out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]
+    for m in MODES:
+        _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N)
+        out.append(Sw * NCH * (d.G if m == "CB" else d.H) * nrb * ncb)
+    return out
+
+
+def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
+    cap = (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
+           - lim.min_storage_buffer_offset_alignment) // F32
+    e = scratch_elems(d, CL, Sw, backward)
+    if any(v > cap for v in e.values()):
+        return False
+    scratch = sum(v for k, v in e.items() if k not in ("x", "B", "states")) * F32
+    if Sw > 1 and scratch > SCRATCH_BUDGET:
+        return False
+    try:
+        for n in _grids(d, CL, Sw):
+            grid(n, lim)
+    except TooLarge:
+        return False
+    return True
+
+
+def why_not(d: Dims, lim: Limits, CL: int) -> str:
+    """Why the chunked kernels cannot run this shape on this device ("" when they can)."""
+    if d.mamba1:
+        return "Mamba-1 (A has a decay per state)"
+    if d.T == 0 or d.S * d.H * d.P * d.N == 0:
+        return "empty problem"
+    if d.P > MAX_PN or d.N > MAX_PN:
+        return f"P or N above {MAX_PN}"
+    if lim.max_workgroup_invocations < GEMM_WG:
+        return f"workgroups of {GEMM_WG} threads not offered"
+    need = max(_gemm_shared(CL, 64, 128), CL * (CL + 1) * F32, (GEMM_WG + 3 * CL) * F32)
+    if need > lim.max_shared_memory:
+        return f"{need} bytes of shared memory needed"
+    return ""
+
+
+def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
+    """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
+    shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
+    tune = _tune()
+    CL = tune.get("CHUNK", 64)
+    if CL == 0 or CL % 16 or CL > 64:
+        return None
+    if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T):
+        return None
+    if why_not(d, lim, CL):
+        return None
+    lo, hi = 0, d.S
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(d, lim, CL, mid, backward):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < 1:
+        return None
+    wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
+    return ChunkPlan(CL=CL, NCH=-(-d.T // CL), windows=wins, Sw=lo)

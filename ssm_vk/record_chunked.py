@@ -1,0 +1,203 @@
+"""Recording the chunked (matrix-form) Mamba-2 kernels: the forward and backward of
+ssm_ref/chunked.py as a short list of dispatches per window of whole sequences.
+
+Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (each chunk's own
+state) -> pass (incoming states, in chunk order; final states) -> Y.
+Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
+the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
+d_B, d_C) -> finish (d_dt, d_A parts) -> the fixed-order reduce kernels of the sequential path.
+"""
+
+from __future__ import annotations
+
+from ssm_ref import Problem
+
+from . import specs
+from .chunk_plan import GEMM_WG, KS, MODES, ChunkPlan, gemm_tile, scratch_elems
+from .plan import grid
+from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings
+
+__all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
+
+PASS_WG = 256
+
+
+def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
+    RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
+    return specs.chunk_spec("chunk_gemm", d, cp.CL, GEMM_WG, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK, KS=KS)
+
+
+def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
+    nbp = gemm_tile("GAM", cp.CL, d.P, d.N)[3]
+    nbn = gemm_tile("DC", cp.CL, d.P, d.N)[3]
+    return specs.chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, NBP=nbp, NBN=nbn)
+
+
+def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
+    """Every kernel the chunked recording of ``d`` dispatches (for supports())."""
+    ks = [_gemm(d, cp, "CB"), specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward)),
+          _gemm(d, cp, "ZF"), specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=0)]
+    if not backward:
+        return [*ks, _gemm(d, cp, "Y")]
+    ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
+    ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1), _finish(d, cp),
+           specs.reduce_spec(0), specs.reduce_spec(1)]
+    if d.S > 1:
+        ks.append(specs.rows_spec())
+    return ks
+
+
+class _Chunked:
+    """Dispatch helper for one window: the binding table of glsl/chunk_common.glsl."""
+
+    def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
+        self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w
+        self.binds, self.offs = binds, offs
+
+    def run(self, spec: specs.KernelSpec, n_groups: int, **extra) -> None:
+        gx, gy = grid(n_groups, self.ws.limits)
+        dummy = self.ws.bind(None, 0, 0, 0)[0]
+        b = {**self.binds, **{k: v for k, v in extra.items() if not k.startswith("o_")}}
+        push = dict(S=self.w.S, T=self.d.T, H=self.d.H, G=self.d.G, NCH=self.cp.NCH, gx=gx,
+                    o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0)
+        push.update(self.offs)
+        push.update({k: v for k, v in extra.items() if k.startswith("o_")})
+        self.seq.dispatch(_kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in specs.CHUNK_BINDINGS],
+                          specs.pack_push(specs.CHUNK_PUSH, push), (gx, gy, 1))
+
+    def gemm(self, mode: str, **extra) -> None:
+        d, cp = self.d, self.cp
+        _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N)
+        heads = d.G if mode == "CB" else d.H
+        self.run(_gemm(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
+
+    def per_head(self, spec, **extra) -> None:
+        self.run(spec, self.w.S * self.cp.NCH * self.d.H, **extra)
+
+    def pass_(self, mode: int, **extra) -> None:
+        d = self.d
+        spec = specs.chunk_spec("chunk_pass", d, self.cp.CL, PASS_WG, MODE=mode)
+        self.run(spec, -(-(self.w.S * d.H * d.P * d.N) // PASS_WG), **extra)
+
+
+def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
+    sizes = scratch_elems(d, cp.CL, cp.Sw, backward)
+    names = ["hs", "cb", "mcb", "dec"] + (["gs", "gu", "mgu", "sm", "dBp", "dCp", "ddtp"] if backward else [])
+    return {k: ws.scratch(sizes[k]) for k in names}
+
+
+def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, grads: bool) -> _Chunked:
+    d = p.dims
+    tok = {"x": (*bufs["x"], d.H * d.P), "dt": (*bufs["dt"], d.H), "B": (*bufs["B"], d.G * d.N),
+           "C": (*bufs["C"], d.G * d.N)}
+    names = {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C"}
+    if grads:
+        tok["gy"] = (*bufs["g_y"], d.H * d.P)
+        names["gy"] = "o_gy"
+    b, o = _seq_bindings(ws, d, w, tok, names)
+    b["A"], _ = ws.bind(*bufs["A"], 0, d.H)
+    sizes = scratch_elems(d, cp.CL, w.S, grads)
+    for k, buf in scratch.items():
+        b[k] = ws.bind(buf, 0, 0, sizes[k])[0]
+    return _Chunked(seq, ws, d, cp, w, b, o)
+
+
+def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
+    """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as record.record_forward."""
+    d, cp = p.dims, ws.plan.chunked
+    row = d.H * d.P * d.N
+    st_buf, st_off = bufs["states"]
+    _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
+    seq.barrier()
+    scratch = _scratch(ws, d, cp, False)
+    y_buf, y_off = bufs["y"]
+    for w in cp.windows:
+        k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
+        k.gemm("CB")
+        seq.barrier()
+        k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=0))
+        seq.barrier()
+        k.gemm("ZF")
+        seq.barrier()
+        st_b, o_st = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
+        k.pass_(0, st=st_b, o_st=o_st)
+        seq.barrier()
+        out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
+        k.gemm("Y", out=out_b, o_out=o_out)
+        seq.barrier()
+
+
+def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
+    """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as record.record_backward."""
+    d, cp = p.dims, ws.plan.chunked
+    row = d.H * d.P * d.N
+    lam, lam_off = bufs["d_s0"]            # g_states in, d_s0 out (the backward pass)
+    gs_buf, gs_off = bufs["g_states"]
+    seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
+    st = ws.scratch(d.S * row)             # initial states of the forward recompute
+    _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+    dAp = ws.scratch(d.S * d.H * cp.NCH)
+    scratch = _scratch(ws, d, cp, True)
+    seq.barrier()
+    per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
+    for w in cp.windows:
+        k = _window(seq, ws, p, cp, w, bufs, scratch, grads=True)
+        dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.NCH, w.S * d.H * cp.NCH)
+        k.gemm("CB")
+        k.gemm("GU")
+        seq.barrier()
+        k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=1))
+        seq.barrier()
+        k.gemm("ZF")
+        k.gemm("ZB")
+        seq.barrier()
+        st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
+        k.pass_(0, st=st_b, o_st=o_st)
+        lam_b, o_lam = ws.bind(lam, lam_off, w.i0 * row, w.S * row)
+        k.pass_(1, st=lam_b, o_st=o_lam)
+        seq.barrier()
+        dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
+        k.gemm("GAM", out=dx_b, o_out=o_dx)
+        k.gemm("DB", out=k.binds["dBp"])
+        k.gemm("DC", out=k.binds["dCp"])
+        seq.barrier()
+        k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp)
+        seq.barrier()
+        _reduce_window(seq, ws, p, w, k.binds, bufs)
+        seq.barrier()
+    _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
+    seq.barrier()
+    _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
+
+
+def _reduce_window(seq, ws, p: Problem, w, b: dict, bufs: dict) -> None:
+    """d_B, d_C (sums of the per-head partials over each group's heads) and d_dt of a window."""
+    d = p.dims
+    n_out = max(w.S * d.T * d.G * d.N, w.S * d.T * d.H)
+    gx, gy = grid(-(-n_out // specs.FLAT_WG), ws.limits)
+    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
+    b2, o2 = _seq_bindings(ws, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
+    push = dict(S=w.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, **o2, acc=0)
+    seq.dispatch(_kernel(ws.ctx, specs.reduce_spec(0)), [b["dBp"], b["dCp"], b["ddtp"], b2["dB"], b2["dC"], b2["ddt"]],
+                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+
+
+def _reduce_dA(seq, ws, p: Problem, cp: ChunkPlan, dAp, dA_at) -> None:
+    """d_A[h] = the per-(sequence, chunk) parts summed over sequences (outer) and chunks."""
+    d = p.dims
+    dA, dA_off = dA_at
+    k = _kernel(ws.ctx, specs.reduce_spec(1))
+    per_seq = d.H * cp.NCH
+    cap = (ws.limits.max_storage_buffer_range - ws.limits.min_storage_buffer_offset_alignment) // F32
+    step = max(1, cap // per_seq)
+    gx, gy = grid(-(-d.H // specs.FLAT_WG), ws.limits)
+    dum = ws.bind(None, 0, 0, 0)[0]
+    bA, o3 = ws.bind(dA, dA_off, 0, d.H)
+    for i0 in range(0, d.S, step):
+        n = min(step, d.S - i0)
+        bsrc, o0 = ws.bind(dAp, 0, i0 * per_seq, n * per_seq)
+        push = dict(S=n, T=d.T, H=d.H, P=cp.NCH, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=o0, o_3=o3, o_4=0,
+                    o_5=0, acc=int(i0 > 0))
+        seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+        seq.barrier()
+
