@@ -80,6 +80,21 @@ def replay_wall(reps=50):
     return statistics.median(ts) * 1e6
 
 
+def split():
+    """Microseconds between consecutive timestamps of the last call (SSM_VK_PROFILE=1 records one
+    after each step of the chunked kernels), or {}."""
+    seq = launch._timing.seq
+    times = seq.gpu_times() if seq is not None else {}
+    if len(times) <= 2:
+        return {}
+    out, prev = {}, 0.0
+    for k, v in times.items():
+        if k != "start":
+            out[k] = (v - prev) / 1e3
+            prev = v
+    return out
+
+
 def measure(fn, reps):
     warm(fn)
     walls, gpus = [], []
@@ -129,9 +144,11 @@ def main(argv=None) -> int:
                 ssm_vk.ssm_scan(**dev)
                 ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
             r, fg, fw, fmin = measure(lambda dev=dev: ssm_vk.ssm_scan(**dev), args.reps)
+            f_split = split()
             f_replay = replay_wall()
             g, bg, bw, bmin = measure(lambda dev=dev, dgy=dgy, dgs=dgs: ssm_vk.ssm_scan_back(
                 **dev, ids=None, g_y=dgy, g_states=dgs), args.reps)
+            b_split = split()
             b_replay = replay_wall()
             err = float("nan")
             if ref is not None:
@@ -145,11 +162,15 @@ def main(argv=None) -> int:
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
                        fwd_replay_us=f_replay, bwd_replay_us=b_replay)
+            row.update(fwd_split_us=f_split, bwd_split_us=b_split)
             rows.append(row)
             print(f"{name:7s} {var or 'default':18s} fwd {fg:8.1f} us (wall {fw:8.1f}, replay {f_replay:8.1f}) "
                   f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) err {err:.1e} "
                   f"fwd {row['fwd_gupd_s']:.0f} Gupd/s "
                   f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}", flush=True)
+            for lab, sp in (("fwd", f_split), ("bwd", b_split)):
+                if sp:
+                    print("        " + lab + " split: " + " ".join(f"{k} {v:.1f}" for k, v in sp.items()), flush=True)
         for v in dev.values():
             v.release()
     plan.TUNE.clear()

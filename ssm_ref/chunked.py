@@ -115,7 +115,7 @@ def forward(p: Problem, L: int = 64, keep_chunk_states: bool = False):
     for i in range(d_.S):
         for c, (t0, t1) in enumerate(chunks):
             for h in range(d_.H):
-                d, la, u, B, C = _chunk_inputs(p, i, t0, t1, h)
+                _, la, u, B, C = _chunk_inputs(p, i, t0, t1, h)
                 M, din, dout, dch = chunk_tables(la)
                 Hc = states[i, h]                                  # (P, N)
                 kept[i, c, h] = Hc

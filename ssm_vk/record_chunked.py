@@ -21,6 +21,13 @@ __all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
 
 PASS_WG = 256
 
+# SSM_VK_PROFILE=1: a timestamp after each step of the first window (benchmarks/vk_speed.py prints
+# the split). Read when a sequence is recorded.
+def _profiling() -> bool:
+    import os
+
+    return os.environ.get("SSM_VK_PROFILE", "") == "1"
+
 
 def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
@@ -53,6 +60,12 @@ class _Chunked:
     def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
         self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w
         self.binds, self.offs = binds, offs
+
+    def mark(self, label: str) -> None:
+        """A barrier (every step reads what the one before wrote), and a timestamp when profiling."""
+        self.seq.barrier()
+        if self.w.i0 == 0 and _profiling() and self.ws.ctx.info.timestamps:
+            self.seq.timestamp(label)
 
     def run(self, spec: specs.KernelSpec, n_groups: int, **extra) -> None:
         gx, gy = grid(n_groups, self.ws.limits)
@@ -114,17 +127,17 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     for w in cp.windows:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
         k.gemm("CB")
-        seq.barrier()
+        k.mark("cb")
         k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=0))
-        seq.barrier()
+        k.mark("decay")
         k.gemm("ZF")
-        seq.barrier()
+        k.mark("states")
         st_b, o_st = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
         k.pass_(0, st=st_b, o_st=o_st)
-        seq.barrier()
+        k.mark("pass")
         out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
-        seq.barrier()
+        k.mark("y")
 
 
 def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
@@ -145,26 +158,26 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.NCH, w.S * d.H * cp.NCH)
         k.gemm("CB")
         k.gemm("GU")
-        seq.barrier()
+        k.mark("cb,gu")
         k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=1))
-        seq.barrier()
+        k.mark("decay")
         k.gemm("ZF")
         k.gemm("ZB")
-        seq.barrier()
+        k.mark("states")
         st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
         k.pass_(0, st=st_b, o_st=o_st)
         lam_b, o_lam = ws.bind(lam, lam_off, w.i0 * row, w.S * row)
         k.pass_(1, st=lam_b, o_st=o_lam)
-        seq.barrier()
+        k.mark("passes")
         dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
         k.gemm("GAM", out=dx_b, o_out=o_dx)
         k.gemm("DB", out=k.binds["dBp"])
         k.gemm("DC", out=k.binds["dCp"])
-        seq.barrier()
+        k.mark("gam,db,dc")
         k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp)
-        seq.barrier()
+        k.mark("finish")
         _reduce_window(seq, ws, p, w, k.binds, bufs)
-        seq.barrier()
+        k.mark("reduce")
     _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
     seq.barrier()
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
