@@ -136,21 +136,50 @@ float B2(uint k, uint cc) { return 0.0; }
 float acc1[TR][TC];   // segment 1
 float acc2[TR][TC];   // segment 2 (kept apart: GAM's beta and DC's alpha need it alone)
 
-void stage(uint seg, uint k0, uint klen) {
+// Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
+// then stores it to shared memory. The fetch of slice j + 1 is issued before the products of
+// slice j, so its latency hides behind them.
+const uint NFA = (KS * RBLK + WG - 1u) / WG;
+const uint NFB = (KS * CBLK + WG - 1u) / WG;
+const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
+const uint NS = NS1 + (K2 + KS - 1u) / KS;      // all slices
+float fa[NFA], fb[NFB];
+
+void fetch(uint j) {
     uint lid = gl_LocalInvocationIndex;
-    for (uint e = lid; e < KS * RBLK; e += WG) {
-        bool rf = seg == 1u ? A1_RF : A2_RF;
+    bool one = j < NS1;
+    uint k0 = one ? j * KS : (j - NS1) * KS;
+    uint klen = one ? K1 : K2;
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {
+        uint e = lid + m * WG;
+        bool rf = one ? A1_RF : A2_RF;
         uint rr = rf ? e % RBLK : e / KS;
         uint kk = rf ? e / RBLK : e % KS;
         uint k = k0 + kk;
-        As[kk][rr] = k < klen ? (seg == 1u ? A1(r0 + rr, k) : A2(r0 + rr, k)) : 0.0;
+        fa[m] = (e < KS * RBLK && k < klen) ? (one ? A1(r0 + rr, k) : A2(r0 + rr, k)) : 0.0;
     }
-    for (uint e = lid; e < KS * CBLK; e += WG) {
-        bool cf = seg == 1u ? B1_CF : B2_CF;
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {
+        uint e = lid + m * WG;
+        bool cf = one ? B1_CF : B2_CF;
         uint cc = cf ? e % CBLK : e / KS;
         uint kk = cf ? e / CBLK : e % KS;
         uint k = k0 + kk;
-        Bs[kk][cc] = k < klen ? (seg == 1u ? B1(k, c0 + cc) : B2(k, c0 + cc)) : 0.0;
+        fb[m] = (e < KS * CBLK && k < klen) ? (one ? B1(k, c0 + cc) : B2(k, c0 + cc)) : 0.0;
+    }
+}
+
+void store(uint j) {
+    uint lid = gl_LocalInvocationIndex;
+    bool one = j < NS1;
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {
+        uint e = lid + m * WG;
+        bool rf = one ? A1_RF : A2_RF;
+        if (e < KS * RBLK) As[rf ? e / RBLK : e % KS][rf ? e % RBLK : e / KS] = fa[m];
+    }
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {
+        uint e = lid + m * WG;
+        bool cf = one ? B1_CF : B2_CF;
+        if (e < KS * CBLK) Bs[cf ? e / CBLK : e % KS][cf ? e % CBLK : e / KS] = fb[m];
     }
 }
 
@@ -186,40 +215,40 @@ void main() {
     barrier();
 
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
-    for (uint k0 = 0; k0 < K1; k0 += KS) {
-        stage(1u, k0, K1);
+    if (NS > 0u) fetch(0u);
+    for (uint j = 0; j < NS; ++j) {
+        store(j);
         barrier();
-        uint khi = k0 + KS - 1u;
-        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
-        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
-        if (!skip) {
-            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-                float a[TR], b[TC];
-                [[unroll]] for (uint j = 0; j < TR; ++j) a[j] = As[kk][tr * TR + j];
-                [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
-                if (full) {
-                    [[unroll]] for (uint j = 0; j < TR; ++j)
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] += a[j] * b[q];
-                } else {
-                    uint k = k0 + kk;
-                    [[unroll]] for (uint j = 0; j < TR; ++j) {
-                        bool inc = MASK == 1u ? k <= rlo + j : k >= rlo + j;
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] += inc ? a[j] * b[q] : 0.0;
+        if (j + 1u < NS) fetch(j + 1u);
+        if (j < NS1) {
+            uint k0 = j * KS, khi = k0 + KS - 1u;
+            bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
+            bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
+            if (!skip) {
+                [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+                    float a[TR], b[TC];
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+                    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+                    if (full) {
+                        [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                            [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
+                    } else {
+                        uint k = k0 + kk;
+                        [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
+                            bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
+                            [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
+                        }
                     }
                 }
             }
-        }
-        barrier();
-    }
-    for (uint k0 = 0; k0 < K2; k0 += KS) {
-        stage(2u, k0, K2);
-        barrier();
-        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-            float a[TR], b[TC];
-            [[unroll]] for (uint j = 0; j < TR; ++j) a[j] = As[kk][tr * TR + j];
-            [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
-            [[unroll]] for (uint j = 0; j < TR; ++j)
-                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[j][q] += a[j] * b[q];
+        } else {
+            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+                float a[TR], b[TC];
+                [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+                [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+                [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                    [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
+            }
         }
         barrier();
     }

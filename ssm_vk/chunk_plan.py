@@ -17,7 +17,7 @@ from ssm_ref import Dims
 from .plan import F32, Limits, TooLarge, Window, _tune, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "MODES", "why_not"]
+           "CHUNK_MIN_T", "MODES", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 KS = 16            # contraction slice staged in shared memory
@@ -46,8 +46,14 @@ def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
+def slice_len() -> int:
+    """Contraction slice of the GEMM kernels (KS; tunable for benchmarks)."""
+    return _tune().get("KS", KS)
+
+
 def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
-    return (KS * (RBLK + 1) + KS * (CBLK + 1) + 3 * CL + RBLK * 16) * F32
+    ks = slice_len()
+    return (ks * (RBLK + 1) + ks * (CBLK + 1) + 3 * CL + RBLK * 16) * F32
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     tune = _tune()
     CL = tune.get("CHUNK", 64)
-    if CL == 0 or CL % 16 or CL > 64:
+    if CL == 0 or CL % slice_len() or CL > 64:
         return None
     if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T):
         return None

@@ -13,13 +13,14 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from . import specs
-from .chunk_plan import GEMM_WG, KS, MODES, ChunkPlan, gemm_tile, scratch_elems
+from .chunk_plan import GEMM_WG, MODES, ChunkPlan, gemm_tile, scratch_elems, slice_len
 from .plan import grid
 from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings
 
 __all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
 
 PASS_WG = 256
+PASS_BATCH = 8     # chunks whose loads the pass issues together
 
 # SSM_VK_PROFILE=1: a timestamp after each step of the first window (benchmarks/vk_speed.py prints
 # the split). Read when a sequence is recorded.
@@ -31,7 +32,8 @@ def _profiling() -> bool:
 
 def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
-    return specs.chunk_spec("chunk_gemm", d, cp.CL, GEMM_WG, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK, KS=KS)
+    return specs.chunk_spec("chunk_gemm", d, cp.CL, GEMM_WG, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
+                            KS=slice_len())
 
 
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
@@ -43,11 +45,11 @@ def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
 def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
     """Every kernel the chunked recording of ``d`` dispatches (for supports())."""
     ks = [_gemm(d, cp, "CB"), specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward)),
-          _gemm(d, cp, "ZF"), specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=0)]
+          _gemm(d, cp, "ZF"), specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=0, PB=PASS_BATCH)]
     if not backward:
         return [*ks, _gemm(d, cp, "Y")]
     ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
-    ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1), _finish(d, cp),
+    ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1, PB=PASS_BATCH), _finish(d, cp),
            specs.reduce_spec(0), specs.reduce_spec(1)]
     if d.S > 1:
         ks.append(specs.rows_spec())
@@ -89,7 +91,7 @@ class _Chunked:
 
     def pass_(self, mode: int, **extra) -> None:
         d = self.d
-        spec = specs.chunk_spec("chunk_pass", d, self.cp.CL, PASS_WG, MODE=mode)
+        spec = specs.chunk_spec("chunk_pass", d, self.cp.CL, PASS_WG, MODE=mode, PB=PASS_BATCH)
         self.run(spec, -(-(self.w.S * d.H * d.P * d.N) // PASS_WG), **extra)
 
 
