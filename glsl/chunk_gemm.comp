@@ -20,7 +20,8 @@
 //
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
 // DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
-// Defines: chunk_common's, MODE, RBLK and CBLK (tile; multiples of 16 and of WG / 16), KS.
+// Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
+// KS, ROWG.
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -28,7 +29,7 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
-const uint RG = 16u;
+const uint RG = ROWG;           // row groups of the thread grid (16 or 8)
 const uint CG = WG / RG;
 const uint TR = RBLK / RG;
 const uint TC = CBLK / CG;
@@ -50,7 +51,13 @@ const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 1u, K2 = PD;
 const uint NRB = (ROWS + RBLK - 1u) / RBLK;
 const uint NCBK = (COLS + CBLK - 1u) / CBLK;
 
+#if (RBLK / ROWG) % 4 == 0
+#define AS4 1          // a thread's rows are whole vec4s: one 16-byte shared load per 4 rows
+shared vec4 As4[KS][RBLK / 4u + 1u];
+#else
+#define AS4 0
 shared float As[KS][RBLK + 1u];
+#endif
 shared float Bs[KS][CBLK + 1u];
 shared float sd[CL];      // d_t = softplus(dt)
 shared float sdi[CL];     // din_t
@@ -134,7 +141,13 @@ float B2(uint k, uint cc) { return 0.0; }
 #endif
 
 float acc1[TR][TC];   // segment 1
-float acc2[TR][TC];   // segment 2 (kept apart: GAM's beta and DC's alpha need it alone)
+#if MODE == 5 || MODE == 7
+#define SPLIT 1
+float acc2[TR][TC];   // segment 2, kept apart: GAM's beta and DC's alpha need it alone
+#else
+#define SPLIT 0
+#define acc2 acc1     // one set of accumulators (registers)
+#endif
 
 // Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
 // then stores it to shared memory. The fetch of slice j + 1 is issued before the products of
@@ -174,13 +187,30 @@ void store(uint j) {
     [[unroll]] for (uint m = 0; m < NFA; ++m) {
         uint e = lid + m * WG;
         bool rf = one ? A1_RF : A2_RF;
-        if (e < KS * RBLK) As[rf ? e / RBLK : e % KS][rf ? e % RBLK : e / KS] = fa[m];
+        uint kk = rf ? e / RBLK : e % KS, rr = rf ? e % RBLK : e / KS;
+#if AS4
+        if (e < KS * RBLK) As4[kk][rr >> 2][rr & 3u] = fa[m];
+#else
+        if (e < KS * RBLK) As[kk][rr] = fa[m];
+#endif
     }
     [[unroll]] for (uint m = 0; m < NFB; ++m) {
         uint e = lid + m * WG;
         bool cf = one ? B1_CF : B2_CF;
         if (e < KS * CBLK) Bs[cf ? e / CBLK : e % KS][cf ? e % CBLK : e / KS] = fb[m];
     }
+}
+
+// The TR rows of thread row-group tr at slice position kk.
+void load_rows(uint kk, uint tr, out float a[TR]) {
+#if AS4
+    [[unroll]] for (uint v = 0; v < TR / 4u; ++v) {
+        vec4 q = As4[kk][tr * (TR / 4u) + v];
+        a[4u * v] = q.x; a[4u * v + 1u] = q.y; a[4u * v + 2u] = q.z; a[4u * v + 3u] = q.w;
+    }
+#else
+    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+#endif
 }
 
 void main() {
@@ -211,7 +241,12 @@ void main() {
         sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
     }
     [[unroll]] for (uint j = 0; j < TR; ++j)
-        [[unroll]] for (uint q = 0; q < TC; ++q) { acc1[j][q] = 0.0; acc2[j][q] = 0.0; }
+        [[unroll]] for (uint q = 0; q < TC; ++q) {
+            acc1[j][q] = 0.0;
+#if SPLIT
+            acc2[j][q] = 0.0;
+#endif
+        }
     barrier();
 
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
@@ -227,7 +262,7 @@ void main() {
             if (!skip) {
                 [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
                     float a[TR], b[TC];
-                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+                    load_rows(kk, tr, a);
                     [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
                     if (full) {
                         [[unroll]] for (uint jj = 0; jj < TR; ++jj)
@@ -244,7 +279,7 @@ void main() {
         } else {
             [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
                 float a[TR], b[TC];
-                [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+                load_rows(kk, tr, a);
                 [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
                 [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                     [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
@@ -261,7 +296,11 @@ void main() {
         part1[j] = 0.0;
         [[unroll]] for (uint q = 0; q < TC; ++q) {
             uint cc = c0 + tc + CG * q;
+#if SPLIT
             float v = acc1[j][q] + acc2[j][q];
+#else
+            float v = acc1[j][q];
+#endif
 #if MODE == 0 || MODE == 1
             if (r < CL && cc < CL) {
                 if (MODE == 0) cb[mat * CL * CL + r * CL + cc] = v;

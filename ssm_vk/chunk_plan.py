@@ -38,11 +38,19 @@ def _up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def gemm_threads() -> tuple[int, int]:
+    """(threads, row groups) of the GEMM kernels' thread grid (tunable for benchmarks)."""
+    t = _tune()
+    return t.get("GWG", GEMM_WG), t.get("ROWG", 16)
+
+
 def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
     """(RBLK, CBLK, NRB, NCBK) of a chunk_gemm mode: tiles of at most 64 x 128."""
+    wg, rg = gemm_threads()
+    cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
-    RBLK = min(_up(rows, 16), 64)
-    CBLK = min(_up(cols, 16), 128)
+    RBLK = min(_up(rows, rg), 64)
+    CBLK = min(_up(cols, cg), max(128, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
@@ -53,7 +61,7 @@ def slice_len() -> int:
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
     ks = slice_len()
-    return (ks * (RBLK + 1) + ks * (CBLK + 1) + 3 * CL + RBLK * 16) * F32
+    return (ks * (RBLK + 4) + ks * (CBLK + 1) + 3 * CL + RBLK * GEMM_WG // 16) * F32
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from . import specs
-from .chunk_plan import GEMM_WG, MODES, ChunkPlan, gemm_tile, scratch_elems, slice_len
+from .chunk_plan import GEMM_WG, MODES, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, slice_len
 from .plan import grid
 from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings
 
@@ -32,8 +32,9 @@ def _profiling() -> bool:
 
 def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
-    return specs.chunk_spec("chunk_gemm", d, cp.CL, GEMM_WG, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
-                            KS=slice_len())
+    wg, rg = gemm_threads()
+    return specs.chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
+                            KS=slice_len(), ROWG=rg)
 
 
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
