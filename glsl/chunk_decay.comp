@@ -14,6 +14,9 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
+const uint NBK = WG >= CL ? WG / CL : 1u;   // pieces per row of M
+const uint BSZ = (CL + NBK - 1u) / NBK;       // columns per piece
+
 shared float la[CL];
 #if MODE == 1
 shared float W[CL][CL + 1u];
@@ -46,19 +49,27 @@ void main() {
             dec[hm * DEC + 2u * CL] = exp(a);
         }
     }
-    for (uint e = lid; e < CL * CL; e += WG) {
-        uint t = e / CL, s = e % CL;
-        bool on = s <= t && t < Lc;
+    // M by row pieces: thread (t, b) walks the columns s of block b of row t downwards, carrying
+    // seg(t, s) = la_{s+1} + .. + la_t (0 from s = t up; entries above the diagonal are masked).
+    for (uint e = lid; e < CL * NBK; e += WG) {
+        uint t = e / NBK, b = e % NBK;
+        uint s_hi = min((b + 1u) * BSZ, uint(CL));
         float seg = 0.0;
-        for (uint r = s + 1u; r <= t; ++r) seg += la[r];
-        float m = exp(seg);
-        float cbv = cb[gm * CL * CL + e];
-        mcb[hm * CL * CL + e] = on ? m * cbv : 0.0;
+        for (uint r = s_hi; r <= t; ++r) seg += la[r];          // seg(t, s_hi - 1)
+        for (uint k = 0; k < BSZ && k < s_hi; ++k) {
+            uint s = s_hi - 1u - k;
+            uint at = t * CL + s;
+            bool on = s <= t && t < Lc;
+            float m = exp(seg);
+            float cbv = cb[gm * CL * CL + at];
+            mcb[hm * CL * CL + at] = on ? m * cbv : 0.0;
 #if MODE == 1
-        float mg = on ? m * gu[hm * CL * CL + e] : 0.0;
-        mgu[hm * CL * CL + e] = mg;
-        W[t][s] = (on && s < t) ? mg * cbv : 0.0;
+            float mg = on ? m * gu[hm * CL * CL + at] : 0.0;
+            mgu[hm * CL * CL + at] = mg;
+            W[t][s] = (on && s < t) ? mg * cbv : 0.0;
 #endif
+            if (s <= t) seg += la[s];
+        }
     }
 #if MODE == 1
     barrier();
