@@ -14,8 +14,8 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
-const uint NBK = WG >= CL ? WG / CL : 1u;   // pieces per row of M
-const uint BSZ = (CL + NBK - 1u) / NBK;       // columns per piece
+const uint NBK = WG >= CL ? WG / CL : 1u;   // pieces per column of M
+const uint BSZ = (CL + NBK - 1u) / NBK;       // rows per piece
 
 shared float la[CL];
 #if MODE == 1
@@ -49,15 +49,17 @@ void main() {
             dec[hm * DEC + 2u * CL] = exp(a);
         }
     }
-    // M by row pieces: thread (t, b) walks the columns s of block b of row t downwards, carrying
-    // seg(t, s) = la_{s+1} + .. + la_t (0 from s = t up; entries above the diagonal are masked).
+    // M by column pieces: thread (s, b) walks rows t of piece b of column s downwards, carrying
+    // seg(t, s) = la_{s+1} + .. + la_t; consecutive threads hold consecutive columns, so each
+    // step's writes (one row) are contiguous.
     for (uint e = lid; e < CL * NBK; e += WG) {
-        uint t = e / NBK, b = e % NBK;
-        uint s_hi = min((b + 1u) * BSZ, uint(CL));
+        uint s = e % CL, b = e / CL;
+        uint t0 = b * BSZ;
         float seg = 0.0;
-        for (uint r = s_hi; r <= t; ++r) seg += la[r];          // seg(t, s_hi - 1)
-        for (uint k = 0; k < BSZ && k < s_hi; ++k) {
-            uint s = s_hi - 1u - k;
+        for (uint r = s + 1u; r < t0; ++r) seg += la[r];        // seg(t0 - 1, s)
+        for (uint k = 0; k < BSZ && t0 + k < CL; ++k) {
+            uint t = t0 + k;
+            if (t > s) seg += la[t];                              // seg(t, s); 0 at t == s
             uint at = t * CL + s;
             bool on = s <= t && t < Lc;
             float m = exp(seg);
@@ -68,7 +70,6 @@ void main() {
             mgu[hm * CL * CL + at] = mg;
             W[t][s] = (on && s < t) ? mg * cbv : 0.0;
 #endif
-            if (s <= t) seg += la[s];
         }
     }
 #if MODE == 1

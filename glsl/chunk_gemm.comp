@@ -58,7 +58,22 @@ shared vec4 As4[KS][RBLK / 4u + 1u];
 #define AS4 0
 shared float As[KS][RBLK + 1u];
 #endif
+#if (CBLK / (WG / ROWG)) % 4 == 0
+#define BS4 1          // a thread's columns are whole vec4s (tc*4 .. tc*4+3, then CG*4 further on)
+shared vec4 Bs4[KS][CBLK / 4u];
+#else
+#define BS4 0
 shared float Bs[KS][CBLK + 1u];
+#endif
+
+// Column (within the tile) of a thread's q-th accumulator.
+uint col_of(uint tc, uint q) {
+#if BS4
+    return (tc + CG * (q >> 2)) * 4u + (q & 3u);
+#else
+    return tc + CG * q;
+#endif
+}
 shared float sd[CL];      // d_t = softplus(dt)
 shared float sdi[CL];     // din_t
 shared float sdo[CL];     // dout_t
@@ -197,7 +212,12 @@ void store(uint j) {
     [[unroll]] for (uint m = 0; m < NFB; ++m) {
         uint e = lid + m * WG;
         bool cf = one ? B1_CF : B2_CF;
-        if (e < KS * CBLK) Bs[cf ? e / CBLK : e % KS][cf ? e % CBLK : e / KS] = fb[m];
+        uint kk = cf ? e / CBLK : e % KS, cc = cf ? e % CBLK : e / KS;
+#if BS4
+        if (e < KS * CBLK) Bs4[kk][cc >> 2][cc & 3u] = fb[m];
+#else
+        if (e < KS * CBLK) Bs[kk][cc] = fb[m];
+#endif
     }
 }
 
@@ -210,6 +230,18 @@ void load_rows(uint kk, uint tr, out float a[TR]) {
     }
 #else
     [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+#endif
+}
+
+// The TC columns of thread column-group tc at slice position kk.
+void load_cols(uint kk, uint tc, out float b[TC]) {
+#if BS4
+    [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
+        vec4 q = Bs4[kk][tc + CG * w];
+        b[4u * w] = q.x; b[4u * w + 1u] = q.y; b[4u * w + 2u] = q.z; b[4u * w + 3u] = q.w;
+    }
+#else
+    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
 #endif
 }
 
@@ -263,7 +295,7 @@ void main() {
                 [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
                     float a[TR], b[TC];
                     load_rows(kk, tr, a);
-                    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+                    load_cols(kk, tc, b);
                     if (full) {
                         [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                             [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
@@ -280,7 +312,7 @@ void main() {
             [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
                 float a[TR], b[TC];
                 load_rows(kk, tr, a);
-                [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+                load_cols(kk, tc, b);
                 [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                     [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
             }
@@ -295,7 +327,7 @@ void main() {
         part0[j] = 0.0;
         part1[j] = 0.0;
         [[unroll]] for (uint q = 0; q < TC; ++q) {
-            uint cc = c0 + tc + CG * q;
+            uint cc = c0 + col_of(tc, q);
 #if SPLIT
             float v = acc1[j][q] + acc2[j][q];
 #else

@@ -61,7 +61,7 @@ def slice_len() -> int:
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
     ks = slice_len()
-    return (ks * (RBLK + 4) + ks * (CBLK + 1) + 3 * CL + RBLK * GEMM_WG // 16) * F32
+    return (ks * (RBLK + 4) + ks * (CBLK + 4) + 3 * CL + RBLK * GEMM_WG // 16) * F32
 
 
 @dataclass(frozen=True)

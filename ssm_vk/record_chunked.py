@@ -70,6 +70,11 @@ class _Chunked:
         if self.w.i0 == 0 and _profiling() and self.ws.ctx.info.timestamps:
             self.seq.timestamp(label)
 
+    def split(self, label: str) -> None:
+        """Between independent dispatches: a barrier and a timestamp only when profiling."""
+        if self.w.i0 == 0 and _profiling() and self.ws.ctx.info.timestamps:
+            self.mark(label)
+
     def run(self, spec: specs.KernelSpec, n_groups: int, **extra) -> None:
         gx, gy = grid(n_groups, self.ws.limits)
         dummy = self.ws.bind(None, 0, 0, 0)[0]
@@ -174,9 +179,11 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         k.mark("passes")
         dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
         k.gemm("GAM", out=dx_b, o_out=o_dx)
+        k.split("gam")
         k.gemm("DB", out=k.binds["dBp"])
+        k.split("db")
         k.gemm("DC", out=k.binds["dCp"])
-        k.mark("gam,db,dc")
+        k.mark("dc")
         k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp)
         k.mark("finish")
         _reduce_window(seq, ws, p, w, k.binds, bufs)
