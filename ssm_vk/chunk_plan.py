@@ -21,7 +21,9 @@ __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 KS = 16            # contraction slice staged in shared memory
-CHUNK_MIN_T = 256  # shortest sequence that takes the chunked kernels by default
+# Shortest sequence that takes the chunked kernels by default, forward and backward (H200
+# crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
+CHUNK_MIN_T = {False: 64, True: 32}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
@@ -133,10 +135,12 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     tune = _tune()
-    CL = tune.get("CHUNK", 64)
+    # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
+    # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
+    CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
     if CL == 0 or CL % slice_len() or CL > 64:
         return None
-    if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T):
+    if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T[backward]):
         return None
     if why_not(d, lim, CL):
         return None
