@@ -165,61 +165,63 @@ float acc2[TR][TC];   // segment 2, kept apart: GAM's beta and DC's alpha need i
 #endif
 
 // Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
-// then stores it to shared memory. The fetch of slice j + 1 is issued before the products of
-// slice j, so its latency hides behind them.
+// then stores it to shared memory. The fetch of the next slice is issued before the products of
+// this one, so its latency hides behind them. One fetch/store pair per segment, so that each is
+// compiled for its own loaders (no per-element choice between the two).
 const uint NFA = (KS * RBLK + WG - 1u) / WG;
 const uint NFB = (KS * CBLK + WG - 1u) / WG;
 const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
-const uint NS = NS1 + (K2 + KS - 1u) / KS;      // all slices
+const uint NS2 = (K2 + KS - 1u) / KS;           // slices of segment 2
 float fa[NFA], fb[NFB];
 
-void fetch(uint j) {
-    uint lid = gl_LocalInvocationIndex;
-    bool one = j < NS1;
-    uint k0 = one ? j * KS : (j - NS1) * KS;
-    uint klen = one ? K1 : K2;
-    [[unroll]] for (uint m = 0; m < NFA; ++m) {
-        uint e = lid + m * WG;
-        bool rf = one ? A1_RF : A2_RF;
-        uint rr = rf ? e % RBLK : e / KS;
-        uint kk = rf ? e / RBLK : e % KS;
-        uint k = k0 + kk;
-        fa[m] = (e < KS * RBLK && k < klen) ? (one ? A1(r0 + rr, k) : A2(r0 + rr, k)) : 0.0;
-    }
-    [[unroll]] for (uint m = 0; m < NFB; ++m) {
-        uint e = lid + m * WG;
-        bool cf = one ? B1_CF : B2_CF;
-        uint cc = cf ? e % CBLK : e / KS;
-        uint kk = cf ? e / CBLK : e % KS;
-        uint k = k0 + kk;
-        fb[m] = (e < KS * CBLK && k < klen) ? (one ? B1(k, c0 + cc) : B2(k, c0 + cc)) : 0.0;
-    }
+#define FETCH(NAME, AF, BF, ARF, BCF, KLEN)                                                    \
+void NAME(uint j) {                                                                            \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    uint k0 = j * KS;                                                                          \
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint rr = ARF ? e % RBLK : e / KS, kk = ARF ? e / RBLK : e % KS;                       \
+        uint k = k0 + kk;                                                                      \
+        fa[m] = (e < KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(r0 + rr, k) : 0.0;       \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint cc = BCF ? e % CBLK : e / KS, kk = BCF ? e / CBLK : e % KS;                       \
+        uint k = k0 + kk;                                                                      \
+        fb[m] = (e < KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(k, c0 + cc) : 0.0;       \
+    }                                                                                          \
 }
 
-void store(uint j) {
-    uint lid = gl_LocalInvocationIndex;
-    bool one = j < NS1;
-    [[unroll]] for (uint m = 0; m < NFA; ++m) {
-        uint e = lid + m * WG;
-        bool rf = one ? A1_RF : A2_RF;
-        uint kk = rf ? e / RBLK : e % KS, rr = rf ? e % RBLK : e / KS;
-#if AS4
-        if (e < KS * RBLK) As4[kk][rr >> 2][rr & 3u] = fa[m];
-#else
-        if (e < KS * RBLK) As[kk][rr] = fa[m];
-#endif
-    }
-    [[unroll]] for (uint m = 0; m < NFB; ++m) {
-        uint e = lid + m * WG;
-        bool cf = one ? B1_CF : B2_CF;
-        uint kk = cf ? e / CBLK : e % KS, cc = cf ? e % CBLK : e / KS;
-#if BS4
-        if (e < KS * CBLK) Bs4[kk][cc >> 2][cc & 3u] = fb[m];
-#else
-        if (e < KS * CBLK) Bs[kk][cc] = fb[m];
-#endif
-    }
+#define STORE(NAME, ARF, BCF)                                                                  \
+void NAME() {                                                                                  \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint kk = ARF ? e / RBLK : e % KS, rr = ARF ? e % RBLK : e / KS;                       \
+        if (e < KS * RBLK) PUT_A(kk, rr, fa[m]);                                               \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint kk = BCF ? e / CBLK : e % KS, cc = BCF ? e % CBLK : e / KS;                       \
+        if (e < KS * CBLK) PUT_B(kk, cc, fb[m]);                                               \
+    }                                                                                          \
 }
+
+#if AS4
+#define PUT_A(kk, rr, v) As4[kk][(rr) >> 2][(rr) & 3u] = (v)
+#else
+#define PUT_A(kk, rr, v) As[kk][rr] = (v)
+#endif
+#if BS4
+#define PUT_B(kk, cc, v) Bs4[kk][(cc) >> 2][(cc) & 3u] = (v)
+#else
+#define PUT_B(kk, cc, v) Bs[kk][cc] = (v)
+#endif
+
+FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1)
+FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2)
+STORE(store1, A1_RF, B1_CF)
+STORE(store2, A2_RF, B2_CF)
 
 // The TR rows of thread row-group tr at slice position kk.
 void load_rows(uint kk, uint tr, out float a[TR]) {
@@ -282,40 +284,43 @@ void main() {
     barrier();
 
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
-    if (NS > 0u) fetch(0u);
-    for (uint j = 0; j < NS; ++j) {
-        store(j);
+    if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
+    for (uint j = 0; j < NS1; ++j) {
+        store1();
         barrier();
-        if (j + 1u < NS) fetch(j + 1u);
-        if (j < NS1) {
-            uint k0 = j * KS, khi = k0 + KS - 1u;
-            bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
-            bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
-            if (!skip) {
-                [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-                    float a[TR], b[TC];
-                    load_rows(kk, tr, a);
-                    load_cols(kk, tc, b);
-                    if (full) {
-                        [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                            [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
-                    } else {
-                        uint k = k0 + kk;
-                        [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
-                            bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
-                            [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
-                        }
-                    }
-                }
-            }
-        } else {
+        if (j + 1u < NS1) fetch1(j + 1u); else if (NS2 > 0u) fetch2(0u);
+        uint k0 = j * KS, khi = k0 + KS - 1u;
+        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
+        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
+        if (!skip) {
             [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
                 float a[TR], b[TC];
                 load_rows(kk, tr, a);
                 load_cols(kk, tc, b);
-                [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                    [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
+                if (full) {
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
+                } else {
+                    uint k = k0 + kk;
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
+                        bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
+                    }
+                }
             }
+        }
+        barrier();
+    }
+    for (uint j = 0; j < NS2; ++j) {
+        store2();
+        barrier();
+        if (j + 1u < NS2) fetch2(j + 1u);
+        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+            float a[TR], b[TC];
+            load_rows(kk, tr, a);
+            load_cols(kk, tc, b);
+            [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
         }
         barrier();
     }
