@@ -120,7 +120,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     tune = _tune()
     CL = tune.get("CHUNK", 64)
-    if CL == 0 or CL % 16 or CL > 64:
+    if CL <= 0 or CL % 16 or CL > 64:   # 0 disables; a negative length is no chunk length
         return None
     if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T):
         return None
