@@ -123,7 +123,7 @@ MAMBA2 = problems(variants=("mamba2",), regimes=FINITE_REGIMES, max_S=3, max_T=4
                   ).filter(lambda c: c.dims["T"] > 0)
 
 
-@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=MAMBA2)
 def test_drawn_mamba2_problems_match_the_oracle(chunked, case):
     check_case(case, label=case.label)
