@@ -138,7 +138,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
     CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
-    if CL == 0 or CL % slice_len() or CL > 64:
+    if CL <= 0 or CL % slice_len() or CL > 64:   # 0 disables; a negative length is no chunk length
         return None
     if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T[backward]):
         return None

@@ -6,7 +6,9 @@ of huge problems under H200 and lavapipe limits -- without a device: a fake sequ
 dispatch -- and evaluates, for every dispatch and every binding, the largest index a live
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
-largest coordinates and bounds every intermediate value too. Asserted for every binding:
+largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
+(glsl/chunk_*.comp, ssm_vk/record_chunked.py), which the default knobs pick for Mamba-2 from 256
+tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
 
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, launch, record, specs
+from ssm_vk import budget, launch, record, record_chunked, specs
 from ssm_vk.plan import Limits, TooLarge, plan
 
 U32 = 2**32
@@ -100,6 +102,7 @@ class FakeSequence:
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
     monkeypatch.setattr(record, "_kernel", lambda ctx, spec: spec)
+    monkeypatch.setattr(record_chunked, "_kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
     p = Problem(dims=d, s=None, x=None, dt=None, A=None, B=None, C=None, ids=ids)
@@ -114,12 +117,72 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
 
 def _push(spec, push: bytes) -> dict:
     fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
-              "rows": specs.ROWS_PUSH}[spec.name]
+              "rows": specs.ROWS_PUSH}.get(spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
+
+
+# glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
+CB = {name: k for k, name in enumerate(specs.CHUNK_BINDINGS)}
+NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA = 8, 0, 1, 3, 5
+
+
+def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
+    """The chunked kernels' bindings -> largest index + 1 (glsl/chunk_*.comp). Token indices are
+    tok(i, c, t) = i*T + c*CL + t < S*T (loads clamp t to the chunk's last token), head matrices
+    head_mat(i, c, h) < S*NCH*H, group matrices < S*NCH*G."""
+    S, T, H, G, NCH = v["S"], v["T"], v["H"], v["G"], v["NCH"]
+    CL, PD, ND = D["CL"], D["PD"], D["ND"]
+    DEC = 2 * CL + 1
+    ST, heads = S * T, S * NCH * H
+    tokP, tokN = ST * H * PD, ST * H * ND                      # (it*H + h)*P + p, (it*H + h)*N + n
+    dt = v["o_dt"] + ST * H                                    # dt[o_dt + it*H + h]
+    dec = heads * DEC                                          # dec[hm*DEC + 2CL]
+    hsz = heads * PD * ND                                      # hs[hm*P*N + p*N + n], gs the same
+    mat = heads * CL * CL                                      # mcb, gu, mgu[hm*CL*CL + t*CL + s]
+    sm = lambda top: (ST * H - 1) * NSM + top                  # sm[(it*H + h)*NSM + slot + block] # noqa: E731
+    if spec.name == "chunk_pass":                              # e < S*H*P*N; (i*NCH + c)*row + rem
+        return {CB["st"]: v["o_st"] + S * H * PD * ND, CB["hs" if D["MODE"] == 0 else "gs"]: S * NCH * H * PD * ND,
+                CB["dec"]: dec}
+    if spec.name == "chunk_decay":
+        out = {CB["dt"]: dt, CB["A"]: H, CB["dec"]: dec, CB["cb"]: S * NCH * G * CL * CL, CB["mcb"]: mat}
+        if D["MODE"] == 1:
+            out.update({CB["gu"]: mat, CB["mgu"]: mat, CB["sm"]: sm(SM_W + 1)})
+        return out
+    if spec.name == "chunk_finish":
+        return {CB["gs"]: hsz, CB["hs"]: hsz, CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt, CB["ddtp"]: ST * H,
+                CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"])),
+                CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
+    assert spec.name == "chunk_gemm", spec.name
+    mode = D["MODE"]
+    cols = {0: CL, 1: CL, 2: ND, 3: ND, 4: PD, 5: PD, 6: ND, 7: ND}[mode]
+    ncbk = -(-cols // D["CBLK"])
+    x, gy = CB["x"], CB["gy"]
+    Bn, Cn = v["o_B"] + ST * G * ND, v["o_C"] + ST * G * ND    # B[o_B + (it*G + g)*N + n]
+    reads = {  # mode -> {binding: bound} of what its operands, staging and epilogue touch
+        0: {CB["B"]: Bn, CB["C"]: Cn, CB["cb"]: S * NCH * G * CL * CL},
+        1: {gy: v["o_gy"] + tokP, x: v["o_x"] + tokP, CB["gu"]: mat},
+        2: {x: v["o_x"] + tokP, CB["B"]: Bn, CB["hs"]: hsz},
+        3: {gy: v["o_gy"] + tokP, CB["C"]: Cn, CB["gs"]: hsz},
+        4: {CB["mcb"]: mat, x: v["o_x"] + tokP, CB["C"]: Cn, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokP},
+        5: {CB["mcb"]: mat, gy: v["o_gy"] + tokP, CB["B"]: Bn, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokP,
+            x: v["o_x"] + tokP, CB["sm"]: sm(SM_BETA + ncbk)},
+        6: {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokN},
+        7: {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokN,
+            CB["C"]: Cn, CB["sm"]: sm(SM_ALPHA + ncbk)},
+    }[mode]
+    if mode != 0:                                              # d_t = softplus(dt), din, dout
+        reads.update({CB["dt"]: dt, CB["dec"]: dec})
+    if mode == 5:
+        assert SM_GX + ncbk <= SM_BETA and SM_BETA + ncbk <= SM_ALPHA, "GAM's column blocks overrun their sm slots"
+    if mode == 7:
+        assert SM_ALPHA + ncbk <= NSM, "DC's column blocks overrun their sm slots"
+    return reads
 
 
 def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
     """Binding -> (largest index a live invocation computes) + 1; the shaders' expressions."""
+    if spec.name.startswith("chunk_"):
+        return _chunk_bounds(spec, v, D)
     S, T, H, P, N = v.get("S", 0), v.get("T", 0), v.get("H", 0), v.get("P", 0), v.get("N", 0)
     G = v.get("G", 1)
     if spec.name in ("ssm_scan", "ssm_scan_back"):
@@ -214,7 +277,7 @@ def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = 0
+    checked = refused = chunked = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
         if not _accepted(d, lim, heap, backward):
@@ -225,9 +288,12 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
             ids = ids // 2  # duplicates: the rows kernel runs too
             d = _dims(S, T, H, P, N, G, mamba1, R=int(ids.max()) + 1)
         label = f"{device} {'backward' if backward else 'forward'} {d}"
-        assert _check_dispatches(_record(d, ids, lim, backward, monkeypatch), lim, label) > 0
+        dispatches = _record(d, ids, lim, backward, monkeypatch)
+        assert _check_dispatches(dispatches, lim, label) > 0
         checked += 1
+        chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
+    assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
 
 
 @pytest.mark.parametrize("device", DEVICES)

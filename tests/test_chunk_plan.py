@@ -1,0 +1,260 @@
+"""ssm_vk/chunk_plan.py without a device: when the chunked (matrix-form) kernels take a shape, why
+they do not, the chunk length the knobs pick, and the windows of whole sequences that keep every
+binding, the scratch budget and every grid inside fake device limits."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import replace
+
+import pytest
+
+from ssm_ref import Dims
+from ssm_vk import chunk_plan as cpm
+from ssm_vk import plan as vplan
+from ssm_vk.chunk_plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
+from ssm_vk.plan import Limits, Window
+
+F32 = 4
+ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
+# Roomy limits (an H200's): only the knobs and the shape decide.
+BIG = Limits(subgroup_size=32, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+             max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+             max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16)
+
+
+def dims(S=2, T=300, H=4, P=8, N=16, G=2, mamba1=False) -> Dims:
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
+
+
+@pytest.fixture(autouse=True)
+def knobs(monkeypatch):
+    """The planner's knobs, empty (the defaults) unless a test sets some; SSM_VK_TUNE unset."""
+    monkeypatch.delenv("SSM_VK_TUNE", raising=False)
+    tune: dict = {}
+    monkeypatch.setattr(vplan, "TUNE", tune)
+    return tune
+
+
+def cap_elems(lim: Limits) -> int:
+    return (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
+            - lim.min_storage_buffer_offset_alignment) // F32
+
+
+def groups(d: Dims, CL: int, Sw: int) -> list[int]:
+    """Workgroups of every chunked dispatch for a window of Sw sequences (record_chunked.py)."""
+    NCH = -(-d.T // CL)
+    out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]     # decay / finish, the pass
+    for m in MODES:
+        _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N)
+        out.append(Sw * NCH * (d.G if m == "CB" else d.H) * nrb * ncb)
+    return out
+
+
+def fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
+    """Every windowed array within the binding cap, every grid within the workgroup counts, and
+    (windows of several sequences) the scratch within the budget."""
+    e = scratch_elems(d, CL, Sw, backward)
+    mx, my = lim.max_workgroup_count[:2]
+    scratch = sum(v for k, v in e.items() if k not in ("x", "B", "states")) * F32
+    return (max(e.values()) <= cap_elems(lim) and all(g <= mx * my for g in groups(d, CL, Sw))
+            and (Sw == 1 or scratch <= cpm.SCRATCH_BUDGET))
+
+
+def assert_whole_sequence_windows(cp, d: Dims) -> None:
+    wins = cp.windows
+    assert wins[0].i0 == 0 and wins[-1].i1 == d.S
+    assert all(a.i1 == b.i0 for a, b in itertools.pairwise(wins))          # contiguous, in order
+    assert all(w.t0 == 0 and w.t1 == d.T for w in wins)                              # whole sequences
+    assert all(w.S == cp.Sw for w in wins[:-1]) and 1 <= wins[-1].S <= cp.Sw
+    assert cp.NCH == -(-d.T // cp.CL)
+
+
+# -- why_not -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d, lim, reason", [
+    (dims(mamba1=True), BIG, "Mamba-1"),
+    (dims(P=257), BIG, "P or N above 256"),
+    (dims(N=257), BIG, "P or N above 256"),
+    (dims(T=0), BIG, "empty problem"),
+    (dims(P=0), BIG, "empty problem"),
+    (dims(), replace(BIG, max_workgroup_invocations=128), "workgroups of 256 threads not offered"),
+    (dims(), replace(BIG, max_shared_memory=16 << 10), "bytes of shared memory needed"),
+])
+def test_why_not_names_the_reason(d, lim, reason):
+    for CL in (16, 32, 64):
+        assert reason in why_not(d, lim, CL)
+    # and the planner then leaves the shape to the token-sequential kernels, even with every knob
+    # pointing at the chunked ones
+    vplan.TUNE.update(CHUNK=16, CHUNK_MIN_T=1)
+    assert chunk_plan(d, lim, backward=True) is None
+    if d.T and not d.P == 0:
+        pl = vplan.plan(d, lim, backward=True)
+        assert pl.chunked is None and pl.windows
+
+
+@pytest.mark.parametrize("P, N", [(256, 256), (1, 1), (5, 33), (200, 7)])
+def test_why_not_is_empty_up_to_256(P, N):
+    assert why_not(dims(P=P, N=N), BIG, 64) == ""
+
+
+@pytest.mark.parametrize("CL", [16, 32, 64])
+def test_shared_memory_threshold_is_the_one_named(CL):
+    # The reason names the bytes needed; exactly that much is enough, one byte less is not.
+    msg = why_not(dims(), replace(BIG, max_shared_memory=1024), CL)
+    need = int(re.match(r"(\d+) bytes of shared memory needed", msg).group(1))
+    assert need > 1024
+    assert why_not(dims(), replace(BIG, max_shared_memory=need), CL) == ""
+    assert "shared memory" in why_not(dims(), replace(BIG, max_shared_memory=need - 1), CL)
+
+
+# -- knobs ---------------------------------------------------------------------------------------
+
+def test_defaults_take_mamba2_from_256_tokens():
+    assert chunk_plan(dims(T=255), BIG, backward=False) is None
+    assert chunk_plan(dims(T=255), BIG, backward=True) is None
+    for backward in (False, True):
+        cp = chunk_plan(dims(T=256), BIG, backward)
+        assert cp is not None and cp.CL == 64 and cp.NCH == 4
+        assert cp.windows == (Window(0, 2, 0, 256),) and cp.Sw == 2
+    assert chunk_plan(dims(T=4096, mamba1=True), BIG, backward=True) is None
+    assert cpm.CHUNK_MIN_T == 256
+
+
+def test_chunk_zero_disables(knobs):
+    knobs.update(CHUNK=0, CHUNK_MIN_T=1)
+    assert chunk_plan(dims(T=4096), BIG, backward=True) is None
+    assert vplan.plan(dims(T=4096), BIG, backward=True).chunked is None
+
+
+@pytest.mark.parametrize("CL", [16, 32, 64])
+def test_chunk_knob_sets_the_chunk_length(knobs, CL):
+    knobs.update(CHUNK=CL, CHUNK_MIN_T=1)
+    for T in (1, CL - 1, CL, CL + 1, 5 * CL + 3):
+        cp = chunk_plan(dims(T=T), BIG, backward=True)
+        assert cp.CL == CL and cp.NCH == -(-T // CL)
+        assert_whole_sequence_windows(cp, dims(T=T))
+
+
+@pytest.mark.parametrize("CL", [8, 24, 65, 128, -16])
+def test_chunk_lengths_the_kernels_do_not_take_are_refused(knobs, CL):
+    knobs.update(CHUNK=CL, CHUNK_MIN_T=1)
+    assert chunk_plan(dims(T=4096), BIG, backward=True) is None
+
+
+def test_min_t_knob(knobs):
+    knobs.update(CHUNK_MIN_T=1000)
+    assert chunk_plan(dims(T=999), BIG, backward=False) is None
+    assert chunk_plan(dims(T=1000), BIG, backward=False).CL == 64
+
+
+def test_environment_knobs(monkeypatch):
+    monkeypatch.setenv("SSM_VK_TUNE", "CHUNK=32,CHUNK_MIN_T=1")
+    cp = chunk_plan(dims(T=5), BIG, backward=True)
+    assert cp.CL == 32 and cp.NCH == 1
+    monkeypatch.setenv("SSM_VK_TUNE", "CHUNK=0")
+    assert chunk_plan(dims(T=4096), BIG, backward=True) is None
+
+
+# -- windows -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_windows_shrink_to_what_the_storage_range_holds(knobs, backward, k):
+    # A storage range that holds exactly k sequences' worth of the largest windowed array.
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
+    d = dims(S=7, T=40, H=3, P=5, N=12, G=1)
+    per_seq = max(scratch_elems(d, 16, 1, backward).values())
+    lim = replace(BIG, max_storage_buffer_range=16 + k * per_seq * F32 + F32 - 1)
+    cp = chunk_plan(d, lim, backward)
+    assert cp.Sw == k
+    assert_whole_sequence_windows(cp, d)
+    assert len(cp.windows) == -(-7 // k)
+    assert all(v <= cap_elems(lim) for v in scratch_elems(d, 16, cp.Sw, backward).values())
+    assert any(v > cap_elems(lim) for v in scratch_elems(d, 16, cp.Sw + 1, backward).values())
+
+
+def test_backward_windows_are_no_larger_than_the_forward_ones(knobs):
+    knobs.update(CHUNK=32, CHUNK_MIN_T=1)
+    d = dims(S=40, T=100, H=4, P=33, N=20, G=2)
+    for rng in (1 << 17, 1 << 19, 1 << 21):
+        lim = replace(BIG, max_storage_buffer_range=rng)
+        f, b = chunk_plan(d, lim, False), chunk_plan(d, lim, True)
+        assert f is not None and b is not None and b.Sw <= f.Sw
+        for cp, backward in ((f, False), (b, True)):
+            assert fits(d, lim, 32, cp.Sw, backward)
+            assert cp.Sw == d.S or not fits(d, lim, 32, cp.Sw + 1, backward)
+
+
+def test_small_allocation_limit_shrinks_windows_too(knobs):
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
+    d = dims(S=5, T=20, H=2, P=4, N=8, G=1)
+    per_seq = max(scratch_elems(d, 16, 1, True).values())
+    lim = replace(BIG, max_memory_allocation_size=16 + 2 * per_seq * F32)
+    assert chunk_plan(d, lim, True).Sw == 2
+
+
+def test_grids_limit_the_sequences_per_window(knobs):
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
+    d = dims(S=9, T=50, H=4, P=40, N=140, G=2)
+    one = max(groups(d, 16, 1))
+    lim = replace(BIG, max_workgroup_count=(one, 2, 1))           # two sequences' worth of workgroups
+    cp = chunk_plan(d, lim, True)
+    assert cp.Sw == 2 and len(cp.windows) == 5
+    assert all(g <= 2 * one for g in groups(d, 16, cp.Sw))
+    lim = replace(BIG, max_workgroup_count=(one - 1, 1, 1))       # not even one sequence
+    assert chunk_plan(d, lim, True) is None
+
+
+def test_scratch_budget_limits_windows_of_several_sequences(knobs):
+    # Roomy bindings, but the chunk scratch of a window stays within SCRATCH_BUDGET (2 GiB)...
+    knobs.update(CHUNK=64, CHUNK_MIN_T=1)
+    d = dims(S=64, T=2048, H=32, P=64, N=128, G=1)
+    cp = chunk_plan(d, BIG, True)
+
+    def scratch(Sw):
+        e = scratch_elems(d, 64, Sw, True)
+        return sum(v for k, v in e.items() if k not in ("x", "B", "states")) * F32
+
+    assert 1 < cp.Sw < d.S
+    assert scratch(cp.Sw) <= cpm.SCRATCH_BUDGET < scratch(cp.Sw + 1)
+    assert_whole_sequence_windows(cp, d)
+    # ...but one sequence over the budget still runs, alone (a budget, not a limit).
+    d1 = dims(S=3, T=40000, H=32, P=64, N=128, G=1)
+    cp1 = chunk_plan(d1, BIG, True)
+    assert cp1 is not None and cp1.Sw == 1 and len(cp1.windows) == 3
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_none_when_one_sequence_does_not_fit(knobs, backward):
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
+    d = dims(S=3, T=64, H=2, P=8, N=16, G=1)
+    per_seq = max(scratch_elems(d, 16, 1, backward).values())
+    lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32 - F32)
+    assert chunk_plan(d, lim, backward) is None
+    # the token-sequential plan still takes it (windows of its own)
+    pl = vplan.plan(d, lim, backward)
+    assert pl.chunked is None and pl.windows
+    lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
+    assert chunk_plan(d, lim, backward).Sw == 1
+
+
+# -- GEMM tiles ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("CL", [16, 32, 64])
+def test_gemm_tiles_cover_every_matrix(CL):
+    for P in (1, 5, 16, 33, 128, 129, 200, 256):
+        for N in (1, 7, 64, 200, 256):
+            for mode in MODES:
+                rows, cols = {"CB": (CL, CL), "GU": (CL, CL), "ZF": (P, N), "ZB": (P, N), "Y": (CL, P),
+                              "GAM": (CL, P), "DB": (CL, N), "DC": (CL, N)}[mode]
+                RBLK, CBLK, NRB, NCB = gemm_tile(mode, CL, P, N)
+                assert RBLK % 16 == 0 and CBLK % 16 == 0 and RBLK <= 64 and CBLK <= 128
+                assert CBLK % (GEMM_WG // 16) == 0      # whole columns per thread of the 16 x 16 grid
+                assert (NRB - 1) * RBLK < rows <= NRB * RBLK, (mode, P, N)
+                assert (NCB - 1) * CBLK < cols <= NCB * CBLK, (mode, P, N)
+                if mode in ("Y", "GAM", "DB", "DC"):
+                    assert NRB == 1             # a whole chunk per tile: the row sums of GAM / DC
+                if mode in ("GAM", "DC"):
+                    assert NCB <= 2             # glsl/chunk_common.glsl keeps two column-block slots
