@@ -111,15 +111,20 @@ def test_shared_memory_threshold_is_the_one_named(CL):
 
 # -- knobs ---------------------------------------------------------------------------------------
 
-def test_defaults_take_mamba2_from_256_tokens():
-    assert chunk_plan(dims(T=255), BIG, backward=False) is None
-    assert chunk_plan(dims(T=255), BIG, backward=True) is None
+def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
+    # the H200 crossover (docs/BENCHMARKS.md): the chunked backward wins from 32 tokens, the
+    # forward from 64
+    assert cpm.CHUNK_MIN_T == {False: 64, True: 32}
+    assert chunk_plan(dims(T=63), BIG, backward=False) is None
+    assert chunk_plan(dims(T=31), BIG, backward=True) is None
+    assert chunk_plan(dims(T=32), BIG, backward=True) is not None
     for backward in (False, True):
         cp = chunk_plan(dims(T=256), BIG, backward)
-        assert cp is not None and cp.CL == 64 and cp.NCH == 4
+        assert cp is not None and cp.CL == 32 and cp.NCH == 8      # S * T = 512: chunks of 32
         assert cp.windows == (Window(0, 2, 0, 256),) and cp.Sw == 2
+        cp = chunk_plan(dims(T=1024), BIG, backward)
+        assert cp is not None and cp.CL == 64 and cp.NCH == 16     # S * T = 2048: chunks of 64
     assert chunk_plan(dims(T=4096, mamba1=True), BIG, backward=True) is None
-    assert cpm.CHUNK_MIN_T == 256
 
 
 def test_chunk_zero_disables(knobs):

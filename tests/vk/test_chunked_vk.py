@@ -95,17 +95,18 @@ def run(case):
     return {"y": r.y, "states": r.states, **g.as_dict()}
 
 
-def check_case(case, label: str = "", CL: int | None = 16):
+def check_case(case, label: str = "", CL=16):
     """Every output of ``case`` against the float64 oracle. CL: the chunk length the calls must
     have run with (asserted on the plan before and on the workspace after); None: the
-    token-sequential kernels."""
+    token-sequential kernels; a pair: (forward, backward)."""
+    cls = CL if isinstance(CL, tuple) else (CL, CL)
     for backward in (False, True):
-        cp = planned(case, backward).chunked
-        assert (cp is None) if CL is None else (cp is not None and cp.CL == CL), (label, backward, cp)
+        cp, want = planned(case, backward).chunked, cls[backward]
+        assert (cp is None) if want is None else (cp is not None and cp.CL == want), (label, backward, cp)
     got = run(case)
     for backward in (False, True):
-        cp = ran_plan(case, backward).chunked
-        assert (cp is None) if CL is None else (cp is not None and cp.CL == CL), (label, backward, cp)
+        cp, want = ran_plan(case, backward).chunked, cls[backward]
+        assert (cp is None) if want is None else (cp is not None and cp.CL == want), (label, backward, cp)
     o = oracle_scan(**case.args())
     og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
     want = {"y": o.y, "states": o.states, **og.as_dict()}
@@ -223,12 +224,15 @@ def test_device_resident_inputs_give_the_host_results(chunked):
 
 # -- default knobs -------------------------------------------------------------------------------
 
-def test_default_knobs_pick_the_chunked_kernels_from_256_tokens(default_knobs):
-    long2 = make_problem(np.random.default_rng(71), S=1, T=256, H=2, P=P0, N=N0, G=1, ids="identity")
-    assert planned(long2, True).chunked.NCH == 4
-    check_case(long2, label="mamba2 T=256", CL=64)
-    short2 = make_problem(np.random.default_rng(72), S=1, T=255, H=2, P=P0, N=N0, G=1, ids="identity")
-    check_case(short2, label="mamba2 T=255", CL=None)
+def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
+    # forward from 64 tokens, backward from 32; chunks of 32 while S * T <= 1024
+    at64 = make_problem(np.random.default_rng(71), S=1, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
+    assert planned(at64, True).chunked.NCH == 2
+    check_case(at64, label="mamba2 T=64", CL=32)
+    at63 = make_problem(np.random.default_rng(72), S=1, T=63, H=2, P=P0, N=N0, G=1, ids="identity")
+    check_case(at63, label="mamba2 T=63", CL=(None, 32))
+    at31 = make_problem(np.random.default_rng(74), S=1, T=31, H=2, P=P0, N=N0, G=1, ids="identity")
+    check_case(at31, label="mamba2 T=31", CL=None)
     long1 = make_problem(np.random.default_rng(73), S=1, T=256, H=2, P=P0, N=N0, G=1, ids="identity",
                          variant="mamba1")
     check_case(long1, label="mamba1 T=256", CL=None)
