@@ -23,6 +23,9 @@
 //                          d_s0 out
 //   16 ddtp (S, T, H)      d_dt before the sum over nothing (the reduce kernel copies it)
 //   17 dAp (S, H, NCH)     per-chunk parts of d_A
+//   18 flag (uint)         set to 1 when any output is not finite: the host then recomputes the
+//                          call with the token-sequential kernels (their inf/nan are SCAN.md's;
+//                          the matrix form's sums can turn an inf into nan and back)
 
 #include "math.glsl"
 
@@ -46,6 +49,7 @@ layout(std430, binding = 14) buffer Bsm { float sm[]; };
 layout(std430, binding = 15) buffer Bst { float st[]; };
 layout(std430, binding = 16) buffer Bddtp { float ddtp[]; };
 layout(std430, binding = 17) buffer BdAp { float dAp[]; };
+layout(std430, binding = 18) buffer Bflag { uint flag[]; };
 
 layout(push_constant) uniform PC {
     uint S, T, H, G;   // window sequences and tokens; heads and groups
@@ -58,6 +62,12 @@ layout(push_constant) uniform PC {
 // 1, 2 Gam . x (two column blocks of P); 3, 4 beta; 5, 6 alpha (two column blocks of N).
 const uint SM_W = 0u, SM_GX = 1u, SM_BETA = 3u, SM_ALPHA = 5u, NSM = 8u;
 const uint DEC = 2u * CL + 1u;
+
+// Raise the flag for a value that is not finite (nan fails the comparison too). Rare: the
+// atomic runs only then.
+void guard(float v) {
+    if (!(abs(v) <= 3.4028234664e38)) atomicOr(flag[0], 1u);
+}
 
 uint wg_index() { return gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x; }
 

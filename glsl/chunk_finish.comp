@@ -57,6 +57,7 @@ void main() {
             [[unroll]] for (uint k = 0; k < NBP; ++k) gxv += sm[it * NSM + SM_GX + k];
             float z = dt[pc.o_dt + it];
             ddtp[it] = (gxv + Ah * q) * softplus_grad(z);
+            guard(ddtp[it]);
             q *= softplus(z);
         }
         dq[t] = q;
@@ -66,5 +67,6 @@ void main() {
         float s = 0.0;
         for (uint t = 0; t < Lc; ++t) s += dq[t];
         dAp[pc.o_out + (i * pc.H + h) * pc.NCH + c] = s;   // o_out: dAp's window offset
+        guard(s);
     }
 }

@@ -348,10 +348,14 @@ void main() {
 #elif MODE == 3
             if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
 #elif MODE == 4
-            if (r < Lc && cc < PD) outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v;
+            if (r < Lc && cc < PD) {
+                outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v;
+                guard(v);
+            }
 #elif MODE == 5
             if (r < Lc && cc < PD) {
                 outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v * sd[r];
+                guard(v * sd[r]);
                 float xv = x[pc.o_x + (tk(r) * pc.H + h) * PD + cc];
                 part0[j] += v * xv;                 // Gam . x
                 part1[j] += acc2[j][q] * (xv * sd[r]);  // beta: the boundary part . u
@@ -359,6 +363,7 @@ void main() {
 #else
             if (r < Lc && cc < ND) {
                 outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+                guard(v);
 #if MODE == 7
                 part0[j] += acc2[j][q] * C_of(r, cc);  // alpha
 #endif

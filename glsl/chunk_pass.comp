@@ -45,4 +45,5 @@ void main() {
         }
     }
     st[pc.o_st + e] = v;
+    guard(v);
 }

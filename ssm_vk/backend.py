@@ -12,7 +12,7 @@ from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forwar
 from . import budget, launch, record
 from . import runtime as rt
 from .arrays import DeviceArray
-from .plan import TooLarge, plan
+from .plan import TooLarge, _tune
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -89,7 +89,7 @@ def _support(op: str, p) -> tuple[Support, object]:
         return Support(False, reason), None
     resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
-    key = (id(ctx), id(info), op, p.dims, resident)
+    key = (id(ctx), id(info), op, p.dims, resident, tuple(sorted(_tune().items())))
     hit = _support_cache.get(key)
     if hit is not None and hit[1] is ctx and hit[2] is info:
         return hit[0], ctx
@@ -106,7 +106,7 @@ def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
     backward = op == "ssm_scan_back"
     lim = launch.limits_of(ctx.info)
     try:
-        pl = plan(p.dims, lim, backward=backward)
+        pl = record.choose_plan(ctx, p.dims, lim, backward)
     except TooLarge as e:
         return Support(False, str(e)), True
     why = budget.check(ctx.info, budget.buffers(p.dims, pl, lim, backward, resident))

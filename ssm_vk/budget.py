@@ -87,9 +87,15 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
     sizes.update({f"out:{k}": n * F32 for k, n in _outputs(d, backward).items()})
     row = d.H * d.P * d.N
     if pl.chunked is not None:
+        # the chunked kernels' scratch, and a second set of outputs and scratch for the
+        # token-sequential recompute of a call that turns out inf or nan
+        from .record_chunked import FLAG_ELEMS
+
         sizes.update({f"scratch:{k}": n * F32 for k, n in _chunk_scratch(d, pl, backward).items()})
-    elif backward:
-        sizes.update({f"scratch:{k}": n * F32 for k, n in _scratch(d, pl).items()})
+        sizes.update({"scratch:flag": FLAG_ELEMS * F32, "flag_host": 16})
+        sizes.update({f"rerun:out:{k}": n * F32 for k, n in _outputs(d, backward).items()})
+    if backward:
+        sizes.update({f"scratch:seq:{k}": n * F32 for k, n in _scratch(d, pl).items()})
         if d.R * row:
             for k in range(d.S - 1):  # the most pair buffers any ids can ask for, each the smallest
                 sizes[f"const:pairs{k}"] = 8

@@ -12,6 +12,7 @@ submit + wait per call. Workspaces and sequences live in bounded LRU caches per 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -22,8 +23,8 @@ from ssm_ref import Problem
 
 from . import runtime as rt
 from .arrays import DeviceArray, empty, pool
-from .plan import Limits, plan
-from .record import F32, record_backward, record_forward
+from .plan import Limits
+from .record import F32, choose_plan, record_backward, record_forward
 
 __all__ = ["forward", "backward", "limits_of", "subgroup_ops", "last_gpu_ns", "clear_cache"]
 
@@ -33,6 +34,11 @@ MAX_WORKSPACES = 8          # shapes kept per context
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 
 _timing = threading.local()
+log = logging.getLogger("ssm_vk")
+# Calls whose chunked results held a non-finite value and were recomputed by the token-sequential
+# kernels (see _run_in); read by tests.
+reruns = 0
+_rerun_logged = False
 _caches: dict[int, tuple[object, OrderedDict]] = {}
 _caches_lock = threading.Lock()
 
@@ -93,12 +99,12 @@ class Workspace:
     Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
     caller that looked it up before the eviction must look up a new one."""
 
-    def __init__(self, ctx, dims, backward: bool):
+    def __init__(self, ctx, dims, backward: bool, chunked: bool = True):
         self.ctx = ctx
         self.dims = dims
         self.backward = backward
         self.limits = limits_of(ctx.info)
-        self.plan = plan(dims, self.limits, backward=backward)
+        self.plan = choose_plan(ctx, dims, self.limits, backward, chunked=chunked)
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
@@ -110,6 +116,7 @@ class Workspace:
         self._uploads: dict = {}          # input name -> Buffer
         self._host_out: dict = {}         # output name -> Buffer
         self._dummy = None
+        self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
@@ -144,6 +151,16 @@ class Workspace:
         if self._dummy is None:
             self._dummy = self._acquire(16)
         return self._dummy
+
+    def flag_host(self):
+        """The host-visible buffer the chunked kernels' non-finite flag is copied into."""
+        if self._flag_host is None:
+            self._flag_host = rt.Buffer(self.ctx, 16, staging=True)
+        return self._flag_host
+
+    def nonfinite(self) -> bool:
+        """Whether the last (waited-for) chunked call flagged a non-finite output."""
+        return bool(rt.download(self._flag_host, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
         """A binding of elements [base + start, base + start + count) of ``buf`` and the residual
@@ -243,10 +260,15 @@ class Workspace:
                 except ValueError:
                     pass
         self._owned.clear()
+        if self._flag_host is not None and not self.ctx.closed:
+            self._flag_host.close()
+        self._flag_host = None
 
 
-def _workspace(ctx, dims, backward: bool) -> Workspace:
-    key = (dims, backward, limits_of(ctx.info))
+def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
+    from .plan import _tune
+
+    key = (dims, backward, limits_of(ctx.info), chunked, tuple(sorted(_tune().items())))
     with _caches_lock:
         for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
             del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
@@ -256,7 +278,7 @@ def _workspace(ctx, dims, backward: bool) -> Workspace:
             _caches[id(ctx)] = (ctx, cache)
         ws = cache.get(key)
         if ws is None:
-            ws = cache[key] = Workspace(ctx, dims, backward)
+            ws = cache[key] = Workspace(ctx, dims, backward, chunked)
             while len(cache) > MAX_WORKSPACES:
                 _, old = cache.popitem(last=False)
                 with old.lock:
@@ -293,16 +315,33 @@ def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
         return _run_once(ctx, p, backward, device_out)
 
 
-def _run_once(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True) -> dict:
     while True:
-        ws = _workspace(ctx, p.dims, backward)
+        ws = _workspace(ctx, p.dims, backward, chunked)
         with ws.lock:
             if not ws.closed:  # else another thread evicted it after our look-up: look again
-                return _run_in(ws, ctx, p, backward, device_out)
+                out = _run_in(ws, ctx, p, backward, device_out)
+        if out is not None:
+            return out
+        # The chunked kernels flagged a non-finite output: recompute with the token-sequential
+        # kernels, whose inf and nan are SCAN.md's (the matrix form's sums can turn an inf into
+        # nan and back). Same device; finite results never take this path.
+        _note_rerun(p.dims)
+        return _run_once(ctx, p, backward, device_out, chunked=False)
 
 
-def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict:
-    """One call in workspace ``ws`` (its lock held). A call that raises keeps no results: device
+def _note_rerun(dims) -> None:
+    global reruns, _rerun_logged
+    reruns += 1
+    if not _rerun_logged:
+        _rerun_logged = True
+        log.info("ssm_vk: a result of the chunked kernels held inf or nan (%s); such calls are recomputed "
+                 "with the token-sequential kernels, whose non-finite results follow SCAN.md", dims)
+
+
+def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict | None:
+    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
+    non-finite output (the caller recomputes with the sequential kernels). A call that raises keeps no results: device
     outputs go back to the pool before the exception leaves, so a caller that holds the exception
     (and so its frames) holds no device memory."""
     ws.settle()
@@ -320,6 +359,10 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
         seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))
         seq.submit()
         _timing.seq = seq
+        if ws.plan.chunked is not None and ws.nonfinite():
+            if device_out:
+                _release(outs)
+            return None
         if device_out:
             return outs
         return {k: a.numpy() for k, a in outs.items()}

@@ -17,7 +17,7 @@ from . import specs
 from .plan import Limits, Plan, Window, grid
 from .runtime import shaders
 
-__all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv", "F32"]
+__all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv", "choose_plan", "F32"]
 
 F32 = 4
 
@@ -27,9 +27,12 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
     is asked for; the d_s scatter's counted whenever ids could repeat), so that
     ssm_vk.supports() can tell, before any work, whether their SPIR-V can be had."""
     if pl.chunked is not None:
+        # the chunked kernels, and the sequential ones that recompute a call with inf or nan
+        from dataclasses import replace
+
         from .record_chunked import chunk_kernels
 
-        return chunk_kernels(d, pl.chunked, backward)
+        return chunk_kernels(d, pl.chunked, backward) + kernels_needed(d, replace(pl, chunked=None), backward)
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
     elif not backward:
@@ -41,6 +44,21 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[specs.KernelSpec]:
     if backward and d.R * d.H * d.P * d.N and d.S > 1:
         kernels.append(specs.rows_spec())  # ids may repeat: rows added by the scatter kernel
     return kernels
+
+
+def choose_plan(ctx, d, lim: Limits, backward: bool, chunked: bool = True) -> Plan:
+    """The plan a call runs: plan.plan's, without the chunked kernels when ``chunked`` is False
+    or their SPIR-V cannot be had here (no glslc and none packaged or cached: the token-
+    sequential kernels, which a wheel packages, run the shape instead)."""
+    from dataclasses import replace
+
+    from .plan import plan
+    from .record_chunked import chunk_kernels
+
+    pl = plan(d, lim, backward=backward)
+    if pl.chunked is not None and (not chunked or missing_spirv(ctx, chunk_kernels(d, pl.chunked, backward))):
+        pl = replace(pl, chunked=None)
+    return pl
 
 
 def _zero(seq, buf, n_elems: int) -> None:

@@ -107,6 +107,22 @@ def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
     return {k: ws.scratch(sizes[k]) for k in names}
 
 
+FLAG_ELEMS = 4
+
+
+def _flag_start(seq, ws):
+    """The non-finite flag: zeroed before the kernels (the barrier that follows covers it)."""
+    flag = ws.scratch(FLAG_ELEMS)
+    seq.fill(flag, 0, 0, FLAG_ELEMS * F32)
+    return flag
+
+
+def _flag_end(seq, ws, flag) -> None:
+    """Copy the flag where the host reads it after the wait (launch.Workspace.nonfinite)."""
+    seq.barrier()
+    seq.copy(flag, ws.flag_host(), FLAG_ELEMS * F32)
+
+
 def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, grads: bool) -> _Chunked:
     d = p.dims
     tok = {"x": (*bufs["x"], d.H * d.P), "dt": (*bufs["dt"], d.H), "B": (*bufs["B"], d.G * d.N),
@@ -116,10 +132,12 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
         tok["gy"] = (*bufs["g_y"], d.H * d.P)
         names["gy"] = "o_gy"
     b, o = _seq_bindings(ws, d, w, tok, names)
+    b["flag"] = ws.bind(scratch["flag"], 0, 0, FLAG_ELEMS)[0]
     b["A"], _ = ws.bind(*bufs["A"], 0, d.H)
     sizes = scratch_elems(d, cp.CL, w.S, grads)
     for k, buf in scratch.items():
-        b[k] = ws.bind(buf, 0, 0, sizes[k])[0]
+        if k != "flag":
+            b[k] = ws.bind(buf, 0, 0, sizes[k])[0]
     return _Chunked(seq, ws, d, cp, w, b, o)
 
 
@@ -129,8 +147,9 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     row = d.H * d.P * d.N
     st_buf, st_off = bufs["states"]
     _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
-    seq.barrier()
     scratch = _scratch(ws, d, cp, False)
+    scratch["flag"] = _flag_start(seq, ws)
+    seq.barrier()
     y_buf, y_off = bufs["y"]
     for w in cp.windows:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
@@ -146,6 +165,7 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
         k.mark("y")
+    _flag_end(seq, ws, scratch["flag"])
 
 
 def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
@@ -159,6 +179,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
+    scratch["flag"] = _flag_start(seq, ws)
     seq.barrier()
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for w in cp.windows:
@@ -191,6 +212,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
     seq.barrier()
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
+    _flag_end(seq, ws, scratch["flag"])
 
 
 def _reduce_window(seq, ws, p: Problem, w, b: dict, bufs: dict) -> None:

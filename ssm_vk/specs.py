@@ -23,7 +23,7 @@ ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
 # The chunked kernels (glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
 CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
-                  "sm", "st", "ddtp", "dAp")
+                  "sm", "st", "ddtp", "dAp", "flag")
 
 # Threads per workgroup of the element-wise kernels (reduce, rows).
 FLAT_WG = 64
