@@ -150,6 +150,11 @@ def main(argv=None) -> int:
                 **dev, ids=None, g_y=dgy, g_states=dgs), args.reps)
             b_split = split()
             b_replay = replay_wall()
+
+            def step(dev=dev, dgy=dgy, dgs=dgs):
+                ssm_vk.ssm_scan(**dev)
+                return ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
+            _, _, step_wall, _ = measure(step, args.reps)
             err = float("nan")
             if ref is not None:
                 errs = [rel(r.y.numpy(), ref[0].y), rel(r.states.numpy(), ref[0].states)]
@@ -162,10 +167,10 @@ def main(argv=None) -> int:
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
                        fwd_replay_us=f_replay, bwd_replay_us=b_replay)
-            row.update(fwd_split_us=f_split, bwd_split_us=b_split)
+            row.update(fwd_split_us=f_split, bwd_split_us=b_split, step_wall_us=step_wall)
             rows.append(row)
             print(f"{name:7s} {var or 'default':18s} fwd {fg:8.1f} us (wall {fw:8.1f}, replay {f_replay:8.1f}) "
-                  f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) err {err:.1e} "
+                  f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) step wall {step_wall:9.1f} err {err:.1e} "
                   f"fwd {row['fwd_gupd_s']:.0f} Gupd/s "
                   f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}", flush=True)
             for lab, sp in (("fwd", f_split), ("bwd", b_split)):
