@@ -319,8 +319,9 @@ def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool =
     while True:
         ws = _workspace(ctx, p.dims, backward, chunked)
         with ws.lock:
-            if not ws.closed:  # else another thread evicted it after our look-up: look again
-                out = _run_in(ws, ctx, p, backward, device_out)
+            if ws.closed:  # another thread evicted it after our look-up: look again
+                continue
+            out = _run_in(ws, ctx, p, backward, device_out)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential

@@ -77,6 +77,9 @@ class FakeWorkspace:
     def dummy(self):
         return self._dummy
 
+    def flag_host(self):
+        return FakeBuffer(16)
+
 
 class FakeSequence:
     """Collects dispatches; checks copies and fills stay inside their buffers."""

@@ -193,8 +193,8 @@ def test_a_workspace_evicted_between_look_up_and_lock_is_not_used(monkeypatch):
     real = launch._workspace
     evicted = []
 
-    def racing(ctx, dims, backward):
-        ws = real(ctx, dims, backward)
+    def racing(ctx, dims, backward, *rest):
+        ws = real(ctx, dims, backward, *rest)
         if not evicted:
             evicted.append(ws)
             launch.clear_cache(ctx)
