@@ -155,13 +155,14 @@ float A2(uint r, uint k) { return 0.0; }
 float B2(uint k, uint cc) { return 0.0; }
 #endif
 
-float acc1[TR][TC];   // segment 1
+// One set of accumulators for both segments. GAM and DC need sums over the segment-2 part alone
+// (beta, alpha): they run segment 2 first, take those sums, then add segment 1.
+float acc1[TR][TC];
+#define acc2 acc1
 #if MODE == 5 || MODE == 7
-#define SPLIT 1
-float acc2[TR][TC];   // segment 2, kept apart: GAM's beta and DC's alpha need it alone
+#define SEG2_FIRST 1
 #else
-#define SPLIT 0
-#define acc2 acc1     // one set of accumulators (registers)
+#define SEG2_FIRST 0
 #endif
 
 // Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
@@ -247,6 +248,71 @@ void load_cols(uint kk, uint tc, out float b[TC]) {
 #endif
 }
 
+// Segment 1 (the chunk's tokens, masked): slices j = 0 .. NS1-1; ``then2``: prefetch segment 2's
+// first slice during the last one.
+void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
+    for (uint j = 0; j < NS1; ++j) {
+        store1();
+        barrier();
+        if (j + 1u < NS1) fetch1(j + 1u); else if (then2 && NS2 > 0u) fetch2(0u);
+        uint k0 = j * KS, khi = k0 + KS - 1u;
+        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
+        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
+        if (!skip) {
+            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+                float a[TR], b[TC];
+                load_rows(kk, tr, a);
+                load_cols(kk, tc, b);
+                if (full) {
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
+                } else {
+                    uint k = k0 + kk;
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
+                        bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+}
+
+// Segment 2 (N or P, unmasked); ``then1``: prefetch segment 1's first slice during the last one.
+void segment2(bool then1) {
+    uint lid = gl_LocalInvocationIndex;
+    uint tr = lid / CG, tc = lid % CG;
+    for (uint j = 0; j < NS2; ++j) {
+        store2();
+        barrier();
+        if (j + 1u < NS2) fetch2(j + 1u); else if (then1 && NS1 > 0u) fetch1(0u);
+        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+            float a[TR], b[TC];
+            load_rows(kk, tr, a);
+            load_cols(kk, tc, b);
+            [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
+        }
+        barrier();
+    }
+
+}
+
+// Row sums of ``part`` over the CG column groups (in column-group order) into slot ``slot`` +
+// column block of sm, for the chunk's tokens.
+void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
+    uint lid = gl_LocalInvocationIndex;
+    [[unroll]] for (uint j = 0; j < TR; ++j) red[tr * TR + j][tc] = part[j];
+    barrier();
+    if (lid < RBLK && r0 + lid < Lc) {
+        float s = 0.0;
+        for (uint q = 0; q < CG; ++q) s += red[lid][q];
+        sm[(tk(r0 + lid) * pc.H + h) * NSM + slot + cbk] = s;
+    }
+    barrier();
+}
+
 void main() {
     uint wg = wg_index();
     uint HH = MODE == 0 ? pc.G : pc.H;
@@ -277,67 +343,43 @@ void main() {
     [[unroll]] for (uint j = 0; j < TR; ++j)
         [[unroll]] for (uint q = 0; q < TC; ++q) {
             acc1[j][q] = 0.0;
-#if SPLIT
-            acc2[j][q] = 0.0;
-#endif
         }
     barrier();
 
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
+#if SEG2_FIRST
+    if (NS2 > 0u) fetch2(0u); else if (NS1 > 0u) fetch1(0u);
+    segment2(true);
+    // sums over the boundary part alone (GAM: beta = part . u; DC: alpha = part . C)
+    float part[TR];
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part[j] = 0.0;
+        [[unroll]] for (uint q = 0; q < TC; ++q) {
+            uint cc = c0 + col_of(tc, q);
+#if MODE == 5
+            if (r < Lc && cc < PD) part[j] += acc1[j][q] * u_of(r, cc);
+#else
+            if (r < Lc && cc < ND) part[j] += acc1[j][q] * C_of(r, cc);
+#endif
+        }
+    }
+    row_sums(part, tr, tc, MODE == 5 ? SM_BETA : SM_ALPHA, cbk);
+    segment1(rlo, rhi, tr, tc, false);
+#else
     if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
-    for (uint j = 0; j < NS1; ++j) {
-        store1();
-        barrier();
-        if (j + 1u < NS1) fetch1(j + 1u); else if (NS2 > 0u) fetch2(0u);
-        uint k0 = j * KS, khi = k0 + KS - 1u;
-        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
-        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
-        if (!skip) {
-            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-                float a[TR], b[TC];
-                load_rows(kk, tr, a);
-                load_cols(kk, tc, b);
-                if (full) {
-                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
-                } else {
-                    uint k = k0 + kk;
-                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
-                        bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
-                    }
-                }
-            }
-        }
-        barrier();
-    }
-    for (uint j = 0; j < NS2; ++j) {
-        store2();
-        barrier();
-        if (j + 1u < NS2) fetch2(j + 1u);
-        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-            float a[TR], b[TC];
-            load_rows(kk, tr, a);
-            load_cols(kk, tc, b);
-            [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
-        }
-        barrier();
-    }
+    segment1(rlo, rhi, tr, tc, true);
+    segment2(false);
+#endif
 
     // Epilogue: write the tile (and the per-token sums of GAM and DC).
-    float part0[TR], part1[TR];
+    float part0[TR];
     [[unroll]] for (uint j = 0; j < TR; ++j) {
         uint r = rlo + j;
         part0[j] = 0.0;
-        part1[j] = 0.0;
         [[unroll]] for (uint q = 0; q < TC; ++q) {
             uint cc = c0 + col_of(tc, q);
-#if SPLIT
-            float v = acc1[j][q] + acc2[j][q];
-#else
             float v = acc1[j][q];
-#endif
 #if MODE == 0 || MODE == 1
             if (r < CL && cc < CL) {
                 if (MODE == 0) cb[mat * CL * CL + r * CL + cc] = v;
@@ -358,31 +400,16 @@ void main() {
                 guard(v * sd[r]);
                 float xv = x[pc.o_x + (tk(r) * pc.H + h) * PD + cc];
                 part0[j] += v * xv;                 // Gam . x
-                part1[j] += acc2[j][q] * (xv * sd[r]);  // beta: the boundary part . u
             }
 #else
             if (r < Lc && cc < ND) {
                 outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
                 guard(v);
-#if MODE == 7
-                part0[j] += acc2[j][q] * C_of(r, cc);  // alpha
-#endif
             }
 #endif
         }
     }
-#if MODE == 5 || MODE == 7
-    // Row sums over the CG column groups, in column-group order.
-    [[unroll]] for (uint which = 0; which < (MODE == 5 ? 2u : 1u); ++which) {
-        [[unroll]] for (uint j = 0; j < TR; ++j) red[tr * TR + j][tc] = which == 0u ? part0[j] : part1[j];
-        barrier();
-        if (lid < RBLK && r0 + lid < Lc) {
-            float s = 0.0;
-            for (uint q = 0; q < CG; ++q) s += red[lid][q];
-            uint slot = MODE == 7 ? SM_ALPHA : (which == 0u ? SM_GX : SM_BETA);
-            sm[(tk(r0 + lid) * pc.H + h) * NSM + slot + cbk] = s;
-        }
-        barrier();
-    }
+#if MODE == 5
+    row_sums(part0, tr, tc, SM_GX, cbk);
 #endif
 }
