@@ -20,7 +20,7 @@ __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "
            "CHUNK_MIN_T", "MODES", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
-KS = 16            # contraction slice staged in shared memory
+KS = 8             # contraction slice staged in shared memory (8 beat 16 and 32 on an H200)
 # Shortest sequence that takes the chunked kernels by default, forward and backward (H200
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
@@ -138,7 +138,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
     CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
-    if CL <= 0 or CL % slice_len() or CL > 64:   # 0 disables; a negative length is no chunk length
+    if CL <= 0 or CL % 16 or CL % slice_len() or CL > 64:   # 0 disables; negative: no length
         return None
     if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T[backward]):
         return None

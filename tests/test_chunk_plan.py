@@ -80,7 +80,7 @@ def assert_whole_sequence_windows(cp, d: Dims) -> None:
     (dims(T=0), BIG, "empty problem"),
     (dims(P=0), BIG, "empty problem"),
     (dims(), replace(BIG, max_workgroup_invocations=128), "workgroups of 256 threads not offered"),
-    (dims(), replace(BIG, max_shared_memory=16 << 10), "bytes of shared memory needed"),
+    (dims(), replace(BIG, max_shared_memory=8 << 10), "bytes of shared memory needed"),
 ])
 def test_why_not_names_the_reason(d, lim, reason):
     for CL in (16, 32, 64):
