@@ -1,13 +1,16 @@
 """``ssm-scan build-shaders``: precompile the SPIR-V variants ssm_vk uses into package data.
 
-ssm_vk picks a kernel variant (glsl file + defines) per problem from the device's subgroup size and
-operations, its shared memory and workgroup limits, d_state N and the Mamba variant (ssm_vk/plan.py,
-ssm_vk/specs.py); head count, head_dim, T and S only change push constants and grids. So the set
-"every N in a list x Mamba-1/Mamba-2 x forward/backward" for a device profile covers every shape
-with those N on devices of that profile (another N needs glslc on first use, or fails in a wheel
-that has no GLSL). ``ssm_vk.runtime.shaders`` looks the variants up in
-``ssm_vk/spirv/index.json`` first, which the package ships (pyproject: package data), so a wheel
-built after this runs those shapes without glslc.
+ssm_vk picks a token-sequential kernel variant (glsl file + defines) per problem from the device's
+subgroup size and operations, its shared memory and workgroup limits, d_state N and the Mamba
+variant (ssm_vk/plan.py, ssm_vk/specs.py); head count, head_dim, T and S only change push
+constants and grids. So the set "every N in a list x Mamba-1/Mamba-2 x forward/backward" for a
+device profile covers every shape with those N on devices of that profile (another N needs glslc
+on first use, or fails in a wheel that has no GLSL). The chunked Mamba-2 kernels
+(ssm_vk/chunk_plan.py) are compiled per head_dim P, N and chunk length (32, 64) and do not depend
+on the device profile: they are built for every P in ``--p`` and N in ``--n``; a shape whose
+chunked variant is missing runs on the token-sequential kernels instead. ``ssm_vk.runtime.shaders``
+looks the variants up in ``ssm_vk/spirv/index.json`` first, which the package ships (pyproject:
+package data), so a wheel built after this runs those shapes without glslc.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1].strip() + """
   ssm-scan build-shaders --out /tmp/spv --n 16,128"""
 
 DEFAULT_N = "16,32,64,128,256"
+DEFAULT_P = "64,128"
 # Profiles assumed for devices other than the local one: every subgroup operation class (NVIDIA,
 # AMD and Intel GPUs offer clustered reductions; lavapipe does not -- build on it with "local"),
 # 1024 invocations per workgroup, and each of the shared-memory sizes common among GPUs (the
@@ -39,6 +43,8 @@ def add_arguments(p) -> None:
                         "which wheels ship)")
     p.add_argument("--n", default=DEFAULT_N, metavar="N1,N2,...",
                    help=f"d_state values to build for (default {DEFAULT_N})")
+    p.add_argument("--p", default=DEFAULT_P, metavar="P1,P2,...",
+                   help=f"head_dim values to build the chunked Mamba-2 kernels for (default {DEFAULT_P})")
     p.add_argument("--subgroup-sizes", default="local", metavar="LIST",
                    help="'local' (this machine's Vulkan device, exactly) and/or subgroup sizes of other GPUs, "
                         "e.g. local,8,16,32,64 for a wheel (default: local)")
@@ -72,9 +78,10 @@ def profiles(spec: str) -> list[tuple[str, object]]:
     return out
 
 
-def variants(limits_list, n_values: list[int]) -> list[tuple[str, dict]]:
+def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tuple[str, dict]]:
     """Every (shader, defines) the forward and backward request for these device profiles and N,
-    for both Mamba variants, in a stable order without duplicates."""
+    for both Mamba variants, and the chunked kernels for every (P, N) and chunk length, in a stable
+    order without duplicates."""
     from ssm_ref import Dims
     from ssm_vk import specs
     from ssm_vk.plan import layout_for
@@ -97,6 +104,18 @@ def variants(limits_list, n_values: list[int]) -> list[tuple[str, dict]]:
                 add(specs.bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
     for spec in (specs.reduce_spec(0), specs.reduce_spec(1), specs.rows_spec()):
         add(spec)
+    from ssm_vk.chunk_plan import MAX_PN, ChunkPlan
+    from ssm_vk.record_chunked import chunk_kernels
+
+    for P in p_values:
+        for N in n_values:
+            if P > MAX_PN or N > MAX_PN:
+                continue
+            d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
+            for CL in (32, 64):
+                for backward in (False, True):
+                    for spec in chunk_kernels(d, ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1), backward):
+                        add(spec)
     return [(name, dict(defines)) for name, defines in seen]
 
 
@@ -104,13 +123,15 @@ def run(args) -> int:
     from ssm_vk.runtime import shaders
 
     n_values = common.int_list(args.n, "--n", minimum=1)
+    p_values = common.int_list(args.p, "--p", minimum=1)
     profs = profiles(args.subgroup_sizes)
-    todo = variants([lim for _, lim in profs], n_values)
+    todo = variants([lim for _, lim in profs], n_values, tuple(p_values))
     out = Path(args.out) if args.out else shaders.PACKAGED_SPIRV
     written = shaders.build_all(todo, out)
     total = sum(p.stat().st_size for p in written)
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
-    print(f"  N = {', '.join(map(str, n_values))}; Mamba-1 and Mamba-2; forward and backward")
+    print(f"  N = {', '.join(map(str, n_values))}; Mamba-1 and Mamba-2; forward and backward; chunked Mamba-2 "
+          f"kernels for P = {', '.join(map(str, p_values))}")
     for label, _ in profs:
         if label.startswith("local"):
             print(f"  for {label}")
