@@ -17,11 +17,11 @@
 //   10 gu  (S, NCH, H, CL, CL) g_y_t . u_s
 //   11 mgu (S, NCH, H, CL, CL) M[t, s] * gu[t, s]
 //   12 dec (S, NCH, H, 2 CL + 1) din[CL], dout[CL], dch
-//   13 out (S, T, H, P|N)  y, d_x, or the per-head d_B / d_C partials
-//   14 sm  (S, T, H, 8)    per-token scalars of the backward (slots below)
+//   13 out                 y, d_x (S, T, H, P); d_B, d_C (S, T, G, N)
+//   14 sm  (S, T, H, NSM)  per-token scalars of the backward (slots below)
 //   15 st  (S, H, P, N)    forward: initial state in, final state out; backward: g_states in,
 //                          d_s0 out
-//   16 ddtp (S, T, H)      d_dt before the sum over nothing (the reduce kernel copies it)
+//   16 ddtp (S, T, H)      d_dt (chunk_finish writes it, at offset o_st)
 //   17 dAp (S, H, NCH)     per-chunk parts of d_A
 //   18 flag (uint)         set to 1 when any output is not finite: the host then recomputes the
 //                          call with the token-sequential kernels (their inf/nan are SCAN.md's;
@@ -59,8 +59,8 @@ layout(push_constant) uniform PC {
 } pc;
 
 // Slots of sm: 0 the in-chunk part of the decay gradient (sum of W over r >= t > s);
-// 1, 2 Gam . x (two column blocks of P); 3, 4 beta; 5, 6 alpha (two column blocks of N).
-const uint SM_W = 0u, SM_GX = 1u, SM_BETA = 3u, SM_ALPHA = 5u, NSM = 8u;
+// 1, 2 Gam . x (two column blocks of P); 3, 4 beta; 5 .. 8 alpha (four column blocks of N).
+const uint SM_W = 0u, SM_GX = 1u, SM_BETA = 3u, SM_ALPHA = 5u, NSM = 12u;
 const uint DEC = 2u * CL + 1u;
 
 // Raise the flag for a value that is not finite (nan fails the comparison too). Rare: the

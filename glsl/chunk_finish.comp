@@ -1,7 +1,7 @@
 #version 450
 // Last step of the chunked backward, one workgroup per (i, c, h): the decay gradient
 //   Q_t = sm[t, SM_W] + sum_{r >= t} alpha_r + sum_{s < t} beta_s + dch * <G_c, H_c>
-// then  ddtp[i, t, h] = (Gam_t . x_t + A[h] Q_t) * softplus'(dt_t)  and
+// then  d_dt[i, t, h] = (Gam_t . x_t + A[h] Q_t) * softplus'(dt_t)  (binding ddtp) and
 //       dAp[i, h, c]  = sum_t d_t Q_t        (ssm_ref/chunked.py backward).
 // Bindings and push constants: glsl/chunk_common.glsl. Defines: chunk_common's, NBP and NBN (the
 // column blocks of P and N whose partial sums sm holds).
@@ -56,8 +56,9 @@ void main() {
             float gxv = 0.0;
             [[unroll]] for (uint k = 0; k < NBP; ++k) gxv += sm[it * NSM + SM_GX + k];
             float z = dt[pc.o_dt + it];
-            ddtp[it] = (gxv + Ah * q) * softplus_grad(z);
-            guard(ddtp[it]);
+            float g_dt = (gxv + Ah * q) * softplus_grad(z);
+            ddtp[pc.o_st + it] = g_dt;                 // o_st: d_dt's window offset
+            guard(g_dt);
             q *= softplus(z);
         }
         dq[t] = q;

@@ -15,8 +15,11 @@
 //   3 ZB  gs[p][n]   (P x N)        sum_r din_r gy_r[p] C_r[n]         -
 //   4 Y   y[t][p]    (CL x P)       sum_{s<=t} mcb[t][s] u_s[p]        din_t sum_n C_t[n] hs[p][n]
 //   5 GAM d_x[s][p]  (CL x P)       sum_{r>=s} mcb[r][s] gy_r[p]       dout_s sum_n B_s[n] gs[p][n]
-//   6 DB  dBp[s][n]  (CL x N)       sum_{r>=s} mgu[r][s] C_r[n]        dout_s sum_p u_s[p] gs[p][n]
-//   7 DC  dCp[t][n]  (CL x N)       sum_{s<=t} mgu[t][s] B_s[n]        din_t sum_p gy_t[p] hs[p][n]
+//   6 DB  d_B[s][n]  (CL x N)       sum_{r>=s} mgu[r][s] C_r[n]        dout_s sum_p u_s[p] gs[p][n]
+//   7 DC  d_C[t][n]  (CL x N)       sum_{s<=t} mgu[t][s] B_s[n]        din_t sum_p gy_t[p] hs[p][n]
+//
+// DB and DC work per (sequence, chunk, group): they add the products of the group's heads in head
+// order into one tile and write d_B, d_C themselves (no per-head partials, no reduce pass).
 //
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
 // DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
@@ -158,11 +161,21 @@ float B2(uint k, uint cc) { return 0.0; }
 // One set of accumulators for both segments. GAM and DC need sums over the segment-2 part alone
 // (beta, alpha): they run segment 2 first, take those sums, then add segment 1.
 float acc1[TR][TC];
+#if MODE == 7
+float acch[TR][TC];   // DC: one head's segment 2 alone (alpha), then added to acc1
+#define acc2 acch
+#else
 #define acc2 acc1
+#endif
 #if MODE == 5 || MODE == 7
 #define SEG2_FIRST 1
 #else
 #define SEG2_FIRST 0
+#endif
+#if MODE == 0 || MODE == 6 || MODE == 7
+#define PER_GROUP 1
+#else
+#define PER_GROUP 0
 #endif
 
 // Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
@@ -313,9 +326,23 @@ void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
     barrier();
 }
 
+// Head h's scalars into shared memory (every thread reaches it; the barrier publishes them).
+void set_head(uint hd) {
+    h = hd;
+    hmat = head_mat(i, c, h);
+    mat = MODE == 0 ? group_mat(i, c, g) : hmat;
+    for (uint t = gl_LocalInvocationIndex; t < CL; t += WG) {
+        bool on = t < Lc && MODE != 0;
+        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
+        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
+        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
+    }
+    barrier();
+}
+
 void main() {
     uint wg = wg_index();
-    uint HH = MODE == 0 ? pc.G : pc.H;
+    uint HH = PER_GROUP != 0 ? pc.G : pc.H;
     uint total = pc.S * pc.NCH * HH * NRB * NCBK;
     if (wg >= total) return;                      // uniform over the workgroup
     uint bat = wg / (NRB * NCBK);
@@ -324,29 +351,45 @@ void main() {
     i = bat / (pc.NCH * HH);
     c = (bat / HH) % pc.NCH;
     uint hh = bat % HH;
-    h = MODE == 0 ? 0u : hh;
-    g = MODE == 0 ? hh : hh / (pc.H / pc.G);
+    uint hpg = pc.H / pc.G;
+    g = PER_GROUP != 0 ? hh : hh / hpg;
     Lc = chunk_len(c);
-    mat = (MODE == 0) ? group_mat(i, c, g) : head_mat(i, c, h);
-    hmat = head_mat(i, c, h);
     r0 = rb * RBLK;
     c0 = cbk * CBLK;
     uint lid = gl_LocalInvocationIndex;
     uint tr = lid / CG, tc = lid % CG;
 
-    for (uint t = lid; t < CL; t += WG) {
-        bool on = t < Lc && MODE != 0;
-        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
-        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
-        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
-    }
     [[unroll]] for (uint j = 0; j < TR; ++j)
-        [[unroll]] for (uint q = 0; q < TC; ++q) {
-            acc1[j][q] = 0.0;
-        }
-    barrier();
-
+        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] = 0.0;
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
+#if MODE == 6 || MODE == 7
+    for (uint k = 0; k < hpg; ++k) {
+        set_head(g * hpg + k);
+#if MODE == 6
+        fetch1(0u);
+        segment1(rlo, rhi, tr, tc, true);
+        segment2(false);
+#else
+        [[unroll]] for (uint j = 0; j < TR; ++j)
+            [[unroll]] for (uint q = 0; q < TC; ++q) acch[j][q] = 0.0;
+        fetch2(0u);
+        segment2(true);
+        float part[TR];            // alpha of head h: its boundary part . C
+        [[unroll]] for (uint j = 0; j < TR; ++j) {
+            uint r = rlo + j;
+            part[j] = 0.0;
+            [[unroll]] for (uint q = 0; q < TC; ++q) {
+                uint cc = c0 + col_of(tc, q);
+                if (r < Lc && cc < ND) part[j] += acch[j][q] * C_of(r, cc);
+                acc1[j][q] += acch[j][q];
+            }
+        }
+        row_sums(part, tr, tc, SM_ALPHA, cbk);
+        segment1(rlo, rhi, tr, tc, false);
+#endif
+    }
+#else
+    set_head(PER_GROUP != 0 ? 0u : hh);
 #if SEG2_FIRST
     if (NS2 > 0u) fetch2(0u); else if (NS1 > 0u) fetch1(0u);
     segment2(true);
@@ -370,6 +413,7 @@ void main() {
     if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
     segment1(rlo, rhi, tr, tc, true);
     segment2(false);
+#endif
 #endif
 
     // Epilogue: write the tile (and the per-token sums of GAM and DC).
@@ -402,8 +446,8 @@ void main() {
                 part0[j] += v * xv;                 // Gam . x
             }
 #else
-            if (r < Lc && cc < ND) {
-                outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+            if (r < Lc && cc < ND) {               // d_B, d_C: (S, T, G, N)
+                outv[pc.o_out + (tk(r) * pc.G + g) * ND + cc] = v;
                 guard(v);
             }
 #endif

@@ -17,7 +17,7 @@ from ssm_ref import Dims
 from .plan import F32, Limits, TooLarge, Window, _tune, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "MODES", "why_not", "slice_len"]
+           "CHUNK_MIN_T", "MODES", "PER_GROUP", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 KS = 8             # contraction slice staged in shared memory (8 beat 16 and 32 on an H200)
@@ -25,10 +25,12 @@ KS = 8             # contraction slice staged in shared memory (8 beat 16 and 32
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
+NSM = 12           # per-token scalars of the backward (glsl/chunk_common.glsl)
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
 # chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
 MODES = {"CB": 0, "GU": 1, "ZF": 2, "ZB": 3, "Y": 4, "GAM": 5, "DB": 6, "DC": 7}
+PER_GROUP = ("CB", "DB", "DC")   # modes with a workgroup per (sequence, chunk, group)
 
 
 def _shape(mode: str, CL: int, P: int, N: int) -> tuple[int, int]:
@@ -52,7 +54,8 @@ def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
     cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
     RBLK = min(_up(rows, rg), 64)
-    CBLK = min(_up(cols, cg), max(128, cg))
+    # DB and DC loop over a group's heads: column blocks of 64 give more workgroups
+    CBLK = min(_up(cols, cg), max(64 if mode in ("DB", "DC") else 128, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
@@ -83,9 +86,7 @@ def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool) -> dict:
         "mcb": Sw * NCH * d.H * CL * CL, "dec": Sw * NCH * d.H * (2 * CL + 1),
     }
     if backward:
-        e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * d.T * d.H * 8,
-                 dBp=Sw * d.T * d.H * d.N, dCp=Sw * d.T * d.H * d.N, ddtp=Sw * d.T * d.H,
-                 dAp=Sw * d.H * NCH)
+        e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * d.T * d.H * NSM, dAp=Sw * d.H * NCH)
     return e
 
 
@@ -94,7 +95,7 @@ def _grids(d: Dims, CL: int, Sw: int) -> list[int]:
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]
     for m in MODES:
         _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N)
-        out.append(Sw * NCH * (d.G if m == "CB" else d.H) * nrb * ncb)
+        out.append(Sw * NCH * (d.G if m in PER_GROUP else d.H) * nrb * ncb)
     return out
 
 

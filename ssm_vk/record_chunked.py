@@ -5,7 +5,8 @@ Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (
 state) -> pass (incoming states, in chunk order; final states) -> Y.
 Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
 the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
-d_B, d_C) -> finish (d_dt, d_A parts) -> the fixed-order reduce kernels of the sequential path.
+d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
+reduce of the sequential path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from . import specs
-from .chunk_plan import GEMM_WG, MODES, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, slice_len
+from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, slice_len
 from .plan import grid
 from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings
 
@@ -51,7 +52,7 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
         return [*ks, _gemm(d, cp, "Y")]
     ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
     ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1, PB=PASS_BATCH), _finish(d, cp),
-           specs.reduce_spec(0), specs.reduce_spec(1)]
+           specs.reduce_spec(1)]
     if d.S > 1:
         ks.append(specs.rows_spec())
     return ks
@@ -89,7 +90,7 @@ class _Chunked:
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N)
-        heads = d.G if mode == "CB" else d.H
+        heads = d.G if mode in PER_GROUP else d.H
         self.run(_gemm(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
@@ -103,7 +104,7 @@ class _Chunked:
 
 def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
     sizes = scratch_elems(d, cp.CL, cp.Sw, backward)
-    names = ["hs", "cb", "mcb", "dec"] + (["gs", "gu", "mgu", "sm", "dBp", "dCp", "ddtp"] if backward else [])
+    names = ["hs", "cb", "mcb", "dec"] + (["gs", "gu", "mgu", "sm"] if backward else [])
     return {k: ws.scratch(sizes[k]) for k in names}
 
 
@@ -201,30 +202,19 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
         k.gemm("GAM", out=dx_b, o_out=o_dx)
         k.split("gam")
-        k.gemm("DB", out=k.binds["dBp"])
+        db_b, o_db = ws.bind(*bufs["d_B"], w.i0 * d.T * per["d_B"], w.S * d.T * per["d_B"])
+        k.gemm("DB", out=db_b, o_out=o_db)
         k.split("db")
-        k.gemm("DC", out=k.binds["dCp"])
+        dc_b, o_dc = ws.bind(*bufs["d_C"], w.i0 * d.T * per["d_C"], w.S * d.T * per["d_C"])
+        k.gemm("DC", out=dc_b, o_out=o_dc)
         k.mark("dc")
-        k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp)
+        ddt_b, o_ddt = ws.bind(*bufs["d_dt"], w.i0 * d.T * per["d_dt"], w.S * d.T * per["d_dt"])
+        k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
-        _reduce_window(seq, ws, p, w, k.binds, bufs)
-        k.mark("reduce")
     _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
     seq.barrier()
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     _flag_end(seq, ws, scratch["flag"])
-
-
-def _reduce_window(seq, ws, p: Problem, w, b: dict, bufs: dict) -> None:
-    """d_B, d_C (sums of the per-head partials over each group's heads) and d_dt of a window."""
-    d = p.dims
-    n_out = max(w.S * d.T * d.G * d.N, w.S * d.T * d.H)
-    gx, gy = grid(-(-n_out // specs.FLAT_WG), ws.limits)
-    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
-    b2, o2 = _seq_bindings(ws, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-    push = dict(S=w.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, **o2, acc=0)
-    seq.dispatch(_kernel(ws.ctx, specs.reduce_spec(0)), [b["dBp"], b["dCp"], b["ddtp"], b2["dB"], b2["dC"], b2["ddt"]],
-                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 
 def _reduce_dA(seq, ws, p: Problem, cp: ChunkPlan, dAp, dA_at) -> None:

@@ -126,7 +126,7 @@ def _push(spec, push: bytes) -> dict:
 
 # glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
 CB = {name: k for k, name in enumerate(specs.CHUNK_BINDINGS)}
-NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA = 8, 0, 1, 3, 5
+NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA = 12, 0, 1, 3, 5
 
 
 def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
@@ -137,7 +137,7 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
     CL, PD, ND = D["CL"], D["PD"], D["ND"]
     DEC = 2 * CL + 1
     ST, heads = S * T, S * NCH * H
-    tokP, tokN = ST * H * PD, ST * H * ND                      # (it*H + h)*P + p, (it*H + h)*N + n
+    tokP, tokG = ST * H * PD, ST * G * ND                      # (it*H + h)*P + p, (it*G + g)*N + n
     dt = v["o_dt"] + ST * H                                    # dt[o_dt + it*H + h]
     dec = heads * DEC                                          # dec[hm*DEC + 2CL]
     hsz = heads * PD * ND                                      # hs[hm*P*N + p*N + n], gs the same
@@ -152,7 +152,8 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
             out.update({CB["gu"]: mat, CB["mgu"]: mat, CB["sm"]: sm(SM_W + 1)})
         return out
     if spec.name == "chunk_finish":
-        return {CB["gs"]: hsz, CB["hs"]: hsz, CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt, CB["ddtp"]: ST * H,
+        return {CB["gs"]: hsz, CB["hs"]: hsz, CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt,
+                CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
                 CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"])),
                 CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
     assert spec.name == "chunk_gemm", spec.name
@@ -169,8 +170,8 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
         4: {CB["mcb"]: mat, x: v["o_x"] + tokP, CB["C"]: Cn, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokP},
         5: {CB["mcb"]: mat, gy: v["o_gy"] + tokP, CB["B"]: Bn, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokP,
             x: v["o_x"] + tokP, CB["sm"]: sm(SM_BETA + ncbk)},
-        6: {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokN},
-        7: {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokN,
+        6: {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokG},
+        7: {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokG,
             CB["C"]: Cn, CB["sm"]: sm(SM_ALPHA + ncbk)},
     }[mode]
     if mode != 0:                                              # d_t = softplus(dt), din, dout
