@@ -12,6 +12,7 @@ submit + wait per call. Workspaces and sequences live in bounded LRU caches per 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -21,7 +22,7 @@ import numpy as np
 from ssm_ref import Problem
 
 from . import runtime as rt
-from .arrays import DeviceArray, empty, pool
+from .arrays import DeviceArray, pool
 from .plan import Limits, plan
 from .record import F32, record_backward, record_forward
 
@@ -102,8 +103,9 @@ class Workspace:
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
-        self.shapes = _shapes(dims, backward)
-        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in self.shapes.items()}
+        self.shapes = {k: tuple(int(n) for n in v) for k, v in _shapes(dims, backward).items()}
+        self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
+        self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
@@ -175,10 +177,14 @@ class Workspace:
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
         if device_out:
+            # What empty(ctx, shape) makes, with the sizes worked out once per workspace.
+            ctx, p = self.ctx, self.pool
+            if p.closed:
+                p = pool(ctx)
             out: dict = {}
             try:
-                for k, shape in self.shapes.items():
-                    out[k] = empty(self.ctx, shape)
+                for k, shape, nbytes in self._out_specs:
+                    out[k] = DeviceArray._from_pool(ctx, p.acquire(nbytes) if nbytes else None, shape)
             except BaseException:
                 _release(out)
                 raise
