@@ -106,6 +106,7 @@ class Workspace:
         self.shapes = {k: tuple(int(n) for n in v) for k, v in _shapes(dims, backward).items()}
         self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
         self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
+        self._out_nbytes = [n for _, _, n in self._out_specs if n]
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
@@ -177,16 +178,21 @@ class Workspace:
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
         if device_out:
-            # What empty(ctx, shape) makes, with the sizes worked out once per workspace.
+            # What empty(ctx, shape) makes for each output, the buffers taken from the pool at once.
             ctx, p = self.ctx, self.pool
             if p.closed:
                 p = pool(ctx)
+            bufs = p.acquire_all(self._out_nbytes)
             out: dict = {}
+            i = 0
             try:
                 for k, shape, nbytes in self._out_specs:
-                    out[k] = DeviceArray._from_pool(ctx, p.acquire(nbytes) if nbytes else None, shape)
+                    out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape)
+                    i += 1 if nbytes else 0
             except BaseException:
                 _release(out)
+                for b in bufs[i:]:
+                    p.release(b)
                 raise
             return out
         out = {}
