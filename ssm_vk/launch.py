@@ -61,22 +61,39 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
+def _no_subgroup() -> bool:
+    return FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1"
+
+
 def subgroup_ops(info) -> frozenset:
     """The subgroup operations the kernels may use; none when FORCE_SHARED_MEMORY is set or
     SSM_VK_NO_SUBGROUP=1 (the shared-memory path, tested on devices that have subgroups)."""
-    if FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1":
+    if _no_subgroup():
         return frozenset()
     return frozenset(info.subgroup_ops)
 
 
+_limits: dict = {}  # (id(info), no subgroup ops) -> (info, Limits): a call asks twice per call
+
+
 def limits_of(info) -> Limits:
-    return Limits(
-        subgroup_size=info.subgroup_size, subgroup_ops=subgroup_ops(info),
+    """The planner's Limits of device ``info`` (a frozen DeviceInfo) as things stand now."""
+    no_subgroup = _no_subgroup()
+    key = (id(info), no_subgroup)
+    hit = _limits.get(key)
+    if hit is not None and hit[0] is info:  # the entry keeps ``info`` alive: its id is not reused
+        return hit[1]
+    lim = Limits(
+        subgroup_size=info.subgroup_size, subgroup_ops=frozenset() if no_subgroup else frozenset(info.subgroup_ops),
         max_workgroup_invocations=info.max_workgroup_invocations, max_shared_memory=info.max_shared_memory,
         max_workgroup_count=tuple(info.max_workgroup_count),
         max_storage_buffer_range=info.max_storage_buffer_range,
         max_memory_allocation_size=info.max_memory_allocation_size,
         min_storage_buffer_offset_alignment=info.min_storage_buffer_offset_alignment)
+    if len(_limits) >= 64:
+        _limits.clear()
+    _limits[key] = (info, lim)
+    return lim
 
 
 def _shapes(d, backward: bool) -> dict:
@@ -241,7 +258,8 @@ class Workspace:
         left its sequence pending; nothing may write the buffers that work reads until it ends
         (raises VulkanTimeout again if it still has not)."""
         for seq, _ in self.sequences.values():
-            seq.wait()
+            if seq.pending:
+                seq.wait()
 
     def close(self) -> None:
         self.closed = True
