@@ -206,7 +206,14 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
     return arr
 
 
+_I64 = np.dtype(np.int64)
+
+
 def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
+    if type(ids) is np.ndarray and ids.dtype == _I64 and ids.flags.c_contiguous:
+        out = ids.view()  # what _finish makes of it, without the conversion machinery
+        out.flags.writeable = False
+        return out
     if ids is None:
         return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
     return _finish(ids.astype(np.int64, copy=False), np.dtype(np.int64))
@@ -338,8 +345,12 @@ def _fast_device(key: tuple | None, arrays: tuple, ids, workspace) -> Problem | 
             n_y = dims.S * dims.T * dims.H * dims.P
             g_y, g_states = (_part(g_y, 0, (dims.S, dims.T, dims.H, dims.P)),
                              _part(g_y, n_y, (dims.S, dims.H, dims.P, dims.N)))
-    return Problem(dims=dims, s=s, x=x, dt=dt, A=A2, B=B, C=C, ids=_finish_ids(ids_, dims.S), g_y=g_y,
-                   g_states=g_states, dtype=_F32)
+    # Problem(...) with every field given, without the frozen dataclass's __init__ (one
+    # object.__setattr__ a field: ~3 us of the ~10 this path costs)
+    p = object.__new__(Problem)
+    p.__dict__.update(dims=dims, s=s, x=x, dt=dt, A=A2, B=B, C=C, ids=_finish_ids(ids_, dims.S), g_y=g_y,
+                      g_states=g_states, dtype=_F32)
+    return p
 
 
 def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False,

@@ -83,19 +83,17 @@ class _Release:
     interpreter exit (finalize's atexit pass): the context's own atexit close frees every buffer.
     """
 
-    __slots__ = ("_buf", "_ctx", "_ref")
+    __slots__ = ("_buf", "_ctx", "_ref", "alive")
 
     def __init__(self, owner, ctx, buf):
         self._ctx = ctx
         self._buf = buf
+        self.alive = True  # False from the moment it starts running
         self._ref = weakref.ref(owner, _collected)
         _pending[id(self._ref)] = self
 
-    @property
-    def alive(self) -> bool:
-        return _pending.get(id(self._ref)) is self
-
     def __call__(self) -> None:
+        self.alive = False
         if _pending.pop(id(self._ref), None) is self:
             _give_back(self._ctx, self._buf)
 
@@ -106,6 +104,7 @@ def _collected(ref, _pending=_pending, _give_back=_give_back) -> None:
     # interpreter tears the module down.
     release = _pending.pop(id(ref), None)
     if release is not None:
+        release.alive = False
         _give_back(release._ctx, release._buf)
 
 
@@ -188,14 +187,30 @@ class DeviceArray:
             shape = tuple(shape[0])
         if _count(shape) != self.size:
             raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {tuple(shape)}")
-        return DeviceArray(self.ctx, self.buffer, shape, self.dtype, self.offset, base=self._base or self)
+        return self._view(shape, self.offset)
 
     def view(self, start: int, shape) -> DeviceArray:
         """Elements [start, start + prod(shape)) of this array (flattened), shaped; no copy."""
         n = _count(shape)
         if start < 0 or start + n > self.size:
             raise ValueError(f"view [{start}, {start + n}) outside a DeviceArray of {self.size} elements")
-        return DeviceArray(self.ctx, self.buffer, shape, self.dtype, self.offset + start, base=self._base or self)
+        return self._view(shape, self.offset + start)
+
+    def _view(self, shape, offset) -> DeviceArray:
+        """``DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=...)``; a shape of
+        Python ints and an int offset (the validator's views, each call) skip its conversions."""
+        base = self._base or self
+        if type(offset) is not int or type(shape) is not tuple or not all(type(n) is int for n in shape):
+            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=base)
+        v = object.__new__(DeviceArray)
+        v.ctx = self.ctx
+        v.buffer = self.buffer
+        v.shape = shape
+        v.dtype = self.dtype
+        v.offset = offset
+        v._base = base
+        v._finalizer = None
+        return v
 
     def release(self) -> None:
         """Give the buffer back to the pool now. Views of it become invalid. Idempotent."""

@@ -87,7 +87,8 @@ def _support(op: str, p) -> tuple[Support, object]:
     ctx, reason = _context_or_reason()
     if ctx is None:
         return Support(False, reason), None
-    resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
+    # which inputs are device arrays (is_device_array, inlined)
+    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
     key = (id(ctx), id(info), op, p.dims, resident)
     hit = _support_cache.get(key)

@@ -278,10 +278,10 @@ class Workspace:
 def _workspace(ctx, dims, backward: bool) -> Workspace:
     key = (dims, backward, limits_of(ctx.info))
     with _caches_lock:
-        for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
-            del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
         owner, cache = _caches.get(id(ctx), (None, None))
-        if owner is not ctx:
+        if owner is not ctx:  # ctx's first call (ctx is open: the contexts before it are closed or lost)
+            for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
+                del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
             cache = OrderedDict()
             _caches[id(ctx)] = (ctx, cache)
         ws = cache.get(key)

@@ -11,6 +11,8 @@ device shapes (the fast path's look-up primed), through every entry point it con
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_errors import BAD, ENTRY_POINTS, FWD_ARGS, call, valid
@@ -61,6 +63,8 @@ def test_a_bad_device_call_raises_as_the_full_path_does(bad, entry):
 
 
 def _problems_equal(p: ssm_ref.Problem, q: ssm_ref.Problem) -> None:
+    fields = {f.name for f in dataclasses.fields(ssm_ref.Problem)}
+    assert set(vars(p)) == set(vars(q)) == fields  # the fast path fills in every field
     assert p.dims == q.dims and p.dtype == q.dtype
     for k in ("s", "x", "dt", "B", "C"):
         assert getattr(p, k) is getattr(q, k), k  # the caller's device arrays, bound in place
