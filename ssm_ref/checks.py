@@ -147,8 +147,11 @@ def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     # extra view lets us clear the writeable flag without touching the caller's flags.
     # Values beyond float32's range become inf, as SCAN.md's numerics expect; like the scan
     # itself, the cast does so without a RuntimeWarning.
-    with np.errstate(over="ignore"):
-        out = np.ascontiguousarray(arr, dtype=dtype).view()
+    if type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous and arr.ndim:
+        out = arr.view()  # what the conversion below hands back, without np.errstate (~1.5 us)
+    else:
+        with np.errstate(over="ignore"):
+            out = np.ascontiguousarray(arr, dtype=dtype).view()
     out.flags.writeable = False
     return out
 

@@ -129,6 +129,7 @@ class Workspace:
         self._k = 0
         self._uploads: dict = {}          # input name -> Buffer
         self._host_out: dict = {}         # output name -> Buffer
+        self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
         self._dummy = None
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
@@ -212,13 +213,15 @@ class Workspace:
                     p.release(b)
                 raise
             return out
-        out = {}
-        for k, shape in self.shapes.items():
-            n = self.sizes[k] * F32
-            if n and k not in self._host_out:
-                self._host_out[k] = self._acquire(n)
-            out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
-        return out
+        if self._host_views is None:  # made once: they never leave the workspace (results are copies)
+            out = {}
+            for k, shape in self.shapes.items():
+                n = self.sizes[k] * F32
+                if n and k not in self._host_out:
+                    self._host_out[k] = self._acquire(n)
+                out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
+            self._host_views = out
+        return self._host_views
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):
@@ -336,16 +339,20 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
     outputs go back to the pool before the exception leaves, so a caller that holds the exception
     (and so its frames) holds no device memory."""
     ws.settle()
-    names_in = BWD_IN if backward else FWD_IN
-    arrays = {"s": p.s, "x": p.x, "dt": p.dt, "A": p.A, "B": p.B, "C": p.C}
-    if backward:
-        arrays.update(g_y=p.g_y, g_states=p.g_states)
-    bufs = {k: ws.input(k, arrays[k]) for k in names_in}
+    bufs: dict = {}
+    # The sequence's key: buffer serial and offset of every binding, in the workspace's fixed
+    # order (inputs, then outputs), and the ids.
+    key: list = []
+    for k in BWD_IN if backward else FWD_IN:
+        b, off = bufs[k] = ws.input(k, getattr(p, k))
+        key += (None if b is None else b.serial, off)
     outs = ws.outputs(device_out)
     try:
-        bufs.update({k: (a.buffer, a.offset) for k, a in outs.items()})
-        key = (tuple((k, b.serial if b is not None else None, off) for k, (b, off) in bufs.items()),
-               p.ids.tobytes())
+        for k, a in outs.items():
+            b, off = bufs[k] = (a.buffer, a.offset)
+            key += (None if b is None else b.serial, off)
+        key.append(p.ids.tobytes())
+        key = tuple(key)
         rec = record_backward if backward else record_forward
         seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))
         seq.submit()
