@@ -139,3 +139,18 @@ def test_the_host_memory_limit_is_read_on_every_call(monkeypatch):
     monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", "lots")
     got = _raised(lambda: ssm_vk.ssm_scan(**fwd))
     assert got == (ValueError, "SSM_HOST_MEMORY_BYTES: expected a number of bytes, got 'lots'")
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+def test_results_have_every_field(device):
+    # ssm_vk fills its frozen result dataclasses' fields directly (no __init__): all of them.
+    a = _on_device(valid()) if device else valid()
+    r = ssm_vk.ssm_scan(**{k: a[k] for k in FWD_ARGS})
+    g = ssm_vk.ssm_scan_back(**{k: a[k] for k in FWD_ARGS}, g_y=a["g_y"], g_states=a["g_states"])
+    for res, cls in ((r, ssm_ref.ScanResult), (g, ssm_ref.ScanGrads)):
+        assert type(res) is cls and not hasattr(cls, "__post_init__")
+        assert set(vars(res)) == {f.name for f in dataclasses.fields(cls)}
+        assert res.where.startswith("Vulkan") and res.backend == "ssm_vk"
+    assert isinstance(r.y, ssm_vk.DeviceArray) == device and isinstance(g.d_A, ssm_vk.DeviceArray) == device
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.d_x = None
