@@ -125,7 +125,7 @@ def _as_array(name: str, value, what: str = "a float array") -> np.ndarray:
 def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -> np.ndarray:
     """A read-only C-contiguous array of ``dtype``; the caller's array is never written or kept."""
     arr = _as_array(name, value)
-    if is_device_array(arr) and not keep_device:
+    if not keep_device and is_device_array(arr):
         arr = arr.numpy()  # host backends compute on a host copy
     kind = arr.dtype.kind
     if kind != "f":
@@ -139,16 +139,16 @@ def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -
 
 
 def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if is_device_array(arr):
-        if arr.dtype != dtype:
-            raise TypeError(f"device arrays hold float32; this call works in {dtype}")
-        return arr
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
     # Values beyond float32's range become inf, as SCAN.md's numerics expect; like the scan
     # itself, the cast does so without a RuntimeWarning.
     if type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous and arr.ndim:
         out = arr.view()  # what the conversion below hands back, without np.errstate (~1.5 us)
+    elif is_device_array(arr):
+        if arr.dtype != dtype:
+            raise TypeError(f"device arrays hold float32; this call works in {dtype}")
+        return arr
     else:
         with np.errstate(over="ignore"):
             out = np.ascontiguousarray(arr, dtype=dtype).view()

@@ -414,7 +414,10 @@ class BufferPool:
             if buffer.closed:
                 self._made.pop(buffer.serial, None)
                 return
-            self._free.setdefault(buffer.size, []).append(buffer)
+            free = self._free.get(buffer.size)
+            if free is None:
+                free = self._free[buffer.size] = []
+            free.append(buffer)
 
     def trim(self) -> None:
         """Free every buffer not in use."""
