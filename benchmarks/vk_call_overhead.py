@@ -137,6 +137,27 @@ class Case:
         return m
 
 
+def _reference_us() -> float:
+    """Median time of a fixed pure-Python workload (dicts, tuples, attribute reads, calls)."""
+    class Obj:
+        def __init__(self, i):
+            self.i = i
+
+    def work():
+        d = {}
+        for i in range(100):
+            o = Obj(i)
+            d[(i, o.i)] = len(d)
+        return d
+
+    samples = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
 @contextlib.contextmanager
 def _stubbed_submit(on: bool):
     """Sequence.submit replaced by a no-op while ``on``: the call's Python without the driver."""
@@ -169,9 +190,11 @@ def main() -> None:
         for c in cases:
             c.round(per)
 
+    ref = _reference_us()
     cols = ("call", "drop", "replay", "floor", "python", "in-submit", "python*", "validate", "support", "launch",
             "glue")
-    print(f"device: {ctx.info.name}; validation={ctx.validation}; ran on {where}")
+    print(f"device: {ctx.info.name}; validation={ctx.validation}; ran on {where}; reference loop {ref:.1f} us "
+          "(pure Python: this machine's speed at the time, to compare runs by)")
     print(f"shape (S, T, H, P, N, G, R) = ({S}, {T}, {H}, {P}, {N}, {G}, {S}); medians of {per * args.rounds} "
           "calls, microseconds")
     print(f"{'case':<26}" + "".join(f"{c:>10}" for c in cols))
