@@ -7,12 +7,12 @@ import os
 import threading
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward, is_device_array
+from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward
 
 from . import budget, launch, record
 from . import runtime as rt
 from .arrays import DeviceArray
-from .plan import TooLarge, _tune
+from .plan import TooLarge
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -58,10 +58,6 @@ def _context_or_reason():
         return None, _unopenable[os.getpid()]
 
 
-def _has_device_arrays(*arrays) -> bool:
-    return any(is_device_array(a) for a in arrays)
-
-
 _support_cache: dict = {}
 _INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
 
@@ -75,7 +71,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _support(op: str, p) -> tuple[Support, object]:
+def _support(op: str, p) -> tuple[Support, object, bool]:
     """Whether ``p`` runs on the device, decided before any allocation: a device and context,
     a plan within the device's limits (plan.py), every buffer within maxMemoryAllocationSize and
     all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches.
@@ -83,22 +79,26 @@ def _support(op: str, p) -> tuple[Support, object]:
     Decisions are cached by context, limits, op, dims and which inputs are device-resident -- all
     they depend on (budget.py and record.kernels_needed assume the worst about duplicate ids) --
     except a refusal for want of SPIR-V, which glslc on PATH or a warm cache may lift later.
+
+    Returns (the decision, the context, whether any input is device-resident: then the results
+    are DeviceArrays).
     """
     ctx, reason = _context_or_reason()
     if ctx is None:
-        return Support(False, reason), None
-    resident = frozenset(k for k in _INPUTS if is_device_array(getattr(p, k)))
+        return Support(False, reason), None, False
+    # which inputs are device arrays (is_device_array, inlined)
+    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
-    key = (id(ctx), id(info), op, p.dims, resident, tuple(sorted(_tune().items())))
+    key = (id(ctx), id(info), op, p.dims, resident, launch.knobs_key())
     hit = _support_cache.get(key)
     if hit is not None and hit[1] is ctx and hit[2] is info:
-        return hit[0], ctx
+        return hit[0], ctx, bool(resident)
     sup, cache = _decide(ctx, op, p, resident)
     if cache:
         if len(_support_cache) > 256:
             _support_cache.clear()
         _support_cache[key] = (sup, ctx, info)
-    return sup, ctx
+    return sup, ctx, bool(resident)
 
 
 def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
@@ -160,25 +160,33 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     """
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    sup, ctx = _support("ssm_scan", p)
+    sup, ctx, device_out = _support("ssm_scan", p)  # device_out: any of s..C a DeviceArray
     if not sup:
         cpu = _fall_back(sup.reason)
         h = _host(p)
         return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
-    out = launch.forward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C))
-    return ScanResult(y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
+    out = launch.forward(ctx, p, device_out=device_out)
+    return _result(ScanResult, y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour as :func:`ssm_scan`."""
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    sup, ctx = _support("ssm_scan_back", p)
+    sup, ctx, device_out = _support("ssm_scan_back", p)  # device_out: any of s..g_states a DeviceArray
     if not sup:
         cpu = _fall_back(sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
-    g = launch.backward(ctx, p, device_out=_has_device_arrays(s, x, dt, A, B, C, g_y, g_states))
-    return ScanGrads(**g, where=ctx.info.where, backend=NAME)
+    g = launch.backward(ctx, p, device_out=device_out)
+    return _result(ScanGrads, **g, where=ctx.info.where, backend=NAME)
+
+
+def _result(cls, **fields):
+    """``cls(**fields)`` for the frozen result dataclasses (ScanResult, ScanGrads: no
+    __post_init__; every field given), without their __init__'s object.__setattr__ a field."""
+    r = object.__new__(cls)
+    r.__dict__.update(fields)
+    return r

@@ -13,6 +13,7 @@ submit + wait per call. Workspaces and sequences live in bounded LRU caches per 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -22,7 +23,7 @@ import numpy as np
 from ssm_ref import Problem
 
 from . import runtime as rt
-from .arrays import DeviceArray, empty, pool
+from .arrays import DeviceArray, pool
 from .plan import Limits
 from .record import F32, choose_plan, record_backward, record_forward
 
@@ -66,22 +67,39 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
+def _no_subgroup() -> bool:
+    return FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1"
+
+
 def subgroup_ops(info) -> frozenset:
     """The subgroup operations the kernels may use; none when FORCE_SHARED_MEMORY is set or
     SSM_VK_NO_SUBGROUP=1 (the shared-memory path, tested on devices that have subgroups)."""
-    if FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1":
+    if _no_subgroup():
         return frozenset()
     return frozenset(info.subgroup_ops)
 
 
+_limits: dict = {}  # (id(info), no subgroup ops) -> (info, Limits): a call asks twice per call
+
+
 def limits_of(info) -> Limits:
-    return Limits(
-        subgroup_size=info.subgroup_size, subgroup_ops=subgroup_ops(info),
+    """The planner's Limits of device ``info`` (a frozen DeviceInfo) as things stand now."""
+    no_subgroup = _no_subgroup()
+    key = (id(info), no_subgroup)
+    hit = _limits.get(key)
+    if hit is not None and hit[0] is info:  # the entry keeps ``info`` alive: its id is not reused
+        return hit[1]
+    lim = Limits(
+        subgroup_size=info.subgroup_size, subgroup_ops=frozenset() if no_subgroup else frozenset(info.subgroup_ops),
         max_workgroup_invocations=info.max_workgroup_invocations, max_shared_memory=info.max_shared_memory,
         max_workgroup_count=tuple(info.max_workgroup_count),
         max_storage_buffer_range=info.max_storage_buffer_range,
         max_memory_allocation_size=info.max_memory_allocation_size,
         min_storage_buffer_offset_alignment=info.min_storage_buffer_offset_alignment)
+    if len(_limits) >= 64:
+        _limits.clear()
+    _limits[key] = (info, lim)
+    return lim
 
 
 def _shapes(d, backward: bool) -> dict:
@@ -108,13 +126,16 @@ class Workspace:
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
-        self.shapes = _shapes(dims, backward)
-        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in self.shapes.items()}
+        self.shapes = {k: tuple(int(n) for n in v) for k, v in _shapes(dims, backward).items()}
+        self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
+        self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
+        self._out_nbytes = [n for _, _, n in self._out_specs if n]
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
         self._uploads: dict = {}          # input name -> Buffer
         self._host_out: dict = {}         # output name -> Buffer
+        self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
@@ -160,7 +181,10 @@ class Workspace:
 
     def nonfinite(self) -> bool:
         """Whether the last (waited-for) chunked call flagged a non-finite output."""
-        return bool(rt.download(self._flag_host, ((1,), np.uint32))[0])
+        buf = self._flag_host
+        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place
+            return bool(np.frombuffer(buf._mapped, np.uint32, 1)[0])
+        return bool(rt.download(buf, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
         """A binding of elements [base + start, base + start + count) of ``buf`` and the residual
@@ -192,21 +216,32 @@ class Workspace:
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
         if device_out:
+            # What empty(ctx, shape) makes for each output, the buffers taken from the pool at once.
+            ctx, p = self.ctx, self.pool
+            if p.closed:
+                p = pool(ctx)
+            bufs = p.acquire_all(self._out_nbytes)
             out: dict = {}
+            i = 0
             try:
-                for k, shape in self.shapes.items():
-                    out[k] = empty(self.ctx, shape)
+                for k, shape, nbytes in self._out_specs:
+                    out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape)
+                    i += 1 if nbytes else 0
             except BaseException:
                 _release(out)
+                for b in bufs[i:]:
+                    p.release(b)
                 raise
             return out
-        out = {}
-        for k, shape in self.shapes.items():
-            n = self.sizes[k] * F32
-            if n and k not in self._host_out:
-                self._host_out[k] = self._acquire(n)
-            out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
-        return out
+        if self._host_views is None:  # made once: they never leave the workspace (results are copies)
+            out = {}
+            for k, shape in self.shapes.items():
+                n = self.sizes[k] * F32
+                if n and k not in self._host_out:
+                    self._host_out[k] = self._acquire(n)
+                out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
+            self._host_views = out
+        return self._host_views
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):
@@ -246,7 +281,8 @@ class Workspace:
         left its sequence pending; nothing may write the buffers that work reads until it ends
         (raises VulkanTimeout again if it still has not)."""
         for seq, _ in self.sequences.values():
-            seq.wait()
+            if seq.pending:
+                seq.wait()
 
     def close(self) -> None:
         self.closed = True
@@ -265,15 +301,21 @@ class Workspace:
         self._flag_host = None
 
 
-def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
-    from .plan import _tune
+def knobs_key() -> tuple:
+    """What the planner's tuning knobs (ssm_vk.plan.TUNE, SSM_VK_TUNE) are now, cheaply: part of
+    every cache key that depends on the plan."""
+    from .plan import TUNE
 
-    key = (dims, backward, limits_of(ctx.info), chunked, tuple(sorted(_tune().items())))
+    return os.environ.get("SSM_VK_TUNE", ""), tuple(TUNE.items()) if TUNE else ()
+
+
+def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
+    key = (dims, backward, limits_of(ctx.info), chunked, knobs_key())
     with _caches_lock:
-        for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
-            del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
         owner, cache = _caches.get(id(ctx), (None, None))
-        if owner is not ctx:
+        if owner is not ctx:  # ctx's first call (ctx is open: the contexts before it are closed or lost)
+            for k in [k for k, (owner, _) in _caches.items() if owner.closed]:
+                del _caches[k]  # a closed (lost) context's workspaces: its buffers are gone already
             cache = OrderedDict()
             _caches[id(ctx)] = (ctx, cache)
         ws = cache.get(key)
@@ -342,20 +384,24 @@ def _note_rerun(dims) -> None:
 
 def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict | None:
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels). A call that raises keeps no results: device
-    outputs go back to the pool before the exception leaves, so a caller that holds the exception
-    (and so its frames) holds no device memory."""
+    non-finite output (the caller recomputes with the sequential kernels). A call that raises
+    keeps no results: device outputs go back to the pool before the exception leaves, so a caller
+    that holds the exception (and so its frames) holds no device memory."""
     ws.settle()
-    names_in = BWD_IN if backward else FWD_IN
-    arrays = {"s": p.s, "x": p.x, "dt": p.dt, "A": p.A, "B": p.B, "C": p.C}
-    if backward:
-        arrays.update(g_y=p.g_y, g_states=p.g_states)
-    bufs = {k: ws.input(k, arrays[k]) for k in names_in}
+    bufs: dict = {}
+    # The sequence's key: buffer serial and offset of every binding, in the workspace's fixed
+    # order (inputs, then outputs), and the ids.
+    key: list = []
+    for k in BWD_IN if backward else FWD_IN:
+        b, off = bufs[k] = ws.input(k, getattr(p, k))
+        key += (None if b is None else b.serial, off)
     outs = ws.outputs(device_out)
     try:
-        bufs.update({k: (a.buffer, a.offset) for k, a in outs.items()})
-        key = (tuple((k, b.serial if b is not None else None, off) for k, (b, off) in bufs.items()),
-               p.ids.tobytes())
+        for k, a in outs.items():
+            b, off = bufs[k] = (a.buffer, a.offset)
+            key += (None if b is None else b.serial, off)
+        key.append(p.ids.tobytes())
+        key = tuple(key)
         rec = record_backward if backward else record_forward
         seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))
         seq.submit()

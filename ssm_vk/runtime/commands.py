@@ -76,6 +76,7 @@ class Sequence:
         self._kernels: set[Kernel] = set()
         self._labels: list[str] = []
         self._submitted = False
+        self._checked = -1  # ctx.closures when the buffers and kernels used were last found open
         begin = vk.ffi.new("VkCommandBufferBeginInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
         binding.check_result(vk.lib.vkBeginCommandBuffer(self._cmd, begin), "vkBeginCommandBuffer")
 
@@ -211,13 +212,16 @@ class Sequence:
         """
         if self.closed or self._state != _READY:
             raise RuntimeError("submit: the Sequence is closed or not finished")
-        for buf in self._buffers.values():
-            if buf.closed:
-                raise RuntimeError(f"submit: {buf!r} used by this sequence is closed; record it again")
-        for kernel in self._kernels:
-            if kernel.closed:
-                raise RuntimeError(f"submit: {kernel!r} used by this sequence is closed; record it again")
         ctx = self.ctx
+        closures = ctx.closures
+        if closures != self._checked:  # else no buffer or kernel closed since they were last found open
+            for buf in self._buffers.values():
+                if buf.closed:
+                    raise RuntimeError(f"submit: {buf!r} used by this sequence is closed; record it again")
+            for kernel in self._kernels:
+                if kernel.closed:
+                    raise RuntimeError(f"submit: {kernel!r} used by this sequence is closed; record it again")
+            self._checked = closures
         ctx.check_usable()
         if self.pending:
             self.wait(timeout_s)

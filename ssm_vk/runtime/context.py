@@ -93,6 +93,8 @@ class Context:
         self._alloc_bytes = 0
         self._fault: type[Exception] | None = None
         self._allocation_faults = 0              # memory.py test seam: allocations left to fail
+        self.closures = 0                        # buffers and kernels closed so far (commands.py: a Sequence
+                                                 # checks its own for closed ones when this moved)
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
         # State owned by the modules named, kept here because it lives as long as the context:
@@ -243,6 +245,7 @@ class Context:
     def buffer_closed(self, serial: int) -> None:
         """Drop the cached descriptor sets that point at a closed buffer (memory.py calls this)."""
         with self.lock:
+            self.closures += 1  # after the buffer's ``closed``: a submit that sees this checks it
             for kernel in self._kernels.values():
                 kernel.forget_buffer(serial)
 

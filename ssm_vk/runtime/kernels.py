@@ -257,6 +257,7 @@ class Kernel:
             ctx.wait_idle()
         with ctx.lock:
             self.closed = True
+            ctx.closures += 1  # Sequence.submit checks its kernels again
             self._sets.clear()
             self._keys_of_buffer.clear()
             self._free_sets.clear()

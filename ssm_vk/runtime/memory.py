@@ -318,6 +318,7 @@ class BufferPool:
         self._free: dict[int, list[Buffer]] = {}
         self._made: dict[int, Buffer] = {}      # serial → every live buffer of this pool
         self._out: set[int] = set()             # serials acquired and not released
+        self._classes: dict[int, int] = {}      # request → size_class(request), for those acquire() has seen
 
     @staticmethod
     def size_class(nbytes: int) -> int:
@@ -337,6 +338,8 @@ class BufferPool:
         """A buffer of at least ``nbytes``. Raises what :class:`Buffer` raises, RuntimeError when closed."""
         nbytes = check_int("nbytes", nbytes, 1)
         size = self.size_class(nbytes)
+        if type(nbytes) is int and len(self._classes) < 1024:
+            self._classes[nbytes] = size  # for acquire_all
         if size > self.ctx.info.max_memory_allocation_size >= nbytes:
             size = nbytes  # never round a legal request up past the limit
         with self._lock:
@@ -365,6 +368,39 @@ class BufferPool:
             self._check_open()
         return buffer
 
+    def acquire_all(self, sizes) -> list[Buffer]:
+        """``[acquire(n) for n in sizes]``, the buffers the pool has free taken under one lock (a
+        call's outputs: seven acquisitions one at a time cost ~15 us from Python). On a failure
+        the buffers already taken go back and the exception is raised."""
+        out: list = [None] * len(sizes)
+        classes = self._classes
+        limit = self.ctx.info.max_memory_allocation_size
+        with self._lock:
+            self._check_open()
+            for i, n in enumerate(sizes):
+                size = classes.get(n)
+                if size is None:
+                    break  # a request not seen before: acquire() checks it and works out its class
+                if size > limit >= n:
+                    size = n  # as acquire() does
+                free = self._free.get(size)
+                while free and free[-1].closed:  # closed behind the pool's back
+                    self._made.pop(free.pop().serial, None)
+                if free:
+                    buffer = out[i] = free.pop()
+                    self.reused += 1
+                    self._out.add(buffer.serial)
+        try:
+            for i, n in enumerate(sizes):
+                if out[i] is None:
+                    out[i] = self.acquire(n)
+        except BaseException:
+            for buffer in out:
+                if buffer is not None:
+                    self.release(buffer)
+            raise
+        return out
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this BufferPool is closed")
@@ -378,7 +414,10 @@ class BufferPool:
             if buffer.closed:
                 self._made.pop(buffer.serial, None)
                 return
-            self._free.setdefault(buffer.size, []).append(buffer)
+            free = self._free.get(buffer.size)
+            if free is None:
+                free = self._free[buffer.size] = []
+            free.append(buffer)
 
     def trim(self) -> None:
         """Free every buffer not in use."""

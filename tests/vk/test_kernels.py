@@ -199,6 +199,33 @@ def test_submit_refuses_closed_buffers(ctx, glslc, data):
             seq.submit()
 
 
+def test_submit_refuses_what_closed_after_earlier_submits(ctx, glslc, data):
+    # A replayed sequence checks its buffers and kernels again only when one of the context's
+    # closed since its last check: one closed between two submits is still refused.
+    n, _, _, groups, (bx, by, bs) = data
+    scratch = rt.Buffer(ctx, 4 * n)
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(saxpy(ctx), [bx, scratch, bs], push(n, 1.0), groups=groups)
+        seq.finish()
+        seq.submit()
+        rt.Buffer(ctx, 16).close()  # another buffer closing: the check runs again and passes
+        seq.submit()
+        seq.submit()
+        scratch.close()
+        with pytest.raises(RuntimeError, match=r"submit: <Buffer #\d+ .* closed> used by this sequence is closed"):
+            seq.submit()
+    k = rt.Kernel.get(ctx, "saxpy", bindings=3, push_size=8, local_size=(LOCAL, 1, 1), spec=(0.25,),
+                      search_path=TEST_GLSL)
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+        seq.finish()
+        seq.submit()
+        seq.submit()
+        k.close()
+        with pytest.raises(RuntimeError, match=r"submit: <Kernel .* used by this sequence is closed"):
+            seq.submit()
+
+
 def test_copy_and_one_shot(ctx):
     with rt.Buffer(ctx, 64) as a, rt.Buffer(ctx, 64) as b:
         rt.upload(a, np.arange(16, dtype=np.uint32))

@@ -122,6 +122,35 @@ def test_pool_reuses_by_size_class(ctx):
     assert c.closed
 
 
+def test_pool_acquire_all_takes_what_acquire_would(ctx):
+    # acquire_all (a call's outputs at once) hands out what acquire would, one request after
+    # another: the free buffer of each request's class, LIFO, new ones for the rest.
+    with rt.BufferPool(ctx) as pool:
+        first = pool.acquire_all([1000, 100, 1000, 5000])  # requests not seen before: acquire() each
+        assert [b.size for b in first] == [1024, 256, 1024, 6144] and pool.in_use == 4
+        for b in first:
+            pool.release(b)
+        again = pool.acquire_all([1000, 100, 1000, 5000])
+        assert again == [first[2], first[1], first[0], first[3]] and pool.reused == 4
+        more = pool.acquire_all([900, 1000])                 # 900: same class, not seen before
+        assert len({b.serial for b in again + more}) == 6 and pool.in_use == 6
+        for b in again + more:
+            pool.release(b)
+        with ctx.override_limits(max_memory_allocation_size=1000):
+            (small,) = pool.acquire_all([1000])             # its class would now exceed the limit
+            assert small.size == 1000
+        pool.release(small)
+        # a failure gives back what was taken and raises
+        before = pool.in_use
+        ctx.fail_allocations(2)  # the allocation and its retry after a trim
+        with pytest.raises(rt.OutOfDeviceMemory):
+            pool.acquire_all([1000] * 5)  # four of that class are free: the fifth allocates
+        assert pool.in_use == before
+        ctx.fail_allocations(0)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.acquire_all([1000])
+
+
 def test_pool_respects_the_allocation_limit(ctx):
     with ctx.override_limits(max_memory_allocation_size=1000), rt.BufferPool(ctx) as pool:
         assert pool.acquire(1000).size == 1000  # its class (1024) would exceed the limit
