@@ -89,7 +89,7 @@ def _support(op: str, p) -> tuple[Support, object, bool]:
     # which inputs are device arrays (is_device_array, inlined)
     resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
-    key = (id(ctx), id(info), op, p.dims, resident, launch.knobs_key())
+    key = (id(ctx), id(info), op, p.dims, resident, launch.knobs_key(), launch._no_subgroup())
     hit = _support_cache.get(key)
     if hit is not None and hit[1] is ctx and hit[2] is info:
         return hit[0], ctx, bool(resident)
