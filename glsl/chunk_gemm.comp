@@ -18,13 +18,15 @@
 //   6 DB  d_B[s][n]  (CL x N)       sum_{r>=s} mgu[r][s] C_r[n]        dout_s sum_p u_s[p] gs[p][n]
 //   7 DC  d_C[t][n]  (CL x N)       sum_{s<=t} mgu[t][s] B_s[n]        din_t sum_p gy_t[p] hs[p][n]
 //
-// DB and DC work per (sequence, chunk, group): they add the products of the group's heads in head
-// order into one tile and write d_B, d_C themselves (no per-head partials, no reduce pass).
+// With HEADLOOP = 1 (large problems), DB and DC work per (sequence, chunk, group): they add the
+// products of the group's heads in head order into one tile and write d_B, d_C themselves; with
+// HEADLOOP = 0 (more workgroups for small problems) they write per-head parts, which
+// ssm_scan_reduce.comp sums over the heads of each group.
 //
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
 // DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG.
+// KS, ROWG, HEADLOOP (DB, DC).
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -172,7 +174,7 @@ float acch[TR][TC];   // DC: one head's segment 2 alone (alpha), then added to a
 #else
 #define SEG2_FIRST 0
 #endif
-#if MODE == 0 || MODE == 6 || MODE == 7
+#if MODE == 0 || ((MODE == 6 || MODE == 7) && HEADLOOP)
 #define PER_GROUP 1
 #else
 #define PER_GROUP 0
@@ -363,8 +365,9 @@ void main() {
         [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] = 0.0;
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
 #if MODE == 6 || MODE == 7
-    for (uint k = 0; k < hpg; ++k) {
-        set_head(g * hpg + k);
+    uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
+    for (uint k = 0; k < n_heads; ++k) {
+        set_head(h_first + k);
 #if MODE == 6
         fetch1(0u);
         segment1(rlo, rhi, tr, tc, true);
@@ -446,8 +449,12 @@ void main() {
                 part0[j] += v * xv;                 // Gam . x
             }
 #else
-            if (r < Lc && cc < ND) {               // d_B, d_C: (S, T, G, N)
+            if (r < Lc && cc < ND) {
+#if HEADLOOP                                    // d_B, d_C: (S, T, G, N)
                 outv[pc.o_out + (tk(r) * pc.G + g) * ND + cc] = v;
+#else                                           // per-head parts: (S, T, H, N)
+                outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+#endif
                 guard(v);
             }
 #endif

@@ -114,8 +114,10 @@ def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tup
             d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
             for CL in (32, 64):
                 for backward in (False, True):
-                    for spec in chunk_kernels(d, ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1), backward):
-                        add(spec)
+                    for headloop in (False, True):
+                        cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop)
+                        for spec in chunk_kernels(d, cp, backward):
+                            add(spec)
     return [(name, dict(defines)) for name, defines in seen]
 
 

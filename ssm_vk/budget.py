@@ -54,7 +54,7 @@ def _chunk_scratch(d, pl: Plan, backward: bool) -> dict[str, int]:
     from .chunk_plan import scratch_elems
 
     cp = pl.chunked
-    e = scratch_elems(d, cp.CL, cp.Sw, backward)
+    e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
     out = {k: v for k, v in e.items() if k not in ("x", "B", "states")}
     if backward:
         out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)

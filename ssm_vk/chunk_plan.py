@@ -20,12 +20,14 @@ __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "
            "CHUNK_MIN_T", "MODES", "PER_GROUP", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
-KS = 8             # contraction slice staged in shared memory (8 beat 16 and 32 on an H200)
+KS = 16            # contraction slice staged in shared memory (H200: 8 was 2-4% faster at train,
+                   # slower at mid; 32 slower everywhere)
 # Shortest sequence that takes the chunked kernels by default, forward and backward (H200
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
 NSM = 12           # per-token scalars of the backward (glsl/chunk_common.glsl)
+HEADLOOP_MIN_GROUPS = 512   # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
 # chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
@@ -75,9 +77,10 @@ class ChunkPlan:
     NCH: int
     windows: tuple       # Window(i0, i1, 0, T): whole sequences
     Sw: int              # sequences per window (the largest)
+    headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
 
 
-def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool) -> dict:
+def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = True) -> dict:
     """Elements of every scratch array (and windowed input) for a window of Sw sequences."""
     NCH = -(-d.T // CL)
     e = {
@@ -87,6 +90,8 @@ def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool) -> dict:
     }
     if backward:
         e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * d.T * d.H * NSM, dAp=Sw * d.H * NCH)
+        if not headloop:   # per-head parts of d_B, d_C and d_dt, summed by the reduce kernel
+            e.update(dBp=Sw * d.T * d.H * d.N, dCp=Sw * d.T * d.H * d.N, ddtp=Sw * d.T * d.H)
     return e
 
 
@@ -95,14 +100,14 @@ def _grids(d: Dims, CL: int, Sw: int) -> list[int]:
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]
     for m in MODES:
         _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N)
-        out.append(Sw * NCH * (d.G if m in PER_GROUP else d.H) * nrb * ncb)
+        out.append(Sw * NCH * (d.G if m == "CB" else d.H) * nrb * ncb)   # DB, DC: per head at most
     return out
 
 
 def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
     cap = (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
            - lim.min_storage_buffer_offset_alignment) // F32
-    e = scratch_elems(d, CL, Sw, backward)
+    e = scratch_elems(d, CL, Sw, backward, headloop=False)   # the larger set
     if any(v > cap for v in e.values()):
         return False
     scratch = sum(v for k, v in e.items() if k not in ("x", "B", "states")) * F32
@@ -155,4 +160,9 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     if lo < 1:
         return None
     wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
-    return ChunkPlan(CL=CL, NCH=-(-d.T // CL), windows=wins, Sw=lo)
+    NCH = -(-d.T // CL)
+    # DB and DC per group when that still gives enough workgroups (H200: the head loop saved the
+    # reduce pass at train; at mid, 32 workgroups doubled the backward)
+    ncb = gemm_tile("DB", CL, d.P, d.N)[3]
+    headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
+    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop)

@@ -35,7 +35,7 @@ def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
     wg, rg = gemm_threads()
     return specs.chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
-                            KS=slice_len(), ROWG=rg)
+                            KS=slice_len(), ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")))
 
 
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
@@ -53,6 +53,8 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
     ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
     ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1, PB=PASS_BATCH), _finish(d, cp),
            specs.reduce_spec(1)]
+    if not cp.headloop:
+        ks.append(specs.reduce_spec(0))
     if d.S > 1:
         ks.append(specs.rows_spec())
     return ks
@@ -90,7 +92,7 @@ class _Chunked:
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N)
-        heads = d.G if mode in PER_GROUP else d.H
+        heads = d.G if mode == "CB" or (mode in PER_GROUP and cp.headloop) else d.H
         self.run(_gemm(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
@@ -103,8 +105,10 @@ class _Chunked:
 
 
 def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
-    sizes = scratch_elems(d, cp.CL, cp.Sw, backward)
+    sizes = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
     names = ["hs", "cb", "mcb", "dec"] + (["gs", "gu", "mgu", "sm"] if backward else [])
+    if backward and not cp.headloop:
+        names += ["dBp", "dCp", "ddtp"]
     return {k: ws.scratch(sizes[k]) for k in names}
 
 
@@ -135,7 +139,7 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     b, o = _seq_bindings(ws, d, w, tok, names)
     b["flag"] = ws.bind(scratch["flag"], 0, 0, FLAG_ELEMS)[0]
     b["A"], _ = ws.bind(*bufs["A"], 0, d.H)
-    sizes = scratch_elems(d, cp.CL, w.S, grads)
+    sizes = scratch_elems(d, cp.CL, w.S, grads, cp.headloop)
     for k, buf in scratch.items():
         if k != "flag":
             b[k] = ws.bind(buf, 0, 0, sizes[k])[0]
@@ -202,19 +206,37 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
         k.gemm("GAM", out=dx_b, o_out=o_dx)
         k.split("gam")
-        db_b, o_db = ws.bind(*bufs["d_B"], w.i0 * d.T * per["d_B"], w.S * d.T * per["d_B"])
+        if cp.headloop:       # d_B, d_C, d_dt written by the kernels
+            db_b, o_db = ws.bind(*bufs["d_B"], w.i0 * d.T * per["d_B"], w.S * d.T * per["d_B"])
+            dc_b, o_dc = ws.bind(*bufs["d_C"], w.i0 * d.T * per["d_C"], w.S * d.T * per["d_C"])
+            ddt_b, o_ddt = ws.bind(*bufs["d_dt"], w.i0 * d.T * per["d_dt"], w.S * d.T * per["d_dt"])
+        else:                 # per-head parts, summed below
+            (db_b, o_db), (dc_b, o_dc), (ddt_b, o_ddt) = (k.binds["dBp"], 0), (k.binds["dCp"], 0), (k.binds["ddtp"], 0)
         k.gemm("DB", out=db_b, o_out=o_db)
         k.split("db")
-        dc_b, o_dc = ws.bind(*bufs["d_C"], w.i0 * d.T * per["d_C"], w.S * d.T * per["d_C"])
         k.gemm("DC", out=dc_b, o_out=o_dc)
         k.mark("dc")
-        ddt_b, o_ddt = ws.bind(*bufs["d_dt"], w.i0 * d.T * per["d_dt"], w.S * d.T * per["d_dt"])
         k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
+        if not cp.headloop:
+            _reduce_window(seq, ws, p, w, k.binds, bufs)
+            k.mark("reduce")
     _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
     seq.barrier()
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     _flag_end(seq, ws, scratch["flag"])
+
+
+def _reduce_window(seq, ws, p: Problem, w, b: dict, bufs: dict) -> None:
+    """d_B, d_C (the per-head parts summed over each group's heads, in order) and d_dt of a window."""
+    d = p.dims
+    n_out = max(w.S * d.T * d.G * d.N, w.S * d.T * d.H)
+    gx, gy = grid(-(-n_out // specs.FLAT_WG), ws.limits)
+    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
+    b2, o2 = _seq_bindings(ws, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
+    push = dict(S=w.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, **o2, acc=0)
+    seq.dispatch(_kernel(ws.ctx, specs.reduce_spec(0)), [b["dBp"], b["dCp"], b["ddtp"], b2["dB"], b2["dC"], b2["ddt"]],
+                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 
 def _reduce_dA(seq, ws, p: Problem, cp: ChunkPlan, dAp, dA_at) -> None:

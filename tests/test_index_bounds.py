@@ -138,6 +138,8 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
     DEC = 2 * CL + 1
     ST, heads = S * T, S * NCH * H
     tokP, tokG = ST * H * PD, ST * G * ND                      # (it*H + h)*P + p, (it*G + g)*N + n
+    if not D.get("HEADLOOP", 0):
+        tokG = ST * H * ND                                     # per-head parts: (it*H + h)*N + n
     dt = v["o_dt"] + ST * H                                    # dt[o_dt + it*H + h]
     dec = heads * DEC                                          # dec[hm*DEC + 2CL]
     hsz = heads * PD * ND                                      # hs[hm*P*N + p*N + n], gs the same

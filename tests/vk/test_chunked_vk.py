@@ -291,3 +291,14 @@ def test_a_non_finite_result_is_recomputed_by_the_sequential_kernels(chunked):
     before = launch.reruns
     ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
     assert launch.reruns == before
+
+
+@pytest.mark.parametrize("headloop", [0, 1])
+def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop):
+    # HEADLOOP=1: DB/DC add a group's heads inside the workgroup and write d_B, d_C; 0: per-head
+    # parts summed by the reduce kernel. Both against the oracle, with 3 heads per group.
+    monkeypatch.setitem(vplan.TUNE, "HEADLOOP", headloop)
+    launch.clear_cache()
+    case = make_problem(np.random.default_rng(81 + headloop), S=2, T=45, H=6, P=P0, N=N0, G=2, ids="duplicates")
+    assert planned(case, True).chunked.headloop == bool(headloop)
+    check_case(case, label=f"HEADLOOP={headloop}", CL=16)
