@@ -104,7 +104,7 @@ def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tup
                 add(specs.bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
     for spec in (specs.reduce_spec(0), specs.reduce_spec(1), specs.rows_spec()):
         add(spec)
-    from ssm_vk.chunk_plan import MAX_PN, ChunkPlan
+    from ssm_vk.chunk_plan import KS, MAX_PN, ChunkPlan
     from ssm_vk.record_chunked import chunk_kernels
 
     for P in p_values:
@@ -115,7 +115,7 @@ def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tup
             for CL in (32, 64):
                 for backward in (False, True):
                     for headloop in (False, True):
-                        cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop)
+                        cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop, KS=KS[backward])
                         for spec in chunk_kernels(d, cp, backward):
                             add(spec)
     return [(name, dict(defines)) for name, defines in seen]

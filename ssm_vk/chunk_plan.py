@@ -20,8 +20,10 @@ __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "
            "CHUNK_MIN_T", "MODES", "PER_GROUP", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
-KS = 16            # contraction slice staged in shared memory (H200: 8 was 2-4% faster at train,
-                   # slower at mid; 32 slower everywhere)
+# Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
+# with 8 at train, long and mid; the forward 1.5% faster with 8 at train, up to 1.5x slower at
+# mid; 32 slower everywhere).
+KS = {False: 16, True: 8}
 # Shortest sequence that takes the chunked kernels by default, forward and backward (H200
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
@@ -61,13 +63,13 @@ def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
-def slice_len() -> int:
+def slice_len(backward: bool = False) -> int:
     """Contraction slice of the GEMM kernels (KS; tunable for benchmarks)."""
-    return _tune().get("KS", KS)
+    return _tune().get("KS", KS[backward])
 
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
-    ks = slice_len()
+    ks = max(slice_len(False), slice_len(True))
     return (ks * (RBLK + 4) + ks * (CBLK + 4) + 3 * CL + RBLK * GEMM_WG // 16) * F32
 
 
@@ -78,6 +80,7 @@ class ChunkPlan:
     windows: tuple       # Window(i0, i1, 0, T): whole sequences
     Sw: int              # sequences per window (the largest)
     headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
+    KS: int = 16             # contraction slice of the GEMM kernels
 
 
 def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = True) -> dict:
@@ -144,7 +147,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
     CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
-    if CL <= 0 or CL % 16 or CL % slice_len() or CL > 64:   # 0 disables; negative: no length
+    if CL <= 0 or CL % 16 or CL % slice_len(backward) or CL > 64:   # 0 disables; negative: no length
         return None
     if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T[backward]):
         return None
@@ -165,4 +168,4 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # reduce pass at train; at mid, 32 workgroups doubled the backward)
     ncb = gemm_tile("DB", CL, d.P, d.N)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
-    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop)
+    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward))
