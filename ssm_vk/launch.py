@@ -138,6 +138,7 @@ class Workspace:
         self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
+        self._last_out = None             # the buffers of the last call's device outputs
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
@@ -220,7 +221,11 @@ class Workspace:
             ctx, p = self.ctx, self.pool
             if p.closed:
                 p = pool(ctx)
-            bufs = p.acquire_all(self._out_nbytes)
+            # The buffers of the last call's outputs again where they are free: a training loop
+            # that drops its results then replays one recorded sequence instead of cycling
+            # through sets of buffers (and recording anew) when outputs share a size class.
+            bufs = p.acquire_all(self._out_nbytes, self._last_out)
+            self._last_out = bufs
             out: dict = {}
             i = 0
             try:
@@ -299,6 +304,7 @@ class Workspace:
         if self._flag_host is not None and not self.ctx.closed:
             self._flag_host.close()
         self._flag_host = None
+        self._last_out = None
 
 
 def knobs_key() -> tuple:

@@ -368,10 +368,12 @@ class BufferPool:
             self._check_open()
         return buffer
 
-    def acquire_all(self, sizes) -> list[Buffer]:
+    def acquire_all(self, sizes, prefer=None) -> list[Buffer]:
         """``[acquire(n) for n in sizes]``, the buffers the pool has free taken under one lock (a
-        call's outputs: seven acquisitions one at a time cost ~15 us from Python). On a failure
-        the buffers already taken go back and the exception is raised."""
+        call's outputs: seven acquisitions one at a time cost ~15 us from Python). ``prefer``: for
+        each request, a buffer to hand out again if it is free and of that request's size class
+        (a caller that records commands per set of buffers gets the same set back, call after
+        call). On a failure the buffers already taken go back and the exception is raised."""
         out: list = [None] * len(sizes)
         classes = self._classes
         limit = self.ctx.info.max_memory_allocation_size
@@ -387,6 +389,10 @@ class BufferPool:
                 while free and free[-1].closed:  # closed behind the pool's back
                     self._made.pop(free.pop().serial, None)
                 if free:
+                    want = prefer[i] if prefer is not None and i < len(prefer) else None
+                    if want is not None and want is not free[-1] and want in free:
+                        free.remove(want)
+                        free.append(want)
                     buffer = out[i] = free.pop()
                     self.reused += 1
                     self._out.add(buffer.serial)

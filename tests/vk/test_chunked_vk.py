@@ -302,3 +302,32 @@ def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop):
     case = make_problem(np.random.default_rng(81 + headloop), S=2, T=45, H=6, P=P0, N=N0, G=2, ids="duplicates")
     assert planned(case, True).chunked.headloop == bool(headloop)
     check_case(case, label=f"HEADLOOP={headloop}", CL=16)
+
+
+def test_a_training_loop_replays_one_sequence_each_way():
+    # y, states, d_x, d_s0 and d_s share a size class here (T * P == P * N): the pool must hand
+    # the workspace its last buffers back, or every step records anew (seen on an H200: a
+    # 6-7 ms step where forward + backward took 0.6 ms).
+    S, T, H, P, N, G = 4, 8, 2, 4, 8, 2
+    rng = np.random.default_rng(9)
+    case = make_problem(rng, S=S, T=T, H=H, P=P, N=N, G=G, ids="identity")
+    dev = {k: ssm_vk.to_device(v) for k, v in case.args().items() if k != "ids"}
+    gy, gs = ssm_vk.to_device(case.g_y), ssm_vk.to_device(case.g_states)
+    recorded = []
+    real = launch.Workspace.sequence
+
+    def counting(ws, key, record):
+        n = len(ws.sequences)
+        seq = real(ws, key, record)
+        recorded.append(len(ws.sequences) > n or key not in ws.sequences)
+        return seq
+
+    launch.clear_cache()
+    try:
+        launch.Workspace.sequence = counting
+        for _ in range(12):
+            ssm_vk.ssm_scan(**dev)
+            ssm_vk.ssm_scan_back(**dev, ids=None, g_y=gy, g_states=gs)
+    finally:
+        launch.Workspace.sequence = real
+    assert sum(recorded[2:]) == 0, recorded
