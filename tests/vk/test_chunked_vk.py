@@ -331,3 +331,38 @@ def test_a_training_loop_replays_one_sequence_each_way():
     finally:
         launch.Workspace.sequence = real
     assert sum(recorded[2:]) == 0, recorded
+
+
+def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, tmp_path):
+    # A wheel's packaged SPIR-V without the chunked variants and no glslc: a Mamba-2 shape the
+    # chunked kernels would take runs on the packaged token-sequential kernels, on the GPU (it
+    # fell back to the CPU before).
+    from faultcase import fresh_context
+
+    from ssm_cli.build import variants
+    from ssm_vk.runtime import shaders
+
+    monkeypatch.delenv("SSM_VK_TUNE", raising=False)
+    monkeypatch.setattr(vplan, "TUNE", {})
+    ctx = rt.get_context()
+    case = make_problem(np.random.default_rng(91), S=1, T=70, H=2, P=4, N=8, G=1, ids="identity")
+    assert planned(case, False).chunked is not None and planned(case, True).chunked is not None
+    pkg = tmp_path / "pkg"
+    shaders.build_all(variants([launch.limits_of(ctx.info)], [8], ()), pkg)   # sequential only
+    monkeypatch.setenv("PATH", str(tmp_path))                                  # no glslc
+    monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(shaders, "PACKAGED_SPIRV", pkg)
+    launch.clear_cache()
+    fresh_context()                                                            # nothing built
+    try:
+        for op in ("ssm_scan", "ssm_scan_back"):
+            assert ssm_vk.supports(op, **case.args()), op
+        got = run(case)
+        assert ran_plan(case, False).chunked is None and ran_plan(case, True).chunked is None
+    finally:
+        launch.clear_cache()
+    o = oracle_scan(**case.args())
+    og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    want = {"y": o.y, "states": o.states, **og.as_dict()}
+    for k in OUTPUTS:
+        assert_close(vk_backend(70), k, got[k], want[k], label="no chunked SPIR-V")
