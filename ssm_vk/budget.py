@@ -51,11 +51,11 @@ def _inputs(d, backward: bool) -> dict[str, int]:
 
 def _chunk_scratch(d, pl: Plan, backward: bool) -> dict[str, int]:
     """The chunked kernels' scratch, as record_chunked requests it."""
-    from .chunk_plan import scratch_elems
+    from .chunk_plan import NOT_SCRATCH, scratch_elems
 
     cp = pl.chunked
     e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
-    out = {k: v for k, v in e.items() if k not in ("x", "B", "states")}
+    out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
     if backward:
         out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
     return out

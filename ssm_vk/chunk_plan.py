@@ -17,7 +17,7 @@ from ssm_ref import Dims
 from .plan import F32, Limits, TooLarge, Window, _tune, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "MODES", "PER_GROUP", "why_not", "slice_len"]
+           "CHUNK_MIN_T", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
@@ -83,8 +83,14 @@ class ChunkPlan:
     KS: int = 16             # contraction slice of the GEMM kernels
 
 
+# Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
+# not allocated.
+NOT_SCRATCH = ("x", "B", "states")
+
+
 def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = True) -> dict:
-    """Elements of every scratch array (and windowed input) for a window of Sw sequences."""
+    """Elements of every scratch array (and, NOT_SCRATCH, of the largest windowed input bindings)
+    for a window of Sw sequences."""
     NCH = -(-d.T // CL)
     e = {
         "x": Sw * d.T * d.H * d.P, "B": Sw * d.T * d.G * d.N, "states": Sw * d.H * d.P * d.N,
@@ -113,7 +119,7 @@ def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
     e = scratch_elems(d, CL, Sw, backward, headloop=False)   # the larger set
     if any(v > cap for v in e.values()):
         return False
-    scratch = sum(v for k, v in e.items() if k not in ("x", "B", "states")) * F32
+    scratch = sum(v for k, v in e.items() if k not in NOT_SCRATCH) * F32
     if Sw > 1 and scratch > SCRATCH_BUDGET:
         return False
     try:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ssm_ref import Problem
 
+from . import plan as _plan
 from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .plan import Limits
@@ -309,10 +310,9 @@ class Workspace:
 
 def knobs_key() -> tuple:
     """What the planner's tuning knobs (ssm_vk.plan.TUNE, SSM_VK_TUNE) are now, cheaply: part of
-    every cache key that depends on the plan."""
-    from .plan import TUNE
-
-    return os.environ.get("SSM_VK_TUNE", ""), tuple(TUNE.items()) if TUNE else ()
+    every cache key that depends on the plan (read through the module: tests replace TUNE)."""
+    tune = _plan.TUNE
+    return os.environ.get("SSM_VK_TUNE", ""), tuple(tune.items()) if tune else ()
 
 
 def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:

@@ -157,7 +157,6 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         return record_backward_chunked(seq, ws, p, bufs)
     d = p.dims
     lim, pl = ws.limits, ws.plan
-    lay = pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
     ctx = ws.ctx
@@ -176,7 +175,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         _zero(seq, dAp, d.S * d.H * d.P * KA)
         seq.barrier()
         _backward_windows(ctx, seq, ws, p, pl, lim, st, lam, dAp, bufs)
-        _reduce_dA(ctx, seq, ws, p, lim, lay, dAp, bufs["d_A"])
+        reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=d.P, KA=KA)
     seq.barrier()
     _scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
 
@@ -190,7 +189,6 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
     KA = d.N if d.mamba1 else 1
     fwd_k = _kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True))
     bwd_k = _kernel(ctx, specs.bwd_spec(d, lay))
-    red_k = _kernel(ctx, specs.reduce_spec(0))
     x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
     wmax = max(pl.windows, key=lambda w: w.S * w.T)
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)
@@ -237,16 +235,9 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
                              call.bind(partT, 0, 0, n_part)[0], bdA],
                      specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
-        # Fixed-order sums of the partials into d_B, d_C, d_dt of this window.
-        n_out = max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
-        gx, gyy = grid(-(-n_out // specs.FLAT_WG), lim)
-        out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N),
-                   "ddt": (*bufs["d_dt"], d.H)}
-        b2, o2 = _seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-        push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx, o_0=0, **o2, acc=0)
-        seq.dispatch(red_k, [call.bind(part, 0, 0, n_part * d.N)[0], call.bind(partC, 0, 0, n_part * d.N)[0],
-                             call.bind(partT, 0, 0, n_part)[0], b2["dB"], b2["dC"], b2["ddt"]],
-                     specs.pack_push(specs.RED_PUSH, push), (gx, gyy, 1))
+        reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_part * d.N)[0],
+                                                   call.bind(partC, 0, 0, n_part * d.N)[0],
+                                                   call.bind(partT, 0, 0, n_part)[0]), bufs)
         seq.barrier()
 
     if not pl.time_split:
@@ -271,25 +262,37 @@ def _cap_elems(lim: Limits) -> int:
     return (lim.max_storage_buffer_range - lim.min_storage_buffer_offset_alignment) // F32
 
 
-def _reduce_dA(ctx, seq, call, p: Problem, lim: Limits, lay, dAp, dA_at) -> None:
-    """d_A = the per-row accumulators summed over sequences and channels, in windows of
-    sequences that fit a binding (added in sequence order)."""
+def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict) -> None:
+    """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H, npb, N) and
+    d_dt parts (S, T, H, npb)) into d_B, d_C (over each group's heads, then the blocks) and d_dt."""
+    n_out = max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
+    gx, gy = grid(-(-n_out // specs.FLAT_WG), call.limits)
+    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
+    b2, o2 = _seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
+    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0)
+    seq.dispatch(_kernel(call.ctx, specs.reduce_spec(0)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
+                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+
+
+def reduce_dA(seq, call, p: Problem, dAp, dA_at, rows: int, KA: int) -> None:
+    """d_A (H, KA) = the accumulators dAp (S, H, rows, KA) summed over sequences (outer) and rows
+    (channels for the sequential kernels, chunks for the chunked ones), in windows of sequences
+    that fit a binding (added in sequence order)."""
     d = p.dims
-    KA = d.N if d.mamba1 else 1
-    per_seq = d.H * d.P * KA
+    per_seq = d.H * rows * KA
     dA, dA_off = dA_at
     if per_seq == 0:
         _zero_at(seq, dA, dA_off, d.H * KA)
         return
-    k = _kernel(ctx, specs.reduce_spec(1))
-    step = max(1, _cap_elems(lim) // per_seq)
-    gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), lim)
+    k = _kernel(call.ctx, specs.reduce_spec(1))
+    step = max(1, _cap_elems(call.limits) // per_seq)
+    gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), call.limits)
     dum = call.bind(None, 0, 0, 0)[0]
     bA, o3 = call.bind(dA, dA_off, 0, d.H * KA)
     for i0 in range(0, d.S, step):
         n = min(step, d.S - i0)
         bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
-        push = dict(S=n, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=lay.NPB, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
+        push = dict(S=n, T=d.T, H=d.H, P=rows, N=d.N, G=d.G, NPB=1, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
                     acc=int(i0 > 0))
         seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
         seq.barrier()

@@ -16,7 +16,7 @@ from ssm_ref import Problem
 from . import specs
 from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems
 from .plan import grid
-from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings
+from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings, reduce_dA, reduce_partials
 
 __all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
 
@@ -219,42 +219,9 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
         if not cp.headloop:
-            _reduce_window(seq, ws, p, w, k.binds, bufs)
+            reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs)
             k.mark("reduce")
-    _reduce_dA(seq, ws, p, cp, dAp, bufs["d_A"])
+    reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
     seq.barrier()
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     _flag_end(seq, ws, scratch["flag"])
-
-
-def _reduce_window(seq, ws, p: Problem, w, b: dict, bufs: dict) -> None:
-    """d_B, d_C (the per-head parts summed over each group's heads, in order) and d_dt of a window."""
-    d = p.dims
-    n_out = max(w.S * d.T * d.G * d.N, w.S * d.T * d.H)
-    gx, gy = grid(-(-n_out // specs.FLAT_WG), ws.limits)
-    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
-    b2, o2 = _seq_bindings(ws, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-    push = dict(S=w.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, **o2, acc=0)
-    seq.dispatch(_kernel(ws.ctx, specs.reduce_spec(0)), [b["dBp"], b["dCp"], b["ddtp"], b2["dB"], b2["dC"], b2["ddt"]],
-                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
-
-
-def _reduce_dA(seq, ws, p: Problem, cp: ChunkPlan, dAp, dA_at) -> None:
-    """d_A[h] = the per-(sequence, chunk) parts summed over sequences (outer) and chunks."""
-    d = p.dims
-    dA, dA_off = dA_at
-    k = _kernel(ws.ctx, specs.reduce_spec(1))
-    per_seq = d.H * cp.NCH
-    cap = (ws.limits.max_storage_buffer_range - ws.limits.min_storage_buffer_offset_alignment) // F32
-    step = max(1, cap // per_seq)
-    gx, gy = grid(-(-d.H // specs.FLAT_WG), ws.limits)
-    dum = ws.bind(None, 0, 0, 0)[0]
-    bA, o3 = ws.bind(dA, dA_off, 0, d.H)
-    for i0 in range(0, d.S, step):
-        n = min(step, d.S - i0)
-        bsrc, o0 = ws.bind(dAp, 0, i0 * per_seq, n * per_seq)
-        push = dict(S=n, T=d.T, H=d.H, P=cp.NCH, N=d.N, G=d.G, NPB=1, KA=1, gx=gx, o_0=o0, o_3=o3, o_4=0,
-                    o_5=0, acc=int(i0 > 0))
-        seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
-        seq.barrier()
-
