@@ -160,19 +160,15 @@ float A2(uint r, uint k) { return 0.0; }
 float B2(uint k, uint cc) { return 0.0; }
 #endif
 
-// One set of accumulators for both segments. GAM and DC need sums over the segment-2 part alone
-// (beta, alpha): they run segment 2 first, take those sums, then add segment 1.
+// One set of accumulators for both segments. GAM needs the sum over its segment-2 part alone
+// (beta): it runs segment 2 first, takes that sum, then adds segment 1. DC (alpha, per head) keeps
+// one head's segment 2 apart in acch, then adds it.
 float acc1[TR][TC];
 #if MODE == 7
-float acch[TR][TC];   // DC: one head's segment 2 alone (alpha), then added to acc1
+float acch[TR][TC];
 #define acc2 acch
 #else
 #define acc2 acc1
-#endif
-#if MODE == 5 || MODE == 7
-#define SEG2_FIRST 1
-#else
-#define SEG2_FIRST 0
 #endif
 #if MODE == 0 || ((MODE == 6 || MODE == 7) && HEADLOOP)
 #define PER_GROUP 1
@@ -393,24 +389,19 @@ void main() {
     }
 #else
     set_head(PER_GROUP != 0 ? 0u : hh);
-#if SEG2_FIRST
+#if MODE == 5
     if (NS2 > 0u) fetch2(0u); else if (NS1 > 0u) fetch1(0u);
     segment2(true);
-    // sums over the boundary part alone (GAM: beta = part . u; DC: alpha = part . C)
-    float part[TR];
+    float part[TR];            // beta: the boundary part . u
     [[unroll]] for (uint j = 0; j < TR; ++j) {
         uint r = rlo + j;
         part[j] = 0.0;
         [[unroll]] for (uint q = 0; q < TC; ++q) {
             uint cc = c0 + col_of(tc, q);
-#if MODE == 5
             if (r < Lc && cc < PD) part[j] += acc1[j][q] * u_of(r, cc);
-#else
-            if (r < Lc && cc < ND) part[j] += acc1[j][q] * C_of(r, cc);
-#endif
         }
     }
-    row_sums(part, tr, tc, MODE == 5 ? SM_BETA : SM_ALPHA, cbk);
+    row_sums(part, tr, tc, SM_BETA, cbk);
     segment1(rlo, rhi, tr, tc, false);
 #else
     if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
