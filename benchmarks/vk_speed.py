@@ -135,6 +135,7 @@ def main(argv=None) -> int:
         S, T, H, P, N, _, _ = shape
         updates = S * T * H * P * N
         for var in variants:
+            t_case = time.time()
             plan.TUNE.clear()
             for item in filter(None, var.split(",")):
                 kk, _, vv = item.partition("=")
@@ -167,7 +168,8 @@ def main(argv=None) -> int:
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
                        fwd_replay_us=f_replay, bwd_replay_us=b_replay)
-            row.update(fwd_split_us=f_split, bwd_split_us=b_split, step_wall_us=step_wall)
+            row.update(fwd_split_us=f_split, bwd_split_us=b_split, step_wall_us=step_wall,
+                       t_start=t_case, t_end=time.time())
             rows.append(row)
             print(f"{name:7s} {var or 'default':18s} fwd {fg:8.1f} us (wall {fw:8.1f}, replay {f_replay:8.1f}) "
                   f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) step wall {step_wall:9.1f} err {err:.1e} "
