@@ -139,7 +139,7 @@ class Workspace:
         self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
-        self._last_out = None             # the buffers of the last call's device outputs
+        self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
@@ -222,11 +222,20 @@ class Workspace:
             ctx, p = self.ctx, self.pool
             if p.closed:
                 p = pool(ctx)
-            # The buffers of the last call's outputs again where they are free: a training loop
-            # that drops its results then replays one recorded sequence instead of cycling
-            # through sets of buffers (and recording anew) when outputs share a size class.
-            bufs = p.acquire_all(self._out_nbytes, self._last_out)
-            self._last_out = bufs
+            # A set of output buffers this workspace has recorded for, where one is wholly free
+            # (most recently used first): a training loop replays its recorded sequences instead
+            # of cycling through new sets of buffers (and recording anew) when outputs share a
+            # size class -- also while it holds the results of its last step or two.
+            sets = self._out_sets
+            bufs = p.acquire_set(sets) if sets else None
+            if bufs is None:
+                bufs = p.acquire_all(self._out_nbytes)
+                p.reserve(bufs)
+            else:
+                sets.remove(bufs)
+            sets.insert(0, bufs)
+            if len(sets) > MAX_SEQUENCES:
+                p.unreserve(sets.pop())
             out: dict = {}
             i = 0
             try:
@@ -305,7 +314,10 @@ class Workspace:
         if self._flag_host is not None and not self.ctx.closed:
             self._flag_host.close()
         self._flag_host = None
-        self._last_out = None
+        if not self.ctx.closed and not self.pool.closed:
+            for bufs in self._out_sets:
+                self.pool.unreserve(bufs)
+        self._out_sets = []
 
 
 def knobs_key() -> tuple:

@@ -319,6 +319,8 @@ class BufferPool:
         self._made: dict[int, Buffer] = {}      # serial → every live buffer of this pool
         self._out: set[int] = set()             # serials acquired and not released
         self._classes: dict[int, int] = {}      # request → size_class(request), for those acquire() has seen
+        self._reserved: set[int] = set()        # serials kept for acquire_set (reserve())
+        self._kept: dict[int, Buffer] = {}      # reserved buffers that are free, by serial
 
     @staticmethod
     def size_class(nbytes: int) -> int:
@@ -368,12 +370,10 @@ class BufferPool:
             self._check_open()
         return buffer
 
-    def acquire_all(self, sizes, prefer=None) -> list[Buffer]:
+    def acquire_all(self, sizes) -> list[Buffer]:
         """``[acquire(n) for n in sizes]``, the buffers the pool has free taken under one lock (a
-        call's outputs: seven acquisitions one at a time cost ~15 us from Python). ``prefer``: for
-        each request, a buffer to hand out again if it is free and of that request's size class
-        (a caller that records commands per set of buffers gets the same set back, call after
-        call). On a failure the buffers already taken go back and the exception is raised."""
+        call's outputs: seven acquisitions one at a time cost ~15 us from Python). On a failure
+        the buffers already taken go back and the exception is raised."""
         out: list = [None] * len(sizes)
         classes = self._classes
         limit = self.ctx.info.max_memory_allocation_size
@@ -389,10 +389,6 @@ class BufferPool:
                 while free and free[-1].closed:  # closed behind the pool's back
                     self._made.pop(free.pop().serial, None)
                 if free:
-                    want = prefer[i] if prefer is not None and i < len(prefer) else None
-                    if want is not None and want is not free[-1] and want in free:
-                        free.remove(want)
-                        free.append(want)
                     buffer = out[i] = free.pop()
                     self.reused += 1
                     self._out.add(buffer.serial)
@@ -407,6 +403,39 @@ class BufferPool:
             raise
         return out
 
+    def reserve(self, buffers) -> None:
+        """Keep ``buffers`` (out now) for :meth:`acquire_set`: once released they wait apart,
+        and neither ``acquire`` nor ``acquire_all`` hands them out (``trim`` still frees them)."""
+        with self._lock:
+            for buffer in buffers:
+                self._reserved.add(buffer.serial)
+
+    def unreserve(self, buffers) -> None:
+        """Give reserved ``buffers`` back to general use (the free ones to the free lists)."""
+        with self._lock:
+            for buffer in buffers:
+                self._reserved.discard(buffer.serial)
+                if self._kept.pop(buffer.serial, None) is not None and not buffer.closed:
+                    self._free.setdefault(buffer.size, []).append(buffer)
+
+    def acquire_set(self, candidates) -> list[Buffer] | None:
+        """The first of ``candidates`` (lists of reserved buffers) whose buffers are all free,
+        taken out of the pool at once; None when none is. A caller that records commands per set
+        of buffers keeps replaying while it cycles through the sets it recorded for (a loop that
+        holds its last results while it calls again needs two), and no other caller's
+        acquisitions break a set up."""
+        with self._lock:
+            self._check_open()
+            kept = self._kept
+            for cand in candidates:
+                if all(b.serial in kept and not b.closed for b in cand):
+                    for b in cand:
+                        del kept[b.serial]
+                        self._out.add(b.serial)
+                    self.reused += len(cand)
+                    return list(cand)
+        return None
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this BufferPool is closed")
@@ -420,6 +449,9 @@ class BufferPool:
             if buffer.closed:
                 self._made.pop(buffer.serial, None)
                 return
+            if buffer.serial in self._reserved:
+                self._kept[buffer.serial] = buffer
+                return
             free = self._free.get(buffer.size)
             if free is None:
                 free = self._free[buffer.size] = []
@@ -428,8 +460,9 @@ class BufferPool:
     def trim(self) -> None:
         """Free every buffer not in use."""
         with self._lock:
-            idle = [b for buffers in self._free.values() for b in buffers]
+            idle = [b for buffers in self._free.values() for b in buffers] + list(self._kept.values())
             self._free.clear()
+            self._kept.clear()
             for buffer in idle:
                 self._made.pop(buffer.serial, None)
         for buffer in idle:
@@ -445,6 +478,8 @@ class BufferPool:
             self._made.clear()
             self._free.clear()
             self._out.clear()
+            self._kept.clear()
+            self._reserved.clear()
         for buffer in made:
             buffer.close()
         self.ctx.forget(self)

@@ -151,6 +151,34 @@ def test_pool_acquire_all_takes_what_acquire_would(ctx):
         pool.acquire_all([1000])
 
 
+def test_pool_reserved_sets_wait_apart_until_taken_whole(ctx):
+    # A reserved buffer, once released, is handed out only by acquire_set and only with its whole
+    # set; acquire / acquire_all allocate rather than break a set up; trim frees them; unreserve
+    # gives them back to general use.
+    with rt.BufferPool(ctx) as pool:
+        a = pool.acquire_all([1000, 5000])
+        b = pool.acquire_all([1000, 5000])
+        pool.reserve(a)
+        pool.reserve(b)
+        assert pool.acquire_set([a, b]) is None                 # all out
+        for buf in [*a, b[0]]:
+            pool.release(buf)
+        other = pool.acquire(1000)                               # a[0] is free but reserved
+        assert other.serial not in {x.serial for x in a + b}
+        assert pool.acquire_set([b, a]) == a and pool.in_use == 4   # b is not wholly free
+        assert pool.acquire_set([a]) is None                     # taken already
+        for buf in a:
+            pool.release(buf)
+        pool.unreserve(a)
+        got = pool.acquire_all([1000, 5000])                     # general use again (LIFO)
+        assert {x.serial for x in got} == {x.serial for x in a}
+        pool.release(b[1])
+        before = ctx.live_allocations.count
+        pool.trim()                                              # b (reserved, free) is freed
+        assert b[0].closed and b[1].closed and ctx.live_allocations.count == before - 2
+        assert pool.acquire_set([b]) is None
+
+
 def test_pool_respects_the_allocation_limit(ctx):
     with ctx.override_limits(max_memory_allocation_size=1000), rt.BufferPool(ctx) as pool:
         assert pool.acquire(1000).size == 1000  # its class (1024) would exceed the limit
