@@ -4,7 +4,8 @@ ssm_ref/chunked.py as a short list of dispatches per window of whole sequences.
 Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (each chunk's own
 state) -> pass (incoming states, in chunk order; final states) -> Y.
 Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
-the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
+the two passes (H_c forward, G_c backward, which ends as d_s0; ZF and the H_c pass are left out
+when the forward's chunk states are still there, launch._saved_forward) -> GAM (d_x), DB, DC (per-head
 d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
 reduce of the sequential path.
 """
@@ -153,6 +154,7 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     st_buf, st_off = bufs["states"]
     _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
+    ws.chunk_hs = scratch["hs"]            # left holding the chunk states (one window: all of them)
     scratch["flag"] = _flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
@@ -181,7 +183,9 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
-    _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+    saved = bufs.get("hs_saved")           # the forward's chunk states (launch._saved_forward)
+    if saved is None:
+        _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
     scratch["flag"] = _flag_start(seq, ws)
@@ -189,17 +193,21 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for w in cp.windows:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=True)
+        if saved is not None:
+            k.binds["hs"] = ws.bind(saved[0], 0, 0, scratch_elems(d, cp.CL, w.S, False)["hs"])[0]
         dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.NCH, w.S * d.H * cp.NCH)
         k.gemm("CB")
         k.gemm("GU")
         k.mark("cb,gu")
         k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=1))
         k.mark("decay")
-        k.gemm("ZF")
+        if saved is None:
+            k.gemm("ZF")
         k.gemm("ZB")
         k.mark("states")
-        st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
-        k.pass_(0, st=st_b, o_st=o_st)
+        if saved is None:
+            st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
+            k.pass_(0, st=st_b, o_st=o_st)
         lam_b, o_lam = ws.bind(lam, lam_off, w.i0 * row, w.S * row)
         k.pass_(1, st=lam_b, o_st=o_lam)
         k.mark("passes")

@@ -222,6 +222,104 @@ def test_device_resident_inputs_give_the_host_results(chunked):
         assert got[k].tobytes() == host[k].tobytes(), k
 
 
+# -- the forward's chunk states, kept for the backward --------------------------------------------
+
+def on_device(args: dict) -> dict:
+    return {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in args.items()}
+
+
+def grads(g) -> dict:
+    return {k: np.asarray(getattr(g, k).numpy() if isinstance(getattr(g, k), ssm_vk.DeviceArray)
+                          else getattr(g, k)) for k in GRADS}
+
+
+def back_host(args: dict, case) -> dict:
+    """The backward from host inputs: never takes a forward's chunk states."""
+    host = {k: (v.numpy() if isinstance(v, ssm_vk.DeviceArray) else v) for k, v in args.items()}
+    before = launch.states_reused
+    g = grads(ssm_vk.ssm_scan_back(**host, g_y=case.g_y, g_states=case.g_states))
+    assert launch.states_reused == before
+    return g
+
+
+def assert_same(a: dict, b: dict) -> None:
+    for k in GRADS:
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_a_backward_takes_the_chunk_states_its_forward_left(chunked):
+    # Device-resident inputs, forward then backward: the backward binds the forward's chunk states
+    # instead of recomputing them, and gives the recomputing call's results bit for bit.
+    case = make_problem(np.random.default_rng(81), S=3, T=40, H=4, P=P0, N=N0, G=2, ids="permutation")
+    dev = on_device(case.args())
+    gy, gs = ssm_vk.to_device(case.g_y), ssm_vk.to_device(case.g_states)
+    want = back_host(dev, case)
+    check_case(case, label="oracle")         # the recomputing path against float64
+    for _ in range(2):                       # recorded, then replayed
+        before = launch.states_reused
+        ssm_vk.ssm_scan(**dev)
+        g = grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs))
+        assert launch.states_reused == before + 1
+        assert_same(g, want)
+
+
+def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
+    rng = np.random.default_rng(82)
+    case = make_problem(rng, S=3, T=40, H=4, P=P0, N=N0, G=2, ids="permutation")
+    other = make_problem(rng, S=3, T=40, H=4, P=P0, N=N0, G=2, ids="permutation")
+    gy, gs = ssm_vk.to_device(case.g_y), ssm_vk.to_device(case.g_states)
+
+    def backward_after_forward(fwd_args, bwd_args, between=None):
+        ssm_vk.ssm_scan(**fwd_args)
+        if between is not None:
+            between()
+        before = launch.states_reused
+        g = grads(ssm_vk.ssm_scan_back(**bwd_args, g_y=gy, g_states=gs))
+        assert launch.states_reused == before, "took chunk states of other inputs"
+        return g
+
+    dev = on_device(case.args())
+    for k in ("s", "x", "dt", "A", "B", "C"):          # one input another array (same values too)
+        bwd = {**dev, k: ssm_vk.to_device(other.args()[k])}
+        assert_same(backward_after_forward(dev, bwd), back_host(bwd, case))
+        same_values = {**dev, k: ssm_vk.to_device(dev[k].numpy())}
+        backward_after_forward(dev, same_values)
+    # other ids
+    ids2 = np.ascontiguousarray(case.args()["ids"][::-1])
+    bwd = {**dev, "ids": ids2}
+    assert_same(backward_after_forward(dev, bwd), back_host(bwd, case))
+    # the same inputs, with a forward of other inputs in between (it overwrote the chunk states)
+    dev2 = on_device(other.args())
+    assert_same(backward_after_forward(dev, dev, between=lambda: ssm_vk.ssm_scan(**dev2)), back_host(dev, case))
+    # a forward from host inputs leaves nothing to take
+    assert_same(backward_after_forward(case.args(), dev), back_host(dev, case))
+    # an input released after the forward, its buffer handed to a new array with other values
+    x_old = dev["x"]
+    ssm_vk.ssm_scan(**dev)
+    buf = x_old.buffer
+    x_old.release()
+    x_new = ssm_vk.to_device(other.args()["x"])
+    assert x_new.buffer is buf                         # the pool gave the same buffer back
+    bwd = {**dev, "x": x_new}
+    before = launch.states_reused
+    g = grads(ssm_vk.ssm_scan_back(**bwd, g_y=gy, g_states=gs))
+    assert launch.states_reused == before
+    assert_same(g, back_host(bwd, case))
+
+
+def test_a_non_finite_forward_leaves_no_chunk_states(chunked):
+    case = make_problem(np.random.default_rng(83), S=2, T=37, H=2, P=P0, N=N0, G=1, ids="identity")
+    args = case.args()
+    args["x"] = args["x"].copy()
+    args["x"][1, 20, 1, 2] = np.inf
+    dev = on_device(args)
+    before, reruns = launch.states_reused, launch.reruns
+    ssm_vk.ssm_scan(**dev)
+    assert launch.reruns == reruns + 1
+    ssm_vk.ssm_scan_back(**dev, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
+    assert launch.states_reused == before
+
+
 # -- default knobs -------------------------------------------------------------------------------
 
 def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
