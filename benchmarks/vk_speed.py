@@ -98,12 +98,17 @@ def split():
 def measure(fn, reps):
     warm(fn)
     walls, gpus = [], []
+    PHASES.append(time.time())
     for _ in range(reps):
         t0 = time.perf_counter()
         out = fn()
         walls.append(time.perf_counter() - t0)
         gpus.append(launch.last_gpu_ns() or float("nan"))
+    PHASES.append(time.time())
     return out, statistics.median(gpus) / 1e3, statistics.median(walls) * 1e6, min(gpus) / 1e3
+
+
+PHASES: list = []   # wall-clock start and end of each measure()'s timed calls (to read the clocks log by)
 
 
 def main(argv=None) -> int:
@@ -169,7 +174,8 @@ def main(argv=None) -> int:
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
                        fwd_replay_us=f_replay, bwd_replay_us=b_replay)
             row.update(fwd_split_us=f_split, bwd_split_us=b_split, step_wall_us=step_wall,
-                       t_start=t_case, t_end=time.time())
+                       t_start=t_case, t_end=time.time(), fwd_t=PHASES[-6:-4], bwd_t=PHASES[-4:-2],
+                       step_t=PHASES[-2:])
             rows.append(row)
             print(f"{name:7s} {var or 'default':18s} fwd {fg:8.1f} us (wall {fw:8.1f}, replay {f_replay:8.1f}) "
                   f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) step wall {step_wall:9.1f} err {err:.1e} "

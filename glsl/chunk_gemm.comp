@@ -26,7 +26,7 @@
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
 // DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG, HEADLOOP (DB, DC).
+// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit).
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -69,6 +69,26 @@ shared vec4 Bs4[KS][CBLK / 4u];
 #else
 #define BS4 0
 shared float Bs[KS][CBLK + 1u];
+#endif
+
+// VOUT: a thread's columns are whole vec4s and so are the matrix rows: the epilogue writes 16
+// bytes at a time (a warp's stores then fill whole 32-byte sectors).
+#if MODE == 0 || MODE == 1
+#define COLS_D CL
+#elif MODE == 2 || MODE == 3 || MODE == 6 || MODE == 7
+#define COLS_D ND
+#else
+#define COLS_D PD
+#endif
+#if BS4 && (COLS_D % 4 == 0) && VEC_OUT
+#define VOUT 1
+layout(std430, binding = 6) buffer Bhs4 { vec4 hs4[]; };
+layout(std430, binding = 7) buffer Bgs4 { vec4 gs4[]; };
+layout(std430, binding = 8) buffer Bcb4 { vec4 cb4[]; };
+layout(std430, binding = 10) buffer Bgu4 { vec4 gu4[]; };
+layout(std430, binding = 13) buffer Bout4 { vec4 outv4[]; };
+#else
+#define VOUT 0
 #endif
 
 // Column (within the tile) of a thread's q-th accumulator.
@@ -412,6 +432,46 @@ void main() {
 
     // Epilogue: write the tile (and the per-token sums of GAM and DC).
     float part0[TR];
+#if VOUT
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part0[j] = 0.0;
+        [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
+            uint cc = c0 + (tc + CG * w) * 4u;        // = col_of(tc, 4 w); COLS_D % 4 == 0
+            vec4 v = vec4(acc1[j][4u * w], acc1[j][4u * w + 1u], acc1[j][4u * w + 2u], acc1[j][4u * w + 3u]);
+#if MODE == 0
+            if (r < CL && cc < CL) cb4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#elif MODE == 1
+            if (r < CL && cc < CL) gu4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#elif MODE == 2
+            if (r < PD && cc < ND) hs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#elif MODE == 3
+            if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#else
+            if (r < Lc && cc < COLS_D) {
+#if MODE == 4
+                uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
+#elif MODE == 5
+                uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
+                uint ax = pc.o_x + (tk(r) * pc.H + h) * PD + cc;
+                [[unroll]] for (uint e = 0; e < 4u; ++e) part0[j] += v[e] * x[ax + e];   // Gam . x
+                v *= sd[r];
+#elif HEADLOOP                                  // d_B, d_C: (S, T, G, N)
+                uint at = pc.o_out + (tk(r) * pc.G + g) * ND + cc;
+#else                                           // per-head parts: (S, T, H, N)
+                uint at = pc.o_out + (tk(r) * pc.H + h) * ND + cc;
+#endif
+                if ((at & 3u) == 0u) {
+                    outv4[at >> 2] = v;
+                } else {
+                    outv[at] = v.x; outv[at + 1u] = v.y; outv[at + 2u] = v.z; outv[at + 3u] = v.w;
+                }
+                if (any(not(lessThanEqual(abs(v), vec4(3.4028234664e38))))) atomicOr(flag[0], 1u);
+            }
+#endif
+        }
+    }
+#else
     [[unroll]] for (uint j = 0; j < TR; ++j) {
         uint r = rlo + j;
         part0[j] = 0.0;
@@ -451,6 +511,7 @@ void main() {
 #endif
         }
     }
+#endif
 #if MODE == 5
     row_sums(part0, tr, tc, SM_GX, cbk);
 #endif

@@ -17,7 +17,7 @@ from ssm_ref import Dims
 from .plan import F32, Limits, TooLarge, Window, _tune, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len"]
+           "CHUNK_MIN_T", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
@@ -66,6 +66,12 @@ def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
 def slice_len(backward: bool = False) -> int:
     """Contraction slice of the GEMM kernels (KS; tunable for benchmarks)."""
     return _tune().get("KS", KS[backward])
+
+
+def vec_out() -> int:
+    """1: the GEMM epilogues store 16 bytes at a time where the columns allow (knob VEC_OUT=0
+    stores floats, for benchmarks)."""
+    return int(_tune().get("VEC_OUT", 1) != 0)
 
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:

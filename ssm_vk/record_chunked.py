@@ -15,7 +15,7 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from . import specs
-from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems
+from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, vec_out
 from .plan import grid
 from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings, reduce_dA, reduce_partials
 
@@ -36,7 +36,8 @@ def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
     wg, rg = gemm_threads()
     return specs.chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
-                            KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")))
+                            KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
+                            VEC_OUT=vec_out())
 
 
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
