@@ -26,8 +26,7 @@
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
 // DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit),
-// C_TILE (DC over a group's heads: 1 stages the C tile in shared memory once, when it fits).
+// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit).
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -74,11 +73,6 @@ shared float Bs[KS][CBLK + 1u];
 
 // VOUT: a thread's columns are whole vec4s and so are the matrix rows: the epilogue writes 16
 // bytes at a time (a warp's stores then fill whole 32-byte sectors).
-#if MODE == 0 || ((MODE == 6 || MODE == 7) && HEADLOOP)
-#define PER_GROUP 1
-#else
-#define PER_GROUP 0
-#endif
 #if MODE == 0 || MODE == 1
 #define COLS_D CL
 #elif MODE == 2 || MODE == 3 || MODE == 6 || MODE == 7
@@ -105,12 +99,6 @@ uint col_of(uint tc, uint q) {
     return tc + CG * q;
 #endif
 }
-#if MODE == 7 && PER_GROUP && BS4 && C_TILE
-#define CTILE 1       // DC over a group's heads: its C tile, read by every head's alpha, staged once
-shared vec4 Cs4[RBLK][CBLK / 4u];
-#else
-#define CTILE 0
-#endif
 shared float sd[CL];      // d_t = softplus(dt)
 shared float sdi[CL];     // din_t
 shared float sdo[CL];     // dout_t
@@ -202,6 +190,12 @@ float acch[TR][TC];
 #else
 #define acc2 acc1
 #endif
+#if MODE == 0 || ((MODE == 6 || MODE == 7) && HEADLOOP)
+#define PER_GROUP 1
+#else
+#define PER_GROUP 0
+#endif
+
 // Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
 // then stores it to shared memory. The fetch of the next slice is issued before the products of
 // this one, so its latency hides behind them. One fetch/store pair per segment, so that each is
@@ -388,12 +382,6 @@ void main() {
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
 #if MODE == 6 || MODE == 7
     uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
-#if CTILE
-    for (uint e = lid; e < RBLK * CBLK; e += WG) {      // published by set_head's barrier
-        uint rr = e / CBLK, cc = e % CBLK;
-        Cs4[rr][cc >> 2][cc & 3u] = (r0 + rr < Lc && c0 + cc < ND) ? C_of(r0 + rr, c0 + cc) : 0.0;
-    }
-#endif
     for (uint k = 0; k < n_heads; ++k) {
         set_head(h_first + k);
 #if MODE == 6
@@ -411,11 +399,7 @@ void main() {
             part[j] = 0.0;
             [[unroll]] for (uint q = 0; q < TC; ++q) {
                 uint cc = c0 + col_of(tc, q);
-#if CTILE
-                if (r < Lc && cc < ND) part[j] += acch[j][q] * Cs4[r - r0][tc + CG * (q >> 2)][q & 3u];
-#else
                 if (r < Lc && cc < ND) part[j] += acch[j][q] * C_of(r, cc);
-#endif
                 acc1[j][q] += acch[j][q];
             }
         }

@@ -87,7 +87,6 @@ class ChunkPlan:
     Sw: int              # sequences per window (the largest)
     headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
     KS: int = 16             # contraction slice of the GEMM kernels
-    c_tile: bool = False     # DC per group keeps its C tile in shared memory (when it fits)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -181,8 +180,4 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # reduce pass at train; at mid, 32 workgroups doubled the backward)
     ncb = gemm_tile("DB", CL, d.P, d.N)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
-    # DC's C tile (RBLK x CBLK floats) beside its staging, where shared memory allows (knob C_TILE)
-    RBLK, CBLK, _, _ = gemm_tile("DC", CL, d.P, d.N)
-    c_tile = bool(tune.get("C_TILE", 1)) and _gemm_shared(CL, RBLK, CBLK) + RBLK * CBLK * F32 <= lim.max_shared_memory
-    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward),
-                     c_tile=headloop and c_tile)
+    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward))

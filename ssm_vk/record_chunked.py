@@ -37,7 +37,7 @@ def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
     wg, rg = gemm_threads()
     return specs.chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                             KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
-                            VEC_OUT=vec_out(), C_TILE=int(cp.c_tile and mode == "DC"))
+                            VEC_OUT=vec_out())
 
 
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:

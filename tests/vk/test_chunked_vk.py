@@ -402,22 +402,6 @@ def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop):
     check_case(case, label=f"HEADLOOP={headloop}", CL=16)
 
 
-def test_dc_with_its_c_tile_in_shared_memory_and_without(chunked, monkeypatch):
-    # N = 68: DC's column blocks of 64 hold whole vec4s per thread (its C tile can be staged once
-    # for the group's heads; the second block is partial); with C_TILE=0 each head reads C again.
-    # Bit for bit the same, and against the oracle.
-    monkeypatch.setitem(vplan.TUNE, "HEADLOOP", 1)
-    case = make_problem(np.random.default_rng(91), S=2, T=37, H=4, P=4, N=68, G=2, ids="permutation")
-    got = {}
-    for on in (1, 0):
-        monkeypatch.setitem(vplan.TUNE, "C_TILE", on)
-        launch.clear_cache()
-        assert planned(case, True).chunked.c_tile == bool(on)
-        got[on] = check_case(case, label=f"C_TILE={on}", CL=16)
-    for k in GRADS:
-        assert got[0][k].tobytes() == got[1][k].tobytes(), k
-
-
 @pytest.mark.parametrize("held", [0, 1, 2])
 def test_a_training_loop_replays_its_sequences(held):
     # y, states, d_x, d_s0 and d_s share a size class here (T * P == P * N): the workspace must get
