@@ -57,9 +57,10 @@ def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
     wg, rg = gemm_threads()
     cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
-    RBLK = min(_up(rows, rg), 64)
+    t = _tune() if mode in ("DB", "DC") else {}
+    RBLK = min(_up(rows, rg), max(t.get("DBC_RBLK", 64), rg))
     # DB and DC loop over a group's heads: column blocks of 64 give more workgroups
-    CBLK = min(_up(cols, cg), max(64 if mode in ("DB", "DC") else 128, cg))
+    CBLK = min(_up(cols, cg), max(t.get("DBC_CBLK", 64) if mode in ("DB", "DC") else 128, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 

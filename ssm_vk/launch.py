@@ -41,7 +41,8 @@ log = logging.getLogger("ssm_vk")
 # Calls whose chunked results held a non-finite value and were recomputed by the token-sequential
 # kernels (see _run_in); read by tests.
 reruns = 0
-# Backward calls that took the chunk states their forward left (see _saved_forward); read by tests.
+# Backward calls that took the chunk states (and C.B) their forward left (see _saved_forward); read
+# by tests.
 states_reused = 0
 _rerun_logged = False
 _caches: dict[int, tuple[object, OrderedDict]] = {}
@@ -143,7 +144,7 @@ class Workspace:
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
-        self.chunk_hs = None              # forward, chunked: the scratch that ends holding the chunk states
+        self.kept = None                  # forward, chunked: {"hs": chunk states, "cb": C.B} scratch buffers
         self.saved = None                 # ... and who the inputs were of the call that left them there
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
@@ -428,9 +429,9 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
         rec = record_backward if backward else record_forward
         fwd = _saved_forward(ctx, ws, p) if backward and ws.plan.chunked is not None else None
         try:
-            if fwd is not None:      # the forward's chunk states, bound in place of a recompute
-                bufs["hs_saved"] = (fwd.chunk_hs, 0)
-                key = (*key, fwd.chunk_hs.serial)
+            if fwd is not None:      # the forward's chunk states and C.B, bound in place of a recompute
+                bufs["kept"] = fwd.kept
+                key = (*key, *(b.serial for b in fwd.kept.values()))
             seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))
             if not backward:
                 ws.saved = None     # the chunk states are overwritten from here on
@@ -446,7 +447,7 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
         if fwd is not None:
             global states_reused
             states_reused += 1
-        if not backward and ws.chunk_hs is not None and len(ws.plan.chunked.windows) == 1:
+        if not backward and ws.kept is not None and len(ws.plan.chunked.windows) == 1:
             ws.saved = _who(p)
         if device_out:
             return outs
@@ -499,7 +500,7 @@ def _saved_forward(ctx, ws: Workspace, p: Problem):
         return None
     try:
         fp, bp = fwd.plan.chunked, ws.plan.chunked
-        ok = (not fwd.closed and fwd.saved is not None and fwd.chunk_hs is not None and fp is not None
+        ok = (not fwd.closed and fwd.saved is not None and fwd.kept is not None and fp is not None
               and fp.CL == bp.CL and len(fp.windows) == len(bp.windows) == 1 and _same_inputs(fwd.saved, p))
         if ok:
             fwd.settle()

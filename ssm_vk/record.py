@@ -298,14 +298,26 @@ def reduce_dA(seq, call, p: Problem, dAp, dA_at, rows: int, KA: int) -> None:
         seq.barrier()
 
 
+MAX_FILLS = 8   # separate fills of unread cache rows before one fill of all d_s is recorded instead
+
+
+def _runs(rows: list) -> list[tuple[int, int]]:
+    """(first, count) of each run of consecutive values in sorted ``rows``."""
+    out: list = []
+    for r in rows:
+        if out and out[-1][0] + out[-1][1] == r:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((r, 1))
+    return out
+
+
 def _scatter_rows(ctx, seq, call, lim, d_s0, d_s_at, ids, row: int, R: int) -> None:
     """d_s = rows of d_s0 scatter-added by ids, in sequence order (as ssm_ref.scatter_rows)."""
     d_s, ds_off = d_s_at
     if d_s is None:
         return
     assert ds_off == 0, "outputs own their buffers"
-    _zero(seq, d_s, R * row)
-    seq.barrier()
     if row == 0:
         return
     seen: dict[int, int] = {}
@@ -320,8 +332,24 @@ def _scatter_rows(ctx, seq, call, lim, d_s0, d_s_at, ids, row: int, R: int) -> N
             while len(layers) < k:
                 layers.append([])
             layers[k - 1].append((r, i))
-    for r, i in firsts:
-        seq.copy(d_s0, d_s, row * F32, i * row * F32, r * row * F32)
+    # The rows no sequence reads are zeroed, the first sequence of each row copied in (runs of
+    # consecutive rows and sequences as one copy); these regions are disjoint, so no barrier
+    # between them. Many scattered unread rows: one fill of everything first.
+    gaps = _runs(sorted(set(range(R)) - seen.keys()) if len(seen) < R else [])
+    if len(gaps) > MAX_FILLS:
+        _zero(seq, d_s, R * row)
+        seq.barrier()
+    else:
+        for r0, n in gaps:
+            _zero_at(seq, d_s, r0 * row, n * row)
+    i0 = r0 = n = 0
+    for r, i in [*sorted(firsts, key=lambda ri: ri[1]), (-2, -2)]:
+        if n and r == r0 + n and i == i0 + n:
+            n += 1
+            continue
+        if n:
+            seq.copy(d_s0, d_s, n * row * F32, i0 * row * F32, r0 * row * F32)
+        r0, i0, n = r, i, 1
     if not layers:
         return
     k = _kernel(ctx, specs.rows_spec())

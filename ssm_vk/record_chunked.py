@@ -4,8 +4,8 @@ ssm_ref/chunked.py as a short list of dispatches per window of whole sequences.
 Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (each chunk's own
 state) -> pass (incoming states, in chunk order; final states) -> Y.
 Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
-the two passes (H_c forward, G_c backward, which ends as d_s0; ZF and the H_c pass are left out
-when the forward's chunk states are still there, launch._saved_forward) -> GAM (d_x), DB, DC (per-head
+the two passes (H_c forward, G_c backward, which ends as d_s0; CB, ZF and the H_c pass are left
+out when the forward's chunk states and C.B are still there, launch._saved_forward) -> GAM (d_x), DB, DC (per-head
 d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
 reduce of the sequential path.
 """
@@ -155,7 +155,8 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     st_buf, st_off = bufs["states"]
     _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
-    ws.chunk_hs = scratch["hs"]            # left holding the chunk states (one window: all of them)
+    ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"]}   # left holding the chunk states and C.B
+                                                           # (one window: all of them)
     scratch["flag"] = _flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
@@ -184,7 +185,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
-    saved = bufs.get("hs_saved")           # the forward's chunk states (launch._saved_forward)
+    saved = bufs.get("kept")               # the forward's chunk states and C.B (launch._saved_forward)
     if saved is None:
         _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
@@ -195,9 +196,12 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     for w in cp.windows:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=True)
         if saved is not None:
-            k.binds["hs"] = ws.bind(saved[0], 0, 0, scratch_elems(d, cp.CL, w.S, False)["hs"])[0]
+            fsz = scratch_elems(d, cp.CL, w.S, False)
+            for name, buf in saved.items():
+                k.binds[name] = ws.bind(buf, 0, 0, fsz[name])[0]
         dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.NCH, w.S * d.H * cp.NCH)
-        k.gemm("CB")
+        if saved is None:
+            k.gemm("CB")
         k.gemm("GU")
         k.mark("cb,gu")
         k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=1))
@@ -232,5 +236,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
             k.mark("reduce")
     reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
     seq.barrier()
+    k.split("d_A")
     _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
+    k.split("d_s")
     _flag_end(seq, ws, scratch["flag"])

@@ -102,6 +102,27 @@ def test_seed_d_state_16_now_runs_on_vulkan0():
     np.testing.assert_allclose(g.packed(), cpu.packed(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ids, R", [
+    ([0, 1, 2, 3, 4, 5, 6, 7, 8], 9),                   # identity: one copy, no fill
+    ([5, 6, 7, 0, 1, 2, 8, 3, 4], 9),                   # a permutation in runs
+    ([2, 3, 9, 10, 11, 20], 24),                        # runs with a few unread gaps between
+    ([1, 3, 5, 7, 9, 11, 13, 15, 17, 19], 21),          # 11 unread gaps: one fill of all rows first
+    ([4, 4, 1, 2, 4, 1, 0, 3, 30], 31),                 # repeated rows (added in sequence order)
+])
+def test_d_s_scatters_d_s0_into_cache_rows(ids, R):
+    # d_s from d_s0 by ids: zeroed unread rows, copied first readers (runs as one copy), added
+    # repeats; against the oracle (record._scatter_rows, shared by both kernel families).
+    rng = np.random.default_rng(len(ids) * R)
+    case = make_problem(rng, S=len(ids), T=5, H=2, P=3, N=4, G=1, ids=ids, R=R)
+    _, g = check_case(case, label=f"ids={ids}")
+    unread = sorted(set(range(R)) - set(ids))
+    assert np.all(g.d_s[unread] == 0)
+    first = {r: i for i, r in reversed(list(enumerate(ids)))}
+    for r, i in first.items():
+        if ids.count(r) == 1:
+            assert np.array_equal(g.d_s[r], g.d_s0[i])
+
+
 def test_bit_identical_reruns():
     case = make_problem(np.random.default_rng(9), S=3, T=20, H=4, P=5, N=12, G=2, ids="duplicates")
     a = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
