@@ -5,7 +5,8 @@
 CLOCKS.csv is the log benchmarks/gpu_env.sh keeps (nvidia-smi every 100 ms), CLOCK_EPOCH.txt the
 host time when it started (its timestamps are the GPU host's local time: the first line is
 aligned to it). Prints, per row, the GPU times beside the SM clocks (min / median / max, MHz)
-sampled during the forward, backward and step measurements.
+sampled during the forward, backward and step measurements, and over the whole case (warm-ups
+and the float64 check included).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def samples(path: str, epoch_path: str) -> list[tuple[float, float]]:
 
 
 def during(clk, span) -> str:
-    if not span or len(span) != 2:
+    if not span or len(span) != 2 or None in span:
         return "-"
     v = [mhz for ts, mhz in clk if span[0] - 0.05 <= ts <= span[1] + 0.05]
     return f"{min(v):.0f}/{statistics.median(v):.0f}/{max(v):.0f}" if v else "-"
@@ -42,7 +43,8 @@ def main(argv=None) -> int:
         print(f"{r['shape']:7s} {r['variant']:16s} "
               f"fwd {r['fwd_gpu_us']:8.1f} us @ {during(clk, r.get('fwd_t')):>14s} MHz"
               f"   bwd {r['bwd_gpu_us']:8.1f} us @ {during(clk, r.get('bwd_t')):>14s} MHz"
-              f"   step wall {r['step_wall_us']:8.1f} us @ {during(clk, r.get('step_t')):>14s} MHz")
+              f"   step wall {r['step_wall_us']:8.1f} us @ {during(clk, r.get('step_t')):>14s} MHz"
+              f"   (whole case {during(clk, [r.get('t_start'), r.get('t_end')]):>14s} MHz)")
     return 0
 
 
