@@ -9,7 +9,8 @@
 //   sm[t, SM_W] = sum over r >= t > s of mgu[r][s] * cb[r][s]   (the in-chunk decay gradient)
 // Every exponent is a sum over its own token range, in token order: no differences of running
 // sums (no cancellation; a -inf or nan log-decay only reaches the ranges that hold it).
-// Bindings and push constants: glsl/chunk_common.glsl. Defines: chunk_common's, MODE.
+// KEPT = 1 (backward after its forward): mcb is the forward's, bound as it left it; not written.
+// Bindings and push constants: glsl/chunk_common.glsl. Defines: chunk_common's, MODE, KEPT.
 
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
@@ -64,7 +65,9 @@ void main() {
             bool on = s <= t && t < Lc;
             float m = exp(seg);
             float cbv = cb[gm * CL * CL + at];
+#if !KEPT
             mcb[hm * CL * CL + at] = on ? m * cbv : 0.0;
+#endif
 #if MODE == 1
             float mg = on ? m * gu[hm * CL * CL + at] : 0.0;
             mgu[hm * CL * CL + at] = mg;

@@ -144,7 +144,7 @@ class Workspace:
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
-        self.kept = None                  # forward, chunked: {"hs": chunk states, "cb": C.B} scratch buffers
+        self.kept = None                  # forward, chunked: its hs (chunk states), cb, mcb scratch buffers
         self.saved = None                 # ... and who the inputs were of the call that left them there
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
@@ -429,7 +429,7 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
         rec = record_backward if backward else record_forward
         fwd = _saved_forward(ctx, ws, p) if backward and ws.plan.chunked is not None else None
         try:
-            if fwd is not None:      # the forward's chunk states and C.B, bound in place of a recompute
+            if fwd is not None:      # the forward's chunk states, C.B, M o C.B, bound in place of a recompute
                 bufs["kept"] = fwd.kept
                 key = (*key, *(b.serial for b in fwd.kept.values()))
             seq = ws.sequence(key, lambda seq: rec(seq, ws, p, bufs))

@@ -4,10 +4,11 @@ ssm_ref/chunked.py as a short list of dispatches per window of whole sequences.
 Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (each chunk's own
 state) -> pass (incoming states, in chunk order; final states) -> Y.
 Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
-the two passes (H_c forward, G_c backward, which ends as d_s0; CB, ZF and the H_c pass are left
-out when the forward's chunk states and C.B are still there, launch._saved_forward) -> GAM (d_x), DB, DC (per-head
+the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
 d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
-reduce of the sequential path.
+reduce of the sequential path. After a forward of the same inputs whose tables are still there
+(launch._saved_forward), CB, ZF, the H_c pass and the M o C.B writes are left out: its hs, cb and
+mcb are bound instead.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
                             VEC_OUT=vec_out())
 
 
+def _decay(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> specs.KernelSpec:
+    return specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward), KEPT=int(kept))
+
+
 def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
     nbp = gemm_tile("GAM", cp.CL, d.P, d.N)[3]
     nbn = gemm_tile("DC", cp.CL, d.P, d.N)[3]
@@ -48,11 +53,12 @@ def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
 
 def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
     """Every kernel the chunked recording of ``d`` dispatches (for supports())."""
-    ks = [_gemm(d, cp, "CB"), specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward)),
+    ks = [_gemm(d, cp, "CB"), _decay(d, cp, backward),
           _gemm(d, cp, "ZF"), specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=0, PB=PASS_BATCH)]
     if not backward:
         return [*ks, _gemm(d, cp, "Y")]
     ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
+    ks.append(_decay(d, cp, True, kept=True))    # after a forward whose tables are still there
     ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1, PB=PASS_BATCH), _finish(d, cp),
            specs.reduce_spec(1)]
     if not cp.headloop:
@@ -155,8 +161,8 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     st_buf, st_off = bufs["states"]
     _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
-    ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"]}   # left holding the chunk states and C.B
-                                                           # (one window: all of them)
+    # left holding the chunk states, C.B and M o C.B (one window: all of them)
+    ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
     scratch["flag"] = _flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
@@ -164,7 +170,7 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
         k.gemm("CB")
         k.mark("cb")
-        k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=0))
+        k.per_head(_decay(d, cp, False))
         k.mark("decay")
         k.gemm("ZF")
         k.mark("states")
@@ -185,7 +191,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
-    saved = bufs.get("kept")               # the forward's chunk states and C.B (launch._saved_forward)
+    saved = bufs.get("kept")               # the forward's hs, cb, mcb (launch._saved_forward)
     if saved is None:
         _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
@@ -204,7 +210,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
             k.gemm("CB")
         k.gemm("GU")
         k.mark("cb,gu")
-        k.per_head(specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=1))
+        k.per_head(_decay(d, cp, True, kept=saved is not None))
         k.mark("decay")
         if saved is None:
             k.gemm("ZF")
