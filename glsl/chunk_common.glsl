@@ -59,8 +59,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 // Slots of sm: 0 the in-chunk part of the decay gradient (sum of W over r >= t > s);
-// 1, 2 Gam . x (two column blocks of P); 3, 4 beta; 5 .. 8 alpha (four column blocks of N).
-const uint SM_W = 0u, SM_GX = 1u, SM_BETA = 3u, SM_ALPHA = 5u, NSM = 12u;
+// 1, 2 Gam . x (two column blocks of P); 3, 4 beta; 5 .. 8 alpha (four column blocks of N);
+// 9, 10 <G_c, H_c> (two column blocks of P; at the chunk's first token only).
+const uint SM_W = 0u, SM_GX = 1u, SM_BETA = 3u, SM_ALPHA = 5u, SM_GH = 9u, NSM = 12u;
 const uint DEC = 2u * CL + 1u;
 
 // Raise the flag for a value that is not finite (nan fails the comparison too). Rare: the

@@ -9,7 +9,6 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
-shared float red[WG];
 shared float al[CL], be[CL], dq[CL];
 
 void main() {
@@ -22,16 +21,10 @@ void main() {
     uint hm = head_mat(i, c, h);
     uint lid = gl_LocalInvocationIndex;
 
-    // <G_c, H_c>: strided partial sums, then a tree (fixed order).
-    float part = 0.0;
-    for (uint e = lid; e < PD * ND; e += WG) part += gs[hm * PD * ND + e] * hs[hm * PD * ND + e];
-    red[lid] = part;
-    barrier();
-    [[unroll]] for (uint w = WG / 2u; w > 0u; w >>= 1) {
-        if (lid < w) red[lid] += red[lid + w];
-        barrier();
-    }
-    float gam = dec[hm * DEC + 2u * CL] * red[0];
+    // <G_c, H_c>: GAM's sums over its column blocks of P (at the chunk's first token).
+    float ghc = 0.0;
+    [[unroll]] for (uint k = 0; k < NBP; ++k) ghc += sm[(tok(i, c, 0u) * pc.H + h) * NSM + SM_GH + k];
+    float gam = dec[hm * DEC + 2u * CL] * ghc;
 
     for (uint t = lid; t < CL; t += WG) {
         float a = 0.0, b = 0.0;

@@ -23,8 +23,8 @@
 // HEADLOOP = 0 (more workgroups for small problems) they write per-head parts, which
 // ssm_scan_reduce.comp sums over the heads of each group.
 //
-// (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm;
-// DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
+// (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
+// and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
 // KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit).
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
@@ -255,6 +255,25 @@ FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2)
 STORE(store1, A1_RF, B1_CF)
 STORE(store2, A2_RF, B2_CF)
 
+#if MODE == 5
+// <G_c, H_c> over this tile's columns of P (chunk_finish's dch term): segment 2 stages every
+// element of gs[p][n] once; the hs element at the same (p, n) is fetched beside it (gh_fetch,
+// with fetch2) and the product added when it is stored (gh_store, with store2), in slice order.
+float fh[NFB];
+float gh = 0.0;
+void gh_fetch(uint j) {
+    uint lid = gl_LocalInvocationIndex;
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {
+        uint e = lid + m * WG;
+        uint cc = e / KS, k = j * KS + e % KS;           // B2's staging order (B2_CF false)
+        fh[m] = (e < KS * CBLK && k < K2 && c0 + cc < PD) ? hs_of(c0 + cc, k) : 0.0;
+    }
+}
+void gh_store() {
+    [[unroll]] for (uint m = 0; m < NFB; ++m) gh += fb[m] * fh[m];
+}
+#endif
+
 // The TR rows of thread row-group tr at slice position kk.
 void load_rows(uint kk, uint tr, out float a[TR]) {
 #if AS4
@@ -315,8 +334,14 @@ void segment2(bool then1) {
     uint lid = gl_LocalInvocationIndex;
     uint tr = lid / CG, tc = lid % CG;
     for (uint j = 0; j < NS2; ++j) {
+#if MODE == 5
+        gh_store();
+#endif
         store2();
         barrier();
+#if MODE == 5
+        if (j + 1u < NS2) gh_fetch(j + 1u);
+#endif
         if (j + 1u < NS2) fetch2(j + 1u); else if (then1 && NS1 > 0u) fetch1(0u);
         [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
             float a[TR], b[TC];
@@ -410,7 +435,7 @@ void main() {
 #else
     set_head(PER_GROUP != 0 ? 0u : hh);
 #if MODE == 5
-    if (NS2 > 0u) fetch2(0u); else if (NS1 > 0u) fetch1(0u);
+    if (NS2 > 0u) { gh_fetch(0u); fetch2(0u); } else if (NS1 > 0u) fetch1(0u);
     segment2(true);
     float part[TR];            // beta: the boundary part . u
     [[unroll]] for (uint j = 0; j < TR; ++j) {
@@ -514,5 +539,14 @@ void main() {
 #endif
 #if MODE == 5
     row_sums(part0, tr, tc, SM_GX, cbk);
+    // <G_c, H_c> of this column block: the threads' sums added by a fixed tree (red holds WG
+    // floats: RBLK >= ROWG), into the chunk's first token's slot (one row block: r0 == 0).
+    red[lid / CG][lid % CG] = gh;
+    barrier();
+    [[unroll]] for (uint w = WG / 2u; w > 0u; w >>= 1) {
+        if (lid < w) red[lid / CG][lid % CG] += red[(lid + w) / CG][(lid + w) % CG];
+        barrier();
+    }
+    if (lid == 0u && r0 == 0u) sm[(tk(0u) * pc.H + h) * NSM + SM_GH + cbk] = red[0][0];
 #endif
 }

@@ -126,7 +126,7 @@ def _push(spec, push: bytes) -> dict:
 
 # glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
 CB = {name: k for k, name in enumerate(specs.CHUNK_BINDINGS)}
-NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA = 12, 0, 1, 3, 5
+NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA, SM_GH = 12, 0, 1, 3, 5, 9
 
 
 def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
@@ -154,9 +154,9 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
             out.update({CB["gu"]: mat, CB["mgu"]: mat, CB["sm"]: sm(SM_W + 1)})
         return out
     if spec.name == "chunk_finish":
-        return {CB["gs"]: hsz, CB["hs"]: hsz, CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt,
+        return {CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt,
                 CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
-                CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"])),
+                CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"], SM_GH + D["NBP"])),
                 CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
     assert spec.name == "chunk_gemm", spec.name
     mode = D["MODE"]
@@ -171,7 +171,7 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
         3: {gy: v["o_gy"] + tokP, CB["C"]: Cn, CB["gs"]: hsz},
         4: {CB["mcb"]: mat, x: v["o_x"] + tokP, CB["C"]: Cn, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokP},
         5: {CB["mcb"]: mat, gy: v["o_gy"] + tokP, CB["B"]: Bn, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokP,
-            x: v["o_x"] + tokP, CB["sm"]: sm(SM_BETA + ncbk)},
+            x: v["o_x"] + tokP, CB["hs"]: hsz, CB["sm"]: sm(SM_GH + ncbk)},
         6: {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokG},
         7: {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokG,
             CB["C"]: Cn, CB["sm"]: sm(SM_ALPHA + ncbk)},
@@ -179,7 +179,9 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
     if mode != 0:                                              # d_t = softplus(dt), din, dout
         reads.update({CB["dt"]: dt, CB["dec"]: dec})
     if mode == 5:
-        assert SM_GX + ncbk <= SM_BETA and SM_BETA + ncbk <= SM_ALPHA, "GAM's column blocks overrun their sm slots"
+        assert SM_GX + ncbk <= SM_BETA and SM_BETA + ncbk <= SM_ALPHA and SM_GH + ncbk <= NSM, \
+            "GAM's column blocks overrun their sm slots"
+        assert SM_ALPHA + 4 <= SM_GH
     if mode == 7:
         assert SM_ALPHA + ncbk <= NSM, "DC's column blocks overrun their sm slots"
     return reads
