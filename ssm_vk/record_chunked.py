@@ -17,13 +17,17 @@ from ssm_ref import Problem
 
 from . import specs
 from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, vec_out
-from .plan import grid
+from .plan import _tune, grid
 from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings, reduce_dA, reduce_partials
 
 __all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
 
 PASS_WG = 256
-PASS_BATCH = 8     # chunks whose loads the pass issues together
+PASS_BATCH = 8     # chunks whose loads the pass issues together (knob PASS_PB)
+
+
+def _pass(d, cp: ChunkPlan, mode: int) -> specs.KernelSpec:
+    return specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=_tune().get("PASS_PB", PASS_BATCH))
 
 # SSM_VK_PROFILE=1: a timestamp after each step of the first window (benchmarks/vk_speed.py prints
 # the split). Read when a sequence is recorded.
@@ -54,12 +58,12 @@ def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
 def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
     """Every kernel the chunked recording of ``d`` dispatches (for supports())."""
     ks = [_gemm(d, cp, "CB"), _decay(d, cp, backward),
-          _gemm(d, cp, "ZF"), specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=0, PB=PASS_BATCH)]
+          _gemm(d, cp, "ZF"), _pass(d, cp, 0)]
     if not backward:
         return [*ks, _gemm(d, cp, "Y")]
     ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
     ks.append(_decay(d, cp, True, kept=True))    # after a forward whose tables are still there
-    ks += [specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=1, PB=PASS_BATCH), _finish(d, cp),
+    ks += [_pass(d, cp, 1), _finish(d, cp),
            specs.reduce_spec(1)]
     if not cp.headloop:
         ks.append(specs.reduce_spec(0))
@@ -108,7 +112,7 @@ class _Chunked:
 
     def pass_(self, mode: int, **extra) -> None:
         d = self.d
-        spec = specs.chunk_spec("chunk_pass", d, self.cp.CL, PASS_WG, MODE=mode, PB=PASS_BATCH)
+        spec = _pass(d, self.cp, mode)
         self.run(spec, -(-(self.w.S * d.H * d.P * d.N) // PASS_WG), **extra)
 
 
