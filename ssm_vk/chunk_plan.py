@@ -29,7 +29,7 @@ KS = {False: 16, True: 8}
 CHUNK_MIN_T = {False: 64, True: 32}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
 NSM = 12           # per-token scalars of the backward (glsl/chunk_common.glsl)
-HEADLOOP_MIN_GROUPS = 512   # DB/DC workgroups per window below which they run per head
+HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
 # chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
@@ -177,8 +177,9 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
         return None
     wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
     NCH = -(-d.T // CL)
-    # DB and DC per group when that still gives enough workgroups (H200: the head loop saved the
-    # reduce pass at train; at mid, 32 workgroups doubled the backward)
+    # DB and DC per group when that still gives enough workgroups (H200: at mid, 32 workgroups
+    # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
+    # than per head + the reduce, which the scratch budget allows for anyway)
     ncb = gemm_tile("DB", CL, d.P, d.N)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward))
