@@ -21,6 +21,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ssm_ref import Problem
+from ssm_ref.environ import EnvVar
 
 from . import plan as _plan
 from . import runtime as rt
@@ -68,8 +69,12 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
+_NO_SUBGROUP_ENV = EnvVar("SSM_VK_NO_SUBGROUP")
+_TUNE_ENV = EnvVar("SSM_VK_TUNE")
+
+
 def _no_subgroup() -> bool:
-    return FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1"
+    return FORCE_SHARED_MEMORY or _NO_SUBGROUP_ENV.get() == "1"
 
 
 def subgroup_ops(info) -> frozenset:
@@ -312,7 +317,7 @@ def knobs_key() -> tuple:
     """What the planner's tuning knobs (ssm_vk.plan.TUNE, SSM_VK_TUNE) are now, cheaply: part of
     every cache key that depends on the plan (read through the module: tests replace TUNE)."""
     tune = _plan.TUNE
-    return os.environ.get("SSM_VK_TUNE", ""), tuple(tune.items()) if tune else ()
+    return _TUNE_ENV.get(), tuple(tune.items()) if tune else ()
 
 
 def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
