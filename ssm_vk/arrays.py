@@ -21,6 +21,7 @@ from . import runtime as rt
 __all__ = ["DeviceArray", "to_device", "pool", "empty"]
 
 _F32 = np.dtype(np.float32)
+_INTS = frozenset([int])  # the types of a shape of Python ints
 
 _pools: dict[int, rt.BufferPool] = {}
 _pools_lock = threading.Lock()
@@ -185,6 +186,10 @@ class DeviceArray:
     def reshape(self, *shape) -> DeviceArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
+        if _INTS.issuperset(map(type, shape)):  # Python ints (the validator's A, each call)
+            if math.prod(shape) != math.prod(self.shape):
+                raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {shape}")
+            return self._int_view(shape, self.offset)
         if _count(shape) != self.size:
             raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {tuple(shape)}")
         return self._view(shape, self.offset)
@@ -199,16 +204,19 @@ class DeviceArray:
     def _view(self, shape, offset) -> DeviceArray:
         """``DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=...)``; a shape of
         Python ints and an int offset (the validator's views, each call) skip its conversions."""
-        base = self._base or self
-        if type(offset) is not int or type(shape) is not tuple or not all(type(n) is int for n in shape):
-            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=base)
+        if type(offset) is not int or type(shape) is not tuple or not _INTS.issuperset(map(type, shape)):
+            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=self._base or self)
+        return self._int_view(shape, offset)
+
+    def _int_view(self, shape: tuple, offset: int) -> DeviceArray:
+        """``_view`` of a tuple of Python ints and an int offset."""
         v = object.__new__(DeviceArray)
         v.ctx = self.ctx
         v.buffer = self.buffer
         v.shape = shape
         v.dtype = self.dtype
         v.offset = offset
-        v._base = base
+        v._base = self._base or self
         v._finalizer = None
         return v
 
