@@ -83,21 +83,26 @@ def _support(op: str, p) -> tuple[Support, object, bool]:
     Returns (the decision, the context, whether any input is device-resident: then the results
     are DeviceArrays).
     """
-    ctx, reason = _context_or_reason()
-    if ctx is None:
-        return Support(False, reason), None, False
-    # which inputs are device arrays (is_device_array, inlined)
-    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
+    ctx = rt.current_context()
+    if ctx is None or ctx.lost:  # (current_context() is open or None)
+        ctx, reason = _context_or_reason()
+        if ctx is None:
+            return Support(False, reason), None, False
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
-    key = (id(ctx), id(info), op, p.dims, resident, launch.knobs_key(), launch._no_subgroup())
+    # Which inputs are device-resident is a matter of their types (DeviceArray's class attribute
+    # ``_ssm_device_array``): the key holds the types, the set is worked out on a miss.
+    types = (type(p.s), type(p.x), type(p.dt), type(p.A), type(p.B), type(p.C), type(p.g_y), type(p.g_states))
+    key = (id(ctx), id(info), op, p.dims, types, launch.knobs_key(), launch._no_subgroup())
     hit = _support_cache.get(key)
     if hit is not None and hit[1] is ctx and hit[2] is info:
-        return hit[0], ctx, bool(resident)
+        return hit[0], ctx, hit[3]
+    # which inputs are device arrays (is_device_array, inlined)
+    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     sup, cache = _decide(ctx, op, p, resident)
     if cache:
         if len(_support_cache) > 256:
             _support_cache.clear()
-        _support_cache[key] = (sup, ctx, info)
+        _support_cache[key] = (sup, ctx, info, bool(resident))
     return sup, ctx, bool(resident)
 
 
@@ -166,7 +171,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         h = _host(p)
         return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
     out = launch.forward(ctx, p, device_out=device_out)
-    return _result(ScanResult, y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
+    return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": ctx.info.where, "backend": NAME})
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
@@ -181,10 +186,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
     g = launch.backward(ctx, p, device_out=device_out)
-    return _result(ScanGrads, **g, where=ctx.info.where, backend=NAME)
+    return _result(ScanGrads, {"d_s": g["d_s"], "d_s0": g["d_s0"], "d_x": g["d_x"], "d_dt": g["d_dt"], "d_A": g["d_A"],
+                               "d_B": g["d_B"], "d_C": g["d_C"], "where": ctx.info.where, "backend": NAME})
 
 
-def _result(cls, **fields):
+def _result(cls, fields: dict):
     """``cls(**fields)`` for the frozen result dataclasses (ScanResult, ScanGrads: no
     __post_init__; every field given), without their __init__'s object.__setattr__ a field."""
     r = object.__new__(cls)
