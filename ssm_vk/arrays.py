@@ -172,7 +172,9 @@ class DeviceArray:
         return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
 
     def _check_live(self) -> None:
-        if self.released or self.ctx.closed or (self.buffer is not None and self.buffer.closed):
+        release = (self._base or self)._finalizer  # ``released``, inlined (each input, each call)
+        if ((release is not None and not release.alive) or self.ctx.closed
+                or (self.buffer is not None and self.buffer.closed)):
             raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
 
     def numpy(self) -> np.ndarray:

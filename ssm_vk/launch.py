@@ -189,8 +189,8 @@ class Workspace:
     def nonfinite(self) -> bool:
         """Whether the last (waited-for) chunked call flagged a non-finite output."""
         buf = self._flag_host
-        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place
-            return bool(np.frombuffer(buf._mapped, np.uint32, 1)[0])
+        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place (a uint32: 4 bytes)
+            return buf._mapped[0:4] != b"\0\0\0\0"
         return bool(rt.download(buf, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
@@ -291,6 +291,8 @@ class Workspace:
         """Wait for every submission of this workspace's sequences. A call whose wait timed out
         left its sequence pending; nothing may write the buffers that work reads until it ends
         (raises VulkanTimeout again if it still has not)."""
+        if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
+            return
         for seq, _ in self.sequences.values():
             if seq.pending:
                 seq.wait()
