@@ -328,7 +328,7 @@ def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> P
 # the ids (their values), the host memory rule (the limit may change) -- in the order of the
 # full path; anything else takes the full path, which raises exactly as it always has.
 _F32 = _WORK_DTYPES[0]
-_PASSED: dict[tuple, tuple] = {}   # key -> (Dims, A's shape in the Problem)
+_PASSED: dict[tuple, Dims] = {}
 _PASSED_MAX = 256
 _FORWARD, _BACKWARD, _BACKWARD_PACKED = ("forward",), ("backward", False), ("backward", True)
 
@@ -346,21 +346,33 @@ def _device_key(tag: tuple, arrays) -> tuple | None:
 def _passed(key: tuple, dims: Dims) -> None:
     if len(_PASSED) >= _PASSED_MAX:
         _PASSED.clear()
-    _PASSED[key] = (dims, (dims.H, dims.N if dims.mamba1 else 1))
+    _PASSED[key] = dims
 
 
 def _fast_device(key: tuple | None, arrays: tuple, ids, workspace) -> Problem | None:
     """The Problem of a call whose shapes passed before (``key``), or None: take the full path.
     ``arrays``: (s, x, dt, A, B, C) or those and (g_y, g_states)."""
-    hit = _PASSED.get(key) if key is not None else None
-    if hit is None:
+    dims = _PASSED.get(key) if key is not None else None
+    if dims is None:
         return None
-    dims, a2_shape = hit
+    return device_problem(dims, arrays, ids, workspace)
+
+
+def device_problem(dims: Dims, arrays: tuple, ids, workspace=None) -> Problem | None:
+    """The Problem of a call whose float arguments ``arrays`` -- (s, x, dt, A, B, C), and for the
+    backward (g_y, g_states) -- are float32 device arrays of the shapes of an earlier call that
+    passed every check, whose Problem had ``dims``; or None: the caller then takes the full path
+    (check_forward / check_backward), which raises what is wrong.
+
+    For a backend that established that by a look-up of its own (ssm_vk.lanes, keyed by the
+    arrays' shapes and more). Runs what those shapes cannot settle, in the full path's order: the
+    ids (raising as check_forward does) and the host memory rule (None when it fails).
+    """
     ids_ = _check_ids(ids, dims.S, dims.R)
     if workspace is not None or dims.S * 8 > host_memory_bytes()[0]:
         return None  # the full path: the memory rule with the backend's workspace, or its message
     s, x, dt, A, B, C = arrays[:6]
-    A2 = A.reshape(a2_shape)  # a view, as the full path makes (even of an A of that shape)
+    A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)  # a view, as the full path makes (even of (H, 1))
     g_y = g_states = None
     if len(arrays) == 8:
         g_y, g_states = arrays[6:]
