@@ -148,6 +148,9 @@ class Workspace:
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
+        # Set by the calls that come through a lane (lanes.py), which skip _workspace's look-up and
+        # so its move to the most recent end: eviction gives such a workspace a second chance.
+        self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
     def _acquire(self, nbytes: int):
@@ -335,7 +338,12 @@ def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
         if ws is None:
             ws = cache[key] = Workspace(ctx, dims, backward, chunked)
             while len(cache) > MAX_WORKSPACES:
-                _, old = cache.popitem(last=False)
+                k, old = next(iter(cache.items()))
+                if old.recent:  # used through a lane since it came to the front: not the least recent
+                    old.recent = False
+                    cache.move_to_end(k)
+                    continue
+                del cache[k]
                 with old.lock:
                     old.close()
         cache.move_to_end(key)
@@ -360,9 +368,9 @@ def _release(arrays: dict) -> None:
         a.release()
 
 
-def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+def _run(ctx, p: Problem, backward: bool, device_out: bool, lane=None) -> dict:
     try:
-        return _run_once(ctx, p, backward, device_out)
+        return _run_once(ctx, p, backward, device_out, lane=lane)
     except rt.OutOfDeviceMemory:
         # The workspaces of other shapes hold buffers between calls: give them all back (the pool
         # frees its idle ones when it next runs out) and try once more; a second failure raises.
@@ -370,13 +378,18 @@ def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
         return _run_once(ctx, p, backward, device_out)
 
 
-def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True) -> dict:
+def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True, lane=None) -> dict:
     while True:
-        ws = _workspace(ctx, p.dims, backward, chunked)
+        if lane is not None:  # the lane's workspace and input bindings (lanes.py; chunked is True)
+            ws = lane.ws
+            ws.recent = True
+        else:
+            ws = _workspace(ctx, p.dims, backward, chunked)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
+                lane = None
                 continue
-            out = _run_in(ws, ctx, p, backward, device_out)
+            out = _run_in(ws, ctx, p, backward, device_out, None if lane is None else lane.bound)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
@@ -395,19 +408,29 @@ def _note_rerun(dims) -> None:
                  "with the token-sequential kernels, whose non-finite results follow SCAN.md", dims)
 
 
-def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict | None:
-    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels). A call that raises
-    keeps no results: device outputs go back to the pool before the exception leaves, so a caller
-    that holds the exception (and so its frames) holds no device memory."""
-    ws.settle()
+def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
+    """The inputs' bindings in ``ws``: {name: (buffer, element offset)}, and the start of the
+    sequence's key -- serial and offset of each, in the workspace's fixed order (inputs, then
+    outputs, then the ids). Host inputs are uploaded into the workspace's buffers."""
     bufs: dict = {}
-    # The sequence's key: buffer serial and offset of every binding, in the workspace's fixed
-    # order (inputs, then outputs), and the ids.
     key: list = []
     for k in BWD_IN if backward else FWD_IN:
         b, off = bufs[k] = ws.input(k, getattr(p, k))
         key += (None if b is None else b.serial, off)
+    return bufs, key
+
+
+def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool, bound=None) -> dict | None:
+    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
+    non-finite output (the caller recomputes with the sequential kernels). A call that raises
+    keeps no results: device outputs go back to the pool before the exception leaves, so a caller
+    that holds the exception (and so its frames) holds no device memory. ``bound``: what
+    bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
+    ws.settle()
+    if bound is None:
+        bufs, key = bind_inputs(ws, p, backward)
+    else:
+        bufs, key = dict(bound[0]), list(bound[1])
     outs = ws.outputs(device_out)
     try:
         for k, a in outs.items():
@@ -432,11 +455,12 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) ->
         raise
 
 
-def forward(ctx, p: Problem, device_out: bool = True) -> dict:
-    """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays."""
-    return _run(ctx, p, False, device_out)
+def forward(ctx, p: Problem, device_out: bool = True, lane=None) -> dict:
+    """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
+    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found."""
+    return _run(ctx, p, False, device_out, lane)
 
 
-def backward(ctx, p: Problem, device_out: bool = True) -> dict:
+def backward(ctx, p: Problem, device_out: bool = True, lane=None) -> dict:
     """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(ctx, p, True, device_out)
+    return _run(ctx, p, True, device_out, lane)
