@@ -19,10 +19,14 @@ pays beyond that replay is Python. For the forward and the backward, with device
 
 and python* split by stage, each stage timed alone with the same arguments (submit stubbed):
 
-    validate  ssm_ref.check_forward / check_backward (keep_device=True)
-    support   ssm_vk.backend._support (the cached support decision)
+    validate  ssm_ref.check_forward / check_backward (keep_device=True); for a call that takes a
+              lane (ssm_vk/lanes.py: device inputs, repeated), ssm_ref.checks.device_problem (the
+              ids and the host memory rule)
+    support   ssm_vk.backend._support (the cached support decision); for a lane's call, the lane
+              look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
+              shape checks, the workspace look-up and the input bindings
     launch    ssm_vk.launch.forward / backward + drop (workspace, binding, key, outputs, and for
-              host inputs upload + download)
+              host inputs upload + download; a lane's call: outputs, key, submit)
     glue      python* - validate - support - launch (result object, the rest of backend.py)
 
 The default shape is tiny, so that lavapipe's own execution stays small next to the Python;
@@ -43,7 +47,8 @@ import numpy as np
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import backend, launch
+from ssm_ref.checks import device_problem
+from ssm_vk import backend, lanes, launch
 from ssm_vk import runtime as rt
 
 
@@ -85,10 +90,17 @@ class Case:
         self.entry = ssm_vk.ssm_scan_back if backward else ssm_vk.ssm_scan
         self.op = "ssm_scan_back" if backward else "ssm_scan"
         check = ssm_ref.check_backward if backward else ssm_ref.check_forward
-        self.validate = lambda: check(**args, keep_device=True)
         for _ in range(5):  # record, warm the pool and the caches
             self.entry(**args)
         self.seq = launch._timing.seq
+        floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
+        self.find = lambda: lanes.find(backward, floats)
+        self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
+        if self.lane is not None:
+            lane = self.lane
+            self.validate = lambda: device_problem(lane.dims, floats, args["ids"])
+        else:
+            self.validate = lambda: check(**args, keep_device=True)
         self.p = self.validate()
         self.ctx = rt.current_context()
         self.samples: dict[str, list[float]] = {k: [] for k in ("call", "drop", "call*", "drop*", "replay", "floor",
@@ -114,15 +126,15 @@ class Case:
                 fn()
                 s[key].append(pc() - t0)
         run = launch.backward if self.backward else launch.forward
-        ctx, p, dev = self.ctx, self.p, self.device
+        ctx, p, dev, lane = self.ctx, self.p, self.device, self.lane
 
         def launched():
-            out = run(ctx, p, device_out=dev)
+            out = run(ctx, p, dev, lane)
             del out
 
+        support = self.find if lane is not None else lambda: backend._support(self.op, p)
         with _stubbed_submit(True):
-            for key, fn in (("validate", self.validate), ("support", lambda: backend._support(self.op, p)),
-                            ("launch", launched)):
+            for key, fn in (("validate", self.validate), ("support", support), ("launch", launched)):
                 for _ in range(n):
                     t0 = pc()
                     fn()
@@ -201,6 +213,7 @@ def main() -> None:
     for c in cases:
         m = c.medians()
         print(f"{c.name:<26}" + "".join(f"{m[k]:10.1f}" for k in cols))
+    print("calls through a lane (ssm_vk/lanes.py): " + (", ".join(c.name for c in cases if c.lane) or "none"))
     step = [c.medians() for c in cases[:2]]
     tot = {k: sum(m[k] for m in step) for k in ("call", "drop", "python", "python*", "in-submit")}
     print(f"training step (forward + backward, device inputs): call+drop {tot['call'] + tot['drop']:.1f} us; "

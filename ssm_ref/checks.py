@@ -191,12 +191,16 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
             raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
                              f"got R = {R}")
         return None
-    arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
-    if is_device_array(arr):
-        arr = arr.numpy()  # S integers: the range check needs their values
+    if type(ids) is np.ndarray:
+        arr = ids  # what _as_array hands back for it
+    else:
+        arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
+        if is_device_array(arr):
+            arr = arr.numpy()  # S integers: the range check needs their values
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
-    _expect_shape("ids", arr, "(S,)", (S,))
+    if arr.shape != (S,):
+        _expect_shape("ids", arr, "(S,)", (S,))
     if S:
         if S <= 64:  # two numpy reductions cost more than the Python ints of a short array
             values = arr.tolist()
@@ -212,14 +216,28 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
 _I64 = np.dtype(np.int64)
 
 
+_ARANGE: dict[int, np.ndarray] = {}   # S -> arange(S), read-only: the ids of calls that pass None
+
+
 def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
     if type(ids) is np.ndarray and ids.dtype == _I64 and ids.flags.c_contiguous:
         out = ids.view()  # what _finish makes of it, without the conversion machinery
-        out.flags.writeable = False
+        out.setflags(write=False)  # (cheaper than out.flags.writeable = False)
         return out
     if ids is None:
-        return _finish(np.arange(S, dtype=np.int64), np.dtype(np.int64))
-    return _finish(ids.astype(np.int64, copy=False), np.dtype(np.int64))
+        if S > 4096:
+            return _finish(np.arange(S, dtype=np.int64), _I64)
+        out = _ARANGE.get(S)
+        if out is None:
+            # Made once per S: no one holds a writable reference to it (it owns its memory and is
+            # only handed out read-only), so every Problem may share it.
+            out = np.arange(S, dtype=np.int64)
+            out.setflags(write=False)
+            if len(_ARANGE) >= 64:
+                _ARANGE.clear()
+            _ARANGE[S] = out
+        return out
+    return _finish(ids.astype(np.int64, copy=False), _I64)
 
 
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:
@@ -312,16 +330,17 @@ def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> P
 _F32 = _WORK_DTYPES[0]
 _PASSED: dict[tuple, Dims] = {}
 _PASSED_MAX = 256
+_FORWARD, _BACKWARD, _BACKWARD_PACKED = ("forward",), ("backward", False), ("backward", True)
 
 
-def _device_shapes(arrays) -> tuple | None:
-    """The shapes of ``arrays`` when each is a float32 device array, else None."""
-    shapes = []
+def _device_key(tag: tuple, arrays) -> tuple | None:
+    """``tag`` and the shapes of ``arrays`` when each is a float32 device array, else None."""
+    key = list(tag)
     for a in arrays:
         if getattr(a, "_ssm_device_array", False) is not True or a.dtype is not _F32:
             return None
-        shapes.append(a.shape)
-    return tuple(shapes)
+        key.append(a.shape)
+    return tuple(key)
 
 
 def _passed(key: tuple, dims: Dims) -> None:
@@ -336,11 +355,24 @@ def _fast_device(key: tuple | None, arrays: tuple, ids, workspace) -> Problem | 
     dims = _PASSED.get(key) if key is not None else None
     if dims is None:
         return None
+    return device_problem(dims, arrays, ids, workspace)
+
+
+def device_problem(dims: Dims, arrays: tuple, ids, workspace=None) -> Problem | None:
+    """The Problem of a call whose float arguments ``arrays`` -- (s, x, dt, A, B, C), and for the
+    backward (g_y, g_states) -- are float32 device arrays of the shapes of an earlier call that
+    passed every check, whose Problem had ``dims``; or None: the caller then takes the full path
+    (check_forward / check_backward), which raises what is wrong.
+
+    For a backend that established that by a look-up of its own (ssm_vk.lanes, keyed by the
+    arrays' shapes and more). Runs what those shapes cannot settle, in the full path's order: the
+    ids (raising as check_forward does) and the host memory rule (None when it fails).
+    """
     ids_ = _check_ids(ids, dims.S, dims.R)
     if workspace is not None or dims.S * 8 > host_memory_bytes()[0]:
         return None  # the full path: the memory rule with the backend's workspace, or its message
     s, x, dt, A, B, C = arrays[:6]
-    A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)
+    A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)  # a view, as the full path makes (even of (H, 1))
     g_y = g_states = None
     if len(arrays) == 8:
         g_y, g_states = arrays[6:]
@@ -367,11 +399,10 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
     (the Vulkan backend binds them in place).
     """
-    work = check_dtype(dtype)
+    work = _F32 if dtype is np.float32 else check_dtype(dtype)
     key = None
     if keep_device and work is _F32:
-        shapes = _device_shapes((s, x, dt, A, B, C))
-        key = None if shapes is None else ("forward", *shapes)
+        key = _device_key(_FORWARD, (s, x, dt, A, B, C))
         p = _fast_device(key, (s, x, dt, A, B, C), ids, workspace)
         if p is not None:
             return p
@@ -387,12 +418,13 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
     """Check the backward's arguments; ``g_y`` may be the packed 1-D forward layout with
     ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
     g_states (S,H,P,N). Raises as :func:`check_forward`."""
-    work = check_dtype(dtype)
+    work = _F32 if dtype is np.float32 else check_dtype(dtype)
     key = None
     if keep_device and work is _F32:
-        packed = g_states is None  # g_y in the packed 1-D layout
-        shapes = _device_shapes((s, x, dt, A, B, C, g_y) if packed else (s, x, dt, A, B, C, g_y, g_states))
-        key = None if shapes is None else ("backward", packed, *shapes)
+        if g_states is None:  # g_y in the packed 1-D layout
+            key = _device_key(_BACKWARD_PACKED, (s, x, dt, A, B, C, g_y))
+        else:
+            key = _device_key(_BACKWARD, (s, x, dt, A, B, C, g_y, g_states))
         p = _fast_device(key, (s, x, dt, A, B, C, g_y, g_states), ids, workspace)
         if p is not None:
             return p

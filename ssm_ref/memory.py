@@ -14,9 +14,12 @@ import functools
 import os
 from pathlib import Path
 
+from .environ import EnvVar
+
 __all__ = ["HOST_MEMORY_ENV", "check_host_memory", "host_memory_bytes"]
 
 HOST_MEMORY_ENV = "SSM_HOST_MEMORY_BYTES"
+_HOST_MEMORY = EnvVar(HOST_MEMORY_ENV)
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
@@ -36,7 +39,7 @@ def _machine_bytes() -> tuple[int, str]:
 
 def host_memory_bytes() -> tuple[int, str]:
     """(bytes a call may plan on, where that number comes from)."""
-    env = os.environ.get(HOST_MEMORY_ENV, "").strip()
+    env = _HOST_MEMORY.get().strip()
     if env:
         try:
             value = int(env)

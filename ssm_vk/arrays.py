@@ -21,6 +21,7 @@ from . import runtime as rt
 __all__ = ["DeviceArray", "to_device", "pool", "empty"]
 
 _F32 = np.dtype(np.float32)
+_INTS = frozenset([int])  # the types of a shape of Python ints
 
 _pools: dict[int, rt.BufferPool] = {}
 _pools_lock = threading.Lock()
@@ -67,45 +68,49 @@ def _give_back(ctx, buf) -> None:
             pass
 
 
-# The _Releases not yet run, by the id of their weak reference. Holding them here keeps them (and
-# their weak references) alive until they run, so an owner collected in a garbage cycle still
-# gives its buffer back -- what weakref.finalize's registry guarantees.
+# The _Releases not yet run, by their id. Holding them here keeps them (weak references) alive
+# until they run, so an owner collected in a garbage cycle still gives its buffer back -- what
+# weakref.finalize's registry guarantees.
 _pending: dict[int, _Release] = {}
 
 
-class _Release:
-    """Gives an owning DeviceArray's buffer back to the pool, once: when ``release()`` calls it or
-    when the owner is collected, whichever comes first. ``alive`` until then.
+class _Release(weakref.ref):
+    """A weak reference to an owning DeviceArray that gives the owner's buffer back to the pool,
+    once: when ``release()`` runs it or when the owner is collected (its callback), whichever
+    comes first. ``alive`` until then. Made by :func:`_track`.
 
-    The part of ``weakref.finalize`` that DeviceArray used, at a third of its cost (finalize cost
-    ~1.3 us a DeviceArray: a fifth of the Python of a small backward, which makes seven). Thread-
+    The part of ``weakref.finalize`` that DeviceArray used, at a fraction of its cost (finalize
+    cost ~1.3 us a DeviceArray: a fifth of the Python of a small backward, which makes seven); the
+    reference itself carries the buffer, so an output costs one object besides itself. Thread-
     safe as finalize: the registry's ``pop`` decides the one caller that runs it. Nothing runs at
     interpreter exit (finalize's atexit pass): the context's own atexit close frees every buffer.
     """
 
-    __slots__ = ("_buf", "_ctx", "_ref", "alive")
+    __slots__ = ("_buf", "_ctx", "alive")
 
-    def __init__(self, owner, ctx, buf):
-        self._ctx = ctx
-        self._buf = buf
-        self.alive = True  # False from the moment it starts running
-        self._ref = weakref.ref(owner, _collected)
-        _pending[id(self._ref)] = self
-
-    def __call__(self) -> None:
-        self.alive = False
-        if _pending.pop(id(self._ref), None) is self:
+    def run(self) -> None:
+        self.alive = False  # False from the moment it starts running
+        if _pending.pop(id(self), None) is self:
             _give_back(self._ctx, self._buf)
 
 
 def _collected(ref, _pending=_pending, _give_back=_give_back) -> None:
-    # The weak reference's callback (any thread, from a garbage collection too). ``ref`` is alive
+    # The callback of a _Release (any thread, from a garbage collection too). ``ref`` is alive
     # here, so no other pending entry has its id. Bound as defaults: still callable while the
     # interpreter tears the module down.
-    release = _pending.pop(id(ref), None)
-    if release is not None:
-        release.alive = False
-        _give_back(release._ctx, release._buf)
+    if _pending.pop(id(ref), None) is ref:
+        ref.alive = False
+        _give_back(ref._ctx, ref._buf)
+
+
+def _track(owner, ctx, buf) -> _Release:
+    """The _Release of ``owner``, an owning DeviceArray of ``buf``."""
+    release = _Release(owner, _collected)
+    release._ctx = ctx
+    release._buf = buf
+    release.alive = True
+    _pending[id(release)] = release
+    return release
 
 
 class DeviceArray:
@@ -128,7 +133,7 @@ class DeviceArray:
         self._base = base  # the owner a view keeps alive
         self._finalizer = None
         if base is None and buffer is not None and owned:
-            self._finalizer = _Release(self, ctx, buffer)
+            self._finalizer = _track(self, ctx, buffer)
 
     @property
     def ndim(self) -> int:
@@ -146,7 +151,15 @@ class DeviceArray:
         self.dtype = _F32
         self.offset = 0
         self._base = None
-        self._finalizer = None if buffer is None else _Release(self, ctx, buffer)
+        if buffer is None:
+            self._finalizer = None
+            return self
+        # _track(self, ctx, buffer), inlined (each output of each call)
+        release = self._finalizer = _Release(self, _collected)
+        release._ctx = ctx
+        release._buf = buffer
+        release.alive = True
+        _pending[id(release)] = release
         return self
 
     @property
@@ -171,7 +184,9 @@ class DeviceArray:
         return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
 
     def _check_live(self) -> None:
-        if self.released or self.ctx.closed or (self.buffer is not None and self.buffer.closed):
+        release = (self._base or self)._finalizer  # ``released``, inlined (each input, each call)
+        if ((release is not None and not release.alive) or self.ctx.closed
+                or (self.buffer is not None and self.buffer.closed)):
             raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
 
     def numpy(self) -> np.ndarray:
@@ -185,6 +200,10 @@ class DeviceArray:
     def reshape(self, *shape) -> DeviceArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
+        if _INTS.issuperset(map(type, shape)):  # Python ints (the validator's A, each call)
+            if math.prod(shape) != math.prod(self.shape):
+                raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {shape}")
+            return self._int_view(shape, self.offset)
         if _count(shape) != self.size:
             raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {tuple(shape)}")
         return self._view(shape, self.offset)
@@ -199,16 +218,19 @@ class DeviceArray:
     def _view(self, shape, offset) -> DeviceArray:
         """``DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=...)``; a shape of
         Python ints and an int offset (the validator's views, each call) skip its conversions."""
-        base = self._base or self
-        if type(offset) is not int or type(shape) is not tuple or not all(type(n) is int for n in shape):
-            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=base)
+        if type(offset) is not int or type(shape) is not tuple or not _INTS.issuperset(map(type, shape)):
+            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=self._base or self)
+        return self._int_view(shape, offset)
+
+    def _int_view(self, shape: tuple, offset: int) -> DeviceArray:
+        """``_view`` of a tuple of Python ints and an int offset."""
         v = object.__new__(DeviceArray)
         v.ctx = self.ctx
         v.buffer = self.buffer
         v.shape = shape
         v.dtype = self.dtype
         v.offset = offset
-        v._base = base
+        v._base = self._base or self
         v._finalizer = None
         return v
 
@@ -216,7 +238,7 @@ class DeviceArray:
         """Give the buffer back to the pool now. Views of it become invalid. Idempotent."""
         owner = self._base or self
         if owner._finalizer is not None:
-            owner._finalizer()
+            owner._finalizer.run()
 
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()

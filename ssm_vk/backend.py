@@ -8,8 +8,9 @@ import threading
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward
+from ssm_ref.checks import device_problem
 
-from . import budget, launch, record
+from . import budget, lanes, launch, record
 from . import runtime as rt
 from .arrays import DeviceArray
 from .plan import TooLarge
@@ -83,22 +84,33 @@ def _support(op: str, p) -> tuple[Support, object, bool]:
     Returns (the decision, the context, whether any input is device-resident: then the results
     are DeviceArrays).
     """
-    ctx, reason = _context_or_reason()
-    if ctx is None:
-        return Support(False, reason), None, False
-    # which inputs are device arrays (is_device_array, inlined)
-    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
+    sup, ctx, _, device_out = _decision(op, p)
+    return sup, ctx, device_out
+
+
+def _decision(op: str, p) -> tuple[Support, object, object, bool]:
+    """_support's answer and the ``ctx.info`` it was taken with: (decision, ctx, info, device_out)."""
+    ctx = rt.current_context()
+    if ctx is None or ctx.lost:  # (current_context() is open or None)
+        ctx, reason = _context_or_reason()
+        if ctx is None:
+            return Support(False, reason), None, None, False
     info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
-    key = (id(ctx), id(info), op, p.dims, resident, launch.knobs_key(), launch._no_subgroup())
+    # Which inputs are device-resident is a matter of their types (DeviceArray's class attribute
+    # ``_ssm_device_array``): the key holds the types, the set is worked out on a miss.
+    types = (type(p.s), type(p.x), type(p.dt), type(p.A), type(p.B), type(p.C), type(p.g_y), type(p.g_states))
+    key = (id(ctx), id(info), op, p.dims, types, launch.knobs_key(), launch._no_subgroup())
     hit = _support_cache.get(key)
     if hit is not None and hit[1] is ctx and hit[2] is info:
-        return hit[0], ctx, bool(resident)
+        return hit[0], ctx, info, hit[3]
+    # which inputs are device arrays (is_device_array, inlined)
+    resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     sup, cache = _decide(ctx, op, p, resident)
     if cache:
         if len(_support_cache) > 256:
             _support_cache.clear()
-        _support_cache[key] = (sup, ctx, info)
-    return sup, ctx, bool(resident)
+        _support_cache[key] = (sup, ctx, info, bool(resident))
+    return sup, ctx, info, bool(resident)
 
 
 def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
@@ -159,21 +171,37 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     otherwise numpy arrays. A case the device cannot run is computed by ssm_fast on the CPU
     (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     """
+    arrays = (s, x, dt, A, B, C)
+    lane, sig = lanes.find(False, arrays)  # sig: None unless every float input is a live DeviceArray
+    if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
+        p = device_problem(lane.dims, arrays, ids)  # the ids and the host memory rule; None: full path
+        if p is not None:
+            out = launch.forward(lane.ctx, p, True, lane)
+            return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
+                                        "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    sup, ctx, device_out = _support("ssm_scan", p)  # device_out: any of s..C a DeviceArray
+    sup, ctx, info, device_out = _decision("ssm_scan", p)  # device_out: any of s..C a DeviceArray
     if not sup:
         cpu = _fall_back(sup.reason)
         h = _host(p)
         return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
     out = launch.forward(ctx, p, device_out=device_out)
-    return _result(ScanResult, y=out["y"], states=out["states"], where=ctx.info.where, backend=NAME)
+    if sig is not None:
+        lanes.keep(sig, ctx, info, p, False, arrays)
+    return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": info.where, "backend": NAME})
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour as :func:`ssm_scan`."""
+    arrays = (s, x, dt, A, B, C, g_y, g_states)
+    lane, sig = lanes.find(True, arrays)
+    if lane is not None:
+        p = device_problem(lane.dims, arrays, ids)
+        if p is not None:
+            return _grads(launch.backward(lane.ctx, p, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    sup, ctx, device_out = _support("ssm_scan_back", p)  # device_out: any of s..g_states a DeviceArray
+    sup, ctx, info, device_out = _decision("ssm_scan_back", p)  # device_out: any of s..g_states a DeviceArray
     if not sup:
         cpu = _fall_back(sup.reason)
         h = _host(p)
@@ -181,10 +209,17 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
     g = launch.backward(ctx, p, device_out=device_out)
-    return _result(ScanGrads, **g, where=ctx.info.where, backend=NAME)
+    if sig is not None:
+        lanes.keep(sig, ctx, info, p, True, arrays)
+    return _grads(g, info.where)
 
 
-def _result(cls, **fields):
+def _grads(g: dict, where: str) -> ScanGrads:
+    return _result(ScanGrads, {"d_s": g["d_s"], "d_s0": g["d_s0"], "d_x": g["d_x"], "d_dt": g["d_dt"],
+                               "d_A": g["d_A"], "d_B": g["d_B"], "d_C": g["d_C"], "where": where, "backend": NAME})
+
+
+def _result(cls, fields: dict):
     """``cls(**fields)`` for the frozen result dataclasses (ScanResult, ScanGrads: no
     __post_init__; every field given), without their __init__'s object.__setattr__ a field."""
     r = object.__new__(cls)

@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ssm_ref import Problem
+from ssm_ref.environ import EnvVar
 
 from . import plan as _plan
 from . import runtime as rt
@@ -72,8 +73,12 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
+_NO_SUBGROUP_ENV = EnvVar("SSM_VK_NO_SUBGROUP")
+_TUNE_ENV = EnvVar("SSM_VK_TUNE")
+
+
 def _no_subgroup() -> bool:
-    return FORCE_SHARED_MEMORY or os.environ.get("SSM_VK_NO_SUBGROUP", "") == "1"
+    return FORCE_SHARED_MEMORY or _NO_SUBGROUP_ENV.get() == "1"
 
 
 def subgroup_ops(info) -> frozenset:
@@ -149,6 +154,10 @@ class Workspace:
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
+        # Set when made and by each call that comes through a lane (lanes.py), which skips
+        # _workspace's look-up and so its move to the most recent end: eviction moves a workspace
+        # so marked to that end once (clearing the mark) instead of closing it.
+        self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
     def _acquire(self, nbytes: int):
@@ -190,8 +199,8 @@ class Workspace:
     def nonfinite(self) -> bool:
         """Whether the last (waited-for) chunked call flagged a non-finite output."""
         buf = self._flag_host
-        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place
-            return bool(np.frombuffer(buf._mapped, np.uint32, 1)[0])
+        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place (a uint32: 4 bytes)
+            return buf._mapped[0:4] != b"\0\0\0\0"
         return bool(rt.download(buf, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
@@ -301,6 +310,8 @@ class Workspace:
         """Wait for every submission of this workspace's sequences. A call whose wait timed out
         left its sequence pending; nothing may write the buffers that work reads until it ends
         (raises VulkanTimeout again if it still has not)."""
+        if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
+            return
         for seq, _ in self.sequences.values():
             if seq.pending:
                 seq.wait()
@@ -330,7 +341,7 @@ def knobs_key() -> tuple:
     """What the planner's tuning knobs (ssm_vk.plan.TUNE, SSM_VK_TUNE) are now, cheaply: part of
     every cache key that depends on the plan (read through the module: tests replace TUNE)."""
     tune = _plan.TUNE
-    return os.environ.get("SSM_VK_TUNE", ""), tuple(tune.items()) if tune else ()
+    return _TUNE_ENV.get(), tuple(tune.items()) if tune else ()
 
 
 def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
@@ -346,7 +357,12 @@ def _workspace(ctx, dims, backward: bool, chunked: bool = True) -> Workspace:
         if ws is None:
             ws = cache[key] = Workspace(ctx, dims, backward, chunked)
             while len(cache) > MAX_WORKSPACES:
-                _, old = cache.popitem(last=False)
+                k, old = next(iter(cache.items()))
+                if old.recent:  # used through a lane since it came to the front: not the least recent
+                    old.recent = False
+                    cache.move_to_end(k)
+                    continue
+                del cache[k]
                 with old.lock:
                     old.close()
         cache.move_to_end(key)
@@ -371,9 +387,9 @@ def _release(arrays: dict) -> None:
         a.release()
 
 
-def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
+def _run(ctx, p: Problem, backward: bool, device_out: bool, lane=None) -> dict:
     try:
-        return _run_once(ctx, p, backward, device_out)
+        return _run_once(ctx, p, backward, device_out, lane=lane)
     except rt.OutOfDeviceMemory:
         # The workspaces of other shapes hold buffers between calls: give them all back (the pool
         # frees its idle ones when it next runs out) and try once more; a second failure raises.
@@ -381,13 +397,18 @@ def _run(ctx, p: Problem, backward: bool, device_out: bool) -> dict:
         return _run_once(ctx, p, backward, device_out)
 
 
-def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True) -> dict:
+def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True, lane=None) -> dict:
     while True:
-        ws = _workspace(ctx, p.dims, backward, chunked)
+        if lane is not None:  # the lane's workspace and input bindings (lanes.py; chunked is True)
+            ws = lane.ws
+            ws.recent = True
+        else:
+            ws = _workspace(ctx, p.dims, backward, chunked)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
+                lane = None
                 continue
-            out = _run_in(ws, ctx, p, backward, device_out)
+            out = _run_in(ws, ctx, p, backward, device_out, None if lane is None else lane.bound)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
@@ -406,19 +427,29 @@ def _note_rerun(dims) -> None:
                  "with the token-sequential kernels, whose non-finite results follow SCAN.md", dims)
 
 
-def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool) -> dict | None:
-    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels). A call that raises
-    keeps no results: device outputs go back to the pool before the exception leaves, so a caller
-    that holds the exception (and so its frames) holds no device memory."""
-    ws.settle()
+def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
+    """The inputs' bindings in ``ws``: {name: (buffer, element offset)}, and the start of the
+    sequence's key -- serial and offset of each, in the workspace's fixed order (inputs, then
+    outputs, then the ids). Host inputs are uploaded into the workspace's buffers."""
     bufs: dict = {}
-    # The sequence's key: buffer serial and offset of every binding, in the workspace's fixed
-    # order (inputs, then outputs), and the ids.
     key: list = []
     for k in BWD_IN if backward else FWD_IN:
         b, off = bufs[k] = ws.input(k, getattr(p, k))
         key += (None if b is None else b.serial, off)
+    return bufs, key
+
+
+def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool, bound=None) -> dict | None:
+    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
+    non-finite output (the caller recomputes with the sequential kernels). A call that raises
+    keeps no results: device outputs go back to the pool before the exception leaves, so a caller
+    that holds the exception (and so its frames) holds no device memory. ``bound``: what
+    bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
+    ws.settle()
+    if bound is None:
+        bufs, key = bind_inputs(ws, p, backward)
+    else:
+        bufs, key = dict(bound[0]), list(bound[1])
     outs = ws.outputs(device_out)
     try:
         for k, a in outs.items():
@@ -512,11 +543,12 @@ def _saved_forward(ctx, ws: Workspace, p: Problem):
     return None
 
 
-def forward(ctx, p: Problem, device_out: bool = True) -> dict:
-    """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays."""
-    return _run(ctx, p, False, device_out)
+def forward(ctx, p: Problem, device_out: bool = True, lane=None) -> dict:
+    """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
+    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found."""
+    return _run(ctx, p, False, device_out, lane)
 
 
-def backward(ctx, p: Problem, device_out: bool = True) -> dict:
+def backward(ctx, p: Problem, device_out: bool = True, lane=None) -> dict:
     """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(ctx, p, True, device_out)
+    return _run(ctx, p, True, device_out, lane)

@@ -57,6 +57,7 @@ class Sequence:
             # Built once in raw cffi and reused by every submit (sharp edge 9: the binding's
             # wrappers made a pre-recorded submit+wait 45 us instead of 24 us on lavapipe).
             ffi = vk.ffi
+            self._lib = vk.lib
             self._fences = ffi.new("VkFence[1]", [self._fence])
             self._cmds = ffi.new("VkCommandBuffer[1]", [self._cmd])
             self._submit_info = ffi.new("VkSubmitInfo*", {
@@ -222,14 +223,15 @@ class Sequence:
                 if kernel.closed:
                     raise RuntimeError(f"submit: {kernel!r} used by this sequence is closed; record it again")
             self._checked = closures
-        ctx.check_usable()
+        if ctx.lost or ctx.closed:
+            ctx.check_usable()  # raises
         if self.pending:
             self.wait(timeout_s)
-        fault = None if self.internal else ctx.take_fault()
+        fault = None if self.internal or ctx._fault is None else ctx.take_fault()
         if fault is DeviceLost:
             ctx.mark_lost()
             raise DeviceLost("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST (injected by fail_next_submit)", -4)
-        lib = binding.vk.lib
+        lib = self._lib
         with ctx.lock:
             result = lib.vkResetFences(ctx.handle, 1, self._fences)
             if result == 0:
@@ -254,7 +256,7 @@ class Sequence:
             return
         ctx = self.ctx
         timeout_ns = int((ctx.timeout_s if timeout_s is None else timeout_s) * 1e9)
-        result = binding.vk.lib.vkWaitForFences(ctx.handle, 1, self._fences, 1, timeout_ns)
+        result = self._lib.vkWaitForFences(ctx.handle, 1, self._fences, 1, timeout_ns)
         if result != 0:
             raise self._failed(result, "vkWaitForFences")
         self.pending = False
