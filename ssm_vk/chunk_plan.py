@@ -17,7 +17,7 @@ from ssm_ref import Dims
 from .plan import F32, Limits, TooLarge, Window, _tune, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out"]
+           "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
@@ -27,6 +27,10 @@ KS = {False: 16, True: 8}
 # Shortest sequence that takes the chunked kernels by default, forward and backward (H200
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
+# ... and for the forward at least this many tokens in all (H200: one sequence of 64 tokens ran
+# faster or as fast on the token-sequential kernels in both sessions' crossovers, 128 did not; 8
+# sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
+CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
 NSM = 12           # per-token scalars of the backward (glsl/chunk_common.glsl)
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
@@ -162,7 +166,10 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
     if CL <= 0 or CL % 16 or CL % slice_len(backward) or CL > 64:   # 0 disables; negative: no length
         return None
-    if d.T < tune.get("CHUNK_MIN_T", CHUNK_MIN_T[backward]):
+    if "CHUNK_MIN_T" in tune:
+        if d.T < tune["CHUNK_MIN_T"]:
+            return None
+    elif d.T < CHUNK_MIN_T[backward] or d.S * d.T < CHUNK_MIN_ST[backward]:
         return None
     if why_not(d, lim, CL):
         return None

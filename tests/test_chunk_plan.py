@@ -113,9 +113,14 @@ def test_shared_memory_threshold_is_the_one_named(CL):
 
 def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
     # the H200 crossover (docs/BENCHMARKS.md): the chunked backward wins from 32 tokens, the
-    # forward from 64
-    assert cpm.CHUNK_MIN_T == {False: 64, True: 32}
+    # forward from 64 (128 for one sequence)
+    assert cpm.CHUNK_MIN_T == {False: 64, True: 32} and cpm.CHUNK_MIN_ST == {False: 128, True: 0}
     assert chunk_plan(dims(T=63), BIG, backward=False) is None
+    assert chunk_plan(dims(T=64), BIG, backward=False) is not None          # S = 2
+    assert chunk_plan(dims(S=1, T=64), BIG, backward=False) is None
+    assert chunk_plan(dims(S=1, T=127), BIG, backward=False) is None
+    assert chunk_plan(dims(S=1, T=128), BIG, backward=False) is not None
+    assert chunk_plan(dims(S=1, T=32), BIG, backward=True) is not None
     assert chunk_plan(dims(T=31), BIG, backward=True) is None
     assert chunk_plan(dims(T=32), BIG, backward=True) is not None
     for backward in (False, True):

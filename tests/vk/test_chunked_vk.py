@@ -323,10 +323,13 @@ def test_a_non_finite_forward_leaves_no_chunk_states(chunked):
 # -- default knobs -------------------------------------------------------------------------------
 
 def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
-    # forward from 64 tokens, backward from 32; chunks of 32 while S * T <= 1024
-    at64 = make_problem(np.random.default_rng(71), S=1, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
+    # forward from 64 tokens (128 for one sequence), backward from 32; chunks of 32 while
+    # S * T <= 1024
+    at64 = make_problem(np.random.default_rng(71), S=2, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
     assert planned(at64, True).chunked.NCH == 2
     check_case(at64, label="mamba2 T=64", CL=32)
+    one64 = make_problem(np.random.default_rng(75), S=1, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
+    check_case(one64, label="mamba2 S=1 T=64", CL=(None, 32))
     at63 = make_problem(np.random.default_rng(72), S=1, T=63, H=2, P=P0, N=N0, G=1, ids="identity")
     check_case(at63, label="mamba2 T=63", CL=(None, 32))
     at31 = make_problem(np.random.default_rng(74), S=1, T=31, H=2, P=P0, N=N0, G=1, ids="identity")
@@ -453,7 +456,7 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
     monkeypatch.setattr(vplan, "TUNE", {})
     ctx = rt.get_context()
-    case = make_problem(np.random.default_rng(91), S=1, T=70, H=2, P=4, N=8, G=1, ids="identity")
+    case = make_problem(np.random.default_rng(91), S=2, T=70, H=2, P=4, N=8, G=1, ids="identity")
     assert planned(case, False).chunked is not None and planned(case, True).chunked is not None
     pkg = tmp_path / "pkg"
     shaders.build_all(variants([launch.limits_of(ctx.info)], [8], ()), pkg)   # sequential only
