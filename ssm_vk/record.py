@@ -2,7 +2,7 @@
 
 Each function records into a runtime Sequence for one problem shape, on buffers already resolved
 by ssm_vk.launch (inputs uploaded or device-resident, outputs allocated). ``ws`` (a
-launch.Workspace) supplies the plan, the limits, persistent scratch buffers and aligned bindings.
+workspace.Workspace) supplies the plan, the limits, persistent scratch buffers and aligned bindings.
 Recording happens once per shape and set of buffers; the sequence is then replayed.
 """
 

@@ -136,7 +136,7 @@ def _flag_start(seq, ws):
 
 
 def _flag_end(seq, ws, flag) -> None:
-    """Copy the flag where the host reads it after the wait (launch.Workspace.nonfinite)."""
+    """Copy the flag where the host reads it after the wait (workspace.Workspace.nonfinite)."""
     seq.barrier()
     seq.copy(flag, ws.flag_host(), FLAG_ELEMS * F32)
 

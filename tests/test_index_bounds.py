@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, launch, record, record_chunked, specs
+from ssm_vk import budget, record, record_chunked, specs, workspace
 from ssm_vk.plan import Limits, TooLarge, plan
 
 U32 = 2**32
@@ -58,14 +58,14 @@ class FakeInfo:
 
 
 class FakeWorkspace:
-    """What record.py asks of a launch.Workspace: limits, plan, scratch, constants, bindings."""
+    """What record.py asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
 
-    bind = launch.Workspace.bind
+    bind = workspace.Workspace.bind
 
     def __init__(self, d: Dims, lim: Limits, pl, backward: bool):
         self.ctx = None
         self.limits, self.plan, self.align = lim, pl, lim.min_storage_buffer_offset_alignment
-        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in launch._shapes(d, backward).items()}
+        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in workspace._shapes(d, backward).items()}
         self._dummy = FakeBuffer(16)
 
     def scratch(self, n_elems: int):

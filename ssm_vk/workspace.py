@@ -1,0 +1,251 @@
+"""The Workspace of one problem shape on one context: its plan, scratch and upload buffers,
+output buffers (pooled DeviceArrays, or its own for host calls) and the command sequences recorded
+for sets of buffers. ``launch`` keeps workspaces in a bounded cache per context and runs calls in
+them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from . import runtime as rt
+from .arrays import DeviceArray, pool
+from .record import F32, choose_plan
+
+__all__ = ["Workspace", "MAX_SEQUENCES"]
+
+MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
+
+
+def _shapes(d, backward: bool) -> dict:
+    shapes = {"y": (d.S, d.T, d.H, d.P), "states": (d.S, d.H, d.P, d.N)}
+    if backward:
+        shapes = {"d_s": (d.R, d.H, d.P, d.N), "d_s0": (d.S, d.H, d.P, d.N), "d_x": (d.S, d.T, d.H, d.P),
+                  "d_dt": (d.S, d.T, d.H), "d_A": d.a_shape, "d_B": (d.S, d.T, d.G, d.N),
+                  "d_C": (d.S, d.T, d.G, d.N)}
+    return shapes
+
+
+class Workspace:
+    """Everything one problem shape needs on one context, kept between calls: the plan, upload
+    buffers for host inputs, output buffers for host calls, scratch, recorded sequences.
+    Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
+    caller that looked it up before the eviction must look up a new one."""
+
+    def __init__(self, ctx, dims, backward: bool, limits, chunked: bool = True):
+        self.ctx = ctx
+        self.dims = dims
+        self.backward = backward
+        self.limits = limits
+        self.plan = choose_plan(ctx, dims, self.limits, backward, chunked=chunked)
+        self.pool = pool(ctx)
+        self.align = ctx.info.min_storage_buffer_offset_alignment
+        self.lock = threading.Lock()
+        self.shapes = {k: tuple(int(n) for n in v) for k, v in _shapes(dims, backward).items()}
+        self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
+        self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
+        self._out_nbytes = [n for _, _, n in self._out_specs if n]
+        self._owned: list = []            # every buffer this workspace acquired
+        self._scratch: list = []          # by request order while recording
+        self._k = 0
+        self._uploads: dict = {}          # input name -> Buffer
+        self._host_out: dict = {}         # output name -> Buffer
+        self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
+        self._dummy = None
+        self._flag_host = None            # host-visible copy of the chunked kernels' flag
+        self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
+        self.kept = None                  # forward, chunked: its hs (chunk states), cb, mcb scratch buffers
+        self.saved = None                 # ... and who the inputs were of the call that left them there
+        self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
+        self._constants: list = []
+        self.closed = False
+        # Set when made and by each call that comes through a lane (lanes.py), which skips
+        # _workspace's look-up and so its move to the most recent end: eviction moves a workspace
+        # so marked to that end once (clearing the mark) instead of closing it.
+        self.recent = True
+
+    # -- buffers ------------------------------------------------------------------------------
+    def _acquire(self, nbytes: int):
+        buf = self.pool.acquire(nbytes)
+        self._owned.append(buf)
+        return buf
+
+    def scratch(self, n_elems: int):
+        """The k-th scratch buffer of the recording (the same buffer for every recording)."""
+        if n_elems <= 0:
+            return None
+        if self._k < len(self._scratch):
+            buf = self._scratch[self._k]
+            assert buf.size >= n_elems * F32
+        else:
+            buf = self._acquire(n_elems * F32)
+            self._scratch.append(buf)
+        self._k += 1
+        return buf
+
+    def constant(self, arr: np.ndarray):
+        """A small buffer holding ``arr``, kept with the sequence being recorded."""
+        buf = self._acquire(arr.nbytes)
+        rt.upload(buf, arr)
+        self._constants.append(buf)
+        return buf
+
+    def dummy(self):
+        if self._dummy is None:
+            self._dummy = self._acquire(16)
+        return self._dummy
+
+    def flag_host(self):
+        """The host-visible buffer the chunked kernels' non-finite flag is copied into."""
+        if self._flag_host is None:
+            self._flag_host = rt.Buffer(self.ctx, 16, staging=True)
+        return self._flag_host
+
+    def nonfinite(self) -> bool:
+        """Whether the last (waited-for) chunked call flagged a non-finite output."""
+        buf = self._flag_host
+        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place (a uint32: 4 bytes)
+            return buf._mapped[0:4] != b"\0\0\0\0"
+        return bool(rt.download(buf, ((1,), np.uint32))[0])
+
+    def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
+        """A binding of elements [base + start, base + start + count) of ``buf`` and the residual
+        element offset the shader adds (binding offsets must be aligned)."""
+        if buf is None or count <= 0:
+            return (self.dummy(), 0, 16), 0
+        byte0 = (base + start) * F32
+        aligned = byte0 - byte0 % self.align
+        resid = (byte0 - aligned) // F32
+        return (buf, aligned, (resid + count) * F32), resid
+
+    def input(self, name: str, arr) -> tuple:
+        """(buffer, element offset) of input ``arr``: DeviceArrays in place, host arrays
+        uploaded into this workspace's buffer for ``name``."""
+        if isinstance(arr, DeviceArray):
+            arr._check_live()
+            if arr.ctx is not self.ctx:
+                raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
+            return arr.buffer, arr.offset
+        a = np.ascontiguousarray(arr, dtype=np.float32)
+        if a.size == 0:
+            return None, 0
+        buf = self._uploads.get(name)
+        if buf is None or buf.size < a.nbytes:
+            buf = self._uploads[name] = self._acquire(a.nbytes)
+        rt.upload(buf, a)
+        return buf, 0
+
+    def outputs(self, device_out: bool) -> dict:
+        """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
+        if device_out:
+            # What empty(ctx, shape) makes for each output, the buffers taken from the pool at once.
+            ctx, p = self.ctx, self.pool
+            if p.closed:
+                p = pool(ctx)
+            # A set of output buffers this workspace has recorded for, where one is wholly free
+            # (most recently used first): a training loop replays its recorded sequences instead
+            # of cycling through new sets of buffers (and recording anew) when outputs share a
+            # size class -- also while it holds the results of its last step or two.
+            sets = self._out_sets
+            bufs = p.acquire_set(sets) if sets else None
+            if bufs is None:
+                bufs = p.acquire_all(self._out_nbytes)
+                p.reserve(bufs)
+            else:
+                sets.remove(bufs)
+            sets.insert(0, bufs)
+            if len(sets) > MAX_SEQUENCES:
+                p.unreserve(sets.pop())
+            out: dict = {}
+            i = 0
+            try:
+                for k, shape, nbytes in self._out_specs:
+                    out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape)
+                    i += 1 if nbytes else 0
+            except BaseException:
+                _release(out)
+                for b in bufs[i:]:
+                    p.release(b)
+                raise
+            return out
+        if self._host_views is None:  # made once: they never leave the workspace (results are copies)
+            out = {}
+            for k, shape in self.shapes.items():
+                n = self.sizes[k] * F32
+                if n and k not in self._host_out:
+                    self._host_out[k] = self._acquire(n)
+                out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
+            self._host_views = out
+        return self._host_views
+
+    # -- recorded sequences ---------------------------------------------------------------------
+    def sequence(self, key, record):
+        """The sequence recorded for binding ``key``, recording it with ``record(seq)`` if new."""
+        hit = self.sequences.get(key)
+        if hit is not None:
+            self.sequences.move_to_end(key)
+            return hit[0]
+        self._k = 0
+        self._constants = []
+        seq = rt.Sequence(self.ctx)
+        try:
+            if self.ctx.info.timestamps:
+                seq.timestamp("start")
+            record(seq)
+            if self.ctx.info.timestamps:
+                seq.timestamp("end")
+            seq.finish()
+        except BaseException:
+            seq.close()
+            self._drop(self._constants)  # a recording that failed keeps none of its constants
+            raise
+        self.sequences[key] = (seq, self._constants)
+        while len(self.sequences) > MAX_SEQUENCES:
+            _, (old, consts) = self.sequences.popitem(last=False)
+            old.close()
+            self._drop(consts)
+        return seq
+
+    def _drop(self, buffers: list) -> None:
+        for b in buffers:
+            self._owned.remove(b)
+            self.pool.release(b)
+
+    def settle(self) -> None:
+        """Wait for every submission of this workspace's sequences. A call whose wait timed out
+        left its sequence pending; nothing may write the buffers that work reads until it ends
+        (raises VulkanTimeout again if it still has not)."""
+        if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
+            return
+        for seq, _ in self.sequences.values():
+            if seq.pending:
+                seq.wait()
+
+    def close(self) -> None:
+        self.closed = True
+        for seq, _ in self.sequences.values():
+            seq.close()
+        self.sequences.clear()
+        if not self.ctx.closed:
+            for b in self._owned:
+                try:
+                    self.pool.release(b)
+                except ValueError:
+                    pass
+        self._owned.clear()
+        if self._flag_host is not None and not self.ctx.closed:
+            self._flag_host.close()
+        self._flag_host = None
+        if not self.ctx.closed and not self.pool.closed:
+            for bufs in self._out_sets:
+                self.pool.unreserve(bufs)
+        self._out_sets = []
+
+
+def _release(arrays: dict) -> None:
+    for a in arrays.values():
+        a.release()
