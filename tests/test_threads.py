@@ -134,6 +134,40 @@ def test_threads_with_device_resident_and_shared_inputs():
 
 
 @pytest.mark.vulkan
+def test_threads_racing_forwards_and_backwards_of_one_chunked_shape(monkeypatch):
+    # Eight threads, one Mamba-2 shape on the chunked kernels, each with its own device arrays:
+    # forward then backward, again and again. A backward takes the chunk tables a forward left
+    # only when that forward ran on its very arrays and nothing overwrote them since; taking
+    # another thread's (or half-overwritten ones) would change its bits. Every result must be
+    # the single-thread one, bit for bit.
+    from ssm_vk import plan as vplan
+
+    monkeypatch.delenv("SSM_VK_TUNE", raising=False)
+    monkeypatch.setitem(vplan.TUNE, "CHUNK", 16)
+    monkeypatch.setitem(vplan.TUNE, "CHUNK_MIN_T", 1)
+    launch.clear_cache()
+    cases = [make_problem(np.random.default_rng(300 + k), S=2, T=37, H=4, P=3, N=5, G=2, ids="permutation")
+             for k in range(THREADS)]
+    want = [_run(ssm_vk, c) for c in cases]      # host inputs: the backward recomputes
+
+    def work(k):
+        dev = {n: (v if n == "ids" else ssm_vk.to_device(v)) for n, v in cases[k].args().items()}
+        gy, gs = ssm_vk.to_device(cases[k].g_y), ssm_vk.to_device(cases[k].g_states)
+        for r in range(2 * REPEATS):
+            f = ssm_vk.ssm_scan(**dev)
+            g = ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs)
+            got = {"y": f.y.numpy(), "states": f.states.numpy(), **{n: v.numpy() for n, v in g.as_dict().items()}}
+            _assert_same(got, want[k], f"thread {k} call {r}")
+
+    try:
+        _in_threads(work)
+        assert launch._workspace(rt.get_context(), ssm_vk.backend.check_forward(**cases[0].args()).dims,
+                                 True).plan.chunked is not None
+    finally:
+        launch.clear_cache()
+
+
+@pytest.mark.vulkan
 def test_the_buffer_pool_survives_eight_threads():
     # acquire / release / trim from eight threads: trim used to iterate the free lists while
     # another thread added to them ("dictionary changed size during iteration"), and could close a
