@@ -92,6 +92,7 @@ class ChunkPlan:
     Sw: int              # sequences per window (the largest)
     headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
     KS: int = 16             # contraction slice of the GEMM kernels
+    keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -189,4 +190,5 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # than per head + the reduce, which the scratch budget allows for anyway)
     ncb = gemm_tile("DB", CL, d.P, d.N)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
-    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward))
+    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward),
+                     keep=tune.get("KEEP_STATES", 1) != 0)

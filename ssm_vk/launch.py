@@ -246,7 +246,8 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool, bo
         if fwd is not None:
             global states_reused
             states_reused += 1
-        if not backward and ws.kept is not None and len(ws.plan.chunked.windows) == 1:
+        cp = ws.plan.chunked
+        if not backward and ws.kept is not None and cp.keep and len(cp.windows) == 1:
             ws.saved = _who(p)
         if device_out:
             return outs
@@ -293,7 +294,7 @@ def _saved_forward(ctx, ws: Workspace, p: Problem):
     # holds _caches_lock (evicting ws). A dict look-up is atomic on its own.
     _, cache = _caches.get(id(ctx), (None, None))
     fwd = cache.get((ws.dims, False, ws.limits, True, knobs_key())) if cache is not None else None
-    if fwd is None or fwd.saved is None or _plan._tune().get("KEEP_STATES", 1) == 0:
+    if fwd is None or fwd.saved is None:     # (never saved under the knob KEEP_STATES=0)
         return None
     if not fwd.lock.acquire(blocking=False):
         return None

@@ -247,7 +247,7 @@ def assert_same(a: dict, b: dict) -> None:
         assert a[k].tobytes() == b[k].tobytes(), k
 
 
-def test_a_backward_takes_the_chunk_states_its_forward_left(chunked):
+def test_a_backward_takes_the_chunk_states_its_forward_left(chunked, monkeypatch):
     # Device-resident inputs, forward then backward: the backward binds the forward's chunk states
     # instead of recomputing them, and gives the recomputing call's results bit for bit.
     case = make_problem(np.random.default_rng(81), S=3, T=40, H=4, P=P0, N=N0, G=2, ids="permutation")
@@ -261,6 +261,12 @@ def test_a_backward_takes_the_chunk_states_its_forward_left(chunked):
         g = grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs))
         assert launch.states_reused == before + 1
         assert_same(g, want)
+    monkeypatch.setitem(vplan.TUNE, "KEEP_STATES", 0)   # the knob: the forward leaves nothing
+    launch.clear_cache()
+    before = launch.states_reused
+    ssm_vk.ssm_scan(**dev)
+    assert_same(grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs)), want)
+    assert launch.states_reused == before
 
 
 def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
