@@ -10,8 +10,12 @@ reference's own float32 error, not equal to it. The bound is ``max(ABS_FLOOR, RA
 RATIO = 8 leaves room for the different rounding order, and the reference's error calibrates the
 bound to how ill-conditioned a drawn case is (cancelling sums, such as d_A, have larger relative
 errors in every float32 implementation); ABS_FLOOR = 2e-6 (about 30 float32 ulps) is the bound
-for well-conditioned outputs, where the observed errors are 1e-7 .. 5e-7. A missing or doubled
-term, a wrong index or a wrong sign gives errors of 1e-3 or more.
+for well-conditioned outputs, where the observed errors are 1e-7 .. 5e-7. The reference's error
+is one sample of a rounding walk: on a cancelling sum it can be far below what that sum's
+conditioning allows (one drawn d_A of a single head, a sum of 16,384 terms: reference 3.7e-7,
+ssm_fast 6.9e-6), so the bound never goes below half the contract's rtol
+(ssm_ref/tolerance.F32_TOL, which every result is also held to). A missing or doubled term, a
+wrong index or a wrong sign gives errors of 1e-3 or more.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from hypothesis import strategies as st
 
 import ssm_fast
 import ssm_ref
+from ssm_ref.tolerance import F32_TOL, compare, scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 ABS_FLOOR = 2e-6
@@ -105,25 +110,29 @@ def rel_err(got, want) -> float:
     return float(diff / scale) if scale > 0 else float(diff)
 
 
-def assert_close_to_oracle(fast, ref32, oracle, names):
+def assert_close_to_oracle(fast, ref32, oracle, names, T):
+    table = scaled(F32_TOL, T)
     for name in names:
         f, r, o = (getattr(v, name) for v in (fast, ref32, oracle))
         assert f.shape == o.shape, name
         assert f.dtype == np.float32, name
+        contract = compare(name, f, o, table[name])
+        assert contract.ok, f"{name}: outside the tolerance table: {contract}"
         e_fast, e_ref = rel_err(f, o), rel_err(r, o)
-        bound = max(ABS_FLOOR, RATIO * e_ref)
+        bound = max(ABS_FLOOR, RATIO * e_ref, F32_TOL[name].rtol / 2)
         assert e_fast <= bound, f"{name}: norm-relative error {e_fast:.2e} > {bound:.2e} (ref32 {e_ref:.2e})"
 
 
 def check_against_reference(p, g_y, g_states):
     fast = ssm_fast.ssm_scan(**p)
     assert (fast.where, fast.backend) == ("CPU", "ssm_fast")
-    assert_close_to_oracle(fast, ssm_ref.ssm_scan(**p), ssm_ref.ssm_scan(**p, dtype=np.float64), OUTPUTS_FWD)
+    assert_close_to_oracle(fast, ssm_ref.ssm_scan(**p), ssm_ref.ssm_scan(**p, dtype=np.float64), OUTPUTS_FWD,
+                           p["x"].shape[1])
     gf = ssm_fast.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
     assert (gf.where, gf.backend) == ("CPU", "ssm_fast")
     g32 = ssm_ref.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
     g64 = ssm_ref.ssm_scan_back(**p, g_y=g_y, g_states=g_states, dtype=np.float64)
-    assert_close_to_oracle(gf, g32, g64, OUTPUTS_BWD)
+    assert_close_to_oracle(gf, g32, g64, OUTPUTS_BWD, p["x"].shape[1])
 
 
 # ---------------------------------------------------------------------------------------------
