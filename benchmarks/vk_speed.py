@@ -16,6 +16,7 @@ import statistics
 import struct
 import sys
 import time
+from pathlib import Path
 
 import ssm_vk
 from ssm_vk import launch, plan
@@ -24,10 +25,13 @@ from ssm_vk import runtime as rt
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vk_gpu_check import SHAPES, inputs, rel
 
+BENCH_GLSL = Path(__file__).resolve().parent / "glsl"  # the benchmark's own shaders (not the product's)
+
 
 def fma_ceiling(ctx, seconds=1.0):
     wg = 256
-    k = rt.Kernel.get(ctx, "bench_fma", bindings=1, push_size=8, local_size=(wg, 1, 1), defines={"WG": wg})
+    k = rt.Kernel.get(ctx, "bench_fma", bindings=1, push_size=8, local_size=(wg, 1, 1), defines={"WG": wg},
+                      search_path=BENCH_GLSL)
     groups = 132 * 64
     buf = rt.Buffer(ctx, groups * wg * 4)
     iters = 4096

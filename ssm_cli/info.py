@@ -156,7 +156,7 @@ def _spirv() -> dict:
     index = shaders.PACKAGED_SPIRV / "index.json"
     n = len(json.loads(index.read_text())) if index.is_file() else 0
     cache = shaders.cache_dir()
-    cached = len(list(cache.glob("*/*.spv"))) if cache.is_dir() else 0
+    cached = len(list(cache.glob("*/*.entry"))) if cache.is_dir() else 0
     return {"packaged_dir": str(shaders.PACKAGED_SPIRV), "packaged_variants": n,
             "cache_dir": str(cache), "cached_variants": cached}
 

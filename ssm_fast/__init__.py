@@ -32,6 +32,7 @@ from ssm_ref import (
     check_forward,
     check_op,
 )
+from ssm_ref._version import __version__
 
 from . import config, guard
 from .kernels_bwd import backward_mamba1, backward_mamba2, finish
@@ -40,7 +41,7 @@ from .kernels_fwd import forward_mamba1, forward_mamba2
 NAME = "ssm_fast"
 WHERE = "CPU"
 
-__all__ = ["NAME", "ssm_scan", "ssm_scan_back", "supports", "warmup"]
+__all__ = ["NAME", "__version__", "ssm_scan", "ssm_scan_back", "supports", "warmup"]
 
 _F32 = np.float32
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import packing
+from ._version import __version__
 from .checks import Dims, Problem, check_backward, check_dtype, check_forward, is_device_array, output_elems
 from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
@@ -34,8 +35,6 @@ from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
 from .scan import backward as _backward
 from .scan import backward_workspace, forward_workspace, scatter_rows
 from .scan import forward as _forward
-
-__version__ = "0.1.0"
 
 NAME = "ssm_ref"
 WHERE = "CPU"

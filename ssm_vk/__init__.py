@@ -9,6 +9,8 @@ as lavapipe). Importing works without Vulkan; the functions then fall back to ss
 
 from __future__ import annotations
 
+from ssm_ref._version import __version__
+
 from . import runtime
 from .arrays import DeviceArray, to_device
 from .backend import NAME, ssm_scan, ssm_scan_back, supports
@@ -22,5 +24,5 @@ def devices() -> list[DeviceInfo]:
     return runtime.list_devices() if ok else []
 
 
-__all__ = ["NAME", "DeviceArray", "DeviceInfo", "devices", "runtime", "ssm_scan", "ssm_scan_back",
+__all__ = ["NAME", "__version__", "DeviceArray", "DeviceInfo", "devices", "runtime", "ssm_scan", "ssm_scan_back",
            "supports", "to_device"]

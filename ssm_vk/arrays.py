@@ -18,7 +18,7 @@ import numpy as np
 
 from . import runtime as rt
 
-__all__ = ["DeviceArray", "to_device", "pool", "empty"]
+__all__ = ["DeviceArray", "to_device", "upload_to", "pool", "empty"]
 
 _F32 = np.dtype(np.float32)
 _INTS = frozenset([int])  # the types of a shape of Python ints
@@ -268,6 +268,11 @@ def to_device(array, device=None) -> DeviceArray:
                          f"set SSM_VK_DEVICE before the first call to use another, got {device}")
     if isinstance(array, DeviceArray):
         return array
+    return upload_to(ctx, array)
+
+
+def upload_to(ctx, array) -> DeviceArray:
+    """``to_device(array)`` on the context ``ctx`` (raises as to_device)."""
     a = np.asarray(array)
     if a.dtype.kind == "f":
         a = np.ascontiguousarray(a, dtype=np.float32)

@@ -12,7 +12,7 @@ from ssm_ref.checks import device_problem
 
 from . import budget, lanes, launch, record
 from . import runtime as rt
-from .arrays import DeviceArray
+from .arrays import DeviceArray, upload_to
 from .plan import TooLarge
 
 NAME = "ssm_vk"
@@ -184,7 +184,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     if not sup:
         cpu = _fall_back(sup.reason)
         h = _host(p)
-        return cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids)
+        return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids), p, ("y", "states"))
     out = launch.forward(ctx, p, device_out=device_out)
     if sig is not None:
         lanes.keep(sig, ctx, info, p, False, arrays)
@@ -207,11 +207,22 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
-        return cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs)
+        return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs), p,
+                         ssm_ref.GRAD_NAMES)
     g = launch.backward(ctx, p, device_out=device_out)
     if sig is not None:
         lanes.keep(sig, ctx, info, p, True, arrays)
     return _grads(g, info.where)
+
+
+def _resident(result, p, names: tuple):
+    """A CPU fallback's ``result`` as a device call would give it: when any input is a
+    DeviceArray, its arrays uploaded to that input's device (so code written for the device path
+    runs unchanged); ``where`` and ``backend`` still say the CPU computed it."""
+    ctx = next((getattr(p, k).ctx for k in _INPUTS if isinstance(getattr(p, k), DeviceArray)), None)
+    if ctx is None:
+        return result
+    return _result(type(result), {**result.__dict__, **{k: upload_to(ctx, getattr(result, k)) for k in names}})
 
 
 def _grads(g: dict, where: str) -> ScanGrads:

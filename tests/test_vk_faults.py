@@ -21,11 +21,14 @@ runs unchanged on lavapipe and on a discrete GPU.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from faultcase import CASE, FALLBACK, OPS, args, backward, forward, fresh_context, held, kept_by, same
 from problems import make_problem
 
+import ssm_ref
 import ssm_vk
 from ssm_ref import check_backward, check_forward
 from ssm_vk import arrays, budget, launch
@@ -199,6 +202,32 @@ def test_a_problem_larger_than_device_memory_falls_back_before_allocating(op, ca
     want = OPS[op](args(False))[1]
     for k, v in got.items():                            # and the CPU result is right
         np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("op", OPS)
+def test_a_fallback_of_device_resident_inputs_returns_device_arrays(op):
+    # Code written for the device path (results' .numpy(), results fed to the next call) must run
+    # unchanged when a call falls back: the CPU's results come back on the inputs' device.
+    ctx = rt.get_context()
+    a = args(True)
+    with ctx.override_limits(device_local_bytes=256):   # less than the outputs need
+        assert not ssm_vk.supports(op, **{k: v for k, v in a.items() if k not in ("g_y", "g_states")})
+        res = (ssm_vk.ssm_scan(**{k: v for k, v in a.items() if k not in ("g_y", "g_states")}) if op == "ssm_scan"
+               else ssm_vk.ssm_scan_back(**a))
+    assert (res.where, res.backend) == ("CPU", FALLBACK)
+    names = ("y", "states") if op == "ssm_scan" else ssm_ref.GRAD_NAMES
+    cpu = sys.modules[FALLBACK]
+    want = (cpu.ssm_scan(**CASE.args()) if op == "ssm_scan"
+            else cpu.ssm_scan_back(**CASE.args(), g_y=CASE.g_y, g_states=CASE.g_states))
+    for k in names:
+        got = getattr(res, k)
+        assert isinstance(got, ssm_vk.DeviceArray) and got.where == ctx.info.where, k
+        np.testing.assert_array_equal(got.numpy(), getattr(want, k), err_msg=k)
+    if op == "ssm_scan":   # a result feeds the next device call
+        again = ssm_vk.ssm_scan(s=res.states, **{k: v for k, v in a.items() if k in ("x", "dt", "A", "B", "C")},
+                                ids=None)
+        assert again.where == ctx.info.where and isinstance(again.y, ssm_vk.DeviceArray)
 
 
 @pytest.mark.vulkan

@@ -1,17 +1,25 @@
 """GLSL → SPIR-V: :func:`compile_shader` with a packaged set, a disk cache and ``glslc``.
 
-Where SPIR-V comes from, in order:
+Where SPIR-V comes from, in order (:func:`compile_shader`; :func:`unavailable` says beforehand
+whether it would succeed, by doing the same work):
 
 1. **Package data** ``ssm_vk/spirv/`` (written by :func:`build_all`, shipped in wheels): found by
    (name, target, defines) through ``index.json``. Each entry records the digest of the source it
-   was built from; in a checkout whose source differs (an edited shader) the entry is ignored. A
-   wheel has no GLSL, so there the entry is used as is, and glslc is not needed.
+   was built from and the digest and length of its own bytes: an entry whose source differs from
+   the shipped or edited one is ignored, a file whose bytes differ from the index is refused
+   (logged, naming the file) and never loaded.
 2. **Disk cache** ``$SSM_SCAN_CACHE`` or ``~/.cache/ssm-scan/spirv/``:
-   ``<name>-<source key>/<compiler key>.spv``. The source key hashes the source text with every
-   file it ``#include``s, the defines and the target; the compiler key hashes ``glslc --version``.
-   Without glslc, any compiler's build of the same source key is taken.
+   ``<name>-<source key>/<compiler key>.entry``. The source key hashes the variant (name, target,
+   defines) with the source text and every file it ``#include``s; the compiler key hashes
+   ``glslc --version``. An entry holds a header with both keys and the digest and length of the
+   SPIR-V after it, all checked on every load: a truncated, altered or misplaced (swapped) entry
+   is rebuilt with glslc, or -- without glslc -- refused with the file named. Without glslc, any
+   compiler's intact build of the same source key is taken.
 3. **glslc** ``--target-env=vulkan1.1 -O`` (SPIR-V 1.3, the first with subgroup operations),
    about 0.1 s a call; its output goes into the disk cache.
+
+The GLSL sources are package data of ``ssm_vk`` (``ssm_vk/glsl/``), so an installed package
+compiles any variant when glslc is on PATH.
 """
 
 from __future__ import annotations
@@ -26,15 +34,17 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 TARGET_ENV = "vulkan1.1"
 CACHE_ENV = "SSM_SCAN_CACHE"
-REPO_GLSL = Path(__file__).resolve().parents[2] / "glsl"       # the checkout's glsl/ folder
+PACKAGE_GLSL = Path(__file__).resolve().parents[1] / "glsl"    # ssm_vk/glsl/, package data
 PACKAGED_SPIRV = Path(__file__).resolve().parents[1] / "spirv"  # ssm_vk/spirv/, package data
 SPIRV_MAGIC = b"\x03\x02\x23\x07"
+ENTRY_MAGIC = b"ssm-scan spirv cache entry 1\n"
 GLSLC_TIMEOUT_S = 300
 
 log = logging.getLogger("ssm_vk")
@@ -98,16 +108,16 @@ def normalize_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, 
 
 
 def search_dirs(search_path) -> list[Path]:
-    """``search_path`` (None, a dir, or dirs) as a list of Paths; None means the checkout's glsl/."""
+    """``search_path`` (None, a dir, or dirs) as a list of Paths; None means the package's glsl/."""
     if search_path is None:
-        return [REPO_GLSL]
+        return [PACKAGE_GLSL]
     if isinstance(search_path, str | os.PathLike):
         search_path = [search_path]
     return [Path(p) for p in search_path]
 
 
 def find_source(name: str, search_path=None) -> Path | None:
-    """``<dir>/<name>.comp`` for the first search dir that has it (default: the checkout's glsl/)."""
+    """``<dir>/<name>.comp`` for the first search dir that has it (default: the package's glsl/)."""
     for d in search_dirs(search_path):
         path = d / f"{name}.comp"
         if path.is_file():
@@ -147,6 +157,10 @@ def _short_hash(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def cache_dir() -> Path:
     """``$SSM_SCAN_CACHE`` if set, else ``~/.cache/ssm-scan/spirv``."""
     env = os.environ.get(CACHE_ENV, "").strip()
@@ -161,94 +175,225 @@ def _compiler_key(glslc: str, mtime_ns: int, size: int) -> str:
     return _short_hash(run.stdout.decode(errors="replace"))[:16]
 
 
-def _packaged(variant: str, digest: str | None) -> bytes | None:
-    index = PACKAGED_SPIRV / "index.json"
-    if not index.is_file():
-        return None
-    entry = json.loads(index.read_text()).get(variant)
-    if entry is None or (digest is not None and entry["source"] != digest):
-        return None
-    return (PACKAGED_SPIRV / entry["file"]).read_bytes()
+def _glslc_key() -> tuple[str, str] | tuple[None, None]:
+    """(glslc's path, its compiler key), or (None, None) when glslc is not on PATH."""
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        return None, None
+    st = os.stat(glslc)
+    return glslc, _compiler_key(glslc, st.st_mtime_ns, st.st_size)
+
+
+# -- package data --------------------------------------------------------------------------------
+
+_index_lock = threading.Lock()
+_index_memo: dict = {}   # index.json path -> ((mtime_ns, size), parsed index)
+
+
+def _packaged_index() -> dict:
+    """The parsed ``index.json`` of the packaged SPIR-V ({} when there is none), read once per
+    change of the file."""
+    path = PACKAGED_SPIRV / "index.json"
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size)
+    with _index_lock:
+        memo = _index_memo.get(path)
+        if memo is not None and memo[0] == stamp:
+            return memo[1]
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _warn_once(f"ssm_vk: the packaged SPIR-V index {path} is unreadable ({exc}); it is not used")
+        index = {}
+    if not isinstance(index, dict):
+        index = {}
+    with _index_lock:
+        _index_memo.clear()
+        _index_memo[path] = (stamp, index)
+    return index
+
+
+def _packaged(variant: str, digest: str | None) -> tuple[bytes | None, str]:
+    """(the packaged build of ``variant``, "") or (None, why it cannot be used; "" when there is
+    none). A build of another source than ``digest`` (an edited checkout) is no build of it."""
+    entry = _packaged_index().get(variant)
+    if not isinstance(entry, dict) or (digest is not None and entry.get("source") != digest):
+        return None, ""
+    path = PACKAGED_SPIRV / str(entry.get("file", ""))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"the packaged SPIR-V {path} cannot be read ({exc})"
+    why = _spirv_problem(data)
+    if not why and (len(data) != entry.get("size") or _sha256(data) != entry.get("sha256")):
+        why = "its length or sha256 differs from index.json"
+    if why:
+        return None, f"the packaged SPIR-V {path} is damaged ({why})"
+    return data, ""
+
+
+# -- the disk cache ------------------------------------------------------------------------------
+
+
+def _entry(source_key: str, compiler_key: str, spirv: bytes) -> bytes:
+    meta = {"source_key": source_key, "compiler_key": compiler_key, "size": len(spirv), "sha256": _sha256(spirv)}
+    return ENTRY_MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n" + spirv
+
+
+def _read_entry(path: Path, source_key: str, compiler_key: str | None) -> tuple[bytes | None, str]:
+    """(the SPIR-V of the cache entry at ``path``, "") when it is intact and is the build of
+    ``source_key`` (by ``compiler_key`` unless None); (None, "") when there is no such file;
+    (None, what is wrong) when the file is damaged or belongs to another variant."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"unreadable ({exc})"
+    if not data.startswith(ENTRY_MAGIC):
+        return None, "no entry header"
+    head, sep, spirv = data[len(ENTRY_MAGIC):].partition(b"\n")
+    try:
+        meta = json.loads(head) if sep else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        return None, "a damaged entry header"
+    if meta.get("source_key") != source_key or (compiler_key is not None and meta.get("compiler_key") != compiler_key):
+        return None, "the entry of another variant or compiler (a moved or swapped file)"
+    if len(spirv) != meta.get("size") or _sha256(spirv) != meta.get("sha256"):
+        return None, f"{len(spirv)} bytes whose length or sha256 differs from its header (truncated or altered)"
+    why = _spirv_problem(spirv)
+    return (None, why) if why else (spirv, "")
+
+
+def _spirv_problem(data: bytes) -> str:
+    if not data.startswith(SPIRV_MAGIC):
+        return "no SPIR-V magic number"
+    if len(data) % 4 or len(data) < 20:
+        return f"{len(data)} bytes: no whole SPIR-V module"
+    return ""
+
+
+def _damaged(path: Path, why: str) -> str:
+    """Log a damaged cache entry once, remove it (best effort), and return the reason."""
+    reason = f"the SPIR-V cache entry {path} is damaged ({why})"
+    _warn_once(f"ssm_vk: {reason}; it is not loaded")
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    return reason
+
+
+def _cached_any(folder: Path, source_key: str) -> tuple[bytes | None, str]:
+    """The newest intact build of ``source_key`` in its folder by any compiler: (SPIR-V, ""),
+    (None, "") when there is none, (None, why) when only damaged entries were found."""
+    try:
+        built = sorted(folder.glob("*.entry"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    except OSError:
+        built = []
+    problems = []
+    for path in reversed(built):
+        spirv, why = _read_entry(path, source_key, None)
+        if spirv is not None:
+            return spirv, ""
+        if why:
+            problems.append(_damaged(path, why))
+    return None, "; ".join(problems)
+
+
+# -- resolution ----------------------------------------------------------------------------------
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    log.warning("%s", message)
+
+
+def cache_folder(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> Path:
+    """The disk-cache folder of a variant (its ``.entry`` files: one per compiler that built it);
+    raises FileNotFoundError when the variant has no source."""
+    dirs = search_dirs(search_path)
+    source = find_source(name, dirs)
+    if source is None:
+        raise FileNotFoundError(f"shader {name}.comp not found in {', '.join(map(str, dirs))}")
+    variant = _variant_id(name, normalize_defines(defines))
+    return cache_dir() / f"{name}-{_short_hash(variant, source_digest(source, dirs))}"
 
 
 def compile_shader(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> bytes:
     """SPIR-V for ``<name>.comp`` compiled with ``-D`` ``defines``, searched in ``search_path``
-    (a dir or list of dirs; default: the checkout's ``glsl/``), which are also the ``-I`` dirs.
+    (a dir or list of dirs; default: the package's ``glsl/``), which are also the ``-I`` dirs.
 
     Raises ValueError/TypeError for a bad name or defines, FileNotFoundError when neither the
     source nor packaged SPIR-V exists, ShaderBuildError (with glslc's stderr) when glslc fails,
-    GlslcMissing when glslc is needed but absent.
+    GlslcMissing when glslc is needed but absent (the message names a damaged cache entry or
+    packaged file when one was found and refused).
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"shader name: expected a file name without directories, got {name!r}")
     return _compile(name, normalize_defines(defines), search_dirs(search_path))
 
 
+def unavailable(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> str:
+    """Why :func:`compile_shader` fails for these arguments, or "" when it succeeds -- found out by
+    calling it (a variant not yet built is compiled now and cached, as the call would), so the
+    answer is the call's own: no source and no packaged build, no glslc and no intact packaged or
+    cached build, glslc rejecting the source."""
+    try:
+        compile_shader(name, defines, search_path=search_path)
+    except (FileNotFoundError, ShaderBuildError) as exc:
+        first = str(exc).split("\n", 1)[0]
+        error = next((line.strip() for line in getattr(exc, "stderr", "").splitlines() if "error" in line), "")
+        return f"{first}: {error}" if error else first
+    return ""
+
+
 def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> bytes:
     source = find_source(name, dirs)
     digest = source_digest(source, dirs) if source is not None else None
     variant = _variant_id(name, defs)
-    packaged = _packaged(variant, digest)
+    packaged, refused = _packaged(variant, digest)
     if packaged is not None:
         stats.packaged_hits += 1
         return packaged
+    if refused:
+        _warn_once(f"ssm_vk: {refused}; it is not loaded")
     if source is None:
         raise FileNotFoundError(f"shader {name}.comp not found in {', '.join(map(str, dirs))} "
-                                f"and no packaged SPIR-V for {variant!r}")
-    folder = cache_dir() / f"{name}-{_short_hash(variant, digest)}"
-    glslc = shutil.which("glslc")
+                                f"and no {'intact ' if refused else ''}packaged SPIR-V for {variant!r}")
+    source_key = _short_hash(variant, digest)
+    folder = cache_dir() / f"{name}-{source_key}"  # = cache_folder()
+    glslc, compiler_key = _glslc_key()
     if glslc is None:
-        spirv = _newest_cached(folder)
+        spirv, damaged = _cached_any(folder, source_key)
         if spirv is not None:
             stats.disk_hits += 1
             return spirv
-        raise GlslcMissing(f"glslc is not on PATH and no cached SPIR-V exists for {variant!r} in {folder}; "
-                           "install glslc (Debian: apt-get install glslc)")
-    st = os.stat(glslc)
-    cached = folder / f"{_compiler_key(glslc, st.st_mtime_ns, st.st_size)}.spv"
-    spirv = _read_spirv(cached)
+        refusals = "; ".join(filter(None, [refused, damaged]))
+        raise GlslcMissing(f"glslc is not on PATH and no {'intact ' if refusals else ''}packaged or cached SPIR-V "
+                           f"exists for {variant!r} in {folder}" + (f" ({refusals})" if refusals else "")
+                           + "; install glslc (Debian: apt-get install glslc)")
+    path = folder / f"{compiler_key}.entry"
+    spirv, why = _read_entry(path, source_key, compiler_key)
     if spirv is not None:
         stats.disk_hits += 1
         return spirv
+    if why:
+        _damaged(path, why)
     spirv = _run_glslc(glslc, source, dirs, defs)
-    _store(cached, spirv)
+    _store(path, _entry(source_key, compiler_key, spirv))
     return spirv
-
-
-def _newest_cached(folder: Path) -> bytes | None:
-    """The newest intact build in a source key's cache folder, by any compiler (None if none)."""
-    built = sorted(folder.glob("*.spv"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-    for path in reversed(built):
-        spirv = _read_spirv(path)
-        if spirv is not None:
-            return spirv
-    return None
-
-
-def unavailable(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> str:
-    """Why :func:`compile_shader` would fail for want of glslc, or "" when it would not: the
-    variant is packaged, cached on disk, or glslc is on PATH. (Whether glslc then accepts the
-    source is not foreseen: a compile error is a defect and raises ShaderBuildError.)"""
-    if shutil.which("glslc") is not None:
-        return ""
-    defs, dirs = normalize_defines(defines), search_dirs(search_path)
-    source = find_source(name, dirs)
-    digest = source_digest(source, dirs) if source is not None else None
-    variant = _variant_id(name, defs)
-    if _packaged(variant, digest) is not None:
-        return ""
-    if source is not None and _newest_cached(cache_dir() / f"{name}-{_short_hash(variant, digest)}") is not None:
-        return ""
-    return f"glslc is not on PATH and no packaged or cached SPIR-V exists for {variant!r}"
-
-
-def _read_spirv(path: Path) -> bytes | None:
-    """A cached module, or None when absent or damaged (a truncated file is rebuilt, not loaded)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    return data if data.startswith(SPIRV_MAGIC) and len(data) % 4 == 0 else None
 
 
 def _run_glslc(glslc: str, source: Path, dirs: list[Path], defs) -> bytes:
@@ -265,7 +410,7 @@ def _run_glslc(glslc: str, source: Path, dirs: list[Path], defs) -> bytes:
     stderr = run.stderr.decode(errors="replace")
     if run.returncode != 0:
         raise ShaderBuildError(f"glslc failed on {source} (exit {run.returncode}): {' '.join(cmd)}", stderr)
-    if not run.stdout.startswith(SPIRV_MAGIC) or len(run.stdout) % 4:
+    if _spirv_problem(run.stdout):
         raise ShaderBuildError(f"glslc wrote no SPIR-V for {source}", stderr)
     return run.stdout
 
@@ -280,7 +425,7 @@ def _store(path: Path, data: bytes) -> None:
             f.write(data)
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("ssm_vk: cannot write the SPIR-V cache %s: %s", path, exc)
+        _warn_once(f"ssm_vk: cannot write the SPIR-V cache {path.parent}: {exc}")
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
 
@@ -288,7 +433,8 @@ def _store(path: Path, data: bytes) -> None:
 def build_all(variants: Iterable[tuple[str, Mapping[str, object] | None]], out_dir=None, *,
               search_path=None) -> list[Path]:
     """Compile every (name, defines) variant into ``out_dir`` (default: the package's spirv/) and
-    write its ``index.json``, for wheels that must work without glslc. Returns the files written.
+    write its ``index.json`` (per variant: the file, the source digest, the file's length and
+    sha256), for installs that must work without glslc. Returns the files written.
     Raises what :func:`compile_shader` raises.
     """
     out = Path(out_dir) if out_dir is not None else PACKAGED_SPIRV
@@ -304,8 +450,8 @@ def build_all(variants: Iterable[tuple[str, Mapping[str, object] | None]], out_d
         spirv = _compile(name, defs, dirs)  # a matching packaged entry is the same build: fine to reuse
         path = out / f"{name}-{_short_hash(variant)[:16]}.spv"
         path.write_bytes(spirv)
-        index[variant] = {"file": path.name, "source": source_digest(source, dirs)}
+        index[variant] = {"file": path.name, "source": source_digest(source, dirs), "size": len(spirv),
+                          "sha256": _sha256(spirv)}
         written.append(path)
     (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return written
-
