@@ -6,15 +6,18 @@ VPY      := $(VENV)/bin/python
 APT_PKGS := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers
 STAMP    := $(VENV)/.installed
 
-.PHONY: demo test setup apt lint wheel clean
+.PHONY: demo test setup apt lint dist wheel check-install clean
 
 # info, a quick check against the float64 reference, a small benchmark with a plot (out/).
 demo: setup
 	$(VENV)/bin/ssm-scan demo
 
+# ruff, the test suite, then the built sdist and wheel installed into fresh virtual environments
+# outside the checkout and run from another directory (tests/install/run.sh).
 test: setup
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q
+	$(MAKE) check-install
 
 setup: apt $(STAMP)
 
@@ -36,11 +39,19 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(VPY) -m ruff check .
 
-# A wheel that runs the common shapes without glslc: SPIR-V for this machine's Vulkan device and
-# for GPUs of subgroup size 8-64 goes into ssm_vk/spirv/ (package data) first.
-wheel: setup
+# The sdist and the wheel (dist/), both carrying the GLSL sources and the SPIR-V of the documented
+# matrix (docs/INSTALL.md): this machine's Vulkan device and GPUs of subgroup size
+# 8-64 go into ssm_vk/spirv/ (package data) first, so those shapes run without glslc. Needs a Vulkan
+# device (lavapipe will do: `make setup` installs it).
+dist: setup
 	$(VENV)/bin/ssm-scan build-shaders --subgroup-sizes local,8,16,32,64
-	$(VPY) -m pip wheel -q --no-deps -w dist .
+	rm -rf dist
+	$(VPY) -m build -q --sdist --wheel --outdir dist .
+
+wheel: dist
+
+check-install: dist
+	PY=$(PY) bash tests/install/run.sh dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis out ssm_vk/spirv

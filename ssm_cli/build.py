@@ -3,14 +3,15 @@
 ssm_vk picks a token-sequential kernel variant (glsl file + defines) per problem from the device's
 subgroup size and operations, its shared memory and workgroup limits, d_state N and the Mamba
 variant (ssm_vk/plan.py, ssm_vk/specs.py); head count, head_dim, T and S only change push
-constants and grids. So the set "every N in a list x Mamba-1/Mamba-2 x forward/backward" for a
-device profile covers every shape with those N on devices of that profile (another N needs glslc
-on first use, or fails in a wheel that has no GLSL). The chunked Mamba-2 kernels
-(ssm_vk/chunk_plan.py) are compiled per head_dim P, N and chunk length (32, 64) and do not depend
-on the device profile: they are built for every P in ``--p`` and N in ``--n``; a shape whose
-chunked variant is missing runs on the token-sequential kernels instead. ``ssm_vk.runtime.shaders``
-looks the variants up in ``ssm_vk/spirv/index.json`` first, which the package ships (pyproject:
-package data), so a wheel built after this runs those shapes without glslc.
+constants and grids, and N enters only through how many lanes share a state row and how many
+values each lane holds, so every N from 1 to 256 takes a few hundred variants in all. The chunked
+Mamba-2 kernels (ssm_vk/chunk_plan.py) are compiled per head_dim P, d_state N and chunk length
+(32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
+``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
+instead (the support decision says so). ``ssm_vk.runtime.shaders`` looks the variants up in
+``ssm_vk/spirv/index.json`` first, which the package ships (pyproject: package data), so a wheel
+built after this runs those shapes without glslc. The default matrix is what ``make dist`` ships
+(docs/INSTALL.md).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1].strip() + """
   ssm-scan build-shaders --subgroup-sizes local,8,16,32,64   also the common GPU profiles (a wheel)
   ssm-scan build-shaders --out /tmp/spv --n 16,128"""
 
-DEFAULT_N = "16,32,64,128,256"
-DEFAULT_P = "64,128"
+DEFAULT_N = "1-256"
+DEFAULT_CHUNKED_N = "64,128,256"
+DEFAULT_P = "32,64,128"
 # Profiles assumed for devices other than the local one: every subgroup operation class (NVIDIA,
 # AMD and Intel GPUs offer clustered reductions; lavapipe does not -- build on it with "local"),
 # 1024 invocations per workgroup, and each of the shared-memory sizes common among GPUs (the
@@ -41,8 +43,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="where to write the .spv files and index.json (default: the package's ssm_vk/spirv/, "
                         "which wheels ship)")
-    p.add_argument("--n", default=DEFAULT_N, metavar="N1,N2,...",
-                   help=f"d_state values to build for (default {DEFAULT_N})")
+    p.add_argument("--n", default=DEFAULT_N, metavar="N1,N2-N3,...",
+                   help=f"d_state values (and ranges) to build the token-sequential kernels for (default {DEFAULT_N})")
+    p.add_argument("--chunked-n", default=DEFAULT_CHUNKED_N, metavar="N1,N2,...",
+                   help=f"d_state values to build the chunked Mamba-2 kernels for (default {DEFAULT_CHUNKED_N})")
     p.add_argument("--p", default=DEFAULT_P, metavar="P1,P2,...",
                    help=f"head_dim values to build the chunked Mamba-2 kernels for (default {DEFAULT_P})")
     p.add_argument("--subgroup-sizes", default="local", metavar="LIST",
@@ -78,10 +82,10 @@ def profiles(spec: str) -> list[tuple[str, object]]:
     return out
 
 
-def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tuple[str, dict]]:
+def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
     """Every (shader, defines) the forward and backward request for these device profiles and N,
-    for both Mamba variants, and the chunked kernels for every (P, N) and chunk length, in a stable
-    order without duplicates."""
+    for both Mamba variants, and the chunked kernels for every (P, N of ``chunked_n``, default
+    ``n_values``) and chunk length, in a stable order without duplicates."""
     from ssm_ref import Dims
     from ssm_vk import specs
     from ssm_vk.plan import layout_for
@@ -108,7 +112,7 @@ def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tup
     from ssm_vk.record_chunked import chunk_kernels
 
     for P in p_values:
-        for N in n_values:
+        for N in n_values if chunked_n is None else chunked_n:
             if P > MAX_PN or N > MAX_PN:
                 continue
             d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
@@ -121,19 +125,44 @@ def variants(limits_list, n_values: list[int], p_values: tuple = ()) -> list[tup
     return [(name, dict(defines)) for name, defines in seen]
 
 
+def n_list(text: str, what: str) -> list[int]:
+    """``"1-8,16,128"`` -> [1, ..., 8, 16, 128] (ranges inclusive); UsageError for anything else."""
+    out = []
+    for item in common.split_list([text], what):
+        lo, dash, hi = item.partition("-")
+        (a,) = common.int_list(lo, what, minimum=1)
+        (b,) = common.int_list(hi, what, minimum=1) if dash else (a,)
+        if b < a:
+            raise common.UsageError(f"{what}: empty range {item!r}")
+        out += [n for n in range(a, b + 1) if n not in out]
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    parts, run = [], []
+    for v in [*sorted(values), None]:
+        if run and (v is None or v != run[-1] + 1):
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+            run = []
+        if v is not None:
+            run.append(v)
+    return ", ".join(parts)
+
+
 def run(args) -> int:
     from ssm_vk.runtime import shaders
 
-    n_values = common.int_list(args.n, "--n", minimum=1)
+    n_values = n_list(args.n, "--n")
+    chunked_n = n_list(args.chunked_n, "--chunked-n")
     p_values = common.int_list(args.p, "--p", minimum=1)
     profs = profiles(args.subgroup_sizes)
-    todo = variants([lim for _, lim in profs], n_values, tuple(p_values))
+    todo = variants([lim for _, lim in profs], n_values, tuple(p_values), chunked_n)
     out = Path(args.out) if args.out else shaders.PACKAGED_SPIRV
     written = shaders.build_all(todo, out)
     total = sum(p.stat().st_size for p in written)
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
-    print(f"  N = {', '.join(map(str, n_values))}; Mamba-1 and Mamba-2; forward and backward; chunked Mamba-2 "
-          f"kernels for P = {', '.join(map(str, p_values))}")
+    print(f"  token-sequential kernels (Mamba-1 and Mamba-2, forward and backward) for N = {_ranges(n_values)}; "
+          f"chunked Mamba-2 kernels for P = {_ranges(p_values)} x N = {_ranges(chunked_n)}")
     for label, _ in profs:
         if label.startswith("local"):
             print(f"  for {label}")

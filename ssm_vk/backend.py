@@ -118,7 +118,7 @@ def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
     backward = op == "ssm_scan_back"
     lim = launch.limits_of(ctx.info)
     try:
-        pl = record.choose_plan(ctx, p.dims, lim, backward)
+        pl, dropped = record.choose_plan_why(ctx, p.dims, lim, backward)
     except TooLarge as e:
         return Support(False, str(e)), True
     why = budget.check(ctx.info, budget.buffers(p.dims, pl, lim, backward, resident))
@@ -127,6 +127,11 @@ def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
     why = record.missing_spirv(ctx, record.kernels_needed(p.dims, pl, backward))
     if why:
         return Support(False, why), False
+    if dropped:
+        # visible, not silent: the reason says so, and the log says it once
+        note = f"the token-sequential kernels run it: the chunked kernels' SPIR-V cannot be had ({dropped})"
+        _log_once(f"ssm_vk: {note}")
+        return Support(True, f"runs on {ctx.info.where} ({ctx.info.name}); {note}"), True
     return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), True
 
 

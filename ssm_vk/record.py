@@ -17,7 +17,8 @@ from . import specs
 from .plan import Limits, Plan, Window, grid
 from .runtime import shaders
 
-__all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv", "choose_plan", "F32"]
+__all__ = ["record_forward", "record_backward", "kernels_needed", "missing_spirv", "choose_plan", "choose_plan_why",
+           "F32"]
 
 F32 = 4
 
@@ -50,15 +51,24 @@ def choose_plan(ctx, d, lim: Limits, backward: bool, chunked: bool = True) -> Pl
     """The plan a call runs: plan.plan's, without the chunked kernels when ``chunked`` is False
     or their SPIR-V cannot be had here (no glslc and none packaged or cached: the token-
     sequential kernels, which a wheel packages, run the shape instead)."""
+    return choose_plan_why(ctx, d, lim, backward, chunked)[0]
+
+
+def choose_plan_why(ctx, d, lim: Limits, backward: bool, chunked: bool = True) -> tuple[Plan, str]:
+    """(:func:`choose_plan`'s plan, why it left out the chunked kernels that plan.plan picked for
+    the shape: the reason their SPIR-V cannot be had; "" when it did not)."""
     from dataclasses import replace
 
     from .plan import plan
     from .record_chunked import chunk_kernels
 
     pl = plan(d, lim, backward=backward)
-    if pl.chunked is not None and (not chunked or missing_spirv(ctx, chunk_kernels(d, pl.chunked, backward))):
+    if pl.chunked is None:
+        return pl, ""
+    why = "" if not chunked else missing_spirv(ctx, chunk_kernels(d, pl.chunked, backward))
+    if not chunked or why:
         pl = replace(pl, chunked=None)
-    return pl
+    return pl, why
 
 
 def _zero(seq, buf, n_elems: int) -> None:

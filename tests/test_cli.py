@@ -257,7 +257,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
     from ssm_vk.runtime import shaders
     from ssm_vk.runtime.device import choose
 
-    p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16")
+    p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16", "--chunked-n", "16", "--p", "64")
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())
     assert p.stdout.startswith(f"wrote {len(index)} SPIR-V variants")

@@ -431,27 +431,40 @@ def _store(path: Path, data: bytes) -> None:
 
 
 def build_all(variants: Iterable[tuple[str, Mapping[str, object] | None]], out_dir=None, *,
-              search_path=None) -> list[Path]:
+              search_path=None, jobs: int | None = None) -> list[Path]:
     """Compile every (name, defines) variant into ``out_dir`` (default: the package's spirv/) and
     write its ``index.json`` (per variant: the file, the source digest, the file's length and
-    sha256), for installs that must work without glslc. Returns the files written.
+    sha256), for installs that must work without glslc. ``jobs`` glslc processes run at once
+    (default: the CPUs this process may use). Returns the files written, in the variants' order.
     Raises what :func:`compile_shader` raises.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     out = Path(out_dir) if out_dir is not None else PACKAGED_SPIRV
     dirs = search_dirs(search_path)
     out.mkdir(parents=True, exist_ok=True)
-    index, written = {}, []
+    todo = []
     for name, defines in variants:
         defs = normalize_defines(defines)
         source = find_source(name, dirs)
         if source is None:
             raise FileNotFoundError(f"shader {name}.comp not found in {', '.join(map(str, dirs))}")
+        todo.append((name, defs, source))
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # glslc runs as a process: threads suffice
+        built = list(pool.map(lambda t: _compile(t[0], t[1], dirs), todo))
+    index, written = {}, []
+    for (name, defs, source), spirv in zip(todo, built, strict=True):
         variant = _variant_id(name, defs)
-        spirv = _compile(name, defs, dirs)  # a matching packaged entry is the same build: fine to reuse
         path = out / f"{name}-{_short_hash(variant)[:16]}.spv"
         path.write_bytes(spirv)
         index[variant] = {"file": path.name, "source": source_digest(source, dirs), "size": len(spirv),
                           "sha256": _sha256(spirv)}
         written.append(path)
     (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    keep = {p.name for p in written}
+    for stale in out.glob("*.spv"):  # an earlier build's files: the index no longer names them
+        if stale.name not in keep:
+            stale.unlink()
     return written

@@ -473,7 +473,8 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
     fresh_context()                                                            # nothing built
     try:
         for op in ("ssm_scan", "ssm_scan_back"):
-            assert ssm_vk.supports(op, **case.args()), op
+            sup = ssm_vk.supports(op, **case.args())
+            assert sup and "token-sequential kernels run it" in sup.reason, (op, sup)  # said, not silent
         got = run(case)
         assert ran_plan(case, False).chunked is None and ran_plan(case, True).chunked is None
     finally:

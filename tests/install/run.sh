@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The installed package, as a user gets it: build the sdist and the wheel (make dist), install each
+# into a fresh virtual environment outside the checkout, and from another directory run
+# tests/install/smoke.py three times -- with glslc on PATH, without glslc, without the `vulkan`
+# binding. Usage: tests/install/run.sh [DIST_DIR]   (default dist/, as `make dist` leaves it)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+dist=${1:-$repo/dist}
+py=${PY:-python3}
+work=$(mktemp -d /tmp/ssm-scan-install.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+smoke=$repo/tests/install/smoke.py
+
+wheel=$(ls "$dist"/ssm_scan-*.whl | tail -n 1)
+sdist=$(ls "$dist"/ssm_scan-*.tar.gz | tail -n 1)
+
+# A PATH like this machine's, without glslc: every other program of /usr/bin and /bin stays.
+nog=$work/no-glslc-bin
+mkdir -p "$nog"
+for d in /usr/local/bin /usr/bin /bin; do
+  for f in "$d"/*; do
+    name=$(basename "$f")
+    [ "$name" = glslc ] || [ -e "$nog/$name" ] || ln -s "$f" "$nog/$name"
+  done
+done
+
+status=0
+run() {  # run VENV MODE PATH
+  local venv=$1 mode=$2 path=$3 home=$work/run-$(basename "$1")-$2
+  mkdir -p "$home"
+  echo "== $(basename "$venv"): $mode"
+  # A fresh shader cache per run, so each mode meets what it would on a new machine.
+  (cd "$home" && env PATH="$venv/bin:$path" SSM_SCAN_CACHE="$home/spirv-cache" \
+     "$venv/bin/python" "$smoke" --mode "$mode" --readme "$repo/README.md") || status=1
+}
+
+for artifact in "$wheel" "$sdist"; do
+  kind=$([[ $artifact == *.whl ]] && echo wheel || echo sdist)
+  venv=$work/$kind
+  echo "== installing $(basename "$artifact") into a fresh virtual environment"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "$artifact[vulkan]" pytest hypothesis
+  run "$venv" glslc "$PATH"
+  run "$venv" no-glslc "$nog"
+  "$venv/bin/python" -m pip uninstall -q -y vulkan
+  run "$venv" no-binding "$PATH"
+done
+[ $status = 0 ] && echo "install check: wheel and sdist pass in every mode" || echo "install check: FAILED"
+exit $status
