@@ -25,6 +25,7 @@ from ssm_ref.environ import EnvVar
 from . import plan as _plan
 from . import runtime as rt
 from .arrays import DeviceArray
+from .arrays import pool as arrays_pool
 from .plan import Limits
 from .record import record_backward, record_forward
 from .workspace import Workspace, _release
@@ -214,10 +215,26 @@ def _run_in(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool, bo
     that holds the exception (and so its frames) holds no device memory. ``bound``: what
     bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
     ws.settle()
-    if bound is None:
-        bufs, key = bind_inputs(ws, p, backward)
-    else:
-        bufs, key = dict(bound[0]), list(bound[1])
+    names = BWD_IN if backward else FWD_IN
+    resident = [getattr(p, k) for k in names if type(getattr(p, k)) is DeviceArray]
+    pool = ws.pool if not ws.pool.closed else arrays_pool(ctx)
+    # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
+    # thread), they go back to the pool only then. Liveness is checked after they are marked.
+    token = pool.busy(tuple(a.buffer for a in resident if a.buffer is not None)) if resident else None
+    try:
+        if bound is None:
+            bufs, key = bind_inputs(ws, p, backward)
+        else:
+            for a in resident:
+                a._check_live()
+            bufs, key = dict(bound[0]), list(bound[1])
+        return _run_bound(ws, ctx, p, backward, device_out, bufs, key)
+    finally:
+        if token is not None:
+            pool.idle(token)
+
+
+def _run_bound(ws: Workspace, ctx, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list):
     outs = ws.outputs(device_out)
     try:
         for k, a in outs.items():

@@ -321,6 +321,9 @@ class BufferPool:
         self._classes: dict[int, int] = {}      # request → size_class(request), for those acquire() has seen
         self._reserved: set[int] = set()        # serials kept for acquire_set (reserve())
         self._kept: dict[int, Buffer] = {}      # reserved buffers that are free, by serial
+        self._busy: dict[int, tuple] = {}       # token -> buffers a call in flight reads (busy())
+        self._deferred: dict[int, Buffer] = {}  # released while busy: taken back when the call ends
+        self._tokens = 0
 
     @staticmethod
     def size_class(nbytes: int) -> int:
@@ -440,11 +443,39 @@ class BufferPool:
         if self.closed:
             raise RuntimeError("this BufferPool is closed")
 
-    def release(self, buffer: Buffer) -> None:
-        """Give ``buffer`` back for reuse. Raises ValueError if it is not out from this pool."""
+    def busy(self, buffers: tuple) -> int:
+        """Mark ``buffers`` as read by work in flight until :meth:`idle` of the returned token: a
+        buffer released meanwhile (its DeviceArray released by another thread) is taken back only
+        then, so no acquisition hands it out -- and no upload overwrites it -- under the GPU."""
         with self._lock:
-            if not isinstance(buffer, Buffer) or buffer.serial not in self._out:
+            self._tokens += 1
+            self._busy[self._tokens] = buffers
+            return self._tokens
+
+    def idle(self, token: int) -> None:
+        """End :meth:`busy`: the buffers released while busy (and busy for no other call) are
+        taken back now."""
+        with self._lock:
+            self._busy.pop(token, None)
+            if not self._deferred:
+                return
+            still = {b.serial for bufs in self._busy.values() for b in bufs}
+            for serial in [s for s in self._deferred if s not in still]:
+                self._take_back(self._deferred.pop(serial))
+
+    def release(self, buffer: Buffer) -> None:
+        """Give ``buffer`` back for reuse (once no call marked :meth:`busy` reads it). Raises
+        ValueError if it is not out from this pool."""
+        with self._lock:
+            if not isinstance(buffer, Buffer) or buffer.serial not in self._out or buffer.serial in self._deferred:
                 raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
+            if self._busy and any(buffer in bufs for bufs in self._busy.values()):
+                self._deferred[buffer.serial] = buffer
+                return
+            self._take_back(buffer)
+
+    def _take_back(self, buffer: Buffer) -> None:
+        with self._lock:
             self._out.discard(buffer.serial)
             if buffer.closed:
                 self._made.pop(buffer.serial, None)
@@ -480,6 +511,8 @@ class BufferPool:
             self._out.clear()
             self._kept.clear()
             self._reserved.clear()
+            self._busy.clear()
+            self._deferred.clear()
         for buffer in made:
             buffer.close()
         self.ctx.forget(self)
