@@ -1,7 +1,7 @@
 """The named problem shapes of ``ssm-scan bench`` (and ``info``), parsing ``--shape``/``--sweep``,
 and inputs drawn the seed test's way.
 
-Letters as in SCAN.md: N d_state, P head_dim, H n_head, G n_group, T tokens per sequence,
+Letters as in docs/SPEC.md: N d_state, P head_dim, H n_head, G n_group, T tokens per sequence,
 S sequences, R rows of the state cache. Mamba-1 has A of shape (H, N) and P = 1 (one channel per
 head, ggml's layout for it); Mamba-2 has A of shape (H,).
 """

@@ -155,7 +155,7 @@ def check_against_oracle(backend, d, inp, seed_tol):
 
 
 def expect_where(backend, support, result):
-    """Where a result ran, as INTERFACE.md says: on the backend's device when supports() is ok,
+    """Where a result ran, as docs/API.md says: on the backend's device when supports() is ok,
     else on the CPU through ssm_fast, and the fallback says so."""
     if support:
         assert re.fullmatch(backend.where, result.where), result.where
