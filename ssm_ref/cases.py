@@ -11,7 +11,7 @@ the strategies that draw Cases are in :mod:`ssm_ref.strategies`.
 Value regimes (``regime=``), each a different way for a port to go wrong:
 
 =============  ==================================================================================
-typical        the seed test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5),
+typical        ggmlR's R test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5),
                A ~ -U(0.2, 1.0); g_y, g_states ~ U(-1, 1)
 wide_dt        dt beyond +-20: each dt is typical, exactly 20 (the log branch), in (20, 40]
                (identity branch) or in [-40, -20) (float32 softplus is exactly 0 there)

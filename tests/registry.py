@@ -20,7 +20,7 @@ The bound (see docs/SPEC.md, "Tolerance policy"):
 (an RMS error per element) for outputs whose exact value nearly cancels (a one-element d_A or y
 can be 1e-3 of its terms, and then float32's absolute error is all that is left).
 
-The bounds are claimed for inputs in the seed's ranges (problems.py), dt in [-0.5, 0.5] in
+The bounds are claimed for inputs in the R test's ranges (problems.py), dt in [-0.5, 0.5] in
 particular. Far down the log branch the float32 softplus log(1 + exp(dt)) itself is off by about
 6e-8 / exp(dt) relative (docs/SPEC.md asks for exactly that formula), so float32 and float64 part
 ways by design: measured on y and d_x, 5e-7 for dt in [-3, -2], 4e-6 in [-5, -4], 7e-5 in
