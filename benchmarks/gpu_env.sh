@@ -1,7 +1,8 @@
-# Source on the GPU machine (../shared/GPU.md): unpack the carried Vulkan loader, glvnd and glslc
-# (.gl/), install the carried wheels (.whl/), point the loader at NVIDIA's driver, and start a
-# background log of the GPU's clocks, power and throttle reasons ($OUT/clocks.csv, every 100 ms)
-# so that each timing can be read beside the clocks it ran at (rows carry t_start / t_end).
+# Source on the GPU machine (docs/VULKAN.md, "A GPU host without a package index"): unpack the
+# carried Vulkan loader, glvnd and glslc (.gl/), install the carried wheels (.whl/), point the
+# loader at NVIDIA's driver, and start a background log of the GPU's clocks, power and throttle
+# reasons ($OUT/clocks.csv, every 100 ms) so that each timing can be read beside the clocks it ran
+# at (rows carry t_start / t_end).
 for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null; done
 ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -1,7 +1,7 @@
 """The largest problem each backend accepts, by the rules it applies before any allocation.
 
     python benchmarks/largest.py            # this machine: host memory, and its Vulkan device if any
-    python benchmarks/largest.py --h200     # also the H200's limits (VULKAN-NOTES.md, GPU.md)
+    python benchmarks/largest.py --h200     # also the H200's limits (docs/VULKAN.md)
 
 For each shape family (S, H, P, N, G fixed; T grows) it bisects the largest T that:
   ssm_ref / ssm_fast -- fits the host memory rule (ssm_ref.memory: input copies, outputs, the
@@ -29,7 +29,7 @@ from ssm_ref.scan import backward_workspace, forward_workspace
 from ssm_vk import budget
 from ssm_vk.plan import Limits, TooLarge, plan
 
-FAMILIES = {  # (S, H, P, N, G): the GPU.md benchmark shapes
+FAMILIES = {  # (S, H, P, N, G): the benchmark shapes of docs/BENCHMARKS.md
     "demo/long (S=1, H=24, P=64, N=128)": (1, 24, 64, 128, 1),
     "train (S=8, H=24, P=64, N=128)": (8, 24, 64, 128, 1),
     "small rows (S=1, H=16, P=64, N=16)": (1, 16, 64, 16, 1),

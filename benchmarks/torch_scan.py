@@ -1,5 +1,5 @@
 """PyTorch CPU implementation of the selective scan, for benchmarks only (autograd gives the
-backward). Written from SCAN.md's math, float32 throughout.
+backward). Written from docs/SPEC.md (sections 3, 4), float32 throughout.
 
 * Mamba-2: the chunked "state-space duality" algorithm with blocks of Q = 64 tokens. Inside a
   block, y is an attention-like product: y_intra[q] = sum_{r<=q} (C_q . B_r) exp(L_q - L_r) u_r,
@@ -19,7 +19,7 @@ BLOCK = 64
 
 
 def softplus(z: torch.Tensor) -> torch.Tensor:
-    """SCAN.md's softplus: z above 20, else log(1 + exp(z)) (not log1p)."""
+    """The softplus of docs/SPEC.md (section 3): z above 20, else log(1 + exp(z)) (not log1p)."""
     return torch.where(z > 20, z, torch.log(1 + torch.exp(torch.clamp(z, max=20.0))))
 
 

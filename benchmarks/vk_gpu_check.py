@@ -1,6 +1,6 @@
 """Correctness and first timings of ssm_vk on a real GPU, at the benchmark shapes.
 
-For each shape: inputs drawn with the seed test's distributions (float32), the float64 oracle
+For each shape: inputs drawn with the distributions of ggmlR's R test (float32), the float64 oracle
 (ssm_fast.oracle64, parallel over the host's cores), then ssm_vk forward and backward with
 device-resident inputs: relative error of every output (norm-relative against float64), GPU time
 from timestamps and wall time per call (medians). Prints a table and writes JSON.

@@ -1,5 +1,5 @@
 """Finding the backends a command runs: the three of this package, or any module that exposes the
-interface of INTERFACE.md (NAME, ssm_scan, ssm_scan_back, supports) -- a port under test."""
+interface of docs/API.md (NAME, ssm_scan, ssm_scan_back, supports) -- a port under test."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def load(name: str, requested: bool = False) -> Backend:
         if name in KNOWN:
             return Backend(name, None, f"not built yet (lacks {', '.join(missing)})", requested)
         raise UsageError(f"--backend {name}: the module lacks {', '.join(missing)} "
-                         "(INTERFACE.md: NAME, ssm_scan, ssm_scan_back, supports)")
+                         "(docs/API.md: NAME, ssm_scan, ssm_scan_back, supports)")
     if name == "ssm_vk":
         ok, why = mod.runtime.available()
         if not ok:

@@ -229,7 +229,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise common.UsageError("--plot needs matplotlib: pip install 'ssm-scan[plot]'") from None
+        raise common.UsageError("--plot needs matplotlib: pip install matplotlib") from None
 
 
 def render(rep: dict) -> str:

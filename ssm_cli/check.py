@@ -30,7 +30,7 @@ installing a new driver.
 
   ssm-scan check --quick             small problems, a few seconds per backend
   ssm-scan check --backend vk        the Vulkan backend must run (and pass)
-  ssm-scan check --backend mypkg.myport   your own port, if it has the interface of INTERFACE.md"""
+  ssm-scan check --backend mypkg.myport   your own port, if it has the interface of docs/API.md"""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     ssm-scan fuzz --minutes 30                          # every installed backend
     ssm-scan fuzz --minutes 5 --backend ssm_vk --save tests/regressions
-    ssm-scan fuzz --minutes 60 --backend mypkg.myscan   # your own port (INTERFACE.md functions)
+    ssm-scan fuzz --minutes 60 --backend mypkg.myscan   # your own port (docs/API.md)
 
 Exit status 0 when nothing failed, 1 when a property failed (each failure printed with its
 reproducer, and saved as a regression file with --save), 2 for bad arguments.
@@ -51,7 +51,7 @@ def _load(names):
             raise SystemExit(f"ssm-scan fuzz: --backend {name}: cannot import it ({e})") from e
         missing = [a for a in INTERFACE if not hasattr(mod, a)]
         if missing:
-            raise SystemExit(f"ssm-scan fuzz: --backend {name}: lacks {missing} (INTERFACE.md)")
+            raise SystemExit(f"ssm-scan fuzz: --backend {name}: lacks {missing} (docs/API.md)")
         mods.append(mod)
     return mods
 

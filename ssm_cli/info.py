@@ -35,9 +35,9 @@ def add_arguments(p) -> None:
 
 def ggml_vulkan(shape: Shape, op: str, max_range: int | None) -> str:
     """What ggml's Vulkan forward (ssm_scan.comp) and ggmlR's Vulkan backward (ssm_scan_back.comp)
-    do with ``shape``, from their documented limits (shared/spec/SCAN.md, GPU.md): "GPU", or
+    do with ``shape``, from their documented limits (docs/SPEC.md, section 13): "GPU", or
     "CPU: why" for the cases they leave to the CPU, or a warning when the backward's scratch
-    exceeds the device's binding range (GPU.md measured wrong results there)."""
+    exceeds the device's binding range (measured wrong on an H200: docs/BENCHMARKS.md)."""
     if shape.mamba1:
         return "CPU: Mamba-1"
     if shape.N not in (128, 256):
@@ -237,7 +237,7 @@ def render(r: dict) -> str:
             out.append(f"  {n} sends {line}")
     if any("range (!)" in row["ggml_vulkan"]["bwd"] for row in r["support"]):
         out.append("  (!) ggmlR's backward scratch S*H*P*(T+1)*N floats exceeds this device's maxStorageBufferRange; "
-                   "on the H200 that gave silently wrong gradients (shared/GPU.md)")
+                   "on the H200 that gave silently wrong gradients (docs/BENCHMARKS.md)")
     layouts: dict[tuple, dict] = {}
     for row in r["support"]:
         sup = row["backends"].get("ssm_vk", {})

@@ -20,10 +20,10 @@ from pathlib import Path
 # left out, so the floor below is a lower bound on time.
 FLOPS_PER_UPDATE = {"fwd": 5, "bwd": 14}
 
-# float32 FMA peaks measured on devices we ran (GPU.md: 8 independent FMA chains per invocation,
+# float32 FMA peaks measured on devices we ran (docs/BENCHMARKS.md: 8 independent FMA chains an invocation,
 # timestamps). Matched against the Vulkan device name.
 MEASURED_GPU_PEAKS = {
-    "H200": (55.4e12, "measured on an NVIDIA H200 (shared/GPU.md)"),
+    "H200": (55.4e12, "measured on an NVIDIA H200 (docs/BENCHMARKS.md)"),
 }
 
 

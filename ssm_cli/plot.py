@@ -27,7 +27,7 @@ def plot_bench(report: dict, path: str) -> Path:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import NullFormatter
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'ssm-scan[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
 
     axis = (report.get("sweep") or {"axis": "T"})["axis"]
     rows = report["rows"]

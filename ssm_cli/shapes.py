@@ -1,7 +1,7 @@
 """The named problem shapes of ``ssm-scan bench`` (and ``info``), parsing ``--shape``/``--sweep``,
-and inputs drawn the seed test's way.
+and inputs drawn as ggmlR's R test draws them.
 
-Letters as in SCAN.md: N d_state, P head_dim, H n_head, G n_group, T tokens per sequence,
+Letters as in docs/SPEC.md: N d_state, P head_dim, H n_head, G n_group, T tokens per sequence,
 S sequences, R rows of the state cache. Mamba-1 has A of shape (H, N) and P = 1 (one channel per
 head, ggml's layout for it); Mamba-2 has A of shape (H,).
 """
@@ -123,7 +123,7 @@ def swept(shape: Shape, sweep: tuple[str, list[int]] | None) -> list[Shape]:
 
 
 def make_inputs(shape: Shape, seed: int = 0, *, R: int | None = None, ids: str = "none"):
-    """(kwargs of ssm_scan, g_y, g_states): float32 inputs with the seed test's distributions
+    """(kwargs of ssm_scan, g_y, g_states): float32 inputs with the R test's distributions
     (s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5), A ~ -U(0.2, 1.0), g ~ U(-1, 1)).
 
     ``ids``: "none" (ids=None, R = S), "permutation" (S distinct rows of R, shuffled) or

@@ -9,7 +9,7 @@ s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
 B and C (S,T,G,N), ids (S,) integers in [0, R) or None. The same functions, with the same
 arguments, results and errors, are ``ssm_ref.ssm_scan`` (numpy reference) and ``ssm_vk.ssm_scan``.
 
-Numerics: float32 storage and float32 arithmetic (SCAN.md's contract); multiply-adds may be fused
+Numerics: float32 storage and float32 arithmetic (docs/SPEC.md's contract); multiply-adds may be fused
 and sums over n regrouped (config). float64 is used only where it costs nothing: the scalar
 per-row sums of the backward (d_dt's sum over channels, Mamba-2's d_A over tokens) and the final
 sums of d_A over sequences and channels. Results are bit-identical run to run and for any thread

@@ -8,7 +8,7 @@ numba's on-disk cache does not notice a change to this file, so after changing t
 
 Numerics of the flags:
 
-* ``contract`` lets LLVM fuse ``a*b + c`` into one FMA (SCAN.md allows fused multiply-adds).
+* ``contract`` lets LLVM fuse ``a*b + c`` into one FMA (docs/SPEC.md allows fused multiply-adds).
 * ``reassoc`` (kernels only) lets LLVM vectorise the sums over the state index n (the dot products
   ``sum_n st*C``, ``sum_n lam*B``, ...) with several partial sums. The grouping is fixed at compile
   time by the vector width and the trip count N, so results are the same on every run and for every

@@ -6,7 +6,7 @@ a time. These helpers use only arithmetic, rounding and bit casts, which LLVM ve
 
 Accuracy (tests/test_fast_math.py): ``exp_f32`` within 3 ulp of numpy's float32 exp over
 [-110, 92]; ``softplus_f32`` within 1.4e-7 absolute of the exact log(1 + e^z) (numpy's float32
-evaluation of that formula: 2.1e-7). Semantics match SCAN.md and numpy: exp overflows to inf above
+evaluation of that formula: 2.1e-7). Semantics match docs/SPEC.md and numpy: exp overflows to inf above
 ~88.72, gives subnormals and then 0 below ~-87.3, nan stays nan; softplus is z above 20 and
 log(1 + exp(z)) (not log1p) below.
 """
@@ -139,7 +139,7 @@ def _log_ge1(w):
 
 @njit(**MATH_INLINE)
 def softplus_f32(z):
-    """SCAN.md's softplus in float32: z if z > 20 else log(1 + exp(z)); nan -> nan."""
+    """docs/SPEC.md's softplus in float32: z if z > 20 else log(1 + exp(z)); nan -> nan."""
     zc = TWENTY if z > TWENTY else z        # keeps exp finite on the branch we discard
     zc = zc if zc == zc else ZERO
     d = _log_ge1(ONE + exp_f32(zc))
@@ -149,5 +149,5 @@ def softplus_f32(z):
 
 @njit(**MATH_INLINE)
 def sigmoid_f32(z):
-    """d softplus / dz in float32: 1 / (1 + exp(-z)), and 1 when z > 20 (SCAN.md)."""
+    """d softplus / dz in float32: 1 / (1 + exp(-z)), and 1 when z > 20 (docs/SPEC.md section 4)."""
     return ONE if z > TWENTY else ONE / (ONE + exp_f32(-z))

@@ -1,6 +1,6 @@
 """Whole problems for testing a scan implementation: dimensions, inputs and loss gradients.
 
-Glossary (SCAN.md): N d_state · P head_dim · H n_head · G n_group (H % G == 0) · T tokens ·
+Glossary (docs/SPEC.md): N d_state · P head_dim · H n_head · G n_group (H % G == 0) · T tokens ·
 S sequences · R rows of the state cache s (every id < R).
 
 ``make_problem(seed, **dims)`` builds one :class:`Case` from a seed (or a numpy Generator).
@@ -11,7 +11,7 @@ the strategies that draw Cases are in :mod:`ssm_ref.strategies`.
 Value regimes (``regime=``), each a different way for a port to go wrong:
 
 =============  ==================================================================================
-typical        the seed test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5),
+typical        ggmlR's R test's ranges: s, B, C ~ U(-0.5, 0.5), x ~ U(-1, 1), dt ~ U(-0.5, 0.5),
                A ~ -U(0.2, 1.0); g_y, g_states ~ U(-1, 1)
 wide_dt        dt beyond +-20: each dt is typical, exactly 20 (the log branch), in (20, 40]
                (identity branch) or in [-40, -20) (float32 softplus is exactly 0 there)
@@ -22,7 +22,7 @@ overflow       some heads have A ~ U(100, 300) > 0; on those heads each sequence
                (every dt in [10, 30]: exp(d*A) overflows to inf at every token, float32 and
                float64 alike) or frozen (every dt in [-45, -40]: d*A ~ 0). The other heads
                are typical. Designed so float32 and float64 give non-finite values at the same
-               places (SCAN.md, "Numerics"); the finite entries are judged by tolerance.
+               places (docs/SPEC.md section 8); the finite entries are judged by tolerance.
 nonfinite      typical values with a few nan, +inf and -inf written into random entries of the
                inputs and the loss gradients. The float64 oracle may place non-finite values
                differently from float32 here (float32's softplus is exactly 0 where float64's

@@ -1,6 +1,6 @@
 """Argument checks shared by every backend.
 
-Glossary (the letters of SCAN.md, used in every backend, shader and doc):
+Glossary (the letters of docs/SPEC.md section 1, used in every backend, shader and doc):
     N  d_state          P  head_dim         H  n_head
     G  n_group          T  tokens/sequence  S  sequences
     R  rows of the state cache s
@@ -11,7 +11,7 @@ read-only arrays in the working dtype. A backend never sees the caller's arrays 
 never keeps them: when the caller's array already has the right dtype and layout the Problem
 holds a read-only *view* of it (the caller's own flags are untouched); otherwise a converted copy.
 
-Errors follow INTERFACE.md: ``TypeError`` for dtypes, ``ValueError`` for shapes, sizes, ids and
+Errors follow docs/API.md: ``TypeError`` for dtypes, ``ValueError`` for shapes, sizes, ids and
 groups, with a message that names the argument, the expected shape in symbols and numbers, and
 what was given.
 """
@@ -141,7 +141,7 @@ def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -
 def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
-    # Values beyond float32's range become inf, as SCAN.md's numerics expect; like the scan
+    # Values beyond float32's range become inf, as docs/SPEC.md section 8 expects; like the scan
     # itself, the cast does so without a RuntimeWarning.
     if type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous and arr.ndim:
         out = arr.view()  # what the conversion below hands back, without np.errstate (~1.5 us)
@@ -241,7 +241,7 @@ def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
 
 
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:
-    """The forward's argument checks (SCAN.md shapes): (dims, the float arrays as given -- not yet
+    """The forward's argument checks (docs/SPEC.md shapes): (dims, the float arrays as given -- not yet
     converted --, the checked ids or None)."""
     x_ = _float_array("x", x, work, keep_device)
     _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
@@ -390,7 +390,7 @@ def device_problem(dims: Dims, arrays: tuple, ids, workspace=None) -> Problem | 
 
 def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False,
                   workspace=None) -> Problem:
-    """Check the forward's arguments (SCAN.md shapes) and return a :class:`Problem`.
+    """Check the forward's arguments (docs/SPEC.md shapes) and return a :class:`Problem`.
 
     x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
     those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups; a problem beyond the host

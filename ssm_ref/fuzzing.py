@@ -1,5 +1,5 @@
 """A time-boxed fuzzer: every property of ssm_ref.properties, on any module with the
-INTERFACE.md functions, over problems drawn by ssm_ref.strategies, until the time is up.
+functions of docs/API.md, over problems drawn by ssm_ref.strategies, until the time is up.
 
     from ssm_ref.fuzzing import fuzz
     report = fuzz([my_port], minutes=30, save_dir="tests/regressions")
@@ -91,7 +91,7 @@ def _modname(module) -> str:
 
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
          save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
-    """Fuzz ``backends`` (modules with ssm_scan, ssm_scan_back; INTERFACE.md) for ``minutes``.
+    """Fuzz ``backends`` (modules with ssm_scan, ssm_scan_back; docs/API.md) for ``minutes``.
 
     properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table

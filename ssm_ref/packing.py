@@ -1,4 +1,4 @@
-"""The ggml / ggmlR 1-D packed layouts (SCAN.md, "Packed form").
+"""The ggml / ggmlR 1-D packed layouts (docs/SPEC.md section 7).
 
 Forward (SSM_SCAN):        y (S*T*H*P) | states (S*H*P*N)
 Backward (SSM_SCAN_BACK):  ds0 (S*H*P*N) | dx (S*T*H*P) | ddt (S*T*H) | dA (size of A)

@@ -1,4 +1,4 @@
-"""Result types shared by every backend (INTERFACE.md): ScanResult, ScanGrads, Support."""
+"""Result types shared by every backend (docs/API.md): ScanResult, ScanGrads, Support."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The selective scan and its backward, written to read like SCAN.md.
+"""The selective scan and its backward, written to read like docs/SPEC.md (sections 3, 4).
 
 Glossary: N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · R cache rows.
 Each function loops over tokens and is vectorised over (S, H, P, N) with numpy. Arrays keep the
-SCAN.md names; a shape comment follows every line that makes an array.
+docs/SPEC.md's names; a shape comment follows every line that makes an array.
 
 Precision: every array and every operation is in ``p.dtype`` (float32 = the contract, float64 =
 the oracle). Products are unfused and in the spec's order. numpy's sums over n (and over heads
@@ -60,7 +60,7 @@ def forward(p: Problem) -> tuple[np.ndarray, np.ndarray]:
     """The forward scan. Returns y (S, T, H, P) and states (S, H, P, N)."""
     dm = p.dims
     S, T, H, P, _N = dm.S, dm.T, dm.H, dm.P, dm.N
-    with np.errstate(over="ignore", invalid="ignore"):  # inf/nan follow SCAN.md's numerics
+    with np.errstate(over="ignore", invalid="ignore"):  # inf/nan follow docs/SPEC.md section 8
         st = p.s[p.ids].copy()                                # (S, H, P, N)
         y = np.empty((S, T, H, P), dtype=p.dtype)             # (S, T, H, P)
         for t in range(T):

@@ -47,8 +47,8 @@ class Tol:
 
 
 # float32 contract vs float64 oracle. Measured with tests/measure_f32_error.py, seeds 7, 11, 12:
-# 12000 drawn shapes in the seed's value ranges (S<=3, T<=16, H<=9, P<=4, N<=9, every ids pattern,
-# both variants) plus the seed's shapes at N = 16/128/256 (up to P=64, H=8, T=16). Each comment
+# 12000 drawn shapes in the R test's value ranges (S<=3, T<=16, H<=9, P<=4, N<=9, every ids pattern,
+# both variants) plus the R test's shapes at N = 16/128/256 (up to P=64, H=8, T=16). Each comment
 # gives the worst seen: "rel" = norm-relative error over outputs whose norm is not
 # cancellation-small (>= 0.1 * sqrt(size)), "rel(all)" the same over every output, "rms" the
 # absolute RMS error, "used" the largest share of the bound below any case used. Every bound is

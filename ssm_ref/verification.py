@@ -7,7 +7,7 @@
 
 What the callables get and may return (docs/PORTING.md):
 
-* ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of SCAN.md's shapes (A in the
+* ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of docs/SPEC.md's shapes (A in the
   shape the case gives it: (H,), (H, 1) or (H, N)); ids int32 (S,). Return any of: an object
   with ``.y`` and ``.states`` (e.g. ssm_ref.ScanResult), a mapping with keys "y" and "states",
   a tuple ``(y, states)``, or the packed 1-D array of length S*T*H*P + S*H*P*N (ggml SSM_SCAN).
@@ -125,7 +125,7 @@ def _backward_outputs(out, dims: Dims) -> dict:
 
 
 def _args(g, *extra) -> tuple:
-    """Fresh copies of the inputs, positional, in INTERFACE.md order."""
+    """Fresh copies of the inputs, positional, in the order of docs/API.md."""
     return tuple(np.array(g.inputs[k]) for k in ("s", "x", "dt", "A", "B", "C", "ids", *extra))
 
 

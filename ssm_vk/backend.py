@@ -1,4 +1,4 @@
-"""The INTERFACE.md functions of the Vulkan backend: checks, support decision, fallback, results."""
+"""The docs/API.md functions of the Vulkan backend: checks, support decision, fallback, results."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ KS = {False: 16, True: 8}
 # crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
 CHUNK_MIN_T = {False: 64, True: 32}
 # ... and for the forward at least this many tokens in all (H200: one sequence of 64 tokens ran
-# faster or as fast on the token-sequential kernels in both sessions' crossovers, 128 did not; 8
+# faster or as fast on the token-sequential kernels in two crossover runs, 128 did not; 8
 # sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
 CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)

@@ -181,7 +181,7 @@ def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool =
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
-        # kernels, whose inf and nan are SCAN.md's (the matrix form's sums can turn an inf into
+        # kernels, whose inf and nan follow docs/SPEC.md (the matrix form's sums can turn an inf into
         # nan and back). Same device; finite results never take this path.
         _note_rerun(p.dims)
         return _run_once(ctx, p, backward, device_out, chunked=False)
@@ -193,7 +193,7 @@ def _note_rerun(dims) -> None:
     if not _rerun_logged:
         _rerun_logged = True
         log.info("ssm_vk: a result of the chunked kernels held inf or nan (%s); such calls are recomputed "
-                 "with the token-sequential kernels, whose non-finite results follow SCAN.md", dims)
+                 "with the token-sequential kernels, whose non-finite results follow docs/SPEC.md", dims)
 
 
 def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:

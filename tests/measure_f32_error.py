@@ -8,7 +8,7 @@ For every output it prints the worst norm-relative error over outputs whose norm
 cancellation-small (norm >= 0.1 * sqrt(size)), the worst over all outputs (where the norm may be
 tiny), the worst absolute RMS error ||got - want|| / sqrt(size), and the largest share of the
 registry's bound (rtol*||want|| + atol*sqrt(size)) any case used. ``--regime`` draws the values of
-another regime of ssm_ref.cases (the seed's large shapes are added for "typical" only);
+another regime of ssm_ref.cases (the R test's large shapes are added for "typical" only);
 ``--tokens LO HI`` the range of T; the bound is the table scaled for T (ssm_ref.tolerance.scaled).
 ``--backend ssm_vk`` measures another backend's float32 results against the same oracle.
 """
@@ -31,7 +31,7 @@ from registry import F32_TOL, OUTPUTS, rel_err
 import ssm_ref
 from ssm_ref.tolerance import scaled
 
-SEED_SHAPES = [  # (N, P, H, T, S): the seed's sb_dims shapes plus its d_state=16 case
+R_TEST_SHAPES = [  # (N, P, H, T, S): ggmlR's R test's sb_dims shapes plus its d_state=16 case
     (128, 4, 2, 3, 1), (128, 1, 1, 1, 1), (128, 8, 4, 7, 1), (256, 4, 2, 5, 1),
     (128, 4, 2, 3, 3), (128, 64, 8, 16, 1), (16, 4, 2, 3, 1),
 ]
@@ -50,7 +50,7 @@ def _cases(rng, draws: int, regime: str = "typical", tokens=(0, 16)):
                            regime=regime)
     if regime != "typical":
         return
-    for N, P, H, T, S in SEED_SHAPES:
+    for N, P, H, T, S in R_TEST_SHAPES:
         yield make_problem(rng, S=S, T=T, H=H, P=P, N=N, G=1, ids="none")
 
 

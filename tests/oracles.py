@@ -1,5 +1,5 @@
 """Expected values built without the code under test's backward: a scalar-loop forward written
-straight from SCAN.md, the loss the backward differentiates, and finite differences of it.
+straight from docs/SPEC.md, the loss the backward differentiates, and finite differences of it.
 
 Glossary: N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · R cache rows.
 """
@@ -20,7 +20,7 @@ def _softplus(z: float) -> float:
 
 
 def naive_forward(s, x, dt, A, B, C, ids=None):
-    """SCAN.md's forward, one scalar at a time in Python floats (float64). Slow: tiny shapes only.
+    """docs/SPEC.md's forward, one scalar at a time in Python floats (float64). Slow: tiny shapes only.
 
     Returns y (S, T, H, P) and states (S, H, P, N) as float64 arrays.
     """

@@ -8,7 +8,7 @@ output, with the bound of :data:`F32_TOL`. Adding a backend is one line in ``BAC
     _entry("ssm_vk", where=r"Vulkan\\d+", tol=F32_TOL),
 
 ``_entry`` imports the module only if it is installed *and* exposes the interface of
-INTERFACE.md (NAME, ssm_scan, ssm_scan_back, supports); otherwise the entry is left out, so a
+docs/API.md (NAME, ssm_scan, ssm_scan_back, supports); otherwise the entry is left out, so a
 backend still under construction neither breaks nor silently passes the suite (the registry
 test below asserts ssm_ref is always present).
 
@@ -20,9 +20,9 @@ The bound (see docs/SPEC.md, "Tolerance policy"):
 (an RMS error per element) for outputs whose exact value nearly cancels (a one-element d_A or y
 can be 1e-3 of its terms, and then float32's absolute error is all that is left).
 
-The bounds are claimed for inputs in the seed's ranges (problems.py), dt in [-0.5, 0.5] in
+The bounds are claimed for inputs in the R test's ranges (problems.py), dt in [-0.5, 0.5] in
 particular. Far down the log branch the float32 softplus log(1 + exp(dt)) itself is off by about
-6e-8 / exp(dt) relative (SCAN.md asks for exactly that formula), so float32 and float64 part
+6e-8 / exp(dt) relative (docs/SPEC.md asks for exactly that formula), so float32 and float64 part
 ways by design: measured on y and d_x, 5e-7 for dt in [-3, -2], 4e-6 in [-5, -4], 7e-5 in
 [-8, -7], 4e-3 in [-12, -11], 0.2 in [-16, -15].
 """

@@ -1,6 +1,6 @@
 """Bad input: one table row per mistake, the exception it must raise and a regex on the message.
 
-INTERFACE.md: ValueError for shapes, sizes, ids and groups; TypeError for dtypes; raised before
+docs/API.md: ValueError for shapes, sizes, ids and groups; TypeError for dtypes; raised before
 any work, naming the argument and, for shapes, the expected shape in symbols and numbers
 ("B: expected shape (S, T, G, N) = (2, 3, 2, 5), got (2, 3, 5)").
 

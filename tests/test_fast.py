@@ -55,7 +55,7 @@ def _compiled():
 
 def make_problem(rng, S, T, H, P, N, G, R=None, mamba1=False, a_shape=None, ids=None,
                  dt_lo=-0.5, dt_hi=0.5):
-    """Inputs with the seed test's distributions (float64 arrays; the backends convert)."""
+    """Inputs with the R test's distributions (float64 arrays; the backends convert)."""
     R = S if R is None else R
     if a_shape is None:
         a_shape = (H, N) if mamba1 else (H,)
@@ -75,7 +75,7 @@ def make_problem(rng, S, T, H, P, N, G, R=None, mamba1=False, a_shape=None, ids=
 
 @st.composite
 def problems(draw, max_T=16):
-    """Dimensions first (the seed's ranges plus edge cases), then arrays of those shapes."""
+    """Dimensions first (the R test's ranges plus edge cases), then arrays of those shapes."""
     variant = draw(st.sampled_from(["mamba2", "mamba2_h1", "mamba1"]))
     G = draw(st.sampled_from([1, 1, 2, 4]))
     H = G * draw(st.integers(1, max(1, 8 // G)))
@@ -144,11 +144,11 @@ def test_agrees_with_reference_on_drawn_shapes(problem):
     check_against_reference(*problem)
 
 
-# The seed test's shapes (d_state, head_dim, n_head, n_tok, n_seqs) and the benchmark layouts,
+# ggmlR's R test's shapes (d_state, head_dim, n_head, n_tok, n_seqs) and the benchmark layouts,
 # scaled down where the float64 reference would be slow.
-SEED_SHAPES = [
+R_TEST_SHAPES = [
     # S, T, H, P, N, G, variant
-    (1, 3, 2, 4, 128, 1, "mamba2"),      # the seed's defaults
+    (1, 3, 2, 4, 128, 1, "mamba2"),      # the R test's defaults
     (1, 1, 1, 1, 128, 1, "mamba2"),
     (3, 16, 8, 8, 256, 1, "mamba2"),
     (2, 16, 4, 64, 128, 1, "mamba2"),
@@ -159,8 +159,8 @@ SEED_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", SEED_SHAPES, ids=lambda s: "S{}T{}H{}P{}N{}G{}-{}".format(*s))
-def test_agrees_with_reference_on_seed_shapes(shape):
+@pytest.mark.parametrize("shape", R_TEST_SHAPES, ids=lambda s: "S{}T{}H{}P{}N{}G{}-{}".format(*s))
+def test_agrees_with_reference_on_r_test_shapes(shape):
     S, T, H, P, N, G, variant = shape
     rng = np.random.default_rng(5)
     check_against_reference(*make_problem(rng, S, T, H, P, N, G, mamba1=variant == "mamba1"))

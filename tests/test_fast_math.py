@@ -66,7 +66,7 @@ def test_exp_special_values():
 
 def test_softplus_matches_the_reference_formula():
     """Absolute error within 1.5e-7 of the exact log(1 + e^z) (numpy's float32 evaluation of the
-    same formula is within 2.1e-7: both round 1 + e^z to float32 first, SCAN.md's definition)."""
+    same formula is within 2.1e-7: both round 1 + e^z to float32 first, as docs/SPEC.md says)."""
     z = np.linspace(-30, 30, 1_000_001, dtype=np.float32)
     got = _run(1, z)
     exact = np.log1p(np.exp(z.astype(np.float64)))

@@ -32,7 +32,7 @@ from ssm_vk.plan import Limits, TooLarge, plan
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 
-# NVIDIA H200 (driver 580, VULKAN-NOTES.md / GPU.md) and lavapipe (llvmpipe 15) limits.
+# NVIDIA H200 (driver 580, docs/VULKAN.md "Devices measured") and lavapipe (llvmpipe 15) limits.
 H200 = Limits(subgroup_size=32, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
               max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
               max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16)

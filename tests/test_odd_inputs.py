@@ -2,15 +2,15 @@
 write to the caller's arrays. The companion of test_errors.py (whose valid problem, argument
 names and snapshot helpers it reuses): that table holds what must raise, this one what must work.
 
-The documented results (INTERFACE.md, SCAN.md):
-- NaN or +-inf in any float input: no error and no warning; the results follow SCAN.md's
+The documented results (docs/API.md, docs/SPEC.md):
+- NaN or +-inf in any float input: no error and no warning; the results follow docs/SPEC.md's
   numerics, so every backend's non-finite entries (where, and which of nan/+inf/-inf) equal those
   of the float32 reference, and its finite entries are within the backend's tolerance of the
   float64 oracle there.
 - Other float dtypes, Python lists, read-only, Fortran-ordered, sliced, negatively strided,
   zero-stride (broadcast) and overlapping (as_strided) views, inputs that alias each other: the
   same result, bit for bit, as the same numbers in plain C-contiguous float32 arrays.
-- Zero-size T, N, P or H: the shapes of SCAN.md, values as test_edge_shapes.py spells out.
+- Zero-size T, N, P or H: the shapes of docs/SPEC.md, values as test_edge_shapes.py spells out.
 
 Every row runs against every registered backend, forward and backward.
 """
@@ -122,7 +122,7 @@ NONFINITE = [Odd(f"{name}-{label}", _poke(name, value))
 
 ODD = [
     *NONFINITE,
-    # A > 0 with a large step: exp(d * A) overflows to inf inside the scan (SCAN.md numerics).
+    # A > 0 with a large step: exp(d * A) overflows to inf inside the scan (docs/SPEC.md section 8).
     Odd("A-positive-overflow", lambda a: {**a, "A": np.full(H, 50.0, np.float32),
                                           "dt": np.full((S, T, H), 10.0, np.float32)}),
     Odd("dt-float64-beyond-float32", lambda a: _poke("dt", 1e300)({**a, "dt": a["dt"].astype(np.float64)})),

@@ -1,5 +1,5 @@
 """Every registered backend (float32) against the float64 oracle, and the oracle's forward
-against a scalar-loop transcription of SCAN.md; plus properties that must hold exactly or
+against a scalar-loop transcription of docs/SPEC.md; plus properties that must hold exactly or
 nearly: determinism, the three A forms, independence of sequences, splitting the tokens.
 """
 

@@ -1,4 +1,4 @@
-"""The softplus inside the scan: its two branches and its float32 behaviour (SCAN.md, Forward).
+"""The softplus inside the scan: its two branches and its float32 behaviour (docs/SPEC.md, 3 and 8).
 
 A probe problem makes softplus visible: S = T = P = N = G = 1, one head per dt value, s = 0,
 x = B = C = 1. Then u = d, st = d and y = d = softplus(dt) exactly (every product is by 1, every

@@ -39,7 +39,7 @@ def _host(a) -> np.ndarray:
 
 
 def run(module, args: dict, g_y, g_states, backward: bool = True) -> dict:
-    """Forward (and backward) of ``module`` (INTERFACE.md) on keyword ``args``: outputs by name
+    """Forward (and backward) of ``module`` (docs/API.md) on keyword ``args``: outputs by name
     (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays."""
     r = module.ssm_scan(**args)
     out = {"y": _host(r.y), "states": _host(r.states)}

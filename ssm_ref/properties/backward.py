@@ -51,7 +51,7 @@ def deterministic(module, case: Case, tol: dict) -> bool:
 def nonfinite_pattern(module, case: Case, tol: dict) -> bool:
     """Every output has the non-finite pattern of ssm_ref's float32 result: np.isnan,
     np.isposinf and np.isneginf masks equal (so finite masks equal and infinities of the same
-    sign). Nothing raises and no RuntimeWarning is emitted (SCAN.md, "Numerics")."""
+    sign). Nothing raises and no RuntimeWarning is emitted (docs/SPEC.md section 8)."""
     import ssm_ref
 
     a = case.args()

@@ -24,7 +24,7 @@
 //   16 ddtp (S, T, H)      d_dt (chunk_finish writes it, at offset o_st)
 //   17 dAp (S, H, NCH)     per-chunk parts of d_A
 //   18 flag (uint)         set to 1 when any output is not finite: the host then recomputes the
-//                          call with the token-sequential kernels (their inf/nan are SCAN.md's;
+//                          call with the token-sequential kernels (their inf/nan follow docs/SPEC.md;
 //                          the matrix form's sums can turn an inf into nan and back)
 
 #include "math.glsl"

@@ -1,7 +1,7 @@
 // softplus and its derivative, shared by the sequential (common.glsl) and chunked
 // (chunk_common.glsl) kernels.
 
-// softplus(z) = z if z > 20 else log(1 + exp(z)), in float32 (not log1p: SCAN.md numerics).
+// softplus(z) = z if z > 20 else log(1 + exp(z)), in float32 (not log1p: docs/SPEC.md section 8).
 // No min(z, 20) to guard exp: min() with a nan operand is undefined in SPIR-V (lavapipe returns
 // 20, so softplus(nan) was 20 and a nan step gave its head finite, wrong results). The test is
 // written so that nan takes the identity branch and stays nan without relying on exp and log to

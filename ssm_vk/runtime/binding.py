@@ -2,9 +2,9 @@
 
 Everything else in ``ssm_vk.runtime`` reaches Vulkan through :data:`vk` after :func:`require` has
 succeeded, so ``import ssm_vk`` works on a machine without a Vulkan loader (the binding's import
-raises ``OSError`` there, not ``ImportError``: VULKAN-NOTES sharp edge 1).
+raises ``OSError`` there, not ``ImportError``: docs/VULKAN.md, the binding's sharp edge 1).
 
-The helpers below exist for the binding's sharp edges (numbers refer to VULKAN-NOTES.md):
+The helpers below exist for the binding's sharp edges (numbered in docs/VULKAN.md):
 version numbers (2), explicit sizes instead of ``VK_WHOLE_SIZE`` (3), ``void*`` data that must
 be cffi memory kept alive (5), and result codes of extensions that the binding maps with the wrong
 sign (8).

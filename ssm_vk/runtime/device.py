@@ -1,8 +1,8 @@
 """Physical devices: what they can do (:class:`DeviceInfo`), listing them, and choosing one.
 
 Nothing here creates a logical device. Every property is copied into Python values as soon as it
-is read, because a nested cffi struct member does not keep its parent alive (VULKAN-NOTES sharp
-edge 6: a stale ``props.limits`` read back 0 groups).
+is read, because a nested cffi struct member does not keep its parent alive (docs/VULKAN.md, the
+binding's sharp edge 6: a stale ``props.limits`` read back 0 groups).
 """
 
 from __future__ import annotations

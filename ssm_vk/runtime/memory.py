@@ -3,11 +3,11 @@ and :class:`BufferPool`.
 
 Each Buffer owns one VkBuffer bound to one VkDeviceMemory (no sub-allocation). Its memory type is
 the first device-local one without HOST_VISIBLE when the device has one (a discrete GPU: host-
-visible memory is slow for bulk data there, GPU.md), else a device-local host-visible coherent one
+visible memory is slow for bulk data there: docs/VULKAN.md), else a device-local host-visible coherent one
 (lavapipe, integrated GPUs). Buffers of the second kind are mapped once for their whole life and
 transfers copy straight through the mapping; the others go through a staging buffer and a copy
 command. The mapping never leaves this module: every transfer copies into or out of it, so no
-numpy view can outlive it (VULKAN-NOTES sharp edge 7).
+numpy view can outlive it (docs/VULKAN.md, the binding's sharp edge 7).
 
 Transfers are synchronous. They do not wait for sequences submitted with ``wait=False``: do not
 transfer into or out of a buffer that pending work uses.

@@ -348,7 +348,7 @@ def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
 # -- the property suite --------------------------------------------------------------------------
 
 # Every property of ssm_ref.properties on the chunked path, in every regime the property is for.
-# The matrix form alone does not keep SCAN.md's non-finite behaviour (its sums can turn an inf into
+# The matrix form alone does not keep SPEC.md's non-finite behaviour (its sums can turn an inf into
 # nan and back: nonfinite_pattern, the oracles, mamba2_as_mamba1 and split_tokens failed on the
 # "overflow" and "nonfinite" regimes before the guard); the kernels flag any non-finite output and
 # ssm_vk then recomputes the call with the token-sequential kernels (test below).

@@ -31,7 +31,7 @@ def _info(index, type_, **kw):
 # -- without a device ------------------------------------------------------------------------------
 
 def test_import_without_loader_reports_unavailable():
-    # The binding raises OSError when libvulkan.so.1 is missing (VULKAN-NOTES sharp edge 1);
+    # The binding raises OSError when libvulkan.so.1 is missing (docs/VULKAN.md, sharp edge 1);
     # a meta-path hook reproduces that in a fresh interpreter.
     code = textwrap.dedent("""
         import sys

@@ -75,9 +75,9 @@ def test_shared_memory_row_sums(monkeypatch):
         check_case(case, label=f"shared {variant} N={N}")
 
 
-def test_seed_default_and_shapes_run_on_vulkan0():
-    # The seed's CPU-vs-Vulkan checks: placement "Vulkan0" and agreement, on its default and its
-    # five shapes (Mamba-2, one group), with the packed gradient as the seed passes it.
+def test_ggmlr_default_and_shapes_run_on_vulkan0():
+    # ggmlR's R test's CPU-vs-Vulkan checks: placement "Vulkan0" and agreement, on its default and its
+    # five shapes (Mamba-2, one group), with the packed gradient as the R test passes it.
     shapes = [dict(N=128, P=4, H=2, T=3, S=1), dict(N=128, P=1, H=1, T=1, S=1), dict(N=128, P=8, H=4, T=7, S=1),
               dict(N=256, P=4, H=2, T=5, S=1), dict(N=128, P=4, H=2, T=3, S=3), dict(N=128, P=64, H=8, T=16, S=1)]
     for k, d in enumerate(shapes):
@@ -87,13 +87,13 @@ def test_seed_default_and_shapes_run_on_vulkan0():
         assert g.where == "Vulkan0"
         cpu = ssm_ref.ssm_scan_back(**case.args(), g_y=packed_g, g_states=None)
         got, want = g.packed(), cpu.packed()
-        # the seed's expect_equal(tolerance = 1e-4): mean relative difference
+        # the R test's expect_equal(tolerance = 1e-4): mean relative difference
         assert np.mean(np.abs(got - want)) / np.mean(np.abs(want)) < 1e-4, d
         check_case(case, label=str(d))
 
 
-def test_seed_d_state_16_now_runs_on_vulkan0():
-    # The seed's "unsupported d_state falls back to the CPU" case, inverted: it runs on the GPU.
+def test_ggmlr_d_state_16_now_runs_on_vulkan0():
+    # The R test's "unsupported d_state falls back to the CPU" case, inverted: it runs on the GPU.
     case = make_problem(np.random.default_rng(5), S=1, T=3, H=2, P=4, N=16, G=1, ids="identity", a_form="h1")
     assert ssm_vk.supports("ssm_scan_back", **case.args())
     _r, g = check_case(case, label="d_state=16")

@@ -1,16 +1,17 @@
-"""The seed test (seed/test-ssm-scan-back-cpu-gpu.R, ggmlR) translated to this API.
+"""The R test of ggmlR's backward (test-ssm-scan-back-cpu-gpu.R, from the R package ggmlR,
+https://github.com/Zabis13/ggmlR) translated to this API: its shapes, inputs and tolerances.
 
-The seed builds its inputs as flat vectors in ggml's ne order (fastest axis first) and hands them
-to 4-D tensors; the same vectors reshaped to the numpy shapes (reverse order) hold the same
+The R test builds its inputs as flat vectors in ggml's ne order (fastest axis first) and hands
+them to 4-D tensors; the same vectors reshaped to the numpy shapes (reverse order) hold the same
 numbers at the same places. Its A tensor is ne = (1, n_head), numpy (H, 1): Mamba-2, one group.
-R's set.seed stream cannot be reproduced here; the draws use numpy with the seed's seeds and
-uniform ranges. ids are 0..S-1, and the backward takes the packed gradient, as in the seed.
+R's set.seed stream cannot be reproduced here; the draws use numpy with the R test's seeds and
+uniform ranges. ids are 0..S-1, and the backward takes the packed gradient, as in the R test.
 
 Its comparisons use testthat's expect_equal(tolerance = ...), the mean relative difference
-mean|got - want| / mean|want| (absolute when mean|want| is below the tolerance): ``seed_equal``.
-The backend comparisons are parametrized over the registry, so ssm_fast and ssm_vk will be held
-to the seed's checks the day they are registered; for now ssm_ref (float32) is compared with the
-float64 oracle, where the seed compared Vulkan with the CPU kernel.
+mean|got - want| / mean|want| (absolute when mean|want| is below the tolerance):
+``expect_equal_r``. Where the R test compared ggmlR's Vulkan kernel with its CPU kernel, every
+backend of the registry is compared here with the float64 oracle, at the R test's tolerance and
+at the registry's much tighter bound per output.
 """
 
 import re
@@ -24,11 +25,11 @@ import ssm_ref
 
 
 def sb_dims(d_state=128, head_dim=4, n_head=2, n_tok=3, n_seqs=1):
-    """The seed's defaults: the sizes ggmlR's Vulkan shader accepts (d_state 128 or 256, Mamba-2)."""
+    """The R test's defaults: the sizes ggmlR's Vulkan shader accepts (d_state 128 or 256, Mamba-2)."""
     return dict(N=d_state, P=head_dim, H=n_head, T=n_tok, S=n_seqs)
 
 
-# The seed's "agree across shapes" list.
+# The R test's "agree across shapes" list.
 SHAPES = [
     sb_dims(d_state=128, head_dim=1, n_head=1, n_tok=1, n_seqs=1),
     sb_dims(d_state=128, head_dim=8, n_head=4, n_tok=7, n_seqs=1),
@@ -39,7 +40,7 @@ SHAPES = [
 
 
 def sb_inputs(d, seed=5):
-    """The seed's inputs: flat uniform vectors (as float32, ggml's storage) shaped numpy-style."""
+    """The R test's inputs: flat uniform vectors (as float32, ggml's storage) shaped numpy-style."""
     rng = np.random.default_rng(seed)
     N, P, H, T, S = d["N"], d["P"], d["H"], d["T"], d["S"]
 
@@ -65,7 +66,7 @@ def split_g(d, g):
             g[n_y:].reshape(d["S"], d["H"], d["P"], d["N"]))
 
 
-def seed_equal(got, want, tolerance):
+def expect_equal_r(got, want, tolerance):
     """testthat's expect_equal: mean relative difference (absolute if mean|want| < tolerance)."""
     got = np.asarray(got, dtype=np.float64).ravel()
     want = np.asarray(want, dtype=np.float64).ravel()
@@ -92,7 +93,7 @@ def scan_back(backend, inp):
 
 def loss32(backend, inp, name, value):
     """sum(forward_result * g) with the backend's float32 forward; ``value`` replaces input ``name``
-    (a float64 vector, rounded to float32 on the way in, as the seed's tensor_set_data does)."""
+    (a float64 vector, rounded to float32 on the way in, as the R test's tensor_set_data does)."""
     args = {k: v for k, v in inp.items() if k != "g"}
     args[name] = value.reshape(inp[name].shape)
     out = backend.module.ssm_scan(**args).packed()
@@ -101,7 +102,7 @@ def loss32(backend, inp, name, value):
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_scan_back_matches_a_numeric_gradient_float32(backend):
-    # The seed's first test: h = 1e-3 central differences of the float32 forward, six sampled
+    # The R test's first test: h = 1e-3 central differences of the float32 forward, six sampled
     # entries per input, tolerance 1e-2. Its loop skips s; the cache gradient is checked too here.
     d = sb_dims()
     inp = sb_inputs(d)
@@ -116,7 +117,7 @@ def test_scan_back_matches_a_numeric_gradient_float32(backend):
             up[i] += h
             dn[i] -= h
             num.append((loss32(backend, inp, name, up) - loss32(backend, inp, name, dn)) / (2 * h))
-        ok, err = seed_equal(getattr(got, key).ravel()[idx], num, 1e-2)
+        ok, err = expect_equal_r(getattr(got, key).ravel()[idx], num, 1e-2)
         assert ok, f"gradient w.r.t. {name}: mean relative difference {err:.2e}"
 
 
@@ -133,18 +134,18 @@ def test_scan_back_matches_a_numeric_gradient_float64():
         assert np.linalg.norm(got - fd) <= 1e-7 * np.linalg.norm(fd), name
 
 
-def check_against_oracle(backend, d, inp, seed_tol):
+def check_against_oracle(backend, d, inp, r_tol):
     args = {k: v for k, v in inp.items() if k != "g"}
     g_y, g_states = split_g(d, inp["g"])
     res = backend.module.ssm_scan(**args)
     grads = backend.module.ssm_scan_back(**args, g_y=inp["g"], g_states=None)
     want_r = oracle_scan(**args)
     want_g = oracle_back(**args, g_y=g_y, g_states=g_states)
-    # The seed's packed comparison at its tolerance ...
+    # The R test's packed comparison at its tolerance ...
     for got, want, what in ((res.packed(), want_r.packed(), "forward"),
                             (grads.packed(), want_g.packed(), "backward")):
         assert got.shape == want.shape
-        ok, err = seed_equal(got, want, seed_tol)
+        ok, err = expect_equal_r(got, want, r_tol)
         assert ok, f"{label(d)} packed {what}: mean relative difference {err:.2e}"
     # ... and the registry's bound for every output, which is much tighter.
     assert_close(backend, "y", res.y, want_r.y, label=label(d))
@@ -155,7 +156,7 @@ def check_against_oracle(backend, d, inp, seed_tol):
 
 
 def expect_where(backend, support, result):
-    """Where a result ran, as INTERFACE.md says: on the backend's device when supports() is ok,
+    """Where a result ran, as docs/API.md says: on the backend's device when supports() is ok,
     else on the CPU through ssm_fast, and the fallback says so."""
     if support:
         assert re.fullmatch(backend.where, result.where), result.where
@@ -165,7 +166,7 @@ def expect_where(backend, support, result):
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
-def test_backend_matches_the_oracle_on_the_seed_defaults(backend):
+def test_backend_matches_the_oracle_on_the_r_test_defaults(backend):
     d = sb_dims()
     inp = sb_inputs(d)
     res, grads = check_against_oracle(backend, d, inp, 1e-4)
@@ -177,7 +178,7 @@ def test_backend_matches_the_oracle_on_the_seed_defaults(backend):
 
 @pytest.mark.parametrize("d", SHAPES, ids=label)
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
-def test_backend_matches_the_oracle_across_the_seed_shapes(backend, d):
+def test_backend_matches_the_oracle_across_the_r_test_shapes(backend, d):
     inp = sb_inputs(d, seed=d["P"] * 31 + d["T"])
     res, grads = check_against_oracle(backend, d, inp, 1e-4)
     args = {k: v for k, v in inp.items() if k != "g"}
@@ -187,7 +188,7 @@ def test_backend_matches_the_oracle_across_the_seed_shapes(backend, d):
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_d_state_16(backend):
-    # The seed: Mamba-1's d_state = 16 is outside ggmlR's shader, so it must fall back to the CPU
+    # The R test: Mamba-1's d_state = 16 is outside ggmlR's shader, so it must fall back to the CPU
     # and still be right. Here the answer must be right wherever it ran, and where it ran must be
     # what supports() said (the reference: the CPU, always).
     d = sb_dims(d_state=16)
