@@ -1,4 +1,4 @@
-"""Planning for the chunked (matrix-form) Mamba-2 kernels (glsl/chunk_*.comp): whether they
+"""Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
 the device. Pure Python, like ssm_vk.plan.
 
@@ -32,7 +32,7 @@ CHUNK_MIN_T = {False: 64, True: 32}
 # sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
 CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
-NSM = 12           # per-token scalars of the backward (glsl/chunk_common.glsl)
+NSM = 12           # per-token scalars of the backward (ssm_vk/glsl/chunk_common.glsl)
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 

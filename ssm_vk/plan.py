@@ -58,10 +58,10 @@ class Limits:
 
 @dataclass(frozen=True)
 class Layout:
-    """How state rows map onto lanes and workgroups (see glsl/common.glsl)."""
+    """How state rows map onto lanes and workgroups (see ssm_vk/glsl/common.glsl)."""
 
     LN: int      # lanes per row (power of two)
-    ROW_SUM: int  # how a row is summed (glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
+    ROW_SUM: int  # how a row is summed (ssm_vk/glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
     NPL: int     # state values per lane
     WG: int      # threads per workgroup
     K: int       # checkpoint interval of the backward

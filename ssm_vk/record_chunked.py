@@ -74,7 +74,7 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
 
 
 class _Chunked:
-    """Dispatch helper for one window: the binding table of glsl/chunk_common.glsl."""
+    """Dispatch helper for one window: the binding table of ssm_vk/glsl/chunk_common.glsl."""
 
     def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
         self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w

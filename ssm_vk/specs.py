@@ -1,5 +1,5 @@
 """The scan kernels' host-side table: which GLSL file, which defines, how many bindings and the
-push-constant layout of each -- the same order and names as the PC blocks in glsl/*.comp."""
+push-constant layout of each -- the same order and names as the PC blocks in ssm_vk/glsl/*.comp."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
 RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
-# The chunked kernels (glsl/chunk_common.glsl): one push block and one binding table for all.
+# The chunked kernels (ssm_vk/glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
 CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
                   "sm", "st", "ddtp", "dAp", "flag")
@@ -31,7 +31,7 @@ FLAT_WG = 64
 
 @dataclass(frozen=True)
 class KernelSpec:
-    name: str            # glsl/<name>.comp
+    name: str            # ssm_vk/glsl/<name>.comp
     defines: tuple       # ((key, value), ...) sorted, hashable
     n_bindings: int
     push: tuple          # field names
@@ -71,7 +71,7 @@ def rows_spec() -> KernelSpec:
 
 
 def chunk_spec(name: str, d: Dims, CL: int, wg: int, **defines) -> KernelSpec:
-    """A chunked kernel (glsl/<name>.comp): sizes P, N and the chunk length are compile-time."""
+    """A chunked kernel (ssm_vk/glsl/<name>.comp): sizes P, N and the chunk length are compile-time."""
     defs = _defs(WG=wg, CL=CL, PD=d.P, ND=d.N, **defines)
     return KernelSpec(name, defs, len(CHUNK_BINDINGS), CHUNK_PUSH, wg)
 

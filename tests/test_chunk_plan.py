@@ -267,6 +267,6 @@ def test_gemm_tiles_cover_every_matrix(CL):
                 if mode in ("Y", "GAM", "DB", "DC"):
                     assert NRB == 1             # a whole chunk per tile: the row sums of GAM / DC
                 if mode == "GAM":
-                    assert NCB <= 2             # glsl/chunk_common.glsl: two column-block slots of P
+                    assert NCB <= 2             # ssm_vk/glsl/chunk_common.glsl: two column-block slots of P
                 if mode == "DC":
                     assert NCB <= 4             # and four of N (DC's column blocks are 64 wide)

@@ -1,13 +1,13 @@
 """No index in a shader overflows uint32 or leaves its binding, for any problem ssm_vk accepts.
 
-The shaders index with uint32 *relative to each window's binding* (glsl/*.comp). This test
+The shaders index with uint32 *relative to each window's binding* (ssm_vk/glsl/*.comp). This test
 records the real command sequences (ssm_vk.record, with the real planner and bindings) for a grid
 of huge problems under H200 and lavapipe limits -- without a device: a fake sequence collects every
 dispatch -- and evaluates, for every dispatch and every binding, the largest index a live
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
 largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
-(glsl/chunk_*.comp, ssm_vk/record_chunked.py), which the default knobs pick for Mamba-2 from 256
+(ssm_vk/glsl/chunk_*.comp, ssm_vk/record_chunked.py), which the default knobs pick for Mamba-2 from 256
 tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
@@ -124,13 +124,13 @@ def _push(spec, push: bytes) -> dict:
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
 
 
-# glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
+# ssm_vk/glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
 CB = {name: k for k, name in enumerate(specs.CHUNK_BINDINGS)}
 NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA, SM_GH = 12, 0, 1, 3, 5, 9
 
 
 def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
-    """The chunked kernels' bindings -> largest index + 1 (glsl/chunk_*.comp). Token indices are
+    """The chunked kernels' bindings -> largest index + 1 (ssm_vk/glsl/chunk_*.comp). Token indices are
     tok(i, c, t) = i*T + c*CL + t < S*T (loads clamp t to the chunk's last token), head matrices
     head_mat(i, c, h) < S*NCH*H, group matrices < S*NCH*G."""
     S, T, H, G, NCH = v["S"], v["T"], v["H"], v["G"], v["NCH"]

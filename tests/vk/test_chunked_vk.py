@@ -1,4 +1,4 @@
-"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (glsl/chunk_*.comp, ssm_vk/record_chunked.py)
+"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp, ssm_vk/record_chunked.py)
 against the float64 oracle on lavapipe, under the validation layer (tests/conftest.py).
 
 The ``chunked`` fixture forces them on small problems (knobs CHUNK_MIN_T=1 and CHUNK) and every
