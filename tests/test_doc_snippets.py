@@ -10,36 +10,14 @@ something else fails too. docs/archive/ is history and is not run.
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from children import REPO, child_env
+from snippets import python_blocks, run_block
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # not docs/archive/
 TIMEOUT_S = 240  # a cold numba cache compiles ssm_fast's kernels (~40 s on 2 cores) in the first block
-_FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
-_DEFINES_TESTS = re.compile(r"^def test_\w*\(", re.MULTILINE)
-
-
-def python_blocks(path: Path) -> list[tuple[int, str]]:
-    """(line of the opening fence, code) for each ```python block of a Markdown file, in order."""
-    blocks, start, lang, lines, indent = [], None, None, [], ""
-    for no, line in enumerate(path.read_text().splitlines(), 1):
-        m = _FENCE.match(line)
-        if start is None:
-            if m:
-                start, indent, lang, lines = no, m.group(1), m.group(2), []
-        elif m and not m.group(2):
-            if lang == "python":
-                blocks.append((start, "\n".join(lines) + "\n"))
-            start = None
-        else:
-            lines.append(line[len(indent):] if line.startswith(indent) else line)
-    assert start is None, f"{path.name}:{start}: a code block is never closed"
-    return blocks
 
 
 BLOCKS = [(p, line, code) for p in DOCS for line, code in python_blocks(p)]
@@ -59,23 +37,6 @@ def test_the_python_block_runs(path, line, code, tmp_path):
     where = f"{path.relative_to(REPO)}:{line}"
     env = child_env()
     env.pop("SSM_VK_VALIDATION", None)  # as a user runs it: no validation layer
-    if _DEFINES_TESTS.search(code):
-        f = tmp_path / "test_snippet.py"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", f.name]
-    else:
-        f = tmp_path / "snippet.py"
-        cmd = [sys.executable, f.name]
-    f.write_text(code)
-    try:
-        p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-                           check=False)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{where}: the block ran past {TIMEOUT_S} s\n{e.stdout or ''}{e.stderr or ''}", pytrace=False)
-    out = p.stdout + p.stderr
-    if p.returncode != 0:
-        pytest.fail(f"{where}: the block exited with status {p.returncode}\n{out}", pytrace=False)
-    if f.name.startswith("test_"):
-        if not re.search(r"\b\d+ passed\b", p.stdout):
-            pytest.fail(f"{where}: no test of the block passed\n{out}", pytrace=False)
-        if "skipped" in p.stdout:
-            pytest.fail(f"{where}: a test of the block was skipped\n{out}", pytrace=False)
+    failed, out = run_block(code, sys.executable, tmp_path, env, TIMEOUT_S)
+    if failed:
+        pytest.fail(f"{where}: {failed}\n{out}", pytrace=False)

@@ -16,8 +16,9 @@ packages), each result is held to the tolerance table against the float64 oracle
   shapes do and the others fall back; without the ``vulkan`` binding everything falls back and the
   reason says how to install it.
 
-Then ``ssm-scan check --quick`` and ``ssm-scan info`` must succeed, and (with a README path) every
-Python block of the README runs. Exit status 0 when everything holds; each failure is printed.
+Then ``ssm-scan check --quick`` and ``ssm-scan info`` must succeed, and (with a README path, and
+the binding there: the README's device examples upload with ``ssm_vk.to_device``) every Python
+block of the README runs. Exit status 0 when everything holds; each failure is printed.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/snippets.py (stdlib only)
+from snippets import python_blocks, run_block
 
 import ssm_fast
 import ssm_ref
@@ -160,34 +163,12 @@ def run_cli(mode: str) -> None:
             print(f"ok   ssm-scan {' '.join(cmd[1:])}", flush=True)
 
 
-def python_blocks(path: Path) -> list[tuple[int, str]]:
-    """(line, code) of every ```python block of a Markdown file."""
-    blocks, lines = [], path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        if re.fullmatch(r"```python\s*", lines[i]):
-            start, body = i + 1, []
-            i += 1
-            while i < len(lines) and lines[i].strip() != "```":
-                body.append(lines[i])
-                i += 1
-            blocks.append((start + 1, "\n".join(body) + "\n"))
-        i += 1
-    return blocks
-
-
 def run_readme(readme: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for line, code in python_blocks(readme):
-            if re.search(r"^def test_", code, re.MULTILINE):
-                f = Path(tmp) / f"test_readme_{line}.py"
-                f.write_text(code)
-                cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(f)]
-            else:
-                cmd = [sys.executable, "-c", code]
-            run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=1200, check=False)
-            if run.returncode != 0:
-                fail(f"{readme.name}:{line} exited {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
+            failed, out = run_block(code, sys.executable, Path(tmp), None, 1200)
+            if failed:
+                fail(f"{readme.name}:{line}: {failed}:\n{out[-4000:]}")
             else:
                 print(f"ok   {readme.name}:{line}", flush=True)
 
@@ -202,11 +183,11 @@ def main() -> int:
     if "site-packages" not in here.parts:
         fail(f"ssm_vk was imported from {here}, not from an installed package")
     have_glslc = any((Path(d) / "glslc").is_file() for d in os.environ.get("PATH", "").split(os.pathsep) if d)
-    if have_glslc != (args.mode == "glslc"):
+    if args.mode != "no-binding" and have_glslc != (args.mode == "glslc"):
         fail(f"mode {args.mode} but glslc {'is' if have_glslc else 'is not'} on PATH")
     run_shapes(args.mode)
     run_cli(args.mode)
-    if args.readme is not None:
+    if args.readme is not None and args.mode != "no-binding":
         run_readme(args.readme)
     print(f"{len(failures)} failure(s)" if failures else "smoke: all passed", flush=True)
     return 1 if failures else 0
