@@ -194,7 +194,12 @@ class DeviceArray:
         if self.size == 0:
             return np.zeros(self.shape, dtype=self.dtype)
         self._check_live()
-        out = rt.download(self.buffer, ((self.size,), self.dtype), self.offset * self.dtype.itemsize)
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            out = rt.download(self.buffer, ((self.size,), self.dtype), self.offset * self.dtype.itemsize)
+        finally:
+            ctx.leave()
         return out.reshape(self.shape)
 
     def reshape(self, *shape) -> DeviceArray:
@@ -282,7 +287,11 @@ def upload_to(ctx, array) -> DeviceArray:
         a = np.ascontiguousarray(a, dtype=np.int32)
     else:
         raise TypeError(f"to_device: expected a float or integer array, got dtype {a.dtype}")
-    out = empty(ctx, a.shape, a.dtype)
-    if a.size:
-        rt.upload(out.buffer, a)
+    ctx.enter()
+    try:
+        out = empty(ctx, a.shape, a.dtype)
+        if a.size:
+            rt.upload(out.buffer, a)
+    finally:
+        ctx.leave()
     return out

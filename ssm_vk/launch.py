@@ -157,13 +157,17 @@ def clear_cache(ctx=None) -> None:
 
 
 def _run(ctx, p: Problem, backward: bool, device_out: bool, lane=None) -> dict:
+    ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
-        return _run_once(ctx, p, backward, device_out, lane=lane)
-    except rt.OutOfDeviceMemory:
-        # The workspaces of other shapes hold buffers between calls: give them all back (the pool
-        # frees its idle ones when it next runs out) and try once more; a second failure raises.
-        clear_cache(ctx)
-        return _run_once(ctx, p, backward, device_out)
+        try:
+            return _run_once(ctx, p, backward, device_out, lane=lane)
+        except rt.OutOfDeviceMemory:
+            # The workspaces of other shapes hold buffers between calls: give them all back (the pool
+            # frees its idle ones when it next runs out) and try once more; a second failure raises.
+            clear_cache(ctx)
+            return _run_once(ctx, p, backward, device_out)
+    finally:
+        ctx.leave()
 
 
 def _run_once(ctx, p: Problem, backward: bool, device_out: bool, chunked: bool = True, lane=None) -> dict:

@@ -85,6 +85,9 @@ class Context:
         self.closed = False
         self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False
+        self.retired = False                     # closed for new work, destroyed when the last call leaves
+        self._calls = 0                          # calls inside the context now (enter/leave)
+        self._calls_lock = threading.Lock()
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
         self.info: DeviceInfo = chosen
         self._vk = vk
@@ -204,6 +207,30 @@ class Context:
         if self.closed:
             raise RuntimeError("this Vulkan context is closed")
 
+    def enter(self) -> None:
+        """A call starts using the context (its device, queue and objects): until the matching
+        :meth:`leave`, nothing destroys them -- a lost context that :func:`get_context` replaces,
+        or a :meth:`close` from another thread, waits for the last call to leave. Raises
+        DeviceLost (lost) or RuntimeError (closed or retired): the call must not start."""
+        with self._calls_lock:
+            if self.lost or self.closed or self.retired:
+                self.check_usable()
+                raise RuntimeError("this Vulkan context is being closed")
+            self._calls += 1
+
+    def leave(self) -> None:
+        """End :meth:`enter`; the last call to leave a retired context closes it."""
+        with self._calls_lock:
+            self._calls -= 1
+            last = self._calls == 0 and self.retired
+        if last:
+            self.close()
+
+    @property
+    def calls(self) -> int:
+        """How many calls are inside the context now."""
+        return self._calls
+
     def mark_lost(self) -> None:
         """Record that the device is gone: every later use raises DeviceLost; get_context() makes a new one."""
         self.lost = True
@@ -314,6 +341,15 @@ class Context:
         instance. Safe to call twice, after a device loss, and from ``atexit``. Never raises a
         Vulkan error (a lost device cannot fail its cleanup in a useful way)."""
         global _current
+        with self._calls_lock:
+            if self._calls > 0 and not self.closed:
+                # A call is inside: retire instead -- no new work, no longer the process's
+                # context -- and let the last call to leave destroy it.
+                self.retired = True
+                with _current_lock:
+                    if _current is self:
+                        _current = None
+                return
         with self.lock:
             if self.closed:
                 return
@@ -352,6 +388,8 @@ class Context:
         parent's handles but not its device. Everything made through it then refuses work."""
         self.closed = self.lost = True
         self.lock = threading.RLock()  # the parent's may have been held by a thread that is gone
+        self._calls_lock = threading.Lock()
+        self._calls = 0
         atexit.unregister(self.close)
 
     def __enter__(self) -> Context:
@@ -391,8 +429,8 @@ def get_context(device_index: int | str | None = None, validation: bool | None =
     with _get_lock:
         ctx = _current
         if ctx is not None and ctx.lost:
-            ctx.close()
-        if ctx is None or ctx.closed:
+            ctx.close()  # at once, or -- while calls are inside it -- when the last one leaves
+        if ctx is None or ctx.closed or ctx.retired:
             return Context(device_index, validation)
     if device_index is not None and str(device_index).strip() != str(ctx.info.index):
         raise ValueError(f"device_index={device_index}: the open context uses device {ctx.info.index}; "
@@ -421,7 +459,7 @@ def current_context() -> Context | None:
     """The open context, or None; creates nothing. A context another thread is still building is
     not open yet (its device does not exist): None, and get_context() waits for it."""
     ctx = _current
-    return ctx if ctx is not None and ctx.ready and not ctx.closed else None
+    return ctx if ctx is not None and ctx.ready and not ctx.closed and not ctx.retired else None
 
 
 def close() -> None:
