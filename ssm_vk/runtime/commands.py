@@ -46,6 +46,7 @@ class Sequence:
         self.pending = False
         self.internal = False  # the runtime's own transfer sequence (oneshot): test faults skip it
         self._pool = self._fence = self._queries = None
+        self._set_keys: list = []  # (kernel, descriptor-set key) of each dispatch recorded
         device = ctx.handle
         try:
             with binding.translated("creating a Sequence"):
@@ -70,8 +71,16 @@ class Sequence:
 
     # -- recording ----------------------------------------------------------------------------------
 
+    def _release_sets(self) -> None:
+        """Let go of the descriptor sets the recording binds (it is being discarded)."""
+        keys, self._set_keys = self._set_keys, []
+        for kernel, key in keys:
+            if not kernel.closed:
+                kernel.release_set(key)
+
     def _begin(self) -> None:
         vk = binding.require()
+        self._release_sets()
         self._state = _RECORDING
         self._buffers: dict[int, Buffer] = {}   # serial → every buffer the commands use (checked at submit)
         self._kernels: set[Kernel] = set()
@@ -110,7 +119,8 @@ class Sequence:
         if not isinstance(push, bytes | bytearray) or len(push) != kernel.push_size:
             got = len(push) if isinstance(push, bytes | bytearray) else type(push).__name__
             raise ValueError(f"dispatch {kernel.name}: push must be {kernel.push_size} bytes, got {got}")
-        dset = kernel.descriptor_set(bindings)  # checks the bindings, before any command is recorded
+        dset, set_key = kernel.acquire_set(bindings)  # checks the bindings, before any command is recorded
+        self._set_keys.append((kernel, set_key))     # referenced until this recording is reset or closed
         vk = binding.vk
         lib, cmd = vk.lib, self._cmd  # raw calls: recording through the binding's wrappers cost ~2x
         lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
@@ -312,6 +322,7 @@ class Sequence:
         self.ctx.pending.discard(self)
         self.ctx.forget(self)
         self._release()
+        self._release_sets()
 
     def _release(self) -> None:
         vk = binding.require()

@@ -10,6 +10,7 @@ shader's own specialisation constants at ids 3, 4, ... in the order of ``spec``.
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
 
 from . import binding, shaders
 from .checks import check_int
@@ -17,6 +18,7 @@ from .context import Context
 from .memory import Buffer
 
 _POOL_SETS_MIN, _POOL_SETS_MAX = 16, 1024  # descriptor pools grow by doubling between these
+IDLE_SETS = 64   # unreferenced descriptor sets a kernel keeps cached for a repeat of their bindings
 
 
 def _local_size(ctx: Context, local_size) -> tuple[int, int, int]:
@@ -114,9 +116,16 @@ class Kernel:
         self._set_layout = self._layout = self.pipeline = None
         self._pools: list = []
         self._pool_room = 0
+        # Descriptor sets, by binding key: each is referenced by the recorded sequences that bind
+        # it (acquire_set / release_set); an unreferenced one stays cached for a repeat of its key
+        # until IDLE_SETS others are idle, then it is rewritten for a new key. So live sets stay
+        # bounded by the sequences alive, however many buffer combinations pass through.
         self._sets: dict[tuple, object] = {}            # binding key → VkDescriptorSet
+        self._refs: dict[tuple, int] = {}               # binding key → sequences that bind it
+        self._idle: OrderedDict = OrderedDict()         # unreferenced keys of _sets, least recent first
+        self._dead: dict[tuple, object] = {}            # keys with a closed buffer, still referenced
         self._keys_of_buffer: dict[int, set] = {}       # buffer serial → binding keys using it
-        self._free_sets: list = []                      # sets whose buffers closed, to rewrite
+        self._free_sets: list = []                      # sets to rewrite
         device = ctx.handle
         module = None
         try:
@@ -191,27 +200,72 @@ class Kernel:
             out.append((buf, offset, nbytes))
         return tuple(out)
 
-    def descriptor_set(self, bindings):
-        """The VkDescriptorSet for ``bindings``, written once per distinct (buffer, offset, nbytes)
-        list and then reused (on lavapipe a write costs 15-20 us from Python, a hit 3-6 us).
-        Raises as :meth:`normalize_bindings`."""
+    def acquire_set(self, bindings) -> tuple[object, tuple]:
+        """(the VkDescriptorSet for ``bindings``, its key), referenced until :meth:`release_set`
+        of that key: written once per distinct (buffer, offset, nbytes) list and then reused (on
+        lavapipe a write costs 15-20 us from Python, a hit 3-6 us). A set is never rewritten while
+        referenced (a recorded command buffer binds it). Raises as :meth:`normalize_bindings`."""
         triples = self.normalize_bindings(bindings)
         key = tuple((b.serial, off, n) for b, off, n in triples)
         ctx = self.ctx
         with ctx.lock:
             dset = self._sets.get(key)
             if dset is not None:
-                return dset
+                if self._refs.get(key, 0) == 0:
+                    self._idle.pop(key, None)
+                self._refs[key] = self._refs.get(key, 0) + 1
+                return dset, key
             if self.closed:
                 raise RuntimeError(f"kernel {self.name} is closed")
             ctx.check_usable()
-            dset = self._free_sets.pop() if self._free_sets else self._allocate_set()
+            if self._free_sets:
+                dset = self._free_sets.pop()
+            elif len(self._idle) >= IDLE_SETS:
+                dset = self._drop(next(iter(self._idle)))  # the least recently used idle set
+            else:
+                dset = self._allocate_set()
             _write_set(ctx.handle, dset, triples)
             ctx.stats.descriptor_writes += 1
             self._sets[key] = dset
+            self._refs[key] = 1
             for serial, _, _ in key:
                 self._keys_of_buffer.setdefault(serial, set()).add(key)
-            return dset
+            return dset, key
+
+    def release_set(self, key: tuple) -> None:
+        """One reference to the set of ``key`` fewer (a sequence that bound it closed or reset)."""
+        with self.ctx.lock:
+            n = self._refs.get(key, 0) - 1
+            if n > 0:
+                self._refs[key] = n
+                return
+            self._refs.pop(key, None)
+            dead = self._dead.pop(key, None)
+            if dead is not None:
+                self._free_sets.append(dead)
+            elif key in self._sets:
+                self._idle[key] = None
+                while len(self._idle) > IDLE_SETS:
+                    self._free_sets.append(self._drop(next(iter(self._idle))))
+
+    def _drop(self, key: tuple):
+        """Take the set of ``key`` out of the cache (and its buffers' key lists); returns it, or
+        None when it was not cached."""
+        self._idle.pop(key, None)
+        dset = self._sets.pop(key, None)
+        for serial, _, _ in key:
+            keys = self._keys_of_buffer.get(serial)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._keys_of_buffer[serial]
+        return dset
+
+    @property
+    def live_sets(self) -> int:
+        """Descriptor sets this kernel holds, in use, cached or free (for leak tests)."""
+        with self.ctx.lock:
+            return len(self._sets) + len(self._dead) + len(self._free_sets)
 
     def _allocate_set(self):
         vk = binding.require()
@@ -237,14 +291,18 @@ class Kernel:
         return dset
 
     def forget_buffer(self, serial: int) -> None:
-        """Drop the sets that point at a closed buffer; they are rewritten for later bindings."""
-        for key in self._keys_of_buffer.pop(serial, ()):
-            dset = self._sets.pop(key, None)
-            if dset is not None:
+        """Drop the sets that point at a closed buffer: unreferenced ones are rewritten for later
+        bindings, referenced ones once their sequences let go (those cannot run any more)."""
+        for key in list(self._keys_of_buffer.get(serial, ())):
+            referenced = self._refs.get(key, 0) > 0
+            dset = self._drop(key)
+            if dset is None:
+                continue
+            if referenced:
+                self._dead[key] = dset
+            else:
                 self._free_sets.append(dset)
-            for other, _, _ in key:
-                if other != serial:
-                    self._keys_of_buffer.get(other, set()).discard(key)
+        self._keys_of_buffer.pop(serial, None)
 
     # -- lifetime -----------------------------------------------------------------------------------
 
@@ -259,6 +317,9 @@ class Kernel:
             self.closed = True
             ctx.closures += 1  # Sequence.submit checks its kernels again
             self._sets.clear()
+            self._refs.clear()
+            self._idle.clear()
+            self._dead.clear()
             self._keys_of_buffer.clear()
             self._free_sets.clear()
             ctx.forget(self)

@@ -88,10 +88,35 @@ def test_descriptor_sets_are_written_once_per_binding_list(ctx, glslc, data):
         assert ctx.stats.descriptor_writes == writes + 2
     sets = ctx.stats.descriptor_sets
     with rt.Buffer(ctx, 4 * n) as other:
-        k.descriptor_set([bx, other, bs])
+        _, key = k.acquire_set([bx, other, bs])
+        k.release_set(key)                  # no sequence binds it any more
     with rt.Buffer(ctx, 4 * n) as another:  # the closed buffer's set is rewritten, not a new one allocated
-        k.descriptor_set([bx, another, bs])
+        _, key = k.acquire_set([bx, another, bs])
+        k.release_set(key)
     assert ctx.stats.descriptor_sets == sets + 1
+
+
+def test_a_descriptor_set_a_sequence_binds_is_never_rewritten(ctx, glslc, data):
+    # While referenced (a recorded command buffer binds it), a set is neither handed to another
+    # binding list nor rewritten -- not even when one of its buffers closes -- and once let go
+    # it is reused rather than a new one allocated.
+    n, _, _, _, (bx, _, bs) = data
+    k = saxpy(ctx)
+    held = rt.Buffer(ctx, 4 * n)
+    dset, key = k.acquire_set([bx, held, bs])
+    held.close()                                      # its sequence can no longer run, but still exists
+    others = [rt.Buffer(ctx, 4 * n) for _ in range(3)]
+    for other in others:                              # new binding lists never get the referenced set
+        other_set, other_key = k.acquire_set([bx, other, bs])
+        assert other_set != dset
+        k.release_set(other_key)
+        other.close()                                 # (their sets go to the free list)
+    k.release_set(key)                                # let go: now it is the next to be rewritten
+    with rt.Buffer(ctx, 4 * n) as third:
+        sets = ctx.stats.descriptor_sets
+        third_set, third_key = k.acquire_set([bx, third, bs])
+        k.release_set(third_key)
+    assert third_set == dset and ctx.stats.descriptor_sets == sets  # reused, not allocated
 
 
 def test_sequence_replays(ctx, glslc, data):
