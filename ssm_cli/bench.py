@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
     common.add_json(p)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw time against the swept axis per backend and op (log-log, needs matplotlib); "
-                        "without --sweep, T is swept over 1/16, 1/4 and 1 of the shape's")
+                        "without --sweep, each shape's T is swept over 1/16, 1/4 and 1 of its own T")
     common.add_verbose(p)
 
 
@@ -160,11 +160,18 @@ def run(args) -> int:
     sweep = parse_sweep(args.sweep)
     if args.reps < 1:
         raise common.UsageError(f"--reps must be >= 1, got {args.reps}")
+    common.check_json_dest(args)
+    per_shape = None
     if args.plot:
         _require_matplotlib()
-        if sweep is None:
-            sweep = default_sweep(shapes[0])
-    points = [s for shape in shapes for s in swept(shape, sweep)]
+        common.writable_file(args.plot, "--plot")
+        if sweep is None:  # each shape around its own T
+            per_shape = {shape.name: default_sweep(shape) for shape in shapes}
+    if per_shape:
+        points = [s for shape in shapes for s in swept(shape, per_shape[shape.name])]
+        sweep = ("T", sorted({v for _, values in per_shape.values() for v in values}))
+    else:
+        points = [s for shape in shapes for s in swept(shape, sweep)]
     names = common.split_list(args.backend, "--backend")
     backs = bk.resolve(names or None, args.device)
     for b in backs:
@@ -174,6 +181,7 @@ def run(args) -> int:
     ops = ("fwd", "bwd") if args.op == "both" else (args.op,)
     hw = hardware(backs)
     report = {"hardware": hw, "sweep": {"axis": sweep[0], "values": sweep[1]} if sweep else None,
+              "sweep_per_shape": {k: v[1] for k, v in per_shape.items()} if per_shape else None,
               "reps": args.reps, "seed": args.seed, "flops_per_update": machine.FLOPS_PER_UPDATE,
               "rows": [], "skipped": []}
     plan = []

@@ -1,6 +1,7 @@
 """The ``ssm-scan`` command, run as a user runs it: a subprocess, its output, files and exit code.
 
-Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback).
+Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback), 3 an
+I/O error (an output that cannot be written).
 Shapes stay tiny: lavapipe is slow.
 """
 
@@ -56,7 +57,8 @@ def test_help_works_for_every_command(command):
     p = ssm_scan(*([command] if command else []), "--help")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"usage: ssm-scan {command}".rstrip())
-    assert "exit codes: 0 success, 1 a check failed, 2 usage error" in p.stdout
+    assert "exit codes: 0 success, 1 a check failed, 2 usage error" in " ".join(p.stdout.split())
+    assert "3 I/O error" in " ".join(p.stdout.split())
     if not command:  # the top level lists every command
         for name, _ in COMMANDS:
             assert name in p.stdout
