@@ -77,7 +77,13 @@ def too_slow(b: bk.Backend, shape: Shape) -> str | None:
 
 def _release(result) -> None:
     """Give device-resident results back to the pool now rather than at garbage collection."""
-    for v in vars(result).values():
+    if isinstance(result, dict):
+        values = result.values()
+    elif isinstance(result, tuple | list):
+        values = result
+    else:
+        values = vars(result).values() if hasattr(result, "__dict__") else ()
+    for v in values:
         if hasattr(v, "release"):
             v.release()
 
@@ -92,17 +98,18 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         kw = {k: (mod.to_device(v) if v is not None and k != "ids" else v) for k, v in kw.items()}
         g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
         gpu_ns = launch.last_gpu_ns
-    if op == "fwd":
-        def call():
-            return mod.ssm_scan(**kw)
-    else:
-        def call():
-            return mod.ssm_scan_back(**kw, g_y=g_y, g_states=g_states)
+    from ssm_ref import ports
+
+    pos = ports.args_of(kw) if op == "fwd" else (*ports.args_of(kw), g_y, g_states)
+    fn = mod.ssm_scan if op == "fwd" else mod.ssm_scan_back
+
+    def call():
+        return fn(*pos)
 
     t0 = time.perf_counter()
     r = call()
     first = time.perf_counter() - t0
-    where, computed_by = r.where, r.backend
+    where, computed_by = ports.origin(r, ports.port_name(mod))   # as check and verify read them
     _release(r)
     walls, gpus = [], []
     spent = 0.0
@@ -111,7 +118,7 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         r = call()
         t = time.perf_counter() - t0
         walls.append(t)
-        ns = gpu_ns() if gpu_ns is not None and r.where.startswith("Vulkan") else None
+        ns = gpu_ns() if gpu_ns is not None and where.startswith("Vulkan") else None
         if ns is not None:
             gpus.append(ns * 1e-9)
         _release(r)

@@ -48,6 +48,7 @@ __all__ = [
     "host",
     "interface_problems",
     "normalise",
+    "origin",
     "port_name",
     "support",
     "traceback_text",
@@ -153,6 +154,13 @@ def _meta(out, key: str, default: str) -> str:
     return v if isinstance(v, str) and v else default
 
 
+def origin(out, backend: str = "") -> tuple[str, str]:
+    """(where, backend) of a result without reading its arrays: its ``where`` and ``backend``
+    (attributes, or keys of a mapping) when it has them, else "unknown" and ``backend`` (the
+    port's NAME)."""
+    return _meta(out, "where", UNKNOWN), _meta(out, "backend", backend or UNKNOWN)
+
+
 def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResult:
     """The one reading of a port's result (the module docstring lists the forms). ``op`` is
     "ssm_scan" or "ssm_scan_back"; ``dims`` is needed only for packed 1-D results. Raises
@@ -193,7 +201,7 @@ def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResu
     else:
         raise TypeError(f"{op} returned {kind}: expected {forms}")
     arrays = {k: _array(op, k, v) for k, v in got.items()}
-    return PortResult(op, arrays, _meta(out, "where", UNKNOWN), _meta(out, "backend", backend or UNKNOWN))
+    return PortResult(op, arrays, *origin(out, backend))
 
 
 def call(fn, op: str, args: Sequence, *, backend: str = "") -> PortResult:
