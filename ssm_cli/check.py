@@ -223,15 +223,16 @@ def run(args) -> int:
 
 
 def render(rep: dict) -> str:
-    from ssm_ref.tolerance import OUTPUTS
+    from ssm_ref.tolerance import OUTPUTS, share_text
 
     out = []
     for name, per in rep["oracle"].items():
         worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
         ok = all(v["ok"] for v in per.values())
+        used = worst["err"] / worst["bound"]
         out.append(f"oracle: ssm_ref float64 gradients vs 4th-order finite differences ({FD_SAMPLES} entries of "
                    f"each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| {sci(worst['err'])} "
-                   f"= {worst['err'] / worst['bound']:.1%} of its bound")
+                   f"= {share_text(used)}" + (" of its bound" if used <= 1 else ""))
     out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")
