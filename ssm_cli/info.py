@@ -57,7 +57,7 @@ def _support(b: bk.Backend, shape: Shape, op: str) -> dict:
     from ssm_ref import ports
 
     try:
-        s = ports.support(b.module.supports(op, **empty_inputs(shape)))
+        s = ports.support(b.module.supports(op, *ports.args_of(empty_inputs(shape))))  # positional, ids None
     except Exception as e:  # a port's supports() must not stop the report
         return {"ok": False, "where": "error", "reason": f"{type(e).__name__}: {e}"}
     where = "CPU"
