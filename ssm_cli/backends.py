@@ -1,21 +1,29 @@
-"""Finding the backends a command runs: the three of this package, or any module that exposes the
-interface of docs/API.md (NAME, ssm_scan, ssm_scan_back, supports) -- a port under test."""
+"""Finding the backends a command runs: the three of this package, or a port under test: any
+module with the port interface (docs/PORTING.md, "The port interface": NAME, ssm_scan,
+ssm_scan_back, supports), named as an importable module (the current directory included) or as
+the path of a .py file. ``check``, ``fuzz`` and ``bench`` all load them here."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
+
+from ssm_ref import ports
 
 from .common import UsageError
 
 KNOWN = ("ssm_ref", "ssm_fast", "ssm_vk")
 ALIASES = {"ref": "ssm_ref", "fast": "ssm_fast", "vk": "ssm_vk", "numpy": "ssm_ref", "numba": "ssm_fast",
            "vulkan": "ssm_vk"}
-INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
+INTERFACE = ports.INTERFACE
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_HOW = "a port needs NAME, ssm_scan, ssm_scan_back and supports: docs/PORTING.md, \"The port interface\""
 
 
 @dataclass
@@ -47,44 +55,85 @@ class Backend:
         return "CPU" if info is None else f"{info.where} ({info.name})"
 
 
-def _interface_missing(mod: ModuleType) -> list[str]:
-    return [a for a in INTERFACE if not hasattr(mod, a)]
+def is_path(name: str) -> bool:
+    """True when ``--backend`` names a file (``port.py``, ``dir/port``) rather than a module."""
+    return name.endswith(".py") or "/" in name or (os.sep in name) or bool(os.altsep and os.altsep in name)
+
+
+def _add_path(folder: str) -> None:
+    """Make ``folder`` importable (at the end of sys.path: installed modules keep their names)."""
+    if folder not in sys.path and not (folder == os.getcwd() and "" in sys.path):
+        sys.path.append(folder)
+
+
+def _load_file(name: str) -> ModuleType:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        raise UsageError(f"--backend {name}: a directory; give a .py file or a module name")
+    if not path.is_file():
+        raise UsageError(f"--backend {name}: no such file")
+    stem = re.sub(r"\W", "_", path.stem) or "port"
+    modname = stem if stem not in sys.modules else f"_ssm_scan_port_{stem}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"--backend {name}: not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    _add_path(str(path.resolve().parent))          # the port's own imports of its neighbours
+    sys.modules[modname] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        del sys.modules[modname]
+        raise UsageError(f"--backend {name}: importing it raised {ports.error_text(e)}") from e
+    return mod
 
 
 def load(name: str, requested: bool = False) -> Backend:
-    """The backend ``name`` (an alias, one of :data:`KNOWN`, or a module path).
+    """The backend ``name``: an alias, one of :data:`KNOWN`, a module path (looked up on sys.path
+    and in the current directory), or the path of a .py file.
 
-    Raises UsageError for a name that is no module, or a module of yours that lacks the interface.
-    A known backend that cannot run here (not built yet; no Vulkan device) comes back with
-    ``module=None`` and the reason.
+    Raises UsageError for a name that is no module or file, a port whose import raises, or one that
+    lacks the interface. A known backend that cannot run here (not built yet; no Vulkan device)
+    comes back with ``module=None`` and the reason.
     """
-    name = ALIASES.get(name, name)
-    if not _MODULE.fullmatch(name):
-        raise UsageError(f"--backend {name}: not a module name")
-    try:
-        mod = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if name in KNOWN:
-            return Backend(name, None, f"not installed ({e})", requested)
-        raise UsageError(f"--backend {name}: no such module (known: {', '.join(KNOWN)}, or a module "
-                         "of yours with NAME, ssm_scan, ssm_scan_back, supports on PYTHONPATH)") from None
-    missing = _interface_missing(mod)
-    if missing:
-        if name in KNOWN:
-            return Backend(name, None, f"not built yet (lacks {', '.join(missing)})", requested)
-        raise UsageError(f"--backend {name}: the module lacks {', '.join(missing)} "
-                         "(docs/API.md: NAME, ssm_scan, ssm_scan_back, supports)")
-    if name == "ssm_vk":
+    if is_path(name):
+        mod = _load_file(name)
+        label = re.sub(r"\.py$", "", Path(name).name)
+    else:
+        name = ALIASES.get(name, name)
+        label = name
+        if not _MODULE.fullmatch(name):
+            raise UsageError(f"--backend {name}: not a module name or the path of a .py file")
+        _add_path(os.getcwd())
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if name in KNOWN:
+                return Backend(name, None, f"not installed ({e})", requested)
+            if e.name and name != e.name and not name.startswith(e.name + "."):  # found, but it imports a missing one
+                raise UsageError(f"--backend {name}: importing it raised {ports.error_text(e)}") from e
+            raise UsageError(f"--backend {name}: no such module (known: {', '.join(KNOWN)}; or a module of yours "
+                             "on PYTHONPATH or in the current directory, or the path of a .py file)") from None
+        except Exception as e:
+            if name in KNOWN:
+                return Backend(name, None, f"cannot be imported ({ports.error_text(e)})", requested)
+            raise UsageError(f"--backend {name}: importing it raised {ports.error_text(e)}") from e
+    problems = ports.interface_problems(mod)
+    if problems:
+        if label in KNOWN:
+            return Backend(label, None, f"not built yet ({', '.join(problems)})", requested)
+        raise UsageError(f"--backend {label}: the module {', '.join(problems)} ({_HOW})")
+    if label == "ssm_vk":
         ok, why = mod.runtime.available()
         if not ok:
-            return Backend(name, None, f"no Vulkan device ({why})", requested)
+            return Backend(label, None, f"no Vulkan device ({why})", requested)
         try:
             mod.runtime.get_context()
         except ValueError as e:  # SSM_VK_DEVICE out of range: the user's setting
             raise UsageError(str(e)) from None
         except mod.runtime.VulkanUnavailable as e:
-            return Backend(name, None, f"no Vulkan device ({e})", requested)
-    return Backend(name, mod, "", requested)
+            return Backend(label, None, f"no Vulkan device ({e})", requested)
+    return Backend(label, mod, "", requested)
 
 
 def resolve(names: list[str] | None, device: str | None = None) -> list[Backend]:

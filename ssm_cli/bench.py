@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
     common.add_json(p)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw time against the swept axis per backend and op (log-log, needs matplotlib); "
-                        "without --sweep, T is swept over 1/16, 1/4 and 1 of the shape's")
+                        "without --sweep, each shape's T is swept over 1/16, 1/4 and 1 of its own T")
     common.add_verbose(p)
 
 
@@ -77,7 +77,13 @@ def too_slow(b: bk.Backend, shape: Shape) -> str | None:
 
 def _release(result) -> None:
     """Give device-resident results back to the pool now rather than at garbage collection."""
-    for v in vars(result).values():
+    if isinstance(result, dict):
+        values = result.values()
+    elif isinstance(result, tuple | list):
+        values = result
+    else:
+        values = vars(result).values() if hasattr(result, "__dict__") else ()
+    for v in values:
         if hasattr(v, "release"):
             v.release()
 
@@ -92,17 +98,18 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         kw = {k: (mod.to_device(v) if v is not None and k != "ids" else v) for k, v in kw.items()}
         g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
         gpu_ns = launch.last_gpu_ns
-    if op == "fwd":
-        def call():
-            return mod.ssm_scan(**kw)
-    else:
-        def call():
-            return mod.ssm_scan_back(**kw, g_y=g_y, g_states=g_states)
+    from ssm_ref import ports
+
+    pos = ports.args_of(kw) if op == "fwd" else (*ports.args_of(kw), g_y, g_states)
+    fn = mod.ssm_scan if op == "fwd" else mod.ssm_scan_back
+
+    def call():
+        return fn(*pos)
 
     t0 = time.perf_counter()
     r = call()
     first = time.perf_counter() - t0
-    where, computed_by = r.where, r.backend
+    where, computed_by = ports.origin(r, ports.port_name(mod))   # as check and verify read them
     _release(r)
     walls, gpus = [], []
     spent = 0.0
@@ -111,7 +118,7 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         r = call()
         t = time.perf_counter() - t0
         walls.append(t)
-        ns = gpu_ns() if gpu_ns is not None and r.where.startswith("Vulkan") else None
+        ns = gpu_ns() if gpu_ns is not None and where.startswith("Vulkan") else None
         if ns is not None:
             gpus.append(ns * 1e-9)
         _release(r)
@@ -160,11 +167,18 @@ def run(args) -> int:
     sweep = parse_sweep(args.sweep)
     if args.reps < 1:
         raise common.UsageError(f"--reps must be >= 1, got {args.reps}")
+    common.check_json_dest(args)
+    per_shape = None
     if args.plot:
         _require_matplotlib()
-        if sweep is None:
-            sweep = default_sweep(shapes[0])
-    points = [s for shape in shapes for s in swept(shape, sweep)]
+        common.writable_file(args.plot, "--plot")
+        if sweep is None:  # each shape around its own T
+            per_shape = {shape.name: default_sweep(shape) for shape in shapes}
+    if per_shape:
+        points = [s for shape in shapes for s in swept(shape, per_shape[shape.name])]
+        sweep = ("T", sorted({v for _, values in per_shape.values() for v in values}))
+    else:
+        points = [s for shape in shapes for s in swept(shape, sweep)]
     names = common.split_list(args.backend, "--backend")
     backs = bk.resolve(names or None, args.device)
     for b in backs:
@@ -174,6 +188,7 @@ def run(args) -> int:
     ops = ("fwd", "bwd") if args.op == "both" else (args.op,)
     hw = hardware(backs)
     report = {"hardware": hw, "sweep": {"axis": sweep[0], "values": sweep[1]} if sweep else None,
+              "sweep_per_shape": {k: v[1] for k, v in per_shape.items()} if per_shape else None,
               "reps": args.reps, "seed": args.seed, "flops_per_update": machine.FLOPS_PER_UPDATE,
               "rows": [], "skipped": []}
     plan = []

@@ -30,7 +30,8 @@ installing a new driver.
 
   ssm-scan check --quick             small problems, a few seconds per backend
   ssm-scan check --backend vk        the Vulkan backend must run (and pass)
-  ssm-scan check --backend mypkg.myport   your own port, if it has the interface of docs/API.md"""
+  ssm-scan check --backend mypkg.myport   your own port (docs/PORTING.md, "The port interface")
+  ssm-scan check --backend ./myport.py    ... named by its file"""
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ def add_arguments(p) -> None:
     common.add_verbose(p)
 
 
-def _host(a) -> np.ndarray:
-    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
 def fd_check(kw: dict, g_y, g_states, rng) -> dict:
     """The float64 oracle's gradients against finite differences of its forward, on
     :data:`FD_SAMPLES` entries of every input: {input: (max |fd - analytic|, bound)}."""
@@ -115,38 +112,58 @@ def fd_check(kw: dict, g_y, g_states, rng) -> dict:
 
 
 def _run_one(mod, kw, g_y, g_states, device_resident: bool):
+    """Forward and backward of ``mod`` through ssm_ref.ports (the reading verify and the fuzzer
+    use): (forward PortResult, backward PortResult, seconds)."""
+    from ssm_ref import ports
+
     if device_resident:
         kw = {k: (mod.to_device(v) if isinstance(v, np.ndarray) and k != "ids" else v) for k, v in kw.items()}
         g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
+    name = ports.port_name(mod)
+    pos = ports.args_of(kw)
     t0 = time.perf_counter()
-    r = mod.ssm_scan(**kw)
-    g = mod.ssm_scan_back(**kw, g_y=g_y, g_states=g_states)
+    r = ports.call(mod.ssm_scan, "ssm_scan", pos, backend=name)
+    g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
     return r, g, time.perf_counter() - t0
 
 
+def output_record(c, label: str) -> dict:
+    """One output's comparison as check's JSON holds it."""
+    return {"rel": c.rel, "max_rel": c.max_rel, "err": c.err, "bound": c.bound, "rel_bound": c.rel_bound,
+            "used": c.used, "share": c.share, "ok": c.ok,
+            "index": None if c.index is None else list(c.index), "got": c.got, "want": c.want,
+            "message": "" if c.ok else c.message(label)}
+
+
 def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False) -> dict:
-    """Run one backend on one problem and compare all nine outputs with the oracle, with the
-    tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled)."""
+    """Run one backend on one problem and compare every output it gives with the oracle, with the
+    tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled). An output the port
+    does not give (d_s from a 6-tuple or the packed layout) is listed in ``not_given``; an
+    exception is recorded with its traceback."""
+    from ssm_ref import ports
     from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
 
     label = prob.name + (" (device)" if device_resident else "")
     row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
-           "outputs": {}, "error": None}
+           "outputs": {}, "not_given": [], "error": None, "traceback": None}
     try:
         r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident)
     except Exception as e:  # a broken backend is a failed check, reported, not a crash
-        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        row["error"] = ports.error_text(e)
+        row["traceback"] = ports.traceback_text(e) or None
         return row
     row["seconds"] = secs
     row["where"] = "/".join(sorted({r.where, g.where}))
     row["computed_by"] = "/".join(sorted({r.backend, g.backend}))
-    got = {"y": r.y, "states": r.states, **{k: getattr(g, k) for k in OUTPUTS[2:]}}
+    got = {**r.arrays, **g.arrays}
     tol = scaled(F32_TOL, prob.shape.T)
     ok = True
     for out in OUTPUTS:
-        c = compare(out, _host(got[out]), oracle[out], tol[out])
-        row["outputs"][out] = {"rel": c.rel, "max_rel": c.max_rel, "err": c.err, "bound": c.bound, "used": c.used,
-                               "ok": c.ok, "message": "" if c.ok else c.message(f"{b.name} {label}")}
+        if out not in got:
+            row["not_given"].append(out)
+            continue
+        c = compare(out, got[out], oracle[out], tol[out])
+        row["outputs"][out] = output_record(c, f"{b.name} {label}")
         ok &= c.ok
     row["ok"] = ok
     return row
@@ -156,6 +173,7 @@ def run(args) -> int:
     import ssm_ref
     from ssm_ref.tolerance import F32_TOL, OUTPUTS
 
+    common.check_json_dest(args)
     names = common.split_list(args.backend, "--backend")
     backs = bk.resolve(names or None, args.device)
     problems = QUICK if args.quick else FULL
@@ -205,15 +223,16 @@ def run(args) -> int:
 
 
 def render(rep: dict) -> str:
-    from ssm_ref.tolerance import OUTPUTS
+    from ssm_ref.tolerance import OUTPUTS, share_text
 
     out = []
     for name, per in rep["oracle"].items():
         worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
         ok = all(v["ok"] for v in per.values())
+        used = worst["err"] / worst["bound"]
         out.append(f"oracle: ssm_ref float64 gradients vs 4th-order finite differences ({FD_SAMPLES} entries of "
                    f"each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| {sci(worst['err'])} "
-                   f"= {worst['err'] / worst['bound']:.1%} of its bound")
+                   f"= {share_text(used)}" + (" of its bound" if used <= 1 else ""))
     out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")
@@ -224,12 +243,16 @@ def render(rep: dict) -> str:
         if r["error"]:
             cells += [""] * len(OUTPUTS) + [f"FAIL: {r['error']}"]
         else:
-            cells += [sci(r["outputs"][o]["rel"]) + ("" if r["outputs"][o]["ok"] else "!") for o in OUTPUTS]
+            cells += [sci(r["outputs"][o]["rel"]) + ("" if r["outputs"][o]["ok"] else "!") if o in r["outputs"]
+                      else "-" for o in OUTPUTS]
             cells.append("PASS" if r["ok"] else "FAIL")
         rows.append(cells)
     if rows:
         out.append(table(["problem", "backend", "where", *OUTPUTS, "result"], rows,
                          right=set(range(3, 3 + len(OUTPUTS)))))
+    not_given = sorted({(r["backend"], o) for r in rep["runs"] for o in r.get("not_given", ())})
+    for backend, o in not_given:
+        out.append(f"{backend}: gives no {o} (-: not checked)")
     for b in rep["backends"]:  # those asked for by name have a FAIL row above
         if not b["available"] and not any(r["backend"] == b["name"] for r in rep["runs"]):
             out.append(f"{b['name']}: skipped, not available: {b['reason']}")
@@ -240,12 +263,30 @@ def render(rep: dict) -> str:
             continue
         passed = sum(r["ok"] for r in runs)
         worst = max(((o["used"], k, r["problem"]) for r in runs for k, o in r["outputs"].items()), default=None)
-        tail = f"; largest share of a bound: {worst[0]:.0%} ({worst[1]} on {worst[2]})" if worst else ""
-        out.append(f"{b['name']}: {passed} of {len(runs)} runs pass{tail}")
+        out.append(f"{b['name']}: {passed} of {len(runs)} runs pass" + (_worst_text(*worst) if worst else ""))
     for r in rep["runs"]:
         for o in r["outputs"].values():
             if not o["ok"]:
                 out.append(f"  {o['message']}")
+    seen: dict = {}
+    for r in rep["runs"]:  # each traceback once per backend, with the problems it came from
+        if r.get("traceback"):
+            seen.setdefault((r["backend"], r["error"], r["traceback"]), []).append(r["problem"])
+    for (backend, error, tb), probs in seen.items():
+        out += ["", f"{backend} raised on {', '.join(probs)}: {error}", *("  " + x for x in tb.splitlines())]
     n_fail = sum(not r["ok"] for r in rep["runs"]) + (0 if rep["oracle_ok"] else 1)
     out.append("check: " + ("PASS" if rep["ok"] else f"FAIL ({n_fail} failing)"))
     return "\n".join(out)
+
+
+def _worst_text(used: float, output: str, problem: str) -> str:
+    """The summary's note on the output closest to (or furthest beyond) its bound."""
+    import math
+
+    from ssm_ref.tolerance import share_text
+
+    if math.isinf(used):
+        return f"; {output} on {problem} fails outright (non-finite entries or shapes differ)"
+    if used <= 1.0:
+        return f"; the largest error used {share_text(used)} of its bound ({output} on {problem})"
+    return f"; the largest error is {share_text(used)} ({output} on {problem})"

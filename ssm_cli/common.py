@@ -1,7 +1,9 @@
 """What every command shares: exit codes, the parser class, -v/--json options, logging, JSON output.
 
-Exit codes (all commands): 0 success, 1 a check failed (a wrong result, or a backend asked for by
-name could not run), 2 a usage error (bad arguments, or a request this machine cannot serve).
+Exit codes (all commands): 0 success; 1 a check failed (a wrong result, a port that raised, or a
+backend asked for by name that could not run); 2 a usage error (bad arguments, or a request this
+machine cannot serve: no Vulkan device, no glslc, no matplotlib for --plot); 3 an I/O error (an
+output file or folder that cannot be written, an input that cannot be read); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -10,18 +12,29 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
+EXIT_IO = 3
+EXIT_INTERRUPTED = 130
 
-EXIT_CODES_HELP = "exit codes: 0 success, 1 a check failed, 2 usage error"
+EXIT_CODES_HELP = ("exit codes: 0 success, 1 a check failed, 2 usage error (bad arguments, or a request this "
+                   "machine cannot serve), 3 I/O error (a file or folder that cannot be written or read), "
+                   "130 interrupted")
 
 
 class UsageError(ValueError):
     """A request that cannot be served as given; reported in one line, exit code 2."""
+
+
+class OutputError(Exception):
+    """A file or folder that cannot be written (or an input that cannot be read); reported in one
+    line, exit code 3."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,9 +57,11 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def add_backend(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help=f"backend(s) to {what}: ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk), or any "
-                        "importable module with NAME, ssm_scan, ssm_scan_back and supports (your own "
-                        "port); repeat or separate by commas (default: every backend available here)")
+                   help=f"backend(s) to {what}: ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk), or your own "
+                        "port: a module with NAME, ssm_scan, ssm_scan_back and supports, named as a module "
+                        "(importable, or in the current directory) or as a .py file path "
+                        "(docs/PORTING.md, \"The port interface\"); repeat or separate by commas "
+                        "(default: every backend available here)")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -95,7 +110,47 @@ def write_json(args, data) -> None:
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
         Path(dest).write_text(text)
     except OSError as e:
-        raise UsageError(f"--json {dest}: cannot write: {e.strerror or e}") from None
+        raise OutputError(f"--json {dest}: cannot write: {e.strerror or e}") from None
+
+
+def writable_dir(path, what: str, shown=None) -> Path:
+    """Check, before any work, that files can be written in the folder ``path`` (created with its
+    parents when missing). Raises OutputError (exit code 3) naming the option ``what``."""
+    d = Path(path)
+    label = f"{what} {shown if shown is not None else path}"
+    existing = next((a for a in (d, *d.parents) if a.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise OutputError(f"{label}: {existing} is a file, not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{label}: cannot create the folder {d}: {e.strerror or e}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".ssm-scan-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{label}: cannot write in the folder {d}: {e.strerror or e}") from None
+    return d
+
+
+def writable_file(path, what: str) -> Path:
+    """Check, before any work, that the file ``path`` can be written: not a folder, its folder
+    writable (created when missing), the file writable if it exists. Raises OutputError (exit 3)."""
+    f = Path(path)
+    if f.is_dir():
+        raise OutputError(f"{what} {path}: is a folder, expected a file name")
+    writable_dir(f.parent, what, shown=path)
+    if f.exists() and not os.access(f, os.W_OK):
+        raise OutputError(f"{what} {path}: the file exists and is not writable")
+    return f
+
+
+def check_json_dest(args) -> None:
+    """``--json FILE``: checked before the work starts (stdout needs no check)."""
+    dest = getattr(args, "json", None)
+    if dest not in (None, "-"):
+        writable_file(dest, "--json")
 
 
 def say(args, text: str = "") -> None:
@@ -115,6 +170,35 @@ def split_list(values, what: str) -> list[str]:
             if item not in out:
                 out.append(item)
     return out
+
+
+def positive_float(what: str):
+    """An argparse ``type``: a finite number > 0 (nan, inf, 0, negatives and words are usage errors)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+        return v
+
+    parse.__name__ = what
+    return parse
+
+
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    return parse
 
 
 def int_list(text: str, what: str, minimum: int = 0) -> list[int]:

@@ -4,16 +4,23 @@ default device (lavapipe when there is no GPU)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from . import common
 
+PLOT_NAME = "ssm-scan-demo.png"
+JSON_NAME = "ssm-scan-demo.json"
+
 HELP = "the main job: info, a quick check, a small bench with a plot (what make demo runs)"
-DESCRIPTION = """Run, in order:
+DESCRIPTION = f"""Run, in order:
   ssm-scan info
   ssm-scan check --quick          (includes the oracle's finite-difference check)
-  ssm-scan bench --shape demo --sweep T=16,64,256 --reps 3 --plot OUT/bench.png --json OUT/bench.json
+  ssm-scan bench --shape demo --sweep T=16,64,256 --reps 3 --plot OUT/{PLOT_NAME} --json OUT/{JSON_NAME}
 on every backend available here (Vulkan on the default device: lavapipe when there is no GPU).
+
+Files written (OUT is --out, default out/, created when missing):
+  OUT/{PLOT_NAME}   the bench plot (skipped, with a one-line note, when matplotlib is not installed)
+  OUT/{JSON_NAME}  the bench results as JSON
+
 Exit code 1 when the check fails (the bench still runs)."""
 
 DEMO_BENCH = ["--shape", "demo", "--sweep", "T=16,64,256", "--reps", "3"]
@@ -22,24 +29,36 @@ QUICK_BENCH = ["--shape", "custom", "16,8,4,1,16,1", "--sweep", "T=4,16", "--rep
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="out", metavar="DIR",
-                   help="folder for the plot and the bench JSON (default: out)")
+                   help=f"folder for {PLOT_NAME} (the plot) and {JSON_NAME} (the bench results); "
+                        "default: out")
     p.add_argument("--quick", action="store_true", help="tiny bench shapes (seconds; for tests)")
     common.add_backend(p, "run")
     common.add_verbose(p)
 
 
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run(args) -> int:
     from .main import build_parser
 
-    out = Path(args.out)
+    out = common.writable_dir(args.out, "--out")
     backend = [f"--backend={b}" for b in common.split_list(args.backend, "--backend")]
     verbose = ["-v"] * args.verbose
-    plot = out / "ssm-scan-demo.png"
+    plot = out / PLOT_NAME
+    plotting = _have_matplotlib()
+    if not plotting:
+        print("demo: matplotlib is not installed: no plot (pip install 'ssm-scan[plot]' draws it)", flush=True)
     steps = [
         ["info", *verbose],
         ["check", "--quick", *backend, *verbose],
-        ["bench", *(QUICK_BENCH if args.quick else DEMO_BENCH), *backend, "--plot", str(plot),
-         "--json", str(out / "ssm-scan-demo.json"), *verbose],
+        ["bench", *(QUICK_BENCH if args.quick else DEMO_BENCH), *backend,
+         *(["--plot", str(plot)] if plotting else []), "--json", str(out / JSON_NAME), *verbose],
     ]
     parser = build_parser()
     worst = common.EXIT_OK
@@ -51,6 +70,6 @@ def run(args) -> int:
         sub.verbose = args.verbose
         code = sub.run(sub)
         worst = max(worst, code)
-    print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s: check {'PASS' if worst == 0 else 'FAIL'}; "
-          f"plot {plot}")
+    tail = f"plot {plot}" if plotting else f"no plot (no matplotlib); results {out / JSON_NAME}"
+    print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s: check {'PASS' if worst == 0 else 'FAIL'}; {tail}")
     return worst

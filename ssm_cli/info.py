@@ -54,8 +54,10 @@ def ggml_vulkan(shape: Shape, op: str, max_range: int | None) -> str:
 def _support(b: bk.Backend, shape: Shape, op: str) -> dict:
     if not b.available:
         return {"ok": None, "where": "-", "reason": b.reason}
+    from ssm_ref import ports
+
     try:
-        s = b.module.supports(op, **empty_inputs(shape))
+        s = ports.support(b.module.supports(op, *ports.args_of(empty_inputs(shape))))  # positional, ids None
     except Exception as e:  # a port's supports() must not stop the report
         return {"ok": False, "where": "error", "reason": f"{type(e).__name__}: {e}"}
     where = "CPU"
@@ -254,6 +256,7 @@ def render(r: dict) -> str:
 
 
 def run(args) -> int:
+    common.check_json_dest(args)
     report = gather()
     common.say(args, render(report))
     common.write_json(args, report)

@@ -45,11 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
             mod.add_parser(sub)
             p = sub.choices[name]
             p.epilog = p.epilog or common.EXIT_CODES_HELP
-            continue
-        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                           epilog=common.EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-        mod.add_arguments(p)
-        p.set_defaults(run=mod.run)
+        else:
+            p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                               epilog=common.EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+            mod.add_arguments(p)
+            p.set_defaults(run=mod.run)
+        if "-v" not in p._option_string_actions:  # -v after every command, as the top-level help says
+            common.add_verbose(p)
     return ap
 
 
@@ -63,7 +65,11 @@ def main(argv=None) -> int:
         return run(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return common.EXIT_INTERRUPTED
+    except (common.OutputError, OSError) as e:
+        # An output that cannot be written, an input that cannot be read: one line, exit 3.
+        _report(prog, e, args.verbose)
+        return common.EXIT_IO
     except (common.UsageError, ValueError, TypeError) as e:
         # Bad arguments (ours, or those the library rejects, such as H % G != 0): one line.
         _report(prog, e, args.verbose)
@@ -71,22 +77,22 @@ def main(argv=None) -> int:
     except Exception as e:
         if _is_environment_error(e):  # no Vulkan, glslc missing, a device error: one line too
             _report(prog, e, args.verbose)
-            return common.EXIT_FAIL
+            return common.EXIT_USAGE
         raise
 
 
 def _is_environment_error(e: Exception) -> bool:
     from ssm_vk import runtime as rt
 
-    return isinstance(e, rt.VulkanUnavailable | rt.VulkanError | rt.ShaderBuildError | OSError)
+    return isinstance(e, rt.VulkanUnavailable | rt.VulkanError | rt.ShaderBuildError)
 
 
 def _report(prog: str, e: Exception, verbose: int) -> None:
     if verbose:
         traceback.print_exc()
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    ours = isinstance(e, common.UsageError)
-    hint = "" if verbose or ours else " (-v shows the traceback)"
+    ours = isinstance(e, common.UsageError | common.OutputError)
+    hint = "" if verbose or (ours and e.__cause__ is None) else " (-v shows the traceback)"
     kind = "" if ours else f"{type(e).__name__}: "
     print(f"{prog}: error: {kind}{text}{hint}", file=sys.stderr)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import UsageError
+from .common import OutputError, UsageError
 
 # One colour per backend, one marker and line style per op; GPU time (timestamps) dotted with
 # hollow markers beside the wall time.
@@ -19,7 +19,8 @@ AXIS_NAMES = {"T": "T (tokens per sequence)", "S": "S (sequences)", "H": "H (hea
 
 def plot_bench(report: dict, path: str) -> Path:
     """Draw ``report`` (bench's JSON) into ``path`` (PNG, or any format matplotlib knows by the
-    suffix). Returns the path. Raises UsageError without matplotlib or for an unwritable path."""
+    suffix). Returns the path. Raises UsageError without matplotlib or for an unknown format,
+    OutputError for an unwritable path."""
     try:
         import matplotlib
 
@@ -64,7 +65,9 @@ def plot_bench(report: dict, path: str) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise OutputError(f"--plot {path}: cannot write: {e.strerror or e}") from None
+    except ValueError as e:  # a suffix matplotlib does not know
         raise UsageError(f"--plot {path}: cannot write: {e}") from None
     finally:
         plt.close(fig)

@@ -16,10 +16,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ssm_ref.vectors import GOLDEN, write_vectors
 
+    from . import common
+
     unknown = [c for c in (args.case or []) if c not in GOLDEN]
     if unknown:
-        print(f"ssm-scan vectors: unknown case {unknown}; the cases are: {', '.join(GOLDEN)}")
-        return 2
+        raise common.UsageError(f"--case {unknown[0]}: unknown; the cases are: {', '.join(GOLDEN)}")
+    common.writable_dir(args.out, "--out")
     path = write_vectors(args.out, args.case)
     for name in args.case or GOLDEN:
         print(f"  {name:18s} {GOLDEN[name][0]}")

@@ -19,6 +19,7 @@ Testing an implementation (docs/PORTING.md), loaded on first use:
     ssm_ref.properties   the properties every backend must have, as plain functions
     ssm_ref.fuzzing      a time-boxed fuzzer over them (needs hypothesis); ``ssm-scan fuzz``
     ssm_ref.jvp          forward mode (tangents of y and states)
+    ssm_ref.ports        the port interface: how verify, check and fuzz call a port and read its results
     ssm_ref.cases, ssm_ref.tolerance, ssm_ref.regressions   problems, bounds, saved cases
 """
 
@@ -68,7 +69,7 @@ OPS = ("ssm_scan", "ssm_scan_back")
 
 # Submodules loaded on first use: ``strategies`` and ``fuzzing`` need hypothesis (optional), the
 # others pull in nothing heavy but are not needed to run a scan.
-_LAZY = ("cases", "jvp", "properties", "strategies", "fuzzing", "regressions", "tolerance", "vectors",
+_LAZY = ("cases", "jvp", "ports", "properties", "strategies", "fuzzing", "regressions", "tolerance", "vectors",
          "verification")
 
 

@@ -1,5 +1,5 @@
-"""A time-boxed fuzzer: every property of ssm_ref.properties, on any module with the
-functions of docs/API.md, over problems drawn by ssm_ref.strategies, until the time is up.
+"""A time-boxed fuzzer: every property of ssm_ref.properties, on any port (docs/PORTING.md,
+"The port interface"), over problems drawn by ssm_ref.strategies, until the time is up.
 
     from ssm_ref.fuzzing import fuzz
     report = fuzz([my_port], minutes=30, save_dir="tests/regressions")
@@ -13,6 +13,7 @@ Needs hypothesis (``pip install 'ssm-scan[test]'``). The command line is ``ssm-s
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError("ssm_ref.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
                       "pip install 'ssm-scan[test]' (or pip install hypothesis)") from e
 
+from . import ports
 from .cases import REGIMES, Case
 from .properties import PROPERTIES, PropertyFailed
 from .regressions import save_case
@@ -86,12 +88,20 @@ def reproducer(case: Case) -> str:
 
 
 def _modname(module) -> str:
-    return getattr(module, "NAME", getattr(module, "__name__", repr(module)))
+    return ports.port_name(module)
+
+
+def crash_message(e: BaseException) -> str:
+    """What a failure report says about an exception a port raised: its type and message, then
+    its traceback (the port's own frames; ssm_ref.ports.traceback_text)."""
+    tb = ports.traceback_text(e)
+    return f"{type(e).__name__}: {e}" + (f"\n{tb}" if tb else "")
 
 
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
          save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
-    """Fuzz ``backends`` (modules with ssm_scan, ssm_scan_back; docs/API.md) for ``minutes``.
+    """Fuzz ``backends`` (ports: modules with NAME, ssm_scan, ssm_scan_back, supports;
+    docs/PORTING.md, "The port interface") for ``minutes``.
 
     properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
@@ -99,7 +109,9 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     where failures are written as regression files. batch: examples per (backend, property)
     per round (small, so that every property gets its turn early). sizes: size limits passed to
     ssm_ref.strategies.problems (max_elements=...).
-    Raises ValueError for an unknown property or regime. Returns a FuzzReport.
+    Raises ValueError for an unknown property or regime, a backend that is no port, or minutes
+    that are not a positive number. Returns a FuzzReport; a failure caused by an exception
+    carries its traceback in its message.
     """
     names = list(PROPERTIES) if properties is None else list(properties)
     unknown = [n for n in names if n not in PROPERTIES]
@@ -108,6 +120,13 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     bad = [r for r in regimes if r not in REGIMES]
     if bad or not regimes:
         raise ValueError(f"regimes: expected a non-empty selection of {REGIMES}, got {tuple(regimes)}")
+    for b in backends:
+        lacks = ports.interface_problems(b)
+        if lacks:
+            raise ValueError(f"backends: {ports.port_name(b)} is no port ({', '.join(lacks)}; docs/PORTING.md, "
+                             "\"The port interface\")")
+    if not math.isfinite(minutes) or minutes <= 0:
+        raise ValueError(f"minutes: expected a positive number, got {minutes!r}")
     tol = F32_TOL if tol is None else tol
     rnd = random.Random(seed)
     report = FuzzReport()
@@ -160,7 +179,7 @@ def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
         prop.check(module, case, tol)
         message = "failed while fuzzing, passed on the re-run (not deterministic?)"
     except Exception as e:  # PropertyFailed, or the crash itself
-        message = str(e) if isinstance(e, PropertyFailed) else f"{type(e).__name__}: {e}"
+        message = str(e) if isinstance(e, PropertyFailed) else crash_message(e)
     f = Failure(backend=key[0], property=key[1], case=case, message=message)
     if save_dir is not None:
         f.saved = str(save_case(case, save_dir, prop=key[1], found_on=key[0], message=message))

@@ -32,6 +32,8 @@ __all__ = [
     "nonfinite_mismatch",
     "rel_err",
     "scaled",
+    "share_text",
+    "value_text",
 ]
 
 OUTPUTS = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
@@ -146,11 +148,42 @@ def rel_err(got, want) -> float:
     return diff / norm if norm > 0 else diff
 
 
+def share_text(used: float, short: bool = False) -> str:
+    """How much of its bound an error used, for people: "2.0%" up to the bound, beyond it
+    "23.4 x the bound", "6759 x the bound", "6.3e10 x the bound" (``short``: without "the bound")."""
+    if math.isnan(used):
+        return "-"
+    if used <= 1.0:
+        return f"{used:.1%}"
+    if math.isinf(used):
+        times = "inf"
+    elif used < 100:
+        times = f"{used:.3g}"
+    elif used < 1e4:
+        times = f"{used:.0f}"
+    else:
+        mantissa, exponent = f"{used:.1e}".split("e")
+        times = f"{mantissa}e{int(exponent)}"
+    return f"{times} x" if short else f"{times} x the bound"
+
+
+def value_text(v) -> str:
+    """A float as printed in reports: 9 significant digits (a float32 value exactly), nan, inf."""
+    return "-" if v is None else f"{float(v):.9g}"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One output against its expected value. ``ok`` iff the shapes and the non-finite patterns
-    match and err <= bound. ``rel`` is norm-relative, ``max_rel`` = max|got - want| / max|want|
-    (over finite entries), ``used`` = err / bound."""
+    match and err <= bound. ``err`` = ||got - want||, ``bound`` = rtol * ||want|| + atol *
+    sqrt(size), ``norm`` = ||want|| (2-norms over the entries where want is finite); ``rel`` =
+    err / norm (norm-relative), ``max_rel`` = max|got - want| / max|want| (over finite entries),
+    ``used`` = err / bound, ``rel_bound`` = bound / norm (the bound as a norm-relative error).
+
+    ``index`` is the worst element (a tuple into the output's shape): the largest |got - want|
+    over the finite entries, or, when the non-finite entries differ, the first entry that
+    differs; ``got`` and ``want`` are the values there. All three are None for empty arrays and
+    mismatched shapes."""
 
     output: str
     ok: bool
@@ -159,17 +192,42 @@ class Comparison:
     rel: float
     max_rel: float
     detail: str = ""
+    index: tuple | None = None
+    got: float | None = None
+    want: float | None = None
+    norm: float = 0.0
 
     @property
     def used(self) -> float:
         return self.err / self.bound if self.bound > 0 else (0.0 if self.err == 0 else math.inf)
 
+    @property
+    def rel_bound(self) -> float:
+        return self.bound / self.norm if self.norm > 0 else self.bound
+
+    @property
+    def share(self) -> str:
+        """``used`` for people: "2.0%", or "6.3e10 x the bound" (:func:`share_text`)."""
+        return share_text(self.used)
+
+    def worst(self) -> str:
+        """ "worst at (0, 2, 1, 0): got 0.51234567, want 0.5", or "" without an index."""
+        if self.index is None:
+            return ""
+        return f"worst at {self.index}: got {value_text(self.got)}, want {value_text(self.want)}"
+
     def message(self, label: str = "") -> str:
         where = self.output + (f" [{label}]" if label else "")
         if self.detail:
             return f"{where}: {self.detail}"
-        return (f"{where}: ||got - want|| = {self.err:.3e} {'<=' if self.ok else '>'} bound {self.bound:.3e} "
-                f"(rel {self.rel:.3e}, max rel {self.max_rel:.3e})")
+        verdict = f"within the bound ({share_text(self.used)})" if self.ok else f"error {share_text(self.used)}"
+        text = (f"{where}: {verdict}: ||got - want|| = {self.err:.3e} {'<=' if self.ok else '>'} bound "
+                f"{self.bound:.3e} (rel {self.rel:.3e}, bound as rel {self.rel_bound:.3e}, max rel {self.max_rel:.3e})")
+        return text + (f"; {self.worst()}" if self.index is not None else "")
+
+
+def _at(a: np.ndarray, index: tuple) -> float:
+    return float(a[index])
 
 
 def compare(output: str, got, want, tol: Tol) -> Comparison:
@@ -181,15 +239,21 @@ def compare(output: str, got, want, tol: Tol) -> Comparison:
                           f"shape {g.shape}, expected {w.shape}")
     why = nonfinite_mismatch(g, w)
     if why:
-        return Comparison(output, False, math.inf, 0.0, math.inf, math.inf, "non-finite entries differ: " + why)
+        bad = np.argwhere((np.isnan(g) != np.isnan(w)) | (np.isposinf(g) != np.isposinf(w))
+                          | (np.isneginf(g) != np.isneginf(w)))
+        idx = tuple(int(v) for v in bad[0])
+        return Comparison(output, False, math.inf, 0.0, math.inf, math.inf, "non-finite entries differ: " + why,
+                          idx, _at(g, idx), _at(w, idx))
     fin = np.isfinite(w)
     gf, wf = g[fin], w[fin]
     if wf.size == 0:
         return Comparison(output, True, 0.0, 0.0, 0.0, 0.0)
+    diff = np.where(fin, np.abs(g - np.where(fin, w, 0.0)), -1.0)
+    idx = tuple(int(v) for v in np.unravel_index(int(np.argmax(diff)), w.shape))
     err = float(np.linalg.norm(gf - wf))
     norm = float(np.linalg.norm(wf))
     bound = tol.rtol * norm + tol.atol * math.sqrt(wf.size)
     top = float(np.max(np.abs(wf)))
     max_rel = float(np.max(np.abs(gf - wf))) / top if top > 0 else float(np.max(np.abs(gf)))
     rel = err / norm if norm > 0 else err
-    return Comparison(output, err <= bound, err, bound, rel, max_rel)
+    return Comparison(output, err <= bound, err, bound, rel, max_rel, "", idx, _at(g, idx), _at(w, idx), norm)

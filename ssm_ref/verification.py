@@ -2,33 +2,33 @@
 
     import ssm_ref
     report = ssm_ref.verify(my_forward, my_backward)        # or vectors="golden/" (a directory)
+    report = ssm_ref.verify(my_port)                        # a module with ssm_scan, ssm_scan_back
     print(report)                                           # one line per case and output
     assert report.ok
 
-What the callables get and may return (docs/PORTING.md):
+What the callables get and may return: docs/PORTING.md, "The port interface" (ssm_ref.ports, the
+reading ``ssm-scan check`` and ``ssm-scan fuzz`` use too).
 
-* ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of docs/SPEC.md's shapes (A in the
-  shape the case gives it: (H,), (H, 1) or (H, N)); ids int32 (S,). Return any of: an object
-  with ``.y`` and ``.states`` (e.g. ssm_ref.ScanResult), a mapping with keys "y" and "states",
-  a tuple ``(y, states)``, or the packed 1-D array of length S*T*H*P + S*H*P*N (ggml SSM_SCAN).
+* ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of SPEC.md's shapes (A in the
+  shape the case gives it: (H,), (H, 1) or (H, N)); ids int32 (S,).
 * ``fn_backward(s, x, dt, A, B, C, ids, g_y, g_states)``: the same plus g_y (S,T,H,P) and
-  g_states (S,H,P,N). Return any of: an object with attributes ``d_s0, d_x, d_dt, d_A, d_B, d_C``
-  (and optionally ``d_s``), a mapping with those keys, or the packed 1-D array in ggmlR's
-  SSM_SCAN_BACK layout (d_s0 | d_x | d_dt | d_A | d_B | d_C; d_s is then not checked).
+  g_states (S,H,P,N). A result without d_s (a 6-tuple, a packed array) leaves d_s unchecked.
 
-Either callable may be None (not checked). Both are called positionally, with fresh copies of the inputs each call.
+Either callable may be None (not checked). Both are called positionally, with fresh copies of the
+inputs each call. ``verify`` never raises: bad arguments (neither callable, a missing vectors
+directory, unknown case names) and whatever the callables raise become ERROR rows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .checks import Dims
-from .packing import unpack_backward, unpack_forward
-from .tolerance import F32_TOL, Comparison, compare, scaled
+from . import ports
+from .tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
 
 __all__ = ["VerifyReport", "VerifyRow", "verify"]
 
@@ -37,23 +37,40 @@ BLOCKS = ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 
 @dataclass(frozen=True)
 class VerifyRow:
-    """One output of one case. ``comparison`` is None when the call failed (see ``error``)."""
+    """One output of one case. ``comparison`` is None when the call failed or an argument was
+    bad: ``error`` says what ("RuntimeError: device lost"), ``traceback`` holds the formatted
+    traceback of an exception (the callable's own frames)."""
 
     case: str
     output: str
     comparison: Comparison | None
     error: str = ""
+    traceback: str = ""
 
     @property
     def ok(self) -> bool:
         return self.comparison is not None and self.comparison.ok
 
 
+def _cells(r: VerifyRow) -> list[str]:
+    c = r.comparison
+    if c is None:
+        return [r.case, r.output, "", "", "", "", "", "", f"ERROR {r.error}"]
+    verdict = "PASS" if c.ok else "FAIL" + (f" ({c.detail})" if c.detail else "")
+    if c.detail:
+        nums = ["", "", ""]
+    else:
+        nums = [f"{c.rel:.2e}", f"{c.rel_bound:.2e}", share_text(c.used, short=True)]
+    worst = ["", "", ""] if c.index is None else [str(c.index), value_text(c.got), value_text(c.want)]
+    return [r.case, r.output, *nums, *worst, verdict]
+
+
 @dataclass
 class VerifyReport:
-    """Every row of a verification; ``ok`` iff every row passed. ``str(report)`` is a table:
-    case, output, norm-relative error, max relative error (max|got - want| / max|want|), the share
-    of the bound used, PASS/FAIL."""
+    """Every row of a verification; ``ok`` iff there are rows and every row passed. ``str(report)``
+    is a table: case, output, norm-relative error, the bound as a norm-relative error, the share
+    of the bound used, the worst element (its index into the output, got and want there),
+    PASS/FAIL/ERROR; then the traceback of each exception."""
 
     rows: list = field(default_factory=list)
 
@@ -65,106 +82,145 @@ class VerifyReport:
         return [r for r in self.rows if not r.ok]
 
     def __str__(self) -> str:
-        head = f"{'case':18s} {'output':10s} {'rel err':>10s} {'max rel':>10s} {'of bound':>9s}  result"
-        lines = [head, "-" * len(head)]
+        head = ["case", "output", "rel err", "bound", "of bound", "worst at", "got", "want", "result"]
+        body = [_cells(r) for r in self.rows]
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head) - 1)]
+        right = {2, 3, 4, 6, 7}
+
+        def line(cells):
+            out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths,
+                                                                                          strict=False))]
+            return "  ".join([*out, cells[-1]]).rstrip()
+
+        lines = [line(head), "-" * len(line(head))] + [line(c) for c in body]
         for r in self.rows:
-            if r.comparison is None:
-                lines.append(f"{r.case:18s} {r.output:10s} {'':>10s} {'':>10s} {'':>9s}  ERROR {r.error}")
-                continue
-            c = r.comparison
-            used = "" if math.isinf(c.used) else f"{c.used:9.1%}"
-            verdict = "PASS" if c.ok else "FAIL" + (f" ({c.detail})" if c.detail else "")
-            lines.append(f"{r.case:18s} {r.output:10s} {c.rel:10.2e} {c.max_rel:10.2e} {used:>9s}  {verdict}")
+            if r.traceback:
+                lines += ["", f"{r.case} {r.output}: {r.error}",
+                          *("  " + x for x in r.traceback.splitlines())]
         n_bad = len(self.failures())
         lines.append(f"{len(self.rows) - n_bad} of {len(self.rows)} passed" + ("" if n_bad else ": all PASS"))
         return "\n".join(lines)
 
 
-def _dims(g) -> Dims:
-    d = g.dims
-    a_shape = tuple(np.shape(g.inputs["A"]))
-    return Dims(S=d["S"], T=d["T"], H=d["H"], P=d["P"], N=d["N"], G=d["G"], R=d["R"],
-                mamba1=g.variant == "mamba1", a_shape=a_shape)
-
-
-def _get(out, names):
-    """Arrays by name from an object with attributes or a mapping; missing names are left out."""
-    got = {}
-    for k in names:
-        if isinstance(out, dict):
-            if k in out:
-                got[k] = out[k]
-        elif hasattr(out, k):
-            got[k] = getattr(out, k)
-    return {k: (v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else np.asarray(v))
-            for k, v in got.items()}
-
-
-def _forward_outputs(out, dims: Dims) -> dict:
-    if isinstance(out, tuple) and len(out) == 2:
-        return {"y": np.asarray(out[0]), "states": np.asarray(out[1])}
-    if isinstance(out, np.ndarray) and out.ndim == 1:
-        y, states = unpack_forward(out, dims)
-        return {"y": y, "states": states}
-    got = _get(out, ("y", "states"))
-    if set(got) != {"y", "states"}:
-        raise TypeError(f"fn_forward returned {type(out).__name__}: expected .y/.states, a (y, states) tuple, "
-                        "a mapping or the packed 1-D array")
-    return got
-
-
-def _backward_outputs(out, dims: Dims) -> dict:
-    if isinstance(out, np.ndarray) and out.ndim == 1:
-        return unpack_backward(out, dims)
-    got = _get(out, ("d_s", *BLOCKS))
-    missing = [k for k in BLOCKS if k not in got]
-    if missing:
-        raise TypeError(f"fn_backward returned {type(out).__name__} without {missing}: expected attributes "
-                        "or keys d_s0, d_x, d_dt, d_A, d_B, d_C (d_s optional) or the packed 1-D array")
-    return got
-
-
 def _args(g, *extra) -> tuple:
-    """Fresh copies of the inputs, positional, in the order of docs/API.md."""
+    """Fresh copies of the inputs, positional, in the port interface's order."""
     return tuple(np.array(g.inputs[k]) for k in ("s", "x", "dt", "A", "B", "C", "ids", *extra))
 
 
-def _check(rows: list, g, label: str, call, unpack, names, tol: dict) -> None:
+def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dict, backend: str) -> None:
     try:
-        got = unpack(call(), _dims(g))
+        got = ports.call(fn, op, _args(g, *extra), backend=backend)
     except Exception as e:  # the port's own error: reported, not raised
-        rows.append(VerifyRow(g.name, label, None, f"{type(e).__name__}: {e}"))
+        rows.append(VerifyRow(g.name, label, None, ports.error_text(e), ports.traceback_text(e)))
         return
     for k in names:
         if k in got:
             rows.append(VerifyRow(g.name, k, compare(k, got[k], g.expected[k], tol[k])))
 
 
+def _callables(fn_forward, fn_backward) -> tuple:
+    """(forward, backward, name, problems): a port module becomes its two functions."""
+    if fn_forward is not None and not callable(fn_forward) and hasattr(fn_forward, "ssm_scan"):
+        port = fn_forward
+        problems = [f"fn_forward: the port {ports.port_name(port)} {p}" for p in ports.interface_problems(port)]
+        if fn_backward is not None:
+            problems.append("fn_backward: give a port module alone (its ssm_scan_back is used), not with "
+                            "fn_backward")
+        if problems:
+            return None, None, "", problems
+        return port.ssm_scan, port.ssm_scan_back, ports.port_name(port), []
+    problems = []
+    if fn_forward is None and fn_backward is None:
+        problems.append("give fn_forward, fn_backward or both (or a port module as fn_forward)")
+    for what, fn in (("fn_forward", fn_forward), ("fn_backward", fn_backward)):
+        if fn is not None and not callable(fn):
+            problems.append(f"{what}: expected a callable (or None), got {type(fn).__name__}")
+    name = getattr(fn_forward if fn_forward is not None else fn_backward, "__module__", "") or ""
+    return fn_forward, fn_backward, name, problems
+
+
+def _tol_problem(tol) -> str:
+    if tol is None:
+        return ""
+    if not isinstance(tol, Mapping):
+        return f"tol: expected a mapping output -> Tol (ssm_ref.tolerance.F32_TOL), got {type(tol).__name__}"
+    missing = [k for k in OUTPUTS if k not in tol]
+    bad = [k for k in OUTPUTS if k in tol and not all(
+        isinstance(getattr(tol[k], a, None), int | float) and math.isfinite(getattr(tol[k], a)) and
+        getattr(tol[k], a) >= 0 for a in ("rtol", "atol"))]
+    if missing or bad:
+        return (f"tol: expected a Tol (finite rtol, atol >= 0) for every output of {list(OUTPUTS)}"
+                + (f"; missing {missing}" if missing else "") + (f"; not a Tol: {bad}" if bad else ""))
+    return ""
+
+
+def _case_names(cases) -> tuple[list | None, str]:
+    if cases is None:
+        return None, ""
+    if isinstance(cases, str):
+        return [cases], ""
+    if not isinstance(cases, Iterable):
+        return [], f"cases: expected case names (a list of str), got {type(cases).__name__}"
+    names = list(cases)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        return [], f"cases: expected names (str), got {bad[0]!r}"
+    return names, ""
+
+
 def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) -> VerifyReport:
     """Check ``fn_forward`` / ``fn_backward`` against the golden vectors; returns a VerifyReport.
 
+    fn_forward may also be a port module (NAME, ssm_scan, ssm_scan_back, supports; docs/PORTING.md,
+    "The port interface") with fn_backward None: both of its functions are checked.
     vectors: None (compute the golden cases now with ssm_ref) or a directory written by
     ``ssm-scan vectors`` / ``ssm_ref.vectors.write_vectors``. cases: names to check (default all;
-    see ssm_ref.vectors.GOLDEN). Each output passes when ||got - want|| <= rtol * ||want|| +
-    atol * sqrt(size) (non-finite entries must match exactly), with ``tol`` (an output -> Tol
-    table; default ssm_ref.tolerance.F32_TOL, F64_TOL for a float64 implementation) scaled for
-    the case's T.
-    An exception from a callable becomes an ERROR row. Raises ValueError when both callables
-    are None.
+    see ssm_ref.vectors.GOLDEN; one name as a str is fine). Each output passes when
+    ||got - want|| <= rtol * ||want|| + atol * sqrt(size) (non-finite entries must match exactly),
+    with ``tol`` (an output -> Tol table; default ssm_ref.tolerance.F32_TOL, F64_TOL for a
+    float64 implementation) scaled for the case's T.
+    Never raises: an exception from a callable becomes an ERROR row of that case (with its
+    traceback), a bad argument an ERROR row of case "-"; either makes the report not ok.
     """
-    from .vectors import golden_cases, read_vectors
+    from .vectors import GOLDEN, golden_cases, read_vectors
 
-    if fn_forward is None and fn_backward is None:
-        raise ValueError("verify: give fn_forward, fn_backward or both")
-    goldens = golden_cases(cases) if vectors is None else read_vectors(vectors)
-    if vectors is not None and cases is not None:
-        goldens = [g for g in goldens if g.name in set(cases)]
     report = VerifyReport()
+
+    def arg_error(output: str, message: str) -> None:
+        report.rows.append(VerifyRow("-", output, None, message))
+
+    fwd, back, name, problems = _callables(fn_forward, fn_backward)
+    for msg in problems:
+        arg_error("arguments", msg)
+    why = _tol_problem(tol)
+    if why:
+        arg_error("tol", why)
+    names, why = _case_names(cases)
+    if why:
+        arg_error("cases", why)
+    if report.rows:
+        return report
+    if vectors is None:
+        available = list(GOLDEN)
+    else:
+        try:
+            goldens = read_vectors(vectors)
+        except Exception as e:  # missing directory, unreadable or foreign files
+            arg_error("vectors", f"vectors: cannot read golden vectors from {str(vectors)!r}: {ports.error_text(e)}")
+            return report
+        available = [g.name for g in goldens]
+    unknown = [n for n in names or () if n not in available]
+    for n in unknown:
+        arg_error("cases", f"cases: unknown case {n!r}; the cases are: {', '.join(available)}")
+    wanted = [n for n in (available if names is None else names) if n in available]
+    if vectors is None:
+        goldens = golden_cases(wanted)
+    else:
+        goldens = [g for g in goldens if g.name in set(wanted)]
     for g in goldens:
         t = scaled(F32_TOL if tol is None else tol, g.dims["T"])
-        if fn_forward is not None:
-            _check(report.rows, g, "forward", lambda g=g: fn_forward(*_args(g)), _forward_outputs, ("y", "states"), t)
-        if fn_backward is not None:
-            _check(report.rows, g, "backward", lambda g=g: fn_backward(*_args(g, "g_y", "g_states")),
-                   _backward_outputs, ("d_s", *BLOCKS), t)
+        if fwd is not None:
+            _check(report.rows, g, "forward", fwd, "ssm_scan", (), ("y", "states"), t, name)
+        if back is not None:
+            _check(report.rows, g, "backward", back, "ssm_scan_back", ("g_y", "g_states"), ("d_s", *BLOCKS), t, name)
     return report

@@ -1,6 +1,7 @@
 """The ``ssm-scan`` command, run as a user runs it: a subprocess, its output, files and exit code.
 
-Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback).
+Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback), 3 an
+I/O error (an output that cannot be written).
 Shapes stay tiny: lavapipe is slow.
 """
 
@@ -56,7 +57,8 @@ def test_help_works_for_every_command(command):
     p = ssm_scan(*([command] if command else []), "--help")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"usage: ssm-scan {command}".rstrip())
-    assert "exit codes: 0 success, 1 a check failed, 2 usage error" in p.stdout
+    assert "exit codes: 0 success, 1 a check failed, 2 usage error" in " ".join(p.stdout.split())
+    assert "3 I/O error" in " ".join(p.stdout.split())
     if not command:  # the top level lists every command
         for name, _ in COMMANDS:
             assert name in p.stdout
@@ -195,9 +197,92 @@ def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_check_fails():
     (["build-shaders", "--subgroup-sizes", "12"], ["12 is not a power of two"]),
     (["build-shaders", "--n", "16,x"], ["--n: expected comma-separated integers"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+    (["fuzz", "--minutes", "-1"], ["--minutes: expected a finite number > 0, got '-1'"]),
+    (["fuzz", "--minutes", "0"], ["--minutes: expected a finite number > 0, got '0'"]),
+    (["fuzz", "--minutes", "nan"], ["--minutes: expected a finite number > 0, got 'nan'"]),
+    (["fuzz", "--minutes", "inf"], ["--minutes: expected a finite number > 0, got 'inf'"]),
+    (["fuzz", "--minutes", "soon"], ["--minutes: expected a number > 0, got 'soon'"]),
+    (["fuzz", "--minutes", "1", "--tol-scale", "-2"], ["--tol-scale: expected a finite number > 0"]),
+    (["fuzz", "--minutes", "1", "--max-S", "0"], ["--max-S: expected an integer >= 1, got 0"]),
+    (["fuzz", "--minutes", "1", "--backend", "no_such_module"], ["--backend no_such_module: no such module"]),
+    (["vectors", "--out", "x", "--case", "nonesuch"], ["--case nonesuch: unknown"]),
 ])
 def test_a_bad_argument_is_one_line_and_exit_2(argv, fragments):
     assert_one_line_error(ssm_scan(*argv), *fragments)
+
+
+# What each command needs besides -v to parse.
+REQUIRED = {"fuzz": ["--minutes", "1"], "vectors": ["--out", "x"]}
+
+
+@pytest.mark.parametrize("command", [name for name, _ in COMMANDS])
+def test_v_is_accepted_after_every_command(command):
+    from ssm_cli.main import build_parser
+
+    args = build_parser().parse_args([command, *REQUIRED.get(command, []), "-v", "-v"])
+    assert args.verbose == 2
+
+
+def test_fuzz_takes_the_backend_aliases_of_check_and_bench(capsys):
+    from ssm_cli.main import main
+
+    assert main(["fuzz", "--minutes", "0.01", "--backend", "ref", "--property", "deterministic", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "fuzzing ssm_ref for" in out and "ssm_ref    deterministic" in out
+
+
+def test_an_output_folder_that_cannot_be_made_is_exit_3(tmp_path, capsys):
+    from ssm_cli.main import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["vectors", "--out", str(tmp_path / "file" / "golden")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "is a file, not a folder" in err
+
+
+def _without(module: str, *argv, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``ssm-scan argv...`` in a process where ``import module`` fails (as if not installed)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("SSM_VK_VALIDATION", None)
+    code = f"import sys; sys.modules[{module!r}] = None; from ssm_cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False, cwd=ROOT)
+
+
+def test_demo_without_matplotlib_skips_the_plot_in_one_line(tmp_path):
+    p = _without("matplotlib", "demo", "--quick", "--out", tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    notes = [line for line in p.stdout.splitlines() if "matplotlib" in line]
+    assert notes[0] == "demo: matplotlib is not installed: no plot (pip install 'ssm-scan[plot]' draws it)"
+    assert "--plot" not in p.stdout and "check: PASS" in p.stdout
+    assert not (tmp_path / "ssm-scan-demo.png").exists()
+    assert json.loads((tmp_path / "ssm-scan-demo.json").read_text())["rows"]
+
+
+def test_demo_help_names_the_files_it_writes():
+    p = ssm_scan("demo", "--help")
+    assert p.returncode == 0 and "OUT/ssm-scan-demo.png" in p.stdout and "OUT/ssm-scan-demo.json" in p.stdout
+
+
+def test_a_missing_vulkan_binding_says_how_to_install_it():
+    p = _without("vulkan", "info")
+    assert p.returncode == 0, p.stderr
+    assert "Vulkan: not available: the Vulkan binding could not be loaded" in p.stdout
+    assert "pip install 'ssm-scan[vulkan]'" in p.stdout
+
+
+def test_bench_plot_without_sweep_sweeps_each_shape_around_its_own_T(tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    p = ssm_scan("bench", "--shape", "demo", "mamba1", "--plot", png, "--json", out, "--backend", "fast",
+                 "--op", "fwd", "--reps", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(out.read_text())
+    got = {}
+    for r in rep["rows"]:
+        got.setdefault(r["shape"], set()).add(r["dims"]["T"])
+    assert got == {"demo": {4, 16, 64}, "mamba1": {32, 128, 512}}     # 1/16, 1/4 and 1 of each shape's T
+    assert rep["sweep_per_shape"] == {"demo": [4, 16, 64], "mamba1": [32, 128, 512]}
+    assert png.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_bench_times_every_backend_and_draws_the_plot(tmp_path):

@@ -38,7 +38,8 @@ def test_cli_without_hypothesis_writes_vectors_and_explains_fuzz(tmp_path):
              f"assert main(['vectors', '--out', {str(tmp_path)!r}, '--case', 'one_token']) == 0\n"
              "assert main(['fuzz', '--minutes', '0.01']) == 2")
     assert r.returncode == 0, r.stderr
-    assert "needs hypothesis" in r.stdout and (tmp_path / "manifest.json").exists()
+    assert "ssm-scan fuzz: error: ssm_ref.fuzzing needs hypothesis" in r.stderr   # one line on stderr, exit 2
+    assert (tmp_path / "manifest.json").exists()
 
 
 def test_strategies_are_reachable_as_an_attribute_of_ssm_ref():

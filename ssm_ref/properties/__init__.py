@@ -1,5 +1,5 @@
 """The properties every implementation of the scan must have, as plain functions a test, the
-fuzzer (``ssm-scan fuzz``) or a user can run on any module with the functions of docs/API.md.
+fuzzer (``ssm-scan fuzz``) or a user can run on any port (docs/PORTING.md, "The port interface").
 
     from ssm_ref.properties import PROPERTIES, PropertyFailed
     for prop in PROPERTIES.values():

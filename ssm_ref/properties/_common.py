@@ -4,6 +4,7 @@ reproduces from the case's recipe alone)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable
@@ -11,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ports
 from ..cases import Case
-from ..results import GRAD_NAMES
 from ..tolerance import Comparison, Tol, compare, scaled
 
-__all__ = ["Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run", "tol_for"]
+__all__ = ["Outputs", "Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run", "tol_for"]
 
 
 class PropertyFailed(AssertionError):
@@ -34,18 +35,43 @@ class Property:
     summary: str
 
 
-def _host(a) -> np.ndarray:
-    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
+class Outputs(dict):
+    """A backend's outputs by name; ``derived`` names those the port did not return and
+    :func:`run` filled in (d_s, from a result without it: the scatter-add of its d_s0)."""
+
+    derived: frozenset = frozenset()
 
 
-def run(module, args: dict, g_y, g_states, backward: bool = True) -> dict:
-    """Forward (and backward) of ``module`` (docs/API.md) on keyword ``args``: outputs by name
-    (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays."""
-    r = module.ssm_scan(**args)
-    out = {"y": _host(r.y), "states": _host(r.states)}
+def _scatter(d_s0: np.ndarray, s, ids) -> np.ndarray:
+    """d_s from d_s0: row r is the sum of d_s0[i] over ids[i] == r, in float32. Raises TypeError
+    when d_s0 does not have the shape (S, H, P, N) of the inputs."""
+    s_shape = tuple(int(v) for v in (s.shape if hasattr(s, "shape") else np.shape(s)))
+    S = d_s0.shape[0] if d_s0.ndim == 4 else -1
+    idx = np.arange(S) if ids is None else np.asarray(ids).reshape(-1)
+    if len(s_shape) != 4 or d_s0.ndim != 4 or d_s0.shape[1:] != s_shape[1:] or idx.shape != (S,):
+        raise TypeError(f"ssm_scan_back returned no d_s and a d_s0 of shape {d_s0.shape}: expected (S, H, P, N) "
+                        f"with H, P, N of s {s_shape} and S = len(ids)")
+    out = np.zeros(s_shape, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, r in enumerate(idx.tolist()):
+            out[r] += d_s0[i]
+    return out
+
+
+def run(module, args: dict, g_y, g_states, backward: bool = True) -> Outputs:
+    """Forward (and backward) of the port ``module`` (docs/PORTING.md, "The port interface") on
+    keyword ``args``, through ssm_ref.ports (the reading verify and ``ssm-scan check`` use):
+    outputs by name (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays. A backward
+    result without d_s gets the scatter-add of its d_s0 (named in ``derived``)."""
+    name = ports.port_name(module)
+    pos = ports.args_of(args)
+    out = Outputs(ports.call(module.ssm_scan, "ssm_scan", pos, backend=name).arrays)
     if backward:
-        g = module.ssm_scan_back(**args, g_y=g_y, g_states=g_states)
-        out.update({k: _host(getattr(g, k)) for k in GRAD_NAMES})
+        g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+        out.update(g.arrays)
+        if "d_s" not in g:
+            out["d_s"] = _scatter(out["d_s0"], args["s"], args.get("ids"))
+            out.derived = frozenset({"d_s"})
     return out
 
 
@@ -85,7 +111,7 @@ def combo(name: str, got, parts: list, tol: Tol) -> Comparison:
     norm = float(np.linalg.norm(np.asarray(got, dtype=np.float64)[fin]))
     norm += sum(abs(c) * float(np.linalg.norm(np.asarray(a, dtype=np.float64)[fin])) for c, a in parts)
     bound = tol.rtol * norm + tol.atol * math.sqrt(int(fin.sum())) * weight
-    return Comparison(name, base.err <= bound, base.err, bound, base.rel, base.max_rel)
+    return dataclasses.replace(base, ok=base.err <= bound, bound=bound)
 
 
 def expect(prop: str, comparisons, case: Case, note: str = "") -> None:

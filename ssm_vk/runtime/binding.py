@@ -22,7 +22,8 @@ try:
 except (OSError, ImportError) as exc:  # OSError: no libvulkan.so.1; ImportError: binding not installed
     vk = None
     _vk_module = None
-    _IMPORT_PROBLEM = f"the Vulkan binding could not be loaded: {type(exc).__name__}: {exc}"
+    _IMPORT_PROBLEM = f"the Vulkan binding could not be loaded: {type(exc).__name__}: {exc}" + (
+        " (pip install 'ssm-scan[vulkan]')" if isinstance(exc, ImportError) else "")
 else:
     _IMPORT_PROBLEM = ""
 

@@ -1,0 +1,259 @@
+"""The port interface: how ``ssm_ref.verify``, ``ssm-scan check`` and ``ssm-scan fuzz`` call an
+implementation of the scan, and what they accept back (docs/PORTING.md, "The port interface").
+
+All three call :func:`call`, which calls the port and hands its result to :func:`normalise`, so
+they accept exactly the same results and cannot disagree about a port.
+
+A port is a module (or any object) with four names::
+
+    NAME                                                  a str: the port's name in reports
+    ssm_scan(s, x, dt, A, B, C, ids)                      the forward
+    ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)  the backward
+    supports(op, s, x, dt, A, B, C, ids)                  whether it runs a case on its device
+
+The functions are called positionally. Results, forward: ``ssm_ref.ScanResult`` or any object with
+``.y`` and ``.states``; a mapping with keys "y" and "states"; a tuple or list ``(y, states)``; the
+packed 1-D array of ggml's SSM_SCAN (y then states). Backward: ``ssm_ref.ScanGrads`` or any object
+with the attributes d_s0, d_x, d_dt, d_A, d_B, d_C (d_s optional); a mapping with those keys (d_s
+optional); a 7-tuple in ScanGrads' field order (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C); a 6-tuple in
+ggmlR's SSM_SCAN_BACK order (d_s0, d_x, d_dt, d_A, d_B, d_C: d_s not given); the packed 1-D array
+of SSM_SCAN_BACK (d_s not given). Arrays may be anything numpy can read, or objects with a
+``.numpy()`` method (device arrays, CPU torch tensors). ``where`` and ``backend`` are taken from
+the result when it has them (as ScanResult and ScanGrads do), else they are "unknown" and the
+port's NAME. ``supports`` may return ``ssm_ref.Support``, a bool, or ``(bool, reason)``.
+numpy only.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checks import Dims
+from .packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward
+from .results import GRAD_NAMES, Support
+
+__all__ = [
+    "BACKWARD",
+    "FORWARD",
+    "INTERFACE",
+    "UNKNOWN",
+    "PortResult",
+    "call",
+    "dims_of",
+    "error_text",
+    "host",
+    "interface_problems",
+    "normalise",
+    "origin",
+    "port_name",
+    "support",
+    "traceback_text",
+]
+
+INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
+OPS = ("ssm_scan", "ssm_scan_back")
+FORWARD = ("y", "states")
+BACKWARD = GRAD_NAMES                       # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: a 7-tuple's order
+BACKWARD_WITHOUT_D_S = BACKWARD_BLOCKS      # d_s0, d_x, d_dt, d_A, d_B, d_C: a 6-tuple's order
+INPUTS = ("s", "x", "dt", "A", "B", "C", "ids")
+UNKNOWN = "unknown"
+_META = ("where", "backend")
+
+_FORWARD_FORMS = "an object with .y and .states (ssm_ref.ScanResult), a mapping with keys 'y' and " \
+                 "'states', a tuple (y, states), or the packed 1-D array (y then states)"
+_BACKWARD_FORMS = "an object with .d_s0 .d_x .d_dt .d_A .d_B .d_C (.d_s optional; ssm_ref.ScanGrads), a " \
+                  "mapping with those keys, a 7-tuple (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C), a 6-tuple " \
+                  "(d_s0, d_x, d_dt, d_A, d_B, d_C), or the packed 1-D array of SSM_SCAN_BACK"
+
+
+@dataclass(frozen=True)
+class PortResult:
+    """A port's result, normalised: ``arrays`` holds the outputs it gave (host numpy arrays, by
+    name: y, states; or d_s, d_s0, d_x, d_dt, d_A, d_B, d_C, where d_s may be missing), ``where``
+    the device it says it ran on ("unknown" when the result does not say), ``backend`` what computed
+    it (the port's NAME when the result does not say)."""
+
+    op: str
+    arrays: dict
+    where: str
+    backend: str
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.arrays
+
+
+def port_name(port) -> str:
+    """The port's NAME, else its module name, else its type's name."""
+    name = getattr(port, "NAME", None)
+    if isinstance(name, str) and name:
+        return name
+    return getattr(port, "__name__", type(port).__name__)
+
+
+def interface_problems(port) -> list[str]:
+    """What keeps ``port`` from being a port: "lacks supports", "ssm_scan is not callable", ...
+    (empty when it has the four names)."""
+    out = []
+    for attr in INTERFACE:
+        if not hasattr(port, attr):
+            out.append(f"lacks {attr}")
+        elif attr == "NAME":
+            if not isinstance(port.NAME, str):
+                out.append(f"NAME is a {type(port.NAME).__name__}, not a str")
+        elif not callable(getattr(port, attr)):
+            out.append(f"{attr} is not callable")
+    return out
+
+
+def host(a) -> np.ndarray:
+    """``a`` as a numpy array: device arrays and tensors through their ``.numpy()``."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "numpy"):
+        return np.asarray(a.numpy())
+    return np.asarray(a)
+
+
+def _shape(a) -> tuple:
+    s = getattr(a, "shape", None)
+    return tuple(int(v) for v in (s if s is not None else np.shape(a)))
+
+
+def dims_of(args: Sequence) -> Dims | None:
+    """The Dims of positional inputs (s, x, dt, A, B, C, ids, ...), or None when their shapes do
+    not make a problem (then a packed result cannot be unpacked)."""
+    try:
+        s, x, _dt, A, B = args[:5]
+        R, H, P, N = _shape(s)
+        S, T, _, _ = _shape(x)
+        G = _shape(B)[2]
+        a_shape = _shape(A)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=a_shape == (H, N) and N > 1, a_shape=a_shape)
+
+
+def _array(op: str, name: str, v) -> np.ndarray:
+    try:
+        a = host(v)
+    except Exception as e:
+        raise TypeError(f"{op} returned {name} as {type(v).__name__}, which is no array: {e}") from e
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"{op} returned {name} as {type(v).__name__} (numpy reads it as dtype {a.dtype}), "
+                        "expected an array of real numbers")
+    return a
+
+
+def _meta(out, key: str, default: str) -> str:
+    v = out.get(key) if isinstance(out, Mapping) else getattr(out, key, None)
+    return v if isinstance(v, str) and v else default
+
+
+def origin(out, backend: str = "") -> tuple[str, str]:
+    """(where, backend) of a result without reading its arrays: its ``where`` and ``backend``
+    (attributes, or keys of a mapping) when it has them, else "unknown" and ``backend`` (the
+    port's NAME)."""
+    return _meta(out, "where", UNKNOWN), _meta(out, "backend", backend or UNKNOWN)
+
+
+def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResult:
+    """The one reading of a port's result (the module docstring lists the forms). ``op`` is
+    "ssm_scan" or "ssm_scan_back"; ``dims`` is needed only for packed 1-D results. Raises
+    TypeError naming what was returned and what was expected."""
+    if op not in OPS:
+        raise ValueError(f"op: expected 'ssm_scan' or 'ssm_scan_back', got {op!r}")
+    forward = op == "ssm_scan"
+    required = FORWARD if forward else BACKWARD_WITHOUT_D_S
+    known = FORWARD if forward else BACKWARD
+    forms = _FORWARD_FORMS if forward else _BACKWARD_FORMS
+    kind = type(out).__name__
+    if isinstance(out, Mapping):
+        missing = [k for k in required if k not in out]
+        unknown = sorted(str(k) for k in out if k not in known and k not in _META)
+        if missing or unknown:
+            what = "; ".join(([f"without {missing}"] if missing else []) + ([f"with unknown keys {unknown}"]
+                                                                             if unknown else []))
+            raise TypeError(f"{op} returned a mapping {what}: expected {forms}")
+        got = {k: out[k] for k in known if k in out}
+    elif all(hasattr(out, k) for k in required) and not isinstance(out, np.ndarray):
+        got = {k: getattr(out, k) for k in known if hasattr(out, k)}
+    elif isinstance(out, tuple | list):
+        orders = (FORWARD,) if forward else (BACKWARD, BACKWARD_WITHOUT_D_S)
+        order = next((o for o in orders if len(o) == len(out)), None)
+        if order is None:
+            raise TypeError(f"{op} returned a {kind} of {len(out)} items: expected {forms}")
+        got = dict(zip(order, out, strict=True))
+    elif isinstance(out, np.ndarray) or hasattr(out, "numpy"):
+        a = _array(op, "its result", out)
+        if a.ndim != 1:
+            raise TypeError(f"{op} returned an array of shape {a.shape}: expected {forms}")
+        if dims is None:
+            raise TypeError(f"{op} returned a 1-D array, but the inputs' shapes do not say how to unpack it")
+        try:
+            got = dict(zip(FORWARD, unpack_forward(a, dims), strict=True)) if forward else unpack_backward(a, dims)
+        except ValueError as e:
+            raise TypeError(f"{op} returned a packed 1-D array: {e}") from None
+    else:
+        raise TypeError(f"{op} returned {kind}: expected {forms}")
+    arrays = {k: _array(op, k, v) for k, v in got.items()}
+    return PortResult(op, arrays, *origin(out, backend))
+
+
+def call(fn, op: str, args: Sequence, *, backend: str = "") -> PortResult:
+    """``fn(*args)`` normalised (:func:`normalise`); ``args`` are the positional inputs (s, x, dt,
+    A, B, C, ids, and g_y, g_states for the backward). Whatever ``fn`` raises propagates; a result
+    of no accepted form raises TypeError."""
+    out = fn(*args)
+    return normalise(op, out, dims_of(args), backend=backend)
+
+
+def args_of(kwargs: Mapping, *extra) -> tuple:
+    """The positional inputs from keyword arguments (ids None when missing)."""
+    return tuple(kwargs.get(k) for k in (*INPUTS, *extra))
+
+
+def support(value) -> Support:
+    """A port's ``supports`` answer as a Support: a Support (or anything with ``.ok`` and
+    ``.reason``), a bool, or ``(bool, reason)``. Raises TypeError for anything else."""
+    if isinstance(value, Support):
+        return value
+    if isinstance(value, bool | np.bool_):
+        return Support(bool(value), "")
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bool | np.bool_):
+        return Support(bool(value[0]), str(value[1]))
+    if hasattr(value, "ok"):
+        return Support(bool(value.ok), str(getattr(value, "reason", "") or ""))
+    raise TypeError(f"supports returned {type(value).__name__}: expected an ssm_ref.Support, a bool or "
+                    "(bool, reason)")
+
+
+def error_text(e: BaseException) -> str:
+    """ "RuntimeError: device lost": the exception's type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def traceback_text(e: BaseException) -> str:
+    """The formatted traceback of an exception raised by a port through :func:`call`: the port's
+    own frames (those of the tool that called it left out), chained exceptions included. An
+    exception of :func:`normalise` (a result of no accepted form: :func:`error_text` says it all)
+    gives ""; one raised outside :func:`call` keeps every frame."""
+    tb = e.__traceback__
+    t, inside = tb, False
+    while t is not None:
+        if t.tb_frame.f_code is call.__code__:
+            tb, inside = t.tb_next, True
+        t = t.tb_next
+    if inside:
+        rest, t = [], tb
+        while t is not None:
+            rest.append(t.tb_frame.f_code.co_filename)
+            t = t.tb_next
+        if all(f == __file__ for f in rest):   # raised by normalise: the message says it all
+            return ""
+    return "".join(traceback.format_exception(type(e), e, tb)).rstrip("\n")
