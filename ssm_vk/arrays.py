@@ -10,6 +10,7 @@ the last Python reference goes (a weak reference's callback, as ``weakref.finali
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 import weakref
@@ -47,12 +48,21 @@ def pool(ctx: rt.Context) -> rt.BufferPool:
         return p
 
 
-def _count(shape) -> int:
-    """The element count of ``shape``, as ``int(np.prod(shape, dtype=np.int64))`` gives it; a tuple
-    of Python ints (every shape a DeviceArray holds) takes math.prod, some microseconds cheaper."""
-    if type(shape) is tuple and all(type(n) is int for n in shape):
-        return math.prod(shape)
-    return int(np.prod(shape, dtype=np.int64))
+def _dims(what: str, shape) -> tuple:
+    """``shape`` as a tuple of non-negative Python ints (numpy integers converted exactly, never
+    wrapped); TypeError / ValueError naming ``what`` otherwise."""
+    out = []
+    for n in shape:
+        if isinstance(n, bool):
+            raise TypeError(f"{what}: dimensions must be integers, got {n!r}")
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise TypeError(f"{what}: dimensions must be integers, got {type(n).__name__} {n!r}") from None
+        if n < 0:
+            raise ValueError(f"{what}: dimensions must be >= 0, got {tuple(shape)}")
+        out.append(n)
+    return tuple(out)
 
 
 def _give_back(ctx, buf) -> None:
@@ -203,29 +213,29 @@ class DeviceArray:
         return out.reshape(self.shape)
 
     def reshape(self, *shape) -> DeviceArray:
+        """The same elements in another shape (no copy). Raises TypeError for a dimension that is
+        not an integer, ValueError for a negative one or another element count."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        if _INTS.issuperset(map(type, shape)):  # Python ints (the validator's A, each call)
-            if math.prod(shape) != math.prod(self.shape):
-                raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {shape}")
-            return self._int_view(shape, self.offset)
-        if _count(shape) != self.size:
-            raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {tuple(shape)}")
-        return self._view(shape, self.offset)
+        if not _INTS.issuperset(map(type, shape)) or any(n < 0 for n in shape):
+            shape = _dims("reshape", shape)  # numpy integers and the rest: checked, as Python ints
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {shape}")
+        return self._int_view(shape, self.offset)
 
     def view(self, start: int, shape) -> DeviceArray:
-        """Elements [start, start + prod(shape)) of this array (flattened), shaped; no copy."""
-        n = _count(shape)
+        """Elements [start, start + prod(shape)) of this array (flattened), shaped; no copy.
+        Raises TypeError for a start or dimension that is not an integer, ValueError for a
+        negative one or a range outside the array."""
+        shape = _dims("view", tuple(shape) if isinstance(shape, tuple | list) else (shape,))
+        try:
+            start = operator.index(start)
+        except TypeError:
+            raise TypeError(f"view: start must be an integer, got {type(start).__name__}") from None
+        n = math.prod(shape)
         if start < 0 or start + n > self.size:
             raise ValueError(f"view [{start}, {start + n}) outside a DeviceArray of {self.size} elements")
-        return self._view(shape, self.offset + start)
-
-    def _view(self, shape, offset) -> DeviceArray:
-        """``DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=...)``; a shape of
-        Python ints and an int offset (the validator's views, each call) skip its conversions."""
-        if type(offset) is not int or type(shape) is not tuple or not _INTS.issuperset(map(type, shape)):
-            return DeviceArray(self.ctx, self.buffer, shape, self.dtype, offset, base=self._base or self)
-        return self._int_view(shape, offset)
+        return self._int_view(shape, self.offset + start)
 
     def _int_view(self, shape: tuple, offset: int) -> DeviceArray:
         """``_view`` of a tuple of Python ints and an int offset."""

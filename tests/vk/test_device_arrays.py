@@ -108,3 +108,31 @@ def test_from_pool_makes_what_the_constructor_makes(ctx):
         assert getattr(fast, k) == getattr(slow, k), k
     assert DeviceArray._from_pool(ctx, None, (0, 4))._finalizer is None
     fast.release()
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda a: a.reshape(-3, -4), ValueError),                  # negative dimensions, product 12
+    (lambda a: a.reshape((2, -6)), ValueError),
+    (lambda a: a.view(0, (-1, -12)), ValueError),
+    (lambda a: a.view(0, (np.int64(2**62 + 25), np.int64(4))), ValueError),  # wraps in int64: not here
+    (lambda a: a.reshape(np.int64(2**62), np.int64(4)), ValueError),
+    (lambda a: a.view(-1, (2,)), ValueError),
+    (lambda a: a.view(11, (2,)), ValueError),
+    (lambda a: a.reshape(3.0, 4), TypeError),
+    (lambda a: a.view(0, (True, 1)), TypeError),
+    (lambda a: a.view(0.5, (2,)), TypeError),
+])
+def test_impossible_views_and_reshapes_are_refused(ctx, call, error):
+    a = ssm_vk.to_device(np.arange(12, dtype=np.float32))
+    with pytest.raises(error):
+        call(a)
+
+
+def test_views_and_reshapes_take_numpy_integers_exactly(ctx):
+    a = ssm_vk.to_device(np.arange(12, dtype=np.float32))
+    v = a.view(np.int64(2), (np.int32(2), np.int64(3)))
+    assert v.shape == (2, 3) and all(type(n) is int for n in v.shape)
+    np.testing.assert_array_equal(v.numpy(), np.arange(2, 8, dtype=np.float32).reshape(2, 3))
+    r = a.reshape(np.int64(3), np.int64(4))
+    assert r.shape == (3, 4) and all(type(n) is int for n in r.shape)
+    assert a.reshape(12, 1, 1).shape == (12, 1, 1) and a.view(12, (0,)).shape == (0,)
