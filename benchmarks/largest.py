@@ -7,7 +7,7 @@ For each shape family (S, H, P, N, G fixed; T grows) it bisects the largest T th
   ssm_ref / ssm_fast -- fits the host memory rule (ssm_ref.memory: input copies, outputs, the
                         backend's workspace: ssm_ref's backward keeps T+1 states, ssm_fast's its
                         d_B / d_C partial slabs);
-  ssm_vk             -- plans within the device's limits and fits budget.py (every buffer within
+  ssm_vk             -- plans within the device's limits and fits ssm_vk/plan/budget.py (every buffer within
                         maxMemoryAllocationSize, all within the device-local heap); beyond it the
                         call runs on the CPU (ssm_fast) and says why.
 Numbers only: nothing is allocated.
@@ -26,8 +26,7 @@ import numpy as np
 from ssm_ref import Dims, host_memory_bytes
 from ssm_ref.checks import output_elems
 from ssm_ref.scan import backward_workspace, forward_workspace
-from ssm_vk import budget
-from ssm_vk.plan import Limits, TooLarge, plan
+from ssm_vk.plan import Limits, TooLarge, budget, plan
 
 FAMILIES = {  # (S, H, P, N, G): the benchmark shapes of docs/BENCHMARKS.md
     "demo/long (S=1, H=24, P=64, N=128)": (1, 24, 64, 128, 1),
@@ -99,12 +98,11 @@ def main() -> None:
     have, source = (args.host_bytes, "--host-bytes") if args.host_bytes else host_memory_bytes()
     devices = []
     try:
-        from ssm_vk import launch
         from ssm_vk import runtime as rt
         ok, _ = rt.available()
         if ok:
             ctx = rt.get_context()
-            devices.append((launch.limits_of(ctx.info), ctx.info.device_local_bytes, ctx.info.name))
+            devices.append((Limits.of(ctx.info), ctx.info.device_local_bytes, ctx.info.name))
     except Exception as exc:  # no Vulkan here: host numbers only
         print(f"(no Vulkan device: {exc})")
     if args.h200:

@@ -22,12 +22,12 @@ and python* split by stage, each stage timed alone with the same arguments (subm
     validate  ssm_ref.check_forward / check_backward (keep_device=True); for a call that takes a
               lane (ssm_vk/lanes.py: device inputs, repeated), ssm_ref.checks.device_problem (the
               ids and the host memory rule)
-    support   ssm_vk.backend._support (the cached support decision); for a lane's call, the lane
+    support   ssm_vk.api._decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
               shape checks, the workspace look-up and the input bindings
-    launch    ssm_vk.launch.forward / backward + drop (workspace, binding, key, outputs, and for
+    launch    ssm_vk.run.forward / backward + drop (workspace, binding, key, outputs, and for
               host inputs upload + download; a lane's call: outputs, key, submit)
-    glue      python* - validate - support - launch (result object, the rest of backend.py)
+    glue      python* - validate - support - launch (result object, the rest of api.py)
 
 The default shape is tiny, so that lavapipe's own execution stays small next to the Python;
 ``--shape 1,64,16,64,128,1`` is the issue's training step (on lavapipe the replay then dominates).
@@ -48,7 +48,8 @@ import numpy as np
 import ssm_ref
 import ssm_vk
 from ssm_ref.checks import device_problem
-from ssm_vk import backend, lanes, launch
+from ssm_vk import api, config, lanes
+from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
 
@@ -92,9 +93,9 @@ class Case:
         check = ssm_ref.check_backward if backward else ssm_ref.check_forward
         for _ in range(5):  # record, warm the pool and the caches
             self.entry(**args)
-        self.seq = launch._timing.seq
+        self.seq = vk_run._timing.seq
         floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
-        self.find = lambda: lanes.find(backward, floats)
+        self.find = lambda: lanes.find(backward, floats, config.settings())
         self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
         if self.lane is not None:
             lane = self.lane
@@ -125,14 +126,15 @@ class Case:
                 t0 = pc()
                 fn()
                 s[key].append(pc() - t0)
-        run = launch.backward if self.backward else launch.forward
-        ctx, p, dev, lane = self.ctx, self.p, self.device, self.lane
+        run = vk_run.backward if self.backward else vk_run.forward
+        p, dev, lane = self.p, self.device, self.lane
+        dec = api._decision(self.op, p, config.settings())
 
         def launched():
-            out = run(ctx, p, dev, lane)
+            out = run(dec.engine, p, dec.lim, dec.knobs, dev, lane)
             del out
 
-        support = self.find if lane is not None else lambda: backend._support(self.op, p)
+        support = self.find if lane is not None else lambda: api._decision(self.op, p, config.settings())
         with _stubbed_submit(True):
             for key, fn in (("validate", self.validate), ("support", support), ("launch", launched)):
                 for _ in range(n):

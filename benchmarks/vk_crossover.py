@@ -1,6 +1,6 @@
 """Where the chunked kernels overtake the token-sequential ones: forward and backward GPU time
 (timestamps, median) of both, over sequence lengths, for Mamba-2 shapes with device-resident
-inputs. The result sets ssm_vk.chunk_plan.CHUNK_MIN_T.
+inputs. The result sets ssm_vk.plan.chunked.CHUNK_MIN_T.
 
     python benchmarks/vk_crossover.py [--T 16,32,...] [--S 1] [--H 24] [--json out.json]
 """
@@ -12,7 +12,8 @@ import json
 import sys
 
 import ssm_vk
-from ssm_vk import launch, plan
+from ssm_vk import config
+from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -42,19 +43,18 @@ def main(argv=None) -> int:
         dgy, dgs = ssm_vk.to_device(g_y), ssm_vk.to_device(g_states)
         line = {"T": T}
         for name, knobs in PATHS.items():
-            plan.TUNE.clear()
-            plan.TUNE.update(knobs)
-            launch.clear_cache(ctx)
+            tuned = config.configure(tune=dict(knobs))
+            vk_engine.clear(ctx)
             _, fg, _, _ = measure(lambda dev=dev: ssm_vk.ssm_scan(**dev), args.reps)
             _, bg, _, _ = measure(lambda dev=dev, dgy=dgy, dgs=dgs: ssm_vk.ssm_scan_back(
                 **dev, ids=None, g_y=dgy, g_states=dgs), args.reps)
             line[name] = (fg, bg)
+            tuned.restore()
         rows.append(line)
         print(f"T={T:6d} " + "  ".join(f"{k} fwd {v[0]:8.1f} bwd {v[1]:8.1f} us" for k, v in line.items() if k != "T"),
               flush=True)
         for v in (*dev.values(), dgy, dgs):
             v.release()
-    plan.TUNE.clear()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=ctx.info.name, driver=ctx.info.driver, S=args.S, H=args.H, P=args.P, N=args.N,

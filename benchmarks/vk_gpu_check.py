@@ -21,7 +21,7 @@ import numpy as np
 import ssm_ref
 import ssm_vk
 from ssm_fast.oracle64 import scan64, scan_back64
-from ssm_vk import launch
+from ssm_vk import run as vk_run
 
 SHAPES = {  # name: (S, T, H, P, N, G, variant)
     "demo": (1, 64, 16, 64, 128, 1, "mamba2"),
@@ -61,7 +61,7 @@ def timed(fn, reps):
         t0 = time.perf_counter()
         out = fn()
         walls.append(time.perf_counter() - t0)
-        gpus.append(launch.last_gpu_ns() or float("nan"))
+        gpus.append(vk_run.last_gpu_ns() or float("nan"))
     return out, statistics.median(walls) * 1e6, statistics.median(gpus) / 1e3
 
 

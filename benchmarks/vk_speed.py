@@ -18,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+import ssm_ref
 import ssm_vk
-from ssm_vk import launch, plan
+from ssm_vk import config, plan
+from ssm_vk import engine as vk_engine
+from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
+from ssm_vk.plan import Limits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vk_gpu_check import SHAPES, inputs, rel
@@ -75,7 +79,7 @@ def warm(fn, seconds=0.6):
 def replay_wall(reps=50):
     """Median wall time of resubmitting the last recorded sequence alone (driver + GPU, no
     Python of ours), in us."""
-    seq = launch._timing.seq
+    seq = vk_run._timing.seq
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -87,7 +91,7 @@ def replay_wall(reps=50):
 def split():
     """Microseconds between consecutive timestamps of the last call (SSM_VK_PROFILE=1 records one
     after each step of the chunked kernels), or {}."""
-    seq = launch._timing.seq
+    seq = vk_run._timing.seq
     times = seq.gpu_times() if seq is not None else {}
     if len(times) <= 2:
         return {}
@@ -107,7 +111,7 @@ def measure(fn, reps):
         t0 = time.perf_counter()
         out = fn()
         walls.append(time.perf_counter() - t0)
-        gpus.append(launch.last_gpu_ns() or float("nan"))
+        gpus.append(vk_run.last_gpu_ns() or float("nan"))
     PHASES.append(time.time())
     return out, statistics.median(gpus) / 1e3, statistics.median(walls) * 1e6, min(gpus) / 1e3
 
@@ -145,11 +149,8 @@ def main(argv=None) -> int:
         updates = S * T * H * P * N
         for var in variants:
             t_case = time.time()
-            plan.TUNE.clear()
-            for item in filter(None, var.split(",")):
-                kk, _, vv = item.partition("=")
-                plan.TUNE[kk] = int(vv)
-            launch.clear_cache(ctx)
+            tuned = config.configure(tune=config.parse_tune(var, "--variants"))
+            vk_engine.clear(ctx)
             for _ in range(3):
                 ssm_vk.ssm_scan(**dev)
                 ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
@@ -171,8 +172,8 @@ def main(argv=None) -> int:
                 errs += [rel(getattr(g, k).numpy(), getattr(ref[1], k)) for k in
                          ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")]
                 err = max(errs)
-            lay = plan.layout_for(ssm_vk.backend.check_forward(**dev, keep_device=True).dims,
-                                  launch.limits_of(info), True)
+            lay = plan.layout_for(ssm_ref.check_forward(**dev, keep_device=True).dims, Limits.of(info), True)
+            tuned.restore()
             row = dict(shape=name, variant=var or "default", layout=str(lay), fwd_gpu_us=fg, fwd_min_us=fmin,
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
@@ -190,7 +191,6 @@ def main(argv=None) -> int:
                     print("        " + lab + " split: " + " ".join(f"{k} {v:.1f}" for k, v in sp.items()), flush=True)
         for v in dev.values():
             v.release()
-    plan.TUNE.clear()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=info.name, driver=info.driver, fma_tflops=tflops, rows=rows), f, indent=1)

@@ -93,11 +93,11 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
     mod = b.module
     gpu_ns = None
     if b.is_vulkan:  # device-resident inputs, as a training loop holds them
-        from ssm_vk import launch
+        from ssm_vk import run
 
         kw = {k: (mod.to_device(v) if v is not None and k != "ids" else v) for k, v in kw.items()}
         g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
-        gpu_ns = launch.last_gpu_ns
+        gpu_ns = run.last_gpu_ns
     from ssm_ref import ports
 
     pos = ports.args_of(kw) if op == "fwd" else (*ports.args_of(kw), g_y, g_states)

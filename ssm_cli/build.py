@@ -2,10 +2,10 @@
 
 ssm_vk picks a token-sequential kernel variant (glsl file + defines) per problem from the device's
 subgroup size and operations, its shared memory and workgroup limits, d_state N and the Mamba
-variant (ssm_vk/plan.py, ssm_vk/specs.py); head count, head_dim, T and S only change push
+variant (ssm_vk/plan/, ssm_vk/kernels.py); head count, head_dim, T and S only change push
 constants and grids, and N enters only through how many lanes share a state row and how many
 values each lane holds, so every N from 1 to 256 takes a few hundred variants in all. The chunked
-Mamba-2 kernels (ssm_vk/chunk_plan.py) are compiled per head_dim P, d_state N and chunk length
+Mamba-2 kernels (ssm_vk/plan/chunked.py) are compiled per head_dim P, d_state N and chunk length
 (32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
 ``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
 instead (the support decision says so). ``ssm_vk.runtime.shaders`` looks the variants up in
@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
 
 def profiles(spec: str) -> list[tuple[str, object]]:
     """(label, ssm_vk.plan.Limits) for each entry of ``--subgroup-sizes``."""
-    from ssm_vk import launch
+    from ssm_vk import config
     from ssm_vk import runtime as rt
     from ssm_vk.plan import Limits
 
@@ -69,7 +69,8 @@ def profiles(spec: str) -> list[tuple[str, object]]:
                 raise common.UsageError(f"--subgroup-sizes local: no Vulkan device here ({why}); "
                                         "give subgroup sizes instead, e.g. 8,16,32,64")
             info = rt.get_context().info
-            out.append((f"local: {info.name}, subgroup {info.subgroup_size}", launch.limits_of(info)))
+            lim = Limits.of(info, config.settings().no_subgroup)
+            out.append((f"local: {info.name}, subgroup {info.subgroup_size}", lim))
             continue
         (sg,) = common.int_list(item, "--subgroup-sizes", minimum=1)
         if sg & (sg - 1) or not 4 <= sg <= 128:
@@ -83,46 +84,11 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 
 
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
-    """Every (shader, defines) the forward and backward request for these device profiles and N,
-    for both Mamba variants, and the chunked kernels for every (P, N of ``chunked_n``, default
-    ``n_values``) and chunk length, in a stable order without duplicates."""
-    from ssm_ref import Dims
-    from ssm_vk import specs
-    from ssm_vk.plan import layout_for
+    """Every (shader, defines) of the packaged matrix: ssm_vk.kernels.matrix under the knobs set
+    now (none, for a wheel)."""
+    from ssm_vk import config, kernels
 
-    seen: dict = {}
-
-    def add(spec) -> None:
-        seen.setdefault((spec.name, spec.defines), None)
-
-    for lim in limits_list:
-        for N in n_values:
-            for mamba1 in (False, True):
-                # H and P only set how rows are spread over workgroups (push constants), not the defines.
-                d = Dims(S=1, T=1, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
-                         a_shape=(8, N) if mamba1 else (8,))
-                fwd = layout_for(d, lim, backward=False)
-                add(specs.fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
-                bwd = layout_for(d, lim, backward=True)
-                add(specs.fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
-                add(specs.bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
-    for spec in (specs.reduce_spec(0), specs.reduce_spec(1), specs.rows_spec()):
-        add(spec)
-    from ssm_vk.chunk_plan import KS, MAX_PN, ChunkPlan
-    from ssm_vk.record_chunked import chunk_kernels
-
-    for P in p_values:
-        for N in n_values if chunked_n is None else chunked_n:
-            if P > MAX_PN or N > MAX_PN:
-                continue
-            d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
-            for CL in (32, 64):
-                for backward in (False, True):
-                    for headloop in (False, True):
-                        cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop, KS=KS[backward])
-                        for spec in chunk_kernels(d, cp, backward):
-                            add(spec)
-    return [(name, dict(defines)) for name, defines in seen]
+    return kernels.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
 
 
 def n_list(text: str, what: str) -> list[int]:

@@ -70,15 +70,20 @@ def _support(b: bk.Backend, shape: Shape, op: str) -> dict:
 
 
 def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
-    """ssm_vk's launch plan: lane layout and how many windows the problem is cut into."""
+    """ssm_vk's plan, as the call takes it (ssm_vk.decision): lane layout, how many windows the
+    problem is cut into, and whether the chunked kernels run it."""
     from ssm_ref import Dims
-    from ssm_vk import launch, plan
+    from ssm_vk import config, decision
+    from ssm_vk.plan import Limits
 
-    info = b.device()
+    ctx = b.module.runtime.get_context()
+    knobs = config.settings()
     d = Dims(S=shape.S, T=shape.T, H=shape.H, P=shape.P, N=shape.N, G=shape.G, R=shape.S,
              mamba1=shape.mamba1, a_shape=(shape.H, shape.N) if shape.mamba1 else (shape.H,))
-    pl = plan.plan(d, launch.limits_of(info), backward=(op == "bwd"))
-    return {"layout": dataclasses.asdict(pl.layout), "windows": len(pl.windows), "time_split": pl.time_split}
+    pl = decision.choose_plan(ctx, d, Limits.of(ctx.info, knobs.no_subgroup), op == "bwd", knobs)
+    windows = pl.chunked.windows if pl.chunked is not None else pl.windows
+    return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
+            "chunked": pl.chunked is not None}
 
 
 ROW_SUMS = {0: "shared memory", 1: "clustered subgroupAdd", 2: "xor shuffles", 3: "subgroupAdd"}

@@ -4,16 +4,19 @@ Python through the ``vulkan`` binding.
 Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``), plus
 device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``. ``SSM_VK_DEVICE=<index>``
 picks the device (default: first discrete GPU, else integrated, else a CPU implementation such
-as lavapipe). Importing works without Vulkan; the functions then fall back to ssm_fast and say so.
+as lavapipe); every setting is in :mod:`ssm_vk.config`. Importing works without Vulkan; the
+functions then fall back to ssm_fast and say so. The layers, one way down: api -> lanes, run ->
+engine -> workspace -> record -> decision -> kernels -> plan -> config; runtime under all
+(docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 from ssm_ref._version import __version__
 
-from . import runtime
+from . import config, runtime
+from .api import NAME, ssm_scan, ssm_scan_back, supports
 from .arrays import DeviceArray, to_device
-from .backend import NAME, ssm_scan, ssm_scan_back, supports
 from .runtime import DeviceInfo
 
 
@@ -24,5 +27,6 @@ def devices() -> list[DeviceInfo]:
     return runtime.list_devices() if ok else []
 
 
-__all__ = ["NAME", "__version__", "DeviceArray", "DeviceInfo", "devices", "runtime", "ssm_scan", "ssm_scan_back",
+__all__ = ["NAME", "__version__", "config", "DeviceArray", "DeviceInfo", "devices", "runtime", "ssm_scan",
+           "ssm_scan_back",
            "supports", "to_device"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
-import threading
 import weakref
 
 import numpy as np
@@ -24,28 +22,9 @@ __all__ = ["DeviceArray", "to_device", "upload_to", "pool", "empty"]
 _F32 = np.dtype(np.float32)
 _INTS = frozenset([int])  # the types of a shape of Python ints
 
-_pools: dict[int, rt.BufferPool] = {}
-_pools_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _pools_lock
-    _pools_lock = threading.Lock()  # the inherited pools belong to the abandoned context
-    _pools.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def pool(ctx: rt.Context) -> rt.BufferPool:
-    """The buffer pool of ``ctx`` (one per context, closed with it)."""
-    with _pools_lock:
-        for key in [k for k, p in _pools.items() if p.closed]:
-            del _pools[key]  # a closed context's pool (a lost device's): keep neither it nor the context
-        p = _pools.get(id(ctx))
-        if p is None or p.ctx is not ctx:
-            p = _pools[id(ctx)] = rt.BufferPool(ctx)
-        return p
+    """The buffer pool of ``ctx``: one per context, made on first use, closed with it."""
+    return ctx.extension("pool", rt.BufferPool)
 
 
 def _dims(what: str, shape) -> tuple:
@@ -70,7 +49,7 @@ def _give_back(ctx, buf) -> None:
     # be gone already.
     if ctx.closed or buf.closed:
         return
-    p = _pools.get(id(ctx))
+    p = ctx.extension("pool")
     if p is not None and not p.closed:
         try:
             p.release(buf)
@@ -187,6 +166,17 @@ class DeviceArray:
     @property
     def where(self) -> str:
         return self.ctx.info.where
+
+    @property
+    def owner(self) -> DeviceArray:
+        """The DeviceArray that owns the buffer: this one, or the one a view was taken of."""
+        return self._base or self
+
+    def live(self) -> bool:
+        """Whether the array may still be read: not released, its buffer and context open."""
+        release = (self._base or self)._finalizer
+        return not ((release is not None and not release.alive) or self.ctx.closed
+                    or (self.buffer is not None and self.buffer.closed))
 
     @property
     def released(self) -> bool:

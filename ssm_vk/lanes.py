@@ -4,7 +4,7 @@ A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, 
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
 call works out before it replays its recorded sequence -- the validator's shape checks, the
 support decision, the workspace, the input bindings -- is a function of its *signature*: the op,
-each input's type, dtype, shape, buffer and offset, and the planner's knobs (ssm_vk.plan.TUNE,
+each input's type, dtype, shape, buffer and offset, and the planner's knobs (ssm_vk.config,
 SSM_VK_TUNE, the subgroup switch); with the context and its limits (``ctx.info``) checked on the
 lane. A :class:`Lane` keeps those answers for a signature that ran on the device; a call with that
 signature takes them in one look-up (~15 us of Python less per call on lavapipe's VM).
@@ -15,50 +15,43 @@ Every call still pays for what can change under the same signature:
 - the ids' values and the host memory rule, by ``ssm_ref.checks.device_problem`` -- the
   validator's own fast path, which raises exactly as check_forward / check_backward do;
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
-  (evicted, or cleared by launch.clear_cache): else the full path.
+  (evicted, or cleared by Engine.clear): else the full path.
 A lane is made only after the full path ran the call on the device (an accepted decision; the
 decisions that refuse are never laned), with the knobs and limits its signature records.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ssm_ref.checks import Problem
 
-from . import launch
+from . import config
 from . import runtime as rt
 from .arrays import DeviceArray
+from .engine import Engine
+from .run import bind_inputs
 
 __all__ = ["Lane", "find", "keep", "signature"]
 
-MAX_LANES = 64
 _F32 = np.dtype(np.float32)
-_lanes: dict[tuple, Lane] = {}
-
-
-def _after_fork_in_child() -> None:
-    _lanes.clear()  # the parent's context and workspaces
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Lane:
-    """The answers of the full path for one signature: ``ctx`` and its ``info`` then, the
-    ``dims`` of the validated Problem, the workspace ``ws`` (chunked kernels allowed, as every
-    call's first attempt), ``bound`` (launch.bind_inputs of the inputs) and ``where``."""
+    """The answers of the full path for one signature: the ``engine`` (and so the context) and
+    the context's ``info`` then, the ``dims`` of the validated Problem, the planner's ``limits``
+    and ``knobs``, the workspace ``ws`` (chunked kernels allowed, as every call's first attempt),
+    ``bound`` (run.bind_inputs of the inputs) and ``where``."""
 
-    __slots__ = ("bound", "ctx", "dims", "info", "where", "ws")
+    __slots__ = ("bound", "ctx", "dims", "engine", "info", "knobs", "limits", "where", "ws")
 
-    def __init__(self, ctx, info, dims, ws, bound):
-        self.ctx, self.info, self.dims, self.ws, self.bound = ctx, info, dims, ws, bound
+    def __init__(self, engine, info, dims, limits, knobs, ws, bound):
+        self.engine, self.ctx, self.info, self.dims, self.ws, self.bound = engine, engine.ctx, info, dims, ws, bound
+        self.limits, self.knobs = limits, knobs
         self.where = info.where
 
 
-def signature(ctx, backward: bool, arrays: tuple) -> tuple | None:
+def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings) -> tuple | None:
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
     and for the backward (g_y, g_states) -- or None when any of them is not a live float32
     DeviceArray of ``ctx`` (g_states may be None: the packed g_y)."""
@@ -69,50 +62,46 @@ def signature(ctx, backward: bool, arrays: tuple) -> tuple | None:
                 sig.append(None)
                 continue
             return None
-        release = (a._base or a)._finalizer  # DeviceArray._check_live, inlined
-        if release is not None and not release.alive:
+        if not a.live():
             return None
         b = a.buffer
-        if b is None:
-            sig += (a.shape, None, a.offset)
-        elif b.closed:
-            return None
-        else:
-            sig += (a.shape, b.serial, a.offset)  # serials are unique in the process: a buffer's name
-    sig += (launch.knobs_key(), launch._no_subgroup())
+        sig += (a.shape, None if b is None else b.serial, a.offset)  # serials are unique in the process
+    sig.append(knobs.key)
     return tuple(sig)
 
 
-def find(backward: bool, arrays: tuple) -> tuple[Lane | None, tuple | None]:
+def find(backward: bool, arrays: tuple, knobs: config.Settings) -> tuple[Lane | None, tuple | None]:
     """(the lane of this call or None, its signature or None)."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
         return None, None
-    sig = signature(ctx, backward, arrays)
+    engine = ctx.extension("engine")
+    if engine is None:
+        return None, None
+    sig = signature(ctx, backward, arrays, knobs)
     if sig is None:
         return None, None
-    lane = _lanes.get(sig)
-    if lane is None or lane.ctx is not ctx or lane.info is not ctx.info or lane.ws.closed:
+    lane = engine.lane(sig)
+    if lane is None or lane.info is not ctx.info or lane.ws.closed:
         return None, sig
     return lane, sig
 
 
-def keep(sig: tuple, ctx, info, p: Problem, backward: bool, arrays: tuple) -> None:
+def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: bool, arrays: tuple) -> None:
     """Make the lane of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info``. Nothing
     is kept when the signature moved meanwhile (the knobs changed, an input was released: another
     thread) or the limits did."""
+    ctx = engine.ctx
     if ctx.info is not info:
         return
-    ws = launch._workspace(ctx, p.dims, backward)
-    if ws.closed or signature(ctx, backward, arrays) != sig:
+    ws = engine.workspace(p.dims, backward, lim, knobs)
+    if ws.closed or signature(ctx, backward, arrays, knobs) != sig:
         return
     try:
-        bound = launch.bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
+        bound = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
     if ctx.info is not info:
         return
-    if len(_lanes) >= MAX_LANES:
-        _lanes.clear()
-    _lanes[sig] = Lane(ctx, info, p.dims, ws, bound)
+    engine.add_lane(sig, Lane(engine, info, p.dims, lim, knobs, ws, bound))

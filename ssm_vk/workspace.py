@@ -1,7 +1,7 @@
 """The Workspace of one problem shape on one context: its plan, scratch and upload buffers,
 output buffers (pooled DeviceArrays, or its own for host calls) and the command sequences recorded
-for sets of buffers. ``launch`` keeps workspaces in a bounded cache per context and runs calls in
-them.
+for sets of buffers -- nothing else. The context's Engine keeps workspaces in a bounded cache and
+ssm_vk.run runs calls in them.
 """
 
 from __future__ import annotations
@@ -12,22 +12,17 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
-from .record import F32, choose_plan
+from .config import Settings
+from .decision import choose_plan
+from .plan import F32
+from .plan.sizes import output_shapes
 
-__all__ = ["Workspace", "MAX_SEQUENCES"]
+__all__ = ["Workspace", "MAX_SEQUENCES", "release_all"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
-
-
-def _shapes(d, backward: bool) -> dict:
-    shapes = {"y": (d.S, d.T, d.H, d.P), "states": (d.S, d.H, d.P, d.N)}
-    if backward:
-        shapes = {"d_s": (d.R, d.H, d.P, d.N), "d_s0": (d.S, d.H, d.P, d.N), "d_x": (d.S, d.T, d.H, d.P),
-                  "d_dt": (d.S, d.T, d.H), "d_A": d.a_shape, "d_B": (d.S, d.T, d.G, d.N),
-                  "d_C": (d.S, d.T, d.G, d.N)}
-    return shapes
 
 
 class Workspace:
@@ -36,16 +31,18 @@ class Workspace:
     Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
     caller that looked it up before the eviction must look up a new one."""
 
-    def __init__(self, ctx, dims, backward: bool, limits, chunked: bool = True):
+    def __init__(self, ctx, dims, backward: bool, limits, knobs: Settings, chunked: bool = True):
         self.ctx = ctx
         self.dims = dims
         self.backward = backward
         self.limits = limits
-        self.plan = choose_plan(ctx, dims, self.limits, backward, chunked=chunked)
+        self.knobs = knobs
+        self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
+        self.plan = choose_plan(ctx, dims, self.limits, backward, knobs, chunked=chunked)
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
-        self.shapes = {k: tuple(int(n) for n in v) for k, v in _shapes(dims, backward).items()}
+        self.shapes = {k: tuple(int(n) for n in v) for k, v in output_shapes(dims, backward).items()}
         self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
         self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
         self._out_nbytes = [n for _, _, n in self._out_specs if n]
@@ -59,7 +56,6 @@ class Workspace:
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
         self.kept = None                  # forward, chunked: its hs (chunk states), cb, mcb scratch buffers
-        self.saved = None                 # ... and who the inputs were of the call that left them there
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
@@ -108,8 +104,9 @@ class Workspace:
     def nonfinite(self) -> bool:
         """Whether the last (waited-for) chunked call flagged a non-finite output."""
         buf = self._flag_host
-        if buf.mappable and not self.ctx.force_staging:   # host-visible: read in place (a uint32: 4 bytes)
-            return buf._mapped[0:4] != b"\0\0\0\0"
+        word = buf.peek(4)   # host-visible: read in place (a uint32)
+        if word is not None:
+            return word != b"\0\0\0\0"
         return bool(rt.download(buf, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
@@ -167,7 +164,7 @@ class Workspace:
                     out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape)
                     i += 1 if nbytes else 0
             except BaseException:
-                _release(out)
+                release_all(out)
                 for b in bufs[i:]:
                     p.release(b)
                 raise
@@ -246,6 +243,7 @@ class Workspace:
         self._out_sets = []
 
 
-def _release(arrays: dict) -> None:
+def release_all(arrays: dict) -> None:
+    """Release every DeviceArray of ``arrays`` (a call's outputs it will not hand out)."""
     for a in arrays.values():
         a.release()

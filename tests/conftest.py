@@ -81,3 +81,24 @@ def _close_at_end():
         ctx.close()
         messages = drain(ctx)
         assert not messages, "the validation layer reported at close:\n" + "\n".join(messages)
+
+
+@pytest.fixture
+def knobs():
+    """Set ssm_vk's planner knobs for one test: ``knobs(CHUNK=16)`` adds to those set before,
+    ``knobs.no_subgroup()`` turns subgroup operations off (ssm_vk.config.configure); all of it
+    is undone after the test."""
+    from ssm_vk import config
+
+    current: dict = {}
+    handles: list = []
+
+    def set_knobs(**tune):
+        current.update(tune)
+        handles.append(config.configure(tune=dict(current)))
+
+    set_knobs.no_subgroup = lambda: handles.append(config.configure(no_subgroup=True))
+    set_knobs.current = current
+    yield set_knobs
+    for h in reversed(handles):
+        h.restore()

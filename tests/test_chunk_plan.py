@@ -1,4 +1,4 @@
-"""ssm_vk/chunk_plan.py without a device: when the chunked (matrix-form) kernels take a shape, why
+"""ssm_vk/plan/chunked.py without a device: when the chunked (matrix-form) kernels take a shape, why
 they do not, the chunk length the knobs pick, and the windows of whole sequences that keep every
 binding, the scratch budget and every grid inside fake device limits."""
 
@@ -11,30 +11,50 @@ from dataclasses import replace
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import chunk_plan as cpm
+from ssm_vk import config
 from ssm_vk import plan as vplan
-from ssm_vk.chunk_plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 from ssm_vk.plan import Limits, Window
+from ssm_vk.plan import chunked as cpm
+from ssm_vk.plan.chunked import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 
 F32 = 4
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 # Roomy limits (an H200's): only the knobs and the shape decide.
 BIG = Limits(subgroup_size=32, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
              max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
-             max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16)
+             max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
+             max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256, max_storage_buffers_per_stage=2**20,
+             max_memory_allocation_count=2**32)
 
 
 def dims(S=2, T=300, H=4, P=8, N=16, G=2, mamba1=False) -> Dims:
     return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
 
 
+class Knobs(dict):
+    """The planner's knobs of a test: setting them configures ssm_vk.config (validated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.handles: list = []
+
+    def update(self, *args, **kw) -> None:
+        trial = {**self, **dict(*args, **kw)}
+        self.handles.append(config.configure(tune=trial))
+        super().update(trial)
+
+    def __setitem__(self, key, value) -> None:
+        self.update({key: value})
+
+
 @pytest.fixture(autouse=True)
 def knobs(monkeypatch):
     """The planner's knobs, empty (the defaults) unless a test sets some; SSM_VK_TUNE unset."""
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
-    tune: dict = {}
-    monkeypatch.setattr(vplan, "TUNE", tune)
-    return tune
+    tune = Knobs()
+    yield tune
+    for h in reversed(tune.handles):
+        h.restore()
 
 
 def cap_elems(lim: Limits) -> int:
@@ -43,7 +63,7 @@ def cap_elems(lim: Limits) -> int:
 
 
 def groups(d: Dims, CL: int, Sw: int) -> list[int]:
-    """Workgroups of every chunked dispatch for a window of Sw sequences (record_chunked.py)."""
+    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/record/chunked.py)."""
     NCH = -(-d.T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]     # decay / finish, the pass
     for m in MODES:
@@ -82,12 +102,12 @@ def assert_whole_sequence_windows(cp, d: Dims) -> None:
     (dims(), replace(BIG, max_workgroup_invocations=128), "workgroups of 256 threads not offered"),
     (dims(), replace(BIG, max_shared_memory=8 << 10), "bytes of shared memory needed"),
 ])
-def test_why_not_names_the_reason(d, lim, reason):
+def test_why_not_names_the_reason(d, lim, reason, knobs):
     for CL in (16, 32, 64):
         assert reason in why_not(d, lim, CL)
     # and the planner then leaves the shape to the token-sequential kernels, even with every knob
     # pointing at the chunked ones
-    vplan.TUNE.update(CHUNK=16, CHUNK_MIN_T=1)
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
     assert chunk_plan(d, lim, backward=True) is None
     if d.T and not d.P == 0:
         pl = vplan.plan(d, lim, backward=True)
@@ -148,9 +168,12 @@ def test_chunk_knob_sets_the_chunk_length(knobs, CL):
 
 
 @pytest.mark.parametrize("CL", [8, 24, 65, 128, -16])
-def test_chunk_lengths_the_kernels_do_not_take_are_refused(knobs, CL):
-    knobs.update(CHUNK=CL, CHUNK_MIN_T=1)
-    assert chunk_plan(dims(T=4096), BIG, backward=True) is None
+def test_chunk_lengths_the_kernels_do_not_take_are_refused(knobs, monkeypatch, CL):
+    with pytest.raises(ValueError, match=rf"CHUNK={CL}: CHUNK .* must be one of 0, 16, 32, 48, 64"):
+        knobs.update(CHUNK=CL, CHUNK_MIN_T=1)
+    monkeypatch.setenv("SSM_VK_TUNE", f"CHUNK={CL}")
+    with pytest.raises(ValueError, match=rf"^SSM_VK_TUNE: CHUNK={CL}"):
+        config.settings()
 
 
 def test_min_t_knob(knobs):

@@ -19,6 +19,7 @@ import pytest
 
 from ssm_cli.main import COMMANDS
 from ssm_vk import runtime as rt
+from ssm_vk.plan import Limits
 
 ROOT = Path(__file__).resolve().parents[1]
 VULKAN, NO_VULKAN_REASON = rt.available()
@@ -337,7 +338,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk import launch, specs
+    from ssm_vk import kernels as specs
     from ssm_vk.plan import plan
     from ssm_vk.runtime import shaders
     from ssm_vk.runtime.device import choose
@@ -349,7 +350,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
     for entry in index.values():
         assert (tmp_path / entry["file"]).read_bytes()[:4] == shaders.SPIRV_MAGIC
     # Every kernel a forward and a backward at N = 16 request on this device is in the index.
-    lim = launch.limits_of(choose(rt.list_devices()))
+    lim = Limits.of(choose(rt.list_devices()))
     for mamba1 in (False, True):
         d = Dims(S=2, T=5, H=3, P=1 if mamba1 else 4, N=16, G=1, R=2, mamba1=mamba1,
                  a_shape=(3, 16) if mamba1 else (3,))

@@ -20,7 +20,8 @@ from test_errors import BAD, ENTRY_POINTS, FWD_ARGS, call, valid
 import ssm_ref
 import ssm_vk
 from ssm_ref import checks
-from ssm_vk import lanes
+from ssm_vk import config, lanes
+from ssm_vk import engine as vk_engine
 
 pytestmark = pytest.mark.vulkan
 
@@ -57,7 +58,7 @@ def test_a_bad_device_call_raises_as_the_full_path_does(bad, entry):
     checks._PASSED.clear()
     full = _raised(lambda: call(ssm_vk, entry, args))
     assert full is not None and full[0] is bad.exc, full
-    lanes._lanes.clear()  # else a lane of an earlier test's buffers (the pool's again) skips the validator
+    vk_engine.current().lanes.clear()  # else a lane of an earlier test's buffers (the pool's again) skips the validator
     call(ssm_vk, entry, good)  # primes the fast path with the valid shapes
     call(ssm_vk, "ssm_scan_back", good)
     assert checks._PASSED
@@ -125,17 +126,18 @@ def test_the_host_memory_limit_is_read_on_every_call(monkeypatch):
     back = {**fwd, "g_y": a["g_y"], "g_states": a["g_states"]}
 
     def prime():  # the validator's fast path and ssm_vk's lanes (which skip the validator when found)
-        lanes._lanes.clear()
+        vk_engine.current().lanes.clear()
         ssm_vk.ssm_scan(**fwd)
         ssm_vk.ssm_scan_back(**back)
-        assert checks._PASSED and lanes.find(False, tuple(fwd[k] for k in FWD_ARGS[:-1]))[0] is not None
+        floats = tuple(fwd[k] for k in FWD_ARGS[:-1])
+        assert checks._PASSED and lanes.find(False, floats, config.settings())[0] is not None
 
     prime()
     monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", "15")  # ids as int64: 16 bytes
     for run in (lambda: ssm_vk.ssm_scan(**fwd), lambda: ssm_vk.ssm_scan_back(**back),
                 lambda: ssm_vk.supports("ssm_scan", **fwd)):
         got = _raised(run)  # a lane's call for ssm_scan / ssm_scan_back
-        lanes._lanes.clear()
+        vk_engine.current().lanes.clear()
         assert got == _raised(run)  # the validator's fast path
         checks._PASSED.clear()
         assert got == _raised(run)  # the full path

@@ -7,14 +7,14 @@ dispatch -- and evaluates, for every dispatch and every binding, the largest ind
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
 largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
-(ssm_vk/glsl/chunk_*.comp, ssm_vk/record_chunked.py), which the default knobs pick for Mamba-2 from 256
+(ssm_vk/glsl/chunk_*.comp, ssm_vk/record/chunked.py), which the default knobs pick for Mamba-2 from 256
 tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
 
 and for every dispatch: workgroups within maxComputeWorkGroupCount, threads (gx * gy * WG) within
 2^32 (the element-wise kernels compute a flat thread index). Problems beyond the device are shown
-to fall back instead (budget.py / plan.py), so no kernel ever sees them.
+to fall back instead (ssm_vk/plan/), so no kernel ever sees them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, record, record_chunked, specs, workspace
-from ssm_vk.plan import Limits, TooLarge, plan
+from ssm_vk import kernels as specs
+from ssm_vk import record, workspace
+from ssm_vk.plan import Limits, TooLarge, budget, plan
+from ssm_vk.plan.sizes import output_shapes
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -35,11 +37,15 @@ ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffl
 # NVIDIA H200 (driver 580, docs/VULKAN.md "Devices measured") and lavapipe (llvmpipe 15) limits.
 H200 = Limits(subgroup_size=32, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
               max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
-              max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16)
+              max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
+              max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256, max_storage_buffers_per_stage=2**20,
+              max_memory_allocation_count=2**32)
 H200_HEAP = 140 * 10**9
 LAVAPIPE = Limits(subgroup_size=8, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=32 << 10,
                   max_workgroup_count=(65535, 65535, 65535), max_storage_buffer_range=2**27,
-                  max_memory_allocation_size=2**31, min_storage_buffer_offset_alignment=16)
+                  max_memory_allocation_size=2**31, min_storage_buffer_offset_alignment=16,
+                  max_workgroup_size=(1024, 1024, 1024), max_push_constants_size=128, max_storage_buffers_per_stage=32,
+                  max_memory_allocation_count=2**32 - 1)
 LAVAPIPE_HEAP = 2**31
 DEVICES = {"h200": (H200, H200_HEAP), "lavapipe": (LAVAPIPE, LAVAPIPE_HEAP)}
 
@@ -54,18 +60,20 @@ class FakeInfo:
     def __init__(self, lim: Limits, heap: int):
         self.max_memory_allocation_size = lim.max_memory_allocation_size
         self.device_local_bytes = heap
+        self.max_memory_allocation_count = 2**32
         self.name = "fake"
 
 
 class FakeWorkspace:
-    """What record.py asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
+    """What ssm_vk.record asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
 
     bind = workspace.Workspace.bind
 
     def __init__(self, d: Dims, lim: Limits, pl, backward: bool):
         self.ctx = None
         self.limits, self.plan, self.align = lim, pl, lim.min_storage_buffer_offset_alignment
-        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in workspace._shapes(d, backward).items()}
+        self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in output_shapes(d, backward).items()}
+        self.profile = False
         self._dummy = FakeBuffer(16)
 
     def scratch(self, n_elems: int):
@@ -104,8 +112,8 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    monkeypatch.setattr(record, "_kernel", lambda ctx, spec: spec)
-    monkeypatch.setattr(record_chunked, "_kernel", lambda ctx, spec: spec)
+    for module in (record.common, record.sequential, record.chunked):
+        monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
     p = Problem(dims=d, s=None, x=None, dt=None, A=None, B=None, C=None, ids=ids)

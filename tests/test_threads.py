@@ -22,10 +22,13 @@ from children import child_env
 from problems import make_problem
 from registry import BACKENDS, OUTPUTS, assert_close, oracle_back, oracle_scan
 
+import ssm_ref
 import ssm_vk
-from ssm_vk import launch
+from ssm_vk import config
+from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
+from ssm_vk.plan import Limits
 
 REPO = Path(__file__).resolve().parents[1]
 THREADS = 8
@@ -103,7 +106,7 @@ def test_eight_threads_get_the_single_thread_results(backend):
         # threads evicted each other's. Dropping the cache must give every buffer back; one that
         # stays out was taken by a workspace used after its eviction, and would never come back.
         ctx = rt.get_context()
-        launch.clear_cache(ctx)
+        vk_engine.clear(ctx)
         assert pool(ctx).in_use == 0
 
 
@@ -129,23 +132,20 @@ def test_threads_with_device_resident_and_shared_inputs():
     for a in (*dev.values(), *dev_g):
         if isinstance(a, ssm_vk.DeviceArray):
             a.release()
-    launch.clear_cache(ctx)  # the workspaces' own buffers
+    vk_engine.clear(ctx)  # the workspaces' own buffers
     assert pool(ctx).in_use == 0
 
 
 @pytest.mark.vulkan
-def test_threads_racing_forwards_and_backwards_of_one_chunked_shape(monkeypatch):
+def test_threads_racing_forwards_and_backwards_of_one_chunked_shape(monkeypatch, knobs):
     # Eight threads, one Mamba-2 shape on the chunked kernels, each with its own device arrays:
     # forward then backward, again and again. A backward takes the chunk tables a forward left
     # only when that forward ran on its very arrays and nothing overwrote them since; taking
     # another thread's (or half-overwritten ones) would change its bits. Every result must be
     # the single-thread one, bit for bit.
-    from ssm_vk import plan as vplan
-
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
-    monkeypatch.setitem(vplan.TUNE, "CHUNK", 16)
-    monkeypatch.setitem(vplan.TUNE, "CHUNK_MIN_T", 1)
-    launch.clear_cache()
+    knobs(CHUNK=16, CHUNK_MIN_T=1)
+    vk_engine.clear()
     cases = [make_problem(np.random.default_rng(300 + k), S=2, T=37, H=4, P=3, N=5, G=2, ids="permutation")
              for k in range(THREADS)]
     want = [_run(ssm_vk, c) for c in cases]      # host inputs: the backward recomputes
@@ -161,10 +161,12 @@ def test_threads_racing_forwards_and_backwards_of_one_chunked_shape(monkeypatch)
 
     try:
         _in_threads(work)
-        assert launch._workspace(rt.get_context(), ssm_vk.backend.check_forward(**cases[0].args()).dims,
-                                 True).plan.chunked is not None
+        ctx = rt.get_context()
+        dims = ssm_ref.check_forward(**cases[0].args()).dims
+        ws = vk_engine.engine_of(ctx).workspace(dims, True, Limits.of(ctx.info), config.settings())
+        assert ws.plan.chunked is not None
     finally:
-        launch.clear_cache()
+        vk_engine.clear()
 
 
 @pytest.mark.vulkan
@@ -200,7 +202,7 @@ def test_threads_sharing_more_shapes_than_the_workspace_cache_holds():
     # that looked a workspace up before its eviction must not run in it (its buffers and
     # sequences would never be given back).
     shapes = [make_problem(np.random.default_rng(200 + j), S=1, T=2 + j, H=2, P=2, N=3, G=1)
-              for j in range(launch.MAX_WORKSPACES + 2)]
+              for j in range(vk_engine.MAX_WORKSPACES + 2)]
     want = [ssm_vk.ssm_scan(**c.args()).y for c in shapes]
 
     def work(k):
@@ -216,7 +218,7 @@ def test_threads_sharing_more_shapes_than_the_workspace_cache_holds():
     finally:
         sys.setswitchinterval(interval)
     ctx = rt.get_context()
-    launch.clear_cache(ctx)
+    vk_engine.clear(ctx)
     assert pool(ctx).in_use == 0
 
 
@@ -224,23 +226,23 @@ def test_threads_sharing_more_shapes_than_the_workspace_cache_holds():
 def test_a_workspace_evicted_between_look_up_and_lock_is_not_used(monkeypatch):
     # The gap the test above races for, made certain: another thread evicts the workspace after
     # this call looked it up and before it took the workspace's lock.
-    real = launch._workspace
+    real = vk_engine.Engine.workspace
     evicted = []
 
-    def racing(ctx, dims, backward, *rest):
-        ws = real(ctx, dims, backward, *rest)
+    def racing(engine, dims, backward, *rest):
+        ws = real(engine, dims, backward, *rest)
         if not evicted:
             evicted.append(ws)
-            launch.clear_cache(ctx)
+            vk_engine.clear(engine.ctx)
         return ws
 
     case = make_problem(np.random.default_rng(300), S=2, T=3, H=2, P=2, N=3, G=1)
     want = ssm_vk.ssm_scan(**case.args()).y
-    monkeypatch.setattr(launch, "_workspace", racing)
+    monkeypatch.setattr(vk_engine.Engine, "workspace", racing)
     assert np.array_equal(ssm_vk.ssm_scan(**case.args()).y, want)
     assert evicted[0].closed
     ctx = rt.get_context()
-    launch.clear_cache(ctx)
+    vk_engine.clear(ctx)
     assert pool(ctx).in_use == 0
 
 

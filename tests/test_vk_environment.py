@@ -28,7 +28,7 @@ from children import child_env
 from faultcase import CASE, FALLBACK, OPS, REPO, args, backward, fresh_context, same
 
 import ssm_vk
-from ssm_vk import launch
+from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 from ssm_vk.runtime import shaders
@@ -58,7 +58,6 @@ def test_glslc_missing_with_nothing_cached_falls_back(monkeypatch, tmp_path, cap
 def test_a_shader_that_fails_to_compile_falls_back_with_the_error_and_keeps_nothing(monkeypatch, tmp_path, caplog):
     # supports() compiles what the call would, so a glslc that rejects a source (an older
     # shaderc, an edited shader) gives a refusal with the compiler's error, never a raise.
-    from ssm_vk import backend
 
     broken = tmp_path / "glsl"
     shutil.copytree(shaders.PACKAGE_GLSL, broken)
@@ -72,8 +71,8 @@ def test_a_shader_that_fails_to_compile_falls_back_with_the_error_and_keeps_noth
     before = pool(ctx).in_use
     monkeypatch.setattr(shaders, "PACKAGE_GLSL", broken)
     monkeypatch.setattr(shaders, "PACKAGED_SPIRV", tmp_path / "no-package")
-    launch.clear_cache(ctx)      # else the call replays the sequence recorded above (same buffers)
-    backend._support_cache.clear()
+    vk_engine.clear(ctx)      # else the call replays the sequence recorded above (same buffers)
+    vk_engine.clear()
     sup = ssm_vk.supports("ssm_scan_back", **CASE.args())
     assert not sup and "glslc failed" in sup.reason and "math.glsl" in sup.reason
     with caplog.at_level("WARNING", logger="ssm_vk"):
@@ -82,11 +81,11 @@ def test_a_shader_that_fails_to_compile_falls_back_with_the_error_and_keeps_noth
     assert any("glslc failed" in r.getMessage() for r in caplog.records)
     for k, v in want.items():
         np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
-    launch.clear_cache(ctx)
+    vk_engine.clear(ctx)
     assert pool(ctx).in_use <= before and not ctx.lost
     monkeypatch.undo()
     monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "cache"))
-    backend._support_cache.clear()
+    vk_engine.clear()
     res, got = backward(a)
     assert res.where.startswith("Vulkan")
     same(got, want)

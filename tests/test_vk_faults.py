@@ -32,10 +32,10 @@ from problems import make_problem
 import ssm_ref
 import ssm_vk
 from ssm_ref import check_backward, check_forward
-from ssm_vk import arrays, budget, launch
+from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
-from ssm_vk.plan import plan
+from ssm_vk.plan import Limits, budget, plan
 
 
 @pytest.fixture(params=["mapped", "staged"])
@@ -73,8 +73,8 @@ def test_device_lost_mid_call_raises_and_the_next_call_gets_a_fresh_context(tran
     same(got, want)
     fresh = rt.get_context()
     assert fresh is not ctx and ctx.closed and ctx.live_allocations.count == 0
-    assert list(arrays._pools.values()) == [pool(fresh)]  # the lost context's pool is not kept either
-    assert all(owner is fresh for owner, _ in launch._caches.values())  # nor its workspaces
+    # the lost context keeps neither its pool nor its engine (workspaces, decisions, lanes)
+    assert ctx.extension("pool") is None and ctx.extension("engine") is None
     if device:
         with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
             a["x"].numpy()                # a clear error, not a read of freed memory
@@ -114,8 +114,8 @@ def test_after_a_timeout_no_buffer_of_the_pending_work_is_written(transfers, mon
     ctx.fail_next_submit(rt.VulkanTimeout)
     with pytest.raises(rt.VulkanTimeout):
         backward(a)
-    pending = [seq for _, cache in launch._caches.values() for ws in cache.values()
-               for seq, _ in ws.sequences.values() if seq.pending]
+    pending = [seq for ws in vk_engine.current().workspaces.values() for seq, _ in ws.sequences.values()
+               if seq.pending]
     assert pending
     writes = []
     upload = rt.upload
@@ -139,8 +139,8 @@ def test_work_still_running_at_close_is_not_freed_under_the_gpu(transfers, monke
     ctx.fail_next_submit(rt.VulkanTimeout)
     with pytest.raises(rt.VulkanTimeout):
         forward(a)
-    pending = [seq for _, cache in launch._caches.values() for ws in cache.values()
-               for seq, _ in ws.sequences.values() if seq.pending]
+    pending = [seq for ws in vk_engine.current().workspaces.values() for seq, _ in ws.sequences.values()
+               if seq.pending]
     assert len(pending) == 1
 
     def still_running(self, timeout_s=None):
@@ -148,7 +148,7 @@ def test_work_still_running_at_close_is_not_freed_under_the_gpu(transfers, monke
             raise rt.VulkanTimeout("waiting for the GPU timed out (the test's hung GPU)", 2)
 
     monkeypatch.setattr(rt.Sequence, "wait", still_running)
-    launch.clear_cache(ctx)                    # evicts the workspace: closes its sequences
+    vk_engine.clear(ctx)                    # evicts the workspace: closes its sequences
     assert ctx.lost and not pending[0].closed
     monkeypatch.undo()
     same(forward(a)[1], want)                # a new context; the old one closed after its wait
@@ -170,13 +170,13 @@ def test_the_memory_estimate_covers_what_a_call_allocates(op):
         for small_range in (False, True):   # whole sequences, then token windows
             ctx = fresh_context()
             with ctx.override_limits(**({"max_storage_buffer_range": 2048} if small_range else {})):
-                lim = launch.limits_of(ctx.info)
+                lim = Limits.of(ctx.info)
                 chk = check_backward if backward else check_forward
                 args = {**case.args(), **({"g_y": case.g_y, "g_states": case.g_states} if backward else {})}
                 p = chk(**args)
                 pl = plan(p.dims, lim, backward=backward)
                 assert pl.time_split == (small_range and k == 1)
-                estimate = sum(budget._pooled(n, ctx.info.max_memory_allocation_size)
+                estimate = sum(budget.pooled(n, ctx.info.max_memory_allocation_size)
                                for n in budget.buffers(p.dims, pl, lim, backward).values())
                 OPS[op](args if backward else case.args())
                 made = sum(b.size for b in pool(ctx)._made.values())
@@ -279,7 +279,7 @@ def test_out_of_device_memory_raises_keeps_nothing_and_the_next_call_works(op, d
     ctx = rt.get_context()
     a = args(device)
     want = OPS[op](a)[1]
-    launch.clear_cache(ctx)                              # the call must allocate again
+    vk_engine.clear(ctx)                              # the call must allocate again
     gc.collect()                                         # earlier tests' garbage gives its buffers back now
     pool(ctx).trim()
     before = held(ctx)
@@ -291,7 +291,7 @@ def test_out_of_device_memory_raises_keeps_nothing_and_the_next_call_works(op, d
         del info
     finally:
         ctx.fail_allocations(0)
-    launch.clear_cache(ctx)
+    vk_engine.clear(ctx)
     pool(ctx).trim()
     assert held(ctx) == before and not ctx.lost
     same(OPS[op](a)[1], want)

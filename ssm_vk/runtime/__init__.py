@@ -18,8 +18,9 @@ from .commands import Sequence, oneshot
 from .context import Context, close, current_context, get_context
 from .device import DeviceInfo, available, list_devices
 from .kernels import Kernel
-from .memory import Buffer, BufferPool, download, fill, upload
+from .memory import Buffer, BufferPool
 from .shaders import GlslcMissing, ShaderBuildError, compile_shader
+from .transfer import download, fill, upload
 
 __all__ = [
     "Buffer", "BufferPool", "Context", "DeviceInfo", "DeviceLost", "GlslcMissing", "Kernel", "OutOfDeviceMemory",

@@ -18,6 +18,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from .. import config
 from . import binding, device
 from .binding import DeviceLost, VulkanTimeout, VulkanUnavailable
 from .device import DeviceInfo
@@ -50,10 +51,6 @@ class Allocations:
     nbytes: int
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 class Context:
     """Vulkan instance + one logical device with one compute queue.
 
@@ -69,8 +66,9 @@ class Context:
 
     def __init__(self, device_index: int | str | None = None, validation: bool | None = None):
         global _current
+        timeout_s = config.timeout_s()           # the settings, checked before any Vulkan call
         if validation is None:
-            validation = _env_flag(VALIDATION_ENV)
+            validation = config.validation()
         if not isinstance(validation, bool):
             raise TypeError(f"validation: expected bool or None, got {type(validation).__name__}")
         chosen = device.choose(device.list_devices(), device_index)  # raises before any Vulkan object exists
@@ -81,7 +79,7 @@ class Context:
         self.validation_messages: list[str] = []
         self.stats = Stats()
         self.lock = threading.RLock()
-        self.timeout_s = float(os.environ.get("SSM_VK_TIMEOUT_S", 60.0))
+        self.timeout_s = timeout_s
         self.closed = False
         self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False
@@ -100,6 +98,8 @@ class Context:
                                                  # checks its own for closed ones when this moved)
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
+        self._extensions: dict = {}              # extension(): objects made once per context (its pool, the
+                                                 # scan engine), closed with it
         # State owned by the modules named, kept here because it lives as long as the context:
         self._kernels: dict = {}                 # kernels.py: cache key → Kernel
         self._staging = None                     # memory.py: the reusable staging Buffer
@@ -235,6 +235,22 @@ class Context:
         """Record that the device is gone: every later use raises DeviceLost; get_context() makes a new one."""
         self.lost = True
 
+    def extension(self, key: str, factory=None):
+        """The object ``factory(self)`` made the first time ``key`` is asked for on this context,
+        and the same object after (the buffer pool, the scan engine): state that lives exactly as
+        long as the context. It must register itself with :meth:`adopt` to be closed with the
+        context. Without ``factory``: the object if made, else None. Raises DeviceLost /
+        RuntimeError when the context is not usable and the object must be made."""
+        obj = self._extensions.get(key)
+        if obj is not None or factory is None:
+            return obj
+        with self.lock:
+            obj = self._extensions.get(key)
+            if obj is None:
+                self.check_usable()
+                obj = self._extensions[key] = factory(self)
+            return obj
+
     def adopt(self, obj) -> None:
         """Register an object with ``close()`` so that closing the context closes it."""
         with self.lock:
@@ -364,6 +380,7 @@ class Context:
             child.close()
         self._children.clear()
         self._kernels.clear()
+        self._extensions.clear()
         self._destroy_core()
         atexit.unregister(self.close)
         with _current_lock:

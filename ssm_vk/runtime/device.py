@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 
+from .. import config
 from . import binding
 from .binding import VulkanUnavailable
 
@@ -63,6 +63,7 @@ class DeviceInfo:
     float_atomics: bool                        # atomicAdd on float32 in storage buffers
     shader_float64: bool
     shader_int64: bool
+    max_memory_allocation_count: int = 4096   # VkDeviceMemory objects at once (the spec's minimum)
 
     @property
     def where(self) -> str:
@@ -74,7 +75,7 @@ class DeviceInfo:
 LIMIT_FIELDS = (
     "max_shared_memory", "max_workgroup_size", "max_workgroup_invocations", "max_workgroup_count",
     "max_storage_buffer_range", "max_memory_allocation_size", "max_push_constants_size",
-    "max_storage_buffers_per_stage", "device_local_bytes",
+    "max_storage_buffers_per_stage", "device_local_bytes", "max_memory_allocation_count",
 )
 
 
@@ -257,6 +258,7 @@ def describe(physical_device, index: int, instance_version: int) -> DeviceInfo:
         float_atomics=bool(atomic is not None and atomic.shaderBufferFloat32AtomicAdd),
         shader_float64=bool(feats.features.shaderFloat64),
         shader_int64=bool(feats.features.shaderInt64),
+        max_memory_allocation_count=int(lim.maxMemoryAllocationCount),
     )
     return info
 
@@ -310,8 +312,8 @@ def choose(infos: list[DeviceInfo] | tuple[DeviceInfo, ...], requested: int | st
     if not infos:
         raise VulkanUnavailable("no Vulkan device found")
     source = "device"
-    if requested is None and os.environ.get(DEVICE_ENV, "").strip():
-        requested, source = os.environ[DEVICE_ENV].strip(), DEVICE_ENV
+    if requested is None and config.device_env():
+        requested, source = config.device_env(), DEVICE_ENV
     if requested is not None:
         try:
             index = int(requested)

@@ -9,13 +9,13 @@ shader's own specialisation constants at ids 3, 4, ... in the order of ``spec``.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 
 from . import binding, shaders
 from .checks import check_int
 from .context import Context
 from .memory import Buffer
+from .spirv import check_workgroup_size, workgroup_memory_bytes
 
 _POOL_SETS_MIN, _POOL_SETS_MAX = 16, 1024  # descriptor pools grow by doubling between these
 IDLE_SETS = 64   # unreferenced descriptor sets a kernel keeps cached for a repeat of their bindings
@@ -109,6 +109,10 @@ class Kernel:
                  local_size: tuple[int, int, int], spec: tuple):
         """Internal: use :meth:`get`. Arguments are checked by ``get``."""
         check_workgroup_size(spirv, local_size, name)
+        shared = workgroup_memory_bytes(spirv)
+        if shared > ctx.info.max_shared_memory:
+            raise ValueError(f"{name}: {shared} bytes of shared memory exceed max_shared_memory = "
+                             f"{ctx.info.max_shared_memory}")
         vk = binding.require()
         self.ctx, self.name, self.bindings = ctx, name, bindings
         self.push_size, self.local_size, self.spec = push_size, local_size, spec
@@ -367,53 +371,3 @@ def _write_set(device, dset, triples) -> None:
         w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
         w.pBufferInfo = infos + i  # ``infos`` outlives the call below
     vk.lib.vkUpdateDescriptorSets(device, n, writes, 0, ffi.NULL)
-
-
-# ---------------------------------------------------------------------------------------------
-# SPIR-V inspection: the workgroup size a module really uses
-
-_OP_DECORATE, _OP_EXECUTION_MODE = 71, 16
-_OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 43, 50, 44, 51
-_DECORATION_BUILTIN, _DECORATION_SPEC_ID, _BUILTIN_WORKGROUP_SIZE, _MODE_LOCAL_SIZE = 11, 1, 25, 17
-
-
-def check_workgroup_size(spirv: bytes, local_size: tuple[int, int, int], name: str = "shader") -> None:
-    """Raise ValueError unless the module's workgroup size is ``local_size`` once specialised:
-    each dimension must be a specialisation constant with SpecId 0/1/2, or fixed to that value."""
-    if len(spirv) % 4 or len(spirv) < 20:
-        raise ValueError(f"{name}: not a SPIR-V module")
-    words = struct.unpack(f"<{len(spirv) // 4}I", spirv)
-    literal_size, builtin_id, spec_ids, constants, composites = None, None, {}, {}, {}
-    i = 5
-    while i < len(words):
-        count, op = words[i] >> 16, words[i] & 0xFFFF
-        if count == 0:
-            raise ValueError(f"{name}: malformed SPIR-V")
-        args = words[i + 1:i + count]
-        if op == _OP_EXECUTION_MODE and args[1] == _MODE_LOCAL_SIZE:
-            literal_size = tuple(args[2:5])
-        elif op == _OP_DECORATE and args[1] == _DECORATION_BUILTIN and args[2] == _BUILTIN_WORKGROUP_SIZE:
-            builtin_id = args[0]
-        elif op == _OP_DECORATE and args[1] == _DECORATION_SPEC_ID:
-            spec_ids[args[0]] = args[2]
-        elif op in (_OP_CONSTANT, _OP_SPEC_CONSTANT):
-            constants[args[1]] = (op, args[2])
-        elif op in (_OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE):
-            composites[args[1]] = args[2:]
-        i += count
-    if builtin_id is None:
-        fixed = literal_size or local_size
-    else:  # WorkgroupSize overrides LocalSize; its parts are constants or specialisation constants
-        fixed = []
-        for dim, part in enumerate(composites.get(builtin_id, ())):
-            op, value = constants.get(part, (None, None))
-            if op == _OP_SPEC_CONSTANT and spec_ids.get(part) == dim:
-                fixed.append(local_size[dim])  # ours to set
-            elif op == _OP_CONSTANT:
-                fixed.append(value)
-            else:
-                raise ValueError(f"{name}: workgroup size dimension {dim} is neither a constant nor "
-                                 f"specialisation constant {dim}; declare local_size_{'xyz'[dim]}_id = {dim}")
-    if tuple(fixed) != local_size:
-        raise ValueError(f"{name}: the shader fixes local_size {tuple(fixed)}, not {local_size}; declare "
-                         "layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;")

@@ -98,6 +98,22 @@ class Buffer:
             raise RuntimeError("this Buffer is closed")
         return self._buffer
 
+    @property
+    def mapping(self):
+        """The host mapping of a host-visible buffer (a cffi buffer: np.frombuffer views it), or
+        None. Valid while the buffer is open."""
+        return self._mapped
+
+    def peek(self, nbytes: int, offset: int = 0) -> bytes | None:
+        """``nbytes`` read straight from the mapping of a host-visible buffer (no copy command: for
+        a few bytes the GPU wrote before a wait, such as a flag); None when the buffer is not
+        mapped (read it with transfer.download). Raises RuntimeError when it is closed."""
+        if self.closed:
+            raise RuntimeError("this Buffer is closed")
+        if self._mapped is None or self.ctx.force_staging:
+            return None
+        return bytes(self._mapped[offset:offset + nbytes])
+
     def close(self) -> None:
         """Free the buffer and its memory (waits for submitted work first). Idempotent."""
         if self.closed:
@@ -160,7 +176,7 @@ def _memory_type(ctx: Context, type_bits: int, staging: bool) -> tuple[int, bool
 # ---------------------------------------------------------------------------------------------
 # Transfers
 
-def _check_range(buffer: Buffer, offset, nbytes: int, what: str) -> int:
+def check_range(buffer: Buffer, offset, nbytes: int, what: str) -> int:
     if not isinstance(buffer, Buffer):
         raise TypeError(f"{what}: expected a Buffer, got {type(buffer).__name__}")
     if buffer.closed:
@@ -170,99 +186,6 @@ def _check_range(buffer: Buffer, offset, nbytes: int, what: str) -> int:
         raise ValueError(f"{what}: {nbytes} bytes at offset {offset} do not fit in a Buffer of {buffer.size} bytes")
     buffer.ctx.check_usable()
     return offset
-
-
-def upload(buffer: Buffer, array, offset: int = 0) -> None:
-    """Copy the bytes of ``array`` (C order) into ``buffer`` at byte ``offset``.
-
-    Raises TypeError (not a buffer; an object array), ValueError (does not fit), RuntimeError
-    (buffer or context closed), DeviceLost, VulkanTimeout.
-    """
-    data = np.ascontiguousarray(array)
-    if data.dtype.hasobject:
-        raise TypeError("upload: object arrays have no byte representation")
-    offset = _check_range(buffer, offset, data.nbytes, "upload")
-    if data.nbytes == 0:
-        return
-    raw = data.reshape(-1).view(np.uint8)
-    if buffer.mappable and not buffer.ctx.force_staging:
-        memoryview(buffer._mapped)[offset:offset + raw.size] = raw
-        return
-    _through_staging(buffer, offset, raw.size, raw, None)
-
-
-def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
-    """A new array with bytes of ``buffer`` from byte ``offset``.
-
-    ``what`` is a byte count (the result is uint8 of that length) or ``(shape, dtype)``.
-    Raises TypeError/ValueError for a bad ``what`` or a range outside the buffer, RuntimeError
-    (buffer or context closed), DeviceLost, VulkanTimeout.
-    """
-    if isinstance(what, tuple) and len(what) == 2:
-        shape, dtype = what
-        shape = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-        for n in shape:
-            check_int("shape", n)
-        dtype = np.dtype(dtype)
-        if dtype.hasobject:
-            raise TypeError("download: object dtypes have no byte representation")
-    else:
-        shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
-    out = np.empty(shape, dtype)
-    offset = _check_range(buffer, offset, out.nbytes, "download")
-    if out.nbytes == 0:
-        return out
-    raw = out.reshape(-1).view(np.uint8)
-    if buffer.mappable and not buffer.ctx.force_staging:
-        raw[:] = np.frombuffer(buffer._mapped, np.uint8, raw.size, offset)
-        return out
-    _through_staging(buffer, offset, raw.size, None, raw)
-    return out
-
-
-def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -> None:
-    """Move ``nbytes`` between host bytes and ``buffer`` in chunks of the context's staging buffer."""
-    from .commands import oneshot  # commands imports this module
-
-    ctx = buffer.ctx
-    with ctx.lock:  # one staging buffer per context
-        staging = _staging_buffer(ctx, min(nbytes, ctx.staging_chunk_bytes))
-        window = memoryview(staging._mapped)
-        for start in range(0, nbytes, staging.size):
-            n = min(staging.size, nbytes - start)
-            if source is not None:
-                window[:n] = source[start:start + n]
-            with oneshot(ctx) as seq:
-                if source is not None:
-                    seq.copy(staging, buffer, n, dst_offset=offset + start)
-                else:
-                    seq.copy(buffer, staging, n, src_offset=offset + start)
-            if target is not None:
-                target[start:start + n] = np.frombuffer(window, np.uint8, n)
-
-
-def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
-    staging = ctx._staging
-    if staging is None or staging.closed or staging.size < nbytes:
-        if staging is not None:
-            staging.close()
-        staging = ctx._staging = Buffer(ctx, nbytes, staging=True)
-    return staging
-
-
-def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None) -> None:
-    """Set ``nbytes`` bytes from ``offset`` to repeats of the 32-bit word ``value`` (vkCmdFillBuffer),
-    e.g. 0 to zero a buffer or 0x7FC00000 to poison it with float32 NaN.
-
-    ``nbytes`` defaults to the rest of the buffer rounded down to a multiple of 4. Raises
-    ValueError when offset or nbytes is not a multiple of 4 or the range does not fit, TypeError,
-    RuntimeError, DeviceLost, VulkanTimeout.
-    """
-    from .commands import oneshot
-
-    offset, nbytes = fill_range(buffer, value, offset, nbytes)
-    with oneshot(buffer.ctx) as seq:
-        seq.fill(buffer, value, offset, nbytes)
 
 
 def fill_range(buffer: Buffer, value: int, offset: int, nbytes: int | None) -> tuple[int, int]:
@@ -277,19 +200,8 @@ def fill_range(buffer: Buffer, value: int, offset: int, nbytes: int | None) -> t
     nbytes = check_int("nbytes", nbytes, 1)
     if offset % 4 or nbytes % 4:
         raise ValueError(f"fill: offset ({offset}) and nbytes ({nbytes}) must be multiples of 4")
-    return _check_range(buffer, offset, nbytes, "fill"), nbytes
+    return check_range(buffer, offset, nbytes, "fill"), nbytes
 
-
-def release_staging(ctx: Context) -> None:
-    """Free the context's staging buffer (it is made again on the next staged transfer)."""
-    with ctx.lock:
-        if ctx._staging is not None:
-            ctx._staging.close()
-            ctx._staging = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Pool
 
 class BufferPool:
     """Reuses buffers by size class, so a loop of same-shaped calls allocates once.

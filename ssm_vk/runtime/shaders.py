@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import config
+
 TARGET_ENV = "vulkan1.1"
 CACHE_ENV = "SSM_SCAN_CACHE"
 PACKAGE_GLSL = Path(__file__).resolve().parents[1] / "glsl"    # ssm_vk/glsl/, package data
@@ -162,9 +164,8 @@ def _sha256(data: bytes) -> str:
 
 
 def cache_dir() -> Path:
-    """``$SSM_SCAN_CACHE`` if set, else ``~/.cache/ssm-scan/spirv``."""
-    env = os.environ.get(CACHE_ENV, "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "ssm-scan" / "spirv"
+    """``$SSM_SCAN_CACHE`` if set, else ``~/.cache/ssm-scan/spirv`` (ssm_vk.config)."""
+    return config.cache_dir()
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,4 +1,4 @@
-"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp, ssm_vk/record_chunked.py)
+"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp, ssm_vk/record/chunked.py)
 against the float64 oracle on lavapipe, under the validation layer (tests/conftest.py).
 
 The ``chunked`` fixture forces them on small problems (knobs CHUNK_MIN_T=1 and CHUNK) and every
@@ -27,10 +27,13 @@ import ssm_ref
 import ssm_vk
 from ssm_ref.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
-from ssm_vk import launch
+from ssm_vk import config
+from ssm_vk import engine as vk_engine
 from ssm_vk import plan as vplan
 from ssm_vk import runtime as rt
-from ssm_vk.chunk_plan import scratch_elems
+from ssm_vk.plan import Limits
+from ssm_vk.plan.chunked import scratch_elems
+from ssm_vk.workspace import Workspace
 
 pytestmark = pytest.mark.vulkan
 
@@ -46,30 +49,25 @@ def vk_backend(T: int) -> Backend:
 
 
 @pytest.fixture
-def chunked(monkeypatch):
-    """Force the chunked kernels (CHUNK_MIN_T=1, CHUNK=16 unless ``force(CL)`` says otherwise).
-    Workspaces are keyed by shape and limits, not by knobs: the cache is cleared before, at each
-    change and after, so no workspace planned under other knobs is reused."""
+def chunked(monkeypatch, knobs):
+    """Force the chunked kernels (CHUNK_MIN_T=1, CHUNK=16 unless ``force(CL)`` says otherwise)."""
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
 
     def force(CL: int = 16) -> int:
-        launch.clear_cache()
-        monkeypatch.setitem(vplan.TUNE, "CHUNK", CL)
-        monkeypatch.setitem(vplan.TUNE, "CHUNK_MIN_T", 1)
+        knobs(CHUNK=CL, CHUNK_MIN_T=1)
         return CL
 
     force(16)
     yield force
-    launch.clear_cache()
+    vk_engine.clear()
 
 
 @pytest.fixture
 def default_knobs(monkeypatch):
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
-    monkeypatch.setattr(vplan, "TUNE", {})
-    launch.clear_cache()
+    vk_engine.clear()
     yield
-    launch.clear_cache()
+    vk_engine.clear()
 
 
 def dims_of(case):
@@ -78,12 +76,13 @@ def dims_of(case):
 
 def planned(case, backward: bool):
     """The plan ssm_vk makes for ``case`` on this device now (knobs and limits as they are)."""
-    return vplan.plan(dims_of(case), launch.limits_of(rt.get_context().info), backward)
+    return vplan.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
 
 
 def ran_plan(case, backward: bool):
     """The plan of the workspace that ran the last call of this shape (looked up, not re-made)."""
-    return launch._workspace(rt.get_context(), dims_of(case), backward).plan
+    ctx = rt.get_context()
+    return vk_engine.engine_of(ctx).workspace(dims_of(case), backward, Limits.of(ctx.info), config.settings()).plan
 
 
 def run(case):
@@ -192,7 +191,7 @@ def test_falls_back_to_the_sequential_kernels_when_the_chunk_scratch_cannot_fit(
     small = max(scratch_elems(d, 16, 1, False).values()) * 4      # the forward's need; the backward's is larger
     with ctx.override_limits(max_storage_buffer_range=small):
         for backward in (False, True):
-            assert vplan.TUNE["CHUNK_MIN_T"] == 1 and planned(case, backward).windows
+            assert config.settings().knob("CHUNK_MIN_T", None) == 1 and planned(case, backward).windows
         check_case(case, label="fall-back", CL=None)
 
 
@@ -202,7 +201,7 @@ def test_bit_identical_reruns_and_rerecordings(chunked):
     case = make_problem(np.random.default_rng(51), S=3, T=35, H=4, P=P0, N=N0, G=2, ids="duplicates")
     first = check_case(case, label="first")
     again = run(case)                       # the recorded sequence replayed
-    launch.clear_cache()
+    vk_engine.clear()
     fresh = run(case)                       # recorded anew in a new workspace
     assert ran_plan(case, True).chunked is not None
     for k in OUTPUTS:
@@ -236,9 +235,9 @@ def grads(g) -> dict:
 def back_host(args: dict, case) -> dict:
     """The backward from host inputs: never takes a forward's chunk states."""
     host = {k: (v.numpy() if isinstance(v, ssm_vk.DeviceArray) else v) for k, v in args.items()}
-    before = launch.states_reused
+    before = vk_engine.current().states_reused
     g = grads(ssm_vk.ssm_scan_back(**host, g_y=case.g_y, g_states=case.g_states))
-    assert launch.states_reused == before
+    assert vk_engine.current().states_reused == before
     return g
 
 
@@ -247,7 +246,7 @@ def assert_same(a: dict, b: dict) -> None:
         assert a[k].tobytes() == b[k].tobytes(), k
 
 
-def test_a_backward_takes_the_chunk_states_its_forward_left(chunked, monkeypatch):
+def test_a_backward_takes_the_chunk_states_its_forward_left(chunked, monkeypatch, knobs):
     # Device-resident inputs, forward then backward: the backward binds the forward's chunk states
     # instead of recomputing them, and gives the recomputing call's results bit for bit.
     case = make_problem(np.random.default_rng(81), S=3, T=40, H=4, P=P0, N=N0, G=2, ids="permutation")
@@ -256,17 +255,17 @@ def test_a_backward_takes_the_chunk_states_its_forward_left(chunked, monkeypatch
     want = back_host(dev, case)
     check_case(case, label="oracle")         # the recomputing path against float64
     for _ in range(2):                       # recorded, then replayed
-        before = launch.states_reused
+        before = vk_engine.current().states_reused
         ssm_vk.ssm_scan(**dev)
         g = grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs))
-        assert launch.states_reused == before + 1
+        assert vk_engine.current().states_reused == before + 1
         assert_same(g, want)
-    monkeypatch.setitem(vplan.TUNE, "KEEP_STATES", 0)   # the knob: the forward leaves nothing
-    launch.clear_cache()
-    before = launch.states_reused
+    knobs(KEEP_STATES=0)   # the knob: the forward leaves nothing
+    vk_engine.clear()
+    before = vk_engine.current().states_reused
     ssm_vk.ssm_scan(**dev)
     assert_same(grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs)), want)
-    assert launch.states_reused == before
+    assert vk_engine.current().states_reused == before
 
 
 def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
@@ -279,9 +278,9 @@ def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
         ssm_vk.ssm_scan(**fwd_args)
         if between is not None:
             between()
-        before = launch.states_reused
+        before = vk_engine.current().states_reused
         g = grads(ssm_vk.ssm_scan_back(**bwd_args, g_y=gy, g_states=gs))
-        assert launch.states_reused == before, "took chunk states of other inputs"
+        assert vk_engine.current().states_reused == before, "took chunk states of other inputs"
         return g
 
     dev = on_device(case.args())
@@ -307,9 +306,9 @@ def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
     x_new = ssm_vk.to_device(other.args()["x"])
     assert x_new.buffer is buf                         # the pool gave the same buffer back
     bwd = {**dev, "x": x_new}
-    before = launch.states_reused
+    before = vk_engine.current().states_reused
     g = grads(ssm_vk.ssm_scan_back(**bwd, g_y=gy, g_states=gs))
-    assert launch.states_reused == before
+    assert vk_engine.current().states_reused == before
     assert_same(g, back_host(bwd, case))
 
 
@@ -319,11 +318,11 @@ def test_a_non_finite_forward_leaves_no_chunk_states(chunked):
     args["x"] = args["x"].copy()
     args["x"][1, 20, 1, 2] = np.inf
     dev = on_device(args)
-    before, reruns = launch.states_reused, launch.reruns
+    before, reruns = vk_engine.current().states_reused, vk_engine.current().reruns
     ssm_vk.ssm_scan(**dev)
-    assert launch.reruns == reruns + 1
+    assert vk_engine.current().reruns == reruns + 1
     ssm_vk.ssm_scan_back(**dev, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
-    assert launch.states_reused == before
+    assert vk_engine.current().states_reused == before
 
 
 # -- default knobs -------------------------------------------------------------------------------
@@ -377,10 +376,10 @@ def test_a_non_finite_result_is_recomputed_by_the_sequential_kernels(chunked):
     args = case.args()
     args["x"] = args["x"].copy()
     args["x"][1, 20, 1, 2] = np.inf
-    before = launch.reruns
+    before = vk_engine.current().reruns
     r = ssm_vk.ssm_scan(**args)
     g = ssm_vk.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states)
-    assert launch.reruns == before + 2
+    assert vk_engine.current().reruns == before + 2
     assert r.where.startswith("Vulkan") and g.where == r.where
     ref = ssm_ref.ssm_scan(**args)
     refg = ssm_ref.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states)
@@ -395,17 +394,17 @@ def test_a_non_finite_result_is_recomputed_by_the_sequential_kernels(chunked):
     for k in ssm_ref.GRAD_NAMES:
         assert np.array_equal(getattr(g, k), getattr(g0, k), equal_nan=True), k
     # a finite call is not recomputed
-    before = launch.reruns
+    before = vk_engine.current().reruns
     ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
-    assert launch.reruns == before
+    assert vk_engine.current().reruns == before
 
 
 @pytest.mark.parametrize("headloop", [0, 1])
-def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop):
+def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop, knobs):
     # HEADLOOP=1: DB/DC add a group's heads inside the workgroup and write d_B, d_C; 0: per-head
     # parts summed by the reduce kernel. Both against the oracle, with 3 heads per group.
-    monkeypatch.setitem(vplan.TUNE, "HEADLOOP", headloop)
-    launch.clear_cache()
+    knobs(HEADLOOP=headloop)
+    vk_engine.clear()
     case = make_problem(np.random.default_rng(81 + headloop), S=2, T=45, H=6, P=P0, N=N0, G=2, ids="duplicates")
     assert planned(case, True).chunked.headloop == bool(headloop)
     check_case(case, label=f"HEADLOOP={headloop}", CL=16)
@@ -423,26 +422,26 @@ def test_a_training_loop_replays_its_sequences(held):
     dev = {k: ssm_vk.to_device(v) for k, v in case.args().items() if k != "ids"}
     gy, gs = ssm_vk.to_device(case.g_y), ssm_vk.to_device(case.g_states)
     recorded = []
-    real = launch.Workspace.sequence
+    real = Workspace.sequence
 
     def counting(ws, key, record):
         recorded.append(key not in ws.sequences)
         return real(ws, key, record)
 
-    launch.clear_cache()
+    vk_engine.clear()
     # free buffers of the outputs' size classes in the pool (left by other shapes' calls, say)
     junk = [ssm_vk.to_device(np.zeros(n, np.float32)) for n in [S * T * H * P] * 6 + [S * T * G * N] * 4]
     del junk
     kept: list = []
     try:
-        launch.Workspace.sequence = counting
+        Workspace.sequence = counting
         for _ in range(20):
             r = ssm_vk.ssm_scan(**dev)
             g = ssm_vk.ssm_scan_back(**dev, ids=None, g_y=gy, g_states=gs)
             kept = [(r, g), *kept][:held]
             del r, g
     finally:
-        launch.Workspace.sequence = real
+        Workspace.sequence = real
     # one sequence each way for each set of buffers the loop cycles through (held + 1 sets),
     # recorded in the first steps, then none
     assert len(recorded) == 40 and sum(recorded) == 2 * (held + 1), str(recorded)
@@ -460,16 +459,15 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
     from ssm_vk.runtime import shaders
 
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
-    monkeypatch.setattr(vplan, "TUNE", {})
     ctx = rt.get_context()
     case = make_problem(np.random.default_rng(91), S=2, T=70, H=2, P=4, N=8, G=1, ids="identity")
     assert planned(case, False).chunked is not None and planned(case, True).chunked is not None
     pkg = tmp_path / "pkg"
-    shaders.build_all(variants([launch.limits_of(ctx.info)], [8], ()), pkg)   # sequential only
+    shaders.build_all(variants([Limits.of(ctx.info)], [8], ()), pkg)   # sequential only
     monkeypatch.setenv("PATH", str(tmp_path))                                  # no glslc
     monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(shaders, "PACKAGED_SPIRV", pkg)
-    launch.clear_cache()
+    vk_engine.clear()
     fresh_context()                                                            # nothing built
     try:
         for op in ("ssm_scan", "ssm_scan_back"):
@@ -478,7 +476,7 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
         got = run(case)
         assert ran_plan(case, False).chunked is None and ran_plan(case, True).chunked is None
     finally:
-        launch.clear_cache()
+        vk_engine.clear()
     o = oracle_scan(**case.args())
     og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
     want = {"y": o.y, "states": o.states, **og.as_dict()}

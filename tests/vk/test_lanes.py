@@ -14,8 +14,9 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import lanes, launch
-from ssm_vk import plan as vplan
+from ssm_vk import config, lanes
+from ssm_vk import engine as vk_engine
+from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
 pytestmark = pytest.mark.vulkan
@@ -26,15 +27,15 @@ FLOATS = ("s", "x", "dt", "A", "B", "C")
 
 @pytest.fixture
 def taken(monkeypatch):
-    """For each device call made, whether it came through a lane (launch._run's ``lane``)."""
+    """For each device call made, whether it came through a lane (run._run's ``lane``)."""
     seen: list[bool] = []
-    real = launch._run
+    real = vk_run._run
 
-    def run(ctx, p, backward, device_out, lane=None):
+    def run(engine, p, backward, lim, knobs, device_out, lane=None):
         seen.append(lane is not None)
-        return real(ctx, p, backward, device_out, lane)
+        return real(engine, p, backward, lim, knobs, device_out, lane)
 
-    monkeypatch.setattr(launch, "_run", run)
+    monkeypatch.setattr(vk_run, "_run", run)
     return seen
 
 
@@ -72,7 +73,7 @@ def test_a_repeated_call_takes_its_lane_and_matches_the_oracle(taken, packed, va
     g = {"g_y": ssm_vk.to_device(case.g_y), "g_states": ssm_vk.to_device(case.g_states)}
     if packed:
         g = {"g_y": ssm_vk.to_device(np.concatenate([case.g_y.ravel(), case.g_states.ravel()])), "g_states": None}
-    lanes._lanes.clear()
+    vk_engine.current().lanes.clear()
     for _ in range(3):
         r = ssm_vk.ssm_scan(**d)
         b = ssm_vk.ssm_scan_back(**d, **g)
@@ -89,7 +90,7 @@ def test_a_repeated_call_takes_its_lane_and_matches_the_oracle(taken, packed, va
 def test_new_arrays_in_the_same_buffers_take_the_lane_and_compute_their_own_values(taken):
     # What a training loop does: each step's inputs are new DeviceArrays, in the buffers the pool
     # hands back. The lane binds the buffers; the values are the new ones.
-    lanes._lanes.clear()
+    vk_engine.current().lanes.clear()
     for seed in range(11, 16):
         case = _case(seed)
         d = _device(case)
@@ -145,22 +146,22 @@ def test_ids_changed_in_place_are_checked_and_used(taken):
         ssm_vk.ssm_scan_back(**d, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
 
 
-def test_other_knobs_never_take_a_lane_made_under_the_old_ones(taken, monkeypatch):
+def test_other_knobs_never_take_a_lane_made_under_the_old_ones(taken, monkeypatch, knobs):
     case = _case(41, T=40)
     d = _device(case)
     _check(case, d)
     fwd = tuple(d[k] for k in FLOATS)
-    before = lanes.find(False, fwd)[0]
+    before = lanes.find(False, fwd, config.settings())[0]
     assert before is not None
     for change in (lambda: monkeypatch.setenv("SSM_VK_TUNE", "CHUNK_MIN_T=1"),
-                   lambda: monkeypatch.setitem(vplan.TUNE, "CHUNK", 8),
-                   lambda: monkeypatch.setattr(launch, "FORCE_SHARED_MEMORY", True)):
+                   lambda: knobs(CHUNK=32),
+                   knobs.no_subgroup):
         change()
-        assert lanes.find(False, fwd)[0] is None
+        assert lanes.find(False, fwd, config.settings())[0] is None
         n = len(taken)
         _check(case, d, label="knobs changed")
         assert taken[n:][:2] == [False, False]
-        now = lanes.find(False, fwd)[0]
+        now = lanes.find(False, fwd, config.settings())[0]
         assert now is not None and now is not before and now.ws is not before.ws
         before = now
 
@@ -184,11 +185,11 @@ def test_an_evicted_workspace_is_not_used(taken):
     case = _case(61)
     d = _device(case)
     _check(case, d)
-    lane = lanes.find(False, tuple(d[k] for k in FLOATS))[0]
-    launch.clear_cache()
-    assert lane.ws.closed and lanes.find(False, tuple(d[k] for k in FLOATS))[0] is None
+    lane = lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0]
+    vk_engine.clear()
+    assert lane.ws.closed and lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0] is None
     _check(case, d, label="after clear_cache")
-    assert lanes.find(False, tuple(d[k] for k in FLOATS))[0].ws is not lane.ws
+    assert lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws is not lane.ws
 
 
 def test_a_hot_workspace_used_through_its_lane_outlives_cold_ones(taken):
@@ -196,8 +197,8 @@ def test_a_hot_workspace_used_through_its_lane_outlives_cold_ones(taken):
     case = _case(71)
     d = _device(case)
     ssm_vk.ssm_scan(**d)
-    hot = lanes.find(False, tuple(d[k] for k in FLOATS))[0].ws
-    for T in range(2, 2 + 2 * launch.MAX_WORKSPACES):
+    hot = lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws
+    for T in range(2, 2 + 2 * vk_engine.MAX_WORKSPACES):
         ssm_vk.ssm_scan(**_device(_case(72, T=T)))
         ssm_vk.ssm_scan(**d)
         assert taken[-1] is True
@@ -222,8 +223,8 @@ def test_a_refused_case_is_never_laned(taken):
     case = _case(91)
     d = _device(case)
     ctx = rt.get_context()
-    lanes._lanes.clear()
+    vk_engine.current().lanes.clear()
     with ctx.override_limits(device_local_bytes=512):
         for _ in range(2):
             assert ssm_vk.ssm_scan(**d).where == "CPU"
-    assert not lanes._lanes and taken == []
+    assert not vk_engine.current().lanes and taken == []

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ssm_vk import runtime as rt
-from ssm_vk.runtime import memory
+from ssm_vk.runtime import transfer
 
 pytestmark = pytest.mark.vulkan
 
@@ -16,7 +16,7 @@ def transfer_ctx(request, ctx):
         ctx.force_staging, ctx.staging_chunk_bytes = True, 40  # odd-sized chunks: several per transfer
     yield ctx
     ctx.force_staging, ctx.staging_chunk_bytes = False, 64 << 20
-    memory.release_staging(ctx)
+    transfer.release_staging(ctx)
 
 
 @pytest.mark.parametrize(("nbytes", "offset"), [(1, 0), (7, 3), (100, 13), (257, 0), (4096, 4)])

@@ -12,8 +12,8 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import launch
 from ssm_vk import runtime as rt
+from ssm_vk.plan import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -66,9 +66,9 @@ def test_token_counts_around_the_checkpoint_interval(T):
     check_case(case, label=f"T={T}")
 
 
-def test_shared_memory_row_sums(monkeypatch):
+def test_shared_memory_row_sums(knobs):
     # The path for devices without subgroup operations, forced on this one.
-    monkeypatch.setattr(launch, "FORCE_SHARED_MEMORY", True)
+    knobs.no_subgroup()
     for seed, (variant, N) in enumerate([("mamba2", 16), ("mamba1", 5), ("mamba2", 40)]):
         case = make_problem(np.random.default_rng(seed), S=2, T=9, H=4, P=3, N=N, G=2, variant=variant,
                             ids="duplicates")
@@ -142,7 +142,7 @@ def test_small_storage_range_splits_into_windows(variant):
     whole = check_case(case, label="whole")
     ctx = rt.get_context()
     with ctx.override_limits(max_storage_buffer_range=2048, max_workgroup_count=(3, 65535, 65535)):
-        lim = launch.limits_of(ctx.info)
+        lim = Limits.of(ctx.info)
         from ssm_vk.plan import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, lim, backward=True)
         assert pl.time_split and len(pl.windows) > 3 * 2
@@ -158,7 +158,7 @@ def test_sequence_windows():
     ctx = rt.get_context()
     with ctx.override_limits(max_storage_buffer_range=1024):
         from ssm_vk.plan import plan
-        pl = plan(ssm_ref.check_forward(**case.args()).dims, launch.limits_of(ctx.info), backward=True)
+        pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
         assert not pl.time_split and 1 < len(pl.windows) < 5
         check_case(case, label="sequence windows")
 

@@ -1,6 +1,7 @@
 """Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
-the device. Pure Python, like ssm_vk.plan.
+the device. Pure Python, like ssm_vk.plan.sequential. The knobs (ssm_vk.config) are read once,
+when the plan is made, and travel with it (``ChunkPlan.knobs``).
 
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
 are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from ssm_ref import Dims
 
-from .plan import F32, Limits, TooLarge, Window, _tune, grid
+from ..config import DEFAULTS, Settings, settings
+from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out"]
@@ -32,6 +34,7 @@ CHUNK_MIN_T = {False: 64, True: 32}
 # sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
 CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
+N_BINDINGS = 19    # storage buffers every chunked kernel declares (ssm_vk/glsl/chunk_common.glsl)
 NSM = 12           # per-token scalars of the backward (ssm_vk/glsl/chunk_common.glsl)
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
@@ -50,38 +53,45 @@ def _up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def gemm_threads() -> tuple[int, int]:
-    """(threads, row groups) of the GEMM kernels' thread grid (tunable for benchmarks)."""
-    t = _tune()
-    return t.get("GWG", GEMM_WG), t.get("ROWG", 16)
+def gemm_threads(knobs: Settings | None = None) -> tuple[int, int]:
+    """(threads, row groups) of the GEMM kernels' thread grid (knobs GWG, ROWG)."""
+    knobs = settings() if knobs is None else knobs
+    wg, rg = knobs.knob("GWG", GEMM_WG), knobs.knob("ROWG", 16)
+    if wg % rg:
+        raise ValueError(f"SSM_VK_TUNE: ROWG={rg} must divide GWG={wg}")
+    return wg, rg
 
 
-def gemm_tile(mode: str, CL: int, P: int, N: int) -> tuple[int, int, int, int]:
+def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None) -> tuple[int, int, int, int]:
     """(RBLK, CBLK, NRB, NCBK) of a chunk_gemm mode: tiles of at most 64 x 128."""
-    wg, rg = gemm_threads()
+    knobs = settings() if knobs is None else knobs
+    wg, rg = gemm_threads(knobs)
     cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
-    t = _tune() if mode in ("DB", "DC") else {}
-    RBLK = min(_up(rows, rg), max(t.get("DBC_RBLK", 64), rg))
+    dbc = mode in ("DB", "DC")
+    RBLK = min(_up(rows, rg), max(knobs.knob("DBC_RBLK", 64) if dbc else 64, rg))
     # DB and DC loop over a group's heads: column blocks of 64 give more workgroups
-    CBLK = min(_up(cols, cg), max(t.get("DBC_CBLK", 64) if mode in ("DB", "DC") else 128, cg))
+    CBLK = min(_up(cols, cg), max(knobs.knob("DBC_CBLK", 64) if dbc else 128, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
-def slice_len(backward: bool = False) -> int:
-    """Contraction slice of the GEMM kernels (KS; tunable for benchmarks)."""
-    return _tune().get("KS", KS[backward])
+def slice_len(backward: bool = False, knobs: Settings | None = None) -> int:
+    """Contraction slice of the GEMM kernels (KS; knob KS)."""
+    knobs = settings() if knobs is None else knobs
+    return knobs.knob("KS", KS[backward])
 
 
-def vec_out() -> int:
+def vec_out(knobs: Settings | None = None) -> int:
     """1: the GEMM epilogues store 16 bytes at a time where the columns allow (knob VEC_OUT=0
     stores floats, for benchmarks)."""
-    return int(_tune().get("VEC_OUT", 1) != 0)
+    knobs = settings() if knobs is None else knobs
+    return int(knobs.knob("VEC_OUT", 1) != 0)
 
 
-def _gemm_shared(CL: int, RBLK: int, CBLK: int) -> int:
-    ks = max(slice_len(False), slice_len(True))
-    return (ks * (RBLK + 4) + ks * (CBLK + 4) + 3 * CL + RBLK * GEMM_WG // 16) * F32
+def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
+    ks = max(slice_len(False, knobs), slice_len(True, knobs))
+    wg, rg = gemm_threads(knobs)
+    return (ks * (RBLK + 4) + ks * (CBLK + 4) + 3 * CL + RBLK * (wg // rg)) * F32
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ class ChunkPlan:
     headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
     KS: int = 16             # contraction slice of the GEMM kernels
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
+    knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -116,18 +127,17 @@ def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = Tr
     return e
 
 
-def _grids(d: Dims, CL: int, Sw: int) -> list[int]:
+def _grids(d: Dims, CL: int, Sw: int, knobs: Settings) -> list[int]:
     NCH = -(-d.T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]
     for m in MODES:
-        _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N)
+        _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N, knobs)
         out.append(Sw * NCH * (d.G if m == "CB" else d.H) * nrb * ncb)   # DB, DC: per head at most
     return out
 
 
-def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
-    cap = (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
-           - lim.min_storage_buffer_offset_alignment) // F32
+def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool, knobs: Settings) -> bool:
+    cap = binding_cap(lim)
     e = scratch_elems(d, CL, Sw, backward, headloop=False)   # the larger set
     if any(v > cap for v in e.values()):
         return False
@@ -135,49 +145,54 @@ def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool) -> bool:
     if Sw > 1 and scratch > SCRATCH_BUDGET:
         return False
     try:
-        for n in _grids(d, CL, Sw):
+        for n in _grids(d, CL, Sw, knobs):
             grid(n, lim)
     except TooLarge:
         return False
     return True
 
 
-def why_not(d: Dims, lim: Limits, CL: int) -> str:
+def why_not(d: Dims, lim: Limits, CL: int, knobs: Settings | None = None) -> str:
     """Why the chunked kernels cannot run this shape on this device ("" when they can)."""
+    knobs = settings() if knobs is None else knobs
     if d.mamba1:
         return "Mamba-1 (A has a decay per state)"
     if d.T == 0 or d.S * d.H * d.P * d.N == 0:
         return "empty problem"
     if d.P > MAX_PN or d.N > MAX_PN:
         return f"P or N above {MAX_PN}"
-    if lim.max_workgroup_invocations < GEMM_WG:
-        return f"workgroups of {GEMM_WG} threads not offered"
-    need = max(_gemm_shared(CL, 64, 128), CL * (CL + 1) * F32, (GEMM_WG + 3 * CL) * F32)
+    wg = max(GEMM_WG, gemm_threads(knobs)[0])
+    if lim.max_workgroup_invocations < wg or lim.max_workgroup_size[0] < wg:
+        return f"workgroups of {wg} threads not offered"
+    if lim.max_storage_buffers_per_stage < N_BINDINGS:
+        return f"{N_BINDINGS} storage buffers per shader stage needed"
+    need = max(_gemm_shared(CL, 64, 128, knobs), CL * (CL + 1) * F32, (GEMM_WG + 3 * CL) * F32)
     if need > lim.max_shared_memory:
         return f"{need} bytes of shared memory needed"
     return ""
 
 
-def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
+def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> ChunkPlan | None:
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
-    tune = _tune()
+    knobs = settings() if knobs is None else knobs
+    tune = dict(knobs.tune)
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
     CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
-    if CL <= 0 or CL % 16 or CL % slice_len(backward) or CL > 64:   # 0 disables; negative: no length
+    if CL <= 0 or CL % 16 or CL % slice_len(backward, knobs) or CL > 64:   # 0 disables
         return None
     if "CHUNK_MIN_T" in tune:
         if d.T < tune["CHUNK_MIN_T"]:
             return None
     elif d.T < CHUNK_MIN_T[backward] or d.S * d.T < CHUNK_MIN_ST[backward]:
         return None
-    if why_not(d, lim, CL):
+    if why_not(d, lim, CL, knobs):
         return None
     lo, hi = 0, d.S
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _fits(d, lim, CL, mid, backward):
+        if _fits(d, lim, CL, mid, backward, knobs):
             lo = mid
         else:
             hi = mid - 1
@@ -188,7 +203,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool) -> ChunkPlan | None:
     # DB and DC per group when that still gives enough workgroups (H200: at mid, 32 workgroups
     # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
     # than per head + the reduce, which the scratch budget allows for anyway)
-    ncb = gemm_tile("DB", CL, d.P, d.N)[3]
+    ncb = gemm_tile("DB", CL, d.P, d.N, knobs)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
-    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward),
-                     keep=tune.get("KEEP_STATES", 1) != 0)
+    return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
+                     keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs)

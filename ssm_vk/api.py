@@ -1,33 +1,33 @@
-"""The docs/API.md functions of the Vulkan backend: checks, support decision, fallback, results."""
+"""The functions of docs/API.md for the Vulkan backend: validate -> decide (ssm_vk.decision) -> run
+(ssm_vk.run) or fall back to the CPU; the results."""
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward
 from ssm_ref.checks import device_problem
 
-from . import budget, lanes, launch, record
+from . import config, lanes, run
 from . import runtime as rt
 from .arrays import DeviceArray, upload_to
-from .plan import TooLarge
+from .decision import decide
+from .engine import engine_of
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
 _logged: set[str] = set()
-_logged_lock = threading.Lock()
 _unopenable: dict[int, str] = {}   # pid -> why the driver would not open the device in it
 
 
 def _log_once(message: str) -> None:
-    """A warning on the ``ssm_vk`` logger, the first time this message comes up in the process."""
-    with _logged_lock:
-        if message in _logged:
-            return
-        _logged.add(message)
+    """A warning on the ``ssm_vk`` logger, the first time this message comes up in the process
+    (two threads may both log it once: no lock, so nothing to renew after a fork)."""
+    if message in _logged:
+        return
+    _logged.add(message)
     log.warning("%s", message)
 
 
@@ -59,89 +59,58 @@ def _context_or_reason():
         return None, _unopenable[os.getpid()]
 
 
-_support_cache: dict = {}
 _INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
 
 
-def _after_fork_in_child() -> None:
-    global _logged_lock
-    _logged_lock = threading.Lock()
-    _support_cache.clear()  # decisions about the parent's context
+class _Decided:
+    """A support decision and what the call needs from it: the engine, the context's ``info``
+    it was taken with, the planner's limits and knobs, whether the results are DeviceArrays."""
+
+    __slots__ = ("device_out", "engine", "info", "knobs", "lim", "sup")
+
+    def __init__(self, sup, engine=None, info=None, lim=None, knobs=None, device_out=False):
+        self.sup, self.engine, self.info = sup, engine, info
+        self.lim, self.knobs, self.device_out = lim, knobs, device_out
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _support(op: str, p) -> tuple[Support, object, bool]:
-    """Whether ``p`` runs on the device, decided before any allocation: a device and context,
-    a plan within the device's limits (plan.py), every buffer within maxMemoryAllocationSize and
-    all of them within the device-local heap (budget.py), SPIR-V for every kernel it dispatches.
-
-    Decisions are cached by context, limits, op, dims and which inputs are device-resident -- all
-    they depend on (budget.py and record.kernels_needed assume the worst about duplicate ids) --
-    except a refusal for want of SPIR-V, which glslc on PATH or a warm cache may lift later.
-
-    Returns (the decision, the context, whether any input is device-resident: then the results
-    are DeviceArrays).
-    """
-    sup, ctx, _, device_out = _decision(op, p)
-    return sup, ctx, device_out
-
-
-def _decision(op: str, p) -> tuple[Support, object, object, bool]:
-    """_support's answer and the ``ctx.info`` it was taken with: (decision, ctx, info, device_out)."""
+def _decision(op: str, p, knobs: config.Settings) -> _Decided:
+    """Whether ``p`` runs on the device (ssm_vk.decision), decided before any allocation, cached
+    in the context's Engine by everything it depends on: the context's limits (``ctx.info``,
+    which override_limits swaps), op, dims, which inputs are device-resident and the knobs."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:  # (current_context() is open or None)
         ctx, reason = _context_or_reason()
         if ctx is None:
-            return Support(False, reason), None, None, False
-    info = ctx.info  # override_limits swaps it; the entry keeps it alive, so its id is not reused
+            return _Decided(Support(False, reason))
+    engine = engine_of(ctx)
+    info = ctx.info
     # Which inputs are device-resident is a matter of their types (DeviceArray's class attribute
     # ``_ssm_device_array``): the key holds the types, the set is worked out on a miss.
     types = (type(p.s), type(p.x), type(p.dt), type(p.A), type(p.B), type(p.C), type(p.g_y), type(p.g_states))
-    key = (id(ctx), id(info), op, p.dims, types, launch.knobs_key(), launch._no_subgroup())
-    hit = _support_cache.get(key)
-    if hit is not None and hit[1] is ctx and hit[2] is info:
-        return hit[0], ctx, info, hit[3]
-    # which inputs are device arrays (is_device_array, inlined)
+    key = (id(info), op, p.dims, types, knobs.key)
+    hit = engine.decision(key)
+    if hit is not None and hit.info is info:   # the entry keeps ``info`` alive: its id is not reused
+        return hit
     resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
-    sup, cache = _decide(ctx, op, p, resident)
+    lim = engine.limits(info, knobs)
+    sup, cache = decide(ctx, lim, knobs, op, p, resident)
+    if sup and "token-sequential kernels run it" in sup.reason:
+        _log_once(f"ssm_vk: {sup.reason}")
+    out = _Decided(sup, engine, info, lim, knobs, bool(resident))
     if cache:
-        if len(_support_cache) > 256:
-            _support_cache.clear()
-        _support_cache[key] = (sup, ctx, info, bool(resident))
-    return sup, ctx, info, bool(resident)
-
-
-def _decide(ctx, op: str, p, resident: frozenset) -> tuple[Support, bool]:
-    """(the decision, whether it may be cached)."""
-    backward = op == "ssm_scan_back"
-    lim = launch.limits_of(ctx.info)
-    try:
-        pl, dropped = record.choose_plan_why(ctx, p.dims, lim, backward)
-    except TooLarge as e:
-        return Support(False, str(e)), True
-    why = budget.check(ctx.info, budget.buffers(p.dims, pl, lim, backward, resident))
-    if why:
-        return Support(False, why), True
-    why = record.missing_spirv(ctx, record.kernels_needed(p.dims, pl, backward))
-    if why:
-        return Support(False, why), False
-    if dropped:
-        # visible, not silent: the reason says so, and the log says it once
-        note = f"the token-sequential kernels run it: the chunked kernels' SPIR-V cannot be had ({dropped})"
-        _log_once(f"ssm_vk: {note}")
-        return Support(True, f"runs on {ctx.info.where} ({ctx.info.name}); {note}"), True
-    return Support(True, f"runs on {ctx.info.where} ({ctx.info.name})"), True
+        engine.remember(key, out)
+    return out
 
 
 def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
-    ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``).
-    Bad input raises as in ssm_ref.ssm_scan."""
+    ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
+    the call takes. Bad input raises as in ssm_ref.ssm_scan; an illegal setting (ssm_vk.config)
+    raises ValueError naming it."""
     ssm_ref.check_op(op)
+    knobs = config.settings()
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    return _support(op, p)[0]
+    return _decision(op, p, knobs).sup
 
 
 def _host(p):
@@ -172,52 +141,54 @@ def _fast():
 def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
-    float32. When any input is a DeviceArray the results are DeviceArrays on that device;
-    otherwise numpy arrays. A case the device cannot run is computed by ssm_fast on the CPU
-    (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
+    float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
+    when the call falls back); otherwise numpy arrays. A case the device cannot run is computed
+    by ssm_fast on the CPU (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     """
+    knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
-    lane, sig = lanes.find(False, arrays)  # sig: None unless every float input is a live DeviceArray
+    lane, sig = lanes.find(False, arrays, knobs)  # sig: None unless every float input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
         p = device_problem(lane.dims, arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
-            out = launch.forward(lane.ctx, p, True, lane)
+            out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane)
             return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    sup, ctx, info, device_out = _decision("ssm_scan", p)  # device_out: any of s..C a DeviceArray
-    if not sup:
-        cpu = _fall_back(sup.reason)
+    dec = _decision("ssm_scan", p, knobs)
+    if not dec.sup:
+        cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids), p, ("y", "states"))
-    out = launch.forward(ctx, p, device_out=device_out)
+    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out)
     if sig is not None:
-        lanes.keep(sig, ctx, info, p, False, arrays)
-    return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": info.where, "backend": NAME})
+        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays)
+    return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour as :func:`ssm_scan`."""
+    knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    lane, sig = lanes.find(True, arrays)
+    lane, sig = lanes.find(True, arrays, knobs)
     if lane is not None:
         p = device_problem(lane.dims, arrays, ids)
         if p is not None:
-            return _grads(launch.backward(lane.ctx, p, True, lane), lane.where)
+            return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    sup, ctx, info, device_out = _decision("ssm_scan_back", p)  # device_out: any of s..g_states a DeviceArray
-    if not sup:
-        cpu = _fall_back(sup.reason)
+    dec = _decision("ssm_scan_back", p, knobs)
+    if not dec.sup:
+        cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs), p,
                          ssm_ref.GRAD_NAMES)
-    g = launch.backward(ctx, p, device_out=device_out)
+    g = run.backward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out)
     if sig is not None:
-        lanes.keep(sig, ctx, info, p, True, arrays)
-    return _grads(g, info.where)
+        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, True, arrays)
+    return _grads(g, dec.info.where)
 
 
 def _resident(result, p, names: tuple):

@@ -1,5 +1,6 @@
-"""Launch planning for the scan kernels: lane layout, workgroup shape, checkpoint interval and the
-windows a problem is cut into so that every binding, allocation and grid fits the device.
+"""Launch planning for the token-sequential kernels: lane layout, workgroup shape, checkpoint
+interval and the windows a problem is cut into so that every binding, allocation and grid fits
+the device.
 
 Pure Python (no Vulkan): the numbers here are what the shaders' defines and push constants get,
 and they are unit-tested against small fake limits.
@@ -16,44 +17,14 @@ from dataclasses import dataclass
 
 from ssm_ref import Dims
 
-__all__ = ["Limits", "Layout", "Window", "Plan", "layout_for", "plan", "grid", "TooLarge"]
+from ..config import Settings, settings
+from .limits import F32, Limits, TooLarge, Window, binding_cap
 
-F32 = 4
+__all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "SCRATCH_BUDGET", "MAX_NPL"]
+
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 
 MAX_NPL = 16                 # state values per lane before rows spread over shared memory
-
-# Tuning knobs for benchmarks (``SSM_VK_TUNE="LN=8,WG=128,K=16"`` or set here): they replace the
-# planner's choice where legal (LN a power of two no larger than the subgroup size).
-TUNE: dict = {}
-
-
-def _tune() -> dict:
-    import os
-
-    out = dict(TUNE)
-    for item in filter(None, os.environ.get("SSM_VK_TUNE", "").split(",")):
-        k, _, v = item.partition("=")
-        out[k.strip()] = int(v)
-    return out
-
-
-class TooLarge(ValueError):
-    """The problem cannot be cut into windows that fit this device's limits."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The device limits the planner respects (all from the device; tests may shrink them)."""
-
-    subgroup_size: int
-    subgroup_ops: frozenset         # subgroup operation classes in compute shaders ("basic", ...)
-    max_workgroup_invocations: int
-    max_shared_memory: int
-    max_workgroup_count: tuple      # (x, y, z)
-    max_storage_buffer_range: int
-    max_memory_allocation_size: int
-    min_storage_buffer_offset_alignment: int
 
 
 @dataclass(frozen=True)
@@ -78,27 +49,11 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Window:
-    i0: int
-    i1: int
-    t0: int
-    t1: int
-
-    @property
-    def S(self) -> int:
-        return self.i1 - self.i0
-
-    @property
-    def T(self) -> int:
-        return self.t1 - self.t0
-
-
-@dataclass(frozen=True)
 class Plan:
     layout: Layout
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
-    chunked: object = None   # a chunk_plan.ChunkPlan when the chunked kernels run this shape
+    chunked: object = None   # a plan.chunked.ChunkPlan when the chunked kernels run this shape
 
 
 def _pow2_at_least(n: int) -> int:
@@ -108,11 +63,13 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
-def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
-    """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``."""
+def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Layout:
+    """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``, under
+    the tuning ``knobs`` (ssm_vk.config; default: its settings of now)."""
+    knobs = settings() if knobs is None else knobs
     sg = lim.subgroup_size
     ops = lim.subgroup_ops
-    tune = _tune()
+    tune = dict(knobs.tune)
     want = _pow2_at_least(max(d.N, 1))
     if "LN" in tune:
         want = min(want, tune["LN"])
@@ -163,16 +120,6 @@ def layout_for(d: Dims, lim: Limits, backward: bool) -> Layout:
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
 
 
-def grid(n_groups: int, lim: Limits) -> tuple[int, int]:
-    """(gx, gy) with gx * gy >= n_groups inside maxComputeWorkGroupCount; shaders flatten it."""
-    mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]
-    gx = max(1, min(n_groups, mx))
-    gy = max(1, -(-n_groups // gx))
-    if gy > my:
-        raise TooLarge(f"{n_groups} workgroups exceed maxComputeWorkGroupCount {lim.max_workgroup_count[:2]}")
-    return gx, gy
-
-
 def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) -> dict:
     """Elements of every windowed binding for a window of Sw sequences x Tw tokens."""
     KA = d.N if d.mamba1 else 1
@@ -191,8 +138,7 @@ def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) ->
 
 
 def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
-    cap = (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
-           - lim.min_storage_buffer_offset_alignment) // F32
+    cap = binding_cap(lim)
     e = _per_window_elems(d, lay, Sw, Tw, backward)
     if any(v > cap for v in e.values()):
         return False
@@ -206,18 +152,10 @@ def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
     return groups <= mx * my and -(-red // lay.WG) <= mx * my
 
 
-def plan(d: Dims, lim: Limits, backward: bool) -> Plan:
-    """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
-    plan carries the chunked kernels' plan (ssm_vk/chunk_plan.py) where they take the shape."""
-    from dataclasses import replace
-
-    from .chunk_plan import chunk_plan
-
-    return replace(_sequential_plan(d, lim, backward), chunked=chunk_plan(d, lim, backward))
-
-
-def _sequential_plan(d: Dims, lim: Limits, backward: bool) -> Plan:
-    lay = layout_for(d, lim, backward)
+def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan:
+    """The token-sequential kernels' plan: layout and windows; TooLarge when even one token of
+    one sequence cannot fit."""
+    lay = layout_for(d, lim, backward, knobs)
     if d.T == 0:
         return Plan(lay, (), False)
     # Whole sequences: as many per window as fit.

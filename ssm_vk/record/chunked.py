@@ -7,7 +7,7 @@ Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient
 the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
 d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
 reduce of the sequential path. After a forward of the same inputs whose tables are still there
-(launch._saved_forward), CB, ZF, the H_c pass and the M o C.B writes are left out: its hs, cb and
+(engine.KeptForward), CB, ZF, the H_c pass and the M o C.B writes are left out: its hs, cb and
 mcb are bound instead.
 """
 
@@ -15,62 +15,14 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from . import specs
-from .chunk_plan import GEMM_WG, MODES, PER_GROUP, ChunkPlan, gemm_threads, gemm_tile, scratch_elems, vec_out
-from .plan import _tune, grid
-from .record import F32, _gather_rows, _kernel, _scatter_rows, _seq_bindings, reduce_dA, reduce_partials
+from .. import kernels as specs
+from ..kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
+from ..plan import ChunkPlan, grid
+from ..plan.chunked import PER_GROUP, gemm_tile, scratch_elems
+from ..plan.sizes import FLAG_ELEMS
+from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
 
-__all__ = ["chunk_kernels", "record_forward_chunked", "record_backward_chunked"]
-
-PASS_WG = 256
-PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
-                   # the passes from 165 to 116 us)
-
-
-def _pass(d, cp: ChunkPlan, mode: int) -> specs.KernelSpec:
-    return specs.chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=_tune().get("PASS_PB", PASS_BATCH))
-
-# SSM_VK_PROFILE=1: a timestamp after each step of the first window (benchmarks/vk_speed.py prints
-# the split). Read when a sequence is recorded.
-def _profiling() -> bool:
-    import os
-
-    return os.environ.get("SSM_VK_PROFILE", "") == "1"
-
-
-def _gemm(d, cp: ChunkPlan, mode: str) -> specs.KernelSpec:
-    RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
-    wg, rg = gemm_threads()
-    return specs.chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
-                            KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
-                            VEC_OUT=vec_out())
-
-
-def _decay(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> specs.KernelSpec:
-    return specs.chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward), KEPT=int(kept))
-
-
-def _finish(d, cp: ChunkPlan) -> specs.KernelSpec:
-    nbp = gemm_tile("GAM", cp.CL, d.P, d.N)[3]
-    nbn = gemm_tile("DC", cp.CL, d.P, d.N)[3]
-    return specs.chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, NBP=nbp, NBN=nbn)
-
-
-def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[specs.KernelSpec]:
-    """Every kernel the chunked recording of ``d`` dispatches (for supports())."""
-    ks = [_gemm(d, cp, "CB"), _decay(d, cp, backward),
-          _gemm(d, cp, "ZF"), _pass(d, cp, 0)]
-    if not backward:
-        return [*ks, _gemm(d, cp, "Y")]
-    ks += [_gemm(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
-    ks.append(_decay(d, cp, True, kept=True))    # after a forward whose tables are still there
-    ks += [_pass(d, cp, 1), _finish(d, cp),
-           specs.reduce_spec(1)]
-    if not cp.headloop:
-        ks.append(specs.reduce_spec(0))
-    if d.S > 1:
-        ks.append(specs.rows_spec())
-    return ks
+__all__ = ["record_forward", "record_backward"]  # of the chunked kernels
 
 
 class _Chunked:
@@ -79,16 +31,18 @@ class _Chunked:
     def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
         self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w
         self.binds, self.offs = binds, offs
+        self.profile = ws.profile and ws.ctx.info.timestamps
 
     def mark(self, label: str) -> None:
-        """A barrier (every step reads what the one before wrote), and a timestamp when profiling."""
+        """A barrier (every step reads what the one before wrote), and a timestamp when profiling
+        (SSM_VK_PROFILE=1: after each step of the first window; benchmarks/vk_speed.py prints them)."""
         self.seq.barrier()
-        if self.w.i0 == 0 and _profiling() and self.ws.ctx.info.timestamps:
+        if self.w.i0 == 0 and self.profile:
             self.seq.timestamp(label)
 
     def split(self, label: str) -> None:
         """Between independent dispatches: a barrier and a timestamp only when profiling."""
-        if self.w.i0 == 0 and _profiling() and self.ws.ctx.info.timestamps:
+        if self.w.i0 == 0 and self.profile:
             self.mark(label)
 
     def run(self, spec: specs.KernelSpec, n_groups: int, **extra) -> None:
@@ -99,21 +53,21 @@ class _Chunked:
                     o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0)
         push.update(self.offs)
         push.update({k: v for k, v in extra.items() if k.startswith("o_")})
-        self.seq.dispatch(_kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in specs.CHUNK_BINDINGS],
+        self.seq.dispatch(kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in specs.CHUNK_BINDINGS],
                           specs.pack_push(specs.CHUNK_PUSH, push), (gx, gy, 1))
 
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
-        _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N)
+        _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
         heads = d.G if mode == "CB" or (mode in PER_GROUP and cp.headloop) else d.H
-        self.run(_gemm(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
+        self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
         self.run(spec, self.w.S * self.cp.NCH * self.d.H, **extra)
 
     def pass_(self, mode: int, **extra) -> None:
         d = self.d
-        spec = _pass(d, self.cp, mode)
+        spec = pass_spec(d, self.cp, mode)
         self.run(spec, -(-(self.w.S * d.H * d.P * d.N) // PASS_WG), **extra)
 
 
@@ -125,7 +79,6 @@ def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
     return {k: ws.scratch(sizes[k]) for k in names}
 
 
-FLAG_ELEMS = 4
 
 
 def _flag_start(seq, ws):
@@ -149,7 +102,7 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     if grads:
         tok["gy"] = (*bufs["g_y"], d.H * d.P)
         names["gy"] = "o_gy"
-    b, o = _seq_bindings(ws, d, w, tok, names)
+    b, o = seq_bindings(ws, d, w, tok, names)
     b["flag"] = ws.bind(scratch["flag"], 0, 0, FLAG_ELEMS)[0]
     b["A"], _ = ws.bind(*bufs["A"], 0, d.H)
     sizes = scratch_elems(d, cp.CL, w.S, grads, cp.headloop)
@@ -159,12 +112,12 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     return _Chunked(seq, ws, d, cp, w, b, o)
 
 
-def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
+def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as record.record_forward."""
     d, cp = p.dims, ws.plan.chunked
     row = d.H * d.P * d.N
     st_buf, st_off = bufs["states"]
-    _gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
+    gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
     # left holding the chunk states, C.B and M o C.B (one window: all of them)
     ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
@@ -175,7 +128,7 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
         k.gemm("CB")
         k.mark("cb")
-        k.per_head(_decay(d, cp, False))
+        k.per_head(decay_spec(d, cp, False))
         k.mark("decay")
         k.gemm("ZF")
         k.mark("states")
@@ -188,7 +141,7 @@ def record_forward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     _flag_end(seq, ws, scratch["flag"])
 
 
-def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
+def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as record.record_backward."""
     d, cp = p.dims, ws.plan.chunked
     row = d.H * d.P * d.N
@@ -196,9 +149,9 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
-    saved = bufs.get("kept")               # the forward's hs, cb, mcb (launch._saved_forward)
+    saved = None if kept is None else kept.tables   # the forward's hs, cb, mcb (engine.KeptForward)
     if saved is None:
-        _gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+        gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
     scratch["flag"] = _flag_start(seq, ws)
@@ -215,7 +168,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
             k.gemm("CB")
         k.gemm("GU")
         k.mark("cb,gu")
-        k.per_head(_decay(d, cp, True, kept=saved is not None))
+        k.per_head(decay_spec(d, cp, True, kept=saved is not None))
         k.mark("decay")
         if saved is None:
             k.gemm("ZF")
@@ -240,7 +193,7 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
         k.split("db")
         k.gemm("DC", out=dc_b, o_out=o_dc)
         k.mark("dc")
-        k.per_head(_finish(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
+        k.per_head(finish_spec(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
         if not cp.headloop:
             reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs)
@@ -248,6 +201,6 @@ def record_backward_chunked(seq, ws, p: Problem, bufs: dict) -> None:
     reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
     seq.barrier()
     k.split("d_A")
-    _scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
+    scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")
     _flag_end(seq, ws, scratch["flag"])

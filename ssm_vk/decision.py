@@ -1,0 +1,105 @@
+"""The support decision: whether a call runs on the device, and with which plan -- decided before
+any allocation, by the same functions the call then uses, so that ``supports()`` and the call
+cannot disagree.
+
+A call runs on the device when a plan fits the device's limits (ssm_vk.plan), every buffer fits
+its memory and allocation count (plan.budget), and every kernel of the plan can be had and taken
+by the device: its SPIR-V is packaged, cached or compiled now (runtime.shaders), and its
+bindings, push constants, workgroup size and shared memory (read from the SPIR-V itself) are
+within the device's limits. When only the chunked Mamba-2 kernels fail that, the token-sequential
+kernels run the shape and the decision says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+from ssm_ref import Support
+
+from . import kernels as specs
+from .config import Settings
+from .plan import Limits, Plan, TooLarge, budget, plan
+from .runtime import shaders
+from .runtime.spirv import workgroup_memory_bytes
+
+__all__ = ["choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem"]
+
+_shared: dict = {}   # sha256 of a SPIR-V module -> bytes of shared memory it declares
+
+
+def kernel_problem(lim: Limits, spec: specs.KernelSpec) -> str:
+    """Why the device of ``lim`` cannot run kernel ``spec`` ("" when it can): it needs more
+    storage buffers, push-constant bytes or threads than the device offers, its SPIR-V cannot be
+    had (no source, no glslc and nothing packaged or cached, glslc rejecting it), or it declares
+    more shared memory than the device has."""
+    if spec.n_bindings > lim.max_storage_buffers_per_stage:
+        return (f"{spec.name} binds {spec.n_bindings} storage buffers, above maxPerStageDescriptorStorageBuffers "
+                f"({lim.max_storage_buffers_per_stage})")
+    if spec.push_size > lim.max_push_constants_size:
+        return f"{spec.name} pushes {spec.push_size} bytes, above maxPushConstantsSize ({lim.max_push_constants_size})"
+    if spec.wg > min(lim.max_workgroup_size[0], lim.max_workgroup_invocations):
+        return (f"{spec.name} runs workgroups of {spec.wg} threads, above maxComputeWorkGroupSize[0] "
+                f"({lim.max_workgroup_size[0]}) or maxComputeWorkGroupInvocations ({lim.max_workgroup_invocations})")
+    why = shaders.unavailable(spec.name, dict(spec.defines))   # compiles it now if it must: the call's own work
+    if why:
+        return why
+    spirv = shaders.compile_shader(spec.name, dict(spec.defines))  # served from the cache now
+    key = hashlib.sha256(spirv).digest()
+    shared = _shared.get(key)
+    if shared is None:
+        shared = _shared[key] = workgroup_memory_bytes(spirv)
+    if shared > lim.max_shared_memory:
+        return (f"{spec.name} declares {shared} bytes of shared memory, above maxComputeSharedMemorySize "
+                f"({lim.max_shared_memory})")
+    return ""
+
+
+def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
+    """The first :func:`kernel_problem` of ``kernels`` ("" when none)."""
+    for spec in kernels:
+        why = kernel_problem(lim, spec)
+        if why:
+            return why
+    return ""
+
+
+def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True) -> tuple[Plan, str]:
+    """(the plan a call runs, why it left out the chunked kernels that plan.plan picked for the
+    shape -- their SPIR-V cannot be had here, or the device does not take them; "" when it did
+    not). ``chunked`` False: never the chunked kernels (the recompute of a non-finite result).
+    Raises TooLarge when no plan fits."""
+    pl = plan(d, lim, backward, knobs)
+    if pl.chunked is None:
+        return pl, ""
+    why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""
+    if not chunked or why:
+        pl = replace(pl, chunked=None)
+    return pl, why
+
+
+def choose_plan(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True) -> Plan:
+    """The plan of :func:`choose_plan_why`."""
+    return choose_plan_why(ctx, d, lim, backward, knobs, chunked)[0]
+
+
+def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset) -> tuple[Support, bool]:
+    """(whether problem ``p`` runs on ``ctx`` for ``op``, whether the answer may be cached: a
+    refusal for want of SPIR-V is not, as glslc on PATH or a warm cache may lift it later)."""
+    backward = op == "ssm_scan_back"
+    try:
+        pl, dropped = choose_plan_why(ctx, p.dims, lim, backward, knobs)
+    except TooLarge as e:
+        return Support(False, str(e)), True
+    sizes = budget.buffers(p.dims, pl, lim, backward, resident)
+    why = budget.check(ctx.info, sizes, ctx.live_allocations.count)
+    if why:   # (the allocations already made change: that refusal is decided anew)
+        return Support(False, why), "maxMemoryAllocationCount" not in why
+    why = kernels_problem(lim, specs.kernels_needed(p.dims, pl, backward))
+    if why:
+        return Support(False, why), False
+    where = f"runs on {ctx.info.where} ({ctx.info.name})"
+    if dropped:
+        note = f"the token-sequential kernels run it: the chunked kernels cannot ({dropped})"
+        return Support(True, f"{where}; {note}"), True
+    return Support(True, where), True

@@ -1,0 +1,224 @@
+"""The Engine: every scan-level state of one Vulkan context, made with its first scan call and
+closed with the context (``Context.extension``) -- so nothing lives in a module-level dict keyed
+by a context, and a lost or forked-away context takes all of it along.
+
+It owns:
+
+- the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
+- the support decisions (decision.decide), by problem signature;
+- the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
+- the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
+  :meth:`Engine.kept_key`;
+- the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
+- counters (``reruns``, ``states_reused``) for tests and benchmarks.
+
+The context's buffer pool is the context's own (``arrays.pool``): DeviceArrays, below the engine,
+hand their buffers back to it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .config import Settings
+from .plan import Limits
+from .workspace import Workspace
+
+__all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]
+
+MAX_WORKSPACES = 8          # shapes kept per context
+MAX_DECISIONS = 256
+MAX_LANES = 64
+
+
+@dataclass
+class KeptForward:
+    """What a chunked forward left for the backward of the same device-resident inputs: its
+    workspace (whose scratch holds the chunk states, C.B and M o C.B: ``tables``) and who the
+    inputs were (for each, its owning DeviceArray weakly, offset and shape; and the ids).
+    DeviceArrays are never written after they are made, so while each owner is alive and not
+    released, the tables are those of these inputs."""
+
+    ws: Workspace
+    who: tuple
+    ids: bytes
+
+    @property
+    def tables(self) -> dict:
+        return self.ws.kept
+
+    def matches(self, arrays: tuple, ids: bytes) -> bool:
+        if ids != self.ids:
+            return False
+        for (ref, offset, shape), a in zip(self.who, arrays, strict=True):
+            owner = getattr(a, "owner", None)
+            if owner is None or ref() is not owner or owner.released or a.offset != offset or a.shape != shape:
+                return False
+        return True
+
+
+class Engine:
+    """The scan-level state of context ``ctx`` (see the module's docstring). Thread-safe: the
+    caches are guarded by ``lock``; a workspace is used under its own lock."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.closed = False
+        self.lock = threading.Lock()         # the caches; eviction waits for a workspace's lock under it
+        self._kept_lock = threading.Lock()   # ``kept``: taken by calls that hold a workspace's lock, so
+                                             # never held while waiting for one
+        self.workspaces: OrderedDict = OrderedDict()
+        self.decisions: dict = {}
+        self.lanes: dict = {}
+        self.kept: dict = {}                 # kept_key -> KeptForward
+        self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
+        self.reruns = 0                      # chunked results recomputed for inf/nan
+        self.states_reused = 0               # backwards that took their forward's tables
+        ctx.adopt(self)
+
+    # -- limits ---------------------------------------------------------------------------------
+    def limits(self, info, knobs: Settings) -> Limits:
+        """The planner's Limits of DeviceInfo ``info`` under ``knobs`` (the subgroup switch)."""
+        key = (id(info), knobs.no_subgroup)
+        hit = self._limits.get(key)
+        if hit is not None and hit[0] is info:   # the entry keeps ``info`` alive: its id is not reused
+            return hit[1]
+        lim = Limits.of(info, knobs.no_subgroup)
+        with self.lock:
+            if len(self._limits) >= 64:
+                self._limits.clear()
+            self._limits[key] = (info, lim)
+        return lim
+
+    # -- workspaces -----------------------------------------------------------------------------
+    def workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True) -> Workspace:
+        """The workspace of this shape (made on first use; the least recently used beyond
+        MAX_WORKSPACES is closed)."""
+        key = (dims, backward, lim, chunked, knobs.key)
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("this Vulkan context is closed")
+            ws = self.workspaces.get(key)
+            if ws is None:
+                ws = self.workspaces[key] = Workspace(self.ctx, dims, backward, lim, knobs, chunked)
+                while len(self.workspaces) > MAX_WORKSPACES:
+                    k, old = next(iter(self.workspaces.items()))
+                    if old.recent:  # used through a lane since it came to the front: not the least recent
+                        old.recent = False
+                        self.workspaces.move_to_end(k)
+                        continue
+                    del self.workspaces[k]
+                    with old.lock:
+                        old.close()
+            self.workspaces.move_to_end(key)
+            return ws
+
+    def clear(self) -> None:
+        """Close every workspace (their buffers back to the pool, their sequences freed)."""
+        with self.lock:
+            spaces = list(self.workspaces.values())
+            self.workspaces.clear()
+        with self._kept_lock:
+            self.kept.clear()
+        for ws in spaces:
+            with ws.lock:
+                ws.close()
+
+    # -- the forward's tables for the backward ---------------------------------------------------
+    @staticmethod
+    def kept_key(dims, lim: Limits, knobs: Settings) -> tuple:
+        """The one key of a forward's tables: the forward and its backward share dims, limits and
+        knobs."""
+        return dims, lim, knobs.key
+
+    def keep(self, key: tuple, ws: Workspace, arrays: tuple, ids: bytes) -> None:
+        """Record that forward workspace ``ws`` holds the tables of device-resident ``arrays``."""
+        who = tuple((weakref.ref(a.owner), a.offset, a.shape) for a in arrays)
+        with self._kept_lock:
+            self.kept[key] = KeptForward(ws, who, ids)
+
+    def forget(self, key: tuple) -> None:
+        with self._kept_lock:
+            self.kept.pop(key, None)
+
+    def kept_for(self, key: tuple, arrays: tuple, ids: bytes, CL: int) -> KeptForward | None:
+        """The forward tables these backward inputs may take -- the last chunked forward of the
+        same shape ran on these very arrays, in one window, with chunk length ``CL`` -- with their
+        workspace locked (the caller releases ``kept.ws.lock`` after its submit); None when there
+        are none. Never waits for the lock: a forward running now is overwriting them anyway."""
+        kept = self.kept.get(key)
+        if kept is None or not kept.ws.lock.acquire(blocking=False):
+            return None
+        try:
+            fp = kept.ws.plan.chunked
+            ok = (not kept.ws.closed and kept.tables is not None and fp is not None and fp.CL == CL
+                  and len(fp.windows) == 1 and self.kept.get(key) is kept and kept.matches(arrays, ids))
+            if ok:
+                kept.ws.settle()
+                return kept
+        except BaseException:
+            kept.ws.lock.release()
+            raise
+        kept.ws.lock.release()
+        return None
+
+    # -- decisions and lanes --------------------------------------------------------------------
+    def decision(self, key: tuple):
+        return self.decisions.get(key)
+
+    def remember(self, key: tuple, value) -> None:
+        with self.lock:
+            if len(self.decisions) > MAX_DECISIONS:
+                self.decisions.clear()
+            self.decisions[key] = value
+
+    def lane(self, sig: tuple):
+        return self.lanes.get(sig)
+
+    def add_lane(self, sig: tuple, lane) -> None:
+        with self.lock:
+            if len(self.lanes) >= MAX_LANES:
+                self.lanes.clear()
+            self.lanes[sig] = lane
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the workspaces and drop every cache (the context is closing). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.clear()
+        with self.lock:
+            self.decisions.clear()
+            self.lanes.clear()
+            self._limits.clear()
+        self.ctx.forget(self)
+
+
+def engine_of(ctx) -> Engine:
+    """The Engine of context ``ctx`` (made on first use, closed with the context)."""
+    return ctx.extension("engine", Engine)
+
+
+def current() -> Engine:
+    """The Engine of the process's open context (made, with the context, if need be)."""
+    from .runtime import get_context
+
+    return engine_of(get_context())
+
+
+def clear(ctx=None) -> None:
+    """Close the workspaces (their buffers and recorded sequences) of ``ctx``, default the open
+    context's, and forget its support decisions and lanes; a call after records anew."""
+    from .runtime import current_context
+
+    ctx = current_context() if ctx is None else ctx
+    engine = None if ctx is None else ctx.extension("engine")
+    if engine is not None:
+        engine.clear()
+        with engine.lock:
+            engine.decisions.clear()
+            engine.lanes.clear()

@@ -1,0 +1,216 @@
+"""The scan kernels' host-side table: which GLSL file, which defines, how many bindings and the
+push-constant layout of each -- the same order and names as the PC blocks in ssm_vk/glsl/*.comp --
+and the one list of the variants a plan dispatches (:func:`kernels_needed`), which the support
+decision checks, the recordings dispatch and ``ssm-scan build-shaders`` precompiles (:func:`matrix`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+
+from ssm_ref import Dims
+
+from . import runtime as rt
+from .config import DEFAULTS, Settings
+from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
+from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
+
+__all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
+           "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
+           "kernels_needed", "matrix", "FWD_PUSH", "BWD_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH", "CHUNK_BINDINGS",
+           "PASS_WG", "PASS_BATCH"]
+
+# Push-constant fields, in the order of the PC block of each shader (all uint32).
+FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
+            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck")
+BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
+            "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
+RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
+ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
+# The chunked kernels (ssm_vk/glsl/chunk_common.glsl): one push block and one binding table for all.
+CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
+CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
+                  "sm", "st", "ddtp", "dAp", "flag")
+
+# Threads per workgroup of the element-wise kernels (reduce, rows).
+FLAT_WG = 64
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str            # ssm_vk/glsl/<name>.comp
+    defines: tuple       # ((key, value), ...) sorted, hashable
+    n_bindings: int
+    push: tuple          # field names
+    wg: int              # threads per workgroup
+
+    @property
+    def push_size(self) -> int:
+        return 4 * len(self.push)
+
+
+def _defs(**kw) -> tuple:
+    return tuple(sorted((k, int(v)) for k, v in kw.items()))
+
+
+def _common(d: Dims, lay: Layout) -> dict:
+    return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
+
+
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool) -> KernelSpec:
+    defs = _common(d, lay)
+    defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
+    return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG)
+
+
+def bwd_spec(d: Dims, lay: Layout) -> KernelSpec:
+    defs = _common(d, lay)
+    defs.update(K=lay.K, TBR=lay.TBR)
+    return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG)
+
+
+def reduce_spec(mode: int) -> KernelSpec:
+    return KernelSpec("ssm_scan_reduce", _defs(WG=FLAT_WG, MODE=mode), 6, RED_PUSH, FLAT_WG)
+
+
+def rows_spec() -> KernelSpec:
+    return KernelSpec("rows", _defs(WG=FLAT_WG), 3, ROWS_PUSH, FLAT_WG)
+
+
+def chunk_spec(name: str, d: Dims, CL: int, wg: int, **defines) -> KernelSpec:
+    """A chunked kernel (ssm_vk/glsl/<name>.comp): sizes P, N and the chunk length are compile-time."""
+    defs = _defs(WG=wg, CL=CL, PD=d.P, ND=d.N, **defines)
+    return KernelSpec(name, defs, len(CHUNK_BINDINGS), CHUNK_PUSH, wg)
+
+
+def pack_push(fields: tuple, values: dict) -> bytes:
+    """Pack push constants in field order; every field must be given and fit in uint32."""
+    missing = [f for f in fields if f not in values]
+    if missing:
+        raise KeyError(f"push constants missing: {missing}")
+    vals = [int(values[f]) for f in fields]
+    for f, v in zip(fields, vals, strict=True):
+        if not 0 <= v < 2**32:
+            raise OverflowError(f"push constant {f} = {v} does not fit in uint32")
+    return struct.pack(f"<{len(vals)}I", *vals)
+
+
+# -- kernels of a context, by spec ---------------------------------------------------------------
+
+def _kernel_args(spec: KernelSpec) -> dict:
+    return dict(bindings=spec.n_bindings, push_size=spec.push_size, local_size=(spec.wg, 1, 1),
+                defines=dict(spec.defines))
+
+
+def kernel_cached(ctx, spec: KernelSpec) -> bool:
+    """Whether ``ctx`` holds the kernel of ``spec`` already."""
+    return rt.Kernel.cached(ctx, spec.name, **_kernel_args(spec)) is not None
+
+
+def kernel(ctx, spec: KernelSpec) -> rt.Kernel:
+    return rt.Kernel.get(ctx, spec.name, **_kernel_args(spec))
+
+
+
+# -- the chunked kernels of a plan ----------------------------------------------------------------
+
+PASS_WG = 256
+PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
+                   # the passes from 165 to 116 us)
+
+
+def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
+    return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=cp.knobs.knob("PASS_PB", PASS_BATCH))
+
+
+def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
+    RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
+    wg, rg = gemm_threads(cp.knobs)
+    return chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
+                      KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
+                      VEC_OUT=vec_out(cp.knobs))
+
+
+def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSpec:
+    return chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward), KEPT=int(kept))
+
+
+def finish_spec(d, cp: ChunkPlan) -> KernelSpec:
+    nbp = gemm_tile("GAM", cp.CL, d.P, d.N, cp.knobs)[3]
+    nbn = gemm_tile("DC", cp.CL, d.P, d.N, cp.knobs)[3]
+    return chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, NBP=nbp, NBN=nbn)
+
+
+def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
+    """Every kernel the chunked recording of ``d`` dispatches."""
+    ks = [gemm_spec(d, cp, "CB"), decay_spec(d, cp, backward), gemm_spec(d, cp, "ZF"), pass_spec(d, cp, 0)]
+    if not backward:
+        return [*ks, gemm_spec(d, cp, "Y")]
+    ks += [gemm_spec(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
+    ks.append(decay_spec(d, cp, True, kept=True))    # after a forward whose tables are still there
+    ks += [pass_spec(d, cp, 1), finish_spec(d, cp), reduce_spec(1)]
+    if not cp.headloop:
+        ks.append(reduce_spec(0))
+    if d.S > 1:
+        ks.append(rows_spec())
+    return ks
+
+
+def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
+    """The kernels the recording of a problem of dims ``d`` under plan ``pl`` may dispatch (the
+    d_s scatter's counted whenever ids could repeat), so that the support decision can tell,
+    before any work, whether their SPIR-V can be had and the device takes them."""
+    if pl.chunked is not None:
+        # the chunked kernels, and the sequential ones that recompute a call with inf or nan
+        return chunk_kernels(d, pl.chunked, backward) + kernels_needed(d, replace(pl, chunked=None), backward)
+    if not (pl.windows and d.H * d.P > 0):
+        kernels = []
+    elif not backward:
+        return [fwd_spec(d, pl.layout, checkpoint=False)]
+    else:
+        kernels = [fwd_spec(d, pl.layout, checkpoint=True), bwd_spec(d, pl.layout), reduce_spec(0)]
+        if d.H * d.P * (d.N if d.mamba1 else 1):
+            kernels.append(reduce_spec(1))
+    if backward and d.R * d.H * d.P * d.N and d.S > 1:
+        kernels.append(rows_spec())  # ids may repeat: rows added by the scatter kernel
+    return kernels
+
+
+def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
+           knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
+    """Every (shader, defines) the forward and backward request for these device profiles and
+    d_state values, for both Mamba variants, and the chunked kernels for every head_dim of
+    ``p_values`` x d_state of ``chunked_n`` (default ``n_values``) and chunk length, in a stable
+    order without duplicates: what ``ssm-scan build-shaders`` packages."""
+    seen: dict = {}
+
+    def add(spec) -> None:
+        seen.setdefault((spec.name, spec.defines), None)
+
+    for lim in limits_list:
+        for N in n_values:
+            for mamba1 in (False, True):
+                # H and P only set how rows are spread over workgroups (push constants), not the defines.
+                d = Dims(S=1, T=1, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
+                         a_shape=(8, N) if mamba1 else (8,))
+                fwd = layout_for(d, lim, False, knobs)
+                add(fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
+                bwd = layout_for(d, lim, True, knobs)
+                add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
+                add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
+    for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
+        add(spec)
+    for P in p_values:
+        for N in n_values if chunked_n is None else chunked_n:
+            if P > MAX_PN or N > MAX_PN:
+                continue
+            d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
+            for CL in (32, 64):
+                for backward in (False, True):
+                    for headloop in (False, True):
+                        cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop, KS=KS[backward],
+                                       knobs=knobs)
+                        for spec in chunk_kernels(d, cp, backward):
+                            add(spec)
+    return [(name, dict(defines)) for name, defines in seen]

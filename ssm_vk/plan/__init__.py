@@ -1,0 +1,32 @@
+"""Planning: how a problem runs on a device, decided in pure Python before any Vulkan call.
+
+- :mod:`.limits`: the device limits (``Limits.of(info)``), grids, binding ranges, windows;
+- :mod:`.sequential`: the token-sequential kernels' layout and windows (every shape);
+- :mod:`.chunked`: the chunked Mamba-2 kernels' plan (long enough Mamba-2 sequences);
+- :mod:`.sizes`: the one table of the arrays a call binds, and of its scratch;
+- :mod:`.budget`: whether a call's buffers fit the device's memory.
+
+:func:`plan` combines the two planners under the knobs of ssm_vk.config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ssm_ref import Dims
+
+from ..config import Settings, settings
+from .chunked import ChunkPlan, chunk_plan
+from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
+from .sequential import Layout, Plan, layout_for, sequential_plan
+
+__all__ = ["F32", "ChunkPlan", "Layout", "Limits", "Plan", "TooLarge", "Window", "binding_cap", "chunk_plan",
+           "grid", "layout_for", "plan", "sequential_plan"]
+
+
+def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan:
+    """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
+    plan carries the chunked kernels' plan (plan.chunked) where they take the shape. ``knobs``:
+    ssm_vk.config's settings (default: those of now)."""
+    knobs = settings() if knobs is None else knobs
+    return replace(sequential_plan(d, lim, backward, knobs), chunked=chunk_plan(d, lim, backward, knobs))

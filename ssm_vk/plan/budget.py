@@ -1,0 +1,94 @@
+"""The device memory one call takes, and the rule ``supports()`` applies before any allocation.
+
+A call acquires these buffers through the context's pool (each rounded up by
+``BufferPool.size_class``, at most a third):
+
+- one upload buffer per host input (device-resident inputs are bound where they are),
+- one buffer per output,
+- the scratch of the recording (plan/sizes.py: the one size table the recordings request by),
+- one small constant buffer (the row pairs of the d_s scatter, sized for the worst ids, so that
+  the answer does not depend on them) and a 16-byte stand-in binding.
+
+The rule: every buffer within ``maxMemoryAllocationSize``, all of them together within the
+largest device-local heap (``DeviceInfo.device_local_bytes``), and their count with the
+allocations already made within ``maxMemoryAllocationCount`` (every buffer is an allocation of
+its own). A problem beyond any falls back to the CPU, with the numbers in the reason. (Memory
+that other work holds at the time is not foreseen: a driver that then runs out raises
+OutOfDeviceMemory, after the pool has given back what it could -- see
+runtime.memory.BufferPool.acquire.)
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ssm_ref import Dims
+
+from ..runtime.memory import BufferPool
+from .limits import F32, Limits
+from .sequential import Plan
+from .sizes import DUMMY_BYTES, FLAG_ELEMS, chunked_scratch, input_shapes, output_shapes, sequential_scratch
+
+__all__ = ["buffers", "check", "allocations"]
+
+
+def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
+    """Bytes of every buffer a call of a problem of dims ``d`` acquires (before the pool's
+    rounding), by name; an upper bound where ids matter. ``resident``: names of inputs already on
+    the device (DeviceArrays), which take nothing."""
+    sizes = {f"in:{k}": prod(v) * F32 for k, v in input_shapes(d, backward).items() if k not in resident}
+    outs = {k: prod(v) * F32 for k, v in output_shapes(d, backward).items()}
+    sizes.update({f"out:{k}": n for k, n in outs.items()})
+    row = d.H * d.P * d.N
+    if pl.chunked is not None:
+        # the chunked kernels' scratch, and a second set of outputs and scratch for the
+        # token-sequential recompute of a call that turns out inf or nan
+        sizes.update({f"scratch:{k}": n * F32 for k, n in chunked_scratch(d, pl, backward).items()})
+        sizes.update({"scratch:flag": FLAG_ELEMS * F32, "flag_host": 16})
+        sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
+    if backward:
+        sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
+        if d.R * row and d.S > 1:  # the pairs of the d_s scatter: one buffer, its groups aligned
+            sizes["const:pairs"] = pairs_bytes(d.S, lim.min_storage_buffer_offset_alignment)
+    sizes["dummy"] = DUMMY_BYTES
+    return {k: v for k, v in sizes.items() if v > 0}
+
+
+def pooled(nbytes: int, limit: int) -> int:
+    """What the pool allocates for a request (BufferPool.acquire's rounding)."""
+    size = BufferPool.size_class(nbytes)
+    return nbytes if size > limit >= nbytes else size
+
+
+def pairs_bytes(S: int, align: int) -> int:
+    """The most bytes the d_s scatter's row pairs take, whatever the ids: at most S - 1 pairs
+    (every sequence after the first on a row already read), each group of them starting at an
+    aligned offset -- one pair per group when rows are bound one at a time."""
+    per = max(8, align)
+    return (S - 1) * per
+
+
+def allocations(sizes: dict[str, int]) -> int:
+    """How many device allocations the buffers of :func:`buffers` take (one each: the pool does
+    not suballocate)."""
+    return len(sizes)
+
+
+def check(info, sizes: dict[str, int], live_allocations: int = 0) -> str:
+    """Why ``sizes`` (from :func:`buffers`) do not fit device ``info`` -- an allocation above
+    maxMemoryAllocationSize, more memory than its largest device-local heap, more allocations
+    than maxMemoryAllocationCount besides the ``live_allocations`` already made -- or ""."""
+    limit = info.max_memory_allocation_size
+    name, biggest = max(sizes.items(), key=lambda kv: kv[1], default=("", 0))
+    if biggest > limit:
+        return (f"{name.split(':')[-1]} needs a buffer of {biggest} bytes, above maxMemoryAllocationSize "
+                f"({limit} bytes) of {info.name}")
+    need = sum(pooled(n, limit) for n in sizes.values())
+    if need > info.device_local_bytes:
+        return (f"the call needs {need} bytes of device memory, more than the {info.device_local_bytes} bytes "
+                f"of {info.name}'s largest device-local heap")
+    count = allocations(sizes)
+    if live_allocations + count > info.max_memory_allocation_count:
+        return (f"the call needs {count} device allocations besides the {live_allocations} made, more than "
+                f"maxMemoryAllocationCount ({info.max_memory_allocation_count}) of {info.name}")
+    return ""

@@ -1,0 +1,28 @@
+"""Recording a call's commands into a runtime Sequence: the token-sequential kernels
+(:mod:`.sequential`) or the chunked Mamba-2 kernels (:mod:`.chunked`), as the workspace's plan
+says; :mod:`.common` holds what both share."""
+
+from __future__ import annotations
+
+from ssm_ref import Problem
+
+from . import chunked, sequential
+
+__all__ = ["record_forward", "record_backward"]
+
+
+def record_forward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
+    """Record the forward of ``p`` in workspace ``ws``; ``bufs`` maps s, x, dt, A, B, C, y, states
+    to (buffer or None, element offset)."""
+    if ws.plan.chunked is not None:
+        return chunked.record_forward(seq, ws, p, bufs)
+    return sequential.record_forward(seq, ws, p, bufs)
+
+
+def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
+    """Record the backward; ``bufs`` maps the inputs (s .. g_states) and the outputs (d_s .. d_C).
+    ``kept``: the tables its chunked forward left (engine.KeptForward), bound instead of a
+    recompute; None to recompute them."""
+    if ws.plan.chunked is not None:
+        return chunked.record_backward(seq, ws, p, bufs, kept)
+    return sequential.record_backward(seq, ws, p, bufs)

@@ -1,0 +1,172 @@
+"""What both recordings (token-sequential and chunked) share: kernels by spec, bindings of the
+per-token arrays of a window, zeroing, the gather of the cache rows, the fixed-order reductions of
+partial sums, and the d_s scatter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssm_ref import Problem
+
+from .. import kernels as specs
+from ..kernels import kernel
+from ..plan import Window, binding_cap, grid
+
+__all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
+           "scatter_rows"]
+
+F32 = 4
+
+
+def zero(seq, buf, n_elems: int) -> None:
+    if buf is not None and n_elems > 0:
+        seq.fill(buf, 0, 0, n_elems * F32)
+
+
+def zero_at(seq, buf, off: int, n_elems: int) -> None:
+    if buf is not None and n_elems > 0:
+        seq.fill(buf, 0, off * F32, n_elems * F32)
+
+
+def gather_rows(seq, call, src, src_base, dst, dst_base, ids, row_elems) -> None:
+    """dst[i] = src[ids[i]] for every sequence i, by copy commands."""
+    if row_elems == 0:
+        return
+    nb = row_elems * F32
+    for i, r in enumerate(ids):
+        seq.copy(src, dst, nb, (src_base + int(r) * row_elems) * F32, (dst_base + i * row_elems) * F32)
+
+
+def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dict, dict]:
+    """Bindings and residual offsets of the (S, T, ...) arrays of a window."""
+    binds, offs = {}, {}
+    for key, (buf, base, per_tok) in arrays.items():
+        start = (w.i0 * d.T + w.t0) * per_tok
+        binds[key], offs[names_tok[key]] = call.bind(buf, base, start, w.S * w.T * per_tok)
+    return binds, offs
+
+
+def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict) -> None:
+    """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H, npb, N) and
+    d_dt parts (S, T, H, npb)) into d_B, d_C (over each group's heads, then the blocks) and d_dt."""
+    n_out = max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
+    gx, gy = grid(-(-n_out // specs.FLAT_WG), call.limits)
+    out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
+    b2, o2 = seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
+    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0)
+    seq.dispatch(kernel(call.ctx, specs.reduce_spec(0)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
+                 specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+
+
+def reduce_dA(seq, call, p: Problem, dAp, dA_at, rows: int, KA: int) -> None:
+    """d_A (H, KA) = the accumulators dAp (S, H, rows, KA) summed over sequences (outer) and rows
+    (channels for the sequential kernels, chunks for the chunked ones), in windows of sequences
+    that fit a binding (added in sequence order)."""
+    d = p.dims
+    per_seq = d.H * rows * KA
+    dA, dA_off = dA_at
+    if per_seq == 0:
+        zero_at(seq, dA, dA_off, d.H * KA)
+        return
+    k = kernel(call.ctx, specs.reduce_spec(1))
+    step = max(1, binding_cap(call.limits) // per_seq)
+    gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), call.limits)
+    dum = call.bind(None, 0, 0, 0)[0]
+    bA, o3 = call.bind(dA, dA_off, 0, d.H * KA)
+    for i0 in range(0, d.S, step):
+        n = min(step, d.S - i0)
+        bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
+        push = dict(S=n, T=d.T, H=d.H, P=rows, N=d.N, G=d.G, NPB=1, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
+                    acc=int(i0 > 0))
+        seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
+        seq.barrier()
+
+
+MAX_FILLS = 8   # separate fills of unread cache rows before one fill of all d_s is recorded instead
+
+
+def _runs(rows: list) -> list[tuple[int, int]]:
+    """(first, count) of each run of consecutive values in sorted ``rows``."""
+    out: list = []
+    for r in rows:
+        if out and out[-1][0] + out[-1][1] == r:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((r, 1))
+    return out
+
+
+def scatter_rows(ctx, seq, call, lim, d_s0, d_s_at, ids, row: int, R: int) -> None:
+    """d_s = rows of d_s0 scatter-added by ids, in sequence order (as ssm_ref.scatter_rows)."""
+    d_s, ds_off = d_s_at
+    if d_s is None:
+        return
+    assert ds_off == 0, "outputs own their buffers"
+    if row == 0:
+        return
+    seen: dict[int, int] = {}
+    layers: list[list[tuple[int, int]]] = []
+    firsts = []
+    for i, r in enumerate(int(v) for v in ids):
+        k = seen.get(r, 0)
+        seen[r] = k + 1
+        if k == 0:
+            firsts.append((r, i))
+        else:
+            while len(layers) < k:
+                layers.append([])
+            layers[k - 1].append((r, i))
+    # The rows no sequence reads are zeroed, the first sequence of each row copied in (runs of
+    # consecutive rows and sequences as one copy); these regions are disjoint, so no barrier
+    # between them. Many scattered unread rows: one fill of everything first.
+    gaps = _runs(sorted(set(range(R)) - seen.keys()) if len(seen) < R else [])
+    if len(gaps) > MAX_FILLS:
+        zero(seq, d_s, R * row)
+        seq.barrier()
+    else:
+        for r0, n in gaps:
+            zero_at(seq, d_s, r0 * row, n * row)
+    i0 = r0 = n = 0
+    for r, i in [*sorted(firsts, key=lambda ri: ri[1]), (-2, -2)]:
+        if n and r == r0 + n and i == i0 + n:
+            n += 1
+            continue
+        if n:
+            seq.copy(d_s0, d_s, n * row * F32, i0 * row * F32, r0 * row * F32)
+        r0, i0, n = r, i, 1
+    if not layers:
+        return
+    k = kernel(ctx, specs.rows_spec())
+    cap = binding_cap(lim)
+    whole = max(len(ids), R) * row <= cap
+    if not whole and row > cap:
+        raise ValueError(f"a state row of {row} floats exceeds the device's storage-buffer range")
+    # Every group's pairs in one constant buffer (one allocation, whatever the ids), each group
+    # at an aligned offset: binding offsets must be multiples of minStorageBufferOffsetAlignment.
+    plans = [[pairs] if whole else [[pr] for pr in pairs] for pairs in layers]
+    align_words = max(2, call.align // 4)
+    words = []
+    for groups in plans:
+        for grp in groups:
+            words.append(np.asarray(grp if whole else [(0, 0)], dtype=np.uint32).reshape(-1))
+            pad = -len(words[-1]) % align_words
+            if pad:
+                words.append(np.zeros(pad, np.uint32))
+    table = call.constant(np.concatenate(words))
+    at = 0
+    for groups in plans:
+        seq.barrier()
+        for grp in groups:
+            if whole:
+                src, o_src = call.bind(d_s0, 0, 0, len(ids) * row)
+                dst, o_dst = call.bind(d_s, 0, 0, R * row)
+            else:  # one pair, each row bound on its own (the pair read is (0, 0))
+                (r, i), = grp
+                src, o_src = call.bind(d_s0, 0, i * row, row)
+                dst, o_dst = call.bind(d_s, 0, r * row, row)
+            nbytes = 8 * len(grp)
+            n = len(grp) * row
+            gx, gy = grid(-(-n // specs.FLAT_WG), lim)
+            push = dict(L=row, n_pairs=len(grp), gx=gx, o_src=o_src, o_dst=o_dst)
+            seq.dispatch(k, [src, dst, (table, at, nbytes)], specs.pack_push(specs.ROWS_PUSH, push), (gx, gy, 1))
+            at += nbytes + (-nbytes % (4 * align_words))

@@ -1,0 +1,159 @@
+"""Recording the token-sequential kernels: the window loop, dispatches, barriers, copies.
+
+Each function records into a runtime Sequence for one problem shape, on buffers already resolved
+by the caller (inputs uploaded or device-resident, outputs allocated). ``ws`` (a
+workspace.Workspace) supplies the plan, the limits, persistent scratch buffers and aligned bindings.
+Recording happens once per shape and set of buffers; the sequence is then replayed.
+"""
+
+from __future__ import annotations
+
+from ssm_ref import Problem
+
+from .. import kernels as specs
+from ..plan import Limits, Plan, Window, grid
+from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
+
+__all__ = ["record_forward", "record_backward"]  # of the token-sequential kernels
+
+
+def _window_push(d, lay, w: Window, gx: int) -> dict:
+    return dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB,
+                NPB=lay.NPB, gx=gx)
+
+
+def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
+    """Record the forward: states <- s[ids]; the scan over every window. ``bufs`` maps s, x, dt,
+    A, B, C, y, states to (buffer or None, element offset)."""
+    d = p.dims
+    lim, pl = ws.limits, ws.plan
+    lay = pl.layout
+    row = d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    ctx = ws.ctx
+    st_buf, st_off = bufs["states"]
+    gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
+    seq.barrier()
+    if not (pl.windows and d.H * d.P > 0):
+        return
+    x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
+    k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=False))
+    for w in pl.windows:
+        gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
+        tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
+               "y": (*bufs["y"], d.H * d.P)}
+        b, o = seq_bindings(ws, d, w, tok, {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "y": "o_y"})
+        b["A"], _ = ws.bind(*A, 0, d.H * KA)
+        b["st"], o["o_st"] = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
+        b["ck"], o["o_ck"] = ws.bind(None, 0, 0, 0)
+        push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o}
+        seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"]],
+                     specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
+        seq.barrier()
+
+
+def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
+    """Record the backward. ``bufs`` maps the inputs (s, x, dt, A, B, C, g_y, g_states) and the
+    outputs (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) to (buffer or None, element offset)."""
+    d = p.dims
+    lim, pl = ws.limits, ws.plan
+    row = d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    ctx = ws.ctx
+    lam, lam_off = bufs["d_s0"]   # carries dL/dstate backwards; ends as d_s0
+    assert lam_off == 0 or lam is None
+    if row:
+        gs_buf, gs_off = bufs["g_states"]
+        seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
+    if not (pl.windows and d.H * d.P > 0):
+        for name in ("d_x", "d_dt", "d_A", "d_B", "d_C"):
+            zero_at(seq, *bufs[name], ws.sizes[name])
+    else:
+        st = ws.scratch(d.S * row)          # running state of the checkpoint pass
+        gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+        dAp = ws.scratch(d.S * d.H * d.P * KA)
+        zero(seq, dAp, d.S * d.H * d.P * KA)
+        seq.barrier()
+        _backward_windows(ctx, seq, ws, p, pl, lim, st, lam, dAp, bufs)
+        reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=d.P, KA=KA)
+    seq.barrier()
+    scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
+
+
+def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam, dAp, bufs) -> None:
+    """Checkpoint pass, backward pass and partial reduction for every window, in the order the
+    carries need: whole-sequence windows one after another; token windows of one sequence
+    forward in time for the checkpoints, then backward in time."""
+    d, lay = p.dims, pl.layout
+    row = d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    fwd_k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True))
+    bwd_k = kernel(ctx, specs.bwd_spec(d, lay))
+    x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
+    wmax = max(pl.windows, key=lambda w: w.S * w.T)
+    nc_max = max(-(-w.T // lay.K) for w in pl.windows)
+    sw_max = max(w.S for w in pl.windows)
+    part = call.scratch(wmax.S * wmax.T * d.H * lay.NPB * d.N)
+    partC = call.scratch(wmax.S * wmax.T * d.H * lay.NPB * d.N)
+    partT = call.scratch(wmax.S * wmax.T * d.H * lay.NPB)
+    ck_elems = sw_max * row * nc_max
+    names = {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "gy": "o_gy", "dx": "o_dx"}
+
+    def tok_arrays():
+        return {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
+                "gy": (*gy, d.H * d.P), "dx": (*bufs["d_x"], d.H * d.P)}
+
+    def window(w: Window, carry, ck):
+        """What both passes bind for window ``w``: grid, token arrays, A, the carried rows
+        (states or lam) and the checkpoints."""
+        gx, gyy = grid(w.S * lay.NHB * lay.NPB, lim)
+        b, o = seq_bindings(call, d, w, tok_arrays(), names)
+        b["A"], _ = call.bind(*A, 0, d.H * KA)
+        b["carry"], o_carry = call.bind(carry, 0, w.i0 * row, w.S * row)
+        nc = -(-w.T // lay.K)
+        b["ck"], o["o_ck"] = call.bind(ck, 0, 0, w.S * row * nc)
+        return gx, gyy, b, o, o_carry, nc
+
+    def ckpt_pass(w: Window, ck) -> None:
+        gx, gyy, b, o, o_st, nc = window(w, st, ck)
+        bA, bst, bck, o_ck = b["A"], b["carry"], b["ck"], o["o_ck"]
+        push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, "o_x": o["o_x"], "o_dt": o["o_dt"],
+                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck}
+        dum = call.bind(None, 0, 0, 0)[0]
+        seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck],
+                     specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))
+        seq.barrier()
+
+    def back_pass(w: Window, ck) -> None:
+        gx, gyy, b, o, o_lam, nc = window(w, lam, ck)
+        bA, blam, bck = b["A"], b["carry"], b["ck"]
+        n_part = w.S * w.T * d.H * lay.NPB
+        bdA, o_dA = call.bind(dAp, 0, w.i0 * d.H * d.P * KA, w.S * d.H * d.P * KA)
+        push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, **o, "o_lam": o_lam, "o_dA": o_dA}
+        seq.dispatch(bwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
+                             call.bind(part, 0, 0, n_part * d.N)[0], call.bind(partC, 0, 0, n_part * d.N)[0],
+                             call.bind(partT, 0, 0, n_part)[0], bdA],
+                     specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
+        seq.barrier()
+        reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_part * d.N)[0],
+                                                   call.bind(partC, 0, 0, n_part * d.N)[0],
+                                                   call.bind(partT, 0, 0, n_part)[0]), bufs)
+        seq.barrier()
+
+    if not pl.time_split:
+        ck = call.scratch(ck_elems)
+        for w in pl.windows:
+            ckpt_pass(w, ck)
+            back_pass(w, ck)
+        return
+    # Token windows: each sequence's windows keep their own checkpoints until the walk back.
+    per_seq = [w for w in pl.windows if w.i0 == 0]
+    cks = [call.scratch(ck_elems) for _ in per_seq]
+    for i in range(d.S):
+        wins = [w for w in pl.windows if w.i0 == i]
+        for w, ck in zip(wins, cks, strict=True):
+            ckpt_pass(w, ck)
+        for w, ck in reversed(list(zip(wins, cks, strict=True))):
+            back_pass(w, ck)
+
+

@@ -1,0 +1,187 @@
+"""Running a call on the device, once it is decided: its workspace, inputs bound, the recorded
+sequence replayed (or recorded), submit and wait, the results; the recompute of a chunked result
+that held inf or nan; the forward's tables taken by its backward.
+
+A call goes: look up the Workspace of its shape in the context's Engine -> upload host inputs
+into the workspace's buffers (device-resident inputs are bound in place) -> find the Sequence
+recorded for exactly these buffers, or record it (ssm_vk.record) -> submit and wait -> download
+(host calls) or hand out DeviceArrays.
+
+Replay is what makes small calls cheap: a training loop that passes the same shapes each step
+(host arrays, or device arrays whose buffers the pool hands back) records once and then pays one
+submit + wait per call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ssm_ref import Problem
+
+from . import runtime as rt
+from .arrays import DeviceArray, pool
+from .config import Settings
+from .engine import Engine
+from .record import record_backward, record_forward
+from .workspace import Workspace, release_all
+
+__all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "FWD_IN", "BWD_IN"]
+
+_timing = threading.local()
+log = logging.getLogger("ssm_vk")
+_rerun_logged = False
+
+FWD_IN = ("s", "x", "dt", "A", "B", "C")
+BWD_IN = (*FWD_IN, "g_y", "g_states")
+
+
+def last_gpu_ns() -> float | None:
+    """GPU time (timestamps) of this thread's last forward or backward, in ns; None when the
+    device has no timestamps. Read on demand (a query costs some microseconds)."""
+    seq = getattr(_timing, "seq", None)
+    if seq is None or seq.closed or not seq.ctx.info.timestamps:
+        return None
+    return seq.gpu_times().get("end")
+
+
+def forward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None) -> dict:
+    """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
+    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found."""
+    return _run(engine, p, False, lim, knobs, device_out, lane)
+
+
+def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None) -> dict:
+    """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
+    return _run(engine, p, True, lim, knobs, device_out, lane)
+
+
+def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane) -> dict:
+    ctx = engine.ctx
+    ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
+    try:
+        try:
+            return _run_once(engine, p, backward, lim, knobs, device_out, lane=lane)
+        except rt.OutOfDeviceMemory:
+            # The workspaces of other shapes hold buffers between calls: give them all back (the pool
+            # frees its idle ones when it next runs out) and try once more; a second failure raises.
+            engine.clear()
+            return _run_once(engine, p, backward, lim, knobs, device_out)
+    finally:
+        ctx.leave()
+
+
+def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
+              lane=None) -> dict:
+    while True:
+        if lane is not None:  # the lane's workspace and input bindings (lanes.py; chunked is True)
+            ws = lane.ws
+            ws.recent = True
+        else:
+            ws = engine.workspace(p.dims, backward, lim, knobs, chunked)
+        with ws.lock:
+            if ws.closed:  # another thread evicted it after our look-up: look again
+                lane = None
+                continue
+            out = _run_in(engine, ws, p, backward, device_out, None if lane is None else lane.bound)
+        if out is not None:
+            return out
+        # The chunked kernels flagged a non-finite output: recompute with the token-sequential
+        # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
+        # nan and back). Same device; finite results never take this path.
+        _note_rerun(engine, p.dims)
+        return _run_once(engine, p, backward, lim, knobs, device_out, chunked=False)
+
+
+def _note_rerun(engine: Engine, dims) -> None:
+    global _rerun_logged
+    engine.reruns += 1
+    if not _rerun_logged:
+        _rerun_logged = True
+        log.info("ssm_vk: a result of the chunked kernels held inf or nan (%s); such calls are recomputed "
+                 "with the token-sequential kernels, whose non-finite results follow docs/SPEC.md", dims)
+
+
+def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
+    """The inputs' bindings in ``ws``: {name: (buffer, element offset)}, and the start of the
+    sequence's key -- serial and offset of each, in the workspace's fixed order (inputs, then
+    outputs, then the ids). Host inputs are uploaded into the workspace's buffers."""
+    bufs: dict = {}
+    key: list = []
+    for k in BWD_IN if backward else FWD_IN:
+        b, off = bufs[k] = ws.input(k, getattr(p, k))
+        key += (None if b is None else b.serial, off)
+    return bufs, key
+
+
+def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bound=None) -> dict | None:
+    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
+    non-finite output (the caller recomputes with the sequential kernels). ``bound``: what
+    bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
+    ws.settle()
+    names = BWD_IN if backward else FWD_IN
+    resident = [getattr(p, k) for k in names if type(getattr(p, k)) is DeviceArray]
+    buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
+    # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
+    # thread), they go back to the pool only then. Liveness is checked after they are marked.
+    token = buffers.busy(tuple(a.buffer for a in resident if a.buffer is not None)) if resident else None
+    try:
+        if bound is None:
+            bufs, key = bind_inputs(ws, p, backward)
+        else:
+            for a in resident:
+                a._check_live()
+            bufs, key = dict(bound[0]), list(bound[1])
+        return _run_bound(engine, ws, p, backward, device_out, bufs, key)
+    finally:
+        if token is not None:
+            buffers.idle(token)
+
+
+def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list):
+    """The call with its inputs bound: outputs, the sequence, submit, the non-finite check. A
+    call that raises keeps no results: device outputs go back to the pool before the exception
+    leaves, so a caller that holds the exception (and so its frames) holds no device memory."""
+    outs = ws.outputs(device_out)
+    try:
+        for k, a in outs.items():
+            b, off = bufs[k] = (a.buffer, a.offset)
+            key += (None if b is None else b.serial, off)
+        ids = p.ids.tobytes()
+        key.append(ids)
+        cp = ws.plan.chunked
+        kept_key = engine.kept_key(ws.dims, ws.limits, ws.knobs)
+        kept = None
+        if backward and cp is not None:
+            kept = engine.kept_for(kept_key, tuple(getattr(p, k) for k in FWD_IN), ids, cp.CL)
+        try:
+            if kept is not None:      # the forward's chunk states, C.B, M o C.B, bound in place of a recompute
+                key = (*key, *(b.serial for b in kept.tables.values()))
+                seq = ws.sequence(tuple(key), lambda seq: record_backward(seq, ws, p, bufs, kept))
+            elif backward:
+                seq = ws.sequence(tuple(key), lambda seq: record_backward(seq, ws, p, bufs))
+            else:
+                engine.forget(kept_key)  # this forward overwrites the chunk states from here on
+                seq = ws.sequence(tuple(key), lambda seq: record_forward(seq, ws, p, bufs))
+            seq.submit()
+        finally:
+            if kept is not None:
+                kept.ws.lock.release()
+        _timing.seq = seq
+        if cp is not None and ws.nonfinite():
+            if device_out:
+                release_all(outs)
+            return None
+        if kept is not None:
+            engine.states_reused += 1
+        if not backward and ws.kept is not None and cp.keep and len(cp.windows) == 1:
+            arrays = tuple(getattr(p, k) for k in FWD_IN)
+            if all(type(a) is DeviceArray for a in arrays):
+                engine.keep(kept_key, ws, arrays, ids)
+        if device_out:
+            return outs
+        return {k: a.numpy() for k, a in outs.items()}
+    except BaseException:
+        if device_out:
+            release_all(outs)
+        raise

@@ -1,0 +1,158 @@
+"""The shape of ssm_vk's code, read from its imports (no module is run): one-way layers, no import
+cycles, and no private name of one module used by another -- docs/ARCHITECTURE.md draws them.
+
+Every import counts, also those inside functions (they once hid three cycles)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "ssm_vk"
+
+# Lowest first; a module may import modules of its own layer or below, never above.
+LAYERS = (
+    ("ssm_vk.config",),
+    ("ssm_vk.runtime",),
+    ("ssm_vk.arrays", "ssm_vk.plan"),
+    ("ssm_vk.kernels",),
+    ("ssm_vk.decision",),
+    ("ssm_vk.record",),
+    ("ssm_vk.workspace",),
+    ("ssm_vk.engine",),
+    ("ssm_vk.run",),
+    ("ssm_vk.lanes",),
+    ("ssm_vk.api",),
+    ("ssm_vk",),            # the package's __init__: the public names
+)
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _layer(module: str) -> int:
+    best = None
+    for i, group in enumerate(LAYERS):
+        for prefix in group:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (i, len(prefix))
+    assert best is not None, f"{module} is in no layer of LAYERS: add it"
+    return best[0]
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[:-(level - 1)]
+    return ".".join([*base, *([target] if target else [])])
+
+
+def _imports(module: str) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import in ``module``, resolved to
+    the project's modules (a name that is a submodule counts as an import of it)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    is_package = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("ssm_vk")]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, is_package, node.level, node.module) if node.level else (node.module or "")
+            if not target.startswith("ssm_vk"):
+                continue
+            names = [a.name for a in node.names]
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+            plain = [n for n in names if f"{target}.{n}" not in MODULES]
+            out += [(s, [], node.lineno) for s in subs]
+            if plain or not subs:
+                out.append((target, plain, node.lineno))
+    return out
+
+
+EDGES = {m: _imports(m) for m in MODULES}
+
+
+def test_every_module_is_placed_in_a_layer():
+    for m in MODULES:
+        _layer(m)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_one_way_down(module):
+    here = _layer(module)
+    for target, _, line in EDGES[module]:
+        assert _layer(target) <= here, (f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}, "
+                                        f"a layer above it")
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _, _ in EDGES[m] if t in MODULES and t != m} for m in MODULES}
+    # a package's __init__ re-exports its submodules: an edge from a submodule to its own package
+    # __init__ that comes back is a cycle as well, so nothing is exempt
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = [*stack[stack.index(t):], t]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_name_crosses_a_module(module):
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    for target, names, line in EDGES[module]:
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        assert not private, f"{path.relative_to(ROOT)}:{line} imports {private} from {target}"
+    # module aliases bound by imports, used as ``alias._private``
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("ssm_vk"):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            is_package = path.name == "__init__.py"
+            target = _resolve(module, is_package, node.level, node.module) if node.level else (node.module or "")
+            for a in node.names:
+                if f"{target}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{target}.{a.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}, a "
+                                 f"private name of {aliases[node.value.id]}")
+
+
+def test_the_checker_sees_what_it_must(tmp_path):
+    # The three checks above fail on code that breaks them (the checker is not vacuous).
+    assert _layer("ssm_vk.plan.chunked") < _layer("ssm_vk.engine")
+    edges = _imports("ssm_vk.run")
+    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t.startswith("ssm_vk.record") for t, _, _ in edges)
+    assert _resolve("ssm_vk.plan.chunked", False, 2, "config") == "ssm_vk.config"
+    assert _resolve("ssm_vk.plan", True, 1, "limits") == "ssm_vk.plan.limits"
