@@ -20,8 +20,11 @@ Numerics of the flags:
 
 from __future__ import annotations
 
-# Options for the parallel kernels (kernels_fwd, kernels_bwd).
-KERNEL = dict(parallel=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+# Options for the kernels (kernels_fwd, kernels_bwd). Each kernel is a task function (TASK: the
+# arithmetic of one task of the fixed partition) and a driver (DRIVER) that runs tasks until none
+# are left, on every thread that runs it (pool.py); the driver releases the GIL.
+TASK = dict(cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+DRIVER = dict(TASK, nogil=True)
 
 # Options for the serial helpers that the kernels call (mathf): no reassociation.
 MATH = dict(cache=True, fastmath={"contract"}, error_model="numpy")
@@ -52,3 +55,14 @@ TASKS_BWD = 16
 # segment is recomputed once, a longer one twice (checkpoints, then segment by segment).
 SEGMENT_BYTES = 1024 * 1024
 SEGMENT_MIN = 8
+
+# Small calls run on the calling thread (threads.serial): those whose estimated single-thread time
+# is below SERIAL_BELOW_S seconds. The estimate is the state updates S*T*H*P*N times the measured
+# single-thread cost of one update (seconds, per variant and op). Measured: see docs/FAST.md.
+SERIAL_BELOW_S = 200e-6
+SECONDS_PER_UPDATE = {
+    ("mamba2", "fwd"): 0.4e-9,
+    ("mamba2", "bwd"): 1.5e-9,
+    ("mamba1", "fwd"): 1.0e-9,
+    ("mamba1", "bwd"): 3.0e-9,
+}

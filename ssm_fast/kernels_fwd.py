@@ -21,26 +21,47 @@ not depend on the thread count or on which thread runs which task.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .config import KERNEL
+from .config import DRIVER
 from .mathf import exp_f32, softplus_f32
+from .pool import fetch_add
 from .simd import prefer_vector_width
 
 ZERO = np.float32(0.0)
 
 
-@njit(**KERNEL)
-def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
+def tasks_mamba2(x, rows):
+    """Tasks of :func:`forward_mamba2`: (sequence, head, block of ``rows`` channels)."""
+    S, H, P = x.shape[0], x.shape[2], x.shape[3]
+    return S * H * ((P + rows - 1) // rows)
+
+
+def tasks_mamba1(x, G, lanes):
+    """Tasks of :func:`forward_mamba1`: (sequence, group, block of ``lanes`` rows)."""
+    S, H, P = x.shape[0], x.shape[2], x.shape[3]
+    return S * G * ((H // G * P + lanes - 1) // lanes)
+
+
+# Each kernel is a driver (pool.py): every thread that runs it takes task numbers from ``counter``
+# until none are left, so one compiled function serves one thread and many alike.
+
+
+@njit(**DRIVER)
+def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, y, states):
     """Mamba-2 forward. s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,1), B/C (S,T,G,N),
-    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task."""
-    S, T, H, P = x.shape
+    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task;
+    ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry)."""
+    prefer_vector_width()
+    T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
     hpg = H // G
     blocks = (P + rows - 1) // rows
-    for task in prange(S * H * blocks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (H * blocks)
         h = (task // blocks) % H
         p0 = (task % blocks) * rows
@@ -104,11 +125,11 @@ def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
             for n in range(N):
                 states[i, h, p0 + q, n] = st[q, n]
 
-
-@njit(**KERNEL)
-def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
+@njit(**DRIVER)
+def forward_mamba1(counter, s, x, dt, A, B, C, ids, lanes, n_tasks, y, states):
     """Mamba-1 forward. Same arguments as :func:`forward_mamba2` with A (H,N); ``lanes``: rows
-    (h, p) per task."""
+    (h, p) per task; ``n_tasks``: :func:`tasks_mamba1`."""
+    prefer_vector_width()
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]
@@ -117,8 +138,10 @@ def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
     blocks = (RG + lanes - 1) // lanes
     x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
     y2 = y.reshape(S, T, H * P)
-    for task in prange(S * G * blocks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (G * blocks)
         g = (task // blocks) % G
         r0 = g * RG + (task % blocks) * lanes                # first row of this task

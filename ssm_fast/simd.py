@@ -38,3 +38,4 @@ def prefer_vector_width(typingctx):
         return context.get_dummy_value()
 
     return sig, codegen
+

@@ -308,16 +308,18 @@ DETERMINISM_SHAPES = [
 
 def _digests_here() -> list[str]:
     """Digests of every DETERMINISM_SHAPES case, with the configured segments and again with
-    8-token segments (checkpoints everywhere)."""
+    8-token segments (checkpoints everywhere), each with the configured small-call threshold and
+    with none (every call of more than one task on all threads)."""
     out = []
-    saved = ssm_fast.config.SEGMENT_BYTES
+    saved = ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S
     try:
-        for seg_bytes in (saved, 64):
-            ssm_fast.config.SEGMENT_BYTES = seg_bytes
-            for k, dims in enumerate(DETERMINISM_SHAPES):
-                out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
+        for seg_bytes in (saved[0], 64):
+            for below in (saved[1], 0.0):
+                ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S = seg_bytes, below
+                for k, dims in enumerate(DETERMINISM_SHAPES):
+                    out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
     finally:
-        ssm_fast.config.SEGMENT_BYTES = saved
+        ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S = saved
     return out
 
 
