@@ -42,7 +42,7 @@ from numba import njit
 from .config import DRIVER, TASK
 from .mathf import exp_f32, sigmoid_f32, softplus_f32
 from .pool import fetch_add
-from .simd import prefer_vector_width
+from .simd import prefer_vector_width, restrict_arrays
 
 ZERO = np.float32(0.0)
 F32_MAX = np.float32(np.finfo(np.float32).max)
@@ -117,6 +117,7 @@ def backward_mamba2(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
     (S,H,P,N). Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and
     adds into part_B / part_C (S, chunks, T, G, N), which must be zero on entry."""
     prefer_vector_width()
+    restrict_arrays()
     T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
@@ -283,6 +284,7 @@ def backward_mamba1(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
     """Mamba-1 backward, lanes layout. As :func:`backward_mamba2` with A (H,N) and dA_rows
     (S,H,P,N) float64; ``lanes``: rows walked side by side."""
     prefer_vector_width()
+    restrict_arrays()
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]

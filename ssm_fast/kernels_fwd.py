@@ -26,7 +26,7 @@ from numba import njit
 from .config import DRIVER
 from .mathf import exp_f32, softplus_f32
 from .pool import fetch_add
-from .simd import prefer_vector_width
+from .simd import prefer_vector_width, restrict_arrays
 
 ZERO = np.float32(0.0)
 
@@ -53,6 +53,7 @@ def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, y, states):
     ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task;
     ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry)."""
     prefer_vector_width()
+    restrict_arrays()
     T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
@@ -130,6 +131,7 @@ def forward_mamba1(counter, s, x, dt, A, B, C, ids, lanes, n_tasks, y, states):
     """Mamba-1 forward. Same arguments as :func:`forward_mamba2` with A (H,N); ``lanes``: rows
     (h, p) per task; ``n_tasks``: :func:`tasks_mamba1`."""
     prefer_vector_width()
+    restrict_arrays()
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]
