@@ -34,7 +34,7 @@ from ssm_ref import (
 )
 from ssm_ref._version import __version__
 
-from . import config, guard, pool, threads
+from . import compiling, config, guard, pool, threads
 from . import kernels_bwd as _kb
 from . import kernels_fwd as _kf
 
@@ -48,6 +48,7 @@ get_num_threads = threads.get_num_threads
 set_num_threads = threads.set_num_threads
 
 _F32 = np.float32
+compiling.install()
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
