@@ -41,9 +41,10 @@ def set_num_threads(n: int | None) -> None:
 
 def estimate_seconds(d, op: str) -> float:
     """The single-thread time of a call, estimated from its state updates S*T*H*P*N (T counted as
-    at least 1) and the measured cost of one update (config.SECONDS_PER_UPDATE)."""
-    cost = config.SECONDS_PER_UPDATE[("mamba1" if d.mamba1 else "mamba2", op)]
-    return cost * d.S * max(d.T, 1) * d.H * d.P * d.N
+    at least 1) and its state elements S*H*P*N, with the measured costs of config."""
+    key = ("mamba1" if d.mamba1 else "mamba2", op)
+    states = d.S * d.H * d.P * d.N
+    return config.SECONDS_PER_UPDATE[key] * states * max(d.T, 1) + config.SECONDS_PER_STATE[key] * states
 
 
 def count(d, op: str, n_tasks: int) -> int:
