@@ -4,10 +4,9 @@ On Intel server CPUs from Skylake-SP on (here: Emerald Rapids), LLVM's tuning pr
 vectors ("prefer-256-bit") even though AVX-512 is available, so numba's loops run 8 float32 lanes
 wide. The fix numba offers is process-wide (``NUMBA_CPU_FEATURES`` with ``-prefer-256-bit``),
 which would change every other numba function in the user's process. Instead, a kernel calls
-:func:`prefer_vector_width` at the top of its ``prange`` body; that tags the LLVM function
-holding the loops with ``"prefer-vector-width"="<config.VECTOR_BITS>"``, which LLVM's vectoriser
-reads per function. On a CPU without AVX-512 LLVM keeps the widest legal width, so the tag is
-harmless there.
+:func:`prefer_vector_width` at its top; that tags the LLVM function holding the loops with
+``"prefer-vector-width"="<config.VECTOR_BITS>"``, which LLVM's vectoriser reads per function.
+On a CPU without AVX-512 LLVM keeps the widest legal width, so the tag is harmless there.
 
 Measured (docs/FAST.md): 512-bit vectors make the Mamba-1 kernels (a vectorised exp per state)
 about 1.3-1.5x faster and the Mamba-2 kernels 1.1-1.2x.
@@ -27,8 +26,8 @@ __all__ = ["prefer_vector_width", "restrict_arrays"]
 @intrinsic
 def prefer_vector_width(typingctx):
     """Tag the calling LLVM function with config.VECTOR_BITS as its preferred vector width
-    (no-op when VECTOR_BITS is None). Call it inside the prange body: numba outlines that body
-    into its own function, which is the one whose loops get vectorised."""
+    (no-op when VECTOR_BITS is None). Call it in the function whose loops should use it (inside a
+    ``prange`` body: numba outlines that body into its own function, whose loops get vectorised)."""
     sig = types.void()
 
     def codegen(context, builder, signature, args):
