@@ -57,15 +57,21 @@ CHILD = textwrap.dedent(r"""
         pick = np.random.default_rng(6)
         while not stop.is_set():
             i = int(pick.integers(S))
-            # mostly valid rows (a call must see all S valid to pass the check), now and then out of range
-            ids[i] = (*valid[i] * 8, 10**12, -3)[int(pick.integers(18))]
+            if pick.integers(4) == 0:  # now and then out of range, for one switch to the caller
+                ids[i] = (10**12, -3)[int(pick.integers(2))]
+                time.sleep(0)
+            ids[i] = valid[i][int(pick.integers(2))]
             time.sleep(0)  # let the caller run between writes (and write while it is in numpy or a kernel)
 
     t = threading.Thread(target=writer)
     t.start()
-    ok = raised = mixed = 0
+    ok = raised = mixed = n = 0
+    deadline = time.monotonic() + 60
     try:
-        for n in range({calls}):
+        # at least {calls} calls, and on until both outcomes were seen (a call that raises is quick:
+        # many fit in one switch interval during which the ids hold an out-of-range value)
+        while n < {calls} or (min(ok, raised) < 5 and time.monotonic() < deadline):
+            n += 1
             try:
                 r = m.ssm_scan(**floats, ids=ids)
                 if n % 8 == 0:
