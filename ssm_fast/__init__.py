@@ -76,8 +76,12 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         n_tasks = _kf.tasks_mamba2(p.x, size)
         kernel = _kf.forward_mamba2
     counter = np.zeros(1, dtype=np.int64)
-    pool.run(kernel, (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, y, states),
-             threads.count(d, "fwd", n_tasks))
+    if d.mamba1:
+        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, y, states)
+    else:
+        direct = d.S * d.H * d.P * d.N * 4 <= config.DECODE_DIRECT_BYTES
+        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
+    pool.run(kernel, args, threads.count(d, "fwd", n_tasks))
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 

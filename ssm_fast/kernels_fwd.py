@@ -48,10 +48,12 @@ def tasks_mamba1(x, G, lanes):
 
 
 @njit(**DRIVER)
-def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, y, states):
+def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, direct, y, states):
     """Mamba-2 forward. s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,1), B/C (S,T,G,N),
     ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task;
-    ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry)."""
+    ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry);
+    ``direct``: with T = 1, update s into states directly (no scratch rows), a function of the
+    shape only (config.DECODE_DIRECT_BYTES)."""
     prefer_vector_width()
     restrict_arrays()
     T, H, P = x.shape[1], x.shape[2], x.shape[3]
@@ -69,6 +71,53 @@ def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, y, states):
         nr = min(rows, P - p0)
         g = h // hpg
         j = ids[i]
+        if T == 1 and direct:
+            # A decode step: each state is read once from s and written once to states, without
+            # the scratch rows and their allocations (the same arithmetic as the loop below).
+            d = softplus_f32(dt[i, 0, h])
+            a = exp_f32(d * A[h, 0])
+            q = 0
+            while q + 4 <= nr:
+                p = p0 + q
+                u0 = x[i, 0, h, p] * d
+                u1 = x[i, 0, h, p + 1] * d
+                u2 = x[i, 0, h, p + 2] * d
+                u3 = x[i, 0, h, p + 3] * d
+                y0 = ZERO
+                y1 = ZERO
+                y2 = ZERO
+                y3 = ZERO
+                for n in range(N):
+                    b = B[i, 0, g, n]
+                    c = C[i, 0, g, n]
+                    v0 = s[j, h, p, n] * a + b * u0
+                    v1 = s[j, h, p + 1, n] * a + b * u1
+                    v2 = s[j, h, p + 2, n] * a + b * u2
+                    v3 = s[j, h, p + 3, n] * a + b * u3
+                    states[i, h, p, n] = v0
+                    states[i, h, p + 1, n] = v1
+                    states[i, h, p + 2, n] = v2
+                    states[i, h, p + 3, n] = v3
+                    y0 += v0 * c
+                    y1 += v1 * c
+                    y2 += v2 * c
+                    y3 += v3 * c
+                y[i, 0, h, p] = y0
+                y[i, 0, h, p + 1] = y1
+                y[i, 0, h, p + 2] = y2
+                y[i, 0, h, p + 3] = y3
+                q += 4
+            while q < nr:
+                p = p0 + q
+                u0 = x[i, 0, h, p] * d
+                y0 = ZERO
+                for n in range(N):
+                    v0 = s[j, h, p, n] * a + B[i, 0, g, n] * u0
+                    states[i, h, p, n] = v0
+                    y0 += v0 * C[i, 0, g, n]
+                y[i, 0, h, p] = y0
+                q += 1
+            continue
         st = np.empty((nr, N), dtype=np.float32)            # state rows p0 .. p0+nr-1
         for q in range(nr):
             for n in range(N):

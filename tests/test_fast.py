@@ -461,3 +461,13 @@ def test_numba_disable_jit_falls_back_to_the_reference_visibly():
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["ssm_ref", "ssm_ref", True]
     assert out.stderr.count("NUMBA_DISABLE_JIT is set") == 1, out.stderr
+
+
+@pytest.mark.parametrize("direct_bytes", [0, 1 << 40], ids=["scratch rows", "direct"])
+def test_decode_step_both_paths(direct_bytes, monkeypatch):
+    """T = 1 (Mamba-2) takes the direct path up to config.DECODE_DIRECT_BYTES of states, else the
+    scratch-row path; both agree with the reference (partial row blocks and duplicate ids too)."""
+    monkeypatch.setattr(ssm_fast.config, "DECODE_DIRECT_BYTES", direct_bytes)
+    rng = np.random.default_rng(7)
+    for dims in (dict(S=3, T=1, H=4, P=37, N=33, G=2, R=4, ids=[3, 0, 3]), dict(S=1, T=1, H=2, P=64, N=128, G=1)):
+        check_against_reference(*make_problem(rng, **dims))
