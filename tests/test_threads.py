@@ -354,8 +354,12 @@ FAST_FORK = textwrap.dedent(r"""
     pid = os.fork()
     if pid == 0:
         signal.alarm(120)
-        g = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
-        same = all(np.array_equal(getattr(g, k), getattr(want, k)) for k in ssm_ref.GRAD_NAMES)
+        same = True
+        for _ in range(200):  # until a helper took part (a small call may be done before one wakes)
+            g = ssm_fast.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+            same = same and all(np.array_equal(getattr(g, k), getattr(want, k)) for k in ssm_ref.GRAD_NAMES)
+            if ssm_fast.pool.helper_runs():
+                break
         os.write(w, json.dumps(dict(backend=g.backend, same=bool(same), helpers=ssm_fast.pool.helper_runs())).encode())
         os._exit(0)
     os.close(w)
