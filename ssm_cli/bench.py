@@ -3,7 +3,9 @@ throughput; the float32 FLOP floor where the machine's peak is known; optionally
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 
 from . import backends as bk
@@ -162,6 +164,28 @@ def _peak(b: bk.Backend, row: dict, hw: dict) -> float | None:
     return hw["cpu_peak_flops"]
 
 
+def load() -> dict:
+    """The machine's 1-minute load average and its cores (None where the OS does not say)."""
+    try:
+        avg = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        avg = None
+    return {"loadavg_1min": avg, "cores": os.cpu_count()}
+
+
+def busy(before: dict, after: dict) -> str | None:
+    """Why the times are not those of an idle machine, or None: other work was running (a load
+    average of half the cores before the run), or more than the benchmark's own (after it)."""
+    cores = before["cores"] or 1
+    a, b = before["loadavg_1min"], after["loadavg_1min"]
+    if a is None or b is None:
+        return None
+    if a >= 0.5 * cores or b >= 1.5 * cores:
+        return (f"the machine was busy (load average {a:.2f} before, {b:.2f} after, {cores} cores): other "
+                "processes shared the cores, so the times are slower and noisier than on an idle machine")
+    return None
+
+
 def run(args) -> int:
     shapes = parse_shapes(args.shape)
     sweep = parse_sweep(args.sweep)
@@ -203,6 +227,7 @@ def run(args) -> int:
     if not plan:
         raise common.UsageError("nothing to measure: " + "; ".join(f"{s['backend']} on {s['shape']}: {s['reason']}"
                                                                      for s in report["skipped"]))
+    load_before = load()
     prog = Progress(len(plan) * len(ops), args.verbose)
     inputs_for = None
     try:
@@ -226,7 +251,11 @@ def run(args) -> int:
                 prog.update(f"{b.name} {_point(shape, sweep)} {op}", advance=1)
     finally:
         prog.close()
+    report["load"] = {"before": load_before, "after": load()}
+    report["load"]["busy"] = busy(load_before, report["load"]["after"])
     common.say(args, render(report))
+    if report["load"]["busy"]:
+        print(f"ssm-scan bench: warning: {report['load']['busy']}", file=sys.stderr)
     common.write_json(args, report)
     if args.plot:
         from . import plot
@@ -271,4 +300,9 @@ def render(rep: dict) -> str:
                f"({rep['flops_per_update']['fwd']} per update fwd, {rep['flops_per_update']['bwd']} bwd)")
     for s in rep["skipped"]:
         out.append(f"skipped {s['backend']} on {s['shape']}: {s['reason']}")
+    ld = rep.get("load")
+    if ld and ld["before"]["loadavg_1min"] is not None:
+        out.append(f"load: 1-minute load average {ld['before']['loadavg_1min']:.2f} before, "
+                   f"{ld['after']['loadavg_1min']:.2f} after, {ld['before']['cores']} cores"
+                   + (" (busy: see the warning)" if ld["busy"] else " (idle)"))
     return "\n".join(out)

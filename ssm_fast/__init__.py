@@ -34,16 +34,21 @@ from ssm_ref import (
 )
 from ssm_ref._version import __version__
 
-from . import config, guard
-from .kernels_bwd import backward_mamba1, backward_mamba2, finish
-from .kernels_fwd import forward_mamba1, forward_mamba2
+from . import compiling, config, guard, pool, threads
+from . import kernels_bwd as _kb
+from . import kernels_fwd as _kf
 
 NAME = "ssm_fast"
 WHERE = "CPU"
 
-__all__ = ["NAME", "__version__", "ssm_scan", "ssm_scan_back", "supports", "warmup"]
+__all__ = ["NAME", "__version__", "get_num_threads", "set_num_threads", "ssm_scan", "ssm_scan_back", "supports",
+           "warmup"]
+
+get_num_threads = threads.get_num_threads
+set_num_threads = threads.set_num_threads
 
 _F32 = np.float32
+compiling.install()
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
@@ -62,11 +67,21 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     d = p.dims
     y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
     states = np.empty((d.S, d.H, d.P, d.N), dtype=_F32)
-    with guard.launching():
-        if d.mamba1:
-            forward_mamba1(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.LANES, y, states)
-        else:
-            forward_mamba2(p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, config.ROWS_FWD, y, states)
+    if d.mamba1:
+        size = config.LANES
+        n_tasks = _kf.tasks_mamba1(p.x, d.G, size)
+        kernel = _kf.forward_mamba1
+    else:
+        size = config.ROWS_FWD
+        n_tasks = _kf.tasks_mamba2(p.x, size)
+        kernel = _kf.forward_mamba2
+    counter = np.zeros(1, dtype=np.int64)
+    if d.mamba1:
+        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, y, states)
+    else:
+        direct = d.S * d.H * d.P * d.N * 4 <= config.DECODE_DIRECT_BYTES
+        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
+    pool.run(kernel, args, threads.count(d, "fwd", n_tasks))
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 
@@ -140,12 +155,15 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     d_dt = np.empty((S, T, H), dtype=_F32)
     d_A = np.empty(p.A.shape, dtype=_F32)
     d_s = np.empty((d.R, H, P, N), dtype=_F32)
-    with guard.launching():
-        if d.mamba1:
-            backward_mamba1(*args, lanes, *outs)
-        else:
-            backward_mamba2(*args, *outs)
-        finish(p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    n_tasks = S * G * chunks
+    n = threads.count(d, "bwd", n_tasks)
+    counter = np.zeros(2, dtype=np.int64)                    # the backward's tasks, finish's tasks
+    if d.mamba1:
+        pool.run(_kb.backward_mamba1, (counter[:1], *args, lanes, n_tasks, *outs), n)
+    else:
+        pool.run(_kb.backward_mamba2, (counter[:1], *args, n_tasks, *outs), n)
+    fin = (counter[1:], p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    pool.run(_kb.finish, fin, min(n, _kb.tasks_finish(dd, d_A, d_s)))
     return ScanGrads(d_s=d_s, d_s0=d_s0, d_x=d_x, d_dt=d_dt,
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
@@ -158,7 +176,10 @@ def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
 
 
 def warmup() -> None:
-    """Compile (or load from numba's cache) every kernel, on tiny inputs of both variants."""
+    """Compile (or load from numba's on-disk cache) every kernel, on tiny inputs of both variants.
+
+    The first call that needs a kernel compiles it anyway (a one-line message on stderr says so
+    when that happens); warmup does all of it up front, e.g. when a server starts."""
     rng = np.random.default_rng(0)
     S, T, H, P, N, G = 1, 2, 2, 2, 3, 1
     for a_shape in ((H,), (H, N)):

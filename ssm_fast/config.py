@@ -20,8 +20,11 @@ Numerics of the flags:
 
 from __future__ import annotations
 
-# Options for the parallel kernels (kernels_fwd, kernels_bwd).
-KERNEL = dict(parallel=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+# Options for the kernels (kernels_fwd, kernels_bwd). Each kernel is a task function (TASK: the
+# arithmetic of one task of the fixed partition) and a driver (DRIVER) that runs tasks until none
+# are left, on every thread that runs it (pool.py); the driver releases the GIL.
+TASK = dict(cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
+DRIVER = dict(TASK, nogil=True)
 
 # Options for the serial helpers that the kernels call (mathf): no reassociation.
 MATH = dict(cache=True, fastmath={"contract"}, error_model="numpy")
@@ -52,3 +55,29 @@ TASKS_BWD = 16
 # segment is recomputed once, a longer one twice (checkpoints, then segment by segment).
 SEGMENT_BYTES = 1024 * 1024
 SEGMENT_MIN = 8
+
+# Mamba-2 decode steps (T = 1) whose states (S*H*P*N float32) take at most DECODE_DIRECT_BYTES
+# update s into the output states directly, without scratch rows: measured 1.4-1.7x faster up to
+# 3 MB of states, but 1.6x slower at 12.6 MB (S = 16, H = 24, two threads), cause not found. A
+# function of the shape only, so the bits never depend on the thread count.
+DECODE_DIRECT_BYTES = 8 * 1024 * 1024
+
+# Small calls run on the calling thread (threads.count): those whose estimated single-thread time
+# is below SERIAL_BELOW_S seconds. The estimate is (state updates S*T*H*P*N) * SECONDS_PER_UPDATE +
+# (state elements S*H*P*N) * SECONDS_PER_STATE -- a decode step (T = 1) is bound by reading and
+# writing the states. Fitted to single-thread times on a 2-core AMD EPYC (Zen 3) VM; the threshold
+# is where two threads stopped losing to one with two other busy processes on the cores
+# (docs/results/cpu-contention.md). The choice never changes the results.
+SERIAL_BELOW_S = 1.5e-3
+SECONDS_PER_UPDATE = {
+    ("mamba2", "fwd"): 0.12e-9,
+    ("mamba2", "bwd"): 0.55e-9,
+    ("mamba1", "fwd"): 1.8e-9,
+    ("mamba1", "bwd"): 3.2e-9,
+}
+SECONDS_PER_STATE = {
+    ("mamba2", "fwd"): 1.0e-9,
+    ("mamba2", "bwd"): 2.5e-9,
+    ("mamba1", "fwd"): 1.0e-9,
+    ("mamba1", "bwd"): 2.5e-9,
+}

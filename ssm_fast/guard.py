@@ -1,76 +1,29 @@
-"""How ssm_fast's parallel kernels meet Python threads and fork (docs/RELIABILITY.md, "Threads").
+"""When ssm_fast cannot run its kernels in this process, and says why.
 
-numba runs ``parallel=True`` kernels on a threading layer it picks at the first parallel launch
-(``NUMBA_THREADING_LAYER`` may choose it):
+With ``NUMBA_DISABLE_JIT=1`` numba runs jitted functions as plain Python, and the kernels' LLVM
+intrinsics (simd.task_function, pool.fetch_add) cannot run that way; a pure-Python scan would
+also take minutes per call. :func:`unusable` then gives the reason, and ssm_fast's public
+functions compute with ssm_ref instead (logged once on the ``ssm_fast`` logger; the result says
+``backend == "ssm_ref"``).
 
-- ``workqueue`` aborts the whole process when two Python threads launch parallel kernels at the
-  same time; ``omp`` and ``tbb`` are thread-safe. :func:`launching` therefore serialises launches
-  unless the active layer is a thread-safe one (the first launch, which picks the layer, included).
-- GNU OpenMP is not fork-safe: in a process forked after its ``omp`` layer started, numba
-  terminates the process at the first parallel launch. :func:`unusable` says so in such a child,
-  and ssm_fast's public functions then compute with ssm_ref instead (logged once; the result says
-  ``backend == "ssm_ref"``). Use the ``spawn`` start method, or ``tbb`` / ``workqueue``, to keep
-  the kernels in child processes.
+Threads and fork need no guard: the kernels do not use numba's threading layer (pool.py), the
+helper threads are started again in a forked child, and each call has its own task counter.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 
 import numba
 
-__all__ = ["THREAD_SAFE_LAYERS", "launching", "unusable"]
-
-THREAD_SAFE_LAYERS = frozenset({"omp", "tbb"})
+__all__ = ["log", "unusable"]
 
 log = logging.getLogger("ssm_fast")
-_lock = threading.Lock()
-_thread_safe = False
-_forked_after_gnu_omp = False
-
-
-def _layer() -> str | None:
-    """The threading layer numba uses in this process; None before the first parallel launch."""
-    try:
-        return numba.threading_layer()
-    except ValueError:
-        return None
-
-
-def launching():
-    """The context one kernel launch runs in: the process-wide lock, unless the active threading
-    layer is known to be thread-safe."""
-    global _thread_safe
-    if not _thread_safe and _layer() in THREAD_SAFE_LAYERS:
-        _thread_safe = True
-    return contextlib.nullcontext() if _thread_safe else _lock
 
 
 def unusable() -> str:
     """Why this process must not launch ssm_fast's kernels, or "" when it may."""
-    if _forked_after_gnu_omp:
-        return ("this process was forked after numba's OpenMP layer (GNU OpenMP, not fork-safe) started in its "
-                "parent; a parallel kernel would terminate it")
+    if numba.config.DISABLE_JIT:
+        return ("NUMBA_DISABLE_JIT is set: numba runs the kernels as pure Python, which cannot run "
+                "their LLVM intrinsics (and would take minutes per call)")
     return ""
-
-
-def _gnu_omp_started() -> bool:
-    if _layer() != "omp":
-        return False
-    try:
-        from numba.np.ufunc import omppool
-    except ImportError:
-        return True  # cannot tell the vendor: assume the unsafe one
-    return getattr(omppool, "openmp_vendor", "GNU") == "GNU"
-
-
-def _after_fork_in_child() -> None:
-    global _lock, _forked_after_gnu_omp
-    _lock = threading.Lock()  # a parent thread may have held it at the fork
-    _forked_after_gnu_omp = _gnu_omp_started()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

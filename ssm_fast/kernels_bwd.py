@@ -37,36 +37,97 @@ vectorising the loops over n inside it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .config import KERNEL
+from .config import DRIVER, TASK
 from .mathf import exp_f32, sigmoid_f32, softplus_f32
-from .simd import prefer_vector_width
+from .pool import fetch_add
+from .simd import prefer_vector_width, restrict_arrays
 
 ZERO = np.float32(0.0)
 F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
-@njit(**KERNEL)
-def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
-                    d_s0, d_x, dd, dA_rows, part_B, part_C):
-    """Mamba-2 backward, rows layout. Inputs as the forward plus g_y (S,T,H,P), g_states (S,H,P,N).
-    Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and adds into
-    part_B / part_C (S, chunks, T, G, N), which must be zero on entry.
+@njit(**TASK)
+def _finish_token(it, dt, dd, part_B, part_C, d_dt, d_B, d_C):
+    """finish's work for token it = i*T + t: d_dt[i, t, :] and, with several chunks, d_B / d_C."""
+    prefer_vector_width()
+    T, H, P = dd.shape[1], dd.shape[2], dd.shape[3]
+    chunks = part_B.shape[1]
+    G = d_B.shape[2]
+    N = d_B.shape[3]
+    i = it // T
+    t = it % T
+    dd_h = np.zeros(H, dtype=np.float64)                 # sum over p, then one loop over h
+    for h in range(H):                                   # that vectorises the sigmoid
+        for p in range(P):
+            dd_h[h] += dd[i, t, h, p]
+    for h in range(H):
+        d_dt[i, t, h] = np.float32(dd_h[h]) * sigmoid_f32(dt[i, t, h])
+    if chunks > 1:
+        for g in range(G):
+            for n in range(N):
+                d_B[i, t, g, n] = part_B[i, 0, t, g, n]
+                d_C[i, t, g, n] = part_C[i, 0, t, g, n]
+            for c in range(1, chunks):
+                for n in range(N):
+                    d_B[i, t, g, n] += part_B[i, c, t, g, n]
+                    d_C[i, t, g, n] += part_C[i, c, t, g, n]
 
-    A task walks its rows in order, two channels (p, p+1) of a head at a time where the chunk
-    has them (else one): the pair shares the decay, B[t], C[t] and one update of the slab rows,
-    part_C[t] += g_y[p] st_t[p] + g_y[p+1] st_t[p+1] (and likewise part_B), which measured
-    20-30% faster than one row at a time.
-    """
-    S, T, H, P = x.shape
+
+@njit(**TASK)
+def _finish_head(h, dA_rows, d_A):
+    """finish's work for head h: d_A[h, :] = sum over (i, p) of dA_rows, in float64."""
+    prefer_vector_width()
+    S, P, K = dA_rows.shape[0], dA_rows.shape[2], dA_rows.shape[3]
+    for n in range(K):
+        acc = 0.0
+        for i in range(S):
+            for p in range(P):
+                acc += dA_rows[i, h, p, n]
+        d_A[h, n] = np.float32(acc)
+
+
+@njit(**TASK)
+def _finish_row(r, ids, d_s0, d_s):
+    """finish's work for cache row r: 0 + the d_s0[i] with ids[i] == r, i ascending."""
+    prefer_vector_width()
+    S, H, P, N = d_s0.shape
+    for h in range(H):
+        for p in range(P):
+            for n in range(N):
+                d_s[r, h, p, n] = ZERO
+    for i in range(S):
+        if ids[i] == r:
+            for h in range(H):
+                for p in range(P):
+                    for n in range(N):
+                        d_s[r, h, p, n] += d_s0[i, h, p, n]
+
+
+# Each kernel is a driver (pool.py): every thread that runs it takes task numbers from ``counter``
+# (a (1,) int64 array, 0 on entry) until none are left, so one compiled function serves one thread
+# and many alike. n_tasks: S * G * chunks.
+
+
+@njit(**DRIVER)
+def backward_mamba2(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, n_tasks,
+                    d_s0, d_x, dd, dA_rows, part_B, part_C):
+    """Mamba-2 backward, rows layout. Inputs as the forward plus g_y (S,T,H,P), g_states
+    (S,H,P,N). Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and
+    adds into part_B / part_C (S, chunks, T, G, N), which must be zero on entry."""
+    prefer_vector_width()
+    restrict_arrays()
+    T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
     hpg = H // G
     RG = hpg * P
     nseg = (T + seg - 1) // seg
-    for task in prange(S * G * chunks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (G * chunks)
         g = (task // chunks) % G
         c = task % chunks
@@ -217,12 +278,13 @@ def backward_mamba2(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                 dA_rows[i, h, p + 1, 0] = dA1
             r += nr
 
-
-@njit(**KERNEL)
-def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
+@njit(**DRIVER)
+def backward_mamba1(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes, n_tasks,
                     d_s0, d_x, dd, dA_rows, part_B, part_C):
     """Mamba-1 backward, lanes layout. As :func:`backward_mamba2` with A (H,N) and dA_rows
     (S,H,P,N) float64; ``lanes``: rows walked side by side."""
+    prefer_vector_width()
+    restrict_arrays()
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]
@@ -233,8 +295,10 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
     gy2 = g_y.reshape(S, T, H * P)
     dx2 = d_x.reshape(S, T, H * P)
     dd2 = dd.reshape(S, T, H * P)
-    for task in prange(S * G * chunks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (G * chunks)
         g = (task // chunks) % G
         c = task % chunks
@@ -338,10 +402,15 @@ def backward_mamba1(s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes,
                     dA_rows[i, h, p, n] = dA1[n, l]
             r0 += nl
 
+def tasks_finish(dd, d_A, d_s) -> int:
+    """Tasks of :func:`finish`: one per token (S*T), per head (H), per cache row (R)."""
+    return dd.shape[0] * dd.shape[1] + d_A.shape[0] + d_s.shape[0]
 
-@njit(**KERNEL)
-def finish(dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s):
-    """The fixed-order reductions after the backward kernels:
+
+@njit(**DRIVER)
+def finish(counter, dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s):
+    """The fixed-order reductions after the backward kernels, one task per token, head and cache
+    row (every sum runs inside one task, in a fixed order):
 
     * d_dt[i,t,h] = (sum over p of dd, in float64) * softplus'(dt);
     * d_B / d_C = sum over chunks c = 0, 1, ... of the slabs (skipped with one chunk, where the
@@ -350,46 +419,16 @@ def finish(dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
     * d_s (R,H,P,N): row r = 0 + sum of d_s0[i] over the i with ids[i] == r, i ascending -- the
       same additions in the same order as ssm_ref.scatter_rows, hence the same bits.
     """
-    S, T, H, P = dd.shape
-    chunks = part_B.shape[1]
-    G = d_B.shape[2]
-    N = d_B.shape[3]
-    for it in prange(S * T):
-        prefer_vector_width()
-        i = it // T
-        t = it % T
-        dd_h = np.zeros(H, dtype=np.float64)                 # sum over p, then one loop over h
-        for h in range(H):                                   # that vectorises the sigmoid
-            for p in range(P):
-                dd_h[h] += dd[i, t, h, p]
-        for h in range(H):
-            d_dt[i, t, h] = np.float32(dd_h[h]) * sigmoid_f32(dt[i, t, h])
-        if chunks > 1:
-            for g in range(G):
-                for n in range(N):
-                    d_B[i, t, g, n] = part_B[i, 0, t, g, n]
-                    d_C[i, t, g, n] = part_C[i, 0, t, g, n]
-                for c in range(1, chunks):
-                    for n in range(N):
-                        d_B[i, t, g, n] += part_B[i, c, t, g, n]
-                        d_C[i, t, g, n] += part_C[i, c, t, g, n]
-    K = d_A.shape[1]
-    for h in prange(H):
-        for n in range(K):
-            acc = 0.0
-            for i in range(S):
-                for p in range(P):
-                    acc += dA_rows[i, h, p, n]
-            d_A[h, n] = np.float32(acc)
-    R = d_s.shape[0]
-    for r in prange(R):
-        for h in range(H):
-            for p in range(P):
-                for n in range(N):
-                    d_s[r, h, p, n] = ZERO
-        for i in range(S):
-            if ids[i] == r:
-                for h in range(H):
-                    for p in range(P):
-                        for n in range(N):
-                            d_s[r, h, p, n] += d_s0[i, h, p, n]
+    n_tok = dd.shape[0] * dd.shape[1]
+    n_head = d_A.shape[0]
+    n_tasks = n_tok + n_head + d_s.shape[0]
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
+        if task < n_tok:
+            _finish_token(task, dt, dd, part_B, part_C, d_dt, d_B, d_C)
+        elif task < n_tok + n_head:
+            _finish_head(task - n_tok, dA_rows, d_A)
+        else:
+            _finish_row(task - n_tok - n_head, ids, d_s0, d_s)

@@ -21,32 +21,103 @@ not depend on the thread count or on which thread runs which task.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .config import KERNEL
+from .config import DRIVER
 from .mathf import exp_f32, softplus_f32
-from .simd import prefer_vector_width
+from .pool import fetch_add
+from .simd import prefer_vector_width, restrict_arrays
 
 ZERO = np.float32(0.0)
 
 
-@njit(**KERNEL)
-def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
+def tasks_mamba2(x, rows):
+    """Tasks of :func:`forward_mamba2`: (sequence, head, block of ``rows`` channels)."""
+    S, H, P = x.shape[0], x.shape[2], x.shape[3]
+    return S * H * ((P + rows - 1) // rows)
+
+
+def tasks_mamba1(x, G, lanes):
+    """Tasks of :func:`forward_mamba1`: (sequence, group, block of ``lanes`` rows)."""
+    S, H, P = x.shape[0], x.shape[2], x.shape[3]
+    return S * G * ((H // G * P + lanes - 1) // lanes)
+
+
+# Each kernel is a driver (pool.py): every thread that runs it takes task numbers from ``counter``
+# until none are left, so one compiled function serves one thread and many alike.
+
+
+@njit(**DRIVER)
+def forward_mamba2(counter, s, x, dt, A, B, C, ids, rows, n_tasks, direct, y, states):
     """Mamba-2 forward. s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,1), B/C (S,T,G,N),
-    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task."""
-    S, T, H, P = x.shape
+    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task;
+    ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry);
+    ``direct``: with T = 1, update s into states directly (no scratch rows), a function of the
+    shape only (config.DECODE_DIRECT_BYTES)."""
+    prefer_vector_width()
+    restrict_arrays()
+    T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
     hpg = H // G
     blocks = (P + rows - 1) // rows
-    for task in prange(S * H * blocks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (H * blocks)
         h = (task // blocks) % H
         p0 = (task % blocks) * rows
         nr = min(rows, P - p0)
         g = h // hpg
         j = ids[i]
+        if T == 1 and direct:
+            # A decode step: each state is read once from s and written once to states, without
+            # the scratch rows and their allocations (the same arithmetic as the loop below).
+            d = softplus_f32(dt[i, 0, h])
+            a = exp_f32(d * A[h, 0])
+            q = 0
+            while q + 4 <= nr:
+                p = p0 + q
+                u0 = x[i, 0, h, p] * d
+                u1 = x[i, 0, h, p + 1] * d
+                u2 = x[i, 0, h, p + 2] * d
+                u3 = x[i, 0, h, p + 3] * d
+                y0 = ZERO
+                y1 = ZERO
+                y2 = ZERO
+                y3 = ZERO
+                for n in range(N):
+                    b = B[i, 0, g, n]
+                    c = C[i, 0, g, n]
+                    v0 = s[j, h, p, n] * a + b * u0
+                    v1 = s[j, h, p + 1, n] * a + b * u1
+                    v2 = s[j, h, p + 2, n] * a + b * u2
+                    v3 = s[j, h, p + 3, n] * a + b * u3
+                    states[i, h, p, n] = v0
+                    states[i, h, p + 1, n] = v1
+                    states[i, h, p + 2, n] = v2
+                    states[i, h, p + 3, n] = v3
+                    y0 += v0 * c
+                    y1 += v1 * c
+                    y2 += v2 * c
+                    y3 += v3 * c
+                y[i, 0, h, p] = y0
+                y[i, 0, h, p + 1] = y1
+                y[i, 0, h, p + 2] = y2
+                y[i, 0, h, p + 3] = y3
+                q += 4
+            while q < nr:
+                p = p0 + q
+                u0 = x[i, 0, h, p] * d
+                y0 = ZERO
+                for n in range(N):
+                    v0 = s[j, h, p, n] * a + B[i, 0, g, n] * u0
+                    states[i, h, p, n] = v0
+                    y0 += v0 * C[i, 0, g, n]
+                y[i, 0, h, p] = y0
+                q += 1
+            continue
         st = np.empty((nr, N), dtype=np.float32)            # state rows p0 .. p0+nr-1
         for q in range(nr):
             for n in range(N):
@@ -104,11 +175,12 @@ def forward_mamba2(s, x, dt, A, B, C, ids, rows, y, states):
             for n in range(N):
                 states[i, h, p0 + q, n] = st[q, n]
 
-
-@njit(**KERNEL)
-def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
+@njit(**DRIVER)
+def forward_mamba1(counter, s, x, dt, A, B, C, ids, lanes, n_tasks, y, states):
     """Mamba-1 forward. Same arguments as :func:`forward_mamba2` with A (H,N); ``lanes``: rows
-    (h, p) per task."""
+    (h, p) per task; ``n_tasks``: :func:`tasks_mamba1`."""
+    prefer_vector_width()
+    restrict_arrays()
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]
@@ -117,8 +189,10 @@ def forward_mamba1(s, x, dt, A, B, C, ids, lanes, y, states):
     blocks = (RG + lanes - 1) // lanes
     x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
     y2 = y.reshape(S, T, H * P)
-    for task in prange(S * G * blocks):
-        prefer_vector_width()
+    while True:
+        task = fetch_add(counter, 1)
+        if task >= n_tasks:
+            break
         i = task // (G * blocks)
         g = (task // blocks) % G
         r0 = g * RG + (task % blocks) * lanes                # first row of this task

@@ -184,8 +184,13 @@ def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None
 
 
 def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
-    """The caller's ids, checked (None stays None: arange(S) is made by _finish_ids, after the
-    host memory check -- S itself may be huge)."""
+    """A private copy of the caller's ids, checked (None stays None: arange(S) is made by
+    _finish_ids, after the host memory check -- S itself may be huge).
+
+    The S integers are copied before they are checked, and only the copy is used afterwards: the
+    kernels index ``s[ids[i]]`` without a bounds check, so ids that another thread changes during
+    the call must not reach them (a value written after the check would read or write outside
+    ``s``). The copy is int64 and C-contiguous, owned by the call."""
     if ids is None:
         if S > R:
             raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
@@ -201,16 +206,21 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
     if arr.shape != (S,):
         _expect_shape("ids", arr, "(S,)", (S,))
+    # One read of the caller's memory: a copy in the caller's dtype (a uint64 above 2**63 must not
+    # wrap before the range check), then the checks and the int64 conversion of that copy.
+    own = np.array(arr, copy=True, order="C")
     if S:
         if S <= 64:  # two numpy reductions cost more than the Python ints of a short array
-            values = arr.tolist()
+            values = own.tolist()
             lo, hi = min(values), max(values)
         else:
-            lo, hi = int(arr.min()), int(arr.max())
+            lo, hi = int(own.min()), int(own.max())
         if lo < 0 or hi >= R:
             bad = lo if lo < 0 else hi
             raise ValueError(f"ids: every id must be in [0, R) = [0, {R}) (R = rows of s), got {bad}")
-    return arr
+    out = own if own.dtype == _I64 else own.astype(np.int64)
+    out.setflags(write=False)
+    return out
 
 
 _I64 = np.dtype(np.int64)
@@ -220,24 +230,20 @@ _ARANGE: dict[int, np.ndarray] = {}   # S -> arange(S), read-only: the ids of ca
 
 
 def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
-    if type(ids) is np.ndarray and ids.dtype == _I64 and ids.flags.c_contiguous:
-        out = ids.view()  # what _finish makes of it, without the conversion machinery
-        out.setflags(write=False)  # (cheaper than out.flags.writeable = False)
-        return out
-    if ids is None:
-        if S > 4096:
-            return _finish(np.arange(S, dtype=np.int64), _I64)
-        out = _ARANGE.get(S)
-        if out is None:
-            # Made once per S: no one holds a writable reference to it (it owns its memory and is
-            # only handed out read-only), so every Problem may share it.
-            out = np.arange(S, dtype=np.int64)
-            out.setflags(write=False)
-            if len(_ARANGE) >= 64:
-                _ARANGE.clear()
-            _ARANGE[S] = out
-        return out
-    return _finish(ids.astype(np.int64, copy=False), _I64)
+    if ids is not None:
+        return ids  # _check_ids's private, read-only int64 copy
+    if S > 4096:
+        return _finish(np.arange(S, dtype=np.int64), _I64)
+    out = _ARANGE.get(S)
+    if out is None:
+        # Made once per S: no one holds a writable reference to it (it owns its memory and is
+        # only handed out read-only), so every Problem may share it.
+        out = np.arange(S, dtype=np.int64)
+        out.setflags(write=False)
+        if len(_ARANGE) >= 64:
+            _ARANGE.clear()
+        _ARANGE[S] = out
+    return out
 
 
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:

@@ -308,16 +308,18 @@ DETERMINISM_SHAPES = [
 
 def _digests_here() -> list[str]:
     """Digests of every DETERMINISM_SHAPES case, with the configured segments and again with
-    8-token segments (checkpoints everywhere)."""
+    8-token segments (checkpoints everywhere), each with the configured small-call threshold and
+    with none (every call of more than one task on all threads)."""
     out = []
-    saved = ssm_fast.config.SEGMENT_BYTES
+    saved = ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S
     try:
-        for seg_bytes in (saved, 64):
-            ssm_fast.config.SEGMENT_BYTES = seg_bytes
-            for k, dims in enumerate(DETERMINISM_SHAPES):
-                out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
+        for seg_bytes in (saved[0], 64):
+            for below in (saved[1], 0.0):
+                ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S = seg_bytes, below
+                for k, dims in enumerate(DETERMINISM_SHAPES):
+                    out.append(_digest(*make_problem(np.random.default_rng(100 + k), **dims)))
     finally:
-        ssm_fast.config.SEGMENT_BYTES = saved
+        ssm_fast.config.SEGMENT_BYTES, ssm_fast.config.SERIAL_BELOW_S = saved
     return out
 
 
@@ -441,3 +443,31 @@ def test_d_s_is_the_reference_scatter_bit_for_bit():
     g = ssm_fast.ssm_scan_back(**p, g_y=g_y, g_states=g_states)
     np.testing.assert_array_equal(g.d_s, ssm_ref.scatter_rows(g.d_s0, np.asarray(p["ids"]), 6))
     assert not g.d_s[[0, 2, 3, 4]].any()
+
+
+def test_numba_disable_jit_falls_back_to_the_reference_visibly():
+    """NUMBA_DISABLE_JIT=1: ssm_fast (and ssm_vk's CPU fallback through it) compute with ssm_ref,
+    log why once, and say so in ``backend``."""
+    code = ("import json, logging, numpy as np, tests.test_fast as t, ssm_fast, ssm_ref\n"
+            "logging.basicConfig(level=logging.WARNING)\n"
+            "p, gy, gs = t.make_problem(np.random.default_rng(1), S=2, T=5, H=2, P=3, N=4, G=1)\n"
+            "r, g = ssm_fast.ssm_scan(**p), ssm_fast.ssm_scan_back(**p, g_y=gy, g_states=gs)\n"
+            "r0, g0 = ssm_ref.ssm_scan(**p), ssm_ref.ssm_scan_back(**p, g_y=gy, g_states=gs)\n"
+            "same = np.array_equal(r.y, r0.y) and all(np.array_equal(getattr(g, k), getattr(g0, k)) "
+            "for k in ssm_ref.GRAD_NAMES)\n"
+            "print(json.dumps([r.backend, g.backend, bool(same)]))\n")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["ssm_ref", "ssm_ref", True]
+    assert out.stderr.count("NUMBA_DISABLE_JIT is set") == 1, out.stderr
+
+
+@pytest.mark.parametrize("direct_bytes", [0, 1 << 40], ids=["scratch rows", "direct"])
+def test_decode_step_both_paths(direct_bytes, monkeypatch):
+    """T = 1 (Mamba-2) takes the direct path up to config.DECODE_DIRECT_BYTES of states, else the
+    scratch-row path; both agree with the reference (partial row blocks and duplicate ids too)."""
+    monkeypatch.setattr(ssm_fast.config, "DECODE_DIRECT_BYTES", direct_bytes)
+    rng = np.random.default_rng(7)
+    for dims in (dict(S=3, T=1, H=4, P=37, N=33, G=2, R=4, ids=[3, 0, 3]), dict(S=1, T=1, H=2, P=64, N=128, G=1)):
+        check_against_reference(*make_problem(rng, **dims))
