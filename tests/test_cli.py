@@ -100,7 +100,8 @@ def test_check_quick_passes_on_every_available_backend(tmp_path):
     out = tmp_path / "check.json"
     p = ssm_scan("check", "--quick", "--json", out)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stderr == ""
+    # nothing on stderr but, when ssm_fast's kernels were not compiled yet, its one-line note
+    assert [line for line in p.stderr.splitlines() if not line.startswith("compiling ssm_fast kernels")] == []
     assert "oracle: ssm_ref float64 gradients vs 4th-order finite differences" in p.stdout
     assert p.stdout.rstrip().endswith("check: PASS")
     rep = json.loads(out.read_text())
