@@ -212,7 +212,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, g_y, g_states):
     s, x, dt, A, B, C, ids = ctx.saved_tensors
     S, T, H, P = x.shape
-    if g_y is None:  # autograd passes None for an output the loss does not use
+    # autograd hands zeros for an output the loss does not use (materialized grads); None is
+    # handled the same way should that ever change
+    if g_y is None:
         g_y = x.new_zeros((S, T, H, P))
     if g_states is None:
         g_states = s.new_zeros((S, H, P, s.shape[3]))

@@ -179,6 +179,8 @@ def _segments(seq_idx, batch: int, L: int):
     if tuple(seq_idx.shape) != (batch, L):
         raise _shape_error("seq_idx", seq_idx, f"(batch, seqlen) = ({batch}, {L})")
     rows = seq_idx.detach().cpu().to(torch.int64)
+    if bool((rows < 0).any()):
+        raise ValueError(f"seq_idx: expected indices >= 0, got {int(rows.min())}")
     if L and bool((rows.diff(dim=1) < 0).any()):
         raise ValueError("seq_idx: must be nondecreasing along each row (a new sequence gets a larger index)")
     segs = []
