@@ -34,13 +34,16 @@ __all__ = ["mamba_chunk_scan_combined", "selective_scan_fn", "selective_state_up
 _AUTO = ("ssm_fast", "ssm_ref")
 
 
-def _backend(backend):
-    if backend is not None:
-        return backend
+@torch.compiler.assume_constant_result  # run once, never traced (it may import a backend)
+def _auto_backend() -> str:
     for name in _AUTO:
         if _op.takes_dt_softplus(name):
             return name
     return _AUTO[-1]
+
+
+def _backend(backend):
+    return _auto_backend() if backend is None else backend
 
 
 def _work(backend: str, *tensors) -> torch.dtype:

@@ -1,10 +1,9 @@
 """Fixtures of the PyTorch tests: mamba_ssm's reference functions (tests/pytorch/mamba_reference.py),
-skipped when they cannot be had -- failed instead under SSM_REQUIRE_TORCH=1, as in CI."""
+skipped when they cannot be had -- failed instead under SSM_REQUIRE_TORCH=1, as in CI. (Each
+test module skips itself when torch is not installed: tests/pytorch/torchreq.py.)"""
 
 import pytest
-from torchreq import missing, need_torch
-
-need_torch()
+from torchreq import missing
 
 
 @pytest.fixture(scope="session")

@@ -467,3 +467,27 @@ def test_gradients_only_where_asked():
     out.sum().backward()
     assert leaves_["A"].grad is not None and np.isfinite(leaves_["A"].grad.numpy()).all()
     assert all(v.grad is None for k, v in leaves_.items() if k != "A")
+
+
+def test_the_drop_ins_compile_without_a_graph_break():
+    # (seq_idx, cu_seqlens and state_batch_indices are read on the host: those paths are not traced)
+    base, _, _ = m2_problem(18, M2_OPTIONS[1])
+    p1 = m1_problem(18, "grouped", True, True)
+
+    def both(m2, m1):
+        out2 = mamba.mamba_chunk_scan_combined(**m2, chunk_size=8, dt_softplus=True, dt_limit=(0.0, 2.0))
+        out1, last = mamba.selective_scan_fn(**m1, delta_softplus=True, return_last_state=True)
+        return out2.square().sum() + out1.square().sum() + last.sum()
+
+    explained = torch._dynamo.explain(both)(base, p1)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(both, fullgraph=True, backend="aot_eager")
+    m2 = {k: None if v is None else v.clone().requires_grad_() for k, v in base.items()}
+    got = compiled(m2, p1)
+    got.backward()
+    assert torch.allclose(got, both(base, p1), rtol=1e-12, atol=0)
+    m2e = {k: None if v is None else v.clone().requires_grad_() for k, v in base.items()}
+    both(m2e, p1).backward()
+    for k, v in m2.items():
+        if v is not None:
+            assert torch.allclose(v.grad, m2e[k].grad, rtol=1e-10, atol=1e-14), k
