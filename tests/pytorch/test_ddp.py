@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from children import child_env
-from torchreq import need_torch
+from torchreq import need, need_torch
 
 torch = need_torch()
-pytest.importorskip("transformers", reason="transformers is not installed")
+need("transformers", "pip install transformers")
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 

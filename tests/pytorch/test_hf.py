@@ -1,14 +1,14 @@
 """ssm_torch.hf.patch on transformers' MambaForCausalLM and Mamba2ForCausalLM, tiny random
 configurations (nothing downloaded): logits, every parameter's gradient and greedy generation with
 the state cache equal transformers' own PyTorch path within float32 tolerance; the patched path
-really runs (ssm_torch.last_where); unpatched models are untouched. Skipped without transformers
-(it is installed wherever these tests are required)."""
+really runs (ssm_torch.last_where); unpatched models are untouched. Skipped without transformers,
+failed instead under SSM_REQUIRE_TORCH=1."""
 
 import pytest
-from torchreq import need_torch
+from torchreq import need, need_torch
 
 torch = need_torch()
-transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+transformers = need("transformers", "pip install transformers")
 
 import ssm_torch  # noqa: E402
 from ssm_torch import _op, hf  # noqa: E402

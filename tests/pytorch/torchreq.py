@@ -31,3 +31,15 @@ def need_torch():
             raise
         pytest.skip(f"torch is not installed: {INSTALL}", allow_module_level=True)
     return torch
+
+
+def need(module: str, install: str):
+    """Another module these tests use (transformers), like :func:`need_torch`."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if required():
+            raise
+        pytest.skip(f"{module} is not installed: {install}", allow_module_level=True)
