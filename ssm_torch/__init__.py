@@ -42,7 +42,7 @@ def _check_tensors(named: dict) -> None:
             raise ValueError(f"{name}: on {t.device}, the other tensors on {device}")
 
 
-def as_ids(ids):
+def _as_ids(ids):
     """``ids`` as an int64 tensor (lists, tuples and ranges converted), or None."""
     if ids is None or isinstance(ids, torch.Tensor):
         return ids
@@ -64,7 +64,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     TypeError / ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
     _check_tensors(dict(zip(_ARRAYS, (s, x, dt, A, B, C), strict=True)))
-    ids = as_ids(ids)
+    ids = _as_ids(ids)
     if ids is not None:
         _check_tensors({"ids": ids})
     if not isinstance(backend, str) or backend not in BACKENDS:

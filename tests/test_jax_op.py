@@ -142,3 +142,13 @@ def test_importing_the_backends_never_imports_jax():
     run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120,
                          check=False)
     assert run.returncode == 0, run.stderr
+
+
+def test_ids_traced_under_jit_are_checked_when_the_call_runs():
+    case = make_problem(6, S=2, T=3, H=2, P=2, N=3, G=1, R=3, ids=[2, 0])
+    a, _ = arrays(case, jnp.float32)
+    f = jax.jit(lambda ids, *v: ssm_jax.ssm_scan(*v, ids, backend="ssm_ref")[0])
+    y = f(jnp.asarray([2, 0]), *a)
+    np.testing.assert_array_equal(np.asarray(y), ssm_ref.ssm_scan(*(np.asarray(v) for v in a), [2, 0]).y)
+    with pytest.raises(Exception, match=r"ids: every id must be in \[0, R\) = \[0, 3\)"):
+        jax.block_until_ready(f(jnp.asarray([3, 0]), *a))

@@ -286,3 +286,18 @@ def test_importing_the_backends_never_imports_torch():
     run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120,
                          check=False)
     assert run.returncode == 0, run.stderr
+
+
+def test_torch_compile_with_ids_as_an_input():
+    # ids are fake while tracing (their values are checked by the backend when the call runs)
+    case = make_problem(16, S=2, T=3, H=2, P=2, N=3, G=1, R=3, ids=[2, 0])
+    t, _ = tensors(case, torch.float32, requires_grad=False)
+
+    def f(ids, s, x, dt, A, B, C):
+        return ssm_torch.ssm_scan(s, x, dt, A, B, C, ids, backend="ssm_ref")[0]
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    want = ssm_ref.ssm_scan(*(t[k].numpy() for k in NAMES), [2, 0]).y
+    assert torch.equal(compiled(torch.tensor([2, 0]), *(t[k] for k in NAMES)), torch.from_numpy(want))
+    with pytest.raises(ValueError, match=r"^ids: every id must be in \[0, R\) = \[0, 3\)"):
+        compiled(torch.tensor([3, 0]), *(t[k] for k in NAMES))
