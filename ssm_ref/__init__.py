@@ -29,7 +29,17 @@ import numpy as np
 
 from . import packing
 from ._version import __version__
-from .checks import Dims, Problem, check_backward, check_dtype, check_forward, is_device_array, output_elems
+from .checks import (
+    DT_SOFTPLUS,
+    Dims,
+    Problem,
+    check_backward,
+    check_dt_softplus,
+    check_dtype,
+    check_forward,
+    is_device_array,
+    output_elems,
+)
 from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
 from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
@@ -42,6 +52,7 @@ WHERE = "CPU"
 
 __all__ = [
     "is_device_array",
+    "DT_SOFTPLUS",
     "GRAD_NAMES",
     "NAME",
     "Dims",
@@ -51,6 +62,7 @@ __all__ = [
     "Support",
     "__version__",
     "check_backward",
+    "check_dt_softplus",
     "check_dtype",
     "check_forward",
     "pack_backward",
@@ -85,34 +97,41 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml") -> ScanResult:
     """Forward selective scan.
 
     Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
     ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype.
     dtype: np.float32 (the contract: float32 storage and arithmetic) or np.float64 (the oracle).
+    dt_softplus: how dt becomes the step d (docs/SPEC.md section 3): "ggml" (the default,
+    log(1 + exp(dt)) as ggml computes it), "log1p" (log1p(exp(dt)), accurate far down the
+    negative side), or None (d = dt); both softplus forms are the identity above 20.
 
     Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
     Raises TypeError / ValueError for bad input before any work, ValueError for a problem beyond
     the host memory limit (ssm_ref.memory) before any allocation.
-    Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan.
+    Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan (dt_softplus="ggml" only).
     """
+    check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
-    y, states = _forward(p)
+    y, states = _forward(p, dt_softplus)
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32) -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32, dt_softplus="ggml") -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
 
     g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
     g_states=None. Returns ScanGrads: d_s (R,H,P,N) (scatter-added by ids), d_s0 (S,H,P,N),
-    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``. Raises as :func:`ssm_scan`; the host
-    memory it needs includes the T+1 states of the recompute.
-    Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back.
+    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``. ``dt_softplus`` as in :func:`ssm_scan`
+    (d_dt is the derivative through that form: sigmoid(dt) for both softplus forms, 1 above 20
+    and for None). Raises as :func:`ssm_scan`; the host memory it needs includes the T+1 states
+    of the recompute.
+    Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back (dt_softplus="ggml" only).
     """
+    check_dt_softplus(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace)
-    g = _backward(p)
+    g = _backward(p, dt_softplus)
     return ScanGrads(**g, where=WHERE, backend=NAME)
 
 

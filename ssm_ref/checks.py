@@ -24,7 +24,8 @@ import numpy as np
 
 from .memory import check_host_memory, host_memory_bytes
 
-__all__ = ["Dims", "Problem", "check_backward", "check_dtype", "check_forward", "output_elems"]
+__all__ = ["DT_SOFTPLUS", "Dims", "Problem", "check_backward", "check_dt_softplus", "check_dtype", "check_forward",
+           "check_shapes", "output_elems"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -102,6 +103,19 @@ def check_dtype(dtype) -> np.dtype:
     if dt not in _WORK_DTYPES:
         raise TypeError(f"dtype: expected np.float32 or np.float64, got {dt}")
     return dt
+
+
+# The forms of the softplus that turns dt into the step (docs/SPEC.md section 3): ggml's
+# log(1 + exp(z)) (the default), the accurate log1p(exp(z)), or none (dt is the step itself).
+DT_SOFTPLUS = ("ggml", "log1p", None)
+
+
+def check_dt_softplus(dt_softplus):
+    """``dt_softplus`` must be "ggml", "log1p" or None; returned as given. Any other value (another
+    string, a bool, a number) is a ValueError naming the argument."""
+    if dt_softplus is None or (isinstance(dt_softplus, str) and dt_softplus in DT_SOFTPLUS):
+        return dt_softplus
+    raise ValueError(f"dt_softplus: expected 'ggml', 'log1p' or None, got {dt_softplus!r}")
 
 
 def is_device_array(value) -> bool:
@@ -417,6 +431,16 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     if key is not None:
         _passed(key, dims)
     return _problem(dims, raw, ids_, work)
+
+
+def check_shapes(s, x, dt, A, B, C, ids=None) -> Dims:
+    """The checks of :func:`check_forward` that the arguments' shapes and dtypes settle (and the
+    ids' values, when given), in its order and with its messages, without converting, copying or
+    allocating the inputs; returns the :class:`Dims`. For a caller that has shapes but no data
+    yet: ssm_torch checks its fake tensors under torch.compile with zero-stride stand-ins
+    (``np.broadcast_to(np.zeros((), dtype), shape)``). The host memory rule is not applied."""
+    dims, _raw, _ids = _check_inputs(s, x, dt, A, B, C, ids, _F32, False)
+    return dims
 
 
 def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,

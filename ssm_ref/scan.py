@@ -31,17 +31,30 @@ def backward_workspace(d, dtype) -> int:
     return (d.T + 1 + 6) * d.S * d.H * d.P * d.N * np.dtype(dtype).itemsize
 
 
-def softplus(z: np.ndarray) -> np.ndarray:
-    """z if z > 20 else log(1 + exp(z)), in z's dtype (deliberately not log1p: ggml's CPU and
-    Vulkan kernels compute log(1+exp), which is exactly 0 below about z = -16.6 in float32)."""
+def softplus(z: np.ndarray, form: str | None = "ggml") -> np.ndarray:
+    """The step d from the raw dt, in z's dtype (docs/SPEC.md section 3, ``dt_softplus``):
+
+    - ``"ggml"`` (the default): z if z > 20 else log(1 + exp(z)) -- deliberately not log1p: ggml's
+      CPU and Vulkan kernels compute log(1+exp), which is exactly 0 below about z = -16.6 in float32;
+    - ``"log1p"``: z if z > 20 else log1p(exp(z)), accurate down to where exp(z) underflows (PyTorch's
+      ``F.softplus`` and mamba_ssm's kernels);
+    - ``None``: z itself (dt is the step).
+    """
+    if form is None:
+        return z
     one = z.dtype.type(1)
     small = np.minimum(z, z.dtype.type(20))  # keeps exp() finite on the branch we discard
-    return np.where(z > 20, z, np.log(one + np.exp(small)))
+    inner = np.log1p(np.exp(small)) if form == "log1p" else np.log(one + np.exp(small))
+    return np.where(z > 20, z, inner)
 
 
-def softplus_grad(z: np.ndarray) -> np.ndarray:
-    """d softplus / dz: sigmoid(z) = 1 / (1 + exp(-z)) on the log branch, 1 when z > 20."""
+def softplus_grad(z: np.ndarray, form: str | None = "ggml") -> np.ndarray:
+    """d softplus / dz: sigmoid(z) = 1 / (1 + exp(-z)) on the log branch, 1 when z > 20 (the same
+    for ``"ggml"`` and ``"log1p"``: the derivative of the formula, not of its rounding); 1
+    everywhere for ``form=None``."""
     one = z.dtype.type(1)
+    if form is None:
+        return np.ones_like(z)
     return np.where(z > 20, one, one / (one + np.exp(-z)))
 
 
@@ -56,15 +69,16 @@ def _decay(p: Problem, d: np.ndarray) -> np.ndarray:
     return np.exp(d[:, :, None, None] * A[None, :, None, :])
 
 
-def forward(p: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """The forward scan. Returns y (S, T, H, P) and states (S, H, P, N)."""
+def forward(p: Problem, dt_softplus: str | None = "ggml") -> tuple[np.ndarray, np.ndarray]:
+    """The forward scan. Returns y (S, T, H, P) and states (S, H, P, N). ``dt_softplus``: the form
+    of :func:`softplus` (checked by the caller: ssm_ref.checks.check_dt_softplus)."""
     dm = p.dims
     S, T, H, P, _N = dm.S, dm.T, dm.H, dm.P, dm.N
     with np.errstate(over="ignore", invalid="ignore"):  # inf/nan follow docs/SPEC.md section 8
         st = p.s[p.ids].copy()                                # (S, H, P, N)
         y = np.empty((S, T, H, P), dtype=p.dtype)             # (S, T, H, P)
         for t in range(T):
-            d = softplus(p.dt[:, t])                          # (S, H)
+            d = softplus(p.dt[:, t], dt_softplus)             # (S, H)
             a = _decay(p, d)                                  # (S, H, 1, 1|N)
             u = p.x[:, t] * d[:, :, None]                     # (S, H, P)
             Bt = _per_head(p, p.B[:, t])                      # (S, H, N)
@@ -90,9 +104,10 @@ def scatter_rows(d_s0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
     return d_s
 
 
-def backward(p: Problem) -> dict[str, np.ndarray]:
+def backward(p: Problem, dt_softplus: str | None = "ggml") -> dict[str, np.ndarray]:
     """The backward scan. Returns the gradients d_s, d_s0, d_x, d_dt, d_A (shape of A as
-    given), d_B, d_C for the loss sum(y * g_y) + sum(states * g_states)."""
+    given), d_B, d_C for the loss sum(y * g_y) + sum(states * g_states). ``dt_softplus`` as in
+    :func:`forward`."""
     dm = p.dims
     S, T, H, P, N, G = dm.S, dm.T, dm.H, dm.P, dm.N, dm.G
     d_x = np.zeros((S, T, H, P), dtype=p.dtype)
@@ -106,7 +121,7 @@ def backward(p: Problem) -> dict[str, np.ndarray]:
         sts = np.empty((T + 1, S, H, P, N), dtype=p.dtype)    # (T+1, S, H, P, N)
         sts[0] = p.s[p.ids]
         for t in range(T):
-            d = softplus(p.dt[:, t])                          # (S, H)
+            d = softplus(p.dt[:, t], dt_softplus)             # (S, H)
             u = p.x[:, t] * d[:, :, None]                     # (S, H, P)
             Bt = _per_head(p, p.B[:, t])                      # (S, H, N)
             sts[t + 1] = sts[t] * _decay(p, d) + Bt[:, :, None, :] * u[..., None]
@@ -114,7 +129,7 @@ def backward(p: Problem) -> dict[str, np.ndarray]:
         # Walk back. carry = a_{t+1} * lam_{t+1} (g_states before the last token).
         carry = p.g_states.copy()                             # (S, H, P, N)
         for t in reversed(range(T)):
-            d = softplus(p.dt[:, t])                          # (S, H)
+            d = softplus(p.dt[:, t], dt_softplus)             # (S, H)
             a = _decay(p, d)                                  # (S, H, 1, 1|N)
             u = p.x[:, t] * d[:, :, None]                     # (S, H, P)
             Bt = _per_head(p, p.B[:, t])                      # (S, H, N)
@@ -129,7 +144,7 @@ def backward(p: Problem) -> dict[str, np.ndarray]:
             d_x[:, t] = gamma * d[:, :, None]                 # (S, H, P)
             q = lam * st_prev * a                             # (S, H, P, N)
             dd = gamma * p.x[:, t] + np.sum(q * p.A[None, :, None, :], axis=-1)  # (S, H, P)
-            d_dt[:, t] = np.sum(dd * softplus_grad(p.dt[:, t])[:, :, None], axis=-1)  # (S, H)
+            d_dt[:, t] = np.sum(dd * softplus_grad(p.dt[:, t], dt_softplus)[:, :, None], axis=-1)  # (S, H)
             # dA: summed over sequences, channels and tokens; Mamba-2 also over n.
             dA_t = np.sum(q * d[:, :, None, None], axis=(0, 2))                  # (H, N)
             d_A += dA_t if dm.mamba1 else np.sum(dA_t, axis=-1, keepdims=True)

@@ -58,19 +58,20 @@ def scatter_add(rows: np.ndarray, ids, R: int) -> np.ndarray:
     return out
 
 
-def loss(inputs: dict, g_y, g_states) -> float:
-    """sum(y * g_y) + sum(states * g_states) of the float64 forward."""
-    r = ssm_ref.ssm_scan(**inputs, dtype=np.float64)
+def loss(inputs: dict, g_y, g_states, dt_softplus="ggml") -> float:
+    """sum(y * g_y) + sum(states * g_states) of the float64 forward (``dt_softplus``: its form)."""
+    r = ssm_ref.ssm_scan(**inputs, dtype=np.float64, dt_softplus=dt_softplus)
     return float(np.sum(r.y * g_y) + np.sum(r.states * g_states))
 
 
-def fd_grad(inputs: dict, name: str, g_y, g_states, *, idx=None, h: float = 1e-3) -> np.ndarray:
+def fd_grad(inputs: dict, name: str, g_y, g_states, *, idx=None, h: float = 1e-3,
+            dt_softplus="ggml") -> np.ndarray:
     """Finite-difference gradient of :func:`loss` w.r.t. ``inputs[name]`` (float64).
 
     Fourth-order central stencil (f(-2h) - 8 f(-h) + 8 f(h) - f(2h)) / 12h: with h = 1e-3 its
     truncation error (~h^4) and rounding error (~1e-16 * |loss| / h) are both near 1e-12, so a
     1e-7 comparison has a wide margin. ``idx``: flat indices to evaluate (default: all); the
-    result then holds only those entries, in that order.
+    result then holds only those entries, in that order. ``dt_softplus``: the forward's form.
     """
     base = np.asarray(inputs[name], dtype=np.float64)
     flat = range(base.size) if idx is None else idx
@@ -83,7 +84,7 @@ def fd_grad(inputs: dict, name: str, g_y, g_states, *, idx=None, h: float = 1e-3
         for step in (-2, -1, 1, 2):
             moved = base.copy()
             moved[i] += step * h
-            vals.append(loss({**inputs, name: moved}, g_y, g_states))
+            vals.append(loss({**inputs, name: moved}, g_y, g_states, dt_softplus))
         out.append((vals[0] - 8 * vals[1] + 8 * vals[2] - vals[3]) / (12 * h))
     res = np.array(out, dtype=np.float64)
     return res.reshape(base.shape) if idx is None else res

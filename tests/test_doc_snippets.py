@@ -5,11 +5,15 @@ as a user would paste it: it may import the installed packages (the checkout, th
 but not read files of the repository. A block that defines ``test_...`` functions is a test a user
 pastes into a test file: it is written to ``test_snippet.py`` and run with pytest, and its tests
 must pass (none skipped). Blocks assert what they claim, so a block that runs but computes
-something else fails too. docs/archive/ is history and is not run.
+something else fails too. docs/archive/ is history and is not run. Blocks that import torch or jax
+are skipped where it is not installed, unless SSM_REQUIRE_TORCH=1 / SSM_REQUIRE_JAX=1.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 import sys
 
 import pytest
@@ -21,6 +25,18 @@ TIMEOUT_S = 240  # a cold numba cache compiles ssm_fast's kernels (~40 s on 2 co
 
 
 BLOCKS = [(p, line, code) for p in DOCS for line, code in python_blocks(p)]
+
+# Blocks that use PyTorch (docs/TORCH.md) or JAX (docs/JAX.md) run where it is installed; elsewhere
+# they are skipped, unless SSM_REQUIRE_TORCH=1 / SSM_REQUIRE_JAX=1 (CI) says they must run.
+_OPTIONAL = {name: (re.compile(rf"^\s*(import|from) (ssm_)?{name}\b", re.MULTILINE), f"SSM_REQUIRE_{name.upper()}")
+             for name in ("torch", "jax")}
+
+
+def _missing_optional(code: str) -> str | None:
+    for name, (uses, require) in _OPTIONAL.items():
+        if uses.search(code) and importlib.util.find_spec(name) is None and os.environ.get(require, "").strip() != "1":
+            return name
+    return None
 
 
 def test_the_extractor_finds_the_blocks(tmp_path):
@@ -35,6 +51,9 @@ def test_the_extractor_finds_the_blocks(tmp_path):
                          ids=[f"{p.relative_to(REPO)}:{line}" for p, line, _ in BLOCKS])
 def test_the_python_block_runs(path, line, code, tmp_path):
     where = f"{path.relative_to(REPO)}:{line}"
+    missing = _missing_optional(code)
+    if missing:
+        pytest.skip(f"{where} uses {missing}, which is not installed (docs/{missing.upper()}.md, 'Install')")
     env = child_env()
     env.pop("SSM_VK_VALIDATION", None)  # as a user runs it: no validation layer
     failed, out = run_block(code, sys.executable, tmp_path, env, TIMEOUT_S)

@@ -1,0 +1,156 @@
+"""ssm_jax: the selective scan of ssm-scan as a differentiable JAX function.
+
+    import ssm_jax
+    y, states = ssm_jax.ssm_scan(s, x, dt, A, B, C)                  # ssm_fast, ggml's softplus
+    jax.grad(lambda x: ssm_jax.ssm_scan(s, x, dt, A, B, C)[0].sum())(x)
+
+Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
+A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None. A ``jax.custom_vjp`` whose forward
+and backward are ``jax.pure_callback`` calls of a numpy backend on the host, so it works under
+``jax.jit``, ``jax.grad`` / ``jax.vjp`` and ``jax.vmap`` (a vmapped call runs the backend once per
+batch element). docs/JAX.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import ssm_ref
+import ssm_ref.checks
+
+__all__ = ["BACKENDS", "last_where", "ssm_scan"]
+
+BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
+
+_LOCK = threading.Lock()
+_LAST: dict = {}
+
+
+def last_where() -> dict | None:
+    """The last call of a backend in this process (callbacks may run on another thread):
+    {"op", "where", "backend", "dtype"}, or None before the first."""
+    with _LOCK:
+        return dict(_LAST) if _LAST else None
+
+
+def _module(backend: str):
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    return importlib.import_module(backend)
+
+
+@functools.cache
+def _takes_dt_softplus(backend: str) -> bool:
+    mod = _module(backend)
+    return all(any(p.name == "dt_softplus" or p.kind is p.VAR_KEYWORD for p in inspect.signature(f).parameters.values())
+               for f in (mod.ssm_scan, mod.ssm_scan_back))
+
+
+def _kwargs(backend: str, dt_softplus, work) -> dict:
+    ssm_ref.check_dt_softplus(dt_softplus)
+    kw = {}
+    if _takes_dt_softplus(backend):
+        kw["dt_softplus"] = dt_softplus
+    elif dt_softplus != "ggml":
+        raise NotImplementedError(
+            f"backend {backend!r} does not implement dt_softplus={dt_softplus!r} (its ssm_scan has no dt_softplus "
+            f"keyword; it computes ggml's log(1 + exp(dt)) only): use backend='ssm_ref', or dt_softplus='ggml'")
+    if backend == "ssm_ref":
+        kw["dtype"] = work
+    return kw
+
+
+def _record(op: str, r, work) -> None:
+    with _LOCK:
+        _LAST.update(op=op, where=r.where, backend=r.backend, dtype=np.dtype(work).name)
+
+
+def _standin(shape, dtype) -> np.ndarray:
+    """A zero-stride numpy array that the shared checker judges as an array of ``dtype``
+    (bfloat16 and JAX's other extra floats as float32)."""
+    dt = np.dtype(dtype)
+    if jnp.issubdtype(dt, jnp.floating) and dt not in (np.float16, np.float32, np.float64):
+        dt = np.dtype(np.float32)
+    return np.broadcast_to(np.zeros((), dt), tuple(shape))
+
+
+def _check(arrays, ids) -> ssm_ref.Dims:
+    """The shared checker on shapes and dtypes (and ids' values when they are concrete)."""
+    if ids is None:
+        ids_ = None
+    else:
+        try:
+            ids_ = np.asarray(ids)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            ids_ = _standin(jnp.shape(ids), jnp.result_type(ids))  # values checked when the call runs
+    return ssm_ref.checks.check_shapes(*(_standin(jnp.shape(a), jnp.result_type(a)) for a in arrays), ids_)
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
+    """The forward selective scan, differentiable in s, x, dt, A, B and C.
+
+    Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
+    enabled and every float input is float64). Returns (y (S,T,H,P) in x's dtype, states
+    (S,H,P,N) in s's dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus:
+    "ggml" (default), "log1p" or None (ssm_ref only today; NotImplementedError otherwise).
+    """
+    _module(backend)
+    ssm_ref.check_dt_softplus(dt_softplus)
+    arrays = tuple(jnp.asarray(a) for a in (s, x, dt, A, B, C))
+    d = _check(arrays, ids)
+    f64 = backend == "ssm_ref" and all(a.dtype == jnp.float64 for a in arrays)
+    work = np.dtype(np.float64 if f64 else np.float32)
+    _kwargs(backend, dt_softplus, work)  # NotImplementedError now, not inside the callback
+    ids_ = jnp.arange(d.S, dtype=jnp.int32) if ids is None else jnp.asarray(ids, dtype=jnp.int32)
+    out_dtypes = (arrays[1].dtype, arrays[0].dtype)
+    y, states = _scan(backend, dt_softplus, work.name, *(a.astype(work) for a in arrays), ids_)
+    return y.astype(out_dtypes[0]), states.astype(out_dtypes[1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _scan(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
+    return _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids)
+
+
+def _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
+    S, T, H, P = x.shape
+    N = s.shape[3]
+    shapes = (jax.ShapeDtypeStruct((S, T, H, P), work), jax.ShapeDtypeStruct((S, H, P, N), work))
+
+    def host(*arrays):
+        *floats, ids_ = (np.asarray(a) for a in arrays)
+        r = _module(backend).ssm_scan(*floats, ids_, **_kwargs(backend, dt_softplus, work))
+        _record("ssm_scan", r, work)
+        return np.asarray(r.y, work), np.asarray(r.states, work)
+
+    return jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, vmap_method="sequential")
+
+
+def _fwd(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
+    return _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids), (s, x, dt, A, B, C, ids)
+
+
+def _bwd(backend, dt_softplus, work, res, cotangents):
+    s, x, dt, A, B, C, ids = res
+    g_y, g_states = cotangents
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, work) for a in (s, x, dt, A, B, C))
+
+    def host(*arrays):
+        *floats, ids_, gy, gs = (np.asarray(a) for a in arrays)
+        g = _module(backend).ssm_scan_back(*floats, ids_, gy, gs, **_kwargs(backend, dt_softplus, work))
+        _record("ssm_scan_back", g, work)
+        return tuple(np.asarray(getattr(g, "d_" + n), work) for n in ("s", "x", "dt", "A", "B", "C"))
+
+    grads = jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, g_y.astype(work), g_states.astype(work),
+                              vmap_method="sequential")
+    return (*grads, None)
+
+
+_scan.defvjp(_fwd, _bwd)

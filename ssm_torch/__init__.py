@@ -1,0 +1,78 @@
+"""ssm_torch: the selective scan of ssm-scan as a differentiable PyTorch operator.
+
+    import ssm_torch
+    y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C)                 # ssm_fast, ggml's softplus
+    y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C, backend="ssm_ref", dt_softplus=None)
+    ssm_torch.last_where()         # Where(op='ssm_scan', where='CPU', backend='ssm_ref', dtype='float32')
+
+Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
+A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None. Differentiable in s, x, dt, A, B
+and C; registered with torch.library (``torch.ops.ssm_scan.scan``), so torch.compile traces it
+without a graph break. The drop-ins for mamba_ssm's functions are in :mod:`ssm_torch.mamba`.
+docs/TORCH.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import ssm_ref
+
+from . import _op
+from ._op import BACKENDS, Where, last_where
+
+__all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
+
+_ARRAYS = ("s", "x", "dt", "A", "B", "C")
+
+
+def _check_tensors(named: dict) -> None:
+    """Every array a tensor, all on the CPU (or all meta)."""
+    device = None
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        kind = t.device.type
+        if kind not in ("cpu", "meta"):
+            raise ValueError(f"{name}: expected a CPU tensor (ssm-scan's backends compute from host memory), "
+                             f"got one on {t.device}: move it with .cpu()")
+        if device is None:
+            device = kind
+        elif kind != device:
+            raise ValueError(f"{name}: on {t.device}, the other tensors on {device}")
+
+
+def _as_ids(ids):
+    """``ids`` as an int64 tensor (lists, tuples and ranges converted), or None."""
+    if ids is None or isinstance(ids, torch.Tensor):
+        return ids
+    return torch.as_tensor(list(ids), dtype=torch.int64)
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
+    """The forward selective scan, differentiable in s, x, dt, A, B and C.
+
+    Args: tensors s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
+    B and C (S,T,G,N), of any float dtype (float16, bfloat16, float32, float64), on the CPU;
+    ids (S,) integers in [0, R) or None (arange(S)). backend: "ssm_fast" (numba, the default),
+    "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default), "log1p" or None
+    (docs/SPEC.md section 3); only ssm_ref takes the other forms today (NotImplementedError
+    naming the backend otherwise).
+
+    Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
+    Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype). Raises the backends'
+    TypeError / ValueError for bad arguments before any work (docs/SPEC.md section 9).
+    """
+    _check_tensors(dict(zip(_ARRAYS, (s, x, dt, A, B, C), strict=True)))
+    ids = _as_ids(ids)
+    if ids is not None:
+        _check_tensors({"ids": ids})
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    ssm_ref.check_dt_softplus(dt_softplus)
+    return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus))
+
+
+from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)
+
+__all__ += ["mamba"]

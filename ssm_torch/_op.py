@@ -1,0 +1,225 @@
+"""The scan as PyTorch custom operators: ``ssm_scan::scan`` (forward) and ``ssm_scan::scan_back``
+(its backward), registered with ``torch.library`` -- a fake implementation each, for
+torch.compile and meta tensors, and autograd for the forward through the backward.
+
+Glossary: N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · R cache rows.
+
+The implementations hand CPU tensors to a numpy backend (ssm_fast, ssm_vk or ssm_ref) as numpy
+views without copying when they are contiguous and of the working dtype (float32; float64 on
+ssm_ref when every float input is float64), and wrap the backend's fresh result arrays as tensors
+without copying. The backends never write their inputs, so the caller's tensors are never written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import ssm_ref
+import ssm_ref.checks
+
+__all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back"]
+
+BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
+
+# The custom op's schema has no Optional[str]: None travels as this name.
+_NONE = "none"
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the last call of this thread ran: ``op`` ("ssm_scan" or "ssm_scan_back"), ``where``
+    ("CPU", "Vulkan0", ...), ``backend`` (the module that did the arithmetic: "ssm_fast",
+    "ssm_vk" or "ssm_ref"; after a fallback not the one asked for), ``dtype`` (its working
+    precision, "float32" or "float64")."""
+
+    op: str
+    where: str
+    backend: str
+    dtype: str
+
+
+_LAST = threading.local()
+
+
+def last_where() -> Where | None:
+    """The :class:`Where` of this thread's last forward or backward computed by a backend (None
+    before the first). Set when the computation runs: under torch.compile when the compiled code
+    runs, not when it is traced."""
+    return getattr(_LAST, "value", None)
+
+
+def _encode(dt_softplus) -> str:
+    return _NONE if dt_softplus is None else dt_softplus
+
+
+def _decode(dt_softplus: str):
+    return None if dt_softplus == _NONE else dt_softplus
+
+
+def backend_module(backend: str):
+    """The backend module named ``backend`` (one of BACKENDS), imported on first use."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    return importlib.import_module(backend)
+
+
+_TAKES: dict[str, bool] = {}
+
+
+def takes_dt_softplus(backend: str) -> bool:
+    """Whether the backend's ssm_scan and ssm_scan_back accept a ``dt_softplus`` keyword (read from
+    their signatures)."""
+    if backend not in _TAKES:
+        mod = backend_module(backend)
+
+        def accepts(fn) -> bool:
+            params = inspect.signature(fn).parameters.values()
+            return any(p.name == "dt_softplus" or p.kind is p.VAR_KEYWORD for p in params)
+
+        _TAKES[backend] = accepts(mod.ssm_scan) and accepts(mod.ssm_scan_back)
+    return _TAKES[backend]
+
+
+def softplus_kwargs(backend: str, dt_softplus) -> dict:
+    """The keyword to pass for ``dt_softplus`` ({} for the default "ggml"), after the shared check;
+    NotImplementedError when the backend cannot honour a non-default form."""
+    ssm_ref.check_dt_softplus(dt_softplus)
+    if takes_dt_softplus(backend):
+        return {"dt_softplus": dt_softplus}
+    if dt_softplus == "ggml":
+        return {}
+    raise NotImplementedError(
+        f"backend {backend!r} does not implement dt_softplus={dt_softplus!r} (its ssm_scan has no "
+        f"dt_softplus keyword; it computes ggml's log(1 + exp(dt)) only): use backend='ssm_ref', or "
+        f"dt_softplus='ggml'")
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def work_dtype(backend: str, tensors) -> torch.dtype:
+    """float64 when the backend is ssm_ref and every float input is float64, else float32."""
+    if backend == "ssm_ref" and all(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+# numpy dtypes of the stand-ins for the shared checker: the same kind (float, integer, bool,
+# complex) as the tensor's, so that the checker says what it says of a numpy array of that kind
+_NP_OF = {torch.float16: np.float16, torch.bfloat16: np.float32, torch.float32: np.float32,
+          torch.float64: np.float64, torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
+          torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64, torch.complex32: np.complex64,
+          torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
+def _standin(t: torch.Tensor) -> np.ndarray:
+    """A zero-stride numpy array of ``t``'s shape whose dtype the checker judges as ``t``'s."""
+    return np.broadcast_to(np.zeros((), _NP_OF.get(t.dtype, np.object_)), tuple(t.shape))
+
+
+def check_shapes(s, x, dt, A, B, C, ids) -> ssm_ref.Dims:
+    """The shared checker on the tensors' shapes and dtypes (and the ids' values when they are
+    real): the backends' errors, before any data is touched."""
+    if ids is None:
+        ids_ = None
+    elif isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
+        ids_ = np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))  # values unknown until run
+    else:
+        ids_ = ids.detach().cpu().numpy()
+    return ssm_ref.checks.check_shapes(*(_standin(t) for t in (s, x, dt, A, B, C)), ids_)
+
+
+def _host(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
+    """``t`` as a numpy array of ``work``'s dtype: a view when it is contiguous of that dtype, a
+    converted copy otherwise (never written either way)."""
+    t = t.detach()
+    if t.dtype != work and t.dtype in _FLOATS:
+        t = t.to(work)
+    return t.contiguous().numpy()
+
+
+def _tensor(a, dtype: torch.dtype) -> torch.Tensor:
+    """A backend's fresh result as a tensor of ``dtype`` (no copy when the dtype is already right)."""
+    if not isinstance(a, np.ndarray):  # a DeviceArray (never for host inputs, but be safe)
+        a = a.numpy()
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _record(op: str, r, work: torch.dtype) -> None:
+    _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
+
+
+@torch.library.custom_op("ssm_scan::scan", mutates_args=())
+def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+         ids: torch.Tensor | None, backend: str, dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward: (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype)."""
+    mod = backend_module(backend)
+    form = _decode(dt_softplus)
+    kw = softplus_kwargs(backend, form)
+    work = work_dtype(backend, (s, x, dt, A, B, C))
+    if backend == "ssm_ref":
+        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    ids_ = None if ids is None else ids.detach().cpu().numpy()
+    r = mod.ssm_scan(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, **kw)
+    _record("ssm_scan", r, work)
+    return _tensor(r.y, x.dtype), _tensor(r.states, s.dtype)
+
+
+@scan.register_fake
+def _scan_fake(s, x, dt, A, B, C, ids, backend, dt_softplus):
+    softplus_kwargs(backend, _decode(dt_softplus))
+    d = check_shapes(s, x, dt, A, B, C, ids)
+    return x.new_empty((d.S, d.T, d.H, d.P)), s.new_empty((d.S, d.H, d.P, d.N))
+
+
+@torch.library.custom_op("ssm_scan::scan_back", mutates_args=())
+def scan_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+              C: torch.Tensor, ids: torch.Tensor | None, g_y: torch.Tensor, g_states: torch.Tensor, backend: str,
+              dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                         torch.Tensor]:
+    """The backward: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
+    mod = backend_module(backend)
+    kw = softplus_kwargs(backend, _decode(dt_softplus))
+    work = work_dtype(backend, (s, x, dt, A, B, C))
+    if backend == "ssm_ref":
+        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    ids_ = None if ids is None else ids.detach().cpu().numpy()
+    g = mod.ssm_scan_back(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, _host(g_y, work),
+                          _host(g_states, work), **kw)
+    _record("ssm_scan_back", g, work)
+    return tuple(_tensor(getattr(g, "d_" + n), t.dtype) for n, t in zip("s x dt A B C".split(), (s, x, dt, A, B, C),
+                                                                          strict=True))
+
+
+@scan_back.register_fake
+def _scan_back_fake(s, x, dt, A, B, C, ids, g_y, g_states, backend, dt_softplus):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (s, x, dt, A, B, C))
+
+
+def _setup_context(ctx, inputs, output):
+    s, x, dt, A, B, C, ids, backend, dt_softplus = inputs
+    ctx.save_for_backward(s, x, dt, A, B, C, ids)
+    ctx.backend, ctx.dt_softplus = backend, dt_softplus
+
+
+def _backward(ctx, g_y, g_states):
+    s, x, dt, A, B, C, ids = ctx.saved_tensors
+    S, T, H, P = x.shape
+    # autograd hands zeros for an output the loss does not use (materialized grads); None is
+    # handled the same way should that ever change
+    if g_y is None:
+        g_y = x.new_zeros((S, T, H, P))
+    if g_states is None:
+        g_states = s.new_zeros((S, H, P, s.shape[3]))
+    grads = scan_back(s, x, dt, A, B, C, ids, g_y, g_states, ctx.backend, ctx.dt_softplus)
+    return (*grads, None, None, None)
+
+
+scan.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,154 @@
+"""ssm_jax.ssm_scan: the scan as a jax.custom_vjp over jax.pure_callback, under jit, grad and vmap,
+against the float64 oracle (ssm_ref's numpy functions) and JAX's own finite-difference check.
+Skipped without jax; failed instead under SSM_REQUIRE_JAX=1."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+if os.environ.get("SSM_REQUIRE_JAX", "").strip() == "1":
+    import jax
+else:
+    jax = pytest.importorskip("jax", reason="jax is not installed: pip install jax jaxlib (CI sets SSM_REQUIRE_JAX=1)")
+
+import jax.numpy as jnp
+from children import child_env
+from jax.test_util import check_grads
+from problems import make_problem
+from registry import BACKENDS, assert_close
+
+import ssm_jax
+import ssm_ref
+
+NAMES = ("s", "x", "dt", "A", "B", "C")
+REF = next(b for b in BACKENDS if b.name == "ssm_ref")
+FAST = next((b for b in BACKENDS if b.name == "ssm_fast"), None)
+
+
+@pytest.fixture
+def x64():
+    saved = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", saved)
+
+
+def arrays(case, dtype):
+    args = case.args()
+    return [jnp.asarray(np.asarray(args[k], np.float64), dtype=dtype) for k in NAMES], args["ids"]
+
+
+def loss_fn(case, ids, **kw):
+    gy, gs = jnp.asarray(case.g_y), jnp.asarray(case.g_states)
+
+    def loss(*a):
+        y, states = ssm_jax.ssm_scan(*a, ids, **kw)
+        return (y * gy.astype(y.dtype)).sum() + (states * gs.astype(states.dtype)).sum()
+
+    return loss
+
+
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+def test_jit_grad_in_float64_equals_the_oracle_and_finite_differences(x64, variant):
+    case = make_problem(1, S=2, T=4, H=4, P=2, N=3, G=2, R=3, ids="duplicates", variant=variant)
+    a, ids = arrays(case, jnp.float64)
+    y, states = jax.jit(lambda *a: ssm_jax.ssm_scan(*a, ids, backend="ssm_ref"))(*a)
+    want = ssm_ref.ssm_scan(**case.args(np.float64), dtype=np.float64)
+    assert y.dtype == jnp.float64
+    np.testing.assert_array_equal(np.asarray(y), want.y)
+    np.testing.assert_array_equal(np.asarray(states), want.states)
+    grads = jax.jit(jax.grad(loss_fn(case, ids, backend="ssm_ref"), argnums=tuple(range(6))))(*a)
+    g = ssm_ref.ssm_scan_back(**case.args(np.float64), g_y=case.g_y, g_states=case.g_states, dtype=np.float64)
+    for k, got in zip(NAMES, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got), getattr(g, "d_" + k), rtol=1e-13, atol=1e-15, err_msg=k)
+    check_grads(loss_fn(case, ids, backend="ssm_ref", dt_softplus="log1p"), a, order=1, modes=["rev"],
+                atol=1e-7, rtol=1e-7)
+    assert ssm_jax.last_where()["dtype"] == "float64"
+
+
+@pytest.mark.parametrize("backend", ["ssm_ref", "ssm_fast"])
+def test_float32_under_jit_within_the_tolerance_table(backend):
+    if backend == "ssm_fast" and FAST is None:
+        pytest.skip("ssm_fast does not expose the interface")
+    case = make_problem(2, S=2, T=6, H=4, P=3, N=5, G=2, R=3, ids="permutation", variant="mamba2")
+    a, ids = arrays(case, jnp.float32)
+    y, states = jax.jit(lambda *a: ssm_jax.ssm_scan(*a, ids, backend=backend))(*a)
+    grads = jax.jit(jax.grad(loss_fn(case, ids, backend=backend), argnums=tuple(range(6))))(*a)
+    want = ssm_ref.ssm_scan(**case.args(np.float64), dtype=np.float64)
+    g = ssm_ref.ssm_scan_back(**case.args(np.float64), g_y=case.g_y, g_states=case.g_states, dtype=np.float64)
+    entry = REF if backend == "ssm_ref" else FAST
+    assert y.dtype == jnp.float32
+    assert_close(entry, "y", np.asarray(y), want.y)
+    assert_close(entry, "states", np.asarray(states), want.states)
+    for k, got in zip(NAMES, grads, strict=True):
+        assert_close(entry, "d_" + k, np.asarray(got), getattr(g, "d_" + k))
+    w = ssm_jax.last_where()
+    assert (w["op"], w["backend"], w["dtype"]) == ("ssm_scan_back", backend, "float32")
+
+
+def test_vmap_of_the_scan_and_of_its_gradient(x64):
+    case = make_problem(3, S=1, T=5, H=2, P=3, N=4, G=1, R=1, ids="identity")
+    a, _ = arrays(case, jnp.float64)
+    xs = jnp.stack([a[1], 0.5 * a[1], -a[1]])
+
+    def y_of(x):
+        return ssm_jax.ssm_scan(a[0], x, *a[2:], backend="ssm_ref")[0]
+
+    ys = jax.jit(jax.vmap(y_of))(xs)
+    gs = jax.vmap(jax.grad(lambda x: (y_of(x) ** 2).sum()))(xs)
+    base = case.args(np.float64)
+    for i in range(3):
+        one = {**base, "x": np.asarray(xs[i])}
+        r = ssm_ref.ssm_scan(**one, dtype=np.float64)
+        np.testing.assert_array_equal(np.asarray(ys[i]), r.y)
+        g = ssm_ref.ssm_scan_back(**one, g_y=2 * r.y, g_states=np.zeros_like(r.states), dtype=np.float64)
+        np.testing.assert_allclose(np.asarray(gs[i]), g.d_x, rtol=1e-13, atol=1e-15)
+
+
+def test_bfloat16_in_bfloat16_out():
+    case = make_problem(4, S=1, T=3, H=2, P=2, N=3, G=1, R=1, ids="identity")
+    a, ids = arrays(case, jnp.bfloat16)
+    y, states = ssm_jax.ssm_scan(*a, ids, backend="ssm_ref")
+    assert y.dtype == states.dtype == jnp.bfloat16
+    r = ssm_ref.ssm_scan(*(np.asarray(v, np.float32) for v in a), ids)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.asarray(r.y).astype(jnp.bfloat16)))
+    g = jax.grad(lambda x: ssm_jax.ssm_scan(a[0], x, *a[2:], ids, backend="ssm_ref")[0].astype(jnp.float32).sum())(a[1])
+    assert g.dtype == jnp.bfloat16
+
+
+def test_errors_name_the_argument_also_while_tracing():
+    case = make_problem(5, S=2, T=7, H=4, P=3, N=5, G=1, R=2, ids="identity")
+    a, _ = arrays(case, jnp.float32)
+    with pytest.raises(ValueError, match=r"^B: expected shape \(S, T, G, N\) = \(2, 7, G, 5\), got \(2, 7, 5\)(\n|$)"):
+        jax.jit(lambda *v: ssm_jax.ssm_scan(*v))(*a[:4], a[4][:, :, 0], a[5])
+    with pytest.raises(ValueError, match=r"^backend: expected one of"):
+        ssm_jax.ssm_scan(*a, backend="torch")
+    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p' or None"):
+        ssm_jax.ssm_scan(*a, backend="ssm_ref", dt_softplus="exp")
+    import inspect
+
+    import ssm_fast
+
+    if "dt_softplus" not in inspect.signature(ssm_fast.ssm_scan).parameters:
+        with pytest.raises(NotImplementedError, match=r"^backend 'ssm_fast' does not implement dt_softplus='log1p'"):
+            ssm_jax.ssm_scan(*a, backend="ssm_fast", dt_softplus="log1p")
+
+
+def test_importing_the_backends_never_imports_jax():
+    code = "import sys, ssm_ref, ssm_fast, ssm_vk; assert 'jax' not in sys.modules"
+    run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+
+
+def test_ids_traced_under_jit_are_checked_when_the_call_runs():
+    case = make_problem(6, S=2, T=3, H=2, P=2, N=3, G=1, R=3, ids=[2, 0])
+    a, _ = arrays(case, jnp.float32)
+    f = jax.jit(lambda ids, *v: ssm_jax.ssm_scan(*v, ids, backend="ssm_ref")[0])
+    y = f(jnp.asarray([2, 0]), *a)
+    np.testing.assert_array_equal(np.asarray(y), ssm_ref.ssm_scan(*(np.asarray(v) for v in a), [2, 0]).y)
+    with pytest.raises(Exception, match=r"ids: every id must be in \[0, R\) = \[0, 3\)"):
+        jax.block_until_ready(f(jnp.asarray([3, 0]), *a))
