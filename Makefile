@@ -5,6 +5,7 @@ VENV     := .venv
 VPY      := $(VENV)/bin/python
 APT_PKGS := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers
 STAMP    := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.test-extras
 
 .PHONY: demo test setup apt lint dist wheel check-install clean
 
@@ -14,7 +15,7 @@ demo: setup
 
 # ruff, the test suite, then the built sdist and wheel installed into fresh virtual environments
 # outside the checkout and run from another directory (tests/install/run.sh).
-test: setup
+test: setup $(TEST_STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q
 	$(MAKE) check-install
@@ -35,6 +36,13 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The optional frameworks the tests of ssm_torch and ssm_jax need: torch's CPU build pinned (a bare
+# requirement can pull a multi-GB CUDA build), transformers for the Hugging Face models, jax.
+$(TEST_STAMP): $(STAMP)
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q einops transformers jax jaxlib
+	touch $(TEST_STAMP)
 
 lint: setup
 	$(VPY) -m ruff check .
