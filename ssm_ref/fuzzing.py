@@ -101,7 +101,8 @@ def crash_message(e: BaseException) -> str:
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
          save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
     """Fuzz ``backends`` (ports: modules with NAME, ssm_scan, ssm_scan_back, supports;
-    docs/PORTING.md, "The port interface") for ``minutes``.
+    docs/PORTING.md, "The port interface") for ``minutes`` (every property checks one drawn problem
+    at least, however short the time).
 
     properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
@@ -136,10 +137,11 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     done: set = set()
     cfg = settings(max_examples=batch, database=None, deadline=None, phases=(Phase.generate, Phase.shrink),
                    suppress_health_check=list(HealthCheck))
-    while time.monotonic() < deadline and len(done) < len(pairs):
+    first = True
+    while (first or time.monotonic() < deadline) and len(done) < len(pairs):
         for module, name in pairs:
             key = (_modname(module), name)
-            if key in done or time.monotonic() >= deadline:
+            if key in done or (not first and time.monotonic() >= deadline):
                 continue
             prop = PROPERTIES[name]
             strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes)
@@ -147,8 +149,9 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             found = []
 
             def fails(case, module=module, prop=prop, key=key, found=found) -> bool:
-                if not found and time.monotonic() >= deadline:
-                    raise _TimeUp           # stop drawing; a failure already found is still shrunk
+                if not found and report.examples.get(key, 0) and time.monotonic() >= deadline:
+                    raise _TimeUp           # stop drawing (each pair checks one problem at least); a
+                                            # failure already found is still shrunk
                 report.examples[key] = report.examples.get(key, 0) + 1
                 try:
                     applied = prop.check(module, case, tol)
@@ -166,6 +169,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             report.failures.append(_failure(module, key, prop, case, tol, save_dir))
             if log:
                 log(f"FAIL {key[0]} {name}: {reproducer(case)}")
+        first = False
         if log and time.monotonic() - last_log >= 10.0:
             last_log = time.monotonic()
             log(f"{last_log - start:6.0f} s  {sum(report.checked.values())} checks, "

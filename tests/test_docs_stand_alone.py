@@ -24,7 +24,8 @@ def _sources():
     for pattern in _SOURCES:
         for p in REPO.rglob(pattern):
             rel = p.relative_to(REPO)
-            if _SKIP & set(rel.parts) or rel.parts[:2] in {("docs", "archive"), ("docs", "results")}:
+            hidden = any(part.startswith(".") for part in rel.parts)   # .git, .venv, local folders
+            if _SKIP & set(rel.parts) or hidden or rel.parts[:2] in {("docs", "archive"), ("docs", "results")}:
                 continue
             if p.is_file():
                 yield p

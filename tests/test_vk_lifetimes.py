@@ -225,3 +225,18 @@ def test_a_lost_context_is_not_destroyed_under_a_call_still_inside_it(monkeypatc
     assert "r" in result or "lost" in result
     assert ctx.closed                  # and the last call to leave it closed it
     assert ssm_vk.ssm_scan(**case.args()).where.startswith("Vulkan")
+
+
+def test_a_process_replaces_its_context_many_times():
+    # An NVIDIA driver refused the 31st VkInstance of a process (VK_ERROR_INCOMPATIBLE_DRIVER) even
+    # with every earlier one destroyed; contexts share the process's instance, so closing and
+    # replacing the context (a lost device, close() then get_context()) never runs out.
+    case = make_problem(np.random.default_rng(800), S=1, T=3, H=2, P=2, N=4, G=1)
+    want = ssm_vk.ssm_scan(**case.args()).y
+    for i in range(40):
+        rt.close()
+        ctx = rt.get_context()
+        assert not ctx.lost, i
+        if i % 8 == 0:
+            r = ssm_vk.ssm_scan(**case.args())
+            assert r.where.startswith("Vulkan") and np.array_equal(r.y, want), i

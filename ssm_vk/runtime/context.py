@@ -129,18 +129,7 @@ class Context:
     def _create(self, chosen: DeviceInfo) -> None:
         vk = self._vk
         ffi = vk.ffi
-        layers, extensions, pnext = [], [], None
-        if self.validation:
-            # The messenger info is chained so that creating and destroying the instance are checked too.
-            layers, extensions, pnext = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION], self._messenger_info()
-            if VALIDATION_FEATURES_EXTENSION in device.layer_extensions(VALIDATION_LAYER):
-                # Synchronization validation as well: a missing barrier is the mistake lavapipe
-                # hides best (it happens to run commands in order).
-                extensions.append(VALIDATION_FEATURES_EXTENSION)
-                pnext = vk.VkValidationFeaturesEXT(
-                    pNext=pnext, enabledValidationFeatureCount=1,
-                    pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
-        self._instance = device.create_instance(layers, extensions, pnext)
+        self._instance = _process_instance(self.validation)
         if self.validation:
             create = vk.vkGetInstanceProcAddr(self._instance, "vkCreateDebugUtilsMessengerEXT")
             with binding.translated("vkCreateDebugUtilsMessengerEXT"):
@@ -396,9 +385,7 @@ class Context:
             destroy = vk.vkGetInstanceProcAddr(self._instance, "vkDestroyDebugUtilsMessengerEXT")
             destroy(self._instance, self._messenger, None)
             self._messenger = None
-        if self._instance is not None:
-            vk.vkDestroyInstance(self._instance, None)
-            self._instance = None
+        self._instance = None   # the process's, shared: destroyed at exit (_process_instance)
 
     def abandon(self) -> None:
         """Give the context up without a Vulkan call: in a forked child, whose process has the
@@ -436,6 +423,49 @@ class _LimitOverride:
         self.restore()
 
 
+# One VkInstance per process (per validation setting), shared by every context it makes. Seen on
+# an NVIDIA H200 (driver 580.159.04): the 31st vkCreateInstance of a process fails with
+# VK_ERROR_INCOMPATIBLE_DRIVER although every earlier instance was destroyed, while devices can be
+# made and destroyed any number of times -- so a process that replaced its context 30 times (a lost
+# device, close() and get_context()) could not use Vulkan any more.
+_instances: dict[bool, object] = {}
+_instances_lock = threading.Lock()
+
+
+def _process_instance(validation: bool):
+    """The process's VkInstance, with the validation layer (and its synchronization checks, where
+    offered) when ``validation``; made on first use, destroyed at exit."""
+    with _instances_lock:
+        inst = _instances.get(validation)
+        if inst is not None:
+            return inst
+        vk = binding.require()
+        layers, extensions, pnext = [], [], None
+        if validation:
+            layers, extensions = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION]
+            if VALIDATION_FEATURES_EXTENSION in device.layer_extensions(VALIDATION_LAYER):
+                # Synchronization validation as well: a missing barrier is the mistake lavapipe
+                # hides best (it happens to run commands in order).
+                extensions.append(VALIDATION_FEATURES_EXTENSION)
+                pnext = vk.VkValidationFeaturesEXT(
+                    enabledValidationFeatureCount=1,
+                    pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
+        inst = _instances[validation] = device.create_instance(layers, extensions, pnext)
+        if len(_instances) == 1:
+            atexit.register(_destroy_instances)  # after every context's close (atexit runs newest first)
+        return inst
+
+
+def _destroy_instances() -> None:
+    with _instances_lock:
+        insts = list(_instances.values())
+        _instances.clear()
+    if insts:
+        vk = binding.require()
+        for inst in insts:
+            vk.vkDestroyInstance(inst, None)
+
+
 def get_context(device_index: int | str | None = None, validation: bool | None = None) -> Context:
     """The process's open context, created on first use (device per ``device.choose``; validation
     per ``$SSM_VK_VALIDATION`` unless given). A lost or closed context is replaced by a new one.
@@ -462,11 +492,12 @@ def _after_fork_in_child() -> None:
     on a GPU its driver state): using it hung until VulkanTimeout. Abandon it -- never destroy
     what the parent still uses -- and renew the locks a parent thread may have held at the fork;
     the child's first call makes a context of its own."""
-    global _current, _current_lock, _get_lock
-    _current_lock, _get_lock = threading.Lock(), threading.Lock()
+    global _current, _current_lock, _get_lock, _instances_lock
+    _current_lock, _get_lock, _instances_lock = threading.Lock(), threading.Lock(), threading.Lock()
     if _current is not None:
         _current.abandon()
     _current = None
+    _instances.clear()  # the parent's instances: never destroyed here
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
