@@ -44,17 +44,15 @@ def _dims(what: str, shape) -> tuple:
     return tuple(out)
 
 
-def _give_back(ctx, buf) -> None:
-    # Runs from a _Release (release(), or the owner collected); the context (and so the pool) may
-    # be gone already.
-    if ctx.closed or buf.closed:
+def _give_back(buffers, buf) -> None:
+    # Runs from a _Release (release(), or the owner collected); the pool (closed with its
+    # context) may be gone already.
+    if buffers.closed or buf.closed:
         return
-    p = ctx.extension("pool")
-    if p is not None and not p.closed:
-        try:
-            p.release(buf)
-        except ValueError:
-            pass
+    try:
+        buffers.release(buf)
+    except ValueError:
+        pass
 
 
 # The _Releases not yet run, by their id. Holding them here keeps them (weak references) alive
@@ -75,12 +73,12 @@ class _Release(weakref.ref):
     interpreter exit (finalize's atexit pass): the context's own atexit close frees every buffer.
     """
 
-    __slots__ = ("_buf", "_ctx", "alive")
+    __slots__ = ("_buf", "_pool", "alive")
 
     def run(self) -> None:
         self.alive = False  # False from the moment it starts running
         if _pending.pop(id(self), None) is self:
-            _give_back(self._ctx, self._buf)
+            _give_back(self._pool, self._buf)
 
 
 def _collected(ref, _pending=_pending, _give_back=_give_back) -> None:
@@ -89,13 +87,13 @@ def _collected(ref, _pending=_pending, _give_back=_give_back) -> None:
     # interpreter tears the module down.
     if _pending.pop(id(ref), None) is ref:
         ref.alive = False
-        _give_back(ref._ctx, ref._buf)
+        _give_back(ref._pool, ref._buf)
 
 
 def _track(owner, ctx, buf) -> _Release:
     """The _Release of ``owner``, an owning DeviceArray of ``buf``."""
     release = _Release(owner, _collected)
-    release._ctx = ctx
+    release._pool = pool(ctx)
     release._buf = buf
     release.alive = True
     _pending[id(release)] = release
@@ -129,7 +127,7 @@ class DeviceArray:
         return len(self.shape)
 
     @classmethod
-    def _from_pool(cls, ctx, buffer, shape: tuple) -> DeviceArray:
+    def _from_pool(cls, ctx, buffer, shape: tuple, buffers=None) -> DeviceArray:
         """What ``DeviceArray(ctx, buffer, shape)`` makes, for a float32 ``buffer`` the caller
         just acquired from ``ctx``'s pool and a ``shape`` that is a tuple of Python ints: the
         per-call outputs of ssm_vk, without the argument conversions."""
@@ -145,7 +143,7 @@ class DeviceArray:
             return self
         # _track(self, ctx, buffer), inlined (each output of each call)
         release = self._finalizer = _Release(self, _collected)
-        release._ctx = ctx
+        release._pool = pool(ctx) if buffers is None else buffers
         release._buf = buffer
         release.alive = True
         _pending[id(release)] = release
@@ -195,11 +193,11 @@ class DeviceArray:
             return np.zeros(self.shape, dtype=self.dtype)
         self._check_live()
         ctx = self.ctx
-        ctx.enter()
+        token = ctx.enter()
         try:
             out = rt.download(self.buffer, ((self.size,), self.dtype), self.offset * self.dtype.itemsize)
         finally:
-            ctx.leave()
+            ctx.leave(token)
         return out.reshape(self.shape)
 
     def reshape(self, *shape) -> DeviceArray:
@@ -287,11 +285,11 @@ def upload_to(ctx, array) -> DeviceArray:
         a = np.ascontiguousarray(a, dtype=np.int32)
     else:
         raise TypeError(f"to_device: expected a float or integer array, got dtype {a.dtype}")
-    ctx.enter()
+    token = ctx.enter()
     try:
         out = empty(ctx, a.shape, a.dtype)
         if a.size:
             rt.upload(out.buffer, a)
     finally:
-        ctx.leave()
+        ctx.leave(token)
     return out

@@ -8,7 +8,7 @@ It owns:
 - the support decisions (decision.decide), by problem signature;
 - the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
-  :meth:`Engine.kept_key`;
+  ``Workspace.kept_key`` (dims, limits, knobs: what a forward and its backward share);
 - the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
 - counters (``reruns``, ``states_reused``) for tests and benchmarks.
 
@@ -128,11 +128,6 @@ class Engine:
                 ws.close()
 
     # -- the forward's tables for the backward ---------------------------------------------------
-    @staticmethod
-    def kept_key(dims, lim: Limits, knobs: Settings) -> tuple:
-        """The one key of a forward's tables: the forward and its backward share dims, limits and
-        knobs."""
-        return dims, lim, knobs.key
 
     def keep(self, key: tuple, ws: Workspace, arrays: tuple, ids: bytes) -> None:
         """Record that forward workspace ``ws`` holds the tables of device-resident ``arrays``."""
@@ -141,8 +136,9 @@ class Engine:
             self.kept[key] = KeptForward(ws, who, ids)
 
     def forget(self, key: tuple) -> None:
-        with self._kept_lock:
-            self.kept.pop(key, None)
+        if key in self.kept:      # (a look-up needs no lock; most forwards have nothing to forget)
+            with self._kept_lock:
+                self.kept.pop(key, None)
 
     def kept_for(self, key: tuple, arrays: tuple, ids: bytes, CL: int) -> KeptForward | None:
         """The forward tables these backward inputs may take -- the last chunked forward of the

@@ -41,7 +41,7 @@ class Lane:
     """The answers of the full path for one signature: the ``engine`` (and so the context) and
     the context's ``info`` then, the ``dims`` of the validated Problem, the planner's ``limits``
     and ``knobs``, the workspace ``ws`` (chunked kernels allowed, as every call's first attempt),
-    ``bound`` (run.bind_inputs of the inputs) and ``where``."""
+    ``bound`` (run.bind_inputs of the inputs, and their buffers) and ``where``."""
 
     __slots__ = ("bound", "ctx", "dims", "engine", "info", "knobs", "limits", "where", "ws")
 
@@ -99,9 +99,10 @@ def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: boo
     if ws.closed or signature(ctx, backward, arrays, knobs) != sig:
         return
     try:
-        bound = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
+        bufs, key = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
+    bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy
     if ctx.info is not info:
         return
     engine.add_lane(sig, Lane(engine, info, p.dims, lim, knobs, ws, bound))

@@ -58,7 +58,7 @@ def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool 
 
 def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane) -> dict:
     ctx = engine.ctx
-    ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
+    token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
             return _run_once(engine, p, backward, lim, knobs, device_out, lane=lane)
@@ -68,7 +68,7 @@ def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: boo
             engine.clear()
             return _run_once(engine, p, backward, lim, knobs, device_out)
     finally:
-        ctx.leave()
+        ctx.leave(token)
 
 
 def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
@@ -120,17 +120,23 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
     ws.settle()
     names = BWD_IN if backward else FWD_IN
-    resident = [getattr(p, k) for k in names if type(getattr(p, k)) is DeviceArray]
     buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
     # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
     # thread), they go back to the pool only then. Liveness is checked after they are marked.
-    token = buffers.busy(tuple(a.buffer for a in resident if a.buffer is not None)) if resident else None
+    if bound is None:
+        resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
+        held = tuple(a.buffer for a in resident if a.buffer is not None)
+    else:                     # a lane: every input is a DeviceArray, its buffers known
+        resident = [getattr(p, k) for k in names]
+        held = bound[2]
+    token = buffers.busy(held) if held else None
     try:
         if bound is None:
             bufs, key = bind_inputs(ws, p, backward)
         else:
             for a in resident:
-                a._check_live()
+                if a is not None:
+                    a._check_live()
             bufs, key = dict(bound[0]), list(bound[1])
         return _run_bound(engine, ws, p, backward, device_out, bufs, key)
     finally:
@@ -150,7 +156,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
         ids = p.ids.tobytes()
         key.append(ids)
         cp = ws.plan.chunked
-        kept_key = engine.kept_key(ws.dims, ws.limits, ws.knobs)
+        kept_key = ws.kept_key
         kept = None
         if backward and cp is not None:
             kept = engine.kept_for(kept_key, tuple(getattr(p, k) for k in FWD_IN), ids, cp.CL)
@@ -161,7 +167,8 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             elif backward:
                 seq = ws.sequence(tuple(key), lambda seq: record_backward(seq, ws, p, bufs))
             else:
-                engine.forget(kept_key)  # this forward overwrites the chunk states from here on
+                if cp is not None:
+                    engine.forget(kept_key)  # this forward overwrites the chunk states from here on
                 seq = ws.sequence(tuple(key), lambda seq: record_forward(seq, ws, p, bufs))
             seq.submit()
         finally:

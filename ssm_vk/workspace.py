@@ -39,6 +39,8 @@ class Workspace:
         self.knobs = knobs
         self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
         self.plan = choose_plan(ctx, dims, self.limits, backward, knobs, chunked=chunked)
+        # the one key of a chunked forward's tables, which its backward looks up (engine.KeptForward)
+        self.kept_key = (dims, limits, knobs.key)
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
@@ -161,7 +163,7 @@ class Workspace:
             i = 0
             try:
                 for k, shape, nbytes in self._out_specs:
-                    out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape)
+                    out[k] = DeviceArray._from_pool(ctx, bufs[i] if nbytes else None, shape, p)
                     i += 1 if nbytes else 0
             except BaseException:
                 release_all(out)

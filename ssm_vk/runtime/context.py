@@ -14,6 +14,7 @@ sequences at once; one sequence must not be used from two threads at a time.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -84,8 +85,10 @@ class Context:
         self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False
         self.retired = False                     # closed for new work, destroyed when the last call leaves
-        self._calls = 0                          # calls inside the context now (enter/leave)
-        self._calls_lock = threading.Lock()
+        self._inside: set = set()                # tokens of the calls inside the context now (enter/leave)
+        self._tokens = itertools.count(1)
+        self._closing = False
+        self._calls_lock = threading.Lock()      # serialises close()
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
         self.info: DeviceInfo = chosen
         self._vk = vk
@@ -196,29 +199,34 @@ class Context:
         if self.closed:
             raise RuntimeError("this Vulkan context is closed")
 
-    def enter(self) -> None:
+    def enter(self) -> int:
         """A call starts using the context (its device, queue and objects): until the matching
-        :meth:`leave`, nothing destroys them -- a lost context that :func:`get_context` replaces,
-        or a :meth:`close` from another thread, waits for the last call to leave. Raises
-        DeviceLost (lost) or RuntimeError (closed or retired): the call must not start."""
-        with self._calls_lock:
-            if self.lost or self.closed or self.retired:
-                self.check_usable()
-                raise RuntimeError("this Vulkan context is being closed")
-            self._calls += 1
+        :meth:`leave` of the token returned, nothing destroys them -- a lost context that
+        :func:`get_context` replaces, or a :meth:`close` from another thread, waits for the last
+        call to leave. Raises DeviceLost (lost) or RuntimeError (closed or retired): the call must
+        not start.
 
-    def leave(self) -> None:
+        No lock (each call): a token's next() and a set's add are atomic; the call registers
+        itself, then looks at the flags, while close() sets its flag, then looks at the calls --
+        so one of the two always sees the other."""
+        token = next(self._tokens)
+        self._inside.add(token)
+        if self.lost or self.closed or self.retired or self._closing:
+            self._inside.discard(token)
+            self.check_usable()
+            raise RuntimeError("this Vulkan context is being closed")
+        return token
+
+    def leave(self, token: int) -> None:
         """End :meth:`enter`; the last call to leave a retired context closes it."""
-        with self._calls_lock:
-            self._calls -= 1
-            last = self._calls == 0 and self.retired
-        if last:
+        self._inside.discard(token)
+        if self.retired and not self._inside:
             self.close()
 
     @property
     def calls(self) -> int:
         """How many calls are inside the context now."""
-        return self._calls
+        return len(self._inside)
 
     def mark_lost(self) -> None:
         """Record that the device is gone: every later use raises DeviceLost; get_context() makes a new one."""
@@ -347,7 +355,8 @@ class Context:
         Vulkan error (a lost device cannot fail its cleanup in a useful way)."""
         global _current
         with self._calls_lock:
-            if self._calls > 0 and not self.closed:
+            self._closing = True
+            if self._inside and not self.closed:
                 # A call is inside: retire instead -- no new work, no longer the process's
                 # context -- and let the last call to leave destroy it.
                 self.retired = True
@@ -393,7 +402,7 @@ class Context:
         self.closed = self.lost = True
         self.lock = threading.RLock()  # the parent's may have been held by a thread that is gone
         self._calls_lock = threading.Lock()
-        self._calls = 0
+        self._inside = set()
         atexit.unregister(self.close)
 
     def __enter__(self) -> Context:

@@ -235,7 +235,7 @@ class BufferPool:
         self._kept: dict[int, Buffer] = {}      # reserved buffers that are free, by serial
         self._busy: dict[int, tuple] = {}       # token -> buffers a call in flight reads (busy())
         self._deferred: dict[int, Buffer] = {}  # released while busy: taken back when the call ends
-        self._tokens = 0
+        self._tokens = itertools.count(1)
 
     @staticmethod
     def size_class(nbytes: int) -> int:
@@ -358,20 +358,24 @@ class BufferPool:
     def busy(self, buffers: tuple) -> int:
         """Mark ``buffers`` as read by work in flight until :meth:`idle` of the returned token: a
         buffer released meanwhile (its DeviceArray released by another thread) is taken back only
-        then, so no acquisition hands it out -- and no upload overwrites it -- under the GPU."""
-        with self._lock:
-            self._tokens += 1
-            self._busy[self._tokens] = buffers
-            return self._tokens
+        then, so no acquisition hands it out -- and no upload overwrites it -- under the GPU.
+
+        No lock (each call, each input): a counter's next() and one dict store are atomic, and
+        :meth:`release` reads a snapshot of the marks under the pool's lock. A release that did
+        not see a mark yet happened before it; the caller checks its arrays' liveness after
+        marking them, so it sees that release and refuses the call."""
+        token = next(self._tokens)
+        self._busy[token] = buffers
+        return token
 
     def idle(self, token: int) -> None:
         """End :meth:`busy`: the buffers released while busy (and busy for no other call) are
         taken back now."""
+        self._busy.pop(token, None)
+        if not self._deferred:
+            return
         with self._lock:
-            self._busy.pop(token, None)
-            if not self._deferred:
-                return
-            still = {b.serial for bufs in self._busy.values() for b in bufs}
+            still = {b.serial for bufs in list(self._busy.values()) for b in bufs}
             for serial in [s for s in self._deferred if s not in still]:
                 self._take_back(self._deferred.pop(serial))
 
@@ -381,20 +385,20 @@ class BufferPool:
         with self._lock:
             if not isinstance(buffer, Buffer) or buffer.serial not in self._out or buffer.serial in self._deferred:
                 raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
-            if self._busy and any(buffer in bufs for bufs in self._busy.values()):
+            if self._busy and any(buffer in bufs for bufs in list(self._busy.values())):
                 self._deferred[buffer.serial] = buffer
                 return
             self._take_back(buffer)
 
     def _take_back(self, buffer: Buffer) -> None:
-        with self._lock:
-            self._out.discard(buffer.serial)
-            if buffer.closed:
-                self._made.pop(buffer.serial, None)
-                return
-            if buffer.serial in self._reserved:
-                self._kept[buffer.serial] = buffer
-                return
+        """Back to the free lists (the caller holds the lock)."""
+        serial = buffer.serial
+        self._out.discard(serial)
+        if buffer.closed:
+            self._made.pop(serial, None)
+        elif serial in self._reserved:
+            self._kept[serial] = buffer
+        else:
             free = self._free.get(buffer.size)
             if free is None:
                 free = self._free[buffer.size] = []
