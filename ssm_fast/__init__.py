@@ -28,11 +28,13 @@ from ssm_ref import (
     ScanGrads,
     ScanResult,
     Support,
+    __version__,
     check_backward,
+    check_dt_softplus,
     check_forward,
     check_op,
 )
-from ssm_ref._version import __version__
+from ssm_ref.scan import softplus, softplus_grad
 
 from . import compiling, config, guard, pool, threads
 from . import kernels_bwd as _kb
@@ -51,7 +53,18 @@ _F32 = np.float32
 compiling.install()
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
+def _steps(dt, form):
+    """(what the kernels read for dt, whether they take it as the step itself) for the
+    ``dt_softplus`` form: ggml's softplus is the kernels' own; the accurate log1p form is applied
+    here (float32, ssm_ref.scan.softplus) and the kernels take its result as the step."""
+    if form == "ggml":
+        return dt, False
+    if form is None:
+        return dt, True
+    return softplus(dt, "log1p"), True
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
     Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
@@ -59,11 +72,14 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
     converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
     where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
     (the checks of ssm_ref). Inputs are never written.
+    ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
     Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
     """
+    check_dt_softplus(dt_softplus)
     if guard.unusable():
-        return _reference().ssm_scan(s, x, dt, A, B, C, ids)
+        return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
+    steps, identity = _steps(p.dt, dt_softplus)
     d = p.dims
     y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
     states = np.empty((d.S, d.H, d.P, d.N), dtype=_F32)
@@ -77,10 +93,10 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
         kernel = _kf.forward_mamba2
     counter = np.zeros(1, dtype=np.int64)
     if d.mamba1:
-        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, y, states)
+        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, y, states)
     else:
         direct = d.S * d.H * d.P * d.N * 4 <= config.DECODE_DIRECT_BYTES
-        args = (counter, p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
+        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
     pool.run(kernel, args, threads.count(d, "fwd", n_tasks))
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
@@ -121,7 +137,7 @@ def _segment(d, lanes: int) -> int:
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
 
     g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
@@ -130,9 +146,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     backend="ssm_fast". Raises as ssm_ref. Bit-identical for any thread count (docs/FAST.md).
     Same function: ssm_ref.ssm_scan_back, ssm_vk.ssm_scan_back.
     """
+    check_dt_softplus(dt_softplus)
     if guard.unusable():
-        return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+        return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, dt_softplus=dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace)
+    steps, identity = _steps(p.dt, dt_softplus)
     d = p.dims
     S, T, H, P, N, G = d.S, d.T, d.H, d.P, d.N, d.G
     lanes = config.LANES
@@ -150,7 +168,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
     else:
         part_B = np.zeros((S, chunks, T, G, N), dtype=_F32)
         part_C = np.zeros((S, chunks, T, G, N), dtype=_F32)
-    args = (p.s, p.x, p.dt, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, seg, chunks)
+    args = (p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, seg, chunks)
     outs = (d_s0, d_x, dd, dA_rows, part_B, part_C)
     d_dt = np.empty((S, T, H), dtype=_F32)
     d_A = np.empty(p.A.shape, dtype=_F32)
@@ -162,8 +180,10 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
         pool.run(_kb.backward_mamba1, (counter[:1], *args, lanes, n_tasks, *outs), n)
     else:
         pool.run(_kb.backward_mamba2, (counter[:1], *args, n_tasks, *outs), n)
-    fin = (counter[1:], p.dt, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
+    fin = (counter[1:], steps, identity, p.ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s)
     pool.run(_kb.finish, fin, min(n, _kb.tasks_finish(dd, d_A, d_s)))
+    if dt_softplus == "log1p":   # the kernels gave dL/d(step): times the step's derivative
+        d_dt *= softplus_grad(p.dt, "log1p")
     return ScanGrads(d_s=d_s, d_s0=d_s0, d_x=d_x, d_dt=d_dt,
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 

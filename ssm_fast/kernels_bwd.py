@@ -49,7 +49,7 @@ F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @njit(**TASK)
-def _finish_token(it, dt, dd, part_B, part_C, d_dt, d_B, d_C):
+def _finish_token(it, dt, identity, dd, part_B, part_C, d_dt, d_B, d_C):
     """finish's work for token it = i*T + t: d_dt[i, t, :] and, with several chunks, d_B / d_C."""
     prefer_vector_width()
     T, H, P = dd.shape[1], dd.shape[2], dd.shape[3]
@@ -63,7 +63,7 @@ def _finish_token(it, dt, dd, part_B, part_C, d_dt, d_B, d_C):
         for p in range(P):
             dd_h[h] += dd[i, t, h, p]
     for h in range(H):
-        d_dt[i, t, h] = np.float32(dd_h[h]) * sigmoid_f32(dt[i, t, h])
+        d_dt[i, t, h] = np.float32(dd_h[h]) if identity else np.float32(dd_h[h]) * sigmoid_f32(dt[i, t, h])
     if chunks > 1:
         for g in range(G):
             for n in range(N):
@@ -111,7 +111,7 @@ def _finish_row(r, ids, d_s0, d_s):
 
 
 @njit(**DRIVER)
-def backward_mamba2(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, n_tasks,
+def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, seg, chunks, n_tasks,
                     d_s0, d_x, dd, dA_rows, part_B, part_C):
     """Mamba-2 backward, rows layout. Inputs as the forward plus g_y (S,T,H,P), g_states
     (S,H,P,N). Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and
@@ -147,7 +147,7 @@ def backward_mamba2(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
             nr = 2 if (r + 1 < rb and p + 1 < P) else 1      # rows in this step: (p, p+1) or p
             if h != h_cur:
                 for t in range(T):
-                    d = softplus_f32(dt[i, t, h])
+                    d = dt[i, t, h] if identity else softplus_f32(dt[i, t, h])
                     d_t[t] = d
                     a_t[t] = exp_f32(d * A[h, 0])
                 h_cur = h
@@ -279,7 +279,7 @@ def backward_mamba2(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
             r += nr
 
 @njit(**DRIVER)
-def backward_mamba1(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks, lanes, n_tasks,
+def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, seg, chunks, lanes, n_tasks,
                     d_s0, d_x, dd, dA_rows, part_B, part_C):
     """Mamba-1 backward, lanes layout. As :func:`backward_mamba2` with A (H,N) and dA_rows
     (S,H,P,N) float64; ``lanes``: rows walked side by side."""
@@ -332,7 +332,7 @@ def backward_mamba1(counter, s, x, dt, A, B, C, ids, g_y, g_states, seg, chunks,
                     dA1[n, l] = ZERO
             for t in range(T):
                 for l in range(nl):
-                    d_tl[t, l] = softplus_f32(dt[i, t, h_l[l]])
+                    d_tl[t, l] = dt[i, t, h_l[l]] if identity else softplus_f32(dt[i, t, h_l[l]])
             if nseg > 1:
                 for n in range(N):
                     for l in range(nl):
@@ -408,7 +408,7 @@ def tasks_finish(dd, d_A, d_s) -> int:
 
 
 @njit(**DRIVER)
-def finish(counter, dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s):
+def finish(counter, dt, identity, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, d_C, d_s):
     """The fixed-order reductions after the backward kernels, one task per token, head and cache
     row (every sum runs inside one task, in a fixed order):
 
@@ -427,7 +427,7 @@ def finish(counter, dt, ids, dd, dA_rows, part_B, part_C, d_s0, d_dt, d_A, d_B, 
         if task >= n_tasks:
             break
         if task < n_tok:
-            _finish_token(task, dt, dd, part_B, part_C, d_dt, d_B, d_C)
+            _finish_token(task, dt, identity, dd, part_B, part_C, d_dt, d_B, d_C)
         elif task < n_tok + n_head:
             _finish_head(task - n_tok, dA_rows, d_A)
         else:

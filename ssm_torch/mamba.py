@@ -10,8 +10,8 @@ Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (
 ``F.softplus``: log1p(exp(z)), identity above 20, as mamba_ssm's kernels), Mamba-2's ``dt_limit``
 clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``
 called with ``dt_softplus=None`` (dt is the step), so autograd differentiates those parts exactly
-as written. Each function takes one extra keyword, ``backend`` (None: ssm_fast once it takes
-``dt_softplus``, ssm_ref until then).
+as written. Each function takes one extra keyword, ``backend`` (None: the first backend that takes
+``dt_softplus=None``: ssm_fast).
 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P

@@ -471,3 +471,28 @@ def test_decode_step_both_paths(direct_bytes, monkeypatch):
     rng = np.random.default_rng(7)
     for dims in (dict(S=3, T=1, H=4, P=37, N=33, G=2, R=4, ids=[3, 0, 3]), dict(S=1, T=1, H=2, P=64, N=128, G=1)):
         check_against_reference(*make_problem(rng, **dims))
+
+
+@pytest.mark.parametrize("form", ["ggml", "log1p", None])
+@pytest.mark.parametrize("variant", ["mamba2", "mamba1"])
+def test_every_dt_softplus_form_agrees_with_the_reference(form, variant):
+    # the accurate and the identity forms (what the PyTorch drop-ins call) against ssm_ref's, in
+    # float64, with dt on both softplus branches and far below zero
+    rng = np.random.default_rng(5)
+    p, g_y, g_states = make_problem(rng, S=2, T=9, H=4, P=3, N=8, G=2, mamba1=variant == "mamba1",
+                                    dt_lo=-18.0, dt_hi=24.0)
+    if form is None:
+        p["dt"] = np.abs(p["dt"]) / 10        # a step: positive
+    fast = ssm_fast.ssm_scan(**p, dt_softplus=form)
+    ref32 = ssm_ref.ssm_scan(**p, dt_softplus=form)
+    oracle = ssm_ref.ssm_scan(**p, dtype=np.float64, dt_softplus=form)
+    assert_close_to_oracle(fast, ref32, oracle, OUTPUTS_FWD, 9)
+    gf = ssm_fast.ssm_scan_back(**p, g_y=g_y, g_states=g_states, dt_softplus=form)
+    g32 = ssm_ref.ssm_scan_back(**p, g_y=g_y, g_states=g_states, dt_softplus=form)
+    g64 = ssm_ref.ssm_scan_back(**p, g_y=g_y, g_states=g_states, dtype=np.float64, dt_softplus=form)
+    assert_close_to_oracle(gf, g32, g64, OUTPUTS_BWD, 9)
+    if form != "ggml":   # and they differ from the default form where it matters
+        other = ssm_fast.ssm_scan(**p)
+        assert not np.array_equal(other.y, fast.y)
+    with pytest.raises(ValueError, match=r"^dt_softplus: expected"):
+        ssm_fast.ssm_scan(**p, dt_softplus="exact")

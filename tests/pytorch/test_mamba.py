@@ -412,7 +412,9 @@ def test_decoding_token_by_token_equals_the_scan():
     base, _, _ = m2_problem(12, dict(G=2, D="h", z=True, dt_bias=True, softplus=True, initial=True))
     x, dt, A, B, C, D, z, bias, init = (base[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
                                                            "initial_states"))
-    out, final = mamba.mamba_chunk_scan_combined(**base, chunk_size=4, dt_softplus=True, return_final_states=True)
+    # both on the float64 reference: the same function, to float64 rounding
+    out, final = mamba.mamba_chunk_scan_combined(**base, chunk_size=4, dt_softplus=True, return_final_states=True,
+                                                 backend="ssm_ref")
     batch, L, H, P = x.shape
     N = B.shape[-1]
     state = init.clone()
@@ -420,7 +422,8 @@ def test_decoding_token_by_token_equals_the_scan():
     for t in range(L):
         steps.append(mamba.selective_state_update(
             state, x[:, t], dt[:, t, :, None].expand(batch, H, P), A[:, None, None].expand(H, P, N), B[:, t],
-            C[:, t], D=D[:, None].expand(H, P), z=z[:, t], dt_bias=bias[:, None].expand(H, P), dt_softplus=True))
+            C[:, t], D=D[:, None].expand(H, P), z=z[:, t], dt_bias=bias[:, None].expand(H, P), dt_softplus=True,
+            backend="ssm_ref"))
     assert rel(torch.stack(steps, dim=1), out) < 1e-12 and rel(state, final) < 1e-12
 
 
@@ -445,18 +448,13 @@ def test_complex_a_is_refused_by_name():
 
 def test_the_drop_ins_use_the_identity_form_of_the_backend():
     # Their softplus is torch's, around a scan called with dt_softplus=None: a backend that cannot
-    # take dt_softplus is refused by name, not silently run with ggml's softplus.
-    import inspect
-
-    import ssm_fast
-
-    if "dt_softplus" in inspect.signature(ssm_fast.ssm_scan).parameters:
-        pytest.skip("ssm_fast takes dt_softplus now")
+    # take dt_softplus (ssm_vk) is refused by name, not silently run with ggml's softplus; without
+    # a backend named, ssm_fast runs them.
     p = m1_problem(15, "variable", True, True)
-    with pytest.raises(NotImplementedError, match=r"backend 'ssm_fast' does not implement dt_softplus=None"):
-        mamba.selective_scan_fn(**p, delta_softplus=True, backend="ssm_fast")
+    with pytest.raises(NotImplementedError, match=r"backend 'ssm_vk' does not implement dt_softplus=None"):
+        mamba.selective_scan_fn(**p, delta_softplus=True, backend="ssm_vk")
     mamba.selective_scan_fn(**p, delta_softplus=True)
-    assert ssm_torch.last_where().backend == "ssm_ref"   # backend=None: the first that can
+    assert ssm_torch.last_where().backend == "ssm_fast"   # backend=None: the first that can
 
 
 def test_gradients_only_where_asked():

@@ -188,17 +188,16 @@ def test_the_vulkan_backend_and_where_it_ran():
 
 
 def test_a_backend_without_dt_softplus_says_so():
-    import ssm_fast
-
     case = make_problem(13)
     t, ids = tensors(case, torch.float32)
-    if "dt_softplus" in __import__("inspect").signature(ssm_fast.ssm_scan).parameters:
-        pytest.skip("ssm_fast takes dt_softplus now")
-    for form in ("log1p", None):
-        with pytest.raises(NotImplementedError, match=rf"backend 'ssm_fast' does not implement dt_softplus={form!r}"):
-            ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_fast", dt_softplus=form)
-    y, _ = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_fast", dt_softplus="ggml")
-    assert y.shape == t["x"].shape
+    for form in ("log1p", None):     # ssm_vk computes ggml's form only
+        with pytest.raises(NotImplementedError, match=rf"backend 'ssm_vk' does not implement dt_softplus={form!r}"):
+            ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_vk", dt_softplus=form)
+    y, _ = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_vk", dt_softplus="ggml")
+    assert y.shape == t["x"].shape and ssm_torch.last_where().backend in ("ssm_vk", "ssm_fast")
+    for form in ("log1p", None):     # ssm_fast computes every form
+        y, _ = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_fast", dt_softplus=form)
+        assert ssm_torch.last_where().backend == "ssm_fast"
 
 
 def test_errors_name_the_argument():
