@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import threading
 
 import jax
@@ -46,22 +45,11 @@ def _module(backend: str):
     return importlib.import_module(backend)
 
 
-@functools.cache
-def _takes_dt_softplus(backend: str) -> bool:
-    mod = _module(backend)
-    return all(any(p.name == "dt_softplus" or p.kind is p.VAR_KEYWORD for p in inspect.signature(f).parameters.values())
-               for f in (mod.ssm_scan, mod.ssm_scan_back))
-
-
 def _kwargs(backend: str, dt_softplus, work) -> dict:
+    """The backend call's keywords: the form (every backend takes the three; none passed for the
+    default "ggml") and ssm_ref's working dtype."""
     ssm_ref.check_dt_softplus(dt_softplus)
-    kw = {}
-    if _takes_dt_softplus(backend):
-        kw["dt_softplus"] = dt_softplus
-    elif dt_softplus != "ggml":
-        raise NotImplementedError(
-            f"backend {backend!r} does not implement dt_softplus={dt_softplus!r} (its ssm_scan has no dt_softplus "
-            f"keyword; it computes ggml's log(1 + exp(dt)) only): use backend='ssm_ref', or dt_softplus='ggml'")
+    kw = {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
     if backend == "ssm_ref":
         kw["dtype"] = work
     return kw

@@ -110,7 +110,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
     Raises TypeError / ValueError for bad input before any work, ValueError for a problem beyond
     the host memory limit (ssm_ref.memory) before any allocation.
-    Same function: ssm_fast.ssm_scan (every dt_softplus form), ssm_vk.ssm_scan (ggml's form only).
+    Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan (every dt_softplus form on each).
     """
     check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
@@ -127,7 +127,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32, dt
     (d_dt is the derivative through that form: sigmoid(dt) for both softplus forms, 1 above 20
     and for None). Raises as :func:`ssm_scan`; the host memory it needs includes the T+1 states
     of the recompute.
-    Same function: ssm_fast.ssm_scan_back (every form), ssm_vk.ssm_scan_back (ggml's form only).
+    Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back (every form on each).
     """
     check_dt_softplus(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace)

@@ -13,7 +13,6 @@ without copying. The backends never write their inputs, so the caller's tensors 
 from __future__ import annotations
 
 import importlib
-import inspect
 import threading
 from dataclasses import dataclass
 
@@ -69,35 +68,11 @@ def backend_module(backend: str):
     return importlib.import_module(backend)
 
 
-_TAKES: dict[str, bool] = {}
-
-
-def takes_dt_softplus(backend: str) -> bool:
-    """Whether the backend's ssm_scan and ssm_scan_back accept a ``dt_softplus`` keyword (read from
-    their signatures)."""
-    if backend not in _TAKES:
-        mod = backend_module(backend)
-
-        def accepts(fn) -> bool:
-            params = inspect.signature(fn).parameters.values()
-            return any(p.name == "dt_softplus" or p.kind is p.VAR_KEYWORD for p in params)
-
-        _TAKES[backend] = accepts(mod.ssm_scan) and accepts(mod.ssm_scan_back)
-    return _TAKES[backend]
-
-
 def softplus_kwargs(backend: str, dt_softplus) -> dict:
-    """The keyword to pass for ``dt_softplus`` ({} for the default "ggml"), after the shared check;
-    NotImplementedError when the backend cannot honour a non-default form."""
+    """The keyword to pass for ``dt_softplus`` after the shared check: every backend takes the
+    three forms; none is passed for the default "ggml", so such a call is the backend's plain one."""
     ssm_ref.check_dt_softplus(dt_softplus)
-    if takes_dt_softplus(backend):
-        return {"dt_softplus": dt_softplus}
-    if dt_softplus == "ggml":
-        return {}
-    raise NotImplementedError(
-        f"backend {backend!r} does not implement dt_softplus={dt_softplus!r} (its ssm_scan has no "
-        f"dt_softplus keyword; it computes ggml's log(1 + exp(dt)) only): use backend='ssm_ref', or "
-        f"dt_softplus='ggml'")
+    return {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -30,20 +30,12 @@ from . import ssm_scan as _ssm_scan
 
 __all__ = ["mamba_chunk_scan_combined", "selective_scan_fn", "selective_state_update", "seq_idx_from_cu_seqlens"]
 
-# backend=None: the first of these whose ssm_scan takes dt_softplus (the drop-ins need None)
-_AUTO = ("ssm_fast", "ssm_ref")
-
-
-@torch.compiler.assume_constant_result  # run once, never traced (it may import a backend)
-def _auto_backend() -> str:
-    for name in _AUTO:
-        if _op.takes_dt_softplus(name):
-            return name
-    return _AUTO[-1]
+# backend=None: the CPU backend, as for ssm_torch.ssm_scan
+DEFAULT_BACKEND = "ssm_fast"
 
 
 def _backend(backend):
-    return _auto_backend() if backend is None else backend
+    return DEFAULT_BACKEND if backend is None else backend
 
 
 def _work(backend: str, *tensors) -> torch.dtype:

@@ -7,7 +7,7 @@ import logging
 import os
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_forward
+from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward
 from ssm_ref.checks import device_problem
 
 from . import config, lanes, run
@@ -15,6 +15,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, upload_to
 from .decision import decide
 from .engine import engine_of
+from .kernels import SOFTPLUS
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -73,10 +74,20 @@ class _Decided:
         self.lim, self.knobs, self.device_out = lim, knobs, device_out
 
 
-def _decision(op: str, p, knobs: config.Settings) -> _Decided:
+def _form(dt_softplus) -> int:
+    """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS); ValueError for another value."""
+    try:
+        return SOFTPLUS[dt_softplus]
+    except (KeyError, TypeError):   # (an unhashable value)
+        check_dt_softplus(dt_softplus)
+        raise
+
+
+def _decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
     """Whether ``p`` runs on the device (ssm_vk.decision), decided before any allocation, cached
     in the context's Engine by everything it depends on: the context's limits (``ctx.info``,
-    which override_limits swaps), op, dims, which inputs are device-resident and the knobs."""
+    which override_limits swaps), op, dims, which inputs are device-resident, the knobs and the
+    step's form."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:  # (current_context() is open or None)
         ctx, reason = _context_or_reason()
@@ -87,13 +98,13 @@ def _decision(op: str, p, knobs: config.Settings) -> _Decided:
     # Which inputs are device-resident is a matter of their types (DeviceArray's class attribute
     # ``_ssm_device_array``): the key holds the types, the set is worked out on a miss.
     types = (type(p.s), type(p.x), type(p.dt), type(p.A), type(p.B), type(p.C), type(p.g_y), type(p.g_states))
-    key = (id(info), op, p.dims, types, knobs.key)
+    key = (id(info), op, p.dims, types, knobs.key, softplus)
     hit = engine.decision(key)
     if hit is not None and hit.info is info:   # the entry keeps ``info`` alive: its id is not reused
         return hit
     resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     lim = engine.limits(info, knobs)
-    sup, cache = decide(ctx, lim, knobs, op, p, resident)
+    sup, cache = decide(ctx, lim, knobs, op, p, resident, softplus)
     if sup and "token-sequential kernels run it" in sup.reason:
         _log_once(f"ssm_vk: {sup.reason}")
     out = _Decided(sup, engine, info, lim, knobs, bool(resident))
@@ -138,16 +149,18 @@ def _fast():
     return ssm_ref
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
     when the call falls back); otherwise numpy arrays. A case the device cannot run is computed
     by ssm_fast on the CPU (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
+    ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
     """
+    sp = _form(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
-    lane, sig = lanes.find(False, arrays, knobs)  # sig: None unless every float input is a live DeviceArray
+    lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
         p = device_problem(lane.dims, arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
@@ -155,40 +168,48 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> ScanResult:
             return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    dec = _decision("ssm_scan", p, knobs)
+    dec = _decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
-        return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids), p, ("y", "states"))
-    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out)
+        return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids,
+                                      **_form_kwargs(dt_softplus)), p, ("y", "states"))
+    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays)
+        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp)
     return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states) -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
-    and fallback behaviour as :func:`ssm_scan`."""
+    and fallback behaviour and ``dt_softplus`` as :func:`ssm_scan`."""
+    sp = _form(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    lane, sig = lanes.find(True, arrays, knobs)
+    lane, sig = lanes.find(True, arrays, knobs, sp)
     if lane is not None:
         p = device_problem(lane.dims, arrays, ids)
         if p is not None:
             return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    dec = _decision("ssm_scan_back", p, knobs)
+    dec = _decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
-        return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs), p,
-                         ssm_ref.GRAD_NAMES)
-    g = run.backward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out)
+        return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
+                                           **_form_kwargs(dt_softplus)), p, ssm_ref.GRAD_NAMES)
+    g = run.backward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, True, arrays)
+        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, True, arrays, sp)
     return _grads(g, dec.info.where)
+
+
+def _form_kwargs(dt_softplus) -> dict:
+    """The fallback's ``dt_softplus`` keyword: none for ggml's form (the default of both CPU
+    backends), so the call is the one it always was."""
+    return {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
 
 
 def _resident(result, p, names: tuple):

@@ -64,12 +64,13 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
     return ""
 
 
-def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True) -> tuple[Plan, str]:
+def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
+                    softplus: int = 0) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels that plan.plan picked for the
     shape -- their SPIR-V cannot be had here, or the device does not take them; "" when it did
     not). ``chunked`` False: never the chunked kernels (the recompute of a non-finite result).
-    Raises TooLarge when no plan fits."""
-    pl = plan(d, lim, backward, knobs)
+    ``softplus``: the step's form (kernels.SOFTPLUS). Raises TooLarge when no plan fits."""
+    pl = plan(d, lim, backward, knobs, softplus)
     if pl.chunked is None:
         return pl, ""
     why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""
@@ -78,17 +79,20 @@ def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunke
     return pl, why
 
 
-def choose_plan(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True) -> Plan:
+def choose_plan(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
+                softplus: int = 0) -> Plan:
     """The plan of :func:`choose_plan_why`."""
-    return choose_plan_why(ctx, d, lim, backward, knobs, chunked)[0]
+    return choose_plan_why(ctx, d, lim, backward, knobs, chunked, softplus)[0]
 
 
-def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset) -> tuple[Support, bool]:
-    """(whether problem ``p`` runs on ``ctx`` for ``op``, whether the answer may be cached: a
-    refusal for want of SPIR-V is not, as glslc on PATH or a warm cache may lift it later)."""
+def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
+           softplus: int = 0) -> tuple[Support, bool]:
+    """(whether problem ``p`` runs on ``ctx`` for ``op`` with the step's form ``softplus``, whether
+    the answer may be cached: a refusal for want of SPIR-V is not, as glslc on PATH or a warm
+    cache may lift it later)."""
     backward = op == "ssm_scan_back"
     try:
-        pl, dropped = choose_plan_why(ctx, p.dims, lim, backward, knobs)
+        pl, dropped = choose_plan_why(ctx, p.dims, lim, backward, knobs, softplus=softplus)
     except TooLarge as e:
         return Support(False, str(e)), True
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)

@@ -8,7 +8,8 @@ It owns:
 - the support decisions (decision.decide), by problem signature;
 - the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
-  ``Workspace.kept_key`` (dims, limits, knobs: what a forward and its backward share);
+  ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
+  share);
 - the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
 - counters (``reruns``, ``states_reused``) for tests and benchmarks.
 
@@ -94,16 +95,17 @@ class Engine:
         return lim
 
     # -- workspaces -----------------------------------------------------------------------------
-    def workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True) -> Workspace:
-        """The workspace of this shape (made on first use; the least recently used beyond
-        MAX_WORKSPACES is closed)."""
-        key = (dims, backward, lim, chunked, knobs.key)
+    def workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True,
+                  softplus: int = 0) -> Workspace:
+        """The workspace of this shape and step form ``softplus`` (made on first use; the least
+        recently used beyond MAX_WORKSPACES is closed)."""
+        key = (dims, backward, lim, chunked, knobs.key, softplus)
         with self.lock:
             if self.closed:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                ws = self.workspaces[key] = Workspace(self.ctx, dims, backward, lim, knobs, chunked)
+                ws = self.workspaces[key] = Workspace(self.ctx, dims, backward, lim, knobs, chunked, softplus)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
                     if old.recent:  # used through a lane since it came to the front: not the least recent

@@ -19,7 +19,7 @@ from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, v
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
            "kernels_needed", "matrix", "FWD_PUSH", "BWD_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH", "CHUNK_BINDINGS",
-           "PASS_WG", "PASS_BATCH"]
+           "PASS_WG", "PASS_BATCH", "SOFTPLUS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -37,6 +37,11 @@ CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu",
 FLAT_WG = 64
 
 
+# The dt_softplus forms -> the kernels' specialisation constant SOFTPLUS (ssm_vk/glsl/math.glsl).
+# One SPIR-V module serves every form: the form is set when the pipeline is made.
+SOFTPLUS = {"ggml": 0, "log1p": 1, None: 2}
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str            # ssm_vk/glsl/<name>.comp
@@ -44,6 +49,7 @@ class KernelSpec:
     n_bindings: int
     push: tuple          # field names
     wg: int              # threads per workgroup
+    constants: tuple = ()  # specialisation constants 3, 4, ...: (SOFTPLUS,) for a form other than ggml's
 
     @property
     def push_size(self) -> int:
@@ -58,16 +64,22 @@ def _common(d: Dims, lay: Layout) -> dict:
     return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
 
 
-def fwd_spec(d: Dims, lay: Layout, checkpoint: bool) -> KernelSpec:
+def _softplus(code: int) -> tuple:
+    """The specialisation constants of a kernel that computes the step, for form ``code``
+    (none for ggml's, the shaders' default: the same pipelines as a call without the keyword)."""
+    return (code,) if code else ()
+
+
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0) -> KernelSpec:
     defs = _common(d, lay)
     defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
-    return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG)
+    return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG, _softplus(softplus))
 
 
-def bwd_spec(d: Dims, lay: Layout) -> KernelSpec:
+def bwd_spec(d: Dims, lay: Layout, softplus: int = 0) -> KernelSpec:
     defs = _common(d, lay)
     defs.update(K=lay.K, TBR=lay.TBR)
-    return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG)
+    return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG, _softplus(softplus))
 
 
 def reduce_spec(mode: int) -> KernelSpec:
@@ -78,10 +90,11 @@ def rows_spec() -> KernelSpec:
     return KernelSpec("rows", _defs(WG=FLAT_WG), 3, ROWS_PUSH, FLAT_WG)
 
 
-def chunk_spec(name: str, d: Dims, CL: int, wg: int, **defines) -> KernelSpec:
-    """A chunked kernel (ssm_vk/glsl/<name>.comp): sizes P, N and the chunk length are compile-time."""
+def chunk_spec(name: str, d: Dims, CL: int, wg: int, softplus: int = 0, **defines) -> KernelSpec:
+    """A chunked kernel (ssm_vk/glsl/<name>.comp): sizes P, N and the chunk length are compile-time;
+    ``softplus``: the step's form, for the kernels that compute it."""
     defs = _defs(WG=wg, CL=CL, PD=d.P, ND=d.N, **defines)
-    return KernelSpec(name, defs, len(CHUNK_BINDINGS), CHUNK_PUSH, wg)
+    return KernelSpec(name, defs, len(CHUNK_BINDINGS), CHUNK_PUSH, wg, _softplus(softplus))
 
 
 def pack_push(fields: tuple, values: dict) -> bytes:
@@ -100,7 +113,7 @@ def pack_push(fields: tuple, values: dict) -> bytes:
 
 def _kernel_args(spec: KernelSpec) -> dict:
     return dict(bindings=spec.n_bindings, push_size=spec.push_size, local_size=(spec.wg, 1, 1),
-                defines=dict(spec.defines))
+                spec=spec.constants, defines=dict(spec.defines))
 
 
 def kernel_cached(ctx, spec: KernelSpec) -> bool:
@@ -127,19 +140,19 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
     wg, rg = gemm_threads(cp.knobs)
-    return chunk_spec("chunk_gemm", d, cp.CL, wg, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
+    return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=vec_out(cp.knobs))
 
 
 def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSpec:
-    return chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, MODE=int(backward), KEPT=int(kept))
+    return chunk_spec("chunk_decay", d, cp.CL, GEMM_WG, cp.softplus, MODE=int(backward), KEPT=int(kept))
 
 
 def finish_spec(d, cp: ChunkPlan) -> KernelSpec:
     nbp = gemm_tile("GAM", cp.CL, d.P, d.N, cp.knobs)[3]
     nbn = gemm_tile("DC", cp.CL, d.P, d.N, cp.knobs)[3]
-    return chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, NBP=nbp, NBN=nbn)
+    return chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, cp.softplus, NBP=nbp, NBN=nbn)
 
 
 def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
@@ -167,9 +180,10 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
     elif not backward:
-        return [fwd_spec(d, pl.layout, checkpoint=False)]
+        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
     else:
-        kernels = [fwd_spec(d, pl.layout, checkpoint=True), bwd_spec(d, pl.layout), reduce_spec(0)]
+        kernels = [fwd_spec(d, pl.layout, checkpoint=True, softplus=pl.softplus),
+                   bwd_spec(d, pl.layout, pl.softplus), reduce_spec(0)]
         if d.H * d.P * (d.N if d.mamba1 else 1):
             kernels.append(reduce_spec(1))
     if backward and d.R * d.H * d.P * d.N and d.S > 1:

@@ -4,10 +4,11 @@ A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, 
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
 call works out before it replays its recorded sequence -- the validator's shape checks, the
 support decision, the workspace, the input bindings -- is a function of its *signature*: the op,
-each input's type, dtype, shape, buffer and offset, and the planner's knobs (ssm_vk.config,
-SSM_VK_TUNE, the subgroup switch); with the context and its limits (``ctx.info``) checked on the
-lane. A :class:`Lane` keeps those answers for a signature that ran on the device; a call with that
-signature takes them in one look-up (~15 us of Python less per call on lavapipe's VM).
+each input's type, dtype, shape, buffer and offset, the step's form (dt_softplus) and the
+planner's knobs (ssm_vk.config, SSM_VK_TUNE, the subgroup switch); with the context and its
+limits (``ctx.info``) checked on the lane. A :class:`Lane` keeps those answers for a signature
+that ran on the device; a call with that signature takes them in one look-up (~15 us of Python
+less per call on lavapipe's VM).
 
 Every call still pays for what can change under the same signature:
 - each input is live (an array released, or whose buffer or context was closed, has no
@@ -51,11 +52,11 @@ class Lane:
         self.where = info.where
 
 
-def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings) -> tuple | None:
+def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple | None:
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
-    and for the backward (g_y, g_states) -- or None when any of them is not a live float32
-    DeviceArray of ``ctx`` (g_states may be None: the packed g_y)."""
-    sig = [backward]
+    and for the backward (g_y, g_states) -- and the step's form ``softplus``, or None when any of
+    them is not a live float32 DeviceArray of ``ctx`` (g_states may be None: the packed g_y)."""
+    sig = [backward, softplus]
     for a in arrays:
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
             if a is None:  # (only a packed g_y's g_states can be: the validator rejects any other)
@@ -70,7 +71,7 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings) -> tup
     return tuple(sig)
 
 
-def find(backward: bool, arrays: tuple, knobs: config.Settings) -> tuple[Lane | None, tuple | None]:
+def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple[Lane | None, tuple | None]:
     """(the lane of this call or None, its signature or None)."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
@@ -78,7 +79,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings) -> tuple[Lane | 
     engine = ctx.extension("engine")
     if engine is None:
         return None, None
-    sig = signature(ctx, backward, arrays, knobs)
+    sig = signature(ctx, backward, arrays, knobs, softplus)
     if sig is None:
         return None, None
     lane = engine.lane(sig)
@@ -87,7 +88,8 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings) -> tuple[Lane | 
     return lane, sig
 
 
-def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: bool, arrays: tuple) -> None:
+def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: bool, arrays: tuple,
+         softplus: int = 0) -> None:
     """Make the lane of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info``. Nothing
     is kept when the signature moved meanwhile (the knobs changed, an input was released: another
@@ -95,8 +97,8 @@ def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: boo
     ctx = engine.ctx
     if ctx.info is not info:
         return
-    ws = engine.workspace(p.dims, backward, lim, knobs)
-    if ws.closed or signature(ctx, backward, arrays, knobs) != sig:
+    ws = engine.workspace(p.dims, backward, lim, knobs, softplus=softplus)
+    if ws.closed or signature(ctx, backward, arrays, knobs, softplus) != sig:
         return
     try:
         bufs, key = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded

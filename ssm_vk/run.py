@@ -45,40 +45,43 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
-def forward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None) -> dict:
+def forward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
+            softplus: int = 0) -> dict:
     """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
-    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found."""
-    return _run(engine, p, False, lim, knobs, device_out, lane)
+    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found;
+    ``softplus``: the step's form (kernels.SOFTPLUS; a lane's workspace has its own)."""
+    return _run(engine, p, False, lim, knobs, device_out, lane, softplus)
 
 
-def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None) -> dict:
+def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
+             softplus: int = 0) -> dict:
     """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(engine, p, True, lim, knobs, device_out, lane)
+    return _run(engine, p, True, lim, knobs, device_out, lane, softplus)
 
 
-def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane) -> dict:
+def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane, softplus: int) -> dict:
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return _run_once(engine, p, backward, lim, knobs, device_out, lane=lane)
+            return _run_once(engine, p, backward, lim, knobs, device_out, lane=lane, softplus=softplus)
         except rt.OutOfDeviceMemory:
             # The workspaces of other shapes hold buffers between calls: give them all back (the pool
             # frees its idle ones when it next runs out) and try once more; a second failure raises.
             engine.clear()
-            return _run_once(engine, p, backward, lim, knobs, device_out)
+            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus)
     finally:
         ctx.leave(token)
 
 
 def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
-              lane=None) -> dict:
+              lane=None, softplus: int = 0) -> dict:
     while True:
         if lane is not None:  # the lane's workspace and input bindings (lanes.py; chunked is True)
             ws = lane.ws
             ws.recent = True
         else:
-            ws = engine.workspace(p.dims, backward, lim, knobs, chunked)
+            ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 lane = None
@@ -90,7 +93,8 @@ def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, 
         # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
         # nan and back). Same device; finite results never take this path.
         _note_rerun(engine, p.dims)
-        return _run_once(engine, p, backward, lim, knobs, device_out, chunked=False)
+        return _run_once(engine, p, backward, lim, knobs, device_out, chunked=False,
+                         softplus=ws.plan.softplus)
 
 
 def _note_rerun(engine: Engine, dims) -> None:

@@ -31,16 +31,18 @@ class Workspace:
     Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
     caller that looked it up before the eviction must look up a new one."""
 
-    def __init__(self, ctx, dims, backward: bool, limits, knobs: Settings, chunked: bool = True):
+    def __init__(self, ctx, dims, backward: bool, limits, knobs: Settings, chunked: bool = True,
+                 softplus: int = 0):
         self.ctx = ctx
         self.dims = dims
         self.backward = backward
         self.limits = limits
         self.knobs = knobs
         self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
-        self.plan = choose_plan(ctx, dims, self.limits, backward, knobs, chunked=chunked)
-        # the one key of a chunked forward's tables, which its backward looks up (engine.KeptForward)
-        self.kept_key = (dims, limits, knobs.key)
+        self.plan = choose_plan(ctx, dims, self.limits, backward, knobs, chunked=chunked, softplus=softplus)
+        # the one key of a chunked forward's tables, which its backward looks up (engine.KeptForward):
+        # the step's form too, as the tables hold the decays
+        self.kept_key = (dims, limits, knobs.key, softplus)
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()

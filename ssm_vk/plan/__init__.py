@@ -24,9 +24,13 @@ __all__ = ["F32", "ChunkPlan", "Layout", "Limits", "Plan", "TooLarge", "Window",
            "grid", "layout_for", "plan", "sequential_plan"]
 
 
-def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan:
+def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, softplus: int = 0) -> Plan:
     """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
     plan carries the chunked kernels' plan (plan.chunked) where they take the shape. ``knobs``:
-    ssm_vk.config's settings (default: those of now)."""
+    ssm_vk.config's settings (default: those of now). ``softplus``: the step's form, which the
+    plan hands to its kernels (it changes no size or window)."""
     knobs = settings() if knobs is None else knobs
-    return replace(sequential_plan(d, lim, backward, knobs), chunked=chunk_plan(d, lim, backward, knobs))
+    cp = chunk_plan(d, lim, backward, knobs)
+    if cp is not None and softplus:
+        cp = replace(cp, softplus=softplus)
+    return replace(sequential_plan(d, lim, backward, knobs), chunked=cp, softplus=softplus)

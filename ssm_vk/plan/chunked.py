@@ -104,6 +104,7 @@ class ChunkPlan:
     KS: int = 16             # contraction slice of the GEMM kernels
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
     knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
+    softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,

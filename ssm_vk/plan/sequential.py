@@ -54,6 +54,7 @@ class Plan:
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
     chunked: object = None   # a plan.chunked.ChunkPlan when the chunked kernels run this shape
+    softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -37,7 +37,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     if not (pl.windows and d.H * d.P > 0):
         return
     x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
-    k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=False))
+    k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus))
     for w in pl.windows:
         gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
         tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
@@ -87,8 +87,8 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
     d, lay = p.dims, pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
-    fwd_k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True))
-    bwd_k = kernel(ctx, specs.bwd_spec(d, lay))
+    fwd_k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True, softplus=pl.softplus))
+    bwd_k = kernel(ctx, specs.bwd_spec(d, lay, pl.softplus))
     x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
     wmax = max(pl.windows, key=lambda w: w.S * w.T)
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)

@@ -49,17 +49,19 @@ def loss_and_grads(model, ids):
     return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("backend", ["ssm_ref", "ssm_vk"])
 @pytest.mark.parametrize("build", [mamba1, mamba2], ids=["mamba1", "mamba2"])
-def test_logits_and_gradients_equal_transformers_own_path(build):
+def test_logits_and_gradients_equal_transformers_own_path(build, backend):
     torch.manual_seed(0)
     model = randomize(build(), 1).train()
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
     want_logits, want = loss_and_grads(model, ids)
-    hf.patch(model, backend="ssm_ref")
+    hf.patch(model, backend=backend)
     assert hf.patched(model)
     _op._LAST.value = None
     got_logits, got = loss_and_grads(model, ids)
-    assert ssm_torch.last_where() is not None and ssm_torch.last_where().op == "ssm_scan_back"
+    w = ssm_torch.last_where()
+    assert w is not None and w.op == "ssm_scan_back" and w.backend == backend, w
     assert rel(got_logits, want_logits) < 1e-5
     assert got.keys() == want.keys() and len(got) > 10
     for name in want:

@@ -112,15 +112,26 @@ def test_the_softplus_is_the_accurate_one_far_below_zero(mamba_ref, dtype, lo, h
     check({"out": out, "last": last}, {"out": r_out, "last": r_last}, tol, "forward")
 
 
+def ran_on(backend):
+    """Assert the last call ran on ``backend`` (None: the drop-ins' default, ssm_fast)."""
+    w = ssm_torch.last_where()
+    if backend is None:
+        assert w.backend == "ssm_fast" and w.where == "CPU", w
+    else:
+        assert w.backend == backend and w.where.startswith("Vulkan"), w
+
+
+@pytest.mark.parametrize("backend", [None, "ssm_vk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["variable", "grouped"])
-def test_selective_scan_fn_in_low_precision_against_the_float64_reference(mamba_ref, layout, dtype):
+def test_selective_scan_fn_in_low_precision_against_the_float64_reference(mamba_ref, layout, dtype, backend):
     import mamba_reference
 
     base = m1_problem(5, layout, True, True)
     ours = leaves(base, dtype)
     theirs = leaves({k: None if v is None else v.to(dtype) for k, v in base.items()}, torch.float64)
-    out = mamba.selective_scan_fn(**ours, delta_softplus=True)   # the default backend
+    out = mamba.selective_scan_fn(**ours, delta_softplus=True, backend=backend)
+    ran_on(backend)
     assert out.dtype == dtype
     with mamba_reference.float64():
         r_out = mamba_ref.selective_scan_ref(**theirs, delta_softplus=True)
@@ -247,14 +258,16 @@ def test_mamba_chunk_scan_combined_matches_ssd_minimal_discrete_in_float64(mamba
           f"{opts} gradients")
 
 
+@pytest.mark.parametrize("backend", [None, "ssm_vk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mamba_chunk_scan_combined_in_low_precision(mamba_ref, dtype):
+def test_mamba_chunk_scan_combined_in_low_precision(mamba_ref, dtype, backend):
     opts = M2_OPTIONS[4]
     base, seq_idx, _ = m2_problem(7, opts)
     ours = leaves(base, dtype)
     theirs = leaves({k: None if v is None else v.to(dtype) for k, v in base.items()}, torch.float64)
     out, final = mamba.mamba_chunk_scan_combined(**ours, chunk_size=64, seq_idx=seq_idx, dt_softplus=True,
-                                                 dt_limit=opts["limit"], return_final_states=True)
+                                                 dt_limit=opts["limit"], return_final_states=True, backend=backend)
+    ran_on(backend)
     assert out.dtype == dtype and final.dtype == torch.float32
     r_out, r_final, _ = m2_reference(mamba_ref, **theirs, seq_idx=seq_idx, dt_softplus=True, dt_limit=opts["limit"])
     tol = 3e-6 if dtype == torch.float32 else 1e-2
@@ -446,15 +459,25 @@ def test_complex_a_is_refused_by_name():
         mamba.selective_scan_fn(**{**p, "A": p["A"].to(torch.complex128)})
 
 
-def test_the_drop_ins_use_the_identity_form_of_the_backend():
-    # Their softplus is torch's, around a scan called with dt_softplus=None: a backend that cannot
-    # take dt_softplus (ssm_vk) is refused by name, not silently run with ggml's softplus; without
-    # a backend named, ssm_fast runs them.
-    p = m1_problem(15, "variable", True, True)
-    with pytest.raises(NotImplementedError, match=r"backend 'ssm_vk' does not implement dt_softplus=None"):
-        mamba.selective_scan_fn(**p, delta_softplus=True, backend="ssm_vk")
-    mamba.selective_scan_fn(**p, delta_softplus=True)
-    assert ssm_torch.last_where().backend == "ssm_fast"   # backend=None: the first that can
+@pytest.mark.parametrize("case", [1, 3, 5])
+def test_selective_state_update_on_the_vulkan_device(case):
+    # decoding on ssm_vk against the float64 reference backend: the output, the rows written in
+    # place, and the rows nobody reads left as they were
+    opts = SSU_OPTIONS[case]
+    base, idx = ssu_problem(300 + case, opts)
+    softplus = opts.get("softplus", False)
+    args = {k: v for k, v in base.items() if k != "state"}
+    want_state = base["state"].clone()
+    want = mamba.selective_state_update(want_state, **args, dt_softplus=softplus, state_batch_indices=idx,
+                                        backend="ssm_ref")
+    state = base["state"].to(torch.float32)
+    got = mamba.selective_state_update(state, **{k: None if v is None else v.float() for k, v in args.items()},
+                                       dt_softplus=softplus, state_batch_indices=idx, backend="ssm_vk")
+    ran_on("ssm_vk")
+    assert rel(got, want) < 3e-6 and rel(state, want_state) < 3e-6
+    if idx is not None:
+        untouched = [i for i in range(state.shape[0]) if i not in idx.tolist()]
+        assert torch.equal(state[untouched], base["state"][untouched].float())
 
 
 def test_gradients_only_where_asked():

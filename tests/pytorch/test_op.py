@@ -187,17 +187,29 @@ def test_the_vulkan_backend_and_where_it_ran():
     assert w.op == "ssm_scan_back" and w.backend == "ssm_vk" and w.where.startswith("Vulkan"), w
 
 
-def test_a_backend_without_dt_softplus_says_so():
-    case = make_problem(13)
-    t, ids = tensors(case, torch.float32)
-    for form in ("log1p", None):     # ssm_vk computes ggml's form only
-        with pytest.raises(NotImplementedError, match=rf"backend 'ssm_vk' does not implement dt_softplus={form!r}"):
-            ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_vk", dt_softplus=form)
-    y, _ = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_vk", dt_softplus="ggml")
-    assert y.shape == t["x"].shape and ssm_torch.last_where().backend in ("ssm_vk", "ssm_fast")
-    for form in ("log1p", None):     # ssm_fast computes every form
-        y, _ = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_fast", dt_softplus=form)
-        assert ssm_torch.last_where().backend == "ssm_fast"
+@pytest.mark.parametrize("backend", ["ssm_fast", "ssm_vk"])
+@pytest.mark.parametrize("form", ["log1p", None], ids=str)
+def test_every_backend_computes_every_form(backend, form):
+    # forward and every gradient through autograd against the float64 oracle of that form, with
+    # dt far enough below zero that ggml's float32 form would be off
+    case = make_problem(13, dt_range=(-14.0, 2.0))
+    args = case.args()
+    if form is None:
+        args["dt"] = (np.abs(args["dt"]) / 8).astype(args["dt"].dtype)
+    leaves_ = {k: torch.tensor(np.asarray(args[k], np.float64), dtype=torch.float32, requires_grad=True) for k in NAMES}
+    ids = None if args["ids"] is None else torch.tensor(np.asarray(args["ids"]))
+    y, states = ssm_torch.ssm_scan(*(leaves_[k] for k in NAMES), ids, backend=backend, dt_softplus=form)
+    gy, gs = (torch.tensor(np.asarray(g, np.float64), dtype=torch.float32) for g in (case.g_y, case.g_states))
+    ((y * gy).sum() + (states * gs).sum()).backward()
+    w = ssm_torch.last_where()
+    assert w.backend == backend and (w.where == "CPU") == (backend == "ssm_fast"), w
+    o = ssm_ref.ssm_scan(**args, dtype=np.float64, dt_softplus=form)
+    og = ssm_ref.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states, dtype=np.float64, dt_softplus=form)
+    be = next(b for b in BACKENDS if b.name == backend)
+    assert_close(be, "y", y.detach().numpy(), o.y, label=str(form))
+    assert_close(be, "states", states.detach().numpy(), o.states, label=str(form))
+    for k in NAMES:
+        assert_close(be, "d_" + k, leaves_[k].grad.numpy(), getattr(og, "d_" + k), label=str(form))
 
 
 def test_errors_name_the_argument():

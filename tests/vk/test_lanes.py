@@ -31,9 +31,9 @@ def taken(monkeypatch):
     seen: list[bool] = []
     real = vk_run._run
 
-    def run(engine, p, backward, lim, knobs, device_out, lane=None):
+    def run(engine, p, backward, lim, knobs, device_out, lane=None, softplus=0):
         seen.append(lane is not None)
-        return real(engine, p, backward, lim, knobs, device_out, lane)
+        return real(engine, p, backward, lim, knobs, device_out, lane, softplus)
 
     monkeypatch.setattr(vk_run, "_run", run)
     return seen
