@@ -2,6 +2,7 @@
 tuning variant, with the error of each against the float64 oracle.
 
     python benchmarks/vk_speed.py [--shapes demo,mid,train,long] [--variants "LN=32;LN=8,WG=128"]
+                                  [--dt-softplus ggml|log1p|none]
 
 Steps: (1) warm the GPU (clocks ramp under load); (2) FMA ceiling of a simple shader through this
 stack (TFLOP/s); (3) one pre-recorded empty submit + wait from Python; (4) per shape and variant:
@@ -126,7 +127,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dt-softplus", default="ggml", choices=["ggml", "log1p", "none"],
+                    help="the step's form of every call (the error is checked for ggml's form only)")
     args = ap.parse_args(argv)
+    form = None if args.dt_softplus == "none" else args.dt_softplus
+    kw = {} if form == "ggml" else {"dt_softplus": form}
     from ssm_fast.oracle64 import scan64, scan_back64
 
     ctx = rt.get_context()
@@ -141,7 +146,7 @@ def main(argv=None) -> int:
         shape = SHAPES[name]
         a, g_y, g_states = inputs(shape)
         ref = None
-        if not args.no_check:
+        if not args.no_check and form == "ggml":
             ref = (scan64(**a), scan_back64(**a, ids=None, g_y=g_y, g_states=g_states))
         dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
         dgy, dgs = ssm_vk.to_device(g_y), ssm_vk.to_device(g_states)
@@ -152,19 +157,19 @@ def main(argv=None) -> int:
             tuned = config.configure(tune=config.parse_tune(var, "--variants"))
             vk_engine.clear(ctx)
             for _ in range(3):
-                ssm_vk.ssm_scan(**dev)
-                ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
-            r, fg, fw, fmin = measure(lambda dev=dev: ssm_vk.ssm_scan(**dev), args.reps)
+                ssm_vk.ssm_scan(**dev, **kw)
+                ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs, **kw)
+            r, fg, fw, fmin = measure(lambda dev=dev: ssm_vk.ssm_scan(**dev, **kw), args.reps)
             f_split = split()
             f_replay = replay_wall()
             g, bg, bw, bmin = measure(lambda dev=dev, dgy=dgy, dgs=dgs: ssm_vk.ssm_scan_back(
-                **dev, ids=None, g_y=dgy, g_states=dgs), args.reps)
+                **dev, ids=None, g_y=dgy, g_states=dgs, **kw), args.reps)
             b_split = split()
             b_replay = replay_wall()
 
             def step(dev=dev, dgy=dgy, dgs=dgs):
-                ssm_vk.ssm_scan(**dev)
-                return ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs)
+                ssm_vk.ssm_scan(**dev, **kw)
+                return ssm_vk.ssm_scan_back(**dev, ids=None, g_y=dgy, g_states=dgs, **kw)
             _, _, step_wall, _ = measure(step, args.reps)
             err = float("nan")
             if ref is not None:
@@ -174,7 +179,8 @@ def main(argv=None) -> int:
                 err = max(errs)
             lay = plan.layout_for(ssm_ref.check_forward(**dev, keep_device=True).dims, Limits.of(info), True)
             tuned.restore()
-            row = dict(shape=name, variant=var or "default", layout=str(lay), fwd_gpu_us=fg, fwd_min_us=fmin,
+            row = dict(shape=name, variant=var or "default", dt_softplus=args.dt_softplus, layout=str(lay),
+                       fwd_gpu_us=fg, fwd_min_us=fmin,
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
                        fwd_replay_us=f_replay, bwd_replay_us=b_replay)
