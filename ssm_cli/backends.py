@@ -1,7 +1,8 @@
 """Finding the backends a command runs: the three of this package, or a port under test: any
 module with the port interface (docs/PORTING.md, "The port interface": NAME, ssm_scan,
 ssm_scan_back, supports), named as an importable module (the current directory included) or as
-the path of a .py file. ``check``, ``fuzz`` and ``bench`` all load them here."""
+the path of a .py file, or ggml's own op on one of its devices: ``ssm_ggml:DEVICE`` (ssm_ggml;
+``ssm_ggml`` alone is ``ssm_ggml:CPU``). ``check``, ``fuzz`` and ``bench`` all load them here."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ KNOWN = ("ssm_ref", "ssm_fast", "ssm_vk")
 ALIASES = {"ref": "ssm_ref", "fast": "ssm_fast", "vk": "ssm_vk", "numpy": "ssm_ref", "numba": "ssm_fast",
            "vulkan": "ssm_vk"}
 INTERFACE = ports.INTERFACE
+GGML = "ssm_ggml"
+GGML_ALIASES = ("ssm_ggml", "ggml")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _HOW = "a port needs NAME, ssm_scan, ssm_scan_back and supports: docs/PORTING.md, \"The port interface\""
 
@@ -51,6 +54,10 @@ class Backend:
 
     def where(self) -> str:
         """Where it runs, in ggml's words, with the device's name."""
+        if self.name.startswith(GGML + ":") and self.module is not None:
+            dev = self.name.partition(":")[2]
+            desc = dict(self.module.devices()).get(dev, "")
+            return f"{dev} ({desc})" if desc else dev
         info = self.device()
         return "CPU" if info is None else f"{info.where} ({info.name})"
 
@@ -88,14 +95,38 @@ def _load_file(name: str) -> ModuleType:
     return mod
 
 
-def load(name: str, requested: bool = False) -> Backend:
+def load_ggml(name: str, requested: bool, isolate: bool) -> Backend:
+    """``ssm_ggml[:DEVICE]`` (or ``ggml[:DEVICE]``): ssm_ggml on that ggml device (default CPU), its
+    calls in a worker process when ``isolate``. No ggml build, or no such device: the Backend
+    comes back without a module and the reason (a FAIL when requested)."""
+    _, _, device = name.partition(":")
+    device = device or "CPU"
+    label = f"{GGML}:{device}"
+    try:
+        mod = importlib.import_module(GGML)
+    except Exception as e:
+        return Backend(label, None, f"cannot be imported ({ports.error_text(e)})", requested)
+    try:
+        mod.use(device, isolate=isolate)
+    except (mod.GgmlNotFound, mod.GgmlAbort, ValueError) as e:
+        return Backend(label, None, str(e).splitlines()[0], requested)
+    return Backend(label, mod, "", requested)
+
+
+def is_ggml(name: str) -> bool:
+    return name.partition(":")[0] in GGML_ALIASES
+
+
+def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Backend:
     """The backend ``name``: an alias, one of :data:`KNOWN`, a module path (looked up on sys.path
     and in the current directory), or the path of a .py file.
 
     Raises UsageError for a name that is no module or file, a port whose import raises, or one that
     lacks the interface. A known backend that cannot run here (not built yet; no Vulkan device)
-    comes back with ``module=None`` and the reason.
+    comes back with ``module=None`` and the reason. ``ssm_ggml:DEVICE`` is :func:`load_ggml`'s.
     """
+    if is_ggml(name):
+        return load_ggml(name, requested, ggml_isolate)
     if is_path(name):
         mod = _load_file(name)
         label = re.sub(r"\.py$", "", Path(name).name)
@@ -136,9 +167,10 @@ def load(name: str, requested: bool = False) -> Backend:
     return Backend(label, mod, "", requested)
 
 
-def resolve(names: list[str] | None, device: str | None = None) -> list[Backend]:
-    """The backends of ``--backend`` (every known one when None), in order. ``device`` sets
-    SSM_VK_DEVICE first (before any Vulkan context exists)."""
+def resolve(names: list[str] | None, device: str | None = None, ggml_isolate: bool = False) -> list[Backend]:
+    """The backends of ``--backend`` (every known one when None: ssm_ggml only when named), in
+    order. ``device`` sets SSM_VK_DEVICE first (before any Vulkan context exists);
+    ``ggml_isolate`` runs ssm_ggml's calls in a worker process (check and fuzz)."""
     if device is not None:
         if not re.fullmatch(r"\d+", str(device)):
             raise UsageError(f"--device {device}: expected a device index (see ssm-scan info)")
@@ -147,7 +179,7 @@ def resolve(names: list[str] | None, device: str | None = None) -> list[Backend]
         return [load(n) for n in KNOWN]
     out = []
     for n in names:
-        b = load(n, requested=True)
+        b = load(n, requested=True, ggml_isolate=ggml_isolate)
         if b.name not in [o.name for o in out]:
             out.append(b)
     return out

@@ -31,7 +31,11 @@ installing a new driver.
   ssm-scan check --quick             small problems, a few seconds per backend
   ssm-scan check --backend vk        the Vulkan backend must run (and pass)
   ssm-scan check --backend mypkg.myport   your own port (docs/PORTING.md, "The port interface")
-  ssm-scan check --backend ./myport.py    ... named by its file"""
+  ssm-scan check --backend ./myport.py    ... named by its file
+  ssm-scan check --backend ssm_ggml:CPU   ggml's own SSM_SCAN (the build in SSM_GGML_LIB), in a worker process
+
+A port whose ssm_scan_back raises NotImplementedError (ggml: no SSM_SCAN_BACK) is checked on
+its forward; its gradients are reported as not checked."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ FULL = (
     *QUICK,
     Problem("demo", SHAPES["demo"], what="the demo shape (Mamba-2, d_state 128, head_dim 64)"),
     Problem("n256", Shape("n256", N=256, P=16, H=4, G=2, T=40, S=2), what="d_state 256, 2 groups"),
+    Problem("n256-odd", Shape("n256-odd", N=256, P=16, H=3, G=1, T=9, S=1),
+            what="d_state 256 with H*P = 48, no multiple of 32 (a layout ggml's Vulkan kernel takes)"),
     Problem("mamba1-long", Shape("mamba1-long", N=16, P=1, H=64, G=1, T=300, S=2, mamba1=True),
             what="Mamba-1, T not a multiple of the checkpoint interval"),
     Problem("many-groups", Shape("many-groups", N=64, P=32, H=8, G=4, T=33, S=3), R=5, ids="permutation",
@@ -74,6 +80,7 @@ def add_arguments(p) -> None:
                                                         f"(default: all {len(FULL)})")
     common.add_backend(p, "check")
     common.add_device(p)
+    common.add_isolate(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     common.add_json(p)
     common.add_verbose(p)
@@ -113,7 +120,8 @@ def fd_check(kw: dict, g_y, g_states, rng) -> dict:
 
 def _run_one(mod, kw, g_y, g_states, device_resident: bool):
     """Forward and backward of ``mod`` through ssm_ref.ports (the reading verify and the fuzzer
-    use): (forward PortResult, backward PortResult, seconds)."""
+    use): (forward PortResult, backward PortResult or the NotImplementedError of a port without
+    a backward, seconds)."""
     from ssm_ref import ports
 
     if device_resident:
@@ -123,7 +131,10 @@ def _run_one(mod, kw, g_y, g_states, device_resident: bool):
     pos = ports.args_of(kw)
     t0 = time.perf_counter()
     r = ports.call(mod.ssm_scan, "ssm_scan", pos, backend=name)
-    g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+    try:
+        g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+    except NotImplementedError as e:
+        g = e
     return r, g, time.perf_counter() - t0
 
 
@@ -145,7 +156,7 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
 
     label = prob.name + (" (device)" if device_resident else "")
     row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
-           "outputs": {}, "not_given": [], "error": None, "traceback": None}
+           "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
     try:
         r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident)
     except Exception as e:  # a broken backend is a failed check, reported, not a crash
@@ -153,12 +164,17 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
         row["traceback"] = ports.traceback_text(e) or None
         return row
     row["seconds"] = secs
+    if isinstance(g, NotImplementedError):
+        row["no_backward"] = ports.error_text(g)
+        g = ports.PortResult("ssm_scan_back", {}, r.where, r.backend)
     row["where"] = "/".join(sorted({r.where, g.where}))
     row["computed_by"] = "/".join(sorted({r.backend, g.backend}))
     got = {**r.arrays, **g.arrays}
     tol = scaled(F32_TOL, prob.shape.T)
     ok = True
     for out in OUTPUTS:
+        if row["no_backward"] and out not in ("y", "states"):
+            continue
         if out not in got:
             row["not_given"].append(out)
             continue
@@ -175,7 +191,7 @@ def run(args) -> int:
 
     common.check_json_dest(args)
     names = common.split_list(args.backend, "--backend")
-    backs = bk.resolve(names or None, args.device)
+    backs = bk.resolve(names or None, args.device, ggml_isolate=not args.in_process)
     problems = QUICK if args.quick else FULL
     report = {"ok": True, "quick": bool(args.quick), "seed": args.seed,
               "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in F32_TOL.items()},
@@ -239,7 +255,8 @@ def render(rep: dict) -> str:
     rows = []
     for r in rep["runs"]:
         cells = [r["problem"], r["backend"], r["where"]
-                 + (f" by {r['computed_by']}" if r["computed_by"] and r["computed_by"] != r["backend"] else "")]
+                 + (f" by {r['computed_by']}" if r["computed_by"]
+                    and r["computed_by"] not in (r["backend"], r["backend"].partition(":")[0]) else "")]
         if r["error"]:
             cells += [""] * len(OUTPUTS) + [f"FAIL: {r['error']}"]
         else:
@@ -253,6 +270,9 @@ def render(rep: dict) -> str:
     not_given = sorted({(r["backend"], o) for r in rep["runs"] for o in r.get("not_given", ())})
     for backend, o in not_given:
         out.append(f"{backend}: gives no {o} (-: not checked)")
+    no_bwd = {r["backend"]: r["no_backward"] for r in rep["runs"] if r.get("no_backward")}
+    for backend, why in no_bwd.items():
+        out.append(f"{backend}: no backward ({why}); its gradients are not checked (-)")
     for b in rep["backends"]:  # those asked for by name have a FAIL row above
         if not b["available"] and not any(r["backend"] == b["name"] for r in rep["runs"]):
             out.append(f"{b['name']}: skipped, not available: {b['reason']}")

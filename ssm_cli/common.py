@@ -60,8 +60,15 @@ def add_backend(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"backend(s) to {what}: ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk), or your own "
                         "port: a module with NAME, ssm_scan, ssm_scan_back and supports, named as a module "
                         "(importable, or in the current directory) or as a .py file path "
-                        "(docs/PORTING.md, \"The port interface\"); repeat or separate by commas "
-                        "(default: every backend available here)")
+                        "(docs/PORTING.md, \"The port interface\"), or ggml's own op: ssm_ggml:DEVICE "
+                        "(ssm_ggml:CPU, ssm_ggml:Vulkan0; the build from SSM_GGML_LIB); repeat or separate by "
+                        "commas (default: every backend of this package available here)")
+
+
+def add_isolate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in-process", action="store_true",
+                   help="run ssm_ggml's calls in this process (default: in a worker process, so that a "
+                        "GGML_ASSERT or a segfault in ggml is a reported failure and the run goes on)")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:

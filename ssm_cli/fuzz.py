@@ -4,6 +4,12 @@
     ssm-scan fuzz --minutes 5 --backend vk --save tests/regressions
     ssm-scan fuzz --minutes 60 --backend mypkg.myscan   # your own port (docs/PORTING.md, "The port interface")
     ssm-scan fuzz --minutes 10 --backend ./myport.py    # ... or its file
+    ssm-scan fuzz --minutes 5 --backend ssm_ggml:CPU    # ggml's own SSM_SCAN (SSM_GGML_LIB), in a worker
+    ssm-scan fuzz --minutes 5 --backend ssm_ggml:Vulkan0 --supported-only --min-N 256 --max-N 256 --variant mamba2
+
+A port whose ssm_scan_back raises NotImplementedError (ggml has no SSM_SCAN_BACK) is fuzzed on
+its forward: the properties of the backward alone are reported as not applicable, the others
+check their forward half. With --save, each failure is also written as golden vectors (DIR/<name>.vectors/).
 
 Exit status 0 when nothing failed, 1 when a property failed (each failure printed with its
 reproducer, and saved as a regression file with --save) or a backend named by --backend cannot
@@ -42,6 +48,17 @@ def add_parser(sub) -> None:
     for flag, default, least, what in SIZES:
         p.add_argument(flag, type=common.int_at_least(least), default=default,
                        help=f"{what}, at most (default {default})")
+    p.add_argument("--min-N", type=common.int_at_least(1), default=None,
+                   help="state size, at least (with --max-N: a fixed d_state, e.g. 256)")
+    p.add_argument("--min-P", type=common.int_at_least(1), default=None, help="channels per head, at least")
+    p.add_argument("--min-T", type=common.int_at_least(0), default=None,
+                   help="tokens, at least (default 0; 1 leaves out the empty scan)")
+    p.add_argument("--variant", action="append", choices=("mamba1", "mamba2"),
+                   help="draw only this variant (repeatable; default both)")
+    p.add_argument("--supported-only", action="store_true",
+                   help="skip drawn problems the backend's supports() declines (e.g. shapes ssm_ggml:Vulkan0 "
+                        "would run on ggml's CPU): fuzz the device itself")
+    common.add_isolate(p)
     p.add_argument("--seed", type=int, default=None, help="make the draws repeatable")
     p.add_argument("--tol-scale", type=common.positive_float("--tol-scale"), default=1.0,
                    help="multiply the tolerance table (default 1; for exploring a less accurate port)")
@@ -59,8 +76,12 @@ def run(args) -> int:
 
     if args.save:
         common.writable_dir(args.save, "--save")
+    for flag, lo, hi in (("--min-N", args.min_N, args.max_N), ("--min-P", args.min_P, args.max_P),
+                         ("--min-T", args.min_T, args.max_T)):
+        if lo is not None and lo > hi:
+            raise common.UsageError(f"{flag} {lo} is above --max-{flag[-1]} {hi}")
     names = common.split_list(args.backend, "--backend")
-    backs = bk.resolve(names or None, args.device)
+    backs = bk.resolve(names or None, args.device, ggml_isolate=not args.in_process)
     missing = [b for b in backs if not b.available]
     runnable = [b for b in backs if b.available]
     for b in missing:
@@ -75,10 +96,16 @@ def run(args) -> int:
     kw = {}
     if args.regime:
         kw["regimes"] = args.regime
+    if args.variant:
+        kw["variants"] = args.variant
+    for k in ("min_N", "min_P", "min_T"):
+        if getattr(args, k) is not None:
+            kw[k] = getattr(args, k)
     report = fuzz([b.module for b in runnable], minutes=args.minutes, properties=args.property, tol=tol,
-                  seed=args.seed, save_dir=args.save, log=print, max_elements=args.max_elements, max_S=args.max_S,
-                  max_T=args.max_T, max_T_long=args.max_T_long, max_G=args.max_G,
-                  max_H_per_G=args.max_H_per_G, max_P=args.max_P, max_N=args.max_N, **kw)
+                  seed=args.seed, save_dir=args.save, log=print, supported_only=args.supported_only,
+                  max_elements=args.max_elements, max_S=args.max_S, max_T=args.max_T,
+                  max_T_long=args.max_T_long, max_G=args.max_G, max_H_per_G=args.max_H_per_G,
+                  max_P=args.max_P, max_N=args.max_N, **kw)
     print(report.summary())
     if report.failures and not args.save:
         print("\n(rerun with --save DIR to keep the failing cases as regression files)")

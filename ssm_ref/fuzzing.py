@@ -18,6 +18,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 try:
     from hypothesis import HealthCheck, Phase, find, settings
@@ -28,7 +31,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 
 from . import ports
 from .cases import REGIMES, Case
-from .properties import PROPERTIES, PropertyFailed
+from .properties import BACKWARD_ONLY, PROPERTIES, PropertyFailed
 from .regressions import save_case
 from .strategies import problems
 from .tolerance import F32_TOL
@@ -47,17 +50,23 @@ class Failure:
     case: Case
     message: str
     saved: str = ""
+    vectors: str = ""
 
 
 @dataclass
 class FuzzReport:
     """Counts per (backend, property): ``examples`` drawn, ``checked`` (the property applied),
-    and every failure found (one per pair at most: a pair that failed is not fuzzed again)."""
+    ``unsupported`` (drawn problems the port's supports() declined, with ``supported_only``),
+    every failure found (one per pair at most: a pair that failed is not fuzzed again), and
+    ``not_applicable``: pairs not fuzzed, with the reason (a property of the backward, for a port
+    whose ssm_scan_back raises NotImplementedError)."""
 
     seconds: float = 0.0
     examples: dict = field(default_factory=dict)
     checked: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
+    unsupported: dict = field(default_factory=dict)
+    not_applicable: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -68,12 +77,22 @@ class FuzzReport:
                  f"{sum(self.checked.values())} property checks on {sum(self.examples.values())} drawn problems"]
         for b, p in sorted(self.examples):
             bad = any(f.backend == b and f.property == p for f in self.failures)
-            lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}")
+            skipped = self.unsupported.get((b, p), 0)
+            lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
+                         + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
+        by_reason: dict = {}
+        for (b, p), why in sorted(self.not_applicable.items()):
+            by_reason.setdefault((b, why), []).append(p)
+        for (b, why), props in by_reason.items():
+            lines.append(f"  {b:10s} not applicable: {', '.join(props)}: {why}")
         for f in self.failures:
             lines += ["", f"FAIL {f.backend} {f.property}", f"  reproduce: {reproducer(f.case)}",
-                      *("  " + line for line in f.message.splitlines())]
+                      f"  ggml: {ggml_shapes(f.case)}", *("  " + line for line in f.message.splitlines())]
             if f.saved:
                 lines.append(f"  saved: {f.saved}")
+            if f.vectors:
+                lines.append(f"  golden vectors: {f.vectors} (inputs and the float64 expected outputs, "
+                             "docs/PORTING.md section 1)")
         return "\n".join(lines)
 
 
@@ -87,6 +106,16 @@ def reproducer(case: Case) -> str:
     return f"ssm_ref.cases.make_problem({seed}, {args})"
 
 
+def ggml_shapes(case: Case) -> str:
+    """The case's tensors as ggml's ggml_ssm_scan takes them (ne, fastest axis first), for a C test."""
+    d = case.dims
+    N, P, H, G, T, S, R = (d[k] for k in "NPHGTSR")
+    a = f"({N}, {H})" if case.variant == "mamba1" else f"(1, {H})"
+    ids = np.asarray(case.ids).tolist()
+    return (f"s ne (d_state, head_dim, n_head, rows) = ({N}, {P}, {H}, {R}), x ({P}, {H}, {T}, {S}), "
+            f"dt ({H}, {T}, {S}), A {a}, B and C ({N}, {G}, {T}, {S}), ids I32 {ids}")
+
+
 def _modname(module) -> str:
     return ports.port_name(module)
 
@@ -98,8 +127,25 @@ def crash_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" + (f"\n{tb}" if tb else "")
 
 
+def _no_backward(module) -> str:
+    """The message of ``module``'s NotImplementedError when its ssm_scan_back raises one on a
+    one-element problem (it has no backward), else ""."""
+    from .cases import make_problem
+
+    c = make_problem(0, S=1, T=1, H=1, P=1, N=1, G=1, R=1, ids="none", variant="mamba2", a_form="h",
+                     regime="typical")
+    try:
+        module.ssm_scan_back(*ports.args_of(c.args()), c.g_y, c.g_states)
+    except NotImplementedError as e:
+        return ports.error_text(e)
+    except Exception:  # any other failure is the properties' to find and report
+        return ""
+    return ""
+
+
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
-         save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, **sizes) -> FuzzReport:
+         save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, supported_only: bool = False,
+         **sizes) -> FuzzReport:
     """Fuzz ``backends`` (ports: modules with NAME, ssm_scan, ssm_scan_back, supports;
     docs/PORTING.md, "The port interface") for ``minutes`` (every property checks one drawn problem
     at least, however short the time).
@@ -109,7 +155,11 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
     where failures are written as regression files. batch: examples per (backend, property)
     per round (small, so that every property gets its turn early). sizes: size limits passed to
-    ssm_ref.strategies.problems (max_elements=...).
+    ssm_ref.strategies.problems (max_elements=...). supported_only: a drawn problem that the port's
+    ``supports("ssm_scan", ...)`` declines is not checked (counted in ``unsupported``): for a port
+    that runs some shapes on another device (ssm_ggml on a GPU), to fuzz the device itself.
+    A port whose ssm_scan_back raises NotImplementedError is fuzzed on its forward: the
+    properties of the backward alone are listed as not applicable, the others check the forward.
     Raises ValueError for an unknown property or regime, a backend that is no port, or minutes
     that are not a positive number. Returns a FuzzReport; a failure caused by an exception
     carries its traceback in its message.
@@ -134,6 +184,13 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     start = last_log = time.monotonic()
     deadline = start + 60.0 * minutes
     pairs = [(b, n) for b in backends for n in names if set(PROPERTIES[n].regimes) & set(regimes)]
+    for b in backends:
+        why = _no_backward(b)
+        if why:
+            for n in BACKWARD_ONLY:
+                if (b, n) in pairs:
+                    pairs.remove((b, n))
+                    report.not_applicable[(_modname(b), n)] = f"no backward ({why})"
     done: set = set()
     cfg = settings(max_examples=batch, database=None, deadline=None, phases=(Phase.generate, Phase.shrink),
                    suppress_health_check=list(HealthCheck))
@@ -153,6 +210,9 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
                     raise _TimeUp           # stop drawing (each pair checks one problem at least); a
                                             # failure already found is still shrunk
                 report.examples[key] = report.examples.get(key, 0) + 1
+                if supported_only and not _supported(module, case):
+                    report.unsupported[key] = report.unsupported.get(key, 0) + 1
+                    return False
                 try:
                     applied = prop.check(module, case, tol)
                 except Exception:  # PropertyFailed, or a crash, which is a failure too
@@ -178,6 +238,13 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     return report
 
 
+def _supported(module, case: Case) -> bool:
+    try:
+        return ports.support(module.supports("ssm_scan", *ports.args_of(case.args()))).ok
+    except Exception:  # a supports() that raises: let the property run and report the port
+        return True
+
+
 def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
     try:
         prop.check(module, case, tol)
@@ -186,5 +253,11 @@ def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
         message = str(e) if isinstance(e, PropertyFailed) else crash_message(e)
     f = Failure(backend=key[0], property=key[1], case=case, message=message)
     if save_dir is not None:
-        f.saved = str(save_case(case, save_dir, prop=key[1], found_on=key[0], message=message))
+        saved = save_case(case, save_dir, prop=key[1], found_on=key[0], message=message)
+        f.saved = str(saved)
+        if case.inputs.get("s") is not None and case.regime != "nonfinite":
+            from .vectors import write_case
+
+            folder = Path(save_dir) / (saved.stem + ".vectors")
+            f.vectors = str(write_case(folder, case, saved.stem, message.splitlines()[0] if message else "").parent)
     return f

@@ -55,14 +55,15 @@ def _check_args(max_elements, regimes, variants, ids_patterns) -> None:
 
 
 def dims(*, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_per_G=3,
-         max_P=4, max_N=9, max_extra_R=3, min_P=None, min_N=None, variants=VARIANTS,
+         max_P=4, max_N=9, max_extra_R=3, min_P=None, min_N=None, min_T=0, variants=VARIANTS,
          ids_patterns=IDS_PATTERNS, regimes=("typical",), allow_empty=False):
     """A strategy for the recipe of a problem (the keyword arguments of make_problem, seed included).
 
     Sizes: S in 1..max_S, G in 1..max_G, H = G * (1..max_H_per_G), P in 1..max_P, N in 1..max_N
     (0 allowed for H/G, P and N with ``allow_empty``; at least ``min_P`` / ``min_N`` when given,
     e.g. to reach the multi-block layouts of a GPU kernel), R = S + 0..max_extra_R (R = S for the
-    identity pattern, R > S for unused). T in 0..max_T with 0 and 1 favoured; for the
+    identity pattern, R > S for unused). T in min_T..max_T with 0 and 1 favoured (``min_T`` > 0
+    leaves out the empty scan, e.g. to look past a known T = 0 defect); for the
     long_decay regime T in max_T_long/4..max_T_long. Then, while the problem would hold more than
     ``max_elements`` elements (:func:`elements`) with its fewest tokens (0, or max_T_long/4 for
     long_decay), the largest of N, P, H/G, S, G is halved (never below its minimum: min_P, min_N,
@@ -71,19 +72,19 @@ def dims(*, max_elements=4096, max_S=3, max_T=6, max_T_long=256, max_G=3, max_H_
     Raises ValueError (when called) for arguments outside these sets.
     """
     _check_args(max_elements, regimes, variants, ids_patterns)
-    for name, lo, hi in (("min_P", min_P, max_P), ("min_N", min_N, max_N)):
+    for name, lo, hi in (("min_P", min_P, max_P), ("min_N", min_N, max_N), ("min_T", min_T, max_T)):
         if lo is not None and not 0 <= lo <= hi:
             raise ValueError(f"{name}: expected 0 <= {name} <= max_{name[-1]} = {hi}, got {lo}")
     return _dims(max_elements=max_elements, max_S=max_S, max_T=max_T, max_T_long=max_T_long, max_G=max_G,
                  max_H_per_G=max_H_per_G, max_P=max_P, max_N=max_N, max_extra_R=max_extra_R,
-                 min_P=min_P, min_N=min_N,
+                 min_P=min_P, min_N=min_N, min_T=min_T,
                  variants=tuple(variants), ids_patterns=tuple(ids_patterns), regimes=tuple(regimes),
                  allow_empty=allow_empty)
 
 
 @st.composite
 def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, max_P, max_N, max_extra_R,
-          min_P, min_N, variants, ids_patterns, regimes, allow_empty) -> dict:
+          min_P, min_N, min_T, variants, ids_patterns, regimes, allow_empty) -> dict:
     lo = 0 if allow_empty else 1
     regime = draw(st.sampled_from(tuple(regimes)))
     variant = draw(st.sampled_from(tuple(variants)))
@@ -99,13 +100,14 @@ def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, m
     if regime == "long_decay":
         T = draw(st.integers(max(1, max_T_long // 4), max(1, max_T_long)))
     else:
-        T = draw(st.one_of(st.sampled_from((0, 1)), st.integers(0, max_T)))
+        T = draw(st.one_of(st.sampled_from(tuple(v for v in (0, 1) if v >= min_T) or (min_T,)),
+                           st.integers(min_T, max_T)))
 
     def size(T_):
         R_ = S if pattern == "identity" else S + extra
         return elements(S, T_, G * k, P, N, G, R_, variant == "mamba1")
 
-    T_floor = max(1, max_T_long // 4) if regime == "long_decay" else 0
+    T_floor = max(1, max_T_long // 4) if regime == "long_decay" else min_T
     while size(T_floor) > max_elements:    # too big even with the fewest tokens: halve the largest size
         sizes = {"N": N, "P": P, "k": k, "S": S, "G": G}
         floors = {"N": max(1, min_N or 1), "P": max(1, min_P or 1), "k": 1, "G": 1,
@@ -116,7 +118,7 @@ def _dims(draw, *, max_elements, max_S, max_T, max_T_long, max_G, max_H_per_G, m
         name = max(shrinkable, key=shrinkable.get)
         N, P, k, S, G = (max(v // 2, floors[n]) if n == name else v for n, v in sizes.items())
     per_token = max(1, size(1) - size(0))
-    T = max(0, min(T, (max_elements - size(0)) // per_token))
+    T = max(0 if regime == "long_decay" else min_T, min(T, (max_elements - size(0)) // per_token))
     R = S if pattern == "identity" else S + extra
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(seed=seed, S=S, T=T, H=G * k, P=P, N=N, G=G, R=R, ids=pattern, variant=variant,

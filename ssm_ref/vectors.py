@@ -28,7 +28,7 @@ import numpy as np
 from .cases import Case, make_problem
 from .tolerance import F32_TOL, T_MEASURED
 
-__all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_vectors"]
+__all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_case", "write_vectors"]
 
 FORMAT = "ssm-scan golden vectors 1"
 INPUTS = ("s", "x", "dt", "A", "B", "C", "ids", "g_y", "g_states", "g_packed")
@@ -120,12 +120,24 @@ def _layout(g: Golden) -> list[dict]:
 
 def write_vectors(out_dir, names=None) -> Path:
     """Write the golden cases to ``out_dir`` (created if needed); returns the manifest's path."""
+    return _write(out_dir, golden_cases(names))
+
+
+def write_case(out_dir, case: Case, name: str, description: str = "") -> Path:
+    """Write one drawn or rebuilt :class:`ssm_ref.cases.Case` (a fuzzer's shrunk failure, say) as
+    golden vectors in ``out_dir``, in the format of :func:`write_vectors` (a manifest.json of one
+    case, ``<name>.bin`` and ``<name>.npz``); the expected outputs are the float64 oracle's.
+    Returns the manifest's path."""
+    return _write(out_dir, [_golden(name, description, case)])
+
+
+def _write(out_dir, goldens: list[Golden]) -> Path:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     import ssm_ref
 
     cases = []
-    for g in golden_cases(names):
+    for g in goldens:
         layout = _layout(g)
         blob = bytearray(layout[-1]["offset"] + layout[-1]["nbytes"] if layout else 0)
         arrays = {**g.inputs, **g.expected}

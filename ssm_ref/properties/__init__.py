@@ -21,7 +21,7 @@ from .backward import deterministic, linear_backward, nonfinite_pattern
 from .oracle import adjoint, oracle_backward, oracle_forward
 from .structure import group_broadcast, mamba2_as_mamba1, permute_sequences, scatter_of_d_s0, split_tokens
 
-__all__ = ["PROPERTIES", "Property", "PropertyFailed"]
+__all__ = ["BACKWARD_ONLY", "PROPERTIES", "Property", "PropertyFailed"]
 
 # Regimes whose values stay finite: the adjoint and linearity bounds are norms of finite arrays.
 FINITE = ("typical", "wide_dt", "small_A", "long_decay")
@@ -50,3 +50,7 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("nonfinite_pattern", nonfinite_pattern, REGIMES,
              "nan/+inf/-inf where the float32 reference has them; no crash, no RuntimeWarning"),
 )}
+
+# Properties of the backward alone: not applicable to a port without one (its ssm_scan_back raises
+# NotImplementedError); the others then check the forward's half.
+BACKWARD_ONLY = ("oracle_backward", "adjoint", "scatter_of_d_s0", "linear_backward")

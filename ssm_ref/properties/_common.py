@@ -37,9 +37,16 @@ class Property:
 
 class Outputs(dict):
     """A backend's outputs by name; ``derived`` names those the port did not return and
-    :func:`run` filled in (d_s, from a result without it: the scatter-add of its d_s0)."""
+    :func:`run` filled in (d_s, from a result without it: the scatter-add of its d_s0).
+    ``no_backward`` is the message of a port whose ssm_scan_back raised NotImplementedError (it
+    has no backward: only y and states are here), else ""."""
 
     derived: frozenset = frozenset()
+    no_backward: str = ""
+
+    def having(self, names) -> list:
+        """The names of ``names`` this result holds (without a backward: the forward's only)."""
+        return [n for n in names if n in self]
 
 
 def _scatter(d_s0: np.ndarray, s, ids) -> np.ndarray:
@@ -62,12 +69,17 @@ def run(module, args: dict, g_y, g_states, backward: bool = True) -> Outputs:
     """Forward (and backward) of the port ``module`` (docs/PORTING.md, "The port interface") on
     keyword ``args``, through ssm_ref.ports (the reading verify and ``ssm-scan check`` use):
     outputs by name (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays. A backward
-    result without d_s gets the scatter-add of its d_s0 (named in ``derived``)."""
+    result without d_s gets the scatter-add of its d_s0 (named in ``derived``). A backward that
+    raises NotImplementedError leaves the forward's outputs only (``no_backward``)."""
     name = ports.port_name(module)
     pos = ports.args_of(args)
     out = Outputs(ports.call(module.ssm_scan, "ssm_scan", pos, backend=name).arrays)
     if backward:
-        g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+        try:
+            g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+        except NotImplementedError as e:  # a port without a backward: its forward is still checked
+            out.no_backward = ports.error_text(e)
+            return out
         out.update(g.arrays)
         if "d_s" not in g:
             out["d_s"] = _scatter(out["d_s0"], args["s"], args.get("ids"))
