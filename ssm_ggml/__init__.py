@@ -35,7 +35,7 @@ from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_sof
 from ssm_ref.packing import pack_forward, unpack_backward, unpack_forward
 
 from .graph import GgmlError, OutputOverrun
-from .lib import ENV, GgmlNotFound
+from .lib import ENV, GgmlNotFound, missing_device
 from .worker import GgmlAbort, Worker
 
 NAME = "ssm_ggml"
@@ -90,8 +90,7 @@ def use(device: str = "CPU", *, lib: str | os.PathLike | None = None, threads: i
     info = build_info()
     names = [n for n, _ in info["devices"]]
     if device not in names:
-        raise ValueError(f"device: ggml has no device {device!r} in {info['build']['folder']} "
-                         f"(its devices: {', '.join(names) or 'none'})")
+        raise ValueError(missing_device(device, info["build"]["folder"], names))
     return info
 
 

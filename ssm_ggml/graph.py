@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from .lib import GGML_STATUS_SUCCESS, GGML_TYPE_F32, GGML_TYPE_I32, GgmlLibrary
+from .lib import GGML_STATUS_SUCCESS, GGML_TYPE_F32, GGML_TYPE_I32, GgmlLibrary, missing_device
 
 __all__ = ["GUARD_FLOATS", "UNWRITTEN_BITS", "Device", "GgmlError", "OutputOverrun", "ScanGraph", "unwritten"]
 
@@ -48,8 +48,7 @@ class Device:
         self.lib, self.name, self.threads = lib, name, threads
         self.dev = lib.fn["ggml_backend_dev_by_name"](name.encode())
         if not self.dev:
-            have = ", ".join(n for n, _ in lib.devices()) or "none"
-            raise ValueError(f"device: ggml has no device {name!r} in {lib.folder} (its devices: {have})")
+            raise ValueError(missing_device(name, lib.folder, [n for n, _ in lib.devices()]))
         self.description = lib.fn["ggml_backend_dev_description"](self.dev).decode(errors="replace")
         self._backend = None
 

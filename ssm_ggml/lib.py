@@ -29,7 +29,18 @@ from ctypes import POINTER, c_bool, c_char_p, c_int, c_int64, c_size_t, c_void_p
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GGML_TYPE_F32", "GGML_TYPE_I32", "GgmlLibrary", "GgmlNotFound", "find", "load"]
+__all__ = ["GGML_TYPE_F32", "GGML_TYPE_I32", "GgmlLibrary", "GgmlNotFound", "find", "load", "missing_device"]
+
+
+def missing_device(name: str, folder, have: list[str]) -> str:
+    """The message for a device ``name`` the build does not list (``have``), with the way out when
+    it is a Vulkan device ggml left out."""
+    text = f"device: ggml has no device {name!r} in {folder} (its devices: {', '.join(have) or 'none'})"
+    if name.startswith("Vulkan"):
+        text += ("; ggml's Vulkan backend lists no CPU-type device (such as Mesa's lavapipe) unless "
+                 "GGML_VK_VISIBLE_DEVICES names it, e.g. GGML_VK_VISIBLE_DEVICES=0, and none at all in a "
+                 "build without -DGGML_VULKAN=ON")
+    return text
 
 ENV = "SSM_GGML_LIB"
 GGML_TYPE_F32 = 0

@@ -18,7 +18,11 @@
 #   --origin TEXT         what the sources are, for ggml-build.json (e.g. "ggml-org/ggml d99724f2"
 #                         for an unpacked git archive, which has no .git to ask)
 #   --spirv-headers DIR   a SPIRV-Headers checkout, for ggml versions whose Vulkan backend asks
-#                         cmake for SPIRV-Headers (installed into --out/deps first)
+#                         cmake for SPIRV-Headers (installed into --out/deps first; on Debian 12
+#                         the spirv-headers package will do)
+#   --vulkan-compat       add tools/vulkan-compat to the include path: the VK_EXT_layer_settings
+#                         declarations ggml's Vulkan backend needs from headers older than 1.3.261
+#                         (Debian 12's libvulkan-dev 1.3.239: enough for the sdist's ggml 0.15.3)
 #   --native              -DGGML_NATIVE=ON (this machine's instruction set; default OFF: ggml's
 #                         portable x86-64 set, AVX2/FMA/F16C on x86)
 #   --jobs N              parallel compile jobs (default 2); the build runs under nice -n 19
@@ -37,9 +41,10 @@ while [ $# -gt 0 ]; do
     --vulkan-headers) vk_headers="$2"; shift 2 ;;
     --spirv-headers) spirv_headers="$2"; shift 2 ;;
     --native) native=ON; shift ;;
+    --vulkan-compat) vk_compat=1; shift ;;
     --origin) origin_text="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Needs/p' "$0"; exit 0 ;;
     *) echo "build_ggml.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,6 +92,9 @@ if [ "$vulkan" = 1 ]; then
     # Debian ships the loader as libvulkan.so.1 only (the .so link is in libvulkan-dev).
     loader="$(ldconfig -p 2>/dev/null | awk '/libvulkan\.so\.1 /{print $NF; exit}')"
     [ -n "$loader" ] && flags+=("-DVulkan_LIBRARY=$loader")
+  fi
+  if [ "${vk_compat:-0}" = 1 ]; then
+    flags+=("-DCMAKE_CXX_FLAGS=-I$here/tools/vulkan-compat")
   fi
   if [ -n "$spirv_headers" ]; then
     spirv_prefix="$out/deps/spirv-headers"

@@ -104,8 +104,13 @@ def test_supports_and_the_missing_backward(ggml):
 def test_no_such_device_is_a_clear_error(ggml_lib):
     import ssm_ggml
 
-    with pytest.raises(ValueError, match="no device 'Nope0'"):
+    with pytest.raises(ValueError, match="no device 'Nope0'") as e:
         ssm_ggml.use("Nope0", lib=ggml_lib)
+    assert "GGML_VK_VISIBLE_DEVICES" not in str(e.value)
+    names = [n for n, _ in ssm_ggml.devices()]
+    if "Vulkan7" not in names:   # a missing Vulkan device: the message says how ggml hides lavapipe
+        with pytest.raises(ValueError, match=r"no device 'Vulkan7'.*GGML_VK_VISIBLE_DEVICES"):
+            ssm_ggml.use("Vulkan7", lib=ggml_lib)
 
 
 def test_an_abort_in_the_worker_is_reported_and_the_next_call_runs(ggml_isolated):
