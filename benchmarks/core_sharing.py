@@ -3,7 +3,8 @@ benchmarks/cpu_targets.py's thread scaling and loaded / quiet ratios.
 
     python benchmarks/core_sharing.py [--shapes prefill,mamba1] [--n 7]
 
-For each (shape, op), single calls timed (medians of --n):
+For each (shape, op), single calls timed (medians of --n; the conditions cycled --repeat times,
+medians over the cycles):
   * alone: 1 thread, nothing else running;
   * twin: 1 thread while a second process runs the same call on the other CPU (if the two
     logical CPUs share a core's units or the memory path, each copy slows down);
@@ -101,21 +102,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="prefill,mamba1")
     ap.add_argument("--n", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=3, help="cycles through the conditions; medians over them")
     args = ap.parse_args()
     one_spinner, two_spinners = Load(1), Load(2)
     rows = []
     try:
         for shape in args.shapes.split(","):
             for op in ("fwd", "bwd"):
-                r = {"shape": shape, "op": op}
-                r["alone"] = run(shape, op, args.n)["median_s"]
-                r["twin"] = run(shape, op, args.n, copies=2)["median_s"]
-                r["spinner"] = run(shape, op, args.n, during=one_spinner)["median_s"]
-                r["2t"] = run(shape, op, args.n, threads=2)["median_s"]
-                loaded = run(shape, op, args.n, threads=2, during=two_spinners)
-                r["2t_loaded"], r["cores_loaded"] = loaded["median_s"], loaded["cores"]
+                # The conditions are cycled, not run one after the other: this VM's speed moves by
+                # up to 2x from one measurement to the next, and each ratio wants its two sides close.
+                conds = {"alone": {}, "twin": {"copies": 2}, "spinner": {"during": one_spinner},
+                         "2t": {"threads": 2}, "2t_loaded": {"threads": 2, "during": two_spinners}}
                 if shape == "mamba1" and op == "bwd":
-                    r["seg4m"] = run(shape, op, args.n, segment_bytes=4 << 20)["median_s"]
+                    conds["seg4m"] = {"segment_bytes": 4 << 20}
+                got: dict = {}
+                for _ in range(args.repeat):
+                    for name, kw in conds.items():
+                        res = run(shape, op, args.n, **kw)
+                        got.setdefault(name, []).append(res["median_s"])
+                        if name == "2t_loaded":
+                            got.setdefault("cores_loaded", []).append(res["cores"])
+                r = {"shape": shape, "op": op} | {k: statistics.median(v) for k, v in got.items()}
+                r["rounds"] = got
                 rows.append(r)
                 print(json.dumps(r), file=sys.stderr, flush=True)
     finally:
