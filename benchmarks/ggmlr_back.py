@@ -4,7 +4,7 @@ The library is ggmlR's own ``src/ggml-cpu/ops-ssm.cpp`` (https://github.com/Zabi
 compiled unchanged with our harness by ``tools/build_ggmlr_back.sh``; its path comes from the
 environment variable ``SSM_GGMLR_BACK_LIB`` (the file, or the folder holding it). Used by
 ``benchmarks/cpu_targets.py`` and checked against the float64 oracle by
-``tests/test_ggmlr_back_kernel.py``.
+``benchmarks/check_ggmlr_back.py``.
 
 Glossary: N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows.
 Inputs are ssm_ref's (docs/SPEC.md section 2): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),

@@ -1,8 +1,12 @@
 """ggmlR's own CPU SSM_SCAN_BACK kernel, as benchmarks/cpu_targets.py times it, against the float64
-oracle: the check that the benchmark times the right function with the right layouts.
+oracle: the check that the benchmark times the right function with the right layouts. Run it
+beside the benchmark, where its library is built (not part of the test suite, which has no ggmlR
+source to build it from):
+
+    SSM_GGMLR_BACK_LIB=build/ggmlr python -m pytest benchmarks/check_ggmlr_back.py
 
 The library is built from ggmlR's src/ggml-cpu/ops-ssm.cpp by tools/build_ggmlr_back.sh and
-named by SSM_GGMLR_BACK_LIB; without it every test here is skipped, saying so. Each gradient
+named by SSM_GGMLR_BACK_LIB; without it the checks fail, saying so. Each gradient
 block of its packed output is held to the float32 bound every backend of the registry meets
 (ssm_ref.tolerance.F32_TOL), output by output.
 """
@@ -14,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from registry import F32_TOL, Backend, assert_close, oracle_back
 
 import ssm_ref
 from ssm_ref.cases import make_problem
 from ssm_ref.checks import check_forward
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import ggmlr_back
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT / "benchmarks"), str(_ROOT / "tests")]
+import ggmlr_back  # noqa: E402
+from registry import F32_TOL, Backend, assert_close, oracle_back  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +34,7 @@ def lib():
     try:
         return ggmlr_back.load()
     except (FileNotFoundError, OSError) as e:
-        pytest.skip(f"ggmlR's backward is not built: {e}")
+        pytest.fail(f"ggmlR's backward is not built (tools/build_ggmlr_back.sh): {e}")
 
 
 GGMLR = Backend(name="ggmlR", module=None, where="CPU", tol=F32_TOL)
