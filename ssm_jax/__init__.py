@@ -46,10 +46,9 @@ def _module(backend: str):
 
 
 def _kwargs(backend: str, dt_softplus, work) -> dict:
-    """The backend call's keywords: the form (every backend takes the three; none passed for the
-    default "ggml") and ssm_ref's working dtype."""
-    ssm_ref.check_dt_softplus(dt_softplus)
-    kw = {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
+    """The backend call's keywords: the form, checked (every backend takes the three), and
+    ssm_ref's working dtype."""
+    kw = {"dt_softplus": ssm_ref.check_dt_softplus(dt_softplus)}
     if backend == "ssm_ref":
         kw["dtype"] = work
     return kw
@@ -95,7 +94,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     d = _check(arrays, ids)
     f64 = backend == "ssm_ref" and all(a.dtype == jnp.float64 for a in arrays)
     work = np.dtype(np.float64 if f64 else np.float32)
-    _kwargs(backend, dt_softplus, work)  # NotImplementedError now, not inside the callback
+    _kwargs(backend, dt_softplus, work)  # a bad form raises here, not inside the callback
     ids_ = jnp.arange(d.S, dtype=jnp.int32) if ids is None else jnp.asarray(ids, dtype=jnp.int32)
     out_dtypes = (arrays[1].dtype, arrays[0].dtype)
     y, states = _scan(backend, dt_softplus, work.name, *(a.astype(work) for a in arrays), ids_)

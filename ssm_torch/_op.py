@@ -68,11 +68,13 @@ def backend_module(backend: str):
     return importlib.import_module(backend)
 
 
-def softplus_kwargs(backend: str, dt_softplus) -> dict:
-    """The keyword to pass for ``dt_softplus`` after the shared check: every backend takes the
-    three forms; none is passed for the default "ggml", so such a call is the backend's plain one."""
-    ssm_ref.check_dt_softplus(dt_softplus)
-    return {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
+def _backend_kwargs(backend: str, dt_softplus, work: torch.dtype) -> dict:
+    """The keywords of a backend call: the form, checked (every backend takes the three), and
+    ssm_ref's working dtype."""
+    kw = {"dt_softplus": ssm_ref.check_dt_softplus(dt_softplus)}
+    if backend == "ssm_ref":
+        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    return kw
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -136,11 +138,8 @@ def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B:
          ids: torch.Tensor | None, backend: str, dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward: (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype)."""
     mod = backend_module(backend)
-    form = _decode(dt_softplus)
-    kw = softplus_kwargs(backend, form)
     work = work_dtype(backend, (s, x, dt, A, B, C))
-    if backend == "ssm_ref":
-        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    kw = _backend_kwargs(backend, _decode(dt_softplus), work)
     ids_ = None if ids is None else ids.detach().cpu().numpy()
     r = mod.ssm_scan(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, **kw)
     _record("ssm_scan", r, work)
@@ -149,7 +148,7 @@ def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B:
 
 @scan.register_fake
 def _scan_fake(s, x, dt, A, B, C, ids, backend, dt_softplus):
-    softplus_kwargs(backend, _decode(dt_softplus))
+    ssm_ref.check_dt_softplus(_decode(dt_softplus))
     d = check_shapes(s, x, dt, A, B, C, ids)
     return x.new_empty((d.S, d.T, d.H, d.P)), s.new_empty((d.S, d.H, d.P, d.N))
 
@@ -161,10 +160,8 @@ def scan_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
                                          torch.Tensor]:
     """The backward: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
     mod = backend_module(backend)
-    kw = softplus_kwargs(backend, _decode(dt_softplus))
     work = work_dtype(backend, (s, x, dt, A, B, C))
-    if backend == "ssm_ref":
-        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    kw = _backend_kwargs(backend, _decode(dt_softplus), work)
     ids_ = None if ids is None else ids.detach().cpu().numpy()
     g = mod.ssm_scan_back(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, _host(g_y, work),
                           _host(g_states, work), **kw)

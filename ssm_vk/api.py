@@ -173,7 +173,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids,
-                                      **_form_kwargs(dt_softplus)), p, ("y", "states"))
+                                      dt_softplus=dt_softplus), p, ("y", "states"))
     out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp)
@@ -199,17 +199,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
-                                           **_form_kwargs(dt_softplus)), p, ssm_ref.GRAD_NAMES)
+                                           dt_softplus=dt_softplus), p, ssm_ref.GRAD_NAMES)
     g = run.backward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, True, arrays, sp)
     return _grads(g, dec.info.where)
-
-
-def _form_kwargs(dt_softplus) -> dict:
-    """The fallback's ``dt_softplus`` keyword: none for ggml's form (the default of both CPU
-    backends), so the call is the one it always was."""
-    return {} if dt_softplus == "ggml" else {"dt_softplus": dt_softplus}
 
 
 def _resident(result, p, names: tuple):
