@@ -222,7 +222,7 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
         _expect_shape("ids", arr, "(S,)", (S,))
     # One read of the caller's memory: a copy in the caller's dtype (a uint64 above 2**63 must not
     # wrap before the range check), then the checks and the int64 conversion of that copy.
-    own = np.array(arr, copy=True, order="C")
+    own = arr.copy() if arr.dtype is _I64 else np.array(arr, copy=True, order="C")  # (copy(): C order)
     if S:
         if S <= 64:  # two numpy reductions cost more than the Python ints of a short array
             values = own.tolist()
@@ -232,7 +232,7 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
         if lo < 0 or hi >= R:
             bad = lo if lo < 0 else hi
             raise ValueError(f"ids: every id must be in [0, R) = [0, {R}) (R = rows of s), got {bad}")
-    out = own if own.dtype == _I64 else own.astype(np.int64)
+    out = own if own.dtype is _I64 or own.dtype == _I64 else own.astype(np.int64)
     out.setflags(write=False)
     return out
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import runtime as rt
 
-__all__ = ["DeviceArray", "to_device", "upload_to", "pool", "empty"]
+__all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty"]
 
 _F32 = np.dtype(np.float32)
 _INTS = frozenset([int])  # the types of a shape of Python ints
@@ -81,13 +81,19 @@ class _Release(weakref.ref):
             _give_back(self._pool, self._buf)
 
 
-def _collected(ref, _pending=_pending, _give_back=_give_back) -> None:
+def _collected(ref, _pending=_pending) -> None:
     # The callback of a _Release (any thread, from a garbage collection too). ``ref`` is alive
     # here, so no other pending entry has its id. Bound as defaults: still callable while the
-    # interpreter tears the module down.
+    # interpreter tears the module down. _give_back, inlined (each output of each call).
     if _pending.pop(id(ref), None) is ref:
         ref.alive = False
-        _give_back(ref._pool, ref._buf)
+        buffers, buf = ref._pool, ref._buf
+        if buffers.closed or buf.closed:
+            return
+        try:
+            buffers.release(buf)
+        except ValueError:
+            pass
 
 
 def _track(owner, ctx, buf) -> _Release:
@@ -182,10 +188,7 @@ class DeviceArray:
         return owner.buffer is not None and owner._finalizer is not None and not owner._finalizer.alive
 
     def _check_live(self) -> None:
-        release = (self._base or self)._finalizer  # ``released``, inlined (each input, each call)
-        if ((release is not None and not release.alive) or self.ctx.closed
-                or (self.buffer is not None and self.buffer.closed)):
-            raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
+        check_live((self,))
 
     def numpy(self) -> np.ndarray:
         """A host copy (a new, writable numpy array)."""
@@ -205,7 +208,7 @@ class DeviceArray:
         not an integer, ValueError for a negative one or another element count."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        if not _INTS.issuperset(map(type, shape)) or any(n < 0 for n in shape):
+        if not _INTS.issuperset(map(type, shape)) or (shape and min(shape) < 0):
             shape = _dims("reshape", shape)  # numpy integers and the rest: checked, as Python ints
         if math.prod(shape) != math.prod(self.shape):
             raise ValueError(f"cannot reshape a DeviceArray of shape {self.shape} to {shape}")
@@ -249,6 +252,18 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, where={self.where!r})"
+
+
+def check_live(arrays) -> None:
+    """``a._check_live()`` for each DeviceArray of ``arrays`` (None entries skipped), in one call:
+    the inputs of a call that came through a lane, each call."""
+    for a in arrays:
+        if a is None:
+            continue
+        release = (a._base or a)._finalizer
+        if ((release is not None and not release.alive) or a.ctx.closed
+                or (a.buffer is not None and a.buffer.closed)):
+            raise RuntimeError("this DeviceArray was released (or its Vulkan context closed)")
 
 
 def empty(ctx, shape, dtype=np.float32) -> DeviceArray:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ssm_ref.environ import EnvVar
@@ -95,10 +95,10 @@ class Settings:
 
     tune: tuple          # sorted (name, value) pairs
     no_subgroup: bool
+    key: tuple = field(init=False, repr=False, compare=False)   # (tune, no_subgroup), made once
 
-    @property
-    def key(self) -> tuple:
-        return self.tune, self.no_subgroup
+    def __post_init__(self):
+        object.__setattr__(self, "key", (self.tune, self.no_subgroup))
 
     def knob(self, name: str, default):
         for k, v in self.tune:

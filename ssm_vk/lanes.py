@@ -11,8 +11,8 @@ that ran on the device; a call with that signature takes them in one look-up (~1
 less per call on lavapipe's VM).
 
 Every call still pays for what can change under the same signature:
-- each input is live (an array released, or whose buffer or context was closed, has no
-  signature: the full path runs and raises as always);
+- each input is live (an array released, or whose buffer or context was closed, raises as on
+  the full path: checked once its buffers are marked busy);
 - the ids' values and the host memory rule, by ``ssm_ref.checks.device_problem`` -- the
   validator's own fast path, which raises exactly as check_forward / check_backward do;
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
@@ -55,15 +55,15 @@ class Lane:
 def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple | None:
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
     and for the backward (g_y, g_states) -- and the step's form ``softplus``, or None when any of
-    them is not a live float32 DeviceArray of ``ctx`` (g_states may be None: the packed g_y)."""
+    them is not a float32 DeviceArray of ``ctx`` (g_states may be None: the packed g_y). Liveness
+    is not part of it: a call through a lane checks its inputs live after marking their buffers
+    busy (run.py), as it must anyway, and raises as the full path does."""
     sig = [backward, softplus]
     for a in arrays:
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
             if a is None:  # (only a packed g_y's g_states can be: the validator rejects any other)
                 sig.append(None)
                 continue
-            return None
-        if not a.live():
             return None
         b = a.buffer
         sig += (a.shape, None if b is None else b.serial, a.offset)  # serials are unique in the process

@@ -20,7 +20,7 @@ import threading
 from ssm_ref import Problem
 
 from . import runtime as rt
-from .arrays import DeviceArray, pool
+from .arrays import DeviceArray, check_live, pool
 from .config import Settings
 from .engine import Engine
 from .record import record_backward, record_forward
@@ -61,10 +61,16 @@ def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool 
 
 def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane, softplus: int) -> dict:
     ctx = engine.ctx
+    if lane is not None:
+        softplus = lane.ws.plan.softplus  # (the form the lane's workspace was planned for)
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return _run_once(engine, p, backward, lim, knobs, device_out, lane=lane, softplus=softplus)
+            if lane is not None:
+                out = _through_lane(engine, lane, p, backward)
+                if out is not None:
+                    return out
+            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus)
         except rt.OutOfDeviceMemory:
             # The workspaces of other shapes hold buffers between calls: give them all back (the pool
             # frees its idle ones when it next runs out) and try once more; a second failure raises.
@@ -74,19 +80,44 @@ def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: boo
         ctx.leave(token)
 
 
+def _through_lane(engine: Engine, lane, p: Problem, backward: bool) -> dict | None:
+    """A call that found its lane (lanes.py): every input a DeviceArray, bound as the lane
+    recorded, in the lane's workspace; device outputs. None when that workspace was closed
+    meanwhile (evicted by another thread): the caller takes the general path."""
+    ws = lane.ws
+    ws.recent = True
+    with ws.lock:
+        if ws.closed:
+            return None
+        if ws.ctx.pending:  # (Workspace.settle's own first test: the per-call case skips the call)
+            ws.settle()
+        bufs, key, held = lane.bound
+        buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
+        # The inputs' buffers are busy until this call's work is done: released meanwhile (by
+        # another thread), they go back to the pool only then. Liveness is checked after marking.
+        token = buffers.busy(held) if held else None
+        try:
+            check_live((p.s, p.x, p.dt, p.A, p.B, p.C, p.g_y, p.g_states) if backward
+                       else (p.s, p.x, p.dt, p.A, p.B, p.C))
+            out = _run_bound(engine, ws, p, backward, True, dict(bufs), list(key))
+        finally:
+            if token is not None:
+                buffers.idle(token)
+    if out is None:  # a chunked result held inf or nan (as in _run_once)
+        _note_rerun(engine, p.dims)
+        out = _run_once(engine, p, backward, lane.limits, lane.knobs, True, chunked=False,
+                        softplus=ws.plan.softplus)
+    return out
+
+
 def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
-              lane=None, softplus: int = 0) -> dict:
+              softplus: int = 0) -> dict:
     while True:
-        if lane is not None:  # the lane's workspace and input bindings (lanes.py; chunked is True)
-            ws = lane.ws
-            ws.recent = True
-        else:
-            ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
+        ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
-                lane = None
                 continue
-            out = _run_in(engine, ws, p, backward, device_out, None if lane is None else lane.bound)
+            out = _run_in(engine, ws, p, backward, device_out)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
@@ -118,30 +149,20 @@ def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
     return bufs, key
 
 
-def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bound=None) -> dict | None:
+def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool) -> dict | None:
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels). ``bound``: what
-    bind_inputs gives for these inputs, kept by a lane (device inputs only: nothing to upload)."""
+    non-finite output (the caller recomputes with the sequential kernels)."""
     ws.settle()
     names = BWD_IN if backward else FWD_IN
     buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
     # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
-    # thread), they go back to the pool only then. Liveness is checked after they are marked.
-    if bound is None:
-        resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
-        held = tuple(a.buffer for a in resident if a.buffer is not None)
-    else:                     # a lane: every input is a DeviceArray, its buffers known
-        resident = [getattr(p, k) for k in names]
-        held = bound[2]
+    # thread), they go back to the pool only then. Liveness is checked after they are marked
+    # (bind_inputs checks each DeviceArray).
+    resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
+    held = tuple(a.buffer for a in resident if a.buffer is not None)
     token = buffers.busy(held) if held else None
     try:
-        if bound is None:
-            bufs, key = bind_inputs(ws, p, backward)
-        else:
-            for a in resident:
-                if a is not None:
-                    a._check_live()
-            bufs, key = dict(bound[0]), list(bound[1])
+        bufs, key = bind_inputs(ws, p, backward)
         return _run_bound(engine, ws, p, backward, device_out, bufs, key)
     finally:
         if token is not None:

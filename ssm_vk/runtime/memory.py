@@ -340,10 +340,14 @@ class BufferPool:
         holds its last results while it calls again needs two), and no other caller's
         acquisitions break a set up."""
         with self._lock:
-            self._check_open()
+            if self.closed:
+                self._check_open()
             kept = self._kept
             for cand in candidates:
-                if all(b.serial in kept and not b.closed for b in cand):
+                for b in cand:   # (a loop, not all() of a generator: each call)
+                    if b.serial not in kept or b.closed:
+                        break
+                else:
                     for b in cand:
                         del kept[b.serial]
                         self._out.add(b.serial)
