@@ -166,3 +166,28 @@ def test_a_fallback_computes_the_form_asked_for(form):
                 assert_close(cpu, k, _host(getattr(g, k)), getattr(wantg, k), label=f"fallback {form}")
         # and the form mattered here too
         assert not np.array_equal(_host(ssm_vk.ssm_scan(**args).y), _host(ssm_vk.ssm_scan(**args, dt_softplus=form).y))
+
+
+def test_a_repeat_call_that_runs_out_of_device_memory_retries_in_its_own_form(monkeypatch):
+    # A device-resident call through its lane whose outputs need new buffers while the driver is
+    # out of memory: the retry after freeing the workspaces must run the form asked for (it once
+    # took the default, ggml's), equal to the host call of that form bit for bit.
+    monkeypatch.delenv("SSM_VK_TUNE", raising=False)
+    ctx = rt.get_context()
+    case = _case(95, T=7)
+    args = case.args()
+    want = _host(ssm_vk.ssm_scan(**args, dt_softplus="log1p").y)
+    assert not np.array_equal(want, _host(ssm_vk.ssm_scan(**args, dt_softplus="ggml").y))
+    dev = _device(args)
+    # Results held: every recorded set of output buffers stays busy, so the next call allocates.
+    held = [ssm_vk.ssm_scan(**dev, dt_softplus="log1p") for _ in range(6)]
+    fwd = tuple(dev[k] for k in FLOATS)
+    assert lanes.find(False, fwd, config.settings(), 1)[0] is not None  # the next call takes its lane
+    ctx.fail_allocations(2)   # the pool's own retry meets the second: the call's retry runs
+    try:
+        r = ssm_vk.ssm_scan(**dev, dt_softplus="log1p")
+        assert not ctx.take_allocation_fault()   # both faults were met
+    finally:
+        ctx.fail_allocations(0)
+    assert r.y.numpy().tobytes() == want.tobytes()
+    del held
