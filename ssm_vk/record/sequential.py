@@ -34,6 +34,8 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     st_buf, st_off = bufs["states"]
     gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     seq.barrier()
+    if ws.profile and ctx.info.timestamps:  # SSM_VK_PROFILE: the gather's time apart from the scan's
+        seq.timestamp("gather")
     if not (pl.windows and d.H * d.P > 0):
         return
     x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
