@@ -23,7 +23,7 @@ __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "ch
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
-            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck")
+            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids")
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
 RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
@@ -73,7 +73,7 @@ def _softplus(code: int) -> tuple:
 def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0) -> KernelSpec:
     defs = _common(d, lay)
     defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
-    return KernelSpec("ssm_scan", _defs(**defs), 8, FWD_PUSH, lay.WG, _softplus(softplus))
+    return KernelSpec("ssm_scan", _defs(**defs), 10, FWD_PUSH, lay.WG, _softplus(softplus))
 
 
 def bwd_spec(d: Dims, lay: Layout, softplus: int = 0) -> KernelSpec:

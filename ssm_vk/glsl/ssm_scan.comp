@@ -13,7 +13,12 @@
 //   5 y   (S, T, H, P)          written
 //   6 st  (S, H, P, N)          read (initial state) and overwritten (final state)
 //   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c
-// Push constants: see PC below (same order as ssm_vk/specs.py FWD_PUSH).
+//   8 s   (R, H, P, N)          readonly: the state cache, when pc.gather
+//   9 ids (S)  uint             readonly: its rows, when pc.gather
+// With pc.gather = 1 the initial state of sequence i is row ids[o_ids + i] of s (a window that
+// starts the sequences: t0 = 0), read in place; otherwise st holds it (the host copied the rows,
+// or a previous token window of the same sequence left it). The final state always goes to st.
+// Push constants: see PC below (same order as ssm_vk/kernels.py FWD_PUSH).
 // Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1) and K (checkpoint
 // interval, when CKPT). With CKPT the
 // kernel is the backward's recompute pass: it writes checkpoints and the final state, not y.
@@ -28,6 +33,8 @@ layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
 layout(std430, binding = 5) writeonly buffer By { float y[]; };
 layout(std430, binding = 6) buffer Bst { float st_buf[]; };
 layout(std430, binding = 7) writeonly buffer Bck { float ck[]; };
+layout(std430, binding = 8) readonly buffer Bs { float s_in[]; };
+layout(std430, binding = 9) readonly buffer Bids { uint ids[]; };
 
 layout(push_constant) uniform PC {
     uint S, T, H, P, N, G;   // window sizes (S, T) and problem sizes
@@ -36,6 +43,7 @@ layout(push_constant) uniform PC {
     uint gx;                 // workgroups along x (the grid is 2-D when it must be)
     uint NC, c0;             // checkpoints per row in ck, index of this window's first one
     uint o_x, o_dt, o_B, o_C, o_y, o_st, o_ck;
+    uint gather, o_s, o_ids;  // initial states from s[ids] (see above); offsets of s and ids
 } pc;
 
 void main() {
@@ -55,10 +63,15 @@ void main() {
 #if MAMBA1
     float Ar[NPL];
 #endif
+    uint src = pc.gather != 0u ? ((live ? ids[pc.o_ids + i] : 0u) * pc.H + h) * pc.P + p : row;  // row of s
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
         bool on = live && n < pc.N;
-        st[k] = on ? st_buf[pc.o_st + row * pc.N + n] : 0.0;
+        if (pc.gather != 0u) {                           // uniform
+            st[k] = on ? s_in[pc.o_s + src * pc.N + n] : 0.0;
+        } else {
+            st[k] = on ? st_buf[pc.o_st + row * pc.N + n] : 0.0;
+        }
 #if MAMBA1
         Ar[k] = on ? A[h * pc.N + n] : 0.0;
 #endif

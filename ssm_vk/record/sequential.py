@@ -8,10 +8,13 @@ Recording happens once per shape and set of buffers; the sequence is then replay
 
 from __future__ import annotations
 
+import numpy as np
+
 from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import Limits, Plan, Window, grid
+from ..plan.limits import binding_cap
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
 
 __all__ = ["record_forward", "record_backward"]  # of the token-sequential kernels
@@ -32,11 +35,14 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     KA = d.N if d.mamba1 else 1
     ctx = ws.ctx
     st_buf, st_off = bufs["states"]
-    gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
-    seq.barrier()
+    scan = pl.windows and d.H * d.P > 0
+    rows = _rows_in_place(ws, p, bufs["s"]) if scan else None
+    if rows is None:   # states <- s[ids] by copies, then the scan starts from states
+        gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
+        seq.barrier()
     if ws.profile and ctx.info.timestamps:  # SSM_VK_PROFILE: the gather's time apart from the scan's
         seq.timestamp("gather")
-    if not (pl.windows and d.H * d.P > 0):
+    if not scan:
         return
     x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
     k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus))
@@ -48,10 +54,33 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         b["A"], _ = ws.bind(*A, 0, d.H * KA)
         b["st"], o["o_st"] = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
         b["ck"], o["o_ck"] = ws.bind(None, 0, 0, 0)
-        push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o}
-        seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"]],
+        b_s, b_ids, o_rows = _rows_binding(ws, rows, w)
+        push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o, **o_rows}
+        seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"], b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
         seq.barrier()
+
+
+def _rows_in_place(ws, p: Problem, s_at: tuple):
+    """(binding of the whole cache s, the ids as a uint32 constant buffer) when the scan kernel
+    can read each sequence's initial state from s[ids[i]] in place -- s fits one binding -- or
+    None: the rows are copied into the carried states first (gather_rows)."""
+    d = p.dims
+    n = d.R * d.H * d.P * d.N
+    s_buf, s_off = s_at
+    if s_buf is None or n == 0 or d.S == 0 or n > binding_cap(ws.limits):
+        return None
+    return ws.bind(s_buf, s_off, 0, n), ws.constant(p.ids.astype(np.uint32))
+
+
+def _rows_binding(ws, rows, w: Window) -> tuple:
+    """The s and ids bindings of window ``w`` and their push constants (dummies and gather = 0
+    when the rows were copied, or for a token window that continues a sequence: t0 > 0)."""
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    if rows is None or w.t0 != 0:
+        return dummy, dummy, {"gather": 0, "o_s": 0, "o_ids": 0}
+    (b_s, o_s), ids_buf = rows
+    return b_s, (ids_buf, 0, ids_buf.size), {"gather": 1, "o_s": o_s, "o_ids": w.i0}
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
@@ -72,20 +101,23 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
             zero_at(seq, *bufs[name], ws.sizes[name])
     else:
         st = ws.scratch(d.S * row)          # running state of the checkpoint pass
-        gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+        rows = _rows_in_place(ws, p, bufs["s"])
+        if rows is None:
+            gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
         dAp = ws.scratch(d.S * d.H * d.P * KA)
         zero(seq, dAp, d.S * d.H * d.P * KA)
         seq.barrier()
-        _backward_windows(ctx, seq, ws, p, pl, lim, st, lam, dAp, bufs)
+        _backward_windows(ctx, seq, ws, p, pl, lim, st, lam, dAp, bufs, rows)
         reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=d.P, KA=KA)
     seq.barrier()
     scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
 
 
-def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam, dAp, bufs) -> None:
+def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam, dAp, bufs, rows) -> None:
     """Checkpoint pass, backward pass and partial reduction for every window, in the order the
     carries need: whole-sequence windows one after another; token windows of one sequence
-    forward in time for the checkpoints, then backward in time."""
+    forward in time for the checkpoints, then backward in time. ``rows``: _rows_in_place's (the
+    checkpoint pass reads the initial states from s[ids]) or None (copied into ``st``)."""
     d, lay = p.dims, pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
@@ -119,10 +151,11 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
     def ckpt_pass(w: Window, ck) -> None:
         gx, gyy, b, o, o_st, nc = window(w, st, ck)
         bA, bst, bck, o_ck = b["A"], b["carry"], b["ck"], o["o_ck"]
+        b_s, b_ids, o_rows = _rows_binding(call, rows, w)
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, "o_x": o["o_x"], "o_dt": o["o_dt"],
-                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck}
+                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck, **o_rows}
         dum = call.bind(None, 0, 0, 0)[0]
-        seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck],
+        seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck, b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
 

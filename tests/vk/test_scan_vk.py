@@ -152,6 +152,53 @@ def test_small_storage_range_splits_into_windows(variant):
         np.testing.assert_allclose(getattr(split[1], k), getattr(whole[1], k), rtol=2e-6, atol=2e-7, err_msg=k)
 
 
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+def test_token_windows_read_the_cache_rows_in_place(variant):
+    # A storage range that the cache s fits but one sequence's tokens do not: token windows of
+    # each sequence, the first reading its initial state from s[ids] in place, the later ones
+    # carrying on from the states the previous window left.
+    case = make_problem(np.random.default_rng(14), S=3, T=150, H=2, P=2, N=8, G=1, variant=variant,
+                        ids="duplicates", R=2)
+    ctx = rt.get_context()
+    with ctx.override_limits(max_storage_buffer_range=2048):
+        from ssm_vk.plan import plan
+        d = ssm_ref.check_forward(**case.args()).dims
+        assert d.R * d.H * d.P * d.N * 4 < 2048 - 256
+        for backward in (False, True):
+            pl = plan(d, Limits.of(ctx.info), backward=backward)
+            assert pl.time_split and len(pl.windows) > 3, backward
+        check_case(case, label="token windows, rows in place")
+
+
+@pytest.mark.parametrize("ids", ["permutation", "duplicates", "unused"])
+def test_cache_rows_read_in_place_equal_the_copied_rows_bit_for_bit(monkeypatch, ids):
+    # The scan reads each sequence's initial state from s[ids[i]] when s fits one binding, else
+    # the rows are copied into the carried states first: the same arithmetic, the same bits.
+    from ssm_vk import engine
+    from ssm_vk.record import sequential
+
+    case = make_problem(np.random.default_rng(15), S=4, T=9, H=3, P=2, N=8, G=1, ids=ids)
+    engine.clear()
+    kept = {}
+
+    def calls():
+        r = ssm_vk.ssm_scan(**case.args())
+        g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+        return [r.y, r.states] + [getattr(g, k) for k in GRADS]
+
+    real = sequential._rows_in_place
+    monkeypatch.setattr(sequential, "_rows_in_place", lambda *a: kept.setdefault("in place", real(*a)))
+    in_place = calls()
+    assert kept["in place"] is not None
+    engine.clear()
+    monkeypatch.setattr(sequential, "_rows_in_place", lambda *a: None)
+    copied = calls()
+    engine.clear()
+    for a, b in zip(in_place, copied, strict=True):
+        assert a.tobytes() == b.tobytes()
+    check_case(case, label=ids)
+
+
 def test_sequence_windows():
     # A range that holds two sequences but not three: windows of whole sequences.
     case = make_problem(np.random.default_rng(12), S=5, T=4, H=2, P=2, N=8, G=1, ids="permutation")
