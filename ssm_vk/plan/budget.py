@@ -6,8 +6,9 @@ A call acquires these buffers through the context's pool (each rounded up by
 - one upload buffer per host input (device-resident inputs are bound where they are),
 - one buffer per output,
 - the scratch of the recording (plan/sizes.py: the one size table the recordings request by),
-- one small constant buffer (the row pairs of the d_s scatter, sized for the worst ids, so that
-  the answer does not depend on them) and a 16-byte stand-in binding.
+- small constant buffers (the row pairs of the d_s scatter, sized for the worst ids, so that
+  the answer does not depend on them; the ids, when the scan reads the cache rows in place) and a
+  16-byte stand-in binding.
 
 The rule: every buffer within ``maxMemoryAllocationSize``, all of them together within the
 largest device-local heap (``DeviceInfo.device_local_bytes``), and their count with the
@@ -25,7 +26,7 @@ from math import prod
 from ssm_ref import Dims
 
 from ..runtime.memory import BufferPool
-from .limits import F32, Limits
+from .limits import F32, Limits, rows_in_place
 from .sequential import Plan
 from .sizes import DUMMY_BYTES, FLAG_ELEMS, chunked_scratch, input_shapes, output_shapes, sequential_scratch
 
@@ -50,6 +51,8 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
         sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
         if d.R * row and d.S > 1:  # the pairs of the d_s scatter: one buffer, its groups aligned
             sizes["const:pairs"] = pairs_bytes(d.S, lim.min_storage_buffer_offset_alignment)
+    if rows_in_place(d, lim):  # the ids as a constant buffer, for the scan's read of s[ids]
+        sizes["const:ids"] = 4 * d.S
     sizes["dummy"] = DUMMY_BYTES
     return {k: v for k, v in sizes.items() if v > 0}
 

@@ -73,6 +73,13 @@ def binding_cap(lim: Limits) -> int:
             - lim.min_storage_buffer_offset_alignment) // F32
 
 
+def rows_in_place(d, lim: Limits) -> bool:
+    """Whether the token-sequential scan reads each sequence's initial state from the cache
+    s[ids] in place (s fits one binding) rather than from the rows copied into the states."""
+    n = d.R * d.H * d.P * d.N
+    return d.S > 0 and 0 < n <= binding_cap(lim)
+
+
 def grid(n_groups: int, lim: Limits) -> tuple[int, int]:
     """(gx, gy) with gx * gy >= n_groups inside maxComputeWorkGroupCount; shaders flatten it."""
     mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]

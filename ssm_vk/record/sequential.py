@@ -14,7 +14,7 @@ from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import Limits, Plan, Window, grid
-from ..plan.limits import binding_cap
+from ..plan.limits import rows_in_place
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
 
 __all__ = ["record_forward", "record_backward"]  # of the token-sequential kernels
@@ -66,11 +66,10 @@ def _rows_in_place(ws, p: Problem, s_at: tuple):
     can read each sequence's initial state from s[ids[i]] in place -- s fits one binding -- or
     None: the rows are copied into the carried states first (gather_rows)."""
     d = p.dims
-    n = d.R * d.H * d.P * d.N
     s_buf, s_off = s_at
-    if s_buf is None or n == 0 or d.S == 0 or n > binding_cap(ws.limits):
+    if s_buf is None or not rows_in_place(d, ws.limits):
         return None
-    return ws.bind(s_buf, s_off, 0, n), ws.constant(p.ids.astype(np.uint32))
+    return ws.bind(s_buf, s_off, 0, d.R * d.H * d.P * d.N), ws.constant(p.ids.astype(np.uint32))
 
 
 def _rows_binding(ws, rows, w: Window) -> tuple:
