@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, replace
+from itertools import product
 
 from ssm_ref import Dims
 
@@ -203,16 +204,16 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
         seen.setdefault((spec.name, spec.defines), None)
 
     for lim in limits_list:
-        for N in n_values:
-            for mamba1 in (False, True):
-                # H and P only set how rows are spread over workgroups (push constants), not the defines.
-                d = Dims(S=1, T=1, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
-                         a_shape=(8, N) if mamba1 else (8,))
-                fwd = layout_for(d, lim, False, knobs)
-                add(fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
-                bwd = layout_for(d, lim, True, knobs)
-                add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
-                add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
+        for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
+            # H and P only set how rows are spread over workgroups (push constants), not the
+            # defines; T only whether it is a decode step (one token: TB = 1) or not.
+            d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
+                     a_shape=(8, N) if mamba1 else (8,))
+            fwd = layout_for(d, lim, False, knobs)
+            add(fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
+            bwd = layout_for(d, lim, True, knobs)
+            add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
+            add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
     for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
         add(spec)
     for P in p_values:

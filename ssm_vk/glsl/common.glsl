@@ -1,4 +1,5 @@
-// Shared helpers of the scan kernels. Letters as in docs/SPEC.md:
+// Shared helpers of the token-sequential scan kernels (ssm_scan.comp, ssm_scan_back.comp): their
+// common bindings, the row an invocation holds, the row sums. Letters as in docs/SPEC.md:
 //   N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · K checkpoint chunk
 //
 // Lane layout (all scan kernels): a state row (i, h, p) of N floats is held by LN lanes (LN a
@@ -69,3 +70,39 @@ float row_sum(float v) {
 float row_sum(float v) { return subgroupAdd(v); }
 #endif
 #endif
+
+// Bindings 0-4, the same in both kernels (float32; indices relative to the element offsets o_*
+// of the window the host bound): x (S, T, H, P), dt (S, T, H), A (H, 1) or (H, N),
+// B and C (S, T, G, N). Each kernel declares its own from binding 5 on.
+layout(std430, binding = 0) readonly buffer Bx { float x[]; };
+layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
+layout(std430, binding = 2) readonly buffer BA { float A[]; };
+layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
+layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
+
+// The state row an invocation works on. Workgroups enumerate (sequence i, head block, channel
+// block), the channel block fastest, over a grid gx wide; a workgroup's row slots are HB heads
+// x PB channels. ``live``: the row exists (slots past the problem idle, with zeros); ``g`` the
+// group of head h; ``row`` the index of (i, h, p) in (S, H, P); ``slot`` the row's slot in the
+// workgroup, ``hbk`` and ``pbk`` the workgroup's head and channel blocks.
+struct Row {
+    uint i, h, p, g, lane, row, slot, hbk, pbk;
+    bool live;
+};
+
+Row row_of(uint gx, uint S, uint H, uint P, uint G, uint HB, uint PB, uint NHB, uint NPB) {
+    Row r;
+    uint wg = gl_WorkGroupID.y * gx + gl_WorkGroupID.x;
+    r.pbk = wg % NPB;
+    r.hbk = (wg / NPB) % NHB;
+    r.i = wg / (NPB * NHB);
+    r.slot = row_slot();
+    r.lane = lane_id();
+    uint hl = r.slot / PB, pl = r.slot % PB;
+    r.h = r.hbk * HB + hl;
+    r.p = r.pbk * PB + pl;
+    r.live = r.i < S && hl < HB && r.h < H && r.p < P;
+    r.g = r.live ? r.h / (H / G) : 0u;
+    r.row = (r.i * H + r.h) * P + r.p;
+    return r;
+}

@@ -3,8 +3,9 @@
 // registers, T tokens in order. Optionally writes a checkpoint of every row's state before each
 // chunk of K tokens (the backward recomputes from those).
 //
-// Bindings (all float32 unless noted; every index is relative to the element offset o_* of the
-// window the host bound; the window covers sequences [0, S) and tokens [0, T) of this dispatch):
+// Bindings (0-4 declared in common.glsl; all float32 unless noted; every index is relative to
+// the element offset o_* of the window the host bound; the window covers sequences [0, S) and
+// tokens [0, T) of this dispatch):
 //   0 x   (S, T, H, P)          readonly
 //   1 dt  (S, T, H)             readonly
 //   2 A   (H, 1) or (H, N)      readonly
@@ -25,11 +26,6 @@
 
 #include "common.glsl"
 
-layout(std430, binding = 0) readonly buffer Bx { float x[]; };
-layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
-layout(std430, binding = 2) readonly buffer BA { float A[]; };
-layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
-layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
 layout(std430, binding = 5) writeonly buffer By { float y[]; };
 layout(std430, binding = 6) buffer Bst { float st_buf[]; };
 layout(std430, binding = 7) writeonly buffer Bck { float ck[]; };
@@ -47,17 +43,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 void main() {
-    uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
-    uint pbk = wg % pc.NPB;
-    uint hbk = (wg / pc.NPB) % pc.NHB;
-    uint i = wg / (pc.NPB * pc.NHB);
-    uint slot = row_slot();
-    uint lane = lane_id();
-    uint hl = slot / pc.PB, pl = slot % pc.PB;
-    uint h = hbk * pc.HB + hl, p = pbk * pc.PB + pl;
-    bool live = i < pc.S && hl < pc.HB && h < pc.H && p < pc.P;
-    uint g = live ? h / (pc.H / pc.G) : 0u;
-    uint row = (i * pc.H + h) * pc.P + p;          // (i, h, p) in (S, H, P)
+    Row r = row_of(pc.gx, pc.S, pc.H, pc.P, pc.G, pc.HB, pc.PB, pc.NHB, pc.NPB);
+    uint i = r.i, h = r.h, p = r.p, g = r.g, lane = r.lane, row = r.row;
+    bool live = r.live;
 
     float st[NPL];
 #if MAMBA1

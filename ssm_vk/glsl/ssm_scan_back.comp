@@ -7,7 +7,8 @@
 // kernel (ssm_scan_reduce.comp) sums the partials over heads of a group and channel blocks.
 // No atomics: every output element has one writer and a fixed order of additions.
 //
-// Bindings (float32; indices relative to the element offsets o_* of the bound window):
+// Bindings (0-4 declared in common.glsl; float32; indices relative to the element offsets o_*
+// of the bound window):
 //   0 x    (S, T, H, P)        readonly          7 ck   (S, H, P, NC, N)  readonly checkpoints
 //   1 dt   (S, T, H)           readonly          8 dx   (S, T, H, P)      written
 //   2 A    (H, 1) or (H, N)    readonly          9 dBp  (S, T, H, NPB, N) written partials
@@ -21,11 +22,6 @@
 
 #include "common.glsl"
 
-layout(std430, binding = 0) readonly buffer Bx { float x[]; };
-layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
-layout(std430, binding = 2) readonly buffer BA { float A[]; };
-layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
-layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
 layout(std430, binding = 5) readonly buffer Bgy { float gy[]; };
 layout(std430, binding = 6) buffer Blam { float lam_buf[]; };
 layout(std430, binding = 7) readonly buffer Bck { float ck[]; };
@@ -47,18 +43,10 @@ const uint RED = 2 * ROWS * NMAX + ROWS;    // one token: [dC contributions | dB
 shared float red[TBR * RED];                // TBR tokens per round of barriers
 
 void main() {
-    uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
-    uint pbk = wg % pc.NPB;
-    uint hbk = (wg / pc.NPB) % pc.NHB;
-    uint i = wg / (pc.NPB * pc.NHB);
-    uint slot = row_slot();
-    uint lane = lane_id();
-    uint tid = gl_LocalInvocationIndex;
-    uint hl = slot / pc.PB, pl = slot % pc.PB;
-    uint h = hbk * pc.HB + hl, p = pbk * pc.PB + pl;
-    bool live = i < pc.S && hl < pc.HB && h < pc.H && p < pc.P;
-    uint g = live ? h / (pc.H / pc.G) : 0u;
-    uint row = (i * pc.H + h) * pc.P + p;
+    Row r = row_of(pc.gx, pc.S, pc.H, pc.P, pc.G, pc.HB, pc.PB, pc.NHB, pc.NPB);
+    uint i = r.i, h = r.h, p = r.p, g = r.g, lane = r.lane, row = r.row;
+    bool live = r.live;
+    uint slot = r.slot, hbk = r.hbk, pbk = r.pbk, tid = gl_LocalInvocationIndex;
 
     float lam_c[NPL];                        // a_{t+1} * lam_{t+1}, carried backwards
 #if MAMBA1
