@@ -149,7 +149,31 @@ def test_no_private_name_crosses_a_module(module):
                                  f"private name of {aliases[node.value.id]}")
 
 
+def _context_privates(tree) -> list[tuple[int, str]]:
+    """``ctx._x`` / ``self.ctx._x`` / ``buffer.ctx._x``: a private attribute read through a name
+    or attribute called ``ctx``."""
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        v = node.value
+        if (isinstance(v, ast.Name) and v.id == "ctx") or (isinstance(v, ast.Attribute) and v.attr == "ctx"):
+            out.append((node.lineno, node.attr))
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "ssm_vk.runtime.context"))
+def test_no_module_reaches_into_a_context(module):
+    # The context's state is its own: other modules keep theirs through Context.extension and
+    # use its public methods, never a private slot of it.
+    path = MODULES[module]
+    found = _context_privates(ast.parse(path.read_text()))
+    assert not found, f"{path.relative_to(ROOT)}: " + ", ".join(f"line {n}: ctx.{a}" for n, a in found)
+
+
 def test_the_checker_sees_what_it_must(tmp_path):
+    assert _context_privates(ast.parse("a = ctx._kernels\nb = self.ctx._staging\nc = ctx.lock\n")) == [
+        (1, "_kernels"), (2, "_staging")]
     # The three checks above fail on code that breaks them (the checker is not vacuous).
     assert _layer("ssm_vk.plan.chunked") < _layer("ssm_vk.engine")
     edges = _imports("ssm_vk.run")

@@ -167,7 +167,7 @@ def test_descriptor_sets_and_memory_stay_flat_over_many_shapes_with_results_held
     ctx = rt.get_context()
 
     def live_sets() -> int:
-        return sum(k.live_sets for k in list(ctx._kernels.values()))
+        return sum(k.live_sets for k in ctx.cached_kernels())
 
     def run(n):
         for i in rng.integers(0, len(shapes), n):

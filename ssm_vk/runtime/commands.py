@@ -237,7 +237,7 @@ class Sequence:
             ctx.check_usable()  # raises
         if self.pending:
             self.wait(timeout_s)
-        fault = None if self.internal or ctx._fault is None else ctx.take_fault()
+        fault = None if self.internal or ctx.armed_fault is None else ctx.take_fault()
         if fault is DeviceLost:
             ctx.mark_lost()
             raise DeviceLost("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST (injected by fail_next_submit)", -4)
@@ -371,13 +371,28 @@ def oneshot(ctx: Context) -> Iterator[Sequence]:
     """
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
+    slot = ctx.extension("oneshot", _OneShot)
     with ctx.lock:
-        seq = ctx._oneshot
+        seq = slot.seq
         if seq is None or seq.closed:
-            seq = ctx._oneshot = Sequence(ctx)
+            seq = slot.seq = Sequence(ctx)
             seq.internal = True
         else:
             seq.reset()  # also drops what a block that raised had recorded
         yield seq
         seq.finish()
         seq.submit(wait=True)
+
+
+class _OneShot:
+    """The context's reusable one-shot Sequence (``ctx.extension("oneshot")``), closed with it."""
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.seq = ctx, None
+        ctx.adopt(self)
+
+    def close(self) -> None:
+        if self.seq is not None:
+            self.seq.close()
+            self.seq = None
+        self.ctx.forget(self)

@@ -95,7 +95,7 @@ class Context:
         self._children: dict[int, object] = {}   # id → object with close(); insertion order = creation order
         self._alloc_count = 0
         self._alloc_bytes = 0
-        self._fault: type[Exception] | None = None
+        self.armed_fault: type[Exception] | None = None   # fail_next_submit's (a test seam)
         self._allocation_faults = 0              # memory.py test seam: allocations left to fail
         self.closures = 0                        # buffers and kernels closed so far (commands.py: a Sequence
                                                  # checks its own for closed ones when this moved)
@@ -103,10 +103,8 @@ class Context:
                                                  # (by their own thread; a hint for wait_idle)
         self._extensions: dict = {}              # extension(): objects made once per context (its pool, the
                                                  # scan engine), closed with it
-        # State owned by the modules named, kept here because it lives as long as the context:
-        self._kernels: dict = {}                 # kernels.py: cache key → Kernel
-        self._staging = None                     # memory.py: the reusable staging Buffer
-        self._oneshot = None                     # commands.py: the reusable one-shot Sequence
+        self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel
+                                                 # (cached_kernel / cache_kernel)
         self.force_staging = False               # memory.py test seam: copy through staging even when mappable
         self.staging_chunk_bytes = 64 << 20      # memory.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None
@@ -282,6 +280,26 @@ class Context:
                 self.mark_lost()
             raise error
 
+    def cached_kernel(self, key):
+        """The Kernel cached under ``key`` (runtime/kernels.py's key), or None (also when it was
+        closed)."""
+        kernel = self._kernels.get(key)
+        return kernel if kernel is not None and not kernel.closed else None
+
+    def cache_kernel(self, key, make):
+        """The Kernel cached under ``key``: ``make()``'s, called under the context's lock, unless
+        another thread cached one first."""
+        with self.lock:
+            kernel = self._kernels.get(key)
+            if kernel is None or kernel.closed:
+                kernel = self._kernels[key] = make()
+            return kernel
+
+    def cached_kernels(self) -> list:
+        """Every Kernel in the pipeline cache now (tests count their descriptor sets)."""
+        with self.lock:
+            return list(self._kernels.values())
+
     def buffer_closed(self, serial: int) -> None:
         """Drop the cached descriptor sets that point at a closed buffer (memory.py calls this)."""
         with self.lock:
@@ -323,7 +341,7 @@ class Context:
         """
         if error not in (DeviceLost, VulkanTimeout):
             raise ValueError(f"fail_next_submit: expected DeviceLost or VulkanTimeout, got {error!r}")
-        self._fault = error
+        self.armed_fault = error
 
     def fail_allocations(self, count: int = 1) -> None:
         """Make the next ``count`` device-memory allocations of this context fail with
@@ -344,7 +362,7 @@ class Context:
 
     def take_fault(self) -> type[Exception] | None:
         """The fault armed by :meth:`fail_next_submit`, disarming it (for commands.py)."""
-        fault, self._fault = self._fault, None
+        fault, self.armed_fault = self.armed_fault, None
         return fault
 
     # -- teardown -----------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def _spec_key(spec) -> tuple:
 
 
 def _cache_key(name, defines, search_path, bindings, push_size, size, spec) -> tuple:
-    """The key of a kernel in ``ctx._kernels`` (shared by Kernel.get and Kernel.cached)."""
+    """The key of a kernel in its context's cache (shared by Kernel.get and Kernel.cached)."""
     defs = shaders.normalize_defines(defines)
     dirs = tuple(str(p) for p in shaders.search_dirs(search_path))
     return (name, defs, dirs, bindings, push_size, tuple(size), _spec_key(spec))
@@ -83,16 +83,13 @@ class Kernel:
         size = _local_size(ctx, local_size)
         key = _cache_key(name, defines, search_path, bindings, push_size, size, spec)
         _, defs, dirs = key[:3]
-        kernel = ctx._kernels.get(key)
-        if kernel is not None and not kernel.closed:
+        kernel = ctx.cached_kernel(key)
+        if kernel is not None:
             return kernel
         ctx.check_usable()
         spirv = shaders.compile_shader(name, dict(defs) or None, search_path=list(dirs))  # outside the lock: ~0.1 s
-        with ctx.lock:
-            kernel = ctx._kernels.get(key)
-            if kernel is None or kernel.closed:  # unless another thread built it meanwhile
-                kernel = ctx._kernels[key] = cls(ctx, name, spirv, bindings, push_size, size, tuple(spec))
-            return kernel
+        # (unless another thread built it meanwhile)
+        return ctx.cache_kernel(key, lambda: cls(ctx, name, spirv, bindings, push_size, size, tuple(spec)))
 
     @classmethod
     def cached(cls, ctx: Context, name: str, *, bindings: int, push_size: int = 0, local_size=(64, 1, 1),
@@ -102,8 +99,7 @@ class Kernel:
         if isinstance(local_size, int) and not isinstance(local_size, bool):
             local_size = (local_size, 1, 1)
         key = _cache_key(name, defines, search_path, bindings, push_size, tuple(local_size), spec)
-        kernel = ctx._kernels.get(key)
-        return kernel if kernel is not None and not kernel.closed else None
+        return ctx.cached_kernel(key)
 
     def __init__(self, ctx: Context, name: str, spirv: bytes, bindings: int, push_size: int,
                  local_size: tuple[int, int, int], spec: tuple):

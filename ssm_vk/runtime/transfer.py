@@ -82,12 +82,30 @@ def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -
                 target[start:start + n] = np.frombuffer(window, np.uint8, n)
 
 
+class _Staging:
+    """The context's reusable staging Buffer (``ctx.extension("staging")``), closed with it."""
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.buffer = ctx, None
+        ctx.adopt(self)
+
+    def release(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def close(self) -> None:
+        self.release()
+        self.ctx.forget(self)
+
+
 def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
-    staging = ctx._staging
+    slot = ctx.extension("staging", _Staging)
+    staging = slot.buffer
     if staging is None or staging.closed or staging.size < nbytes:
         if staging is not None:
             staging.close()
-        staging = ctx._staging = Buffer(ctx, nbytes, staging=True)
+        staging = slot.buffer = Buffer(ctx, nbytes, staging=True)
     return staging
 
 
@@ -107,7 +125,7 @@ def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None)
 
 def release_staging(ctx: Context) -> None:
     """Free the context's staging buffer (it is made again on the next staged transfer)."""
-    with ctx.lock:
-        if ctx._staging is not None:
-            ctx._staging.close()
-            ctx._staging = None
+    slot = ctx.extension("staging")
+    if slot is not None:
+        with ctx.lock:
+            slot.release()
