@@ -20,7 +20,7 @@ pays beyond that replay is Python. For the forward and the backward, with device
 and python* split by stage, each stage timed alone with the same arguments (submit stubbed):
 
     validate  ssm_ref.check_forward / check_backward (keep_device=True); for a call that takes a
-              lane (ssm_vk/lanes.py: device inputs, repeated), ssm_ref.checks.device_problem (the
+              lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_ref.checks.device_problem: the
               ids and the host memory rule)
     support   ssm_vk.api._decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
@@ -47,7 +47,6 @@ import numpy as np
 
 import ssm_ref
 import ssm_vk
-from ssm_ref.checks import device_problem
 from ssm_vk import api, config, lanes
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
@@ -99,7 +98,7 @@ class Case:
         self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
         if self.lane is not None:
             lane = self.lane
-            self.validate = lambda: device_problem(lane.dims, floats, args["ids"])
+            self.validate = lambda: lane.problem(floats, args["ids"])
         else:
             self.validate = lambda: check(**args, keep_device=True)
         self.p = self.validate()

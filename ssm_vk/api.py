@@ -8,7 +8,6 @@ import os
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward
-from ssm_ref.checks import device_problem
 
 from . import config, lanes, run
 from . import runtime as rt
@@ -165,7 +164,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
-        p = device_problem(lane.dims, arrays, ids)  # the ids and the host memory rule; None: full path
+        p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
             out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane)
             return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
@@ -194,7 +193,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)
     if lane is not None:
-        p = device_problem(lane.dims, arrays, ids)
+        p = lane.problem(arrays, ids)
         if p is not None:
             return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)

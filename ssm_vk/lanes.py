@@ -14,7 +14,8 @@ Every call still pays for what can change under the same signature:
 - each input is live (an array released, or whose buffer or context was closed, raises as on
   the full path: checked once its buffers are marked busy);
 - the ids' values and the host memory rule, by ``ssm_ref.checks.device_problem`` -- the
-  validator's own fast path, which raises exactly as check_forward / check_backward do;
+  validator's own fast path, which raises exactly as check_forward / check_backward do (ids
+  whose bytes equal the lane's last call's take that call's checked copy);
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
   (evicted, or cleared by Engine.clear): else the full path.
 A lane is made only after the full path ran the call on the device (an accepted decision; the
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssm_ref.checks import Problem
+from ssm_ref.checks import Problem, device_problem
 
 from . import config
 from . import runtime as rt
@@ -44,12 +45,23 @@ class Lane:
     and ``knobs``, the workspace ``ws`` (chunked kernels allowed, as every call's first attempt),
     ``bound`` (run.bind_inputs of the inputs, and their buffers) and ``where``."""
 
-    __slots__ = ("bound", "ctx", "dims", "engine", "info", "knobs", "limits", "where", "ws")
+    __slots__ = ("bound", "ctx", "dims", "engine", "ids", "info", "knobs", "limits", "where", "ws")
 
     def __init__(self, engine, info, dims, limits, knobs, ws, bound):
         self.engine, self.ctx, self.info, self.dims, self.ws, self.bound = engine, engine.ctx, info, dims, ws, bound
         self.limits, self.knobs = limits, knobs
         self.where = info.where
+        self.ids = None   # (bytes, checked copy) of the last ids a call of this lane passed
+
+    def problem(self, arrays: tuple, ids):
+        """ssm_ref.checks.device_problem of a call of this lane: its ids checked (or known from
+        the lane's last call: the same bytes), the host memory rule; None: the full path."""
+        p = device_problem(self.dims, arrays, ids, known_ids=self.ids)
+        if p is not None and type(ids) is np.ndarray:
+            known = self.ids
+            if known is None or known[1] is not p.ids:
+                self.ids = (p.ids.tobytes(), p.ids)   # one tuple: a reader sees the old or the new
+        return p
 
 
 def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple | None:

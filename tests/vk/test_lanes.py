@@ -146,6 +146,35 @@ def test_ids_changed_in_place_are_checked_and_used(taken):
         ssm_vk.ssm_scan_back(**d, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
 
 
+def test_a_lane_checks_ids_again_only_when_their_bytes_changed(taken, monkeypatch):
+    # A lane keeps the checked copy of its last call's ids: the same bytes take it, other bytes
+    # (another array, or the same array written in place) are checked and used.
+    from ssm_ref import checks
+
+    case = _case(32, S=3, ids="permutation")
+    d = _device(case)
+    ids = np.array(case.inputs["ids"])
+    d["ids"] = ids
+    _check(case, d)
+    for _ in range(2):                 # the lane made (a fresh context: by the first), then taken
+        ssm_vk.ssm_scan(**d)
+    assert taken[-1] is True
+    want = ssm_vk.ssm_scan(**case.args()).y
+    checked = []
+    real = checks._check_ids
+    monkeypatch.setattr(checks, "_check_ids", lambda *a: checked.append(1) or real(*a))
+    for same in (ids, ids.copy()):     # equal bytes: the copy the lane kept
+        d["ids"] = same
+        assert ssm_vk.ssm_scan(**d).y.numpy().tobytes() == want.tobytes()
+        assert taken[-1] is True and checked == [], (taken, checked)
+    ids[:] = np.roll(ids, 1)           # other bytes, same object: checked, and the new values used
+    d["ids"] = ids
+    moved = make_problem(32, S=3, T=5, H=4, P=3, N=6, G=2, ids="permutation")
+    moved.inputs["ids"] = ids.copy()
+    assert ssm_vk.ssm_scan(**d).y.numpy().tobytes() == ssm_vk.ssm_scan(**moved.args()).y.tobytes()
+    assert len(checked) >= 1
+
+
 def test_other_knobs_never_take_a_lane_made_under_the_old_ones(taken, monkeypatch, knobs):
     case = _case(41, T=40)
     d = _device(case)
