@@ -15,7 +15,7 @@ from ssm_ref import Dims
 from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
-from .plan.chunked import GEMM_WG, KS, MAX_PN, gemm_threads, gemm_tile, vec_out
+from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
@@ -141,7 +141,7 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
     wg, rg = gemm_threads(cp.knobs)
-    return chunk_spec(f"chunk_{mode.lower()}", d, cp.CL, wg, cp.softplus, RBLK=RBLK, CBLK=CBLK,
+    return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=vec_out(cp.knobs))
 

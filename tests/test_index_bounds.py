@@ -166,9 +166,8 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
                 CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
                 CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"], SM_GH + D["NBP"])),
                 CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
-    products = ("chunk_cb", "chunk_gu", "chunk_zf", "chunk_zb", "chunk_y", "chunk_gam", "chunk_db", "chunk_dc")
-    assert spec.name in products, spec.name
-    mode = products.index(spec.name)   # the tables below: by product, in this order
+    assert spec.name == "chunk_gemm", spec.name
+    mode = D["MODE"]
     cols = {0: CL, 1: CL, 2: ND, 3: ND, 4: PD, 5: PD, 6: ND, 7: ND}[mode]
     ncbk = -(-cols // D["CBLK"])
     x, gy = CB["x"], CB["gy"]

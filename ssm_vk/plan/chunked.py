@@ -39,9 +39,8 @@ NSM = 12           # per-token scalars of the backward (ssm_vk/glsl/chunk_common
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
-# The matrix products, one kernel each: glsl/chunk_<name, lower case>.comp, on the GEMM engine
-# glsl/chunk_gemm.glsl
-MODES = ("CB", "GU", "ZF", "ZB", "Y", "GAM", "DB", "DC")
+# chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
+MODES = {"CB": 0, "GU": 1, "ZF": 2, "ZB": 3, "Y": 4, "GAM": 5, "DB": 6, "DC": 7}
 PER_GROUP = ("CB", "DB", "DC")   # modes with a workgroup per (sequence, chunk, group)
 
 

@@ -1,0 +1,552 @@
+#version 450
+// The matrix products of the chunked Mamba-2 scan (ssm_ref/chunked.py), one per MODE. Each
+// workgroup computes an RBLK x CBLK tile of one (sequence, chunk, head) matrix -- (.., group) for
+// MODE 0 -- as a sum over up to two contraction segments, staged through shared memory KS at a
+// time:
+//
+//   segment 1: over the chunk's tokens (CL), masked causal (k <= row), anti-causal (k >= row)
+//              or not at all; masked entries are left out of the sum, never multiplied by zero
+//   segment 2: over N or P, unmasked
+//
+//   MODE  out (rows x cols)         segment 1 (tokens)                 segment 2
+//   0 CB  cb[t][s]   (CL x CL)      -                                  sum_n C_t[n] B_s[n]
+//   1 GU  gu[t][s]   (CL x CL)      -                                  sum_p gy_t[p] u_s[p]
+//   2 ZF  hs[p][n]   (P x N)        sum_s dout_s u_s[p] B_s[n]         -
+//   3 ZB  gs[p][n]   (P x N)        sum_r din_r gy_r[p] C_r[n]         -
+//   4 Y   y[t][p]    (CL x P)       sum_{s<=t} mcb[t][s] u_s[p]        din_t sum_n C_t[n] hs[p][n]
+//   5 GAM d_x[s][p]  (CL x P)       sum_{r>=s} mcb[r][s] gy_r[p]       dout_s sum_n B_s[n] gs[p][n]
+//   6 DB  d_B[s][n]  (CL x N)       sum_{r>=s} mgu[r][s] C_r[n]        dout_s sum_p u_s[p] gs[p][n]
+//   7 DC  d_C[t][n]  (CL x N)       sum_{s<=t} mgu[t][s] B_s[n]        din_t sum_p gy_t[p] hs[p][n]
+//
+// With HEADLOOP = 1 (large problems), DB and DC work per (sequence, chunk, group): they add the
+// products of the group's heads in head order into one tile and write d_B, d_C themselves; with
+// HEADLOOP = 0 (more workgroups for small problems) they write per-head parts, which
+// ssm_scan_reduce.comp sums over the heads of each group.
+//
+// (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
+// and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
+// Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
+// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit).
+// Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
+// (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
+// shared-memory reads of a warp hit distinct banks).
+
+#extension GL_EXT_control_flow_attributes : enable
+#include "chunk_common.glsl"
+
+const uint RG = ROWG;           // row groups of the thread grid (16 or 8)
+const uint CG = WG / RG;
+const uint TR = RBLK / RG;
+const uint TC = CBLK / CG;
+
+#if MODE == 0 || MODE == 1
+const uint ROWS = CL, COLS = CL, K1 = 0u, MASK = 0u;
+const uint K2 = (MODE == 0) ? ND : PD;
+#elif MODE == 2 || MODE == 3
+const uint ROWS = PD, COLS = ND, K1 = CL, MASK = 0u, K2 = 0u;
+#elif MODE == 4
+const uint ROWS = CL, COLS = PD, K1 = CL, MASK = 1u, K2 = ND;
+#elif MODE == 5
+const uint ROWS = CL, COLS = PD, K1 = CL, MASK = 2u, K2 = ND;
+#elif MODE == 6
+const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 2u, K2 = PD;
+#else
+const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 1u, K2 = PD;
+#endif
+const uint NRB = (ROWS + RBLK - 1u) / RBLK;
+const uint NCBK = (COLS + CBLK - 1u) / CBLK;
+
+#if (RBLK / ROWG) % 4 == 0
+#define AS4 1          // a thread's rows are whole vec4s: one 16-byte shared load per 4 rows
+shared vec4 As4[KS][RBLK / 4u + 1u];
+#else
+#define AS4 0
+shared float As[KS][RBLK + 1u];
+#endif
+#if (CBLK / (WG / ROWG)) % 4 == 0
+#define BS4 1          // a thread's columns are whole vec4s (tc*4 .. tc*4+3, then CG*4 further on)
+shared vec4 Bs4[KS][CBLK / 4u];
+#else
+#define BS4 0
+shared float Bs[KS][CBLK + 1u];
+#endif
+
+// VOUT: a thread's columns are whole vec4s and so are the matrix rows: the epilogue writes 16
+// bytes at a time (a warp's stores then fill whole 32-byte sectors).
+#if MODE == 0 || MODE == 1
+#define COLS_D CL
+#elif MODE == 2 || MODE == 3 || MODE == 6 || MODE == 7
+#define COLS_D ND
+#else
+#define COLS_D PD
+#endif
+#if BS4 && (COLS_D % 4 == 0) && VEC_OUT
+#define VOUT 1
+layout(std430, binding = 6) buffer Bhs4 { vec4 hs4[]; };
+layout(std430, binding = 7) buffer Bgs4 { vec4 gs4[]; };
+layout(std430, binding = 8) buffer Bcb4 { vec4 cb4[]; };
+layout(std430, binding = 10) buffer Bgu4 { vec4 gu4[]; };
+layout(std430, binding = 13) buffer Bout4 { vec4 outv4[]; };
+#else
+#define VOUT 0
+#endif
+
+// Column (within the tile) of a thread's q-th accumulator.
+uint col_of(uint tc, uint q) {
+#if BS4
+    return (tc + CG * (q >> 2)) * 4u + (q & 3u);
+#else
+    return tc + CG * q;
+#endif
+}
+shared float sd[CL];      // d_t = softplus(dt)
+shared float sdi[CL];     // din_t
+shared float sdo[CL];     // dout_t
+shared float red[RBLK][CG];
+
+uint i, c, h, g, Lc, mat, hmat, r0, c0;
+
+// Clamped token index: loads of padded tokens read a valid address and are then discarded.
+uint tk(uint t) { return tok(i, c, min(t, Lc - 1u)); }
+
+float u_of(uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h) * PD + p] * sd[t]; }
+float gy_of(uint t, uint p) { return gy[pc.o_gy + (tk(t) * pc.H + h) * PD + p]; }
+float B_of(uint t, uint n) { return Bm[pc.o_B + (tk(t) * pc.G + g) * ND + n]; }
+float C_of(uint t, uint n) { return Cm[pc.o_C + (tk(t) * pc.G + g) * ND + n]; }
+float hs_of(uint p, uint n) { return hs[hmat * PD * ND + p * ND + n]; }
+float gs_of(uint p, uint n) { return gs[hmat * PD * ND + p * ND + n]; }
+
+// Segment 1 operands: A1(row, k), B1(k, col), k a token of the chunk. Rows and columns past the
+// matrix give 0. A1_RF / B1_CF: consecutive threads stage consecutive rows / columns (else
+// consecutive k) -- whichever is contiguous in memory.
+#if MODE == 2
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return (k < Lc && r < PD) ? u_of(k, r) * sdo[k] : 0.0; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+#elif MODE == 3
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return (k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+#elif MODE == 4
+const bool A1_RF = false, B1_CF = true;
+float A1(uint r, uint k) { return mcb[mat * CL * CL + r * CL + k]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? u_of(k, cc) : 0.0; }
+#elif MODE == 5
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return mcb[mat * CL * CL + k * CL + r]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? gy_of(k, cc) : 0.0; }
+#elif MODE == 6
+const bool A1_RF = true, B1_CF = true;
+float A1(uint r, uint k) { return mgu[mat * CL * CL + k * CL + r]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+#elif MODE == 7
+const bool A1_RF = false, B1_CF = true;
+float A1(uint r, uint k) { return mgu[mat * CL * CL + r * CL + k]; }
+float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+#else
+const bool A1_RF = false, B1_CF = false;
+float A1(uint r, uint k) { return 0.0; }
+float B1(uint k, uint cc) { return 0.0; }
+#endif
+
+// Segment 2 operands: A2(row, k), B2(k, col), k in [0, K2).
+#if MODE == 0
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }
+float B2(uint k, uint cc) { return cc < Lc ? B_of(cc, k) : 0.0; }
+#elif MODE == 1
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
+float B2(uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
+#elif MODE == 4
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? C_of(r, k) * sdi[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < PD ? hs_of(cc, k) : 0.0; }
+#elif MODE == 5
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return r < Lc ? B_of(r, k) * sdo[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < PD ? gs_of(cc, k) : 0.0; }
+#elif MODE == 6
+const bool A2_RF = false, B2_CF = true;
+float A2(uint r, uint k) { return r < Lc ? u_of(r, k) * sdo[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < ND ? gs_of(k, cc) : 0.0; }
+#elif MODE == 7
+const bool A2_RF = false, B2_CF = true;
+float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) * sdi[r] : 0.0; }
+float B2(uint k, uint cc) { return cc < ND ? hs_of(k, cc) : 0.0; }
+#else
+const bool A2_RF = false, B2_CF = false;
+float A2(uint r, uint k) { return 0.0; }
+float B2(uint k, uint cc) { return 0.0; }
+#endif
+
+// One set of accumulators for both segments. GAM needs the sum over its segment-2 part alone
+// (beta): it runs segment 2 first, takes that sum, then adds segment 1. DC (alpha, per head) keeps
+// one head's segment 2 apart in acch, then adds it.
+float acc1[TR][TC];
+#if MODE == 7
+float acch[TR][TC];
+#define acc2 acch
+#else
+#define acc2 acc1
+#endif
+#if MODE == 0 || ((MODE == 6 || MODE == 7) && HEADLOOP)
+#define PER_GROUP 1
+#else
+#define PER_GROUP 0
+#endif
+
+// Staging: each thread fetches its share of a slice from global memory into registers (fa, fb),
+// then stores it to shared memory. The fetch of the next slice is issued before the products of
+// this one, so its latency hides behind them. One fetch/store pair per segment, so that each is
+// compiled for its own loaders (no per-element choice between the two).
+const uint NFA = (KS * RBLK + WG - 1u) / WG;
+const uint NFB = (KS * CBLK + WG - 1u) / WG;
+const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
+const uint NS2 = (K2 + KS - 1u) / KS;           // slices of segment 2
+float fa[NFA], fb[NFB];
+
+#define FETCH(NAME, AF, BF, ARF, BCF, KLEN)                                                    \
+void NAME(uint j) {                                                                            \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    uint k0 = j * KS;                                                                          \
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint rr = ARF ? e % RBLK : e / KS, kk = ARF ? e / RBLK : e % KS;                       \
+        uint k = k0 + kk;                                                                      \
+        fa[m] = (e < KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(r0 + rr, k) : 0.0;       \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint cc = BCF ? e % CBLK : e / KS, kk = BCF ? e / CBLK : e % KS;                       \
+        uint k = k0 + kk;                                                                      \
+        fb[m] = (e < KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(k, c0 + cc) : 0.0;       \
+    }                                                                                          \
+}
+
+#define STORE(NAME, ARF, BCF)                                                                  \
+void NAME() {                                                                                  \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint kk = ARF ? e / RBLK : e % KS, rr = ARF ? e % RBLK : e / KS;                       \
+        if (e < KS * RBLK) PUT_A(kk, rr, fa[m]);                                               \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
+        uint e = lid + m * WG;                                                                 \
+        uint kk = BCF ? e / CBLK : e % KS, cc = BCF ? e % CBLK : e / KS;                       \
+        if (e < KS * CBLK) PUT_B(kk, cc, fb[m]);                                               \
+    }                                                                                          \
+}
+
+#if AS4
+#define PUT_A(kk, rr, v) As4[kk][(rr) >> 2][(rr) & 3u] = (v)
+#else
+#define PUT_A(kk, rr, v) As[kk][rr] = (v)
+#endif
+#if BS4
+#define PUT_B(kk, cc, v) Bs4[kk][(cc) >> 2][(cc) & 3u] = (v)
+#else
+#define PUT_B(kk, cc, v) Bs[kk][cc] = (v)
+#endif
+
+FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1)
+FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2)
+STORE(store1, A1_RF, B1_CF)
+STORE(store2, A2_RF, B2_CF)
+
+#if MODE == 5
+// <G_c, H_c> over this tile's columns of P (chunk_finish's dch term): segment 2 stages every
+// element of gs[p][n] once; the hs element at the same (p, n) is fetched beside it (gh_fetch,
+// with fetch2) and the product added when it is stored (gh_store, with store2), in slice order.
+float fh[NFB];
+float gh = 0.0;
+void gh_fetch(uint j) {
+    uint lid = gl_LocalInvocationIndex;
+    [[unroll]] for (uint m = 0; m < NFB; ++m) {
+        uint e = lid + m * WG;
+        uint cc = e / KS, k = j * KS + e % KS;           // B2's staging order (B2_CF false)
+        fh[m] = (e < KS * CBLK && k < K2 && c0 + cc < PD) ? hs_of(c0 + cc, k) : 0.0;
+    }
+}
+void gh_store() {
+    [[unroll]] for (uint m = 0; m < NFB; ++m) gh += fb[m] * fh[m];
+}
+#endif
+
+// The TR rows of thread row-group tr at slice position kk.
+void load_rows(uint kk, uint tr, out float a[TR]) {
+#if AS4
+    [[unroll]] for (uint v = 0; v < TR / 4u; ++v) {
+        vec4 q = As4[kk][tr * (TR / 4u) + v];
+        a[4u * v] = q.x; a[4u * v + 1u] = q.y; a[4u * v + 2u] = q.z; a[4u * v + 3u] = q.w;
+    }
+#else
+    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+#endif
+}
+
+// The TC columns of thread column-group tc at slice position kk.
+void load_cols(uint kk, uint tc, out float b[TC]) {
+#if BS4
+    [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
+        vec4 q = Bs4[kk][tc + CG * w];
+        b[4u * w] = q.x; b[4u * w + 1u] = q.y; b[4u * w + 2u] = q.z; b[4u * w + 3u] = q.w;
+    }
+#else
+    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+#endif
+}
+
+// Segment 1 (the chunk's tokens, masked): slices j = 0 .. NS1-1; ``then2``: prefetch segment 2's
+// first slice during the last one.
+void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
+    for (uint j = 0; j < NS1; ++j) {
+        store1();
+        barrier();
+        if (j + 1u < NS1) fetch1(j + 1u); else if (then2 && NS2 > 0u) fetch2(0u);
+        uint k0 = j * KS, khi = k0 + KS - 1u;
+        bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
+        bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
+        if (!skip) {
+            [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+                float a[TR], b[TC];
+                load_rows(kk, tr, a);
+                load_cols(kk, tc, b);
+                if (full) {
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
+                } else {
+                    uint k = k0 + kk;
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
+                        bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+}
+
+// Segment 2 (N or P, unmasked); ``then1``: prefetch segment 1's first slice during the last one.
+void segment2(bool then1) {
+    uint lid = gl_LocalInvocationIndex;
+    uint tr = lid / CG, tc = lid % CG;
+    for (uint j = 0; j < NS2; ++j) {
+#if MODE == 5
+        gh_store();
+#endif
+        store2();
+        barrier();
+#if MODE == 5
+        if (j + 1u < NS2) gh_fetch(j + 1u);
+#endif
+        if (j + 1u < NS2) fetch2(j + 1u); else if (then1 && NS1 > 0u) fetch1(0u);
+        [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+            float a[TR], b[TC];
+            load_rows(kk, tr, a);
+            load_cols(kk, tc, b);
+            [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
+        }
+        barrier();
+    }
+
+}
+
+// Row sums of ``part`` over the CG column groups (in column-group order) into slot ``slot`` +
+// column block of sm, for the chunk's tokens.
+void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
+    uint lid = gl_LocalInvocationIndex;
+    [[unroll]] for (uint j = 0; j < TR; ++j) red[tr * TR + j][tc] = part[j];
+    barrier();
+    if (lid < RBLK && r0 + lid < Lc) {
+        float s = 0.0;
+        for (uint q = 0; q < CG; ++q) s += red[lid][q];
+        sm[(tk(r0 + lid) * pc.H + h) * NSM + slot + cbk] = s;
+    }
+    barrier();
+}
+
+// Head h's scalars into shared memory (every thread reaches it; the barrier publishes them).
+void set_head(uint hd) {
+    h = hd;
+    hmat = head_mat(i, c, h);
+    mat = MODE == 0 ? group_mat(i, c, g) : hmat;
+    for (uint t = gl_LocalInvocationIndex; t < CL; t += WG) {
+        bool on = t < Lc && MODE != 0;
+        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
+        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
+        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
+    }
+    barrier();
+}
+
+void main() {
+    uint wg = wg_index();
+    uint HH = PER_GROUP != 0 ? pc.G : pc.H;
+    uint total = pc.S * pc.NCH * HH * NRB * NCBK;
+    if (wg >= total) return;                      // uniform over the workgroup
+    uint bat = wg / (NRB * NCBK);
+    uint rem = wg % (NRB * NCBK);
+    uint rb = rem / NCBK, cbk = rem % NCBK;
+    i = bat / (pc.NCH * HH);
+    c = (bat / HH) % pc.NCH;
+    uint hh = bat % HH;
+    uint hpg = pc.H / pc.G;
+    g = PER_GROUP != 0 ? hh : hh / hpg;
+    Lc = chunk_len(c);
+    r0 = rb * RBLK;
+    c0 = cbk * CBLK;
+    uint lid = gl_LocalInvocationIndex;
+    uint tr = lid / CG, tc = lid % CG;
+
+    [[unroll]] for (uint j = 0; j < TR; ++j)
+        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] = 0.0;
+    uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
+#if MODE == 6 || MODE == 7
+    uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
+    for (uint k = 0; k < n_heads; ++k) {
+        set_head(h_first + k);
+#if MODE == 6
+        fetch1(0u);
+        segment1(rlo, rhi, tr, tc, true);
+        segment2(false);
+#else
+        [[unroll]] for (uint j = 0; j < TR; ++j)
+            [[unroll]] for (uint q = 0; q < TC; ++q) acch[j][q] = 0.0;
+        fetch2(0u);
+        segment2(true);
+        float part[TR];            // alpha of head h: its boundary part . C
+        [[unroll]] for (uint j = 0; j < TR; ++j) {
+            uint r = rlo + j;
+            part[j] = 0.0;
+            [[unroll]] for (uint q = 0; q < TC; ++q) {
+                uint cc = c0 + col_of(tc, q);
+                if (r < Lc && cc < ND) part[j] += acch[j][q] * C_of(r, cc);
+                acc1[j][q] += acch[j][q];
+            }
+        }
+        row_sums(part, tr, tc, SM_ALPHA, cbk);
+        segment1(rlo, rhi, tr, tc, false);
+#endif
+    }
+#else
+    set_head(PER_GROUP != 0 ? 0u : hh);
+#if MODE == 5
+    if (NS2 > 0u) { gh_fetch(0u); fetch2(0u); } else if (NS1 > 0u) fetch1(0u);
+    segment2(true);
+    float part[TR];            // beta: the boundary part . u
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part[j] = 0.0;
+        [[unroll]] for (uint q = 0; q < TC; ++q) {
+            uint cc = c0 + col_of(tc, q);
+            if (r < Lc && cc < PD) part[j] += acc1[j][q] * u_of(r, cc);
+        }
+    }
+    row_sums(part, tr, tc, SM_BETA, cbk);
+    segment1(rlo, rhi, tr, tc, false);
+#else
+    if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
+    segment1(rlo, rhi, tr, tc, true);
+    segment2(false);
+#endif
+#endif
+
+    // Epilogue: write the tile (and the per-token sums of GAM and DC).
+    float part0[TR];
+#if VOUT
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part0[j] = 0.0;
+        [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
+            uint cc = c0 + (tc + CG * w) * 4u;        // = col_of(tc, 4 w); COLS_D % 4 == 0
+            vec4 v = vec4(acc1[j][4u * w], acc1[j][4u * w + 1u], acc1[j][4u * w + 2u], acc1[j][4u * w + 3u]);
+#if MODE == 0
+            if (r < CL && cc < CL) cb4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#elif MODE == 1
+            if (r < CL && cc < CL) gu4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#elif MODE == 2
+            if (r < PD && cc < ND) hs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#elif MODE == 3
+            if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#else
+            if (r < Lc && cc < COLS_D) {
+#if MODE == 4
+                uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
+#elif MODE == 5
+                uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
+                uint ax = pc.o_x + (tk(r) * pc.H + h) * PD + cc;
+                [[unroll]] for (uint e = 0; e < 4u; ++e) part0[j] += v[e] * x[ax + e];   // Gam . x
+                v *= sd[r];
+#elif HEADLOOP                                  // d_B, d_C: (S, T, G, N)
+                uint at = pc.o_out + (tk(r) * pc.G + g) * ND + cc;
+#else                                           // per-head parts: (S, T, H, N)
+                uint at = pc.o_out + (tk(r) * pc.H + h) * ND + cc;
+#endif
+                if ((at & 3u) == 0u) {
+                    outv4[at >> 2] = v;
+                } else {
+                    outv[at] = v.x; outv[at + 1u] = v.y; outv[at + 2u] = v.z; outv[at + 3u] = v.w;
+                }
+                if (any(not(lessThanEqual(abs(v), vec4(3.4028234664e38))))) atomicOr(flag[0], 1u);
+            }
+#endif
+        }
+    }
+#else
+    [[unroll]] for (uint j = 0; j < TR; ++j) {
+        uint r = rlo + j;
+        part0[j] = 0.0;
+        [[unroll]] for (uint q = 0; q < TC; ++q) {
+            uint cc = c0 + col_of(tc, q);
+            float v = acc1[j][q];
+#if MODE == 0 || MODE == 1
+            if (r < CL && cc < CL) {
+                if (MODE == 0) cb[mat * CL * CL + r * CL + cc] = v;
+                else gu[mat * CL * CL + r * CL + cc] = v;
+            }
+#elif MODE == 2
+            if (r < PD && cc < ND) hs[hmat * PD * ND + r * ND + cc] = v;
+#elif MODE == 3
+            if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
+#elif MODE == 4
+            if (r < Lc && cc < PD) {
+                outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v;
+                guard(v);
+            }
+#elif MODE == 5
+            if (r < Lc && cc < PD) {
+                outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v * sd[r];
+                guard(v * sd[r]);
+                float xv = x[pc.o_x + (tk(r) * pc.H + h) * PD + cc];
+                part0[j] += v * xv;                 // Gam . x
+            }
+#else
+            if (r < Lc && cc < ND) {
+#if HEADLOOP                                    // d_B, d_C: (S, T, G, N)
+                outv[pc.o_out + (tk(r) * pc.G + g) * ND + cc] = v;
+#else                                           // per-head parts: (S, T, H, N)
+                outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+#endif
+                guard(v);
+            }
+#endif
+        }
+    }
+#endif
+#if MODE == 5
+    row_sums(part0, tr, tc, SM_GX, cbk);
+    // <G_c, H_c> of this column block: the threads' sums added by a fixed tree (red holds WG
+    // floats: RBLK >= ROWG), into the chunk's first token's slot (one row block: r0 == 0).
+    red[lid / CG][lid % CG] = gh;
+    barrier();
+    [[unroll]] for (uint w = WG / 2u; w > 0u; w >>= 1) {
+        if (lid < w) red[lid / CG][lid % CG] += red[(lid + w) / CG][(lid + w) % CG];
+        barrier();
+    }
+    if (lid == 0u && r0 == 0u) sm[(tk(0u) * pc.H + h) * NSM + SM_GH + cbk] = red[0][0];
+#endif
+}
