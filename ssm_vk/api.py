@@ -156,10 +156,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
     by ssm_fast on the CPU (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
     """
-    try:
-        sp = SOFTPLUS[dt_softplus]   # _form, inlined (each call)
-    except (KeyError, TypeError):
-        sp = _form(dt_softplus)      # raises ValueError
+    sp = _form(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
@@ -185,10 +182,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour and ``dt_softplus`` as :func:`ssm_scan`."""
-    try:
-        sp = SOFTPLUS[dt_softplus]
-    except (KeyError, TypeError):
-        sp = _form(dt_softplus)
+    sp = _form(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)

@@ -44,17 +44,6 @@ def _dims(what: str, shape) -> tuple:
     return tuple(out)
 
 
-def _give_back(buffers, buf) -> None:
-    # Runs from a _Release (release(), or the owner collected); the pool (closed with its
-    # context) may be gone already.
-    if buffers.closed or buf.closed:
-        return
-    try:
-        buffers.release(buf)
-    except ValueError:
-        pass
-
-
 # The _Releases not yet run, by their id. Holding them here keeps them (weak references) alive
 # until they run, so an owner collected in a garbage cycle still gives its buffer back -- what
 # weakref.finalize's registry guarantees.
@@ -77,14 +66,14 @@ class _Release(weakref.ref):
 
     def run(self) -> None:
         self.alive = False  # False from the moment it starts running
-        if _pending.pop(id(self), None) is self:
-            _give_back(self._pool, self._buf)
+        _collected(self)
 
 
 def _collected(ref, _pending=_pending) -> None:
-    # The callback of a _Release (any thread, from a garbage collection too). ``ref`` is alive
-    # here, so no other pending entry has its id. Bound as defaults: still callable while the
-    # interpreter tears the module down. _give_back, inlined (each output of each call).
+    # The callback of a _Release (any thread, from a garbage collection too), and what release()
+    # runs: the registry's pop decides the one caller that gives the buffer back. The pool (closed
+    # with its context) may be gone already. Bound as defaults: still callable while the
+    # interpreter tears the module down.
     if _pending.pop(id(ref), None) is ref:
         ref.alive = False
         buffers, buf = ref._pool, ref._buf

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from . import binding
 from .binding import DeviceLost, VulkanTimeout
 from .checks import check_int
-from .context import Context
+from .context import Context, Slot
 from .kernels import Kernel
 from .memory import Buffer, fill_range
 
@@ -371,28 +371,14 @@ def oneshot(ctx: Context) -> Iterator[Sequence]:
     """
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
-    slot = ctx.extension("oneshot", _OneShot)
+    slot = ctx.extension("oneshot", Slot)
     with ctx.lock:
-        seq = slot.seq
+        seq = slot.obj
         if seq is None or seq.closed:
-            seq = slot.seq = Sequence(ctx)
+            seq = slot.obj = Sequence(ctx)
             seq.internal = True
         else:
             seq.reset()  # also drops what a block that raised had recorded
         yield seq
         seq.finish()
         seq.submit(wait=True)
-
-
-class _OneShot:
-    """The context's reusable one-shot Sequence (``ctx.extension("oneshot")``), closed with it."""
-
-    def __init__(self, ctx: Context):
-        self.ctx, self.seq = ctx, None
-        ctx.adopt(self)
-
-    def close(self) -> None:
-        if self.seq is not None:
-            self.seq.close()
-            self.seq = None
-        self.ctx.forget(self)

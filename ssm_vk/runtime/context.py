@@ -52,6 +52,25 @@ class Allocations:
     nbytes: int
 
 
+class Slot:
+    """One closable object a module keeps per context (``ctx.extension(name, Slot)``: the
+    reusable staging buffer, the one-shot sequence): ``obj`` (None until the module makes it),
+    closed with the context; ``clear()`` closes it early."""
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.obj = ctx, None
+        ctx.adopt(self)
+
+    def clear(self) -> None:
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    def close(self) -> None:
+        self.clear()
+        self.ctx.forget(self)
+
+
 class Context:
     """Vulkan instance + one logical device with one compute queue.
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .checks import check_int
 from .commands import oneshot
-from .context import Context
+from .context import Context, Slot
 from .memory import Buffer, check_range, fill_range
 
 __all__ = ["upload", "download", "fill", "release_staging"]
@@ -82,30 +82,12 @@ def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -
                 target[start:start + n] = np.frombuffer(window, np.uint8, n)
 
 
-class _Staging:
-    """The context's reusable staging Buffer (``ctx.extension("staging")``), closed with it."""
-
-    def __init__(self, ctx: Context):
-        self.ctx, self.buffer = ctx, None
-        ctx.adopt(self)
-
-    def release(self) -> None:
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
-
-    def close(self) -> None:
-        self.release()
-        self.ctx.forget(self)
-
-
 def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
-    slot = ctx.extension("staging", _Staging)
-    staging = slot.buffer
+    slot = ctx.extension("staging", Slot)
+    staging = slot.obj
     if staging is None or staging.closed or staging.size < nbytes:
-        if staging is not None:
-            staging.close()
-        staging = slot.buffer = Buffer(ctx, nbytes, staging=True)
+        slot.clear()
+        staging = slot.obj = Buffer(ctx, nbytes, staging=True)
     return staging
 
 
@@ -128,4 +110,4 @@ def release_staging(ctx: Context) -> None:
     slot = ctx.extension("staging")
     if slot is not None:
         with ctx.lock:
-            slot.release()
+            slot.clear()
