@@ -12,6 +12,8 @@ variable               meaning
 SSM_VK_DEVICE          the Vulkan device index to use (default: first discrete GPU, else
                        integrated, else a CPU implementation); read when the context is made
 SSM_VK_TIMEOUT_S       seconds a wait on the GPU may take before VulkanTimeout (default 60)
+SSM_VK_SPIN_US         microseconds a wait polls the GPU before it sleeps in the driver
+                       (default 200 on a GPU, 0 on a CPU implementation; 0 never polls)
 SSM_VK_VALIDATION      1: run under the Khronos validation layer (tests; default off)
 SSM_VK_NO_SUBGROUP     1: use no subgroup operations (the shared-memory row sums)
 SSM_VK_PROFILE         1: a timestamp after each step of the chunked kernels (benchmarks)
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from ssm_ref.environ import EnvVar
 
-__all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "timeout_s",
-           "validation", "device_env", "check_environment"]
+__all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "spin_us",
+           "timeout_s", "validation", "device_env", "check_environment"]
 
 
 def _pow2(lo: int, hi: int):
@@ -115,6 +117,7 @@ DEFAULTS = Settings((), False)   # no knob set, subgroups on
 _TUNE = EnvVar("SSM_VK_TUNE")
 _NO_SUBGROUP = EnvVar("SSM_VK_NO_SUBGROUP")
 _TIMEOUT = EnvVar("SSM_VK_TIMEOUT_S")
+_SPIN = EnvVar("SSM_VK_SPIN_US")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
 _CACHE = EnvVar("SSM_SCAN_CACHE")
@@ -251,6 +254,21 @@ def timeout_s() -> float:
     return v
 
 
+def spin_us(default: float) -> float:
+    """SSM_VK_SPIN_US as microseconds (``default`` when unset): a finite number >= 0, at most
+    1e6, else ValueError."""
+    raw = _SPIN.get().strip()
+    if not raw:
+        return float(default)
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 <= v <= 1e6):
+        raise ValueError(f"SSM_VK_SPIN_US: expected microseconds from 0 to 1000000, got {_SPIN.get()!r}")
+    return v
+
+
 def validation() -> bool:
     """SSM_VK_VALIDATION: 1/true/yes/on or 0/false/no/off (default off)."""
     return _flag(_VALIDATION, truthy=("1", "true", "yes", "on"), falsy=("", "0", "false", "no", "off"))
@@ -276,5 +294,6 @@ def check_environment() -> None:
     """Validate every variable of the table above now (ValueError naming the first bad one)."""
     settings()
     timeout_s()
+    spin_us(0)
     validation()
     profile()

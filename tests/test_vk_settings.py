@@ -68,6 +68,24 @@ def test_the_timeout_is_a_positive_number_of_seconds(monkeypatch, value):
         rt.Context()
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "2e6"])
+def test_the_fence_poll_is_a_bounded_number_of_microseconds(monkeypatch, value):
+    monkeypatch.setenv("SSM_VK_SPIN_US", value)
+    with pytest.raises(ValueError, match=r"^SSM_VK_SPIN_US: expected microseconds from 0 to 1000000"):
+        config.check_environment()
+    with pytest.raises(ValueError, match="SSM_VK_SPIN_US"):
+        rt.Context()
+
+
+def test_the_fence_poll_defaults_by_device_type(monkeypatch):
+    monkeypatch.delenv("SSM_VK_SPIN_US", raising=False)
+    assert config.spin_us(200) == 200.0 and config.spin_us(0) == 0.0
+    monkeypatch.setenv("SSM_VK_SPIN_US", "35")
+    assert config.spin_us(200) == 35.0
+    ctx = rt.get_context()
+    assert ctx.spin_s == (0.0 if ctx.info.type == "cpu" else 200e-6)   # this process's setting: unset
+
+
 @pytest.mark.parametrize(("name", "value"), [("SSM_VK_NO_SUBGROUP", "yes please"), ("SSM_VK_VALIDATION", "2"),
                                              ("SSM_VK_PROFILE", "on")])
 def test_flags_take_their_documented_values_only(monkeypatch, name, value):

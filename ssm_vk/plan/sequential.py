@@ -77,6 +77,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         # time on the token's scalar work (H200, Mamba-1 at N = 16: LN = 8 took 131 us where
         # LN = 16 took 178; the backward was not faster so).
         want = max(1, want // 2)
+        if d.T == 1 and want >= 64:
+            # A decode step is a pass over the state rows: more values per lane, more loads in
+            # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
+            # 45 at S = 16; within 1 us at S = 1).
+            want //= 4
     if "LN" in tune:
         want = min(want, tune["LN"])
     if "basic" in ops and "shuffle" in ops:

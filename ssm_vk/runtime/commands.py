@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Iterator
 
 from . import binding
@@ -23,6 +24,7 @@ from .memory import Buffer, fill_range
 MAX_TIMESTAMPS = 64
 
 _RECORDING, _READY = "recording", "ready"
+_NOT_READY = 1   # VK_NOT_READY: a fence not signalled yet
 
 
 class Sequence:
@@ -265,12 +267,31 @@ class Sequence:
         if not self.pending:
             return
         ctx = self.ctx
-        timeout_ns = int((ctx.timeout_s if timeout_s is None else timeout_s) * 1e9)
+        timeout = ctx.timeout_s if timeout_s is None else timeout_s
+        if ctx.spin_s > 0 and self._polled(min(ctx.spin_s, timeout)):
+            self.pending = False
+            ctx.pending.discard(self)
+            return
+        timeout_ns = int(timeout * 1e9)
         result = self._lib.vkWaitForFences(ctx.handle, 1, self._fences, 1, timeout_ns)
         if result != 0:
             raise self._failed(result, "vkWaitForFences")
         self.pending = False
         ctx.pending.discard(self)
+
+    def _polled(self, seconds: float) -> bool:
+        """Whether the fence signalled within ``seconds`` of polling it (raises what the poll
+        reports other than VK_NOT_READY, DeviceLost above all)."""
+        status, handle, fence = self._lib.vkGetFenceStatus, self.ctx.handle, self._fence
+        end = time.perf_counter() + seconds
+        while True:
+            result = status(handle, fence)
+            if result == 0:
+                return True
+            if result != _NOT_READY:
+                raise self._failed(result, "vkGetFenceStatus")
+            if time.perf_counter() >= end:
+                return False
 
     def _failed(self, result: int, what: str):
         error = binding.error_for_result(result, what)

@@ -78,7 +78,8 @@ class Context:
     :class:`DeviceInfo` every request is checked against, possibly with lowered limits),
     ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
-    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s).
+    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s), ``spin_s``
+    (how long a wait polls the fence before it blocks; ``$SSM_VK_SPIN_US``).
 
     Raises VulkanUnavailable (no loader, driver, device, Vulkan 1.1, or validation layer), ValueError (a bad
     device index), RuntimeError (another context is open), VulkanError (device creation failed).
@@ -92,6 +93,10 @@ class Context:
         if not isinstance(validation, bool):
             raise TypeError(f"validation: expected bool or None, got {type(validation).__name__}")
         chosen = device.choose(device.list_devices(), device_index)  # raises before any Vulkan object exists
+        # A short wait is caught sooner by polling the fence than by sleeping in the driver (an
+        # H200's blocking wait adds tens of microseconds); on a CPU implementation the poll would
+        # take a core from the work it waits for, so it does not poll unless asked to.
+        spin_s = config.spin_us(0 if chosen.type == "cpu" else 200) / 1e6
         if chosen.api_version < (1, 1):
             raise VulkanUnavailable(f"{chosen.name} offers Vulkan {chosen.api_version}; 1.1 is needed (subgroups)")
         vk = binding.require()
@@ -100,6 +105,7 @@ class Context:
         self.stats = Stats()
         self.lock = threading.RLock()
         self.timeout_s = timeout_s
+        self.spin_s = spin_s                     # how long a wait polls its fence before blocking
         self.closed = False
         self.ready = False                       # True once built: current_context() hands out only these
         self.lost = False

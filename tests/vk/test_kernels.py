@@ -348,3 +348,54 @@ def test_timeout_leaves_the_work_pending(ctx, glslc, data):
     np.testing.assert_allclose(rt.download(by, (n, np.float32)), x + np.float32(SCALE) * y, rtol=1e-6)
     with pytest.raises(ValueError):
         ctx.fail_next_submit(RuntimeError)
+
+
+class _FenceLib:
+    """The binding's functions, with vkGetFenceStatus answering ``status`` (None: the real one)
+    and vkWaitForFences refused: a wait must end by polling."""
+
+    def __init__(self, lib, status=None):
+        self._lib, self._status = lib, status
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def vkGetFenceStatus(self, device, fence):
+        return self._lib.vkGetFenceStatus(device, fence) if self._status is None else self._status
+
+    def vkWaitForFences(self, *args):
+        raise AssertionError("the wait blocked instead of polling")
+
+
+def test_a_polled_wait_ends_when_the_work_has(ctx, glslc, data, monkeypatch):
+    n, x, y, groups, (bx, by, bs) = data
+    monkeypatch.setattr(ctx, "spin_s", 10.0)
+    want = y.copy()
+    with rt.Sequence(ctx) as seq:
+        seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
+        seq.finish()
+        seq._lib = _FenceLib(seq._lib)
+        for _ in range(3):           # each replay reads what the previous one wrote
+            seq.submit()
+            assert not seq.pending
+            want = x + np.float32(SCALE) * want
+            np.testing.assert_allclose(rt.download(by, (n, np.float32)), want, rtol=1e-5)
+        monkeypatch.setattr(ctx, "spin_s", 0.0)   # no polling: the blocking wait is the one used
+        with pytest.raises(AssertionError, match="blocked"):
+            seq.submit()
+        seq._lib = seq._lib._lib
+        seq.wait()
+
+
+def test_a_poll_that_reports_a_lost_device_raises_device_lost(ctx, glslc, data, monkeypatch):
+    n, _, _, groups, (bx, by, bs) = data
+    monkeypatch.setattr(ctx, "spin_s", 10.0)
+    seq = rt.Sequence(ctx)
+    seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
+    seq.finish()
+    seq._lib = _FenceLib(seq._lib, status=-4)      # VK_ERROR_DEVICE_LOST
+    with pytest.raises(rt.DeviceLost, match="vkGetFenceStatus"):
+        seq.submit()
+    assert ctx.lost
+    fresh = rt.get_context()
+    assert fresh is not ctx and seq.closed and bx.closed
