@@ -47,6 +47,12 @@ def _between(lo: int, hi: int):
     return ok
 
 
+def _zero_or_between(lo: int, hi: int):
+    def ok(v: int) -> str:
+        return "" if v == 0 or lo <= v <= hi else f"0 or an integer from {lo} to {hi}"
+    return ok
+
+
 def _one_of(*values: int):
     def ok(v: int) -> str:
         return "" if v in values else "one of " + ", ".join(map(str, values))
@@ -74,6 +80,8 @@ KNOBS: dict[str, Knob] = {
     "TB": Knob("tokens per load block of the forward", _between(1, 64)),
     "TBR": Knob("tokens per shared-memory reduction round of the backward (lowered to divide K)",
                 _between(1, 64)),
+    "TCHUNK": Knob("tokens per time chunk of the forward parallel over time (used when it divides T into "
+                   "two or more chunks); 0: never", _zero_or_between(2, 1 << 30)),
     # chunked Mamba-2 kernels (ssm_vk.plan.chunked)
     "CHUNK": Knob("chunk length in tokens; 0: never the chunked kernels", _one_of(0, 16, 32, 48, 64)),
     "CHUNK_MIN_T": Knob("shortest sequence the chunked kernels take", _between(0, 1 << 40)),

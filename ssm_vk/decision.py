@@ -68,9 +68,10 @@ def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunke
                     softplus: int = 0) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels that plan.plan picked for the
     shape -- their SPIR-V cannot be had here, or the device does not take them; "" when it did
-    not). ``chunked`` False: never the chunked kernels (the recompute of a non-finite result).
+    not). ``chunked`` False: never the chunked kernels nor the time chunks (the recompute of a
+    non-finite result).
     ``softplus``: the step's form (kernels.SOFTPLUS). Raises TooLarge when no plan fits."""
-    pl = plan(d, lim, backward, knobs, softplus)
+    pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked)
     if pl.chunked is None:
         return pl, ""
     why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""

@@ -17,16 +17,17 @@ from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
 
-__all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
+__all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
-           "kernels_needed", "matrix", "FWD_PUSH", "BWD_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH", "CHUNK_BINDINGS",
-           "PASS_WG", "PASS_BATCH", "SOFTPLUS"]
+           "kernels_needed", "matrix", "FWD_PUSH", "BWD_PUSH", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH",
+           "CHUNK_BINDINGS", "PASS_WG", "PASS_BATCH", "SOFTPLUS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids")
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
+CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")
 RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
 # The chunked kernels (ssm_vk/glsl/chunk_common.glsl): one push block and one binding table for all.
@@ -71,10 +72,19 @@ def _softplus(code: int) -> tuple:
     return (code,) if code else ()
 
 
-def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0) -> KernelSpec:
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False) -> KernelSpec:
+    """ssm_scan.comp: the forward (y and final states), the backward's checkpoint pass
+    (``checkpoint``) or the first pass of the forward parallel over time (``summary``)."""
     defs = _common(d, lay)
     defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
+    if summary:
+        defs.update(SUMMARY=1)
     return KernelSpec("ssm_scan", _defs(**defs), 10, FWD_PUSH, lay.WG, _softplus(softplus))
+
+
+def carry_spec(d: Dims) -> KernelSpec:
+    """ssm_scan_carry.comp: the middle pass of the forward parallel over time."""
+    return KernelSpec("ssm_scan_carry", _defs(WG=FLAT_WG, MAMBA1=int(d.mamba1)), 6, CARRY_PUSH, FLAT_WG)
 
 
 def bwd_spec(d: Dims, lay: Layout, softplus: int = 0) -> KernelSpec:
@@ -180,6 +190,10 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
         return chunk_kernels(d, pl.chunked, backward) + kernels_needed(d, replace(pl, chunked=None), backward)
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
+    elif not backward and pl.tchunk:
+        # the three passes over time chunks; the plain forward also recomputes a call with inf or nan
+        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True), carry_spec(d),
+                fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
     elif not backward:
         return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
     else:
@@ -211,6 +225,9 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                      a_shape=(8, N) if mamba1 else (8,))
             fwd = layout_for(d, lim, False, knobs)
             add(fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
+            if T > 1:                                      # parallel over time: first and middle pass
+                add(fwd_spec(d, fwd, checkpoint=False, summary=True))
+                add(carry_spec(d))
             bwd = layout_for(d, lim, True, knobs)
             add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
             add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass

@@ -133,8 +133,9 @@ def _note_rerun(engine: Engine, dims) -> None:
     engine.reruns += 1
     if not _rerun_logged:
         _rerun_logged = True
-        log.info("ssm_vk: a result of the chunked kernels held inf or nan (%s); such calls are recomputed "
-                 "with the token-sequential kernels, whose non-finite results follow docs/SPEC.md", dims)
+        log.info("ssm_vk: a result of the chunked kernels or of the time chunks held inf or nan (%s); such calls "
+                 "are recomputed with the token-sequential kernels, whose non-finite results follow docs/SPEC.md",
+                 dims)
 
 
 def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
@@ -200,7 +201,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             if kept is not None:
                 kept.ws.lock.release()
         _timing.seq = seq
-        if cp is not None and ws.nonfinite():
+        if (cp is not None or ws.plan.tchunk) and ws.nonfinite():
             if device_out:
                 release_all(outs)
             return None

@@ -1,7 +1,8 @@
 #version 450
 // Forward selective scan, token-sequential: one state row (i, h, p) per LN lanes, the state in
 // registers, T tokens in order. Optionally writes a checkpoint of every row's state before each
-// chunk of K tokens (the backward recomputes from those).
+// chunk of K tokens (the backward recomputes from those). Also the first pass of the forward
+// parallel over time (SUMMARY): every "sequence" is then a time chunk, started from zero.
 //
 // Bindings (0-4 declared in common.glsl; all float32 unless noted; every index is relative to
 // the element offset o_* of the window the host bound; the window covers sequences [0, S) and
@@ -13,18 +14,27 @@
 //   4 C   (S, T, G, N)          readonly
 //   5 y   (S, T, H, P)          written
 //   6 st  (S, H, P, N)          read (initial state) and overwritten (final state)
-//   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c
+//   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c;
+//         (S, H, KA)            when SUMMARY: each row's decay over the window's tokens, the product
+//                               of its factors exp(dt' A) (KA = N for Mamba-1, else 1)
 //   8 s   (R, H, P, N)          readonly: the state cache, when pc.gather
 //   9 ids (S)  uint             readonly: its rows, when pc.gather
 // With pc.gather = 1 the initial state of sequence i is row ids[o_ids + i] of s (a window that
 // starts the sequences: t0 = 0), read in place; otherwise st holds it (the host copied the rows,
 // or a previous token window of the same sequence left it). The final state always goes to st.
 // Push constants: see PC below (same order as ssm_vk/kernels.py FWD_PUSH).
-// Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1) and K (checkpoint
-// interval, when CKPT). With CKPT the
-// kernel is the backward's recompute pass: it writes checkpoints and the final state, not y.
+// Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1), K (checkpoint
+// interval, when CKPT) and SUMMARY (0/1). With CKPT the kernel is the backward's recompute pass:
+// it writes checkpoints and the final state, not y. With SUMMARY (time chunks, see
+// ssm_scan_carry.comp) it starts every row from zero and writes the final state and the decay,
+// not y: what the chunk adds to the state, and the factor it multiplies the incoming state by.
 
 #include "common.glsl"
+
+#ifndef SUMMARY
+#define SUMMARY 0
+#endif
+#define WANT_Y (!CKPT && !SUMMARY)
 
 layout(std430, binding = 5) writeonly buffer By { float y[]; };
 layout(std430, binding = 6) buffer Bst { float st_buf[]; };
@@ -55,7 +65,9 @@ void main() {
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
         bool on = live && n < pc.N;
-        if (pc.gather != 0u) {                           // uniform
+        if (SUMMARY != 0) {
+            st[k] = 0.0;
+        } else if (pc.gather != 0u) {                    // uniform
             st[k] = on ? s_in[pc.o_s + src * pc.N + n] : 0.0;
         } else {
             st[k] = on ? st_buf[pc.o_st + row * pc.N + n] : 0.0;
@@ -67,6 +79,12 @@ void main() {
 #if !MAMBA1
     float Ah = live ? A[h] : 0.0;
 #endif
+#if SUMMARY && MAMBA1
+    float dec[NPL];
+    [[unroll]] for (uint k = 0; k < NPL; ++k) dec[k] = 1.0;
+#elif SUMMARY
+    float dec = 1.0;
+#endif
 
     // Tokens go in blocks of TB: the loads of a block do not depend on the state, so they are
     // issued together and their latencies overlap; then the block's state updates run in order,
@@ -74,7 +92,7 @@ void main() {
     for (uint t0 = 0; t0 < pc.T; t0 += TB) {
         float dv[TB], uv[TB];
         float Bv[TB][NPL];
-#if !CKPT
+#if WANT_Y
         float Cv[TB][NPL];
 #endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
@@ -89,12 +107,12 @@ void main() {
                 uint n = lane + k * LN;
                 bool on = on_t && n < pc.N;
                 Bv[j][k] = on ? Bm[pc.o_B + bc + n] : 0.0;
-#if !CKPT
+#if WANT_Y
                 Cv[j][k] = on ? Cm[pc.o_C + bc + n] : 0.0;
 #endif
             }
         }
-#if !CKPT
+#if WANT_Y
         float acc[TB];
 #endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
@@ -112,7 +130,10 @@ void main() {
 #if !MAMBA1
                 float a = exp(dv[j] * Ah);
 #endif
-#if !CKPT
+#if SUMMARY && !MAMBA1
+                dec *= a;
+#endif
+#if WANT_Y
                 acc[j] = 0.0;
 #endif
                 [[unroll]] for (uint k = 0; k < NPL; ++k) {
@@ -121,14 +142,17 @@ void main() {
                         float a = exp(dv[j] * Ar[k]);
 #endif
                         st[k] = st[k] * a + Bv[j][k] * uv[j];
-#if !CKPT
+#if SUMMARY && MAMBA1
+                        dec[k] *= a;
+#endif
+#if WANT_Y
                         acc[j] += st[k] * Cv[j][k];
 #endif
                     }
                 }
             }
         }
-#if !CKPT
+#if WANT_Y
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             if (t0 + j < pc.T) {                             // uniform
                 float yv = row_sum(acc[j]);
@@ -143,4 +167,12 @@ void main() {
         uint n = lane + k * LN;
         if (live && n < pc.N) st_buf[pc.o_st + row * pc.N + n] = st[k];
     }
+#if SUMMARY && MAMBA1
+    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+        uint n = lane + k * LN;
+        if (live && p == 0u && n < pc.N) ck[pc.o_ck + (i * pc.H + h) * pc.N + n] = dec[k];
+    }
+#elif SUMMARY
+    if (live && p == 0u && lane == 0u) ck[pc.o_ck + i * pc.H + h] = dec;
+#endif
 }

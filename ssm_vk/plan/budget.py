@@ -5,7 +5,9 @@ A call acquires these buffers through the context's pool (each rounded up by
 
 - one upload buffer per host input (device-resident inputs are bound where they are),
 - one buffer per output,
-- the scratch of the recording (plan/sizes.py: the one size table the recordings request by),
+- the scratch of the recording (plan/sizes.py: the one size table the recordings request by;
+  the chunked kernels' and the time chunks' add a host-visible flag and, for the recompute of a
+  call with inf or nan, a second set of outputs),
 - small constant buffers (the row pairs of the d_s scatter, sized for the worst ids, so that
   the answer does not depend on them; the ids, when the scan reads the cache rows in place) and a
   16-byte stand-in binding.
@@ -26,6 +28,7 @@ from math import prod
 from ssm_ref import Dims
 
 from ..runtime.memory import BufferPool
+from . import sizes as table
 from .limits import F32, Limits, rows_in_place
 from .sequential import Plan
 from .sizes import DUMMY_BYTES, FLAG_ELEMS, chunked_scratch, input_shapes, output_shapes, sequential_scratch
@@ -46,6 +49,12 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
         # token-sequential recompute of a call that turns out inf or nan
         sizes.update({f"scratch:{k}": n * F32 for k, n in chunked_scratch(d, pl, backward).items()})
         sizes.update({"scratch:flag": FLAG_ELEMS * F32, "flag_host": 16})
+        sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
+    if pl.tchunk:
+        # the chunk tables, and a second set of outputs for the token-sequential recompute of a
+        # call that turns out inf or nan
+        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in table.time_chunk_scratch(d, pl).items()})
+        sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if backward:
         sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})

@@ -37,6 +37,7 @@ class Limits:
     max_storage_buffers_per_stage: int = 32
     max_memory_allocation_count: int = 4096
     device_local_bytes: int = 1 << 62
+    device_type: str = "other"       # DeviceInfo.type: "discrete", "integrated", "virtual", "cpu", "other"
 
     @classmethod
     def of(cls, info, no_subgroup: bool = False) -> Limits:
@@ -54,7 +55,7 @@ class Limits:
             max_push_constants_size=info.max_push_constants_size,
             max_storage_buffers_per_stage=info.max_storage_buffers_per_stage,
             max_memory_allocation_count=info.max_memory_allocation_count,
-            device_local_bytes=info.device_local_bytes)
+            device_local_bytes=info.device_local_bytes, device_type=info.type)
 
 
 # The Vulkan 1.1 spec's minimums (required limits), for tests that plan on the weakest device.

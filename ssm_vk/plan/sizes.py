@@ -9,7 +9,8 @@ from ssm_ref import Dims
 from .chunked import NOT_SCRATCH, scratch_elems
 from .sequential import Plan
 
-__all__ = ["input_shapes", "output_shapes", "chunked_scratch", "sequential_scratch", "FLAG_ELEMS", "DUMMY_BYTES"]
+__all__ = ["input_shapes", "output_shapes", "chunked_scratch", "sequential_scratch", "time_chunk_scratch", "FLAG_ELEMS",
+           "DUMMY_BYTES"]
 
 FLAG_ELEMS = 4      # the chunked kernels' non-finite flag
 DUMMY_BYTES = 16    # the stand-in binding of an empty array
@@ -59,3 +60,10 @@ def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
     for k in range(n_ck):
         out[f"ck{k}"] = sw_max * row * nc_max
     return out
+
+
+def time_chunk_scratch(d: Dims, pl: Plan) -> dict[str, int]:
+    """The forward parallel over time's scratch, in the order its recording requests it: every
+    chunk's contribution (then its initial state), every chunk's decay, the non-finite flag."""
+    nch = d.T // pl.tchunk
+    return {"b": d.S * nch * d.H * d.P * d.N, "dec": d.S * nch * d.H * (d.N if d.mamba1 else 1), "flag": FLAG_ELEMS}

@@ -20,6 +20,7 @@ from ..kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 from ..plan import ChunkPlan, grid
 from ..plan.chunked import PER_GROUP, gemm_tile, scratch_elems
 from ..plan.sizes import FLAG_ELEMS
+from . import common
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
 
 __all__ = ["record_forward", "record_backward"]  # of the chunked kernels
@@ -79,21 +80,6 @@ def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
     return {k: ws.scratch(sizes[k]) for k in names}
 
 
-
-
-def _flag_start(seq, ws):
-    """The non-finite flag: zeroed before the kernels (the barrier that follows covers it)."""
-    flag = ws.scratch(FLAG_ELEMS)
-    seq.fill(flag, 0, 0, FLAG_ELEMS * F32)
-    return flag
-
-
-def _flag_end(seq, ws, flag) -> None:
-    """Copy the flag where the host reads it after the wait (workspace.Workspace.nonfinite)."""
-    seq.barrier()
-    seq.copy(flag, ws.flag_host(), FLAG_ELEMS * F32)
-
-
 def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, grads: bool) -> _Chunked:
     d = p.dims
     tok = {"x": (*bufs["x"], d.H * d.P), "dt": (*bufs["dt"], d.H), "B": (*bufs["B"], d.G * d.N),
@@ -121,7 +107,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     scratch = _scratch(ws, d, cp, False)
     # left holding the chunk states, C.B and M o C.B (one window: all of them)
     ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
-    scratch["flag"] = _flag_start(seq, ws)
+    scratch["flag"] = common.flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
     for w in cp.windows:
@@ -138,7 +124,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
         k.mark("y")
-    _flag_end(seq, ws, scratch["flag"])
+    common.flag_end(seq, ws, scratch["flag"])
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
@@ -154,7 +140,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
-    scratch["flag"] = _flag_start(seq, ws)
+    scratch["flag"] = common.flag_start(seq, ws)
     seq.barrier()
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for w in cp.windows:
@@ -203,4 +189,4 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")
-    _flag_end(seq, ws, scratch["flag"])
+    common.flag_end(seq, ws, scratch["flag"])

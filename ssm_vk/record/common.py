@@ -1,6 +1,6 @@
-"""What both recordings (token-sequential and chunked) share: kernels by spec, bindings of the
-per-token arrays of a window, zeroing, the gather of the cache rows, the fixed-order reductions of
-partial sums, and the d_s scatter."""
+"""What the recordings (token-sequential, parallel over time, chunked) share: kernels by spec,
+bindings of the per-token arrays of a window, zeroing, the gather of the cache rows, the
+fixed-order reductions of partial sums, the d_s scatter and the non-finite flag."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from ssm_ref import Problem
 from .. import kernels as specs
 from ..kernels import kernel
 from ..plan import Window, binding_cap, grid
+from ..plan.sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
-           "scatter_rows"]
+           "scatter_rows", "flag_start", "flag_end"]
 
 F32 = 4
 
@@ -26,6 +27,19 @@ def zero(seq, buf, n_elems: int) -> None:
 def zero_at(seq, buf, off: int, n_elems: int) -> None:
     if buf is not None and n_elems > 0:
         seq.fill(buf, 0, off * F32, n_elems * F32)
+
+
+def flag_start(seq, ws):
+    """The non-finite flag: zeroed before the kernels (the barrier that follows covers it)."""
+    flag = ws.scratch(FLAG_ELEMS)
+    seq.fill(flag, 0, 0, FLAG_ELEMS * F32)
+    return flag
+
+
+def flag_end(seq, ws, flag) -> None:
+    """Copy the flag where the host reads it after the wait (workspace.Workspace.nonfinite)."""
+    seq.barrier()
+    seq.copy(flag, ws.flag_host(), FLAG_ELEMS * F32)
 
 
 def gather_rows(seq, call, src, src_base, dst, dst_base, ids, row_elems) -> None:

@@ -15,6 +15,7 @@ from ssm_ref import Problem
 from .. import kernels as specs
 from ..plan import Limits, Plan, Window, grid
 from ..plan.limits import rows_in_place
+from . import time_chunks
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
 
 __all__ = ["record_forward", "record_backward"]  # of the token-sequential kernels
@@ -37,6 +38,8 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     st_buf, st_off = bufs["states"]
     scan = pl.windows and d.H * d.P > 0
     rows = _rows_in_place(ws, p, bufs["s"]) if scan else None
+    if scan and pl.tchunk:
+        return time_chunks.record_forward(seq, ws, p, bufs, rows)
     if rows is None:   # states <- s[ids] by copies, then the scan starts from states
         gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
         seq.barrier()

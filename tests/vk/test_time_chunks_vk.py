@@ -1,0 +1,157 @@
+"""The forward parallel over time (ssm_vk/record/time_chunks.py) against the float64 oracle:
+time chunks of every size that divides T, both variants, every ids pattern, the cache rows read
+in place or copied, device-resident inputs; reruns bit for bit; inf and nan as the token-by-token
+scan gives them; and the planner's choice, which only a GPU device gets by default."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from problems import make_problem, problems
+from registry import F32_TOL, Backend, assert_close, oracle_scan
+
+import ssm_vk
+from ssm_ref import Dims, check_forward
+from ssm_vk import config, engine, plan
+from ssm_vk import runtime as rt
+from ssm_vk.kernels import kernels_needed
+from ssm_vk.plan import Limits, budget
+
+pytestmark = pytest.mark.vulkan
+
+VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
+
+
+def chunked_by(T: int, nch: int) -> dict:
+    # CHUNK=0: no chunked matrix kernels, which would take long enough Mamba-2 sequences first
+    return {"TCHUNK": T // nch, "CHUNK": 0}
+
+
+def ran_time_chunks(case, tune) -> bool:
+    lim = Limits.of(rt.get_context().info)
+    with config.configure(tune=tune):
+        return plan.plan(check_forward(**case.args()).dims, lim, False).tchunk > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(problems(min_T=4, max_T=24, max_N=20), st.sampled_from((2, 3, 4)))
+def test_drawn_problems_in_time_chunks_match_the_oracle(case, nch):
+    T = case.dims["T"]
+    if T % nch or T // nch < 2:
+        nch = 2 if T % 2 == 0 else 1
+    tune = chunked_by(T, nch) if nch > 1 else {"TCHUNK": 0}
+    with config.configure(tune=tune):
+        r = ssm_vk.ssm_scan(**case.args())
+    assert r.where.startswith("Vulkan") and r.backend == "ssm_vk"
+    o = oracle_scan(**case.args())
+    assert_close(VK, "y", r.y, o.y, label=repr(case))
+    assert_close(VK, "states", r.states, o.states, label=repr(case))
+
+
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+@pytest.mark.parametrize("N", [1, 16, 33])
+@pytest.mark.parametrize("resident", [False, True])
+def test_time_chunks_match_the_oracle_and_rerun_bit_for_bit(variant, N, resident):
+    case = make_problem(np.random.default_rng(N), S=3, T=48, H=4, P=3, N=N, G=2, variant=variant,
+                        ids="duplicates")
+    tune = chunked_by(48, 4)
+    assert ran_time_chunks(case, tune)
+    args = case.args()
+    if resident:
+        args = {k: ssm_vk.to_device(v) if k != "ids" else v for k, v in args.items()}
+    with config.configure(tune=tune):
+        first = ssm_vk.ssm_scan(**args)
+        again = ssm_vk.ssm_scan(**args)
+    y, states = (np.asarray(a.numpy() if resident else a) for a in (first.y, first.states))
+    o = oracle_scan(**case.args())
+    assert_close(VK, "y", y, o.y, label=f"{variant} N={N}")
+    assert_close(VK, "states", states, o.states, label=f"{variant} N={N}")
+    for a, b in ((first.y, again.y), (first.states, again.states)):
+        assert np.array_equal(*(np.asarray(v.numpy() if resident else v) for v in (a, b)))
+
+
+def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
+    case = make_problem(np.random.default_rng(5), S=2, T=32, H=2, P=2, N=16, G=1, variant="mamba1", R=5)
+    tune = chunked_by(32, 4)
+    with config.configure(tune=tune):
+        in_place = ssm_vk.ssm_scan(**case.args())
+        from ssm_vk.record import sequential
+        monkeypatch.setattr(sequential, "_rows_in_place", lambda ws, p, s_at: None)
+        engine.clear(rt.get_context())
+        copied = ssm_vk.ssm_scan(**case.args())
+    assert np.array_equal(in_place.y, copied.y) and np.array_equal(in_place.states, copied.states)
+
+
+@pytest.mark.parametrize("where", [("x", (1, 20, 2, 0), np.inf), ("dt", (0, 40, 1), np.nan),
+                                   ("B", (1, 3, 0, 5), -np.inf), ("s", (0, 1, 0, 2), np.inf)])
+def test_inf_and_nan_come_out_as_token_by_token(where):
+    name, at, value = where
+    case = make_problem(np.random.default_rng(9), S=2, T=64, H=4, P=1, N=16, G=1, variant="mamba1",
+                        ids="identity")
+    args = case.args()
+    args[name] = args[name].copy()
+    args[name][at] = value
+    with config.configure(tune={"TCHUNK": 0}):
+        want = ssm_vk.ssm_scan(**args)
+    e = engine.engine_of(rt.get_context())
+    before = e.reruns
+    with config.configure(tune=chunked_by(64, 4)):
+        got = ssm_vk.ssm_scan(**args)
+    assert np.array_equal(got.y, want.y, equal_nan=True)
+    assert np.array_equal(got.states, want.states, equal_nan=True)
+    assert not np.isfinite(got.y).all()
+    assert e.reruns == before + 1
+
+
+def _limits(device_type: str) -> Limits:
+    return Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "shuffle", "arithmetic"}),
+                  max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+                  max_workgroup_count=(1 << 31 - 1, 65535, 65535), max_storage_buffer_range=4 << 30,
+                  max_memory_allocation_size=4 << 30, min_storage_buffer_offset_alignment=64,
+                  device_type=device_type)
+
+
+def _dims(S, T, H, P, N, mamba1=True) -> Dims:
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=1, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
+
+
+@pytest.mark.parametrize(("S", "T", "H", "want_nch"), [
+    (1, 512, 1536, 16),     # 1536 rows: chunks of 32 tokens, the shortest
+    (1, 16384, 1536, 64),
+    (2, 4096, 1536, 32),
+    (8, 2048, 1536, 1),     # rows enough: token by token
+    (4, 1024, 5120, 1),
+    (1, 509, 1536, 1),      # a prime length: no chunks
+])
+def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, want_nch):
+    d = _dims(S, T, H, 1, 16)
+    pl = plan.plan(d, _limits("discrete"), False, config.DEFAULTS)
+    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
+    if pl.tchunk:
+        threads = S * H * pl.layout.LN * want_nch
+        assert threads >= plan.sequential.TCHUNK_THREADS or pl.tchunk == plan.sequential.TCHUNK_MIN
+        names = [k.name for k in kernels_needed(d, pl, False)]
+        assert names == ["ssm_scan", "ssm_scan_carry", "ssm_scan"]
+        sizes = budget.buffers(d, pl, _limits("discrete"), False)
+        assert sizes["scratch:tc:b"] == 4 * S * want_nch * H * 16
+        assert "rerun:out:y" in sizes and "flag_host" in sizes
+
+
+@pytest.mark.parametrize("device_type", ["cpu"])
+def test_not_on_a_cpu_device_nor_for_mamba2_nor_the_backward(device_type):
+    d = _dims(1, 512, 1536, 1, 16)
+    assert plan.plan(d, _limits(device_type), False, config.DEFAULTS).tchunk == 0
+    assert plan.plan(d, _limits("discrete"), True, config.DEFAULTS).tchunk == 0
+    d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
+    assert plan.plan(d2, _limits("discrete"), False, config.DEFAULTS).tchunk == 0
+    # and the recompute of a non-finite result never takes them
+    assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), False, config.DEFAULTS,
+                     time_chunks=False).tchunk == 0
+
+
+def test_an_illegal_chunk_length_is_refused(monkeypatch):
+    monkeypatch.setenv("SSM_VK_TUNE", "TCHUNK=1")
+    with pytest.raises(ValueError, match=r"^SSM_VK_TUNE: TCHUNK=1"):
+        config.settings()
