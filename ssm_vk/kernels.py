@@ -77,6 +77,8 @@ def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary:
     (``checkpoint``) or the first pass of the forward parallel over time (``summary``)."""
     defs = _common(d, lay)
     defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
+    if lay.SPREAD:
+        defs.update(SPREAD=1)
     if summary:
         defs.update(SUMMARY=1)
     return KernelSpec("ssm_scan", _defs(**defs), 10, FWD_PUSH, lay.WG, _softplus(softplus))

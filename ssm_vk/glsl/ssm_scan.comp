@@ -24,7 +24,8 @@
 // or a previous token window of the same sequence left it). The final state always goes to st.
 // Push constants: see PC below (same order as ssm_vk/kernels.py FWD_PUSH).
 // Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1), K (checkpoint
-// interval, when CKPT) and SUMMARY (0/1). With CKPT the kernel is the backward's recompute pass:
+// interval, when CKPT), SUMMARY (0/1) and SPREAD (1: the row's lanes share the block's steps
+// through subgroupShuffle; needs LN >= TB and subgroup rows). With CKPT the kernel is the backward's recompute pass:
 // it writes checkpoints and the final state, not y. With SUMMARY (time chunks, see
 // ssm_scan_carry.comp) it starts every row from zero and writes the final state and the decay,
 // not y: what the chunk adds to the state, and the factor it multiplies the incoming state by.
@@ -33,6 +34,9 @@
 
 #ifndef SUMMARY
 #define SUMMARY 0
+#endif
+#ifndef SPREAD
+#define SPREAD 0
 #endif
 #define WANT_Y (!CKPT && !SUMMARY)
 
@@ -95,12 +99,26 @@ void main() {
 #if WANT_Y
         float Cv[TB][NPL];
 #endif
+#if SPREAD
+        // One step per token of the block, not one per lane: lane j of the row computes token
+        // j's (LN >= TB), and every lane of the row reads it from there (the same bits).
+        uint jl = lane % TB;
+        bool on_jl = live && t0 + jl < pc.T;
+        float dt_jl = on_jl ? dt[pc.o_dt + (i * pc.T + min(t0 + jl, pc.T - 1)) * pc.H + h] : 0.0;
+        float sp_jl = softplus(dt_jl);
+        uint first = gl_SubgroupInvocationID - lane;      // the row's first lane in the subgroup
+#endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             bool on_t = live && t0 + j < pc.T;
             uint it = i * pc.T + min(t0 + j, pc.T - 1);     // (i, t) in (S, T)
-            float dtr = on_t ? dt[pc.o_dt + it * pc.H + h] : 0.0;
             float xr = on_t ? x[pc.o_x + (it * pc.H + h) * pc.P + p] : 0.0;
+#if SPREAD
+            float spj = subgroupShuffle(sp_jl, first + j);
+            dv[j] = on_t ? spj : 0.0;
+#else
+            float dtr = on_t ? dt[pc.o_dt + it * pc.H + h] : 0.0;
             dv[j] = on_t ? softplus(dtr) : 0.0;
+#endif
             uv[j] = xr * dv[j];
             uint bc = (it * pc.G + g) * pc.N;
             [[unroll]] for (uint k = 0; k < NPL; ++k) {

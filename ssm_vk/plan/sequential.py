@@ -52,6 +52,7 @@ class Layout:
     PB: int      # channels per workgroup
     NHB: int     # head blocks
     NPB: int     # channel blocks
+    SPREAD: int = 0  # forward: 1 when a row's lanes share each token's step by subgroupShuffle
 
     @property
     def rows(self) -> int:
@@ -142,7 +143,12 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     TBR = tune.get("TBR", max(1, min(4, room // per_tok)))
     while K % TBR:
         TBR -= 1
-    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB)
+    # The forward's steps softplus(dt), one per token and row, computed once per row where the
+    # row's lanes can swap values (instead of by each of its LN lanes; the accurate form's is
+    # some 30 operations, on the path from a token's loads to its state update).
+    spread = int(not backward and ROW_SUM in (2, 3) and "shuffle" in ops and "basic" in ops and 2 <= TB <= LN)
+    return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
+                  SPREAD=spread)
 
 
 def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) -> dict:
