@@ -33,7 +33,9 @@ from ssm_ref import (
     check_dt_softplus,
     check_forward,
     check_op,
+    check_update_cache,
 )
+from ssm_ref.checks import write_cache_rows
 from ssm_ref.scan import softplus, softplus_grad
 
 from . import compiling, config, guard, pool, threads
@@ -64,21 +66,23 @@ def _steps(dt, form):
     return softplus(dt, "log1p"), True
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
     Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
     ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype are
     converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
     where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
-    (the checks of ssm_ref). Inputs are never written.
+    (the checks of ssm_ref). Inputs are never written, unless ``update_cache=True`` asks for the
+    final states in the cache rows s[ids] (as ssm_ref.ssm_scan; ``states`` is then None).
     ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
     Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
     """
     check_dt_softplus(dt_softplus)
     if guard.unusable():
-        return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus)
+        return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus, update_cache=update_cache)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
+    update = check_update_cache(update_cache, s, p.ids)
     steps, identity = _steps(p.dt, dt_softplus)
     d = p.dims
     y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
@@ -98,6 +102,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
         direct = d.S * d.H * d.P * d.N * 4 <= config.DECODE_DIRECT_BYTES
         args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
     pool.run(kernel, args, threads.count(d, "fwd", n_tasks))
+    if update:
+        write_cache_rows(s, p.ids, states)
+        states = None
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 
@@ -188,10 +195,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 
-def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
     """ssm_fast runs every shape the reference accepts. Bad input raises as in ssm_scan."""
     check_op(op)
-    check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids)
+    check_update_cache(update_cache, s, p.ids, op=op)
     return Support(True, "numba CPU kernels run every shape")
 
 

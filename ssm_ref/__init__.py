@@ -37,8 +37,10 @@ from .checks import (
     check_dt_softplus,
     check_dtype,
     check_forward,
+    check_update_cache,
     is_device_array,
     output_elems,
+    write_cache_rows,
 )
 from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
@@ -65,6 +67,7 @@ __all__ = [
     "check_dt_softplus",
     "check_dtype",
     "check_forward",
+    "check_update_cache",
     "pack_backward",
     "pack_forward",
     "packing",
@@ -97,7 +100,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml") -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan.
 
     Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
@@ -107,6 +110,10 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     log(1 + exp(dt)) as ggml computes it), "log1p" (log1p(exp(dt)), accurate far down the
     negative side), or None (d = dt); both softplus forms are the identity above 20.
 
+    update_cache: False (default: inputs are never written) or True: sequence i's final state is
+    written into row ids[i] of s (a writeable numpy float array; the ids distinct), and the
+    result's ``states`` is None -- the decode loop's cache update without a copy of its own.
+
     Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
     Raises TypeError / ValueError for bad input before any work, ValueError for a problem beyond
     the host memory limit (ssm_ref.memory) before any allocation.
@@ -114,7 +121,11 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     """
     check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
+    update = check_update_cache(update_cache, s, p.ids)
     y, states = _forward(p, dt_softplus)
+    if update:
+        write_cache_rows(s, p.ids, states)
+        states = None
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 
@@ -142,12 +153,14 @@ def check_op(op: str) -> str:
     return op
 
 
-def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
     """The reference runs every valid case that fits the host memory limit (ssm_ref.memory).
-    Bad input raises as in ssm_scan (a forward beyond the limit too); a backward beyond it --
-    the T+1 states -- is answered ``Support(False, reason)`` (ssm_scan_back would raise)."""
+    Bad input raises as in ssm_scan (a forward beyond the limit too; ``update_cache`` checked as
+    there); a backward beyond it -- the T+1 states -- is answered ``Support(False, reason)``
+    (ssm_scan_back would raise)."""
     check_op(op)
     p = check_forward(s, x, dt, A, B, C, ids, workspace=forward_workspace)
+    check_update_cache(update_cache, s, p.ids, op=op)
     if op == "ssm_scan_back":
         f32 = np.dtype(np.float32)
         need = (output_elems(p.dims, True) + 2 * p.dims.S * p.dims.T * p.dims.H * p.dims.P) * 4 \

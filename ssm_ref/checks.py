@@ -25,7 +25,7 @@ import numpy as np
 from .memory import check_host_memory, host_memory_bytes
 
 __all__ = ["DT_SOFTPLUS", "Dims", "Problem", "check_backward", "check_dt_softplus", "check_dtype", "check_forward",
-           "check_shapes", "output_elems"]
+           "check_shapes", "check_update_cache", "output_elems", "write_cache_rows"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -116,6 +116,45 @@ def check_dt_softplus(dt_softplus):
     if dt_softplus is None or (isinstance(dt_softplus, str) and dt_softplus in DT_SOFTPLUS):
         return dt_softplus
     raise ValueError(f"dt_softplus: expected 'ggml', 'log1p' or None, got {dt_softplus!r}")
+
+
+def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool = False, op: str = "ssm_scan") -> bool:
+    """``update_cache`` must be True or False (TypeError otherwise); returned. When True the call
+    writes sequence i's final state into row ``ids[i]`` of ``s`` (the checked ids), so ``s`` must
+    be writable in place -- a writeable numpy array of a float dtype, or, where
+    ``device_arrays`` (ssm_vk), a DeviceArray -- and the ids distinct (two sequences would write
+    one row): TypeError / ValueError naming the argument. Run after the shape checks, before any
+    work. ``op``: supports()'s; only ssm_scan writes the cache (ValueError for ssm_scan_back)."""
+    if update_cache is not True and update_cache is not False:
+        raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
+    if not update_cache:
+        return False
+    if op != "ssm_scan":
+        raise ValueError(f"update_cache: only ssm_scan writes into the cache, expected False for {op}")
+    what = "a writeable numpy float array" + (" or an ssm_vk.DeviceArray" if device_arrays else "")
+    if is_device_array(s):
+        if not device_arrays:
+            raise TypeError(f"s: update_cache=True writes the new states into s: expected {what}, got a "
+                            f"DeviceArray (ssm_vk writes those)")
+    elif not isinstance(s, np.ndarray) or s.dtype.kind != "f":
+        got = f"{type(s).__name__} of {s.dtype}" if isinstance(s, np.ndarray) else type(s).__name__
+        raise TypeError(f"s: update_cache=True writes the new states into s: expected {what}, got {got}")
+    elif not s.flags.writeable:
+        raise ValueError("s: update_cache=True writes the new states into s, which is read-only")
+    if ids.size > 1:
+        ordered = np.sort(ids)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if twice.size:
+            raise ValueError(f"ids: update_cache=True writes each sequence's final state into its row of s, so "
+                             f"the ids must be distinct; row {int(twice[0])} is named more than once")
+    return True
+
+
+def write_cache_rows(s: np.ndarray, ids: np.ndarray, states) -> None:
+    """s[ids[i]] = states[i] (update_cache on the host: the ids checked distinct; rounded to s's
+    dtype)."""
+    if len(ids):
+        s[ids] = np.asarray(states)
 
 
 def is_device_array(value) -> bool:

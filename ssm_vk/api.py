@@ -7,7 +7,8 @@ import logging
 import os
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward
+from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward, check_update_cache
+from ssm_ref.checks import write_cache_rows
 
 from . import config, lanes, run
 from . import runtime as rt
@@ -112,14 +113,15 @@ def _decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided
     return out
 
 
-def supports(op, s, x, dt, A, B, C, ids=None) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
-    the call takes. Bad input raises as in ssm_ref.ssm_scan; an illegal setting (ssm_vk.config)
-    raises ValueError naming it."""
+    the call takes. Bad input raises as in ssm_ref.ssm_scan (``update_cache`` checked as
+    there); an illegal setting (ssm_vk.config) raises ValueError naming it."""
     ssm_ref.check_op(op)
     knobs = config.settings()
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
     return _decision(op, p, knobs).sup
 
 
@@ -148,15 +150,19 @@ def _fast():
     return ssm_ref
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
     when the call falls back); otherwise numpy arrays. A case the device cannot run is computed
     by ssm_fast on the CPU (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
     ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
+    ``update_cache``: as in ssm_ref.ssm_scan; ``s`` a writeable numpy array or a DeviceArray, whose
+    rows ids[i] the call writes on the device (by the scan itself in a decode step).
     """
     sp = _form(dt_softplus)
+    if update_cache is not False:
+        return _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp, update_cache)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
@@ -177,6 +183,48 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp)
     return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
+
+
+def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -> ScanResult:
+    """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
+    cache rows s[ids]; ``states`` None. A repeated device-resident call takes its lane, as
+    ssm_scan does (its ids checked distinct every call)."""
+    knobs = config.settings()
+    arrays = (s, x, dt, A, B, C)
+    if update_cache is True:
+        lane, sig = lanes.find(False, arrays, knobs, sp, update=True)
+        if lane is not None:
+            p = lane.problem(arrays, ids)
+            if p is not None:
+                check_update_cache(True, s, p.ids, device_arrays=True)
+                out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane, update=True)
+                out["states"].release()
+                return _result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
+    else:
+        sig = None
+    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    if not check_update_cache(update_cache, s, p.ids, device_arrays=True):
+        return ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus)
+    if not isinstance(s, DeviceArray):     # a host cache: the call as usual, the rows written here
+        r = ssm_scan(s, x, dt, A, B, C, p.ids, dt_softplus=dt_softplus)
+        states = r.states
+        write_cache_rows(s, p.ids, states.numpy() if isinstance(states, DeviceArray) else states)
+        if isinstance(states, DeviceArray):
+            states.release()
+        return _result(ScanResult, {"y": r.y, "states": None, "where": r.where, "backend": r.backend})
+    dec = _decision("ssm_scan", p, knobs, sp)
+    if not dec.sup:                        # on the CPU; the rows uploaded into the cache
+        cpu = _fall_back(dec.sup.reason)
+        h = _host(p)
+        r = cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, dt_softplus=dt_softplus)
+        s._write_rows(p.ids, r.states)
+        return _result(ScanResult, {"y": upload_to(s.ctx, r.y), "states": None, "where": r.where,
+                                    "backend": r.backend})
+    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=True, softplus=sp, update=True)
+    if sig is not None:
+        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp, update=True)
+    out["states"].release()
+    return _result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:

@@ -192,6 +192,23 @@ class DeviceArray:
             ctx.leave(token)
         return out.reshape(self.shape)
 
+    def _write_rows(self, rows, values) -> None:
+        """self[rows[i]] = values[i] along the first axis, uploaded from the host (ssm_scan's
+        update_cache when the call ran on the CPU). ``rows`` distinct and in range (checked by
+        the caller); ``values`` (len(rows), *shape[1:]), rounded to float32."""
+        self._check_live()
+        data = np.ascontiguousarray(values, dtype=self.dtype)
+        row = self.size // self.shape[0] if self.shape and self.shape[0] else 0
+        if row == 0:
+            return
+        ctx = self.ctx
+        token = ctx.enter()
+        try:
+            for i, r in enumerate(rows):
+                rt.upload(self.buffer, data[i], (self.offset + int(r) * row) * self.dtype.itemsize)
+        finally:
+            ctx.leave(token)
+
     def reshape(self, *shape) -> DeviceArray:
         """The same elements in another shape (no copy). Raises TypeError for a dimension that is
         not an integer, ValueError for a negative one or another element count."""

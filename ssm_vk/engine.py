@@ -40,8 +40,9 @@ class KeptForward:
     """What a chunked forward left for the backward of the same device-resident inputs: its
     workspace (whose scratch holds the chunk states, C.B and M o C.B: ``tables``) and who the
     inputs were (for each, its owning DeviceArray weakly, offset and shape; and the ids).
-    DeviceArrays are never written after they are made, so while each owner is alive and not
-    released, the tables are those of these inputs."""
+    DeviceArrays are written after they are made only by a forward with update_cache=True, which
+    drops the tables of every call that read the array it writes (Engine.written); so while each
+    owner is alive and not released, the tables are those of these inputs."""
 
     ws: Workspace
     who: tuple
@@ -141,6 +142,16 @@ class Engine:
         if key in self.kept:      # (a look-up needs no lock; most forwards have nothing to forget)
             with self._kept_lock:
                 self.kept.pop(key, None)
+
+    def written(self, array) -> None:
+        """``array`` (a DeviceArray) is being written in place (ssm_scan's update_cache): the kept
+        forward tables of any call that read it go."""
+        owner = getattr(array, "owner", None)
+        if not self.kept or owner is None:
+            return
+        with self._kept_lock:
+            for key in [k for k, v in self.kept.items() if any(ref() is owner for ref, _, _ in v.who)]:
+                del self.kept[key]
 
     def kept_for(self, key: tuple, arrays: tuple, ids: bytes, CL: int) -> KeptForward | None:
         """The forward tables these backward inputs may take -- the last chunked forward of the

@@ -24,7 +24,7 @@ __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "r
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
-            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids")
+            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids", "scatter")
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
 CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")

@@ -4,9 +4,10 @@ A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, 
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
 call works out before it replays its recorded sequence -- the validator's shape checks, the
 support decision, the workspace, the input bindings -- is a function of its *signature*: the op,
-each input's type, dtype, shape, buffer and offset, the step's form (dt_softplus) and the
-planner's knobs (ssm_vk.config, SSM_VK_TUNE, the subgroup switch); with the context and its
-limits (``ctx.info``) checked on the lane. A :class:`Lane` keeps those answers for a signature
+each input's type, dtype, shape, buffer and offset, the step's form (dt_softplus), whether
+the forward writes the cache (update_cache) and the planner's knobs (ssm_vk.config,
+SSM_VK_TUNE, the subgroup switch); with the context and its limits (``ctx.info``) checked on the
+lane. A :class:`Lane` keeps those answers for a signature
 that ran on the device; a call with that signature takes them in one look-up (~15 us of Python
 less per call on lavapipe's VM).
 
@@ -64,13 +65,15 @@ class Lane:
         return p
 
 
-def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple | None:
+def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
+              update: bool = False) -> tuple | None:
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
-    and for the backward (g_y, g_states) -- and the step's form ``softplus``, or None when any of
-    them is not a float32 DeviceArray of ``ctx`` (g_states may be None: the packed g_y). Liveness
-    is not part of it: a call through a lane checks its inputs live after marking their buffers
-    busy (run.py), as it must anyway, and raises as the full path does."""
-    sig = [backward, softplus]
+    and for the backward (g_y, g_states) -- the step's form ``softplus`` and ``update`` (a forward
+    with update_cache), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
+    may be None: the packed g_y). Liveness is not part of it: a call through a lane checks its
+    inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
+    full path does."""
+    sig = [backward, softplus, update]
     for a in arrays:
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
             if a is None:  # (only a packed g_y's g_states can be: the validator rejects any other)
@@ -83,7 +86,8 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     return tuple(sig)
 
 
-def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0) -> tuple[Lane | None, tuple | None]:
+def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
+         update: bool = False) -> tuple[Lane | None, tuple | None]:
     """(the lane of this call or None, its signature or None)."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
@@ -91,7 +95,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     engine = ctx.extension("engine")
     if engine is None:
         return None, None
-    sig = signature(ctx, backward, arrays, knobs, softplus)
+    sig = signature(ctx, backward, arrays, knobs, softplus, update)
     if sig is None:
         return None, None
     lane = engine.lane(sig)
@@ -101,7 +105,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
 
 
 def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: bool, arrays: tuple,
-         softplus: int = 0) -> None:
+         softplus: int = 0, update: bool = False) -> None:
     """Make the lane of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info``. Nothing
     is kept when the signature moved meanwhile (the knobs changed, an input was released: another
@@ -110,7 +114,7 @@ def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: boo
     if ctx.info is not info:
         return
     ws = engine.workspace(p.dims, backward, lim, knobs, softplus=softplus)
-    if ws.closed or signature(ctx, backward, arrays, knobs, softplus) != sig:
+    if ws.closed or signature(ctx, backward, arrays, knobs, softplus, update) != sig:
         return
     try:
         bufs, key = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded

@@ -23,7 +23,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
 from .config import Settings
 from .engine import Engine
-from .record import record_backward, record_forward
+from .record import record_backward, record_forward, scatters_in_place
 from .workspace import Workspace, release_all
 
 __all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "FWD_IN", "BWD_IN"]
@@ -46,11 +46,15 @@ def last_gpu_ns() -> float | None:
 
 
 def forward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
-            softplus: int = 0) -> dict:
+            softplus: int = 0, update: bool = False) -> dict:
     """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
     ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found;
-    ``softplus``: the step's form (kernels.SOFTPLUS; a lane's workspace has its own)."""
-    return _run(engine, p, False, lim, knobs, device_out, lane, softplus)
+    ``softplus``: the step's form (kernels.SOFTPLUS; a lane's workspace has its own);
+    ``update``: also write the final states into the cache rows s[ids] (ssm_scan's update_cache:
+    ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads those rows in
+    place, else by copies once the call came out finite (the ``states`` returned are then
+    unwritten where the scan wrote the rows)."""
+    return _run(engine, p, False, lim, knobs, device_out, lane, softplus, update)
 
 
 def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
@@ -59,7 +63,8 @@ def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool 
     return _run(engine, p, True, lim, knobs, device_out, lane, softplus)
 
 
-def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane, softplus: int) -> dict:
+def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane, softplus: int,
+         update: bool = False) -> dict:
     ctx = engine.ctx
     if lane is not None:
         softplus = lane.ws.plan.softplus  # (the form the lane's workspace was planned for)
@@ -67,20 +72,20 @@ def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: boo
     try:
         try:
             if lane is not None:
-                out = _through_lane(engine, lane, p, backward)
+                out = _through_lane(engine, lane, p, backward, update)
                 if out is not None:
                     return out
-            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus)
+            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
         except rt.OutOfDeviceMemory:
             # The workspaces of other shapes hold buffers between calls: give them all back (the pool
             # frees its idle ones when it next runs out) and try once more; a second failure raises.
             engine.clear()
-            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus)
+            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
     finally:
         ctx.leave(token)
 
 
-def _through_lane(engine: Engine, lane, p: Problem, backward: bool) -> dict | None:
+def _through_lane(engine: Engine, lane, p: Problem, backward: bool, update: bool = False) -> dict | None:
     """A call that found its lane (lanes.py): every input a DeviceArray, bound as the lane
     recorded, in the lane's workspace; device outputs. None when that workspace was closed
     meanwhile (evicted by another thread): the caller takes the general path."""
@@ -99,25 +104,25 @@ def _through_lane(engine: Engine, lane, p: Problem, backward: bool) -> dict | No
         try:
             check_live((p.s, p.x, p.dt, p.A, p.B, p.C, p.g_y, p.g_states) if backward
                        else (p.s, p.x, p.dt, p.A, p.B, p.C))
-            out = _run_bound(engine, ws, p, backward, True, dict(bufs), list(key))
+            out = _run_bound(engine, ws, p, backward, True, dict(bufs), list(key), update)
         finally:
             if token is not None:
                 buffers.idle(token)
     if out is None:  # a chunked result held inf or nan (as in _run_once)
         _note_rerun(engine, p.dims)
         out = _run_once(engine, p, backward, lane.limits, lane.knobs, True, chunked=False,
-                        softplus=ws.plan.softplus)
+                        softplus=ws.plan.softplus, update=update)
     return out
 
 
 def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
-              softplus: int = 0) -> dict:
+              softplus: int = 0, update: bool = False) -> dict:
     while True:
         ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 continue
-            out = _run_in(engine, ws, p, backward, device_out)
+            out = _run_in(engine, ws, p, backward, device_out, update)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
@@ -125,7 +130,7 @@ def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, 
         # nan and back). Same device; finite results never take this path.
         _note_rerun(engine, p.dims)
         return _run_once(engine, p, backward, lim, knobs, device_out, chunked=False,
-                         softplus=ws.plan.softplus)
+                         softplus=ws.plan.softplus, update=update)
 
 
 def _note_rerun(engine: Engine, dims) -> None:
@@ -150,7 +155,7 @@ def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
     return bufs, key
 
 
-def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool) -> dict | None:
+def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, update: bool = False) -> dict | None:
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
     non-finite output (the caller recomputes with the sequential kernels)."""
     ws.settle()
@@ -164,13 +169,14 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool)
     token = buffers.busy(held) if held else None
     try:
         bufs, key = bind_inputs(ws, p, backward)
-        return _run_bound(engine, ws, p, backward, device_out, bufs, key)
+        return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
         if token is not None:
             buffers.idle(token)
 
 
-def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list):
+def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list,
+               update: bool = False):
     """The call with its inputs bound: outputs, the sequence, submit, the non-finite check. A
     call that raises keeps no results: device outputs go back to the pool before the exception
     leaves, so a caller that holds the exception (and so its frames) holds no device memory."""
@@ -181,6 +187,10 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             key += (None if b is None else b.serial, off)
         ids = p.ids.tobytes()
         key.append(ids)
+        scatter = update and scatters_in_place(ws, p, bufs["s"])
+        if update:
+            key.append(("update", scatter))   # another recording: the scan writes s, or copies follow
+            engine.written(p.s)               # no kept forward tables of the old s outlive this call
         cp = ws.plan.chunked
         kept_key = ws.kept_key
         kept = None
@@ -195,7 +205,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             else:
                 if cp is not None:
                     engine.forget(kept_key)  # this forward overwrites the chunk states from here on
-                seq = ws.sequence(tuple(key), lambda seq: record_forward(seq, ws, p, bufs))
+                seq = ws.sequence(tuple(key), lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
             seq.submit()
         finally:
             if kept is not None:
@@ -207,7 +217,9 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             return None
         if kept is not None:
             engine.states_reused += 1
-        if not backward and ws.kept is not None and cp.keep and len(cp.windows) == 1:
+        if update and not scatter:
+            copy_rows(ws.ctx, outs["states"], p.s, p.ids)
+        if not backward and not update and ws.kept is not None and cp.keep and len(cp.windows) == 1:
             arrays = tuple(getattr(p, k) for k in FWD_IN)
             if all(type(a) is DeviceArray for a in arrays):
                 engine.keep(kept_key, ws, arrays, ids)
@@ -218,3 +230,15 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
         if device_out:
             release_all(outs)
         raise
+
+
+def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:
+    """s[ids[i]] <- states[i] on the device, by copy commands (one one-shot submission). The ids
+    are distinct (the validator's rule for update_cache)."""
+    row = s.size // s.shape[0] if s.shape[0] else 0
+    if row == 0 or len(ids) == 0:
+        return
+    nb = row * 4
+    with rt.oneshot(ctx) as seq:
+        for i, r in enumerate(ids):
+            seq.copy(states.buffer, s.buffer, nb, (states.offset + i * row) * 4, (s.offset + int(r) * row) * 4)

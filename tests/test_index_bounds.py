@@ -112,7 +112,7 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    for module in (record.common, record.sequential, record.chunked):
+    for module in (record.common, record.sequential, record.chunked, record.time_chunks):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
@@ -128,7 +128,7 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
 
 def _push(spec, push: bytes) -> dict:
     fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
-              "rows": specs.ROWS_PUSH}.get(spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
+              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH}.get(spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
 
 
@@ -201,6 +201,14 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
         return _chunk_bounds(spec, v, D)
     S, T, H, P, N = v.get("S", 0), v.get("T", 0), v.get("H", 0), v.get("P", 0), v.get("N", 0)
     G = v.get("G", 1)
+    if spec.name == "ssm_scan_carry":
+        # e < S*H*P*N; dec[(v*H + h)*N + n] or [v*H + h], b[v*row + r] for the chunks v < S*NCH
+        row, KA = H * P * N, N if D["MAMBA1"] else 1
+        out = {0: S * v["NCH"] * H * KA, 1: S * v["NCH"] * row, 2: v["o_st"] + S * row, 5: 1}
+        if v["gather"]:
+            ids = bindings[4][0].content                       # s_in[o_s + ids[o_ids + i]*row + r]
+            out.update({3: v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * row, 4: v["o_ids"] + S})
+        return out
     if spec.name in ("ssm_scan", "ssm_scan_back"):
         rows = S * H * P
         KA = N if D["MAMBA1"] else 1
@@ -219,8 +227,14 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
             out[6] = v["o_st"] + rows * N                      # st_buf[o_st + row*N + n]
             if D["CKPT"]:
                 out[7] = ck                                    # ck[o_ck + (row*NC + c)*N + n]
+            elif D.get("SUMMARY"):
+                out[7] = v["o_ck"] + S * H * KA                # dec[o_ck + (i*H + h)*N + n] or [o_ck + i*H + h]
             else:
                 out[5] = v["o_y"] + S * T * H * P              # y[o_y + (it*H + h)*P + p]
+            if v["gather"] and N:                              # s_in[o_s + (ids[o_ids + i]*H + h)*P*N + p*N + n]
+                ids = bindings[9][0].content
+                out[8] = v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * H * P * N
+                out[9] = v["o_ids"] + S
         else:
             out.update({5: v["o_gy"] + S * T * H * P,          # gy[o_gy + (it*H + h)*P + p]
                         6: v["o_lam"] + rows * N,              # lam_buf[o_lam + row*N + n]
@@ -293,7 +307,7 @@ def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = chunked = 0
+    checked = refused = chunked = over_time = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
         if not _accepted(d, lim, heap, backward):
@@ -308,8 +322,10 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         assert _check_dispatches(dispatches, lim, label) > 0
         checked += 1
         chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
+        over_time += any(spec.name == "ssm_scan_carry" for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
     assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
+    assert over_time >= (0 if backward else 1)   # and Mamba-1 forwards to the time chunks
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,11 +17,14 @@
 //   7 ck  (S, H, P, NC, N)      written when CKPT: the state before token c*K goes to chunk c0 + c;
 //         (S, H, KA)            when SUMMARY: each row's decay over the window's tokens, the product
 //                               of its factors exp(dt' A) (KA = N for Mamba-1, else 1)
-//   8 s   (R, H, P, N)          readonly: the state cache, when pc.gather
+//   8 s   (R, H, P, N)          the state cache, when pc.gather: read (initial states), and
+//                               written (the final states) when pc.scatter
 //   9 ids (S)  uint             readonly: its rows, when pc.gather
 // With pc.gather = 1 the initial state of sequence i is row ids[o_ids + i] of s (a window that
 // starts the sequences: t0 = 0), read in place; otherwise st holds it (the host copied the rows,
-// or a previous token window of the same sequence left it). The final state always goes to st.
+// or a previous token window of the same sequence left it). The final state goes to st, or with
+// pc.scatter = 1 (ssm_scan's update_cache; only with gather, ids distinct) to row ids[o_ids + i]
+// of s, over the initial state it was read from (by the same invocation: no other reads it).
 // Push constants: see PC below (same order as ssm_vk/kernels.py FWD_PUSH).
 // Defines: common.glsl's, plus TB (tokens per load block), CKPT (0/1), K (checkpoint
 // interval, when CKPT), SUMMARY (0/1) and SPREAD (1: the row's lanes share the block's steps
@@ -43,7 +46,7 @@
 layout(std430, binding = 5) writeonly buffer By { float y[]; };
 layout(std430, binding = 6) buffer Bst { float st_buf[]; };
 layout(std430, binding = 7) writeonly buffer Bck { float ck[]; };
-layout(std430, binding = 8) readonly buffer Bs { float s_in[]; };
+layout(std430, binding = 8) buffer Bs { float s_in[]; };
 layout(std430, binding = 9) readonly buffer Bids { uint ids[]; };
 
 layout(push_constant) uniform PC {
@@ -54,6 +57,7 @@ layout(push_constant) uniform PC {
     uint NC, c0;             // checkpoints per row in ck, index of this window's first one
     uint o_x, o_dt, o_B, o_C, o_y, o_st, o_ck;
     uint gather, o_s, o_ids;  // initial states from s[ids] (see above); offsets of s and ids
+    uint scatter;             // final states into s[ids] instead of st (see above)
 } pc;
 
 void main() {
@@ -183,7 +187,13 @@ void main() {
 
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
-        if (live && n < pc.N) st_buf[pc.o_st + row * pc.N + n] = st[k];
+        if (live && n < pc.N) {
+            if (pc.scatter != 0u) {                      // uniform
+                s_in[pc.o_s + src * pc.N + n] = st[k];
+            } else {
+                st_buf[pc.o_st + row * pc.N + n] = st[k];
+            }
+        }
     }
 #if SUMMARY && MAMBA1
     [[unroll]] for (uint k = 0; k < NPL; ++k) {

@@ -7,16 +7,18 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from . import chunked, sequential
+from .sequential import scatters_in_place
 
-__all__ = ["record_forward", "record_backward"]
+__all__ = ["record_forward", "record_backward", "scatters_in_place"]
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
+def record_forward(seq, ws, p: Problem, bufs: dict, kept=None, scatter: bool = False) -> None:
     """Record the forward of ``p`` in workspace ``ws``; ``bufs`` maps s, x, dt, A, B, C, y, states
-    to (buffer or None, element offset)."""
+    to (buffer or None, element offset). ``scatter``: the final states into s[ids] instead
+    (sequential.scatters_in_place)."""
     if ws.plan.chunked is not None:
         return chunked.record_forward(seq, ws, p, bufs)
-    return sequential.record_forward(seq, ws, p, bufs)
+    return sequential.record_forward(seq, ws, p, bufs, scatter)
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:

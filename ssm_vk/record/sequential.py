@@ -18,7 +18,7 @@ from ..plan.limits import rows_in_place
 from . import time_chunks
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
 
-__all__ = ["record_forward", "record_backward"]  # of the token-sequential kernels
+__all__ = ["record_forward", "record_backward", "scatters_in_place"]  # of the token-sequential kernels
 
 
 def _window_push(d, lay, w: Window, gx: int) -> dict:
@@ -26,9 +26,11 @@ def _window_push(d, lay, w: Window, gx: int) -> dict:
                 NPB=lay.NPB, gx=gx)
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
+def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> None:
     """Record the forward: states <- s[ids]; the scan over every window. ``bufs`` maps s, x, dt,
-    A, B, C, y, states to (buffer or None, element offset)."""
+    A, B, C, y, states to (buffer or None, element offset). ``scatter``: the final states go into
+    the cache rows s[ids] instead of states (ssm_scan's update_cache; only where
+    :func:`scatters_in_place` says the scan reads those rows in place)."""
     d = p.dims
     lim, pl = ws.limits, ws.plan
     lay = pl.layout
@@ -58,13 +60,23 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         b["st"], o["o_st"] = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
         b["ck"], o["o_ck"] = ws.bind(None, 0, 0, 0)
         b_s, b_ids, o_rows = _rows_binding(ws, rows, w)
-        push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o, **o_rows}
+        push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o, **o_rows, "scatter": int(scatter)}
         seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"], b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
         seq.barrier()
 
 
-def _rows_in_place(ws, p: Problem, s_at: tuple):
+def scatters_in_place(ws, p: Problem, s_at: tuple) -> bool:
+    """Whether the forward of ``p`` can write its final states straight into the cache rows
+    s[ids] (record_forward's ``scatter``): the token-sequential scan over whole sequences, reading
+    those rows in place. (Chunked kernels, time chunks and token windows do not: their states are
+    copied into the rows after the call.)"""
+    pl = ws.plan
+    return (pl.chunked is None and not pl.tchunk and not pl.time_split and bool(pl.windows)
+            and p.dims.H * p.dims.P > 0 and _rows_in_place(ws, p, s_at, probe=True) is not None)
+
+
+def _rows_in_place(ws, p: Problem, s_at: tuple, probe: bool = False):
     """(binding of the whole cache s, the ids as a uint32 constant buffer) when the scan kernel
     can read each sequence's initial state from s[ids[i]] in place -- s fits one binding -- or
     None: the rows are copied into the carried states first (gather_rows)."""
@@ -72,6 +84,8 @@ def _rows_in_place(ws, p: Problem, s_at: tuple):
     s_buf, s_off = s_at
     if s_buf is None or not rows_in_place(d, ws.limits):
         return None
+    if probe:    # (the answer only: nothing bound, no constant made)
+        return True
     return ws.bind(s_buf, s_off, 0, d.R * d.H * d.P * d.N), ws.constant(p.ids.astype(np.uint32))
 
 
@@ -155,7 +169,7 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
         bA, bst, bck, o_ck = b["A"], b["carry"], b["ck"], o["o_ck"]
         b_s, b_ids, o_rows = _rows_binding(call, rows, w)
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, "o_x": o["o_x"], "o_dt": o["o_dt"],
-                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck, **o_rows}
+                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck, **o_rows, "scatter": 0}
         dum = call.bind(None, 0, 0, 0)[0]
         seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck, b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))

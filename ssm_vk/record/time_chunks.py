@@ -65,7 +65,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
             bnd["ck"], o["o_ck"] = (ws.bind(dec, 0, w.i0 * d.H * KA, w.S * d.H * KA) if summary
                                     else ws.bind(None, 0, 0, 0))
             push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB,
-                        NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, **o)
+                        NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, scatter=0, **o)
             seq.dispatch(k, [bnd["x"], bnd["dt"], bnd["A"], bnd["B"], bnd["C"], bnd["y"], bnd["st"], bnd["ck"],
                              dummy, dummy], specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
         seq.barrier()

@@ -31,9 +31,9 @@ def taken(monkeypatch):
     seen: list[bool] = []
     real = vk_run._run
 
-    def run(engine, p, backward, lim, knobs, device_out, lane=None, softplus=0):
+    def run(engine, p, backward, lim, knobs, device_out, lane=None, softplus=0, update=False):
         seen.append(lane is not None)
-        return real(engine, p, backward, lim, knobs, device_out, lane, softplus)
+        return real(engine, p, backward, lim, knobs, device_out, lane, softplus, update)
 
     monkeypatch.setattr(vk_run, "_run", run)
     return seen
