@@ -128,7 +128,8 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
 
 def _push(spec, push: bytes) -> dict:
     fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
-              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH}.get(spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
+              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH}.get(
+                  spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
 
 

@@ -156,6 +156,6 @@ def test_a_repeated_decode_step_takes_its_lane_and_still_checks_its_ids():
     lane, _ = lanes.find(False, (cache, x, dt, A, B, C), config.settings(), 0, update=True)
     assert lane is not None
     before = cache.numpy()
-    with pytest.raises(ValueError, match="^ids: update_cache=True .* row 1 is named more than once"):
+    with pytest.raises(ValueError, match=r"^ids: update_cache=True .* row 1 is named more than once"):
         ssm_vk.ssm_scan(cache, x, dt, A, B, C, [1, 1], update_cache=True)
     assert np.array_equal(cache.numpy(), before)
