@@ -203,8 +203,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
     else:
         sig = None
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    if not check_update_cache(update_cache, s, p.ids, device_arrays=True):
-        return ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus)
+    check_update_cache(update_cache, s, p.ids, device_arrays=True)   # (not False: the caller's test)
     if not isinstance(s, DeviceArray):     # a host cache: the call as usual, the rows written here
         r = ssm_scan(s, x, dt, A, B, C, p.ids, dt_softplus=dt_softplus)
         states = r.states
