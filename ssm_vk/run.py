@@ -24,6 +24,7 @@ from .arrays import DeviceArray, check_live, pool
 from .config import Settings
 from .engine import Engine
 from .record import record_backward, record_forward, scatters_in_place
+from .record.common import put_rows
 from .workspace import Workspace, release_all
 
 __all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "FWD_IN", "BWD_IN"]
@@ -233,12 +234,8 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:
-    """s[ids[i]] <- states[i] on the device, by copy commands (one one-shot submission). The ids
-    are distinct (the validator's rule for update_cache)."""
+    """s[ids[i]] <- states[i] on the device, in one one-shot submission (record.common.put_rows)."""
     row = s.size // s.shape[0] if s.shape[0] else 0
-    if row == 0 or len(ids) == 0:
-        return
-    nb = row * 4
-    with rt.oneshot(ctx) as seq:
-        for i, r in enumerate(ids):
-            seq.copy(states.buffer, s.buffer, nb, (states.offset + i * row) * 4, (s.offset + int(r) * row) * 4)
+    if row and len(ids):
+        with rt.oneshot(ctx) as seq:
+            put_rows(seq, states.buffer, states.offset, s.buffer, s.offset, ids, row)

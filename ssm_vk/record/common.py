@@ -14,7 +14,7 @@ from ..plan import Window, binding_cap, grid
 from ..plan.sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
-           "scatter_rows", "flag_start", "flag_end"]
+           "scatter_rows", "flag_start", "flag_end", "put_rows"]
 
 F32 = 4
 
@@ -49,6 +49,16 @@ def gather_rows(seq, call, src, src_base, dst, dst_base, ids, row_elems) -> None
     nb = row_elems * F32
     for i, r in enumerate(ids):
         seq.copy(src, dst, nb, (src_base + int(r) * row_elems) * F32, (dst_base + i * row_elems) * F32)
+
+
+def put_rows(seq, src, src_base, dst, dst_base, ids, row_elems) -> None:
+    """dst[ids[i]] = src[i] for every sequence i, by copy commands (gather_rows the other way; the
+    ids distinct, so no row is written twice)."""
+    if row_elems == 0:
+        return
+    nb = row_elems * F32
+    for i, r in enumerate(ids):
+        seq.copy(src, dst, nb, (src_base + i * row_elems) * F32, (dst_base + int(r) * row_elems) * F32)
 
 
 def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dict, dict]:
