@@ -28,7 +28,7 @@ FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA")
 CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")
-RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc")
+RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc", "HS")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
 # The chunked kernels (ssm_vk/glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
@@ -84,14 +84,26 @@ def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary:
     return KernelSpec("ssm_scan", _defs(**defs), 10, FWD_PUSH, lay.WG, _softplus(softplus))
 
 
-def carry_spec(d: Dims) -> KernelSpec:
-    """ssm_scan_carry.comp: the middle pass of the forward parallel over time."""
-    return KernelSpec("ssm_scan_carry", _defs(WG=FLAT_WG, MAMBA1=int(d.mamba1)), 6, CARRY_PUSH, FLAT_WG)
+def carry_spec(d: Dims, reverse: bool = False) -> KernelSpec:
+    """ssm_scan_carry.comp: the middle pass of the forward (or, ``reverse``, the backward) parallel
+    over time."""
+    defs = dict(WG=FLAT_WG, MAMBA1=int(d.mamba1))
+    if reverse:
+        defs.update(REVERSE=1)
+    return KernelSpec("ssm_scan_carry", _defs(**defs), 6, CARRY_PUSH, FLAT_WG)
 
 
-def bwd_spec(d: Dims, lay: Layout, softplus: int = 0) -> KernelSpec:
+def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> KernelSpec:
+    """ssm_scan_back.comp: the backward pass, or (``summary``) the first backward pass over time
+    chunks."""
     defs = _common(d, lay)
     defs.update(K=lay.K, TBR=lay.TBR)
+    if lay.SPREAD:
+        defs.update(SPREAD=1)
+    if summary:
+        defs.update(BSUM=1, TB=lay.TB)
+    elif lay.HSUM:
+        defs.update(HSUM=1)
     return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG, _softplus(softplus))
 
 
@@ -201,6 +213,11 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
     else:
         kernels = [fwd_spec(d, pl.layout, checkpoint=True, softplus=pl.softplus),
                    bwd_spec(d, pl.layout, pl.softplus), reduce_spec(0)]
+        if pl.tchunk:
+            # the summaries and carries over time chunks before the same walk back (which also
+            # recomputes a call with inf or nan)
+            kernels += [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True),
+                        bwd_spec(d, pl.layout, pl.softplus, summary=True), carry_spec(d), carry_spec(d, reverse=True)]
         if d.H * d.P * (d.N if d.mamba1 else 1):
             kernels.append(reduce_spec(1))
     if backward and d.R * d.H * d.P * d.N and d.S > 1:
@@ -233,6 +250,12 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             bwd = layout_for(d, lim, True, knobs)
             add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
             add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
+            # with and without the heads' shared partials: which one depends on H, G and P
+            add(bwd_spec(d, replace(bwd, HSUM=1 - bwd.HSUM)))
+            if T > 1:                                      # the backward parallel over time
+                add(fwd_spec(d, bwd, checkpoint=False, summary=True))
+                add(bwd_spec(d, bwd, summary=True))
+                add(carry_spec(d, reverse=True))
     for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
         add(spec)
     for P in p_values:

@@ -16,7 +16,15 @@
 //   3 s   (R, H, P, N)          readonly: the state cache, when gather
 //   4 ids (S) uint              readonly: its rows, when gather
 //   5 flag (uint)               set to 1 on a value that is not finite
-// Push constants: see PC (the order of ssm_vk/kernels.py CARRY_PUSH). Defines: WG, MAMBA1.
+// With REVERSE the same runs backwards in time, for the backward parallel over time: b holds
+// each chunk's adjoint contribution (ssm_scan_back.comp's BSUM), st the adjoint after the last
+// token (g_states) and then d_s0; for c = NCH - 1 down to 0: init_c = s; s = dec_c * s + b_c.
+// Push constants: see PC (the order of ssm_vk/kernels.py CARRY_PUSH). Defines: WG, MAMBA1,
+// REVERSE (0/1).
+
+#ifndef REVERSE
+#define REVERSE 0
+#endif
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
@@ -42,7 +50,8 @@ void main() {
     uint h = r / (pc.P * pc.N), n = r % pc.N;
     float s = pc.gather != 0u ? s_in[pc.o_s + ids[pc.o_ids + i] * row + r] : st[pc.o_st + e];
     bool ok = true;
-    for (uint c = 0; c < pc.NCH; ++c) {
+    for (uint q = 0; q < pc.NCH; ++q) {
+        uint c = REVERSE != 0 ? pc.NCH - 1 - q : q;
         uint v = i * pc.NCH + c;                       // the chunk as a sequence of the other passes
 #if MAMBA1
         float a = dec[(v * pc.H + h) * pc.N + n];

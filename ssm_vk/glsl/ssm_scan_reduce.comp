@@ -2,8 +2,10 @@
 // Second stage of the backward: fixed-order sums of the partials that ssm_scan_back.comp wrote.
 //
 // MODE 0 (per window): d_B, d_C (S, T, G, N) = sums over the H/G heads of each group and the
-//   NPB channel blocks (h outer, block inner); d_dt (S, T, H) = sum over channel blocks.
-//   Bindings: 0 dBp (S,T,H,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
+//   NPB channel blocks (h outer, block inner); d_dt (S, T, H) = sum over channel blocks. With
+//   HS > 1 each d_B / d_C partial already holds the sum of HS heads of a group (the backward's
+//   HSUM): the partials are (S, T, H / HS, NPB, N) and the sum runs over the group's H / G / HS.
+//   Bindings: 0 dBp (S,T,H/HS,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
 // MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
 //   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
 //   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
@@ -24,6 +26,7 @@ layout(push_constant) uniform PC {
     uint gx;
     uint o_0, o_3, o_4, o_5;     // element offsets of bindings 0, 3, 4, 5 (1, 2 are scratch at 0)
     uint acc;                    // MODE 1: add to d_A instead of assigning
+    uint HS;                     // MODE 0: heads per d_B / d_C partial (1 or the backward's HB)
 } pc;
 
 void main() {
@@ -35,15 +38,28 @@ void main() {
         uint itg = e / pc.N;
         uint gg = itg % pc.G;
         uint it = itg / pc.G;
-        uint hpg = pc.H / pc.G;
+        uint qpg = pc.H / pc.G / pc.HS;              // partials per group
         float sB = 0.0, sC = 0.0;
-        for (uint hh = 0; hh < hpg; ++hh) {
-            uint h = gg * hpg + hh;
-            for (uint b = 0; b < pc.NPB; ++b) {
-                uint o = pc.o_0 + ((it * pc.H + h) * pc.NPB + b) * pc.N + n;
-                sB += dBp[o];
-                sC += dCp[o];
+        // (h, b) in order, RU terms loaded together before they are added: the same sum, with the
+        // loads' latencies overlapped (a few thousand outputs of 192 terms each were latency-bound)
+        uint nq = qpg * pc.NPB;
+        uint base = pc.o_0 + (it * (pc.H / pc.HS) + gg * qpg) * pc.NPB * pc.N + n;   // (h, b) = (0, 0)
+        const uint RU = 8;
+        uint k0 = 0;
+        for (; k0 + RU <= nq; k0 += RU) {
+            float vb[RU], vc[RU];
+            [[unroll]] for (uint u = 0; u < RU; ++u) {
+                vb[u] = dBp[base + (k0 + u) * pc.N];
+                vc[u] = dCp[base + (k0 + u) * pc.N];
             }
+            [[unroll]] for (uint u = 0; u < RU; ++u) {
+                sB += vb[u];
+                sC += vc[u];
+            }
+        }
+        for (; k0 < nq; ++k0) {
+            sB += dBp[base + k0 * pc.N];
+            sC += dCp[base + k0 * pc.N];
         }
         dB[pc.o_3 + e] = sB;
         dC[pc.o_4 + e] = sC;

@@ -2,7 +2,7 @@
 
 - :mod:`.limits`: the device limits (``Limits.of(info)``), grids, binding ranges, windows;
 - :mod:`.sequential`: the token-sequential kernels' layout and windows (every shape), and the
-  forward parallel over time (time chunks as sequences);
+  forward and backward parallel over time (time chunks as sequences);
 - :mod:`.chunked`: the chunked Mamba-2 kernels' plan (long enough Mamba-2 sequences);
 - :mod:`.sizes`: the one table of the arrays a call binds, and of its scratch;
 - :mod:`.budget`: whether a call's buffers fit the device's memory.
@@ -29,8 +29,8 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
          time_chunks: bool = True) -> Plan:
     """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
     plan carries the chunked kernels' plan (plan.chunked) where they take the shape, else, for a
-    forward that the token-sequential scan would leave the device mostly idle on, the plan parallel
-    over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's settings
+    forward or backward that the token-sequential scan would leave the device mostly idle on, the
+    plan parallel over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's settings
     (default: those of now). ``softplus``: the step's form, which the plan hands to its kernels (it
     changes no size or window)."""
     knobs = settings() if knobs is None else knobs

@@ -53,11 +53,12 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
     if pl.tchunk:
         # the chunk tables, and a second set of outputs for the token-sequential recompute of a
         # call that turns out inf or nan
-        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in table.time_chunk_scratch(d, pl).items()})
+        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in table.time_chunk_scratch(d, pl, backward).items()})
         sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if backward:
-        sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
+        if not pl.tchunk:   # (the time chunks' own count them, for the chunks as sequences)
+            sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
         if d.R * row and d.S > 1:  # the pairs of the d_s scatter: one buffer, its groups aligned
             sizes["const:pairs"] = pairs_bytes(d.S, lim.min_storage_buffer_offset_alignment)
     if rows_in_place(d, lim):  # the ids as a constant buffer, for the scan's read of s[ids]

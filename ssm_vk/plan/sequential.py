@@ -21,7 +21,8 @@ from ..config import Settings, settings
 from .limits import F32, Limits, TooLarge, Window, binding_cap
 
 __all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "time_chunk_plan", "chunk_dims", "SCRATCH_BUDGET",
-           "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN"]
+           "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN", "TCHUNK_BWD_BELOW", "TCHUNK_BWD_THREADS",
+           "TCHUNK_BWD_MIN"]
 
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 
@@ -35,6 +36,15 @@ MAX_NPL = 16                 # state values per lane before rows spread over sha
 TCHUNK_BELOW = 1 << 16
 TCHUNK_THREADS = 1 << 19
 TCHUNK_MIN = 32
+# The backward parallel over time (five passes instead of two: summaries forward and backward,
+# their carries, the checkpoint pass and the backward pass on the chunks) likewise, with its own
+# thresholds: its token step is several times longer than the forward's.
+# H200, Mamba-1 at N = 16 (LN = 8): over time chunks 0.38 instead of 1.26 ms at 12 k threads
+# (1, 512, 1536), about 9 instead of 42 at (1, 16384, 1536), 9.0 instead of 11.6 at 98 k
+# (8, 2048, 1536); slower at 164 k (4, 1024, 5120: 7.3 against 7.1).
+TCHUNK_BWD_BELOW = 1 << 17
+TCHUNK_BWD_THREADS = 1 << 20
+TCHUNK_BWD_MIN = 32
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,12 @@ class Layout:
     PB: int      # channels per workgroup
     NHB: int     # head blocks
     NPB: int     # channel blocks
-    SPREAD: int = 0  # forward: 1 when a row's lanes share each token's step by subgroupShuffle
+    SPREAD: int = 0  # 1 when a row's lanes share each token's step by subgroupShuffle
+    HSUM: int = 0    # backward: 1 when a workgroup's HB heads (all of one group) share their d_B / d_C partials
+
+    def partial_heads(self, H: int) -> int:
+        """Heads of the backward's d_B / d_C partials per token: H, or H / HB with HSUM."""
+        return H // self.HB if self.HSUM else H
 
     @property
     def rows(self) -> int:
@@ -66,7 +81,7 @@ class Plan:
     time_split: bool     # True: windows are token ranges of one sequence
     chunked: object = None   # a plan.chunked.ChunkPlan when the chunked kernels run this shape
     softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
-    tchunk: int = 0          # forward parallel over time: tokens per chunk (0: not); the windows and
+    tchunk: int = 0          # parallel over time: tokens per chunk (0: not); the windows and
                              # layout are then those of the chunks as sequences (time_chunk_plan)
 
 
@@ -85,6 +100,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     ops = lim.subgroup_ops
     tune = dict(knobs.tune)
     want = _pow2_at_least(max(d.N, 1))
+    if backward and d.mamba1 and d.T > 1 and "shuffle" in ops:
+        # Mamba-1's backward likewise, now that a row's lanes share each token's step (SPREAD):
+        # H200, N = 16, LN = 8 against 16: 8.95 against 9.14 ms at (8, 2048, 1536), 7.26 against
+        # 8.09 at (4, 1024, 5120), 0.38 against 0.47 at (1, 512, 1536).
+        want = max(1, want // 2)
     if not backward:
         # At least two state values per lane forward: a lane that holds one spends most of its
         # time on the token's scalar work (H200, Mamba-1 at N = 16: LN = 8 took 131 us where
@@ -115,7 +135,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    K = tune.get("K", 8)    # H200: K=8 halved the backward against K=16 (registers)
+    # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps,
+    # LN = 8) takes K = 4 in two rounds: 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against
+    # 7.33 at (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536)
+    m1_back = backward and d.mamba1 and d.T > 1 and "shuffle" in ops
+    K = tune.get("K", 4 if m1_back else 8)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).
@@ -140,15 +164,21 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # TBR * (2 * WG * NPL + WG / LN) floats of shared memory.
     per_tok = (2 * WG * NPL + WG // LN) * F32
     room = lim.max_shared_memory - (WG * F32 if ROW_SUM == 0 else 0)
-    TBR = tune.get("TBR", max(1, min(4, room // per_tok)))
+    TBR = tune.get("TBR", max(1, min(2 if m1_back else 4, room // per_tok)))
     while K % TBR:
         TBR -= 1
     # The forward's steps softplus(dt), one per token and row, computed once per row where the
     # row's lanes can swap values (instead of by each of its LN lanes; the accurate form's is
     # some 30 operations, on the path from a token's loads to its state update).
-    spread = int(not backward and ROW_SUM in (2, 3) and "shuffle" in ops and "basic" in ops and 2 <= TB <= LN)
+    spread = int(ROW_SUM in (2, 3) and "shuffle" in ops and "basic" in ops and 2 <= TB <= LN
+                 and tune.get("SPREAD", 1) == 1)
+    # Backward: a workgroup whose heads all read the same B and C (one group) sums their d_B and
+    # d_C contributions itself, leaving HB times fewer partials to write and add up (Mamba-1,
+    # whose every channel is a head of the one group: 8 heads per workgroup).
+    hsum = int(backward and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
+               and tune.get("HSUM", 1) == 1)
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
-                  SPREAD=spread)
+                  SPREAD=spread, HSUM=hsum)
 
 
 def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) -> dict:
@@ -162,7 +192,7 @@ def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) ->
     if backward:
         e.update({
             "ck": Sw * d.H * d.P * nc * d.N,
-            "dBp": Sw * Tw * d.H * lay.NPB * d.N, "ddtp": Sw * Tw * d.H * lay.NPB,
+            "dBp": Sw * Tw * lay.partial_heads(d.H) * lay.NPB * d.N, "ddtp": Sw * Tw * d.H * lay.NPB,
             "dAp": Sw * d.H * d.P * KA,
         })
     return e
@@ -226,7 +256,7 @@ def chunk_dims(d: Dims, tchunk: int) -> Dims:
     return replace(d, S=d.S * (d.T // tchunk), T=tchunk)
 
 
-def _tokens_per_chunk(d: Dims, lim: Limits, lay: Layout, knobs: Settings) -> int:
+def _tokens_per_chunk(d: Dims, lim: Limits, lay: Layout, knobs: Settings, backward: bool) -> int:
     forced = knobs.knob("TCHUNK", None)
     if forced is not None:
         return forced if forced and d.T % forced == 0 and d.T // forced >= 2 else 0
@@ -235,24 +265,26 @@ def _tokens_per_chunk(d: Dims, lim: Limits, lay: Layout, knobs: Settings) -> int
     # pass would only cost.
     if not d.mamba1 or lim.device_type == "cpu":
         return 0
+    below, enough, shortest = ((TCHUNK_BWD_BELOW, TCHUNK_BWD_THREADS, TCHUNK_BWD_MIN) if backward
+                               else (TCHUNK_BELOW, TCHUNK_THREADS, TCHUNK_MIN))
     threads = d.S * d.H * d.P * lay.LN
-    if threads >= TCHUNK_BELOW:
+    if threads >= below:
         return 0
     nch = 1
-    while threads * nch < TCHUNK_THREADS and d.T % (2 * nch) == 0 and d.T // (2 * nch) >= TCHUNK_MIN:
+    while threads * nch < enough and d.T % (2 * nch) == 0 and d.T // (2 * nch) >= shortest:
         nch *= 2
     return d.T // nch if nch > 1 else 0
 
 
 def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan | None:
-    """The plan of the forward parallel over time, or None where it does not apply: a backward, a
+    """The plan of the forward or backward parallel over time, or None where it does not apply: a
     sequence that does not split into two or more chunks of ``TCHUNK`` tokens (or, by default, a
     Mamba-2 problem, a CPU device, or one with threads enough: ssm_vk/glsl/ssm_scan_carry.comp),
     chunks that would need token windows, or chunk tables beyond one binding."""
     knobs = settings() if knobs is None else knobs
-    if backward or d.T < 2 or d.H * d.P * d.N == 0:
+    if d.T < 2 or d.H * d.P * d.N == 0:
         return None
-    L = _tokens_per_chunk(d, lim, layout_for(d, lim, False, knobs), knobs)
+    L = _tokens_per_chunk(d, lim, layout_for(d, lim, backward, knobs), knobs, backward)
     if not L:
         return None
     cd = chunk_dims(d, L)
@@ -260,7 +292,7 @@ def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     if cd.S * d.H * d.P * d.N > cap or cd.S * d.H * (d.N if d.mamba1 else 1) > cap:
         return None
     try:
-        pl = sequential_plan(cd, lim, False, knobs)
+        pl = sequential_plan(cd, lim, backward, knobs)
     except TooLarge:
         return None
     if pl.time_split:

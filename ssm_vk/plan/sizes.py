@@ -7,7 +7,7 @@ from __future__ import annotations
 from ssm_ref import Dims
 
 from .chunked import NOT_SCRATCH, scratch_elems
-from .sequential import Plan
+from .sequential import Plan, chunk_dims
 
 __all__ = ["input_shapes", "output_shapes", "chunked_scratch", "sequential_scratch", "time_chunk_scratch", "FLAG_ELEMS",
            "DUMMY_BYTES"]
@@ -54,7 +54,8 @@ def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)
     sw_max = max(w.S for w in pl.windows)
     out = {"st": d.S * row, "dAp": d.S * d.H * d.P * (d.N if d.mamba1 else 1),
-           "part_B": wmax.S * wmax.T * d.H * lay.NPB * d.N, "part_C": wmax.S * wmax.T * d.H * lay.NPB * d.N,
+           "part_B": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
+           "part_C": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
            "part_dt": wmax.S * wmax.T * d.H * lay.NPB}
     n_ck = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
     for k in range(n_ck):
@@ -62,8 +63,20 @@ def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
     return out
 
 
-def time_chunk_scratch(d: Dims, pl: Plan) -> dict[str, int]:
-    """The forward parallel over time's scratch, in the order its recording requests it: every
-    chunk's contribution (then its initial state), every chunk's decay, the non-finite flag."""
+def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, int]:
+    """The scratch of the forward parallel over time, in the order its recording requests it:
+    every chunk's contribution (then its initial state), every chunk's decay, the non-finite flag.
+    The backward's: the chunks' initial states (b: also the running states of the checkpoint
+    pass), their decays, their adjoint contributions (then the adjoint each starts from), the
+    sequences' initial states, the flag, and then the token-sequential backward's of the chunks
+    as sequences (but its running states, which are b)."""
     nch = d.T // pl.tchunk
-    return {"b": d.S * nch * d.H * d.P * d.N, "dec": d.S * nch * d.H * (d.N if d.mamba1 else 1), "flag": FLAG_ELEMS}
+    chunks = d.S * nch * d.H * d.P * d.N
+    out = {"b": chunks, "dec": d.S * nch * d.H * (d.N if d.mamba1 else 1)}
+    if backward:
+        out.update(lam=chunks, st=d.S * d.H * d.P * d.N)
+    out["flag"] = FLAG_ELEMS
+    if backward:
+        seq = sequential_scratch(chunk_dims(d, pl.tchunk), pl)
+        out.update({f"seq:{k}": v for k, v in seq.items() if k != "st"})
+    return out

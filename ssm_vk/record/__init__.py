@@ -1,6 +1,7 @@
 """Recording a call's commands into a runtime Sequence: the token-sequential kernels
-(:mod:`.sequential`) or the chunked Mamba-2 kernels (:mod:`.chunked`), as the workspace's plan
-says; :mod:`.common` holds what both share."""
+(:mod:`.sequential`, which hands the passes over time chunks to :mod:`.time_chunks`) or the
+chunked Mamba-2 kernels (:mod:`.chunked`), as the workspace's plan says; :mod:`.common` holds
+what they share."""
 
 from __future__ import annotations
 

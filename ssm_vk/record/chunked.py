@@ -184,7 +184,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         if not cp.headloop:
             reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs)
             k.mark("reduce")
-    reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
+    reduce_dA(seq, ws, p.dims, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
     seq.barrier()
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssm_ref import Problem
-
 from .. import kernels as specs
 from ..kernels import kernel
 from ..plan import Window, binding_cap, grid
@@ -70,23 +68,23 @@ def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dic
     return binds, offs
 
 
-def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict) -> None:
-    """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H, npb, N) and
-    d_dt parts (S, T, H, npb)) into d_B, d_C (over each group's heads, then the blocks) and d_dt."""
+def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict, hs: int = 1) -> None:
+    """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H / hs, npb, N)
+    -- each the sum of ``hs`` heads of a group -- and d_dt parts (S, T, H, npb)) into d_B, d_C (over
+    each group's heads, then the blocks) and d_dt."""
     n_out = max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
     gx, gy = grid(-(-n_out // specs.FLAT_WG), call.limits)
     out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
     b2, o2 = seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0)
+    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0, HS=hs)
     seq.dispatch(kernel(call.ctx, specs.reduce_spec(0)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
                  specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 
-def reduce_dA(seq, call, p: Problem, dAp, dA_at, rows: int, KA: int) -> None:
+def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int) -> None:
     """d_A (H, KA) = the accumulators dAp (S, H, rows, KA) summed over sequences (outer) and rows
     (channels for the sequential kernels, chunks for the chunked ones), in windows of sequences
-    that fit a binding (added in sequence order)."""
-    d = p.dims
+    that fit a binding (added in sequence order); ``d``: the problem's dims."""
     per_seq = d.H * rows * KA
     dA, dA_off = dA_at
     if per_seq == 0:
@@ -101,7 +99,7 @@ def reduce_dA(seq, call, p: Problem, dAp, dA_at, rows: int, KA: int) -> None:
         n = min(step, d.S - i0)
         bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
         push = dict(S=n, T=d.T, H=d.H, P=rows, N=d.N, G=d.G, NPB=1, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
-                    acc=int(i0 > 0))
+                    acc=int(i0 > 0), HS=1)
         seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
         seq.barrier()
 

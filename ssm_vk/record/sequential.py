@@ -13,8 +13,9 @@ import numpy as np
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import Limits, Plan, Window, grid
+from ..plan import Window, grid
 from ..plan.limits import rows_in_place
+from . import common as rc
 from . import time_chunks
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
 
@@ -112,7 +113,16 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     if row:
         gs_buf, gs_off = bufs["g_states"]
         seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
-    if not (pl.windows and d.H * d.P > 0):
+    if pl.tchunk and pl.windows and d.H * d.P > 0:
+        # over time chunks: their initial states and adjoints, then the walk back on the chunks
+        cd, st, lam_c, flag = time_chunks.record_adjoints(seq, ws, p, bufs, _rows_in_place(ws, p, bufs["s"]), lam)
+        dAp = ws.scratch(cd.S * d.H * d.P * KA)
+        zero(seq, dAp, cd.S * d.H * d.P * KA)
+        seq.barrier()
+        backward_windows(seq, ws, cd, st, lam_c, dAp, bufs, None)
+        reduce_dA(seq, ws, cd, dAp, bufs["d_A"], rows=d.P, KA=KA)
+        rc.flag_end(seq, ws, flag)
+    elif not (pl.windows and d.H * d.P > 0):
         for name in ("d_x", "d_dt", "d_A", "d_B", "d_C"):
             zero_at(seq, *bufs[name], ws.sizes[name])
     else:
@@ -123,18 +133,22 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         dAp = ws.scratch(d.S * d.H * d.P * KA)
         zero(seq, dAp, d.S * d.H * d.P * KA)
         seq.barrier()
-        _backward_windows(ctx, seq, ws, p, pl, lim, st, lam, dAp, bufs, rows)
-        reduce_dA(seq, ws, p, dAp, bufs["d_A"], rows=d.P, KA=KA)
+        backward_windows(seq, ws, d, st, lam, dAp, bufs, rows)
+        reduce_dA(seq, ws, d, dAp, bufs["d_A"], rows=d.P, KA=KA)
     seq.barrier()
     scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
 
 
-def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam, dAp, bufs, rows) -> None:
-    """Checkpoint pass, backward pass and partial reduction for every window, in the order the
-    carries need: whole-sequence windows one after another; token windows of one sequence
-    forward in time for the checkpoints, then backward in time. ``rows``: _rows_in_place's (the
-    checkpoint pass reads the initial states from s[ids]) or None (copied into ``st``)."""
-    d, lay = p.dims, pl.layout
+def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
+    """Checkpoint pass, backward pass and partial reduction for every window of ``call``'s plan,
+    for a problem of dims ``d``, in the order the carries need: whole-sequence windows one after
+    another; token windows of one sequence forward in time for the checkpoints, then backward in
+    time. ``st``: the initial states (overwritten), ``lam``: dL/dstate after the last token (then
+    a_0 lam_0), ``dAp``: the d_A accumulators (zeroed). ``rows``: _rows_in_place's (the checkpoint
+    pass reads the initial states from s[ids]) or None (they are in ``st``)."""
+    ctx, pl, lim = call.ctx, call.plan, call.limits
+    lay = pl.layout
+    hp = lay.partial_heads(d.H)
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
     fwd_k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True, softplus=pl.softplus))
@@ -143,11 +157,16 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
     wmax = max(pl.windows, key=lambda w: w.S * w.T)
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)
     sw_max = max(w.S for w in pl.windows)
-    part = call.scratch(wmax.S * wmax.T * d.H * lay.NPB * d.N)
-    partC = call.scratch(wmax.S * wmax.T * d.H * lay.NPB * d.N)
+    part = call.scratch(wmax.S * wmax.T * hp * lay.NPB * d.N)
+    partC = call.scratch(wmax.S * wmax.T * hp * lay.NPB * d.N)
     partT = call.scratch(wmax.S * wmax.T * d.H * lay.NPB)
     ck_elems = sw_max * row * nc_max
     names = {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "gy": "o_gy", "dx": "o_dx"}
+    profile = call.profile and ctx.info.timestamps
+
+    def stamp(w: Window, name: str) -> None:     # SSM_VK_PROFILE: the first window's passes
+        if profile and w is pl.windows[0]:
+            seq.timestamp(name)
 
     def tok_arrays():
         return {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
@@ -174,22 +193,25 @@ def _backward_windows(ctx, seq, call, p: Problem, pl: Plan, lim: Limits, st, lam
         seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck, b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
+        stamp(w, "checkpoints")
 
     def back_pass(w: Window, ck) -> None:
         gx, gyy, b, o, o_lam, nc = window(w, lam, ck)
         bA, blam, bck = b["A"], b["carry"], b["ck"]
         n_part = w.S * w.T * d.H * lay.NPB
+        n_bc = w.S * w.T * hp * lay.NPB * d.N
         bdA, o_dA = call.bind(dAp, 0, w.i0 * d.H * d.P * KA, w.S * d.H * d.P * KA)
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, **o, "o_lam": o_lam, "o_dA": o_dA}
         seq.dispatch(bwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
-                             call.bind(part, 0, 0, n_part * d.N)[0], call.bind(partC, 0, 0, n_part * d.N)[0],
+                             call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],
                              call.bind(partT, 0, 0, n_part)[0], bdA],
                      specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
-        reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_part * d.N)[0],
-                                                   call.bind(partC, 0, 0, n_part * d.N)[0],
-                                                   call.bind(partT, 0, 0, n_part)[0]), bufs)
+        stamp(w, "back")
+        reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],
+                                                   call.bind(partT, 0, 0, n_part)[0]), bufs, d.H // hp)
         seq.barrier()
+        stamp(w, "partials")
 
     if not pl.time_split:
         ck = call.scratch(ck_elems)

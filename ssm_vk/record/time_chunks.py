@@ -1,9 +1,11 @@
-"""Recording the forward parallel over time (plan.tchunk > 0): three passes instead of one scan
-along each sequence.
+"""Recording the scans parallel over time (plan.tchunk > 0): passes over time chunks instead of
+one scan along each sequence.
 
-Every sequence's T tokens are cut into NCH = T / tchunk chunks, and the token-sequential kernel
-treats chunk c of sequence i as a sequence of its own, i * NCH + c (the same memory: the per-token
-arrays are (S, T, ...), so the chunks of the sequences in order are (S * NCH, tchunk, ...)):
+Every sequence's T tokens are cut into NCH = T / tchunk chunks, and the token-sequential kernels
+treat chunk c of sequence i as a sequence of its own, i * NCH + c (the same memory: the per-token
+arrays are (S, T, ...), so the chunks of the sequences in order are (S * NCH, tchunk, ...)).
+
+The forward, three passes:
 
 1. ssm_scan.comp with SUMMARY: each chunk from a zero state; what it adds to the state (b) and the
    decay it applies to the state it receives, over all chunks at once;
@@ -11,9 +13,17 @@ arrays are (S, T, ...), so the chunks of the sequences in order are (S * NCH, tc
    (written over b) and the final state; it flags any value that is not finite;
 3. ssm_scan.comp: each chunk again from its initial state, writing y.
 
+The backward (:func:`record_adjoints`, then record.sequential's windows on the chunks): the
+forward's first two passes give every chunk's initial state; ssm_scan_back.comp with BSUM walks
+every chunk back from a zero adjoint (what the chunk adds to the adjoint it hands on -- its decay
+is the forward's), and the carry in reverse gives the adjoint every chunk starts its walk back
+from, and d_s0; then the token-sequential backward runs on the chunks as sequences. The
+adjoint is linear in what it receives just as the state is, so the same carry serves both.
+
 The token-sequential scan runs S * H * P rows one after another along T; this runs NCH times as
-many rows at once, for about 1.7 times the arithmetic. A flagged call is recomputed token by token
-(run.py), so inf and nan follow the sequential rules.
+many rows at once, for about 1.7 times the arithmetic forward (two summaries and a carry more in
+the backward). A flagged call is recomputed token by token (run.py), so inf and nan follow the
+sequential rules.
 """
 
 from __future__ import annotations
@@ -25,7 +35,80 @@ from ..plan import chunk_dims, grid
 from ..plan.sizes import FLAG_ELEMS, time_chunk_scratch
 from .common import flag_end, flag_start, gather_rows, kernel, seq_bindings
 
-__all__ = ["record_forward"]  # of the forward parallel over time
+__all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
+
+
+def _summary(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
+    """ssm_scan.comp over the chunks of ``d`` as the sequences of ``cd``: with SUMMARY each chunk's
+    contribution into ``st`` and its decay into ``dec``; else each chunk from its initial state in
+    ``st``, writing y."""
+    lim, lay = ws.limits, ws.plan.layout
+    row = d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    for w in ws.plan.windows:    # windows of chunks (cd's sequences)
+        gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
+        tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N)}
+        names = {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C"}
+        if dec is None:
+            tok["y"], names["y"] = (*bufs["y"], d.H * d.P), "o_y"
+        bnd, o = seq_bindings(ws, cd, w, tok, names)
+        if dec is not None:
+            bnd["y"], o["o_y"] = dummy, 0
+        bnd["A"], _ = ws.bind(*A, 0, d.H * KA)
+        bnd["st"], o["o_st"] = ws.bind(st, 0, w.i0 * row, w.S * row)
+        bnd["ck"], o["o_ck"] = (ws.bind(dec, 0, w.i0 * d.H * KA, w.S * d.H * KA) if dec is not None
+                                else ws.bind(None, 0, 0, 0))
+        push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB,
+                    NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, scatter=0, **o)
+        seq.dispatch(k, [bnd["x"], bnd["dt"], bnd["A"], bnd["B"], bnd["C"], bnd["y"], bnd["st"], bnd["ck"],
+                         dummy, dummy], specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
+
+
+def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
+    """ssm_scan_back.comp with BSUM over the chunks: each chunk's adjoint contribution into ``lam``."""
+    lim, pl = ws.limits, ws.plan
+    lay = pl.layout
+    row = d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    k = kernel(ws.ctx, specs.bwd_spec(cd, lay, pl.softplus, summary=True))
+    x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    for w in pl.windows:
+        gx, gyy = grid(w.S * lay.NHB * lay.NPB, lim)
+        tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
+               "gy": (*gy, d.H * d.P)}
+        bnd, o = seq_bindings(ws, cd, w, tok, {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "gy": "o_gy"})
+        bA, _ = ws.bind(*A, 0, d.H * KA)
+        blam, o_lam = ws.bind(lam, 0, w.i0 * row, w.S * row)
+        push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB, NPB=lay.NPB,
+                    gx=gx, NC=1, c0=0, **o, o_lam=o_lam, o_ck=0, o_dx=0, o_dA=0)
+        seq.dispatch(k, [bnd["x"], bnd["dt"], bA, bnd["B"], bnd["C"], bnd["gy"], blam, dummy, dummy, dummy, dummy,
+                         dummy, dummy], specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
+
+
+def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
+    """ssm_scan_carry.comp: the chunks' contributions ``b`` into the values each chunk starts from,
+    in time order (or ``reverse``); ``st_at``: (buffer, offset) of the sequences' initial values,
+    overwritten with the last ones, unless ``rows`` (the cache binding and its ids) gives them."""
+    lim = ws.limits
+    nch = d.T // ws.plan.tchunk
+    n = d.S * d.H * d.P * d.N
+    sizes = time_chunk_scratch(d, ws.plan)
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    gx, gy = grid(-(-n // specs.FLAT_WG), lim)
+    b_st, o_st = ws.bind(*st_at, 0, n)
+    if rows is None:
+        b_s, b_ids, gather, o_s = dummy, dummy, 0, 0
+    else:
+        (b_s, o_s), ids_buf = rows
+        b_ids, gather = (ids_buf, 0, ids_buf.size), 1
+    push = dict(S=d.S, H=d.H, P=d.P, N=d.N, NCH=nch, gx=gx, gather=gather, o_s=o_s, o_ids=0, o_st=o_st)
+    seq.dispatch(kernel(ws.ctx, specs.carry_spec(d, reverse)),
+                 [ws.bind(dec, 0, 0, sizes["dec"])[0], ws.bind(b, 0, 0, sizes["b"])[0], b_st, b_s, b_ids,
+                  ws.bind(flag, 0, 0, FLAG_ELEMS)[0]],
+                 specs.pack_push(specs.CARRY_PUSH, push), (gx, gy, 1))
 
 
 def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
@@ -33,12 +116,9 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     element offset); ``rows``: the binding of the cache and the ids when the carry pass reads the
     initial states from s[ids] in place (record.sequential._rows_in_place), else None."""
     d = p.dims
-    lim, pl = ws.limits, ws.plan
-    lay = pl.layout
+    pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)
-    nch = d.T // pl.tchunk
     row = d.H * d.P * d.N
-    KA = d.N if d.mamba1 else 1
     ctx = ws.ctx
     sizes = time_chunk_scratch(d, pl)
     b = ws.scratch(sizes["b"])
@@ -51,43 +131,50 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     profile = ws.profile and ctx.info.timestamps
     if profile:
         seq.timestamp("gather")
-    x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
-    dummy = ws.bind(None, 0, 0, 0)[0]
-
-    def chunk_pass(k, summary: bool) -> None:
-        for w in pl.windows:    # windows of chunks (cd's sequences)
-            gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
-            tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
-                   "y": (*bufs["y"], d.H * d.P)}
-            bnd, o = seq_bindings(ws, cd, w, tok, {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "y": "o_y"})
-            bnd["A"], _ = ws.bind(*A, 0, d.H * KA)
-            bnd["st"], o["o_st"] = ws.bind(b, 0, w.i0 * row, w.S * row)
-            bnd["ck"], o["o_ck"] = (ws.bind(dec, 0, w.i0 * d.H * KA, w.S * d.H * KA) if summary
-                                    else ws.bind(None, 0, 0, 0))
-            push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB,
-                        NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, scatter=0, **o)
-            seq.dispatch(k, [bnd["x"], bnd["dt"], bnd["A"], bnd["B"], bnd["C"], bnd["y"], bnd["st"], bnd["ck"],
-                             dummy, dummy], specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
-        seq.barrier()
-
-    chunk_pass(kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus, summary=True)), True)
+    lay = pl.layout
+    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+                                                                summary=True)), b, dec)
+    seq.barrier()
     if profile:
         seq.timestamp("summary")
-    n = d.S * row
-    gx, gy = grid(-(-n // specs.FLAT_WG), lim)
-    b_st, o_st = ws.bind(st_buf, st_off, 0, n)
-    if rows is None:
-        b_s, b_ids, gather, o_s = dummy, dummy, 0, 0
-    else:
-        (b_s, o_s), ids_buf = rows
-        b_ids, gather = (ids_buf, 0, ids_buf.size), 1
-    push = dict(S=d.S, H=d.H, P=d.P, N=d.N, NCH=nch, gx=gx, gather=gather, o_s=o_s, o_ids=0, o_st=o_st)
-    seq.dispatch(kernel(ctx, specs.carry_spec(d)),
-                 [ws.bind(dec, 0, 0, sizes["dec"])[0], ws.bind(b, 0, 0, sizes["b"])[0], b_st, b_s, b_ids,
-                  ws.bind(flag, 0, 0, FLAG_ELEMS)[0]],
-                 specs.pack_push(specs.CARRY_PUSH, push), (gx, gy, 1))
+    _carry(seq, ws, d, dec, b, (st_buf, st_off), rows, flag, reverse=False)
     seq.barrier()
     if profile:
         seq.timestamp("carry")
-    chunk_pass(kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)), False)
+    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)),
+             b, None)
+    seq.barrier()
     flag_end(seq, ws, flag)
+
+
+def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
+    """Record what the backward over time chunks needs before its walk back: every chunk's initial
+    state and initial adjoint. ``lam`` holds g_states and ends as d_s0. Returns (the chunks as a
+    problem's dims, their initial states, their initial adjoints, the non-finite flag): the
+    token-sequential backward then runs on those (record.sequential) and the flag is read after."""
+    d = p.dims
+    pl = ws.plan
+    cd = chunk_dims(d, pl.tchunk)
+    row = d.H * d.P * d.N
+    ctx = ws.ctx
+    lay = pl.layout
+    sizes = time_chunk_scratch(d, pl, backward=True)
+    b = ws.scratch(sizes["b"])
+    dec = ws.scratch(sizes["dec"])
+    bl = ws.scratch(sizes["lam"])
+    st = ws.scratch(sizes["st"])
+    flag = flag_start(seq, ws)
+    if rows is None:
+        gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
+    seq.barrier()
+    # the two summaries read only the inputs: one after the other without a barrier
+    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+                                                                summary=True)), b, dec)
+    _adjoint_summary(seq, ws, d, cd, bufs, bl)
+    seq.barrier()
+    _carry(seq, ws, d, dec, b, (st, 0), rows, flag, reverse=False)
+    _carry(seq, ws, d, dec, bl, (lam, 0), None, flag, reverse=True)
+    seq.barrier()
+    if ws.profile and ctx.info.timestamps:
+        seq.timestamp("summaries+carries")
+    return cd, b, bl, flag

@@ -1,7 +1,7 @@
-"""The forward parallel over time (ssm_vk/record/time_chunks.py) against the float64 oracle:
-time chunks of every size that divides T, both variants, every ids pattern, the cache rows read
-in place or copied, device-resident inputs; reruns bit for bit; inf and nan as the token-by-token
-scan gives them; and the planner's choice, which only a GPU device gets by default."""
+"""The forward and backward parallel over time (ssm_vk/record/time_chunks.py) against the float64
+oracle: time chunks of every size that divides T, both variants, every ids pattern, the cache rows
+read in place or copied, device-resident inputs; reruns bit for bit; inf and nan as the
+token-by-token scan gives them; and the planner's choice, which only a GPU device gets by default."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from problems import make_problem, problems
-from registry import F32_TOL, Backend, assert_close, oracle_scan
+from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
-from ssm_ref import Dims, check_forward
+from ssm_ref import GRAD_NAMES, Dims, check_backward, check_forward
 from ssm_vk import config, engine, plan
 from ssm_vk import runtime as rt
 from ssm_vk.kernels import kernels_needed
@@ -29,6 +29,14 @@ def chunked_by(T: int, nch: int) -> dict:
     return {"TCHUNK": T // nch, "CHUNK": 0}
 
 
+def drawn_tune(T: int, nch: int) -> dict:
+    """Chunks for a drawn T: nch of them where they divide T into chunks of 2 or more tokens, else
+    2 where T is even, else none."""
+    if T % nch or T // nch < 2:
+        nch = 2 if T % 2 == 0 else 1
+    return chunked_by(T, nch) if nch > 1 else {"TCHUNK": 0}
+
+
 def ran_time_chunks(case, tune) -> bool:
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
@@ -38,10 +46,7 @@ def ran_time_chunks(case, tune) -> bool:
 @settings(max_examples=25, deadline=None)
 @given(problems(min_T=4, max_T=24, max_N=20), st.sampled_from((2, 3, 4)))
 def test_drawn_problems_in_time_chunks_match_the_oracle(case, nch):
-    T = case.dims["T"]
-    if T % nch or T // nch < 2:
-        nch = 2 if T % 2 == 0 else 1
-    tune = chunked_by(T, nch) if nch > 1 else {"TCHUNK": 0}
+    tune = drawn_tune(case.dims["T"], nch)
     with config.configure(tune=tune):
         r = ssm_vk.ssm_scan(**case.args())
     assert r.where.startswith("Vulkan") and r.backend == "ssm_vk"
@@ -70,6 +75,85 @@ def test_time_chunks_match_the_oracle_and_rerun_bit_for_bit(variant, N, resident
     assert_close(VK, "states", states, o.states, label=f"{variant} N={N}")
     for a, b in ((first.y, again.y), (first.states, again.states)):
         assert np.array_equal(*(np.asarray(v.numpy() if resident else v) for v in (a, b)))
+
+
+def ran_time_chunks_back(case, tune) -> bool:
+    lim = Limits.of(rt.get_context().info)
+    with config.configure(tune=tune):
+        d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
+        return plan.plan(d, lim, True).tchunk > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(problems(min_T=4, max_T=24, max_N=20), st.sampled_from((2, 3, 4)))
+def test_drawn_backwards_in_time_chunks_match_the_oracle(case, nch):
+    tune = drawn_tune(case.dims["T"], nch)
+    with config.configure(tune=tune):
+        g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    assert g.where.startswith("Vulkan") and g.backend == "ssm_vk"
+    og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    for k in GRAD_NAMES:
+        assert_close(VK, k, getattr(g, k), getattr(og, k), label=repr(case))
+
+
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+@pytest.mark.parametrize("N", [1, 16, 33])
+@pytest.mark.parametrize("resident", [False, True])
+def test_backward_time_chunks_match_the_oracle_and_rerun_bit_for_bit(variant, N, resident):
+    case = make_problem(np.random.default_rng(N + 1), S=3, T=48, H=4, P=3, N=N, G=2, variant=variant,
+                        ids="duplicates")
+    tune = chunked_by(48, 4)
+    assert ran_time_chunks_back(case, tune)
+    args = {**case.args(), "g_y": case.g_y, "g_states": case.g_states}
+    if resident:
+        args = {k: ssm_vk.to_device(v) if k != "ids" else v for k, v in args.items()}
+    with config.configure(tune=tune):
+        first = ssm_vk.ssm_scan_back(**args)
+        again = ssm_vk.ssm_scan_back(**args)
+    og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    for k in GRAD_NAMES:
+        a, b = (np.asarray(getattr(r, k).numpy() if resident else getattr(r, k)) for r in (first, again))
+        assert_close(VK, k, a, getattr(og, k), label=f"{variant} N={N} {k}")
+        assert np.array_equal(a, b), k
+
+
+@pytest.mark.parametrize("heads", [16, 20])   # 16: every workgroup sums its heads' partials; 20: not
+def test_mamba1_backward_over_time_with_one_group_matches_the_oracle(heads):
+    # Mamba-1's shape: every channel a head of the one group, P = 1; the d_B / d_C partials
+    # summed over a workgroup's heads (the layout's HSUM) and over time chunks
+    case = make_problem(np.random.default_rng(heads), S=2, T=64, H=heads, P=1, N=16, G=1, variant="mamba1",
+                        ids="identity")
+    lim = Limits.of(rt.get_context().info)
+    for tune in (chunked_by(64, 8), {"TCHUNK": 0}, {"TCHUNK": 0, "HSUM": 0}):
+        with config.configure(tune=tune):
+            g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+            d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
+            lay = plan.plan(d, lim, True).layout
+        assert lay.HSUM == int(tune.get("HSUM", 1) == 1 and heads % lay.HB == 0 and lay.HB > 1)
+        og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+        for k in GRAD_NAMES:
+            assert_close(VK, k, getattr(g, k), getattr(og, k), label=f"H={heads} {tune} {k}")
+
+
+@pytest.mark.parametrize("where", [("x", (1, 20, 2, 0), np.inf), ("dt", (0, 40, 1), np.nan),
+                                   ("g_y", (1, 3, 0, 0), -np.inf), ("s", (0, 1, 0, 2), np.inf)])
+def test_backward_inf_and_nan_come_out_as_token_by_token(where):
+    name, at, value = where
+    case = make_problem(np.random.default_rng(19), S=2, T=64, H=4, P=1, N=16, G=1, variant="mamba1",
+                        ids="identity")
+    args = {**case.args(), "g_y": case.g_y.copy(), "g_states": case.g_states}
+    args[name] = args[name].copy()
+    args[name][at] = value
+    with config.configure(tune={"TCHUNK": 0}):
+        want = ssm_vk.ssm_scan_back(**args)
+    e = engine.engine_of(rt.get_context())
+    before = e.reruns
+    with config.configure(tune=chunked_by(64, 4)):
+        got = ssm_vk.ssm_scan_back(**args)
+    for k in GRAD_NAMES:
+        assert np.array_equal(getattr(got, k), getattr(want, k), equal_nan=True), k
+    assert not all(np.isfinite(getattr(got, k)).all() for k in GRAD_NAMES)
+    assert e.reruns == before + 1
 
 
 def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
@@ -139,16 +223,40 @@ def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, w
         assert "rerun:out:y" in sizes and "flag_host" in sizes
 
 
+@pytest.mark.parametrize(("S", "T", "H", "want_nch"), [
+    (1, 512, 1536, 16),     # 1536 rows: chunks of 32 tokens, the shortest
+    (8, 2048, 1536, 16),    # 98 k threads: still chunks (the backward's token step is long)
+    (1, 16384, 1536, 128),
+    (4, 1024, 5120, 1),     # rows enough: token by token
+])
+def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
+    d = _dims(S, T, H, 1, 16)
+    pl = plan.plan(d, _limits("discrete"), True, config.DEFAULTS)
+    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
+    if pl.tchunk:
+        threads = S * H * pl.layout.LN * want_nch
+        assert threads >= plan.sequential.TCHUNK_BWD_THREADS or pl.tchunk == plan.sequential.TCHUNK_BWD_MIN
+        names = {(k.name, dict(k.defines).get("BSUM", 0), dict(k.defines).get("REVERSE", 0))
+                 for k in kernels_needed(d, pl, True)}
+        # the summaries, both carries, the checkpoint pass, the walk back, the sums (and the d_s scatter)
+        want = {("ssm_scan", 0, 0), ("ssm_scan_back", 1, 0), ("ssm_scan_carry", 0, 0), ("ssm_scan_carry", 0, 1),
+                ("ssm_scan_back", 0, 0), ("ssm_scan_reduce", 0, 0)}
+        assert want <= names and names - want <= {("rows", 0, 0)}
+        sizes = budget.buffers(d, pl, _limits("discrete"), True)
+        assert sizes["scratch:tc:b"] == sizes["scratch:tc:lam"] == 4 * S * want_nch * H * 16
+        assert "rerun:out:d_x" in sizes and "flag_host" in sizes
+
+
 @pytest.mark.parametrize("device_type", ["cpu"])
-def test_not_on_a_cpu_device_nor_for_mamba2_nor_the_backward(device_type):
+def test_not_on_a_cpu_device_nor_for_mamba2(device_type):
     d = _dims(1, 512, 1536, 1, 16)
-    assert plan.plan(d, _limits(device_type), False, config.DEFAULTS).tchunk == 0
-    assert plan.plan(d, _limits("discrete"), True, config.DEFAULTS).tchunk == 0
-    d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
-    assert plan.plan(d2, _limits("discrete"), False, config.DEFAULTS).tchunk == 0
-    # and the recompute of a non-finite result never takes them
-    assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), False, config.DEFAULTS,
-                     time_chunks=False).tchunk == 0
+    for backward in (False, True):
+        assert plan.plan(d, _limits(device_type), backward, config.DEFAULTS).tchunk == 0
+        d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
+        assert plan.plan(d2, _limits("discrete"), backward, config.DEFAULTS).tchunk == 0
+        # and the recompute of a non-finite result never takes them
+        assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, config.DEFAULTS,
+                         time_chunks=False).tchunk == 0
 
 
 def test_an_illegal_chunk_length_is_refused(monkeypatch):

@@ -1,0 +1,48 @@
+"""The packaged SPIR-V matrix (ssm_vk.kernels.matrix, what ``ssm-scan build-shaders`` puts into a
+wheel) holds every token-sequential kernel a plan dispatches, for the d_state values it was built
+for: a wheel without glslc must run every such shape on the GPU, not refuse it. Pure Python: the
+plans of many shapes on the H200's and lavapipe's limits against the matrix's specs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ssm_ref import Dims
+from ssm_vk import config, kernels, plan
+from ssm_vk.plan import Limits
+
+OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
+PROFILES = {
+    "h200": Limits(subgroup_size=32, subgroup_ops=OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+                   max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+                   max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
+                   device_type="discrete"),
+    "lavapipe": Limits(subgroup_size=8, subgroup_ops=OPS - {"clustered"}, max_workgroup_invocations=1024,
+                       max_shared_memory=32 << 10, max_workgroup_count=(65535, 65535, 65535),
+                       max_storage_buffer_range=2**27, max_memory_allocation_size=2**31,
+                       min_storage_buffer_offset_alignment=16, device_type="cpu"),
+}
+N_VALUES = [1, 5, 16, 64, 128]
+
+
+@pytest.mark.parametrize("device", PROFILES)
+def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
+    lim = PROFILES[device]
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], N_VALUES,
+                                                                                knobs=config.DEFAULTS)}
+    seen = 0
+    shapes = itertools.product((1, 3), (1, 2, 64, 2048), ((8, 1, 1), (1536, 1, 1), (20, 1, 1), (2, 4, 1),
+                                                          (24, 64, 1), (12, 8, 4), (6, 3, 2)),
+                               N_VALUES, (False, True), (False, True))
+    for S, T, (H, P, G), N, mamba1, backward in shapes:
+        d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
+        pl = plan.plan(d, lim, backward, config.DEFAULTS)
+        for spec in kernels.kernels_needed(d, pl, backward):
+            if spec.name.startswith("chunk_"):
+                continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
+            key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
+            assert key in packaged, (device, d, backward, spec)
+            seen += 1
+    assert seen > 500
