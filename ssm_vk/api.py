@@ -173,6 +173,12 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
             return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    return _forward_checked(p, knobs, sp, dt_softplus, sig, arrays)
+
+
+def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
+    """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
+    with ``sig`` (lanes.find's), the call is kept as a lane for its repeats."""
     dec = _decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
@@ -205,7 +211,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     check_update_cache(update_cache, s, p.ids, device_arrays=True)   # (not False: the caller's test)
     if not isinstance(s, DeviceArray):     # a host cache: the call as usual, the rows written here
-        r = ssm_scan(s, x, dt, A, B, C, p.ids, dt_softplus=dt_softplus)
+        r = _forward_checked(p, knobs, sp, dt_softplus)
         states = r.states
         write_cache_rows(s, p.ids, states.numpy() if isinstance(states, DeviceArray) else states)
         if isinstance(states, DeviceArray):
