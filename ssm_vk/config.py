@@ -80,10 +80,10 @@ KNOBS: dict[str, Knob] = {
     "TB": Knob("tokens per load block of the forward", _between(1, 64)),
     "TBR": Knob("tokens per shared-memory reduction round of the backward (lowered to divide K)",
                 _between(1, 64)),
-    "SPREAD": Knob("1: a row's lanes share each token's step through subgroup shuffles (where the device has them); "
-                   "0: every lane computes it", _one_of(0, 1)),
-    "HSUM": Knob("1: the backward sums a workgroup's heads of one group into one d_B / d_C partial; 0: per head",
-                 _one_of(0, 1)),
+    "SPREAD": Knob("0: every lane of a row computes each token's step (1, the default: one lane per token, read by "
+                   "subgroup shuffles, where the device has them; Mamba-1 only in the backward)", _one_of(0, 1)),
+    "HSUM": Knob("0: the backward's d_B / d_C partials per head (1, the default: a workgroup's heads of one group "
+                 "summed into one; Mamba-1)", _one_of(0, 1)),
     "TCHUNK": Knob("tokens per time chunk of the forward parallel over time (used when it divides T into "
                    "two or more chunks); 0: never", _zero_or_between(2, 1 << 30)),
     # chunked Mamba-2 kernels (ssm_vk.plan.chunked)

@@ -250,10 +250,10 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             bwd = layout_for(d, lim, True, knobs)
             add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
             add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
-            # with and without the heads' shared partials: which one depends on H, G and P
-            add(bwd_spec(d, replace(bwd, HSUM=1 - bwd.HSUM)))
-            if T > 1:                                      # the backward parallel over time
-                add(fwd_spec(d, bwd, checkpoint=False, summary=True))
+            if mamba1:   # with and without the heads' shared partials: which one depends on H and G
+                add(bwd_spec(d, replace(bwd, HSUM=1 - bwd.HSUM)))
+            if T > 1 and mamba1:                           # the backward parallel over time (Mamba-1's
+                add(fwd_spec(d, bwd, checkpoint=False, summary=True))   # plans; TCHUNK forces it for both)
                 add(bwd_spec(d, bwd, summary=True))
                 add(carry_spec(d, reverse=True))
     for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):

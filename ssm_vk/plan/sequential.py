@@ -170,12 +170,15 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # The forward's steps softplus(dt), one per token and row, computed once per row where the
     # row's lanes can swap values (instead of by each of its LN lanes; the accurate form's is
     # some 30 operations, on the path from a token's loads to its state update).
+    # The backward's likewise (the K tokens of a checkpoint chunk), measured on Mamba-1 only and so
+    # planned for it only (Mamba-2's long sequences take the chunked kernels).
     spread = int(ROW_SUM in (2, 3) and "shuffle" in ops and "basic" in ops and 2 <= TB <= LN
-                 and tune.get("SPREAD", 1) == 1)
+                 and (d.mamba1 or not backward) and tune.get("SPREAD", 1) == 1)
     # Backward: a workgroup whose heads all read the same B and C (one group) sums their d_B and
     # d_C contributions itself, leaving HB times fewer partials to write and add up (Mamba-1,
-    # whose every channel is a head of the one group: 8 heads per workgroup).
-    hsum = int(backward and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
+    # whose every channel is a head of the one group: 16 heads per workgroup; Mamba-2's heads
+    # of 64 channels fill a workgroup one at a time).
+    hsum = int(backward and d.mamba1 and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
                and tune.get("HSUM", 1) == 1)
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
                   SPREAD=spread, HSUM=hsum)

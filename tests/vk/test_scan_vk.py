@@ -203,7 +203,7 @@ def test_sequence_windows():
     # A range that holds two sequences but not three: windows of whole sequences.
     case = make_problem(np.random.default_rng(12), S=5, T=4, H=2, P=2, N=8, G=1, ids="permutation")
     ctx = rt.get_context()
-    with ctx.override_limits(max_storage_buffer_range=512):
+    with ctx.override_limits(max_storage_buffer_range=1024):
         from ssm_vk.plan import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
         assert not pl.time_split and 1 < len(pl.windows) < 5
