@@ -100,8 +100,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     ops = lim.subgroup_ops
     tune = dict(knobs.tune)
     want = _pow2_at_least(max(d.N, 1))
-    if backward and d.mamba1 and d.T > 1 and "shuffle" in ops:
-        # Mamba-1's backward likewise, now that a row's lanes share each token's step (SPREAD):
+    m1_back = backward and d.mamba1 and d.T > 1 and "shuffle" in ops   # Mamba-1's backward, its steps shared
+    if m1_back:
+        # Two state values per lane, as forward, now that a row's lanes share each token's step (SPREAD):
         # H200, N = 16, LN = 8 against 16: 8.95 against 9.14 ms at (8, 2048, 1536), 7.26 against
         # 8.09 at (4, 1024, 5120), 0.38 against 0.47 at (1, 512, 1536).
         want = max(1, want // 2)
@@ -138,7 +139,6 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps,
     # LN = 8) takes K = 4 in two rounds: 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against
     # 7.33 at (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536)
-    m1_back = backward and d.mamba1 and d.T > 1 and "shuffle" in ops
     K = tune.get("K", 4 if m1_back else 8)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats

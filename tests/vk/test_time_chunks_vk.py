@@ -135,6 +135,19 @@ def test_mamba1_backward_over_time_with_one_group_matches_the_oracle(heads):
             assert_close(VK, k, getattr(g, k), getattr(og, k), label=f"H={heads} {tune} {k}")
 
 
+def token_by_token_and_rerun(fn, args: dict):
+    """``fn(**args)`` token by token, then over 4 time chunks of T = 64 (whose non-finite result
+    must be recomputed token by token: exactly one rerun)."""
+    with config.configure(tune={"TCHUNK": 0}):
+        want = fn(**args)
+    e = engine.engine_of(rt.get_context())
+    before = e.reruns
+    with config.configure(tune=chunked_by(64, 4)):
+        got = fn(**args)
+    assert e.reruns == before + 1
+    return want, got
+
+
 @pytest.mark.parametrize("where", [("x", (1, 20, 2, 0), np.inf), ("dt", (0, 40, 1), np.nan),
                                    ("g_y", (1, 3, 0, 0), -np.inf), ("s", (0, 1, 0, 2), np.inf)])
 def test_backward_inf_and_nan_come_out_as_token_by_token(where):
@@ -144,16 +157,10 @@ def test_backward_inf_and_nan_come_out_as_token_by_token(where):
     args = {**case.args(), "g_y": case.g_y.copy(), "g_states": case.g_states}
     args[name] = args[name].copy()
     args[name][at] = value
-    with config.configure(tune={"TCHUNK": 0}):
-        want = ssm_vk.ssm_scan_back(**args)
-    e = engine.engine_of(rt.get_context())
-    before = e.reruns
-    with config.configure(tune=chunked_by(64, 4)):
-        got = ssm_vk.ssm_scan_back(**args)
+    want, got = token_by_token_and_rerun(ssm_vk.ssm_scan_back, args)
     for k in GRAD_NAMES:
         assert np.array_equal(getattr(got, k), getattr(want, k), equal_nan=True), k
     assert not all(np.isfinite(getattr(got, k)).all() for k in GRAD_NAMES)
-    assert e.reruns == before + 1
 
 
 def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
@@ -177,16 +184,10 @@ def test_inf_and_nan_come_out_as_token_by_token(where):
     args = case.args()
     args[name] = args[name].copy()
     args[name][at] = value
-    with config.configure(tune={"TCHUNK": 0}):
-        want = ssm_vk.ssm_scan(**args)
-    e = engine.engine_of(rt.get_context())
-    before = e.reruns
-    with config.configure(tune=chunked_by(64, 4)):
-        got = ssm_vk.ssm_scan(**args)
+    want, got = token_by_token_and_rerun(ssm_vk.ssm_scan, args)
     assert np.array_equal(got.y, want.y, equal_nan=True)
     assert np.array_equal(got.states, want.states, equal_nan=True)
     assert not np.isfinite(got.y).all()
-    assert e.reruns == before + 1
 
 
 def _limits(device_type: str) -> Limits:
