@@ -16,6 +16,7 @@ from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
+from .plan.sequential import TCHUNK_BELOW
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
@@ -238,15 +239,22 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
 
     for lim in limits_list:
         for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
-            # H and P only set how rows are spread over workgroups (push constants), not the
-            # defines; T only whether it is a decode step (one token: TB = 1) or not.
+            # H and P mostly set how rows are spread over workgroups (push constants), not the
+            # defines; T whether it is a decode step (one token: TB = 1) or not. Mamba-1's forward
+            # on a GPU takes one of two layouts by its number of rows: both are here.
             d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
                      a_shape=(8, N) if mamba1 else (8,))
-            fwd = layout_for(d, lim, False, knobs)
-            add(fwd_spec(d, fwd, checkpoint=False))        # ssm_scan
-            if T > 1:                                      # parallel over time: first and middle pass
-                add(fwd_spec(d, fwd, checkpoint=False, summary=True))
-                add(carry_spec(d))
+            fwds = [d]
+            if mamba1 and T > 1:
+                half = max(1, 1 << max(0, (N - 1).bit_length() - 1))   # N / 2, a power of two
+                H = max(8, TCHUNK_BELOW // half)
+                fwds.append(replace(d, H=H, a_shape=(H, N)))
+            for df in fwds:
+                fwd = layout_for(df, lim, False, knobs)
+                add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan
+                if T > 1:                                  # parallel over time: first and middle pass
+                    add(fwd_spec(df, fwd, checkpoint=False, summary=True))
+                    add(carry_spec(df))
             bwd = layout_for(d, lim, True, knobs)
             add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
             add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass

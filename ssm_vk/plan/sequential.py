@@ -42,7 +42,9 @@ TCHUNK_MIN = 32
 # H200, Mamba-1 at N = 16 (LN = 8): over time chunks 0.38 instead of 1.26 ms at 12 k threads
 # (1, 512, 1536), about 9 instead of 42 at (1, 16384, 1536), 9.0 instead of 11.6 at 98 k
 # (8, 2048, 1536); slower at 164 k (4, 1024, 5120: 7.3 against 7.1).
-TCHUNK_BWD_BELOW = 1 << 17
+# The threshold counts threads of the backward's layout (LN = 4 at N = 16): at (4, 1024, 5120),
+# 82 k threads, token by token took 4.30 ms against 4.43 over time chunks.
+TCHUNK_BWD_BELOW = 1 << 16
 TCHUNK_BWD_THREADS = 1 << 20
 TCHUNK_BWD_MIN = 32
 
@@ -101,12 +103,29 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     tune = dict(knobs.tune)
     want = _pow2_at_least(max(d.N, 1))
     m1_back = backward and d.mamba1 and d.T > 1 and "shuffle" in ops   # Mamba-1's backward, its steps shared
+    m1_fwd = not backward and d.mamba1 and d.T > 1 and lim.device_type != "cpu" and "shuffle" in ops
+    m1_tb = None
     if m1_back:
-        # Two state values per lane, as forward, now that a row's lanes share each token's step (SPREAD):
-        # H200, N = 16, LN = 8 against 16: 8.95 against 9.14 ms at (8, 2048, 1536), 7.26 against
-        # 8.09 at (4, 1024, 5120), 0.38 against 0.47 at (1, 512, 1536).
-        want = max(1, want // 2)
-    if not backward:
+        # Four state values per lane now that a row's lanes share each token's step (SPREAD):
+        # H200, N = 16, LN = 4 (one round of sums per chunk) against 8 (two): 5.34 against 5.64 ms
+        # at (8, 2048, 1536), 5.45 against 5.69 at (1, 16384, 1536), 224 against 247 us at
+        # (1, 512, 1536) (LN = 2, 16 slower).
+        want = max(1, want // 4)
+    elif m1_fwd:
+        # Mamba-1's forward on a GPU: four state values per lane (fewer row-sum steps and less of
+        # the token's scalar work per state) where that leaves threads enough token by token, or
+        # where the scan goes over time chunks anyway; else two per lane, in load blocks of eight
+        # tokens (more loads in flight per thread where few threads are resident). H200, N = 16:
+        # (4, 1024, 5120) 632 us at LN = 4 against 802 at LN = 8; (1, 16384, 1536) 1114 against
+        # 1387, (1, 512, 1536) 54.6 against 66.3 (both over time chunks); (8, 2048, 1536) 915 at
+        # LN = 8 and TB = 8 against 1080 at TB = 4 and 1070 at LN = 4 (over time chunks).
+        nrows = d.S * d.H * d.P
+        quarter, half = max(1, want // 4), max(1, want // 2)
+        if nrows * quarter >= TCHUNK_BELOW or nrows * half < TCHUNK_BELOW:
+            want = quarter
+        else:
+            want, m1_tb = half, 8
+    elif not backward:
         # At least two state values per lane forward: a lane that holds one spends most of its
         # time on the token's scalar work (H200, Mamba-1 at N = 16: LN = 8 took 131 us where
         # LN = 16 took 178; the backward was not faster so).
@@ -136,9 +155,10 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps,
-    # LN = 8) takes K = 4 in two rounds: 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against
-    # 7.33 at (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536)
+    # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps)
+    # takes K = 4: at LN = 8, 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against 7.33 at
+    # (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536); at LN = 4 K = 8 and K = 2 were
+    # slower too (5.48 and 5.50 against 5.34 ms at (8, 2048, 1536))
     K = tune.get("K", 4 if m1_back else 8)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
@@ -159,12 +179,12 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     NHB = max(1, -(-d.H // HB))
     # A decode step (one token) loads one block of one token: a longer block would only hold
     # registers for tokens that are not there (H200: the decode scan 1.6-1.8x faster at TB = 1).
-    TB = tune.get("TB", 1 if d.T == 1 else max(1, min(4, 32 // NPL)))
+    TB = tune.get("TB", 1 if d.T == 1 else m1_tb or max(1, min(4, 32 // NPL)))
     # Backward: contributions of TBR tokens share one round of barriers; each round needs
     # TBR * (2 * WG * NPL + WG / LN) floats of shared memory.
     per_tok = (2 * WG * NPL + WG // LN) * F32
     room = lim.max_shared_memory - (WG * F32 if ROW_SUM == 0 else 0)
-    TBR = tune.get("TBR", max(1, min(2 if m1_back else 4, room // per_tok)))
+    TBR = tune.get("TBR", max(1, min(4, room // per_tok)))
     while K % TBR:
         TBR -= 1
     # The forward's steps softplus(dt), one per token and row, computed once per row where the

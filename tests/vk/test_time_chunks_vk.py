@@ -204,8 +204,8 @@ def _dims(S, T, H, P, N, mamba1=True) -> Dims:
 
 @pytest.mark.parametrize(("S", "T", "H", "want_nch"), [
     (1, 512, 1536, 16),     # 1536 rows: chunks of 32 tokens, the shortest
-    (1, 16384, 1536, 64),
-    (2, 4096, 1536, 32),
+    (1, 16384, 1536, 128),
+    (2, 4096, 1536, 64),
     (8, 2048, 1536, 1),     # rows enough: token by token
     (4, 1024, 5120, 1),
     (1, 509, 1536, 1),      # a prime length: no chunks
@@ -226,8 +226,8 @@ def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, w
 
 @pytest.mark.parametrize(("S", "T", "H", "want_nch"), [
     (1, 512, 1536, 16),     # 1536 rows: chunks of 32 tokens, the shortest
-    (8, 2048, 1536, 16),    # 98 k threads: still chunks (the backward's token step is long)
-    (1, 16384, 1536, 128),
+    (8, 2048, 1536, 32),    # 49 k threads: still chunks (the backward's token step is long)
+    (1, 16384, 1536, 256),
     (4, 1024, 5120, 1),     # rows enough: token by token
 ])
 def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
@@ -246,6 +246,39 @@ def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
         sizes = budget.buffers(d, pl, _limits("discrete"), True)
         assert sizes["scratch:tc:b"] == sizes["scratch:tc:lam"] == 4 * S * want_nch * H * 16
         assert "rerun:out:d_x" in sizes and "flag_host" in sizes
+
+
+@pytest.mark.parametrize(("S", "T", "H", "fwd"), [
+    (1, 512, 1536, (4, 4)),     # over time chunks: four values per lane
+    (1, 16384, 1536, (4, 4)),
+    (4, 1024, 5120, (4, 4)),    # 82 k threads at four values per lane: token by token
+    (8, 2048, 1536, (8, 8)),    # 49 k at four, 98 k at two: two per lane, blocks of eight tokens
+])
+def test_the_mamba1_layouts_on_a_gpu(S, T, H, fwd):
+    d = _dims(S, T, H, 1, 16)
+    lay = plan.plan(d, _limits("discrete"), False, config.DEFAULTS).layout
+    assert (lay.LN, lay.TB, lay.SPREAD) == (*fwd, 1)
+    back = plan.plan(d, _limits("discrete"), True, config.DEFAULTS).layout
+    assert (back.LN, back.K, back.TBR, back.SPREAD, back.HSUM) == (4, 4, 4, 1, 1)
+    # a CPU device keeps the forward's two values per lane in blocks of four tokens
+    cpu = plan.plan(d, _limits("cpu"), False, config.DEFAULTS).layout
+    assert (cpu.LN, cpu.TB) == (8, 4)
+
+
+@pytest.mark.parametrize("tune", [{"LN": 4, "TCHUNK": 12}, {"LN": 4, "TCHUNK": 0}, {"LN": 8, "TB": 8, "TCHUNK": 0},
+                                  {"LN": 8, "TB": 8, "TCHUNK": 16}])
+@pytest.mark.parametrize("N", [16, 13])
+def test_the_gpu_layouts_of_mamba1_match_the_oracle(tune, N):
+    # the layouts a GPU plans (above), forced here on whatever device runs the tests
+    case = make_problem(np.random.default_rng(N), S=3, T=48, H=8, P=1, N=N, G=2, variant="mamba1",
+                        ids="duplicates")
+    with config.configure(tune={**tune, "CHUNK": 0}):
+        r = ssm_vk.ssm_scan(**case.args())
+        again = ssm_vk.ssm_scan(**case.args())
+    o = oracle_scan(**case.args())
+    assert_close(VK, "y", r.y, o.y, label=f"{tune} N={N}")
+    assert_close(VK, "states", r.states, o.states, label=f"{tune} N={N}")
+    assert np.array_equal(r.y, again.y) and np.array_equal(r.states, again.states)
 
 
 @pytest.mark.parametrize("device_type", ["cpu"])
