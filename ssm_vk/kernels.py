@@ -16,7 +16,7 @@ from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
-from .plan.sequential import TCHUNK_BELOW
+from .plan.sequential import m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
@@ -246,8 +246,7 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                      a_shape=(8, N) if mamba1 else (8,))
             fwds = [d]
             if mamba1 and T > 1:
-                half = max(1, 1 << max(0, (N - 1).bit_length() - 1))   # N / 2, a power of two
-                H = max(8, TCHUNK_BELOW // half)
+                H = max(8, m1_forward_two_per_lane_from(N))
                 fwds.append(replace(d, H=H, a_shape=(H, N)))
             for df in fwds:
                 fwd = layout_for(df, lim, False, knobs)

@@ -22,7 +22,7 @@ from .limits import F32, Limits, TooLarge, Window, binding_cap
 
 __all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "time_chunk_plan", "chunk_dims", "SCRATCH_BUDGET",
            "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN", "TCHUNK_BWD_BELOW", "TCHUNK_BWD_THREADS",
-           "TCHUNK_BWD_MIN"]
+           "TCHUNK_BWD_MIN", "m1_forward_two_per_lane_from"]
 
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 
@@ -94,6 +94,13 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
+def m1_forward_two_per_lane_from(N: int) -> int:
+    """The fewest state rows (S * H * P) from which Mamba-1's forward on a GPU holds two state
+    values per lane (in load blocks of eight tokens) rather than four: where two per lane give the
+    token-sequential scan its threads (layout_for, up to the rows where four per lane do too)."""
+    return -(-TCHUNK_BELOW // max(1, _pow2_at_least(max(N, 1)) // 2))
+
+
 def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Layout:
     """Lane layout and workgroup size for problem ``d`` on a device with limits ``lim``, under
     the tuning ``knobs`` (ssm_vk.config; default: its settings of now)."""
@@ -120,11 +127,10 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         # 1387, (1, 512, 1536) 54.6 against 66.3 (both over time chunks); (8, 2048, 1536) 915 at
         # LN = 8 and TB = 8 against 1080 at TB = 4 and 1070 at LN = 4 (over time chunks).
         nrows = d.S * d.H * d.P
-        quarter, half = max(1, want // 4), max(1, want // 2)
-        if nrows * quarter >= TCHUNK_BELOW or nrows * half < TCHUNK_BELOW:
-            want = quarter
+        if nrows * max(1, want // 4) >= TCHUNK_BELOW or nrows < m1_forward_two_per_lane_from(d.N):
+            want = max(1, want // 4)
         else:
-            want, m1_tb = half, 8
+            want, m1_tb = max(1, want // 2), 8
     elif not backward:
         # At least two state values per lane forward: a lane that holds one spends most of its
         # time on the token's scalar work (H200, Mamba-1 at N = 16: LN = 8 took 131 us where

@@ -38,7 +38,7 @@ from .common import flag_end, flag_start, gather_rows, kernel, seq_bindings
 __all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
 
 
-def _summary(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
+def _chunk_pass(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
     """ssm_scan.comp over the chunks of ``d`` as the sequences of ``cd``: with SUMMARY each chunk's
     contribution into ``st`` and its decay into ``dec``; else each chunk from its initial state in
     ``st``, writing y."""
@@ -132,7 +132,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     if profile:
         seq.timestamp("gather")
     lay = pl.layout
-    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
                                                                 summary=True)), b, dec)
     seq.barrier()
     if profile:
@@ -141,7 +141,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     seq.barrier()
     if profile:
         seq.timestamp("carry")
-    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)),
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)),
              b, None)
     seq.barrier()
     flag_end(seq, ws, flag)
@@ -168,7 +168,7 @@ def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     seq.barrier()
     # the two summaries read only the inputs: one after the other without a barrier
-    _summary(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
                                                                 summary=True)), b, dec)
     _adjoint_summary(seq, ws, d, cd, bufs, bl)
     seq.barrier()

@@ -202,6 +202,19 @@ def _dims(S, T, H, P, N, mamba1=True) -> Dims:
     return Dims(S=S, T=T, H=H, P=P, N=N, G=1, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
 
 
+def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
+    """The plan of Mamba-1 at (S, T, H), N = 16, on a GPU: ``want_nch`` chunks per sequence (1: none),
+    and where it cuts, threads enough or the shortest chunks."""
+    d = _dims(S, T, H, 1, 16)
+    pl = plan.plan(d, _limits("discrete"), backward, config.DEFAULTS)
+    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
+    sq = plan.sequential
+    enough, shortest = (sq.TCHUNK_BWD_THREADS, sq.TCHUNK_BWD_MIN) if backward else (sq.TCHUNK_THREADS, sq.TCHUNK_MIN)
+    if pl.tchunk:
+        assert S * H * pl.layout.LN * want_nch >= enough or pl.tchunk == shortest
+    return d, pl
+
+
 @pytest.mark.parametrize(("S", "T", "H", "want_nch"), [
     (1, 512, 1536, 16),     # 1536 rows: chunks of 32 tokens, the shortest
     (1, 16384, 1536, 128),
@@ -211,12 +224,8 @@ def _dims(S, T, H, P, N, mamba1=True) -> Dims:
     (1, 509, 1536, 1),      # a prime length: no chunks
 ])
 def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, want_nch):
-    d = _dims(S, T, H, 1, 16)
-    pl = plan.plan(d, _limits("discrete"), False, config.DEFAULTS)
-    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
+    d, pl = _gpu_plan_in_chunks(S, T, H, want_nch, backward=False)
     if pl.tchunk:
-        threads = S * H * pl.layout.LN * want_nch
-        assert threads >= plan.sequential.TCHUNK_THREADS or pl.tchunk == plan.sequential.TCHUNK_MIN
         names = [k.name for k in kernels_needed(d, pl, False)]
         assert names == ["ssm_scan", "ssm_scan_carry", "ssm_scan"]
         sizes = budget.buffers(d, pl, _limits("discrete"), False)
@@ -231,12 +240,8 @@ def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, w
     (4, 1024, 5120, 1),     # rows enough: token by token
 ])
 def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
-    d = _dims(S, T, H, 1, 16)
-    pl = plan.plan(d, _limits("discrete"), True, config.DEFAULTS)
-    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
+    d, pl = _gpu_plan_in_chunks(S, T, H, want_nch, backward=True)
     if pl.tchunk:
-        threads = S * H * pl.layout.LN * want_nch
-        assert threads >= plan.sequential.TCHUNK_BWD_THREADS or pl.tchunk == plan.sequential.TCHUNK_BWD_MIN
         names = {(k.name, dict(k.defines).get("BSUM", 0), dict(k.defines).get("REVERSE", 0))
                  for k in kernels_needed(d, pl, True)}
         # the summaries, both carries, the checkpoint pass, the walk back, the sums (and the d_s scatter)
