@@ -12,7 +12,7 @@ from ..plan import Window, binding_cap, grid
 from ..plan.sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
-           "scatter_rows", "flag_start", "flag_end", "put_rows"]
+           "scatter_rows", "flag_start", "flag_end", "put_rows", "carry"]
 
 F32 = 4
 
@@ -68,16 +68,18 @@ def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dic
     return binds, offs
 
 
-def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict, hs: int = 1) -> None:
+def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict, hs: int = 1,
+                    no_dt: bool = False) -> None:
     """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H / hs, npb, N)
     -- each the sum of ``hs`` heads of a group -- and d_dt parts (S, T, H, npb)) into d_B, d_C (over
-    each group's heads, then the blocks) and d_dt."""
-    n_out = max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
+    each group's heads, then the blocks) and d_dt; with ``no_dt`` d_dt is not touched (its kernel
+    wrote it whole; the third part is a stand-in)."""
+    n_out = w.S * w.T * d.G * d.N if no_dt else max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
     gx, gy = grid(-(-n_out // specs.FLAT_WG), call.limits)
     out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
     b2, o2 = seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
     push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0, HS=hs)
-    seq.dispatch(kernel(call.ctx, specs.reduce_spec(0)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
+    seq.dispatch(kernel(call.ctx, specs.reduce_spec(0, no_dt)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
                  specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 
@@ -192,3 +194,27 @@ def scatter_rows(ctx, seq, call, lim, d_s0, d_s_at, ids, row: int, R: int) -> No
             push = dict(L=row, n_pairs=len(grp), gx=gx, o_src=o_src, o_dst=o_dst)
             seq.dispatch(k, [src, dst, (table, at, nbytes)], specs.pack_push(specs.ROWS_PUSH, push), (gx, gy, 1))
             at += nbytes + (-nbytes % (4 * align_words))
+
+
+def carry(seq, ws, d, nch: int, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
+    """ssm_scan_carry.comp over ``nch`` chunks per sequence: the chunks' contributions ``b``
+    (S * nch, H, P, N) and decays ``dec`` (S * nch, H, 1 or N) into the values each chunk starts
+    from (written over b), in time order (or ``reverse``); ``st_at``: (buffer, offset) of the
+    sequences' initial values, overwritten with the last ones, unless ``rows`` (the cache binding
+    and its ids) gives the initial values."""
+    lim = ws.limits
+    n = d.S * d.H * d.P * d.N
+    KA = d.N if d.mamba1 else 1
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    gx, gy = grid(-(-n // specs.FLAT_WG), lim)
+    b_st, o_st = ws.bind(*st_at, 0, n)
+    if rows is None:
+        b_s, b_ids, gather, o_s = dummy, dummy, 0, 0
+    else:
+        (b_s, o_s), ids_buf = rows
+        b_ids, gather = (ids_buf, 0, ids_buf.size), 1
+    push = dict(S=d.S, H=d.H, P=d.P, N=d.N, NCH=nch, gx=gx, gather=gather, o_s=o_s, o_ids=0, o_st=o_st)
+    seq.dispatch(kernel(ws.ctx, specs.carry_spec(d, reverse)),
+                 [ws.bind(dec, 0, 0, d.S * nch * d.H * KA)[0], ws.bind(b, 0, 0, n * nch)[0], b_st, b_s, b_ids,
+                  ws.bind(flag, 0, 0, FLAG_ELEMS)[0]],
+                 specs.pack_push(specs.CARRY_PUSH, push), (gx, gy, 1))

@@ -32,8 +32,8 @@ from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import chunk_dims, grid
-from ..plan.sizes import FLAG_ELEMS, time_chunk_scratch
-from .common import flag_end, flag_start, gather_rows, kernel, seq_bindings
+from ..plan.sizes import time_chunk_scratch
+from .common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
 
 __all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
 
@@ -89,26 +89,8 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
 
 
 def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
-    """ssm_scan_carry.comp: the chunks' contributions ``b`` into the values each chunk starts from,
-    in time order (or ``reverse``); ``st_at``: (buffer, offset) of the sequences' initial values,
-    overwritten with the last ones, unless ``rows`` (the cache binding and its ids) gives them."""
-    lim = ws.limits
-    nch = d.T // ws.plan.tchunk
-    n = d.S * d.H * d.P * d.N
-    sizes = time_chunk_scratch(d, ws.plan)
-    dummy = ws.bind(None, 0, 0, 0)[0]
-    gx, gy = grid(-(-n // specs.FLAT_WG), lim)
-    b_st, o_st = ws.bind(*st_at, 0, n)
-    if rows is None:
-        b_s, b_ids, gather, o_s = dummy, dummy, 0, 0
-    else:
-        (b_s, o_s), ids_buf = rows
-        b_ids, gather = (ids_buf, 0, ids_buf.size), 1
-    push = dict(S=d.S, H=d.H, P=d.P, N=d.N, NCH=nch, gx=gx, gather=gather, o_s=o_s, o_ids=0, o_st=o_st)
-    seq.dispatch(kernel(ws.ctx, specs.carry_spec(d, reverse)),
-                 [ws.bind(dec, 0, 0, sizes["dec"])[0], ws.bind(b, 0, 0, sizes["b"])[0], b_st, b_s, b_ids,
-                  ws.bind(flag, 0, 0, FLAG_ELEMS)[0]],
-                 specs.pack_push(specs.CARRY_PUSH, push), (gx, gy, 1))
+    """record.common.carry over this plan's time chunks."""
+    carry(seq, ws, d, d.T // ws.plan.tchunk, dec, b, st_at, rows, flag, reverse)
 
 
 def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
