@@ -6,8 +6,8 @@ A call runs on the device when a plan fits the device's limits (ssm_vk.plan), ev
 its memory and allocation count (plan.budget), and every kernel of the plan can be had and taken
 by the device: its SPIR-V is packaged, cached or compiled now (runtime.shaders), and its
 bindings, push constants, workgroup size and shared memory (read from the SPIR-V itself) are
-within the device's limits. When only the chunked Mamba-2 kernels fail that, the token-sequential
-kernels run the shape and the decision says so.
+within the device's limits. When only the chunked Mamba-2 kernels or the Mamba-1 kernels with
+time in threads fail that, the token-sequential kernels run the shape and the decision says so.
 """
 
 from __future__ import annotations
@@ -66,12 +66,17 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
 
 def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
                     softplus: int = 0) -> tuple[Plan, str]:
-    """(the plan a call runs, why it left out the chunked kernels that plan.plan picked for the
-    shape -- their SPIR-V cannot be had here, or the device does not take them; "" when it did
-    not). ``chunked`` False: never the chunked kernels nor the time chunks (the recompute of a
-    non-finite result).
+    """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
+    in threads that plan.plan picked for the shape -- their SPIR-V cannot be had here, or the
+    device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
+    the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
     ``softplus``: the step's form (kernels.SOFTPLUS). Raises TooLarge when no plan fits."""
     pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked)
+    if pl.m1 is not None:
+        why = kernels_problem(lim, specs.m1_kernels(d, pl.m1, backward, softplus))
+        if why:   # the plan the shape would have without them (time chunks, or token by token)
+            return plan(d, lim, backward, knobs, softplus, time_chunks=chunked, m1=False), why
+        return pl, ""
     if pl.chunked is None:
         return pl, ""
     why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""
@@ -105,6 +110,7 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
         return Support(False, why), False
     where = f"runs on {ctx.info.where} ({ctx.info.name})"
     if dropped:
-        note = f"the token-sequential kernels run it: the chunked kernels cannot ({dropped})"
+        which = "the Mamba-1 kernels with time in threads" if p.dims.mamba1 else "the chunked kernels"
+        note = f"the token-sequential kernels run it: {which} cannot ({dropped})"
         return Support(True, f"{where}; {note}"), True
     return Support(True, where), True

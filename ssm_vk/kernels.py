@@ -16,11 +16,13 @@ from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
+from .plan.m1 import M1Plan, m1_plan
 from .plan.sequential import m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
-           "kernels_needed", "matrix", "FWD_PUSH", "BWD_PUSH", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH",
+           "kernels_needed", "matrix", "m1_spec", "m1_back_spec", "m1_kernels", "M1_PUSH", "M1_BACK_PUSH",
+           "FWD_PUSH", "BWD_PUSH", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH",
            "CHUNK_BINDINGS", "PASS_WG", "PASS_BATCH", "SOFTPLUS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
@@ -31,10 +33,20 @@ BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
 CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")
 RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc", "HS")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
+# The Mamba-1 kernels with time in a workgroup's threads (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp).
+M1_PUSH = ("S", "T", "H", "G", "NCH", "NRB", "gx", "TI", "o_x", "o_dt", "o_A", "o_B", "o_C", "o_gy", "o_y", "o_init",
+           "gather", "o_s", "o_ids", "scatter", "final_state", "keep_step")
+M1_BACK_PUSH = ("S", "T", "H", "G", "NCH", "NRB", "gx", "o_x", "o_dt", "o_A", "o_B", "o_C", "o_gy", "o_init", "o_adj",
+                "o_dx", "o_ddt", "gather", "o_s", "o_ids")
 # The chunked kernels (ssm_vk/glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st")
 CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
                   "sm", "st", "ddtp", "dAp", "flag")
+
+# The d_state values whose Mamba-1 kernels with time in threads the packaged matrix holds: every
+# published Mamba-1 model (mamba-130m..2.8b, Falcon-Mamba, Jamba) has N = 16, and each variant
+# is large (its loops over N and the slice's tokens unrolled).
+M1_PACKAGED_N = (16,)
 
 # Threads per workgroup of the element-wise kernels (reduce, rows).
 FLAT_WG = 64
@@ -108,8 +120,39 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> 
     return KernelSpec("ssm_scan_back", _defs(**defs), 13, BWD_PUSH, lay.WG, _softplus(softplus))
 
 
-def reduce_spec(mode: int) -> KernelSpec:
-    return KernelSpec("ssm_scan_reduce", _defs(WG=FLAT_WG, MODE=mode), 6, RED_PUSH, FLAT_WG)
+def reduce_spec(mode: int, no_dt: bool = False) -> KernelSpec:
+    """ssm_scan_reduce.comp: MODE 0 sums the d_B / d_C (and, unless ``no_dt``, d_dt) partials,
+    MODE 1 d_A's."""
+    defs = dict(WG=FLAT_WG, MODE=mode)
+    if no_dt:
+        defs.update(NODT=1)
+    return KernelSpec("ssm_scan_reduce", _defs(**defs), 6, RED_PUSH, FLAT_WG)
+
+
+def m1_spec(d: Dims, mp: M1Plan, mode: int, adjoint: bool = False, softplus: int = 0) -> KernelSpec:
+    """m1_scan.comp: the summary (``mode`` 0; with ``adjoint`` the backward's over time chunks) or
+    the final pass (1) of the Mamba-1 forward with time in a workgroup's threads."""
+    defs = dict(RW=mp.RW, NW=mp.NW, ND=d.N, MODE=mode, TB=mp.TB)
+    if adjoint:
+        defs.update(ADJ=1)
+    return KernelSpec("m1_scan", _defs(**defs), 15, M1_PUSH, mp.WG, _softplus(softplus))
+
+
+def m1_back_spec(d: Dims, mp: M1Plan, softplus: int = 0) -> KernelSpec:
+    """m1_scan_back.comp: the Mamba-1 backward with time in a workgroup's threads."""
+    defs = dict(RW=mp.RW, NW=mp.NW, ND=d.N, TI=mp.TI, NB=mp.NB)
+    return KernelSpec("m1_scan_back", _defs(**defs), 16, M1_BACK_PUSH, mp.WG, _softplus(softplus))
+
+
+def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[KernelSpec]:
+    """Every kernel the time-in-threads recording of ``d`` dispatches (record/m1.py)."""
+    over_time = [carry_spec(d)] if mp.NCH > 1 else []
+    if not backward:
+        return [m1_spec(d, mp, 0, softplus=softplus), *over_time, m1_spec(d, mp, 1, softplus=softplus)]
+    if mp.NCH > 1:
+        over_time = [m1_spec(d, mp.summary(), 0, adjoint=True, softplus=softplus), carry_spec(d),
+                     carry_spec(d, reverse=True)]
+    return [*over_time, m1_back_spec(d, mp, softplus), reduce_spec(0, no_dt=True), reduce_spec(1)]
 
 
 def rows_spec() -> KernelSpec:
@@ -203,6 +246,9 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
     if pl.chunked is not None:
         # the chunked kernels, and the sequential ones that recompute a call with inf or nan
         return chunk_kernels(d, pl.chunked, backward) + kernels_needed(d, replace(pl, chunked=None), backward)
+    if pl.m1 is not None:
+        # likewise the Mamba-1 kernels with time in threads
+        return m1_kernels(d, pl.m1, backward, pl.softplus) + kernels_needed(d, replace(pl, m1=None), backward)
     if not (pl.windows and d.H * d.P > 0):
         kernels = []
     elif not backward and pl.tchunk:
@@ -263,6 +309,17 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                 add(fwd_spec(d, bwd, checkpoint=False, summary=True))   # plans; TCHUNK forces it for both)
                 add(bwd_spec(d, bwd, summary=True))
                 add(carry_spec(d, reverse=True))
+        for N in sorted(set(n_values) & set(M1_PACKAGED_N)):
+            # the Mamba-1 kernels with time in threads (a GPU's default where they apply), for the
+            # d_state of Mamba-1 models; other N compile them on first use where glslc is, else run
+            # the token-sequential kernels (decision.py)
+            H = 48 * lim.subgroup_size
+            for T, backward in product((64, 4096), (False, True)):
+                d = Dims(S=1, T=T, H=H, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(H, N))
+                mp = m1_plan(d, lim, backward, knobs)
+                if mp is not None:
+                    for spec in m1_kernels(d, mp, backward):
+                        add(spec)
     for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
         add(spec)
     for P in p_values:

@@ -212,7 +212,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
             if kept is not None:
                 kept.ws.lock.release()
         _timing.seq = seq
-        if (cp is not None or ws.plan.tchunk) and ws.nonfinite():
+        if (cp is not None or ws.plan.tchunk or ws.plan.m1 is not None) and ws.nonfinite():
             if device_out:
                 release_all(outs)
             return None

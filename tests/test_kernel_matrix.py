@@ -42,7 +42,25 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
         for spec in kernels.kernels_needed(d, pl, backward):
             if spec.name.startswith("chunk_"):
                 continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
+            if spec.name.startswith("m1_") and N not in kernels.M1_PACKAGED_N:
+                continue     # Mamba-1's time-in-threads kernels: N = 16 only (the others fall back; test_m1_vk)
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
             seen += 1
     assert seen > 500
+
+
+def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():
+    lim = PROFILES["h200"]
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], N_VALUES,
+                                                                                knobs=config.DEFAULTS)}
+    seen = set()
+    for S, T, H, backward in itertools.product((1, 8), (2, 64, 512, 2048, 16384), (1536, 5120), (False, True)):
+        d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
+        pl = plan.plan(d, lim, backward, config.DEFAULTS)
+        assert pl.m1 is not None
+        for spec in kernels.kernels_needed(d, pl, backward):
+            key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
+            assert key in packaged, (d, backward, spec)
+            seen.add(spec.name)
+    assert {"m1_scan", "m1_scan_back", "ssm_scan_carry"} <= seen

@@ -93,3 +93,15 @@ float softplus_grad(float z) {
     }
     return z > 20.0 ? 1.0 : 1.0 / (1.0 + exp(-z));
 }
+
+// softplus(z) and, in ``grad``, its derivative, as the two functions above give them (the same
+// bits), the accurate form's exp(-|z|) taken once for both.
+float softplus_with_grad(float z, out float grad) {
+    if (SOFTPLUS == 1 && z <= 20.0) {
+        float e = exp_nonpositive(-abs(z));
+        grad = z > 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+        return (z > 0.0 ? z : 0.0) + log1p_small(e);
+    }
+    grad = softplus_grad(z);
+    return softplus(z);
+}

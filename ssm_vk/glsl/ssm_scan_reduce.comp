@@ -6,6 +6,7 @@
 //   HS > 1 each d_B / d_C partial already holds the sum of HS heads of a group (the backward's
 //   HSUM): the partials are (S, T, H / HS, NPB, N) and the sum runs over the group's H / G / HS.
 //   Bindings: 0 dBp (S,T,H/HS,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
+//   With NODT, d_dt is left alone (its kernel wrote it whole: m1_scan_back.comp).
 // MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
 //   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
 //   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
@@ -64,12 +65,14 @@ void main() {
         dB[pc.o_3 + e] = sB;
         dC[pc.o_4 + e] = sC;
     }
+#ifndef NODT
     uint n_dt = pc.S * pc.T * pc.H;
     if (e < n_dt) {
         float s = 0.0;
         for (uint b = 0; b < pc.NPB; ++b) s += ddtp[e * pc.NPB + b];
         ddt[pc.o_5 + e] = s;
     }
+#endif
 #else
     uint n_a = pc.H * pc.KA;
     if (e < n_a) {

@@ -50,6 +50,12 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
         sizes.update({f"scratch:{k}": n * F32 for k, n in chunked_scratch(d, pl, backward).items()})
         sizes.update({"scratch:flag": FLAG_ELEMS * F32, "flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
+    if pl.m1 is not None:
+        # the time-in-threads kernels' scratch, and a second set of outputs for the token-sequential
+        # recompute of a call that turns out inf or nan
+        sizes.update({f"scratch:m1:{k}": n * F32 for k, n in table.m1_scratch(d, pl.m1, backward, pl.softplus).items()})
+        sizes.update({"flag_host": 16})
+        sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if pl.tchunk:
         # the chunk tables, and a second set of outputs for the token-sequential recompute of a
         # call that turns out inf or nan
@@ -57,7 +63,7 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
         sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if backward:
-        if not pl.tchunk:   # (the time chunks' own count them, for the chunks as sequences)
+        if not pl.tchunk and pl.m1 is None:   # (the time chunks' own count them, for the chunks as sequences)
             sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
         if d.R * row and d.S > 1:  # the pairs of the d_s scatter: one buffer, its groups aligned
             sizes["const:pairs"] = pairs_bytes(d.S, lim.min_storage_buffer_offset_alignment)

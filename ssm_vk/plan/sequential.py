@@ -85,6 +85,8 @@ class Plan:
     softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     tchunk: int = 0          # parallel over time: tokens per chunk (0: not); the windows and
                              # layout are then those of the chunks as sequences (time_chunk_plan)
+    m1: object = None        # a plan.m1.M1Plan when the Mamba-1 kernels with time in threads run the
+                             # shape (the windows and layout are then the recompute's)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from ssm_ref import Dims
 
 from .chunked import NOT_SCRATCH, scratch_elems
+from .m1 import M1Plan
 from .sequential import Plan, chunk_dims
 
-__all__ = ["input_shapes", "output_shapes", "chunked_scratch", "sequential_scratch", "time_chunk_scratch", "FLAG_ELEMS",
-           "DUMMY_BYTES"]
+__all__ = ["input_shapes", "output_shapes", "chunked_scratch", "sequential_scratch", "time_chunk_scratch", "m1_scratch",
+           "FLAG_ELEMS", "DUMMY_BYTES"]
 
 FLAG_ELEMS = 4      # the chunked kernels' non-finite flag
 DUMMY_BYTES = 16    # the stand-in binding of an empty array
@@ -79,4 +80,28 @@ def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, i
     if backward:
         seq = sequential_scratch(chunk_dims(d, pl.tchunk), pl)
         out.update({f"seq:{k}": v for k, v in seq.items() if k != "st"})
+    return out
+
+
+def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[str, int]:
+    """The scratch of the Mamba-1 kernels with time in threads (record/m1.py), in the order its
+    recording requests it. Forward: the flag, the slices' parts (agg), and over time chunks each
+    chunk's contribution and decay, and with the accurate step (``softplus`` 1) the steps the
+    summary keeps for the final pass. Backward: the flag, the sequences' initial states (when the
+    cache rows are copied), over time chunks each chunk's contribution, decay and adjoint
+    contribution, then the d_B / d_C partials per channel block and d_A's per chunk."""
+    chunks = d.S * mp.NCH * d.H * d.N
+    out = {"flag": FLAG_ELEMS}
+    if not backward:
+        out["agg"] = mp.groups(d) * mp.NW * (d.N + 1) * mp.RW
+        if mp.NCH > 1:
+            out.update(cb=chunks, cdec=chunks)
+        if softplus == 1:
+            out["step"] = d.S * d.T * d.H
+        return out
+    out["st"] = d.S * d.H * d.N
+    if mp.NCH > 1:
+        out.update(cb=chunks, cdec=chunks, cbl=chunks)
+    part = d.S * d.T * mp.NRB * d.N
+    out.update(part_B=part, part_C=part, dAp=chunks)
     return out

@@ -71,9 +71,9 @@ def scatters_in_place(ws, p: Problem, s_at: tuple) -> bool:
     """Whether the forward of ``p`` can write its final states straight into the cache rows
     s[ids] (record_forward's ``scatter``): the token-sequential scan over whole sequences, reading
     those rows in place. (Chunked kernels, time chunks and token windows do not: their states are
-    copied into the rows after the call.)"""
+    copied into the rows after the call; so are the Mamba-1 kernels' with time in threads.)"""
     pl = ws.plan
-    return (pl.chunked is None and not pl.tchunk and not pl.time_split and bool(pl.windows)
+    return (pl.chunked is None and pl.m1 is None and not pl.tchunk and not pl.time_split and bool(pl.windows)
             and p.dims.H * p.dims.P > 0 and _rows_in_place(ws, p, s_at, probe=True) is not None)
 
 

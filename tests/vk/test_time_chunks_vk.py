@@ -26,7 +26,7 @@ VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 
 def chunked_by(T: int, nch: int) -> dict:
     # CHUNK=0: no chunked matrix kernels, which would take long enough Mamba-2 sequences first
-    return {"TCHUNK": T // nch, "CHUNK": 0}
+    return {"TCHUNK": T // nch, "CHUNK": 0, "M1": 0}
 
 
 def drawn_tune(T: int, nch: int) -> dict:
@@ -202,11 +202,17 @@ def _dims(S, T, H, P, N, mamba1=True) -> Dims:
     return Dims(S=S, T=T, H=H, P=P, N=N, G=1, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
 
 
+# The Mamba-1 kernels with time in threads take these shapes on a GPU first (tests/vk/test_m1_vk.py);
+# the time chunks are what a GPU plans where those do not apply, and what these tests pin.
+NO_M1 = config.Settings((("M1", 0),), False)
+
+
 def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
-    """The plan of Mamba-1 at (S, T, H), N = 16, on a GPU: ``want_nch`` chunks per sequence (1: none),
-    and where it cuts, threads enough or the shortest chunks."""
+    """The plan of Mamba-1 at (S, T, H), N = 16, on a GPU without the time-in-threads kernels:
+    ``want_nch`` chunks per sequence (1: none), and where it cuts, threads enough or the shortest
+    chunks."""
     d = _dims(S, T, H, 1, 16)
-    pl = plan.plan(d, _limits("discrete"), backward, config.DEFAULTS)
+    pl = plan.plan(d, _limits("discrete"), backward, NO_M1)
     assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
     sq = plan.sequential
     enough, shortest = (sq.TCHUNK_BWD_THREADS, sq.TCHUNK_BWD_MIN) if backward else (sq.TCHUNK_THREADS, sq.TCHUNK_MIN)
@@ -261,9 +267,9 @@ def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
 ])
 def test_the_mamba1_layouts_on_a_gpu(S, T, H, fwd):
     d = _dims(S, T, H, 1, 16)
-    lay = plan.plan(d, _limits("discrete"), False, config.DEFAULTS).layout
+    lay = plan.plan(d, _limits("discrete"), False, NO_M1).layout
     assert (lay.LN, lay.TB, lay.SPREAD) == (*fwd, 1)
-    back = plan.plan(d, _limits("discrete"), True, config.DEFAULTS).layout
+    back = plan.plan(d, _limits("discrete"), True, NO_M1).layout
     assert (back.LN, back.K, back.TBR, back.SPREAD, back.HSUM) == (4, 4, 4, 1, 1)
     # a CPU device keeps the forward's two values per lane in blocks of four tokens
     cpu = plan.plan(d, _limits("cpu"), False, config.DEFAULTS).layout
@@ -294,7 +300,7 @@ def test_not_on_a_cpu_device_nor_for_mamba2(device_type):
         d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
         assert plan.plan(d2, _limits("discrete"), backward, config.DEFAULTS).tchunk == 0
         # and the recompute of a non-finite result never takes them
-        assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, config.DEFAULTS,
+        assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, NO_M1,
                          time_chunks=False).tchunk == 0
 
 

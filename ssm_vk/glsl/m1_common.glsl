@@ -1,0 +1,61 @@
+// Shared parts of the Mamba-1 kernels that spread time over a workgroup's threads (m1_scan.comp,
+// m1_scan_back.comp). Letters as in docs/SPEC.md:
+//   N d_state · H channels (Mamba-1's heads, P = 1) · G groups · T tokens · S sequences
+//
+// Layout: a workgroup holds RW consecutive channels h of one sequence (one per lane of a subgroup:
+// RW is the subgroup size) and one time chunk of L = NW * TI tokens, cut into NW slices of TI
+// tokens, one slice per subgroup. A thread is one channel x one slice and keeps all N state
+// values of its channel in registers, so the sums over n (y, the gradient's row sums) are its own,
+// and the B and C of a token are the same for every lane of a subgroup (one broadcast load).
+// Slices compose through shared memory in slice order; chunks (NCH > 1) through
+// ssm_scan_carry.comp, between a summary pass and the final one.
+//
+// Defines (set by ssm_vk/kernels.py): RW (lanes per subgroup, the subgroup size the plan was
+// made for), NW (slices = subgroups per workgroup), ND (= N). Tokens per slice: ti below (the
+// backward's define TI, the forward's push constant).
+// Workgroups enumerate (sequence i, chunk c, channel block rb), rb fastest, over a grid gx wide.
+
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#extension GL_EXT_control_flow_attributes : enable
+
+layout(local_size_x = RW * NW, local_size_y = 1, local_size_z = 1) in;
+
+const uint WG = RW * NW;
+
+#include "math.glsl"
+
+// Bindings 0-4, the same in both kernels (float32; indices relative to the element offsets o_*):
+// x (S, T, H), dt (S, T, H), A (H, N), B and C (S, T, G, N).
+layout(std430, binding = 0) readonly buffer Bx { float x[]; };
+layout(std430, binding = 1) readonly buffer Bdt { float dt[]; };
+layout(std430, binding = 2) readonly buffer BA { float A[]; };
+layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
+layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
+
+bool finite(float v) { return abs(v) <= 3.4028234664e38; }   // false for inf and nan
+
+// The thread's place: sequence i, chunk c, channel block rb; channel h and its group g; lane
+// (= h - rb * RW) and slice; the slice's first token t0 and its number of tokens nt (0 past T).
+struct Slot {
+    uint i, c, rb, h, g, lane, slice, t0, nt;
+};
+
+// The slot of this thread, or false for a workgroup past the problem (the grid is rounded up) and
+// for subgroups other than the plan's (then every thread of the workgroup returns, and the host
+// is told through the flag's bit 2: it recomputes the call with the token-sequential kernels).
+bool slot_of(out Slot r, uint gx, uint S, uint T, uint H, uint G, uint NCH, uint NRB, uint ti) {
+    uint wg = gl_WorkGroupID.y * gx + gl_WorkGroupID.x;
+    r.rb = wg % NRB;
+    r.c = (wg / NRB) % NCH;
+    r.i = wg / (NRB * NCH);
+    r.lane = gl_SubgroupInvocationID;
+    r.slice = gl_SubgroupID;
+    r.h = r.rb * RW + r.lane;
+    r.g = r.h / (H / G);
+    r.t0 = (r.c * NW + r.slice) * ti;
+    r.nt = r.t0 < T ? min(ti, T - r.t0) : 0u;
+    return r.i < S;
+}
+
+bool subgroups_as_planned() { return gl_SubgroupSize == RW && gl_NumSubgroups == NW; }

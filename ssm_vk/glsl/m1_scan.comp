@@ -1,0 +1,276 @@
+#version 450
+// Mamba-1 forward with time spread over a workgroup's threads (layout: m1_common.glsl). Two modes:
+//
+// MODE 0, the summary: each thread walks its slice's tokens from a zero state, keeping the
+//   slice's part of the state z[n] (what the slice adds) and the sum D of its steps (its decay is
+//   exp(D A[h, n])). The workgroup then composes its slices in order for each (channel, n):
+//       pre_v = acc;   acc = exp(D_v A) acc + z_v        (acc = 0 before slice 0)
+//   and writes each slice's pre_v and the sum of the D before it (agg) for the final pass; with
+//   NCH > 1 also the chunk's contribution acc and decay (the product of the exp(D_v A)) for
+//   ssm_scan_carry.comp. With ADJ (the backward's summary over time chunks) it also keeps the
+//   slice's part of the adjoint, w[n] = sum_t (prod_{t' <= t} a_t'[n]) g_y_t C_t[n], composes
+//   those in reverse slice order into the chunk's adjoint contribution, and writes no agg.
+// MODE 1, the final pass: each thread starts from its slice's state, exp(pre_D A) s_c + pre_z
+//   (s_c: the chunk's initial state -- the carry's, or with NCH = 1 the sequence's), walks its
+//   tokens and writes y; with pc.final_state (NCH = 1), the last slice writes the final state.
+//
+// Bindings (0-4 in m1_common.glsl; float32 unless noted; o_* element offsets of the bound windows):
+//   5 gy   (S, T, H)               readonly (ADJ); without ADJ, with pc.keep_step: the steps
+//          softplus(dt) (S, T, H), written by MODE 0 and read by MODE 1 instead of dt (the accurate
+//          form's step costs as much as a token's state updates here)
+//   6 y    (S, T, H)               written (MODE 1)
+//   7 init (S, H, N) or (S*NCH, H, N)   MODE 1: the initial states -- the sequences' (NCH = 1,
+//          unless gather), overwritten with the final states when final_state and not scatter; or
+//          every chunk's (NCH > 1, the carry's output)
+//   8 agg  (S*NCH*NRB, NW, N + 1, RW)   per slice: pre_z[n], then pre_D (written by MODE 0, read by 1)
+//   9 cb   (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's contribution
+//  10 cdec (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's decay
+//  11 cbl  (S*NCH, H, N)           MODE 0 with ADJ: the chunk's adjoint contribution
+//  12 s    (R, H, N)               the state cache: initial states read from s[ids] when gather;
+//                                  final states written there when scatter (MODE 1, NCH = 1)
+//  13 ids  (S) uint                readonly, when gather
+//  14 flag (uint)                  bit 0: a value that is not finite; bit 1: other subgroups than planned
+// Push constants: PC below (ssm_vk/kernels.py M1_PUSH; TI: tokens per slice). Defines:
+// m1_common.glsl's, MODE, ADJ.
+
+#include "m1_common.glsl"
+
+#ifndef ADJ
+#define ADJ 0
+#endif
+
+#if ADJ
+layout(std430, binding = 5) readonly buffer Bgy { float gy[]; };
+#else
+layout(std430, binding = 5) buffer Bstep { float dstep[]; };
+#endif
+layout(std430, binding = 6) writeonly buffer By { float y[]; };
+layout(std430, binding = 7) buffer Binit { float init_st[]; };
+layout(std430, binding = 8) buffer Bagg { float agg[]; };
+layout(std430, binding = 9) writeonly buffer Bcb { float cb[]; };
+layout(std430, binding = 10) writeonly buffer Bcdec { float cdec[]; };
+layout(std430, binding = 11) writeonly buffer Bcbl { float cbl[]; };
+layout(std430, binding = 12) buffer Bs { float s_in[]; };
+layout(std430, binding = 13) readonly buffer Bids { uint ids[]; };
+layout(std430, binding = 14) buffer Bflag { uint flag[]; };
+
+layout(push_constant) uniform PC {
+    uint S, T, H, G, NCH, NRB, gx, TI;
+    uint o_x, o_dt, o_A, o_B, o_C, o_gy, o_y, o_init;
+    uint gather, o_s, o_ids, scatter, final_state, keep_step;
+} pc;
+
+#if MODE == 0
+shared float zs[NW * ND * RW];      // [slice][n][lane]
+#if ADJ
+shared float wsh[NW * ND * RW];
+#endif
+shared float Ds[NW * RW];           // [slice][lane]
+#endif
+
+// Tokens per block of loads (TB, a define: default 8): a block's x and dt (this thread's) and its B
+// and C (spread over the subgroup's lanes: lane l holds values k * RW + l of the block's TB x N,
+// read by every lane through subgroupShuffle) are loaded together, so their latencies overlap;
+// the loads of B and C are coalesced instead of a broadcast load per value and lane.
+#ifndef TB
+#define TB 8
+#endif
+const uint KB = (TB * ND + RW - 1) / RW;
+
+void load_tokens(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB]) {
+    [[unroll]] for (uint j = 0; j < TB; ++j) {
+        bool on = j < nb;
+        uint t = (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h;
+        float xv = on ? x[pc.o_x + t] : 0.0;
+#if MODE == 1 && !ADJ
+        if (pc.keep_step != 0u) {                      // uniform
+            dv[j] = on ? dstep[t] : 0.0;
+        } else {
+            dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
+        }
+#else
+        dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
+#if !ADJ
+        if (on && pc.keep_step != 0u) dstep[t] = dv[j];
+#endif
+#endif
+        uv[j] = xv * dv[j];
+    }
+}
+
+void load_spread(Slot r, uint j0, uint nb, uint base, out float v[KB], bool is_c) {
+    [[unroll]] for (uint k = 0; k < KB; ++k) {
+        uint e = k * RW + r.lane;
+        uint tj = e / ND, n = e % ND;
+        bool on = e < TB * ND && tj < nb;
+        uint o = ((r.i * pc.T + r.t0 + j0 + (on ? tj : 0u)) * pc.G + r.g) * ND + n;
+        v[k] = on ? (is_c ? Cm[base + o] : Bm[base + o]) : 0.0;
+    }
+}
+
+#if MODE == 0 && !ADJ
+void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB]) {
+    load_tokens(r, j0, nb, dv, uv);
+    load_spread(r, j0, nb, pc.o_B, vb, false);
+}
+#elif MODE == 0
+void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float gv[TB], out float vb[KB],
+                out float vc[KB]) {
+    load_tokens(r, j0, nb, dv, uv);
+    [[unroll]] for (uint j = 0; j < TB; ++j) {
+        bool on = j < nb;
+        gv[j] = on ? gy[pc.o_gy + (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h] : 0.0;
+    }
+    load_spread(r, j0, nb, pc.o_B, vb, false);
+    load_spread(r, j0, nb, pc.o_C, vc, true);
+}
+#else
+void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB], out float vc[KB]) {
+    load_tokens(r, j0, nb, dv, uv);
+    load_spread(r, j0, nb, pc.o_B, vb, false);
+    load_spread(r, j0, nb, pc.o_C, vc, true);
+}
+#endif
+
+void main() {
+    if (!subgroups_as_planned()) {
+        if (gl_LocalInvocationIndex == 0) atomicOr(flag[0], 2u);
+        return;
+    }
+    Slot r;
+    if (!slot_of(r, pc.gx, pc.S, pc.T, pc.H, pc.G, pc.NCH, pc.NRB, pc.TI)) return;   // the whole workgroup
+    uint wgid = (r.i * pc.NCH + r.c) * pc.NRB + r.rb;
+    float Ar[ND];
+    [[unroll]] for (uint n = 0; n < ND; ++n) Ar[n] = A[pc.o_A + r.h * ND + n];
+    bool ok = true;
+
+#if MODE == 0
+    float z[ND];
+#if ADJ
+    float w[ND], P[ND];
+#endif
+    [[unroll]] for (uint n = 0; n < ND; ++n) {
+        z[n] = 0.0;
+#if ADJ
+        w[n] = 0.0;
+        P[n] = 1.0;
+#endif
+    }
+    float D = 0.0;
+    for (uint j0 = 0; j0 < r.nt; j0 += TB) {          // uniform in a subgroup
+        uint nb = min(TB, r.nt - j0);
+        float dv[TB], uv[TB], vb[KB];
+#if ADJ
+        float gv[TB], vc[KB];
+        load_block(r, j0, nb, dv, uv, gv, vb, vc);
+#else
+        load_block(r, j0, nb, dv, uv, vb);
+#endif
+        [[unroll]] for (uint j = 0; j < TB; ++j) {
+            if (j < nb) {                              // uniform in a subgroup
+                D += dv[j];
+                [[unroll]] for (uint n = 0; n < ND; ++n) {
+                    const uint e = j * ND + n;
+                    float a = exp(dv[j] * Ar[n]);
+                    z[n] = z[n] * a + subgroupShuffle(vb[e / RW], e % RW) * uv[j];
+#if ADJ
+                    P[n] *= a;
+                    w[n] += P[n] * (gv[j] * subgroupShuffle(vc[e / RW], e % RW));
+#endif
+                }
+            }
+        }
+    }
+    uint me = r.slice * RW + r.lane;
+    [[unroll]] for (uint n = 0; n < ND; ++n) {
+        zs[(r.slice * ND + n) * RW + r.lane] = z[n];
+#if ADJ
+        wsh[(r.slice * ND + n) * RW + r.lane] = w[n];
+#endif
+    }
+    Ds[me] = D;
+    barrier();
+    // Compose the slices of each (channel, n) in order; each thread takes some of the RW * ND chains.
+    for (uint q = gl_LocalInvocationIndex; q < RW * ND; q += WG) {
+        uint lane = q % RW, n = q / RW;
+        uint h = r.rb * RW + lane;
+        float An = A[pc.o_A + h * ND + n];
+        float acc = 0.0, dec = 1.0;
+        for (uint v = 0; v < NW; ++v) {
+            float e = exp(Ds[v * RW + lane] * An);
+            uint k = (v * ND + n) * RW + lane;
+            float zv = zs[k];
+            zs[k] = acc;                               // the state before slice v, from zero
+            acc = e * acc + zv;
+            dec *= e;
+        }
+        if (pc.NCH > 1u) {
+            uint o = ((r.i * pc.NCH + r.c) * pc.H + h) * ND + n;
+            cb[o] = acc;
+            cdec[o] = dec;
+#if ADJ
+            float accl = 0.0;
+            for (uint v = NW; v > 0; --v) {
+                float e = exp(Ds[(v - 1) * RW + lane] * An);
+                accl = e * accl + wsh[((v - 1) * ND + n) * RW + lane];
+            }
+            cbl[o] = accl;
+#endif
+        }
+    }
+#if !ADJ
+    barrier();
+    float preD = 0.0;
+    for (uint v = 0; v < r.slice; ++v) preD += Ds[v * RW + r.lane];
+    uint base = (wgid * NW + r.slice) * (ND + 1);
+    [[unroll]] for (uint n = 0; n < ND; ++n) agg[(base + n) * RW + r.lane] = zs[(r.slice * ND + n) * RW + r.lane];
+    agg[(base + ND) * RW + r.lane] = preD;
+#endif
+
+#else   // MODE 1
+    float st[ND];
+    uint row = r.i * pc.H + r.h;
+    uint base = (wgid * NW + r.slice) * (ND + 1);
+    float preD = agg[(base + ND) * RW + r.lane];
+    uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + r.h : row;
+    uint srow = pc.gather != 0u ? ids[pc.o_ids + r.i] * pc.H + r.h : 0u;
+    [[unroll]] for (uint n = 0; n < ND; ++n) {
+        float s0 = (pc.gather != 0u && pc.NCH == 1u) ? s_in[pc.o_s + srow * ND + n]
+                                                     : init_st[pc.o_init + src * ND + n];
+        st[n] = exp(preD * Ar[n]) * s0 + agg[(base + n) * RW + r.lane];
+        ok = ok && finite(st[n]);
+    }
+    // Every read of the chunk's initial state is done before the last slice writes the final
+    // state over it (init or s[ids]: the same rows with NCH = 1).
+    barrier();
+    for (uint j0 = 0; j0 < r.nt; j0 += TB) {          // uniform in a subgroup
+        uint nb = min(TB, r.nt - j0);
+        float dv[TB], uv[TB], vb[KB], vc[KB];
+        load_block(r, j0, nb, dv, uv, vb, vc);
+        [[unroll]] for (uint j = 0; j < TB; ++j) {
+            if (j < nb) {                              // uniform in a subgroup
+                float acc = 0.0;
+                [[unroll]] for (uint n = 0; n < ND; ++n) {
+                    const uint e = j * ND + n;
+                    float a = exp(dv[j] * Ar[n]);
+                    st[n] = st[n] * a + subgroupShuffle(vb[e / RW], e % RW) * uv[j];
+                    acc += st[n] * subgroupShuffle(vc[e / RW], e % RW);
+                }
+                y[pc.o_y + (r.i * pc.T + r.t0 + j0 + j) * pc.H + r.h] = acc;
+                ok = ok && finite(acc);
+            }
+        }
+    }
+    if (pc.final_state != 0u && r.slice == NW - 1u) {
+        [[unroll]] for (uint n = 0; n < ND; ++n) {
+            if (pc.scatter != 0u) {
+                s_in[pc.o_s + srow * ND + n] = st[n];
+            } else {
+                init_st[pc.o_init + row * ND + n] = st[n];
+            }
+            ok = ok && finite(st[n]);
+        }
+    }
+#endif
+    if (!ok) atomicOr(flag[0], 1u);
+}

@@ -1,0 +1,144 @@
+"""Planning of the Mamba-1 kernels that spread time over a workgroup's threads
+(ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp; the layout is described in m1_common.glsl).
+
+A workgroup holds RW channels (one per lane of a subgroup: RW is the subgroup size) and one time
+chunk of NW slices x TI tokens (one slice per subgroup); each thread keeps its channel's N state
+values in registers. Long sequences are cut into NCH chunks, composed by ssm_vk/glsl/
+ssm_scan_carry.comp between a summary pass and the final one.
+
+Pure Python (no Vulkan), unit-tested against small fake limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ssm_ref import Dims
+
+from ..config import Settings, settings
+from .limits import F32, Limits, binding_cap
+
+__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_NW", "M1_FWD_NW", "M1_SNW"]
+
+M1_MAX_N = 32          # state values a thread holds in registers, at most
+# The forward cuts time until about M1_THREADS threads run (about what an H200 holds at once),
+# with at least M1_FWD_TI_MIN tokens per slice; its tokens per slice are a push constant.
+M1_THREADS = 1 << 18
+M1_FWD_TI_MIN = 8
+M1_BWD_TI = 8          # the backward's tokens per slice (a define: its registers hold them)
+M1_NW = 8              # slices per workgroup of the backward, at most
+M1_FWD_NW = 4          # ... of the forward
+M1_SNW = 2             # slices per workgroup of the backward's summary over time chunks
+
+
+@dataclass(frozen=True)
+class M1Plan:
+    """How a Mamba-1 problem maps onto the time-in-threads kernels."""
+
+    RW: int     # channels per workgroup: the subgroup size
+    NW: int     # slices (subgroups) per workgroup
+    TI: int     # tokens per slice
+    NB: int     # backward: state values per round of the walk back (divides N)
+    NCH: int    # time chunks per sequence
+    NRB: int    # channel blocks: H / RW
+    TB: int = 8  # forward: tokens per block of loads
+    SNW: int = 1  # backward over time chunks: slices per workgroup of its summary (each NW * TI / SNW tokens)
+
+    def summary(self) -> M1Plan:
+        """The plan of the backward's summary pass over the same chunks: SNW slices of L / SNW
+        tokens (longer slices than the walk back's: the summary keeps no history per token)."""
+        return replace(self, NW=self.SNW, TI=self.L // self.SNW)
+
+    @property
+    def L(self) -> int:
+        """Tokens per chunk."""
+        return self.NW * self.TI
+
+    @property
+    def WG(self) -> int:
+        return self.RW * self.NW
+
+    def groups(self, d: Dims) -> int:
+        """Workgroups of one pass: (sequence, chunk, channel block)."""
+        return d.S * self.NCH * self.NRB
+
+
+def shared_bytes(N: int, RW: int, NW: int, backward: bool) -> int:
+    """Shared memory of a workgroup: the slices' parts of the state (and of the adjoint) and steps."""
+    return ((2 * N if backward else N) + 1) * NW * RW * F32
+
+
+def applies(d: Dims, lim: Limits, knobs: Settings) -> str:
+    """Why the time-in-threads kernels do not take ``d`` on a device of ``lim`` ("" when they do)."""
+    forced = knobs.knob("M1", None)
+    if forced == 0:
+        return "M1=0"
+    if not d.mamba1 or d.P != 1:
+        return "not Mamba-1 with one channel per head"
+    if d.T < 2 or d.S == 0 or d.H == 0 or d.N == 0:
+        return "fewer than two tokens"
+    if forced is None and lim.device_type == "cpu":
+        return "a CPU device (the token-sequential kernels fill its cores)"
+    if not {"basic", "shuffle"} <= set(lim.subgroup_ops):
+        return "no subgroup shuffles"
+    RW = lim.subgroup_size
+    if RW < 2 or RW & (RW - 1):
+        return "a subgroup size that is no power of two"
+    if d.H % RW or (d.H // d.G) % RW:
+        return f"channels per group not a multiple of the subgroup size {RW}"
+    if d.N > M1_MAX_N:
+        return f"N above {M1_MAX_N}"
+    return ""
+
+
+def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool) -> int:
+    RW = lim.subgroup_size
+    NW = knobs.knob("M1_NW", M1_NW if backward else M1_FWD_NW)
+    most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    while NW > 1 and (NW * RW > most or shared_bytes(d.N, RW, NW, backward) > lim.max_shared_memory):
+        NW //= 2
+    if NW * RW > most or shared_bytes(d.N, RW, NW, backward) > lim.max_shared_memory:
+        return 0
+    return NW
+
+
+def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> M1Plan | None:
+    """The plan of the time-in-threads kernels for ``d``, or None where they do not apply
+    (:func:`applies`), the workgroup does not fit the device, or an array is beyond one binding
+    (those shapes keep the token-sequential kernels' windows). On a CPU device only with the
+    knob M1=1 (the tests)."""
+    knobs = settings() if knobs is None else knobs
+    if applies(d, lim, knobs):
+        return None
+    RW = lim.subgroup_size
+    NW = _slices(d, lim, knobs, backward)
+    if not NW:
+        return None
+    if backward:
+        TI = knobs.knob("M1_TI", M1_BWD_TI)
+        NB = knobs.knob("M1_NB", 2 if d.N % 2 == 0 else 1)
+        if d.N % NB:
+            NB = 1
+    else:
+        TI = knobs.knob("M1_FTI", 0)
+        if not TI:
+            per_row = -(-M1_THREADS // (d.S * d.H))           # slices wanted per sequence and channel
+            TI = max(M1_FWD_TI_MIN, -(-d.T // per_row))
+        NB = 1
+    TI = max(1, min(TI, d.T)) if not backward else TI
+    NCH = -(-d.T // (NW * TI))
+    plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // RW, TB=knobs.knob("M1_TB", 8),
+                  SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)))
+    cap = binding_cap(lim)
+    per_chunk = d.S * NCH * d.H * d.N
+    sizes = [d.S * d.T * d.H, d.S * d.T * d.G * d.N, d.R * d.H * d.N, per_chunk]
+    if backward:
+        sizes.append(d.S * d.T * plan.NRB * d.N)
+    else:
+        sizes.append(plan.groups(d) * NW * (d.N + 1) * RW)
+    if max(sizes) > cap:
+        return None
+    mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]
+    if plan.groups(d) > mx * my:
+        return None
+    return plan

@@ -1,0 +1,100 @@
+"""The planner of the Mamba-1 kernels with time in a workgroup's threads (ssm_vk/plan/m1.py): where
+it takes a shape (Mamba-1 with P = 1 on a GPU, channels per group a multiple of the subgroup
+size, N up to 32) and where it leaves it to the token-sequential kernels; the chunks, slices and
+workgroups it plans on an H200's and smaller limits; the kernels and buffers that follow. Pure
+Python (no Vulkan)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssm_ref import Dims
+from ssm_vk import config, kernels, plan
+from ssm_vk.plan import Limits, budget
+from ssm_vk.plan.m1 import M1_THREADS, shared_bytes
+
+OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative"})
+
+
+def limits(device_type="discrete", sg=32, shared=48 << 10, ops=OPS, invocations=1024) -> Limits:
+    return Limits(subgroup_size=sg, subgroup_ops=ops, max_workgroup_invocations=invocations,
+                  max_shared_memory=shared, max_workgroup_count=(2**31 - 1, 65535, 65535),
+                  max_storage_buffer_range=2**32 - 1, max_memory_allocation_size=2**32,
+                  min_storage_buffer_offset_alignment=16, max_workgroup_size=(1024, 1024, 64),
+                  device_type=device_type)
+
+
+def m1(S, T, H, N=16, G=1) -> Dims:
+    return Dims(S=S, T=T, H=H, P=1, N=N, G=G, R=S, mamba1=True, a_shape=(H, N))
+
+
+@pytest.mark.parametrize(("S", "T", "H"), [(1, 512, 1536), (8, 2048, 1536), (1, 16384, 1536), (4, 1024, 5120)])
+def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
+    d = m1(S, T, H)
+    fwd = plan.plan(d, limits(), False, config.DEFAULTS)
+    bwd = plan.plan(d, limits(), True, config.DEFAULTS)
+    for pl, backward in ((fwd, False), (bwd, True)):
+        mp = pl.m1
+        assert mp is not None and pl.tchunk == 0 and pl.chunked is None
+        assert (mp.RW, mp.NRB) == (32, H // 32)
+        assert mp.NCH == -(-T // mp.L)                        # every token in a chunk, the last one partial
+        assert shared_bytes(16, mp.RW, mp.NW, backward) <= 48 << 10
+    # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
+    assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H))))
+    assert (bwd.m1.TI, bwd.m1.NB, bwd.m1.NW) == (8, 2, 8)
+
+
+def test_the_kernels_and_buffers_of_a_plan():
+    d = m1(2, 4096, 1536)
+    lim = limits()
+    fwd = plan.plan(d, lim, False, config.DEFAULTS)
+    names = [(k.name, dict(k.defines).get("MODE")) for k in kernels.kernels_needed(d, fwd, False)]
+    assert names[:3] == [("m1_scan", 0), ("ssm_scan_carry", None), ("m1_scan", 1)]
+    assert ("ssm_scan", None) in names        # the token-sequential forward, for a call with inf or nan
+    bwd = plan.plan(d, lim, True, config.DEFAULTS)
+    specs = kernels.kernels_needed(d, bwd, True)
+    assert [k.name for k in specs[:6]] == ["m1_scan", "ssm_scan_carry", "ssm_scan_carry", "m1_scan_back",
+                                           "ssm_scan_reduce", "ssm_scan_reduce"]
+    assert dict(specs[0].defines)["ADJ"] == 1 and dict(specs[0].defines)["NW"] == bwd.m1.SNW
+    sizes = budget.buffers(d, bwd, lim, True)
+    assert sizes["scratch:m1:part_B"] == 4 * 2 * 4096 * (1536 // 32) * 16
+    assert sizes["scratch:m1:cbl"] == 4 * 2 * bwd.m1.NCH * 1536 * 16
+    assert "rerun:out:d_x" in sizes and "flag_host" in sizes
+
+
+@pytest.mark.parametrize(("d", "lim", "why"), [
+    (m1(1, 512, 1536), limits("cpu"), "a CPU device"),
+    (m1(1, 512, 1536, N=33), limits(), "N above 32"),
+    (m1(1, 512, 1528), limits(), "not a multiple of the subgroup size"),
+    (m1(1, 512, 1536, G=96), limits(), "channels per group"),
+    (m1(1, 1, 1536), limits(), "fewer than two tokens"),
+    (m1(1, 512, 1536), limits(ops=frozenset({"basic", "arithmetic"})), "no subgroup shuffles"),
+    (Dims(S=1, T=512, H=24, P=64, N=16, G=1, R=1, mamba1=True, a_shape=(24, 16)), limits(), "one channel per head"),
+    (Dims(S=1, T=512, H=1536, P=1, N=16, G=1, R=1, mamba1=False, a_shape=(1536,)), limits(), "not Mamba-1"),
+])
+def test_shapes_they_leave_to_the_other_kernels(d, lim, why):
+    assert why in plan.m1.applies(d, lim, config.DEFAULTS)
+    for backward in (False, True):
+        assert plan.plan(d, lim, backward, config.DEFAULTS).m1 is None
+
+
+def test_the_knob_and_the_recompute_of_a_nonfinite_call():
+    d = m1(1, 512, 1536)
+    off = config.Settings((("M1", 0),), False)
+    on_cpu = config.Settings((("M1", 1),), False)
+    for backward in (False, True):
+        assert plan.plan(d, limits(), backward, off).m1 is None
+        assert plan.plan(d, limits(), backward, config.DEFAULTS, time_chunks=False).m1 is None
+        assert plan.plan(d, limits("cpu"), backward, on_cpu).m1 is not None
+
+
+def test_slices_shrink_to_the_shared_memory_and_threads_a_device_has():
+    d = m1(1, 4096, 256)
+    small = limits(sg=8, shared=16 << 10, invocations=128)
+    for backward in (False, True):
+        mp = plan.plan(d, small, backward, config.DEFAULTS).m1
+        assert mp.RW == 8 and mp.WG <= 128 and shared_bytes(16, 8, mp.NW, backward) <= 16 << 10
+    # a subgroup of 64 at 16 KiB: the backward's slices shrink to what fits
+    wide = limits(sg=64, shared=16 << 10)
+    mp = plan.plan(m1(1, 4096, 512), wide, True, config.DEFAULTS).m1
+    assert mp.NW == 1 and shared_bytes(16, 64, 1, True) <= 16 << 10
