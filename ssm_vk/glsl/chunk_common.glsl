@@ -56,6 +56,7 @@ layout(push_constant) uniform PC {
     uint NCH;          // chunks per sequence: ceil(T / CL)
     uint gx;           // workgroups along x (the grid is 2-D when it must be)
     uint o_x, o_dt, o_B, o_C, o_gy, o_out, o_st;
+    uint o_A;          // element offset of A in its binding
 } pc;
 
 // Slots of sm: 0 the in-chunk part of the decay gradient (sum of W over r >= t > s);

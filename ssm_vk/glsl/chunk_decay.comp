@@ -33,7 +33,7 @@ void main() {
     uint Lc = chunk_len(c);
     uint hm = head_mat(i, c, h), gm = group_mat(i, c, g);
     uint lid = gl_LocalInvocationIndex;
-    float Ah = A[h];
+    float Ah = A[pc.o_A + h];
     for (uint t = lid; t < CL; t += WG)
         la[t] = t < Lc ? softplus(dt[pc.o_dt + tok(i, c, t) * pc.H + h]) * Ah : 0.0;
     barrier();

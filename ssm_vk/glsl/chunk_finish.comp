@@ -37,7 +37,7 @@ void main() {
         be[t] = b;
     }
     barrier();
-    float Ah = A[h];
+    float Ah = A[pc.o_A + h];
     for (uint t = lid; t < CL; t += WG) {
         float q = 0.0;
         if (t < Lc) {

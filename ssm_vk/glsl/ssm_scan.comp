@@ -58,6 +58,7 @@ layout(push_constant) uniform PC {
     uint o_x, o_dt, o_B, o_C, o_y, o_st, o_ck;
     uint gather, o_s, o_ids;  // initial states from s[ids] (see above); offsets of s and ids
     uint scatter;             // final states into s[ids] instead of st (see above)
+    uint o_A;                 // element offset of A in its binding
 } pc;
 
 void main() {
@@ -81,11 +82,11 @@ void main() {
             st[k] = on ? st_buf[pc.o_st + row * pc.N + n] : 0.0;
         }
 #if MAMBA1
-        Ar[k] = on ? A[h * pc.N + n] : 0.0;
+        Ar[k] = on ? A[pc.o_A + h * pc.N + n] : 0.0;
 #endif
     }
 #if !MAMBA1
-    float Ah = live ? A[h] : 0.0;
+    float Ah = live ? A[pc.o_A + h] : 0.0;
 #endif
 #if SUMMARY && MAMBA1
     float dec[NPL];

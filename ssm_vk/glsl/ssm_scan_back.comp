@@ -57,6 +57,7 @@ layout(push_constant) uniform PC {
     uint HB, PB, NHB, NPB, gx;
     uint NC, c0;
     uint o_x, o_dt, o_B, o_C, o_gy, o_lam, o_ck, o_dx, o_dA;
+    uint o_A;
 } pc;
 
 const uint NMAX = LN * NPL;                 // n slots per row in shared memory
@@ -72,13 +73,13 @@ void main() {
 #if MAMBA1
     float Ar[NPL];
 #else
-    float Ah = live ? A[h] : 0.0;
+    float Ah = live ? A[pc.o_A + h] : 0.0;
 #endif
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         lam_c[k] = 0.0;
 #if MAMBA1
         uint n = lane + k * LN;
-        Ar[k] = live && n < pc.N ? A[h * pc.N + n] : 0.0;
+        Ar[k] = live && n < pc.N ? A[pc.o_A + h * pc.N + n] : 0.0;
 #endif
     }
     // Blocks of TB tokens from the end: the block's loads first (they do not depend on lam),
@@ -139,7 +140,7 @@ void main() {
     float Ar[NPL];
     float dA_acc[NPL];
 #else
-    float Ah = live ? A[h] : 0.0;
+    float Ah = live ? A[pc.o_A + h] : 0.0;
     float dA_acc = 0.0;
 #endif
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
@@ -147,7 +148,7 @@ void main() {
         bool on = live && n < pc.N;
         lam_c[k] = on ? lam_buf[pc.o_lam + row * pc.N + n] : 0.0;
 #if MAMBA1
-        Ar[k] = on ? A[h * pc.N + n] : 0.0;
+        Ar[k] = on ? A[pc.o_A + h * pc.N + n] : 0.0;
         dA_acc[k] = 0.0;
 #endif
     }

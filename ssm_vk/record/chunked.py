@@ -51,7 +51,7 @@ class _Chunked:
         dummy = self.ws.bind(None, 0, 0, 0)[0]
         b = {**self.binds, **{k: v for k, v in extra.items() if not k.startswith("o_")}}
         push = dict(S=self.w.S, T=self.d.T, H=self.d.H, G=self.d.G, NCH=self.cp.NCH, gx=gx,
-                    o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0)
+                    o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0, o_A=0)
         push.update(self.offs)
         push.update({k: v for k, v in extra.items() if k.startswith("o_")})
         self.seq.dispatch(kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in specs.CHUNK_BINDINGS],
@@ -90,7 +90,7 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
         names["gy"] = "o_gy"
     b, o = seq_bindings(ws, d, w, tok, names)
     b["flag"] = ws.bind(scratch["flag"], 0, 0, FLAG_ELEMS)[0]
-    b["A"], _ = ws.bind(*bufs["A"], 0, d.H)
+    b["A"], o["o_A"] = ws.bind(*bufs["A"], 0, d.H)
     sizes = scratch_elems(d, cp.CL, w.S, grads, cp.headloop)
     for k, buf in scratch.items():
         if k != "flag":

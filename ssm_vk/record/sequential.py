@@ -57,7 +57,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
         tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
                "y": (*bufs["y"], d.H * d.P)}
         b, o = seq_bindings(ws, d, w, tok, {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "y": "o_y"})
-        b["A"], _ = ws.bind(*A, 0, d.H * KA)
+        b["A"], o["o_A"] = ws.bind(*A, 0, d.H * KA)
         b["st"], o["o_st"] = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
         b["ck"], o["o_ck"] = ws.bind(None, 0, 0, 0)
         b_s, b_ids, o_rows = _rows_binding(ws, rows, w)
@@ -177,7 +177,7 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
         (states or lam) and the checkpoints."""
         gx, gyy = grid(w.S * lay.NHB * lay.NPB, lim)
         b, o = seq_bindings(call, d, w, tok_arrays(), names)
-        b["A"], _ = call.bind(*A, 0, d.H * KA)
+        b["A"], o["o_A"] = call.bind(*A, 0, d.H * KA)
         b["carry"], o_carry = call.bind(carry, 0, w.i0 * row, w.S * row)
         nc = -(-w.T // lay.K)
         b["ck"], o["o_ck"] = call.bind(ck, 0, 0, w.S * row * nc)
@@ -188,7 +188,8 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
         bA, bst, bck, o_ck = b["A"], b["carry"], b["ck"], o["o_ck"]
         b_s, b_ids, o_rows = _rows_binding(call, rows, w)
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, "o_x": o["o_x"], "o_dt": o["o_dt"],
-                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck, **o_rows, "scatter": 0}
+                "o_B": o["o_B"], "o_C": o["o_C"], "o_y": 0, "o_st": o_st, "o_ck": o_ck, **o_rows, "scatter": 0,
+                "o_A": o["o_A"]}
         dum = call.bind(None, 0, 0, 0)[0]
         seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck, b_s, b_ids],
                      specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))

@@ -56,7 +56,7 @@ def _chunk_pass(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
         bnd, o = seq_bindings(ws, cd, w, tok, names)
         if dec is not None:
             bnd["y"], o["o_y"] = dummy, 0
-        bnd["A"], _ = ws.bind(*A, 0, d.H * KA)
+        bnd["A"], o["o_A"] = ws.bind(*A, 0, d.H * KA)
         bnd["st"], o["o_st"] = ws.bind(st, 0, w.i0 * row, w.S * row)
         bnd["ck"], o["o_ck"] = (ws.bind(dec, 0, w.i0 * d.H * KA, w.S * d.H * KA) if dec is not None
                                 else ws.bind(None, 0, 0, 0))
@@ -80,7 +80,7 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
         tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
                "gy": (*gy, d.H * d.P)}
         bnd, o = seq_bindings(ws, cd, w, tok, {"x": "o_x", "dt": "o_dt", "B": "o_B", "C": "o_C", "gy": "o_gy"})
-        bA, _ = ws.bind(*A, 0, d.H * KA)
+        bA, o["o_A"] = ws.bind(*A, 0, d.H * KA)
         blam, o_lam = ws.bind(lam, 0, w.i0 * row, w.S * row)
         push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB, NPB=lay.NPB,
                     gx=gx, NC=1, c0=0, **o, o_lam=o_lam, o_ck=0, o_dx=0, o_dA=0)
