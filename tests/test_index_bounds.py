@@ -112,7 +112,7 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    for module in (record.common, record.sequential, record.chunked, record.time_chunks):
+    for module in (record.common, record.sequential, record.chunked, record.time_chunks, record.m1):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
@@ -128,7 +128,8 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
 
 def _push(spec, push: bytes) -> dict:
     fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
-              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH}.get(
+              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH, "m1_scan": specs.M1_PUSH,
+              "m1_scan_back": specs.M1_BACK_PUSH}.get(
                   spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
 
@@ -158,12 +159,12 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
         return {CB["st"]: v["o_st"] + S * H * PD * ND, CB["hs" if D["MODE"] == 0 else "gs"]: S * NCH * H * PD * ND,
                 CB["dec"]: dec}
     if spec.name == "chunk_decay":
-        out = {CB["dt"]: dt, CB["A"]: H, CB["dec"]: dec, CB["cb"]: S * NCH * G * CL * CL, CB["mcb"]: mat}
+        out = {CB["dt"]: dt, CB["A"]: v["o_A"] + H, CB["dec"]: dec, CB["cb"]: S * NCH * G * CL * CL, CB["mcb"]: mat}
         if D["MODE"] == 1:
             out.update({CB["gu"]: mat, CB["mgu"]: mat, CB["sm"]: sm(SM_W + 1)})
         return out
     if spec.name == "chunk_finish":
-        return {CB["dec"]: dec, CB["A"]: H, CB["dt"]: dt,
+        return {CB["dec"]: dec, CB["A"]: v["o_A"] + H, CB["dt"]: dt,
                 CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
                 CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"], SM_GH + D["NBP"])),
                 CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
@@ -196,10 +197,57 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
     return reads
 
 
+def _m1_bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
+    """The Mamba-1 kernels with time in threads (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp): token
+    arrays [o + (it*H + h)] and [o + (it*G + g)*N + n] for tokens it < S*T (a slice past T reads
+    nothing), per-chunk tables [((i*NCH + c)*H + h)*N + n], the slices' table
+    [((wg*NW + slice)*(N + 1) + n)*RW + lane] for the S*NCH*NRB workgroups."""
+    S, T, H, G, NCH, NRB = v["S"], v["T"], v["H"], v["G"], v["NCH"], v["NRB"]
+    N, RW, NW = D["ND"], D["RW"], D["NW"]
+    tokH, tokG = S * T * H, S * T * G * N
+    chunks = S * NCH * H * N
+    init = chunks if NCH > 1 else S * H * N
+    out = {0: v["o_x"] + tokH, 1: v["o_dt"] + tokH, 2: v["o_A"] + H * N, 3: v["o_B"] + tokG}
+    gather = v["gather"] and NCH == 1
+    if gather:                                                 # s_in[o_s + (ids[o_ids + i]*H + h)*N + n]
+        ids = bindings[12 if spec.name == "m1_scan" else 9][0].content
+        s_rows = v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * H * N
+    if spec.name == "m1_scan":
+        mode, adj = D["MODE"], D.get("ADJ", 0)
+        if mode == 1 or adj:
+            out[4] = v["o_C"] + tokG
+        if adj:
+            out[5] = v["o_gy"] + tokH                          # gy[o_gy + it*H + h]
+        elif v["keep_step"]:
+            out[5] = tokH                                      # dstep[it*H + h]
+        if not adj:
+            out[8] = S * NCH * NRB * NW * (N + 1) * RW         # agg
+        if mode == 0 and NCH > 1:
+            out.update({9: chunks, 10: chunks})                # cb, cdec
+            if adj:
+                out[11] = chunks                               # cbl
+        if mode == 1:
+            out.update({6: v["o_y"] + tokH, 7: v["o_init"] + (0 if gather else init)})
+            if gather:
+                out.update({12: s_rows, 13: v["o_ids"] + S})
+        return out
+    out.update({4: v["o_C"] + tokG, 5: v["o_gy"] + tokH, 7: v["o_adj"] + init,
+                10: v["o_dx"] + tokH, 11: v["o_ddt"] + tokH,
+                12: S * T * NRB * N, 13: S * T * NRB * N,      # dBp, dCp[((it*NRB + rb)*N + n]
+                14: S * H * NCH * N})                          # dAp[((i*H + h)*NCH + c)*N + n]
+    if gather:
+        out.update({8: s_rows, 9: v["o_ids"] + S})
+    else:
+        out[6] = v["o_init"] + init
+    return out
+
+
 def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
     """Binding -> (largest index a live invocation computes) + 1; the shaders' expressions."""
     if spec.name.startswith("chunk_"):
         return _chunk_bounds(spec, v, D)
+    if spec.name.startswith("m1_"):
+        return _m1_bounds(spec, v, D, bindings)
     S, T, H, P, N = v.get("S", 0), v.get("T", 0), v.get("H", 0), v.get("P", 0), v.get("N", 0)
     G = v.get("G", 1)
     if spec.name == "ssm_scan_carry":
@@ -217,11 +265,11 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
             return {}
         out = {0: v["o_x"] + S * T * H * P,                    # x[o_x + (it*H + h)*P + p]
                1: v["o_dt"] + S * T * H,                       # dt[o_dt + it*H + h]
-               2: H * KA,                                      # A[h*N + n] or A[h]
+               2: v["o_A"] + H * KA,                           # A[o_A + h*N + n] or A[o_A + h]
                3: v["o_B"] + S * T * G * N,                    # B[o_B + (it*G + g)*N + n]
                4: v["o_C"] + S * T * G * N}
         if N == 0:
-            out.update({2: H * KA if KA else 0, 3: 0, 4: 0})
+            out.update({2: v["o_A"] + H * KA if KA else 0, 3: 0, 4: 0})
         last_c = v["c0"] + -(-T // D["K"]) - 1                 # the last checkpoint chunk read/written
         ck = v["o_ck"] + ((rows - 1) * v["NC"] + last_c) * N + N if N else 0
         if spec.name == "ssm_scan":
@@ -255,6 +303,8 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
             n_bc, n_dt = S * T * G * N, S * T * H
             # dBp[o_0 + ((it*(H/HS) + q)*NPB + b)*N + n]
             part = v["o_0"] + S * T * (H // v["HS"]) * v["NPB"] * N if n_bc else 0
+            if D.get("NODT"):                                          # d_dt left alone
+                return {0: part, 1: part, 3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc}
             return {0: part, 1: part, 2: n_dt * v["NPB"],             # ddtp[e*NPB + b]
                     3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc, 5: v["o_5"] + n_dt}
         n_a = H * v["KA"]
@@ -298,6 +348,9 @@ SHAPES = [
     (1024, 1, 128, 64, 16, 4),         # many sequences, one token
     (2, 1000, 1, 1, 1 << 16, 1),       # long rows (d_state 65536)
     (3, 17, 5, 3, 7, 1),               # odd sizes
+    (8, 2048, 1536, 1, 16, 1),         # Mamba-1's shapes: the time-in-threads kernels on a GPU
+    (1, 131072, 4096, 1, 16, 1),       # x: 2^29 elements
+    (2, 100, 64, 1, 32, 2),
 ]
 
 
@@ -313,7 +366,7 @@ def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = chunked = over_time = 0
+    checked = refused = chunked = over_time = in_threads = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
         if not _accepted(d, lim, heap, backward):
@@ -329,9 +382,12 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         checked += 1
         chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
         over_time += any(spec.name == "ssm_scan_carry" for spec, *_ in dispatches)
+        in_threads += any(spec.name.startswith("m1_") for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
     assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
     assert over_time >= 1                  # and Mamba-1 forwards and backwards to the time chunks
+    if device == "h200":                   # (or, with one channel per head, to the time-in-threads kernels)
+        assert in_threads >= 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
