@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 import ssm_vk
 from ssm_ref import GRAD_NAMES
 from ssm_ref.cases import make_problem
