@@ -9,10 +9,11 @@ import numpy as np
 from .. import kernels as specs
 from ..kernels import kernel
 from ..plan import Window, binding_cap, grid
+from ..plan.limits import rows_in_place
 from ..plan.sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
-           "scatter_rows", "flag_start", "flag_end", "put_rows", "carry"]
+           "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]
 
 F32 = 4
 
@@ -57,6 +58,20 @@ def put_rows(seq, src, src_base, dst, dst_base, ids, row_elems) -> None:
     nb = row_elems * F32
     for i, r in enumerate(ids):
         seq.copy(src, dst, nb, (src_base + i * row_elems) * F32, (dst_base + int(r) * row_elems) * F32)
+
+
+def cache_rows(ws, p, s_at: tuple, probe: bool = False):
+    """(binding of the whole cache s, the ids as a uint32 constant buffer) when a kernel can read
+    each sequence's initial state from s[ids[i]] in place -- s fits one binding -- or None: the
+    rows are copied into the carried states first (gather_rows). ``probe``: the answer only
+    (True or None; nothing bound, no constant made)."""
+    d = p.dims
+    s_buf, s_off = s_at
+    if s_buf is None or not rows_in_place(d, ws.limits):
+        return None
+    if probe:
+        return True
+    return ws.bind(s_buf, s_off, 0, d.R * d.H * d.P * d.N), ws.constant(p.ids.astype(np.uint32))
 
 
 def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dict, dict]:

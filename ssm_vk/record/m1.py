@@ -22,8 +22,18 @@ from ssm_ref import Problem
 from .. import kernels as specs
 from ..plan import Window, grid
 from ..plan.sizes import FLAG_ELEMS, m1_scratch
-from .common import F32, carry, flag_end, flag_start, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows
-from .sequential import _rows_in_place
+from .common import (
+    F32,
+    cache_rows,
+    carry,
+    flag_end,
+    flag_start,
+    gather_rows,
+    kernel,
+    reduce_dA,
+    reduce_partials,
+    scatter_rows,
+)
 
 __all__ = ["record_forward", "record_backward"]
 
@@ -51,7 +61,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     step = ws.scratch(sizes["step"]) if "step" in sizes else None
     row = d.H * d.N
     st_buf, st_off = bufs["states"]
-    rows = _rows_in_place(ws, p, bufs["s"])
+    rows = cache_rows(ws, p, bufs["s"])
     if rows is None:
         gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     seq.barrier()
@@ -110,7 +120,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     assert lam_off == 0 or lam is None
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
-    rows = _rows_in_place(ws, p, bufs["s"])
+    rows = cache_rows(ws, p, bufs["s"])
     if rows is None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     seq.barrier()

@@ -8,16 +8,24 @@ Recording happens once per shape and set of buffers; the sequence is then replay
 
 from __future__ import annotations
 
-import numpy as np
-
 from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import Window, grid
-from ..plan.limits import rows_in_place
 from . import common as rc
 from . import time_chunks
-from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings, zero, zero_at
+from .common import (
+    F32,
+    cache_rows,
+    gather_rows,
+    kernel,
+    reduce_dA,
+    reduce_partials,
+    scatter_rows,
+    seq_bindings,
+    zero,
+    zero_at,
+)
 
 __all__ = ["record_forward", "record_backward", "scatters_in_place"]  # of the token-sequential kernels
 
@@ -40,7 +48,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
     ctx = ws.ctx
     st_buf, st_off = bufs["states"]
     scan = pl.windows and d.H * d.P > 0
-    rows = _rows_in_place(ws, p, bufs["s"]) if scan else None
+    rows = cache_rows(ws, p, bufs["s"]) if scan else None
     if scan and pl.tchunk:
         return time_chunks.record_forward(seq, ws, p, bufs, rows)
     if rows is None:   # states <- s[ids] by copies, then the scan starts from states
@@ -74,20 +82,7 @@ def scatters_in_place(ws, p: Problem, s_at: tuple) -> bool:
     copied into the rows after the call; so are the Mamba-1 kernels' with time in threads.)"""
     pl = ws.plan
     return (pl.chunked is None and pl.m1 is None and not pl.tchunk and not pl.time_split and bool(pl.windows)
-            and p.dims.H * p.dims.P > 0 and _rows_in_place(ws, p, s_at, probe=True) is not None)
-
-
-def _rows_in_place(ws, p: Problem, s_at: tuple, probe: bool = False):
-    """(binding of the whole cache s, the ids as a uint32 constant buffer) when the scan kernel
-    can read each sequence's initial state from s[ids[i]] in place -- s fits one binding -- or
-    None: the rows are copied into the carried states first (gather_rows)."""
-    d = p.dims
-    s_buf, s_off = s_at
-    if s_buf is None or not rows_in_place(d, ws.limits):
-        return None
-    if probe:    # (the answer only: nothing bound, no constant made)
-        return True
-    return ws.bind(s_buf, s_off, 0, d.R * d.H * d.P * d.N), ws.constant(p.ids.astype(np.uint32))
+            and p.dims.H * p.dims.P > 0 and cache_rows(ws, p, s_at, probe=True) is not None)
 
 
 def _rows_binding(ws, rows, w: Window) -> tuple:
@@ -115,7 +110,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, 0)
     if pl.tchunk and pl.windows and d.H * d.P > 0:
         # over time chunks: their initial states and adjoints, then the walk back on the chunks
-        cd, st, lam_c, flag = time_chunks.record_adjoints(seq, ws, p, bufs, _rows_in_place(ws, p, bufs["s"]), lam)
+        cd, st, lam_c, flag = time_chunks.record_adjoints(seq, ws, p, bufs, cache_rows(ws, p, bufs["s"]), lam)
         dAp = ws.scratch(cd.S * d.H * d.P * KA)
         zero(seq, dAp, cd.S * d.H * d.P * KA)
         seq.barrier()
@@ -127,7 +122,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
             zero_at(seq, *bufs[name], ws.sizes[name])
     else:
         st = ws.scratch(d.S * row)          # running state of the checkpoint pass
-        rows = _rows_in_place(ws, p, bufs["s"])
+        rows = cache_rows(ws, p, bufs["s"])
         if rows is None:
             gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
         dAp = ws.scratch(d.S * d.H * d.P * KA)
@@ -144,7 +139,7 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
     for a problem of dims ``d``, in the order the carries need: whole-sequence windows one after
     another; token windows of one sequence forward in time for the checkpoints, then backward in
     time. ``st``: the initial states (overwritten), ``lam``: dL/dstate after the last token (then
-    a_0 lam_0), ``dAp``: the d_A accumulators (zeroed). ``rows``: _rows_in_place's (the checkpoint
+    a_0 lam_0), ``dAp``: the d_A accumulators (zeroed). ``rows``: common.cache_rows's (the checkpoint
     pass reads the initial states from s[ids]) or None (they are in ``st``)."""
     ctx, pl, lim = call.ctx, call.plan, call.limits
     lay = pl.layout

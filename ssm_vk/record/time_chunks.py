@@ -96,7 +96,7 @@ def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
 def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     """Record the three passes. ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None,
     element offset); ``rows``: the binding of the cache and the ids when the carry pass reads the
-    initial states from s[ids] in place (record.sequential._rows_in_place), else None."""
+    initial states from s[ids] in place (record.common.cache_rows), else None."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)

@@ -127,7 +127,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
         _, _, in_place, in_place_b = run_both(case, tune)
         from ssm_vk.record import m1
         with monkeypatch.context() as m:
-            m.setattr(m1, "_rows_in_place", lambda ws, p, s_at: None)
+            m.setattr(m1, "cache_rows", lambda ws, p, s_at: None)
             engine.clear(rt.get_context())
             _, _, copied, copied_b = run_both(case, tune)
         engine.clear(rt.get_context())

@@ -186,12 +186,12 @@ def test_cache_rows_read_in_place_equal_the_copied_rows_bit_for_bit(monkeypatch,
         g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
         return [r.y, r.states] + [getattr(g, k) for k in GRADS]
 
-    real = sequential._rows_in_place
-    monkeypatch.setattr(sequential, "_rows_in_place", lambda *a: kept.setdefault("in place", real(*a)))
+    real = sequential.cache_rows
+    monkeypatch.setattr(sequential, "cache_rows", lambda *a: kept.setdefault("in place", real(*a)))
     in_place = calls()
     assert kept["in place"] is not None
     engine.clear()
-    monkeypatch.setattr(sequential, "_rows_in_place", lambda *a: None)
+    monkeypatch.setattr(sequential, "cache_rows", lambda *a: None)
     copied = calls()
     engine.clear()
     for a, b in zip(in_place, copied, strict=True):

@@ -169,7 +169,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
     with config.configure(tune=tune):
         in_place = ssm_vk.ssm_scan(**case.args())
         from ssm_vk.record import sequential
-        monkeypatch.setattr(sequential, "_rows_in_place", lambda ws, p, s_at: None)
+        monkeypatch.setattr(sequential, "cache_rows", lambda ws, p, s_at: None)
         engine.clear(rt.get_context())
         copied = ssm_vk.ssm_scan(**case.args())
     assert np.array_equal(in_place.y, copied.y) and np.array_equal(in_place.states, copied.states)
