@@ -33,8 +33,8 @@ DEFAULT_CHUNKED_N = "64,128,256"
 DEFAULT_P = "32,64,128"
 # Profiles assumed for devices other than the local one: every subgroup operation class (NVIDIA,
 # AMD and Intel GPUs offer clustered reductions; lavapipe does not -- build on it with "local"),
-# 1024 invocations per workgroup, and each of the shared-memory sizes common among GPUs (the
-# backward's workgroup size depends on it).
+# 1024 invocations per workgroup and 1024 along x, and each of the shared-memory sizes common
+# among GPUs (the backward's workgroup size depends on it).
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 COMMON_SHARED = (32 << 10, 48 << 10, 64 << 10)
 
@@ -78,7 +78,8 @@ def profiles(spec: str) -> list[tuple[str, object]]:
         for shared in COMMON_SHARED:
             out.append((f"subgroup {sg}, {shared >> 10} KiB shared", Limits(
                 subgroup_size=sg, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=shared,
-                max_workgroup_count=(65535, 65535, 65535), max_storage_buffer_range=1 << 27,
+                max_workgroup_size=(1024, 1024, 64), max_workgroup_count=(65535, 65535, 65535),
+                max_storage_buffer_range=1 << 27,
                 max_memory_allocation_size=1 << 30, min_storage_buffer_offset_alignment=256)))
     return out
 

@@ -18,7 +18,7 @@ PROFILES = {
     "h200": Limits(subgroup_size=32, subgroup_ops=OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
                    max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
                    max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
-                   device_type="discrete"),
+                   max_workgroup_size=(1024, 1024, 64), device_type="discrete"),
     "lavapipe": Limits(subgroup_size=8, subgroup_ops=OPS - {"clustered"}, max_workgroup_invocations=1024,
                        max_shared_memory=32 << 10, max_workgroup_count=(65535, 65535, 65535),
                        max_storage_buffer_range=2**27, max_memory_allocation_size=2**31,
@@ -64,3 +64,16 @@ def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():
             assert key in packaged, (d, backward, spec)
             seen.add(spec.name)
     assert {"m1_scan", "m1_scan_back", "ssm_scan_carry"} <= seen
+
+
+def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
+    # what `make dist` packages (ssm-scan build-shaders --subgroup-sizes 8,16,32,64) against the
+    # plans of the H200's own limits: a wheel without glslc runs Mamba-1 there on these kernels
+    from ssm_cli.build import profiles, variants
+
+    wheel = {(name, tuple(sorted(d.items()))) for name, d in variants([lim for _, lim in profiles("8,16,32,64")], [16])}
+    for S, T, H, backward in itertools.product((1, 8), (64, 2048, 16384), (1536, 5120), (False, True)):
+        d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
+        pl = plan.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
+        for spec in kernels.m1_kernels(d, pl.m1, backward):
+            assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, backward, spec)
