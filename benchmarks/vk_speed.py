@@ -177,9 +177,15 @@ def main(argv=None) -> int:
                 errs += [rel(getattr(g, k).numpy(), getattr(ref[1], k)) for k in
                          ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")]
                 err = max(errs)
-            lay = plan.layout_for(ssm_ref.check_forward(**dev, keep_device=True).dims, Limits.of(info), True)
+            dims = ssm_ref.check_forward(**dev, keep_device=True).dims
+            lay = plan.layout_for(dims, Limits.of(info), True)
+            # what ran: the Mamba-1 kernels with time in threads, or the token-sequential layout
+            m1 = [plan.plan(dims, Limits.of(info), b).m1 for b in (False, True)]
+            ran = (f"M1 fwd NW={m1[0].NW} TI={m1[0].TI} NCH={m1[0].NCH}, bwd NW={m1[1].NW} TI={m1[1].TI} "
+                   f"NB={m1[1].NB} NCH={m1[1].NCH}" if m1[0] and m1[1] else
+                   f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}")
             tuned.restore()
-            row = dict(shape=name, variant=var or "default", dt_softplus=args.dt_softplus, layout=str(lay),
+            row = dict(shape=name, variant=var or "default", dt_softplus=args.dt_softplus, layout=ran,
                        fwd_gpu_us=fg, fwd_min_us=fmin,
                        fwd_wall_us=fw, bwd_gpu_us=bg, bwd_min_us=bmin, bwd_wall_us=bw, max_rel_err=err,
                        fwd_gupd_s=updates / fg / 1e3, bwd_gupd_s=updates / bg / 1e3,
@@ -191,7 +197,7 @@ def main(argv=None) -> int:
             print(f"{name:7s} {var or 'default':18s} fwd {fg:8.1f} us (wall {fw:8.1f}, replay {f_replay:8.1f}) "
                   f"bwd {bg:9.1f} us (wall {bw:9.1f}, replay {b_replay:9.1f}) step wall {step_wall:9.1f} err {err:.1e} "
                   f"fwd {row['fwd_gupd_s']:.0f} Gupd/s "
-                  f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}", flush=True)
+                  f"{ran}", flush=True)
             for lab, sp in (("fwd", f_split), ("bwd", b_split)):
                 if sp:
                     print("        " + lab + " split: " + " ".join(f"{k} {v:.1f}" for k, v in sp.items()), flush=True)
