@@ -71,23 +71,28 @@ def assert_matches_oracle(case, fwd: dict, bwd: dict, label: str) -> None:
         assert_close(VK, k, bwd[k], getattr(og, k), label=label)
 
 
+# Slice and chunk layouts the drawn tests take (each a set of shader variants to compile, on a CPU
+# device at some seconds each: a few layouts, every drawn shape in each): the defaults; short
+# slices and many chunks; one state value per round and one slice per workgroup.
+TUNES = (dict(FORCE), dict(FORCE, M1_NW=2, M1_FTI=3, M1_TI=4, M1_NB=2, M1_SNW=1),
+         dict(FORCE, M1_NW=1, M1_FTI=5, M1_TI=2, M1_NB=1, M1_SNW=1))
+
+
 @st.composite
 def m1_problems(draw):
     S = draw(st.integers(1, 3))
     T = draw(st.integers(2, 90))
     blocks = draw(st.integers(1, 2))
-    N = draw(st.sampled_from((2, 3, 5, 8, 16, 17, 32)))   # (N = 1: A (H, 1) is Mamba-2's form)
+    N = draw(st.sampled_from((2, 3, 16, 17)))   # (N = 1: A (H, 1) is Mamba-2's form)
     G = draw(st.sampled_from((1, blocks)))
     ids = draw(st.sampled_from(("identity", "permutation", "duplicates" if S > 1 else "identity", "unused")))
     regime = draw(st.sampled_from(("typical", "typical", "wide_dt", "small_A", "long_decay")))
-    tune = dict(FORCE, M1_NW=draw(st.sampled_from((1, 2, 4, 8))), M1_FTI=draw(st.integers(1, 24)),
-                M1_SNW=draw(st.sampled_from((1, 2, 8))),
-                M1_TI=draw(st.sampled_from((2, 4, 8))), M1_NB=draw(st.sampled_from((1, 2, 4))))
+    tune = draw(st.sampled_from(TUNES))
     seed = draw(st.integers(0, 2**31 - 1))
     return m1_case(seed, S, T, blocks, N, G, ids, regime), tune
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(m1_problems())
 def test_drawn_problems_match_the_oracle(drawn):
     case, tune = drawn
@@ -101,14 +106,14 @@ def test_drawn_problems_match_the_oracle(drawn):
 
 
 @pytest.mark.parametrize("resident", [False, True])
-@pytest.mark.parametrize("tune", [dict(FORCE), dict(FORCE, M1_NW=2, M1_FTI=4, M1_TI=4)])
-def test_one_and_many_chunks_match_the_oracle_and_rerun_bit_for_bit(resident, tune):
-    case = m1_case(3, S=3, T=150, blocks=2, N=16, ids="duplicates", R=5)
+@pytest.mark.parametrize(("tune", "N"), [(dict(FORCE), 16), (dict(FORCE, M1_NW=2, M1_FTI=4, M1_TI=4), 32)])
+def test_one_and_many_chunks_match_the_oracle_and_rerun_bit_for_bit(resident, tune, N):
+    case = m1_case(3, S=3, T=150, blocks=2, N=N, ids="duplicates", R=5)
     fp, bp = planned(case, tune, False), planned(case, tune, True)
     assert fp is not None and bp is not None
     _, _, fwd, bwd = run_both(case, tune, resident)
     _, _, fwd2, bwd2 = run_both(case, tune, resident)
-    assert_matches_oracle(case, fwd, bwd, f"{tune} resident={resident}")
+    assert_matches_oracle(case, fwd, bwd, f"{tune} N={N} resident={resident}")
     for k in fwd:
         assert np.array_equal(fwd[k], fwd2[k]), k
     for k in bwd:
