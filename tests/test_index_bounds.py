@@ -210,7 +210,7 @@ def _m1_bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
     out = {0: v["o_x"] + tokH, 1: v["o_dt"] + tokH, 2: v["o_A"] + H * N, 3: v["o_B"] + tokG}
     gather = v["gather"] and NCH == 1
     if gather:                                                 # s_in[o_s + (ids[o_ids + i]*H + h)*N + n]
-        ids = bindings[12 if spec.name == "m1_scan" else 9][0].content
+        ids = bindings[13 if spec.name == "m1_scan" else 9][0].content
         s_rows = v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * H * N
     if spec.name == "m1_scan":
         mode, adj = D["MODE"], D.get("ADJ", 0)
@@ -351,6 +351,7 @@ SHAPES = [
     (8, 2048, 1536, 1, 16, 1),         # Mamba-1's shapes: the time-in-threads kernels on a GPU
     (1, 131072, 4096, 1, 16, 1),       # x: 2^29 elements
     (2, 100, 64, 1, 32, 2),
+    (4, 16, 64, 1, 16, 1),             # one chunk: the cache rows read in place by the kernels themselves
 ]
 
 

@@ -68,7 +68,7 @@ const uint DEC = 2u * CL + 1u;
 // Raise the flag for a value that is not finite (nan fails the comparison too). Rare: the
 // atomic runs only then.
 void guard(float v) {
-    if (!(abs(v) <= 3.4028234664e38)) atomicOr(flag[0], 1u);
+    if (!finite(v)) atomicOr(flag[0], 1u);
 }
 
 uint wg_index() { return gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x; }

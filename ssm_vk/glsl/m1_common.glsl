@@ -33,8 +33,6 @@ layout(std430, binding = 2) readonly buffer BA { float A[]; };
 layout(std430, binding = 3) readonly buffer BB { float Bm[]; };
 layout(std430, binding = 4) readonly buffer BC { float Cm[]; };
 
-bool finite(float v) { return abs(v) <= 3.4028234664e38; }   // false for inf and nan
-
 // The thread's place: sequence i, chunk c, channel block rb; channel h and its group g; lane
 // (= h - rb * RW) and slice; the slice's first token t0 and its number of tokens nt (0 past T).
 struct Slot {

@@ -7,6 +7,9 @@
 //   2  none: dt is the step itself
 layout(constant_id = 3) const int SOFTPLUS = 0;
 
+// Whether v is finite: false for inf and for nan (which fails every comparison).
+bool finite(float v) { return abs(v) <= 3.4028234664e38; }
+
 // The accurate form's helpers are written with `precise` multiplies and adds, no fma(): Mesa's
 // lavapipe (22.3) evaluated fma(-n, LN2_LO, t) with an error of 3e-6 where separate operations are
 // exact to an ulp, and `precise` keeps compilers from reassociating or contracting them.

@@ -40,7 +40,7 @@ layout(push_constant) uniform PC {
     uint gather, o_s, o_ids, o_st;
 } pc;
 
-bool finite(float v) { return abs(v) <= 3.4028234664e38; }   // false for inf and nan
+#include "math.glsl"   // finite()
 
 void main() {
     uint e = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * WG + gl_LocalInvocationIndex;

@@ -124,8 +124,7 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
         if not TI:
             per_row = -(-M1_THREADS // (d.S * d.H))           # slices wanted per sequence and channel
             TI = max(M1_FWD_TI_MIN, -(-d.T // per_row))
-        NB = 1
-    TI = max(1, min(TI, d.T)) if not backward else TI
+        TI, NB = min(TI, d.T), 1
     NCH = -(-d.T // (NW * TI))
     plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // RW, TB=knobs.knob("M1_TB", 8),
                   SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)))

@@ -38,6 +38,10 @@ from .common import (
 __all__ = ["record_forward", "record_backward"]
 
 
+# m1_scan.comp's bindings, in order (its header); a pass binds what it uses, stand-ins the rest.
+SCAN_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "y", "init", "agg", "cb", "cdec", "cbl", "s", "ids", "flag")
+
+
 def _inputs(ws, d, bufs: dict, names: tuple) -> tuple[dict, dict]:
     """Bindings of whole input / output arrays and their element offsets (the push constants o_*)."""
     per = {"x": d.H, "dt": d.H, "y": d.H, "g_y": d.H, "d_x": d.H, "d_dt": d.H, "B": d.G * d.N, "C": d.G * d.N}
@@ -48,13 +52,25 @@ def _inputs(ws, d, bufs: dict, names: tuple) -> tuple[dict, dict]:
     return b, o
 
 
+def _scan(seq, ws, spec, d, mp, ti: int, o: dict, bindings: dict, **push) -> None:
+    """One m1_scan.comp pass over every (sequence, chunk, channel block): ``bindings`` by name
+    (SCAN_BINDINGS), ``o`` the inputs' offsets, ``push`` the rest of its push constants (0 unless
+    given)."""
+    gx, gy = grid(mp.groups(d), ws.limits)
+    values = dict.fromkeys(specs.M1_PUSH, 0)
+    values.update(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, TI=ti,
+                  **{f"o_{k}": o[k] for k in ("x", "dt", "A", "B", "C")}, **push)
+    dummy = ws.bind(None, 0, 0, 0)[0]
+    seq.dispatch(kernel(ws.ctx, spec), [bindings.get(k, dummy) for k in SCAN_BINDINGS],
+                 specs.pack_push(specs.M1_PUSH, values), (gx, gy, 1))
+
+
 def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     """Record the forward; ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None, element offset)."""
     d = p.dims
-    mp, lim, sp = ws.plan.m1, ws.limits, ws.plan.softplus
+    mp, sp = ws.plan.m1, ws.plan.softplus
     sizes = m1_scratch(d, mp, False, sp)
     flag = flag_start(seq, ws)
-    b_flag = ws.bind(flag, 0, 0, FLAG_ELEMS)[0]
     agg = ws.scratch(sizes["agg"])
     cb = ws.scratch(sizes["cb"]) if mp.NCH > 1 else None
     cdec = ws.scratch(sizes["cdec"]) if mp.NCH > 1 else None
@@ -65,41 +81,33 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     if rows is None:
         gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     seq.barrier()
-    dummy = ws.bind(None, 0, 0, 0)[0]
     b, o = _inputs(ws, d, bufs, ("x", "dt", "A", "B", "C", "y"))
-    gx, gy = grid(mp.groups(d), lim)
     chunks = d.S * mp.NCH * row
-    b_agg = ws.bind(agg, 0, 0, sizes["agg"])[0]
-    push = dict(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, TI=mp.TI, o_x=o["x"], o_dt=o["dt"],
-                o_A=o["A"], o_B=o["B"], o_C=o["C"], o_gy=0, o_y=0, o_init=0, gather=0, o_s=0, o_ids=0, scatter=0,
-                final_state=0, keep_step=int(step is not None))
-    b_step = ws.bind(step, 0, 0, d.S * d.T * d.H)[0]
-    cbind = [ws.bind(cb, 0, 0, chunks)[0], ws.bind(cdec, 0, 0, chunks)[0]] if mp.NCH > 1 else [dummy, dummy]
-    seq.dispatch(kernel(ws.ctx, specs.m1_spec(d, mp, 0, softplus=sp)),
-                 [b["x"], b["dt"], b["A"], b["B"], b["C"], b_step, dummy, dummy, b_agg, *cbind, dummy, dummy, dummy,
-                  b_flag], specs.pack_push(specs.M1_PUSH, push), (gx, gy, 1))
+    b.update(agg=ws.bind(agg, 0, 0, sizes["agg"])[0], flag=ws.bind(flag, 0, 0, FLAG_ELEMS)[0])
+    keep = {"keep_step": 1} if step is not None else {}
+    if step is not None:
+        b["gy"] = ws.bind(step, 0, 0, d.S * d.T * d.H)[0]     # binding 5: the kept steps
+    summary = {k: b[k] for k in ("x", "dt", "A", "B", "C", "gy", "agg", "flag") if k in b}
+    if mp.NCH > 1:
+        summary.update(cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0])
+    _scan(seq, ws, specs.m1_spec(d, mp, 0, softplus=sp), d, mp, mp.TI, o, summary, **keep)
     seq.barrier()
     if ws.profile and ws.ctx.info.timestamps:
         seq.timestamp("summary")
-    b_s = b_ids = dummy
+    final = dict(keep, o_y=o["y"])
     if mp.NCH > 1:
         carry(seq, ws, d, mp.NCH, cdec, cb, (st_buf, st_off), rows, flag, reverse=False)
         seq.barrier()
         if ws.profile and ws.ctx.info.timestamps:
             seq.timestamp("carry")
-        b_init, o_init = ws.bind(cb, 0, 0, chunks)
-        push.update(o_init=o_init)
+        b["init"], final["o_init"] = ws.bind(cb, 0, 0, chunks)
     else:
-        b_init, o_init = ws.bind(st_buf, st_off, 0, d.S * row)
-        push.update(o_init=o_init, final_state=1)
+        b["init"], final["o_init"] = ws.bind(st_buf, st_off, 0, d.S * row)
+        final["final_state"] = 1
         if rows is not None:
-            (b_s, o_s), ids_buf = rows
-            b_ids = (ids_buf, 0, ids_buf.size)
-            push.update(gather=1, o_s=o_s)
-    push.update(o_y=o["y"])
-    seq.dispatch(kernel(ws.ctx, specs.m1_spec(d, mp, 1, softplus=sp)),
-                 [b["x"], b["dt"], b["A"], b["B"], b["C"], b_step, b["y"], b_init, b_agg, dummy, dummy, dummy, b_s,
-                  b_ids, b_flag], specs.pack_push(specs.M1_PUSH, push), (gx, gy, 1))
+            (b["s"], final["o_s"]), ids_buf = rows
+            b["ids"], final["gather"] = (ids_buf, 0, ids_buf.size), 1
+    _scan(seq, ws, specs.m1_spec(d, mp, 1, softplus=sp), d, mp, mp.TI, o, b, **final)
     flag_end(seq, ws, flag)
 
 
@@ -126,19 +134,16 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     seq.barrier()
     dummy = ws.bind(None, 0, 0, 0)[0]
     b, o = _inputs(ws, d, bufs, ("x", "dt", "A", "B", "C", "g_y", "d_x", "d_dt"))
-    gx, gy = grid(mp.groups(d), lim)
     profile = ws.profile and ws.ctx.info.timestamps
     b_s = b_ids = dummy
     gather = o_s = 0
     if mp.NCH > 1:
         sp_plan = mp.summary()
-        push = dict(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, TI=sp_plan.TI, o_x=o["x"], o_dt=o["dt"],
-                    o_A=o["A"], o_B=o["B"], o_C=o["C"], o_gy=o["g_y"], o_y=0, o_init=0, gather=0, o_s=0, o_ids=0,
-                    scatter=0, final_state=0, keep_step=0)
-        seq.dispatch(kernel(ws.ctx, specs.m1_spec(d, sp_plan, 0, adjoint=True, softplus=sp)),
-                     [b["x"], b["dt"], b["A"], b["B"], b["C"], b["g_y"], dummy, dummy, dummy,
-                      ws.bind(cb, 0, 0, chunks)[0], ws.bind(cdec, 0, 0, chunks)[0], ws.bind(cbl, 0, 0, chunks)[0],
-                      dummy, dummy, b_flag], specs.pack_push(specs.M1_PUSH, push), (gx, gy, 1))
+        summary = {k: b[k] for k in ("x", "dt", "A", "B", "C")}
+        summary.update(gy=b["g_y"], cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0],
+                       cbl=ws.bind(cbl, 0, 0, chunks)[0], flag=b_flag)
+        _scan(seq, ws, specs.m1_spec(d, sp_plan, 0, adjoint=True, softplus=sp), d, mp, sp_plan.TI, o, summary,
+              o_gy=o["g_y"])
         seq.barrier()
         carry(seq, ws, d, mp.NCH, cdec, cb, (st, 0), rows, flag, reverse=False)
         carry(seq, ws, d, mp.NCH, cdec, cbl, (lam, 0), None, flag, reverse=True)
@@ -153,6 +158,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
             b_ids, gather = (ids_buf, 0, ids_buf.size), 1
     n_part = sizes["part_B"]
     parts = (ws.bind(part_B, 0, 0, n_part)[0], ws.bind(part_C, 0, 0, n_part)[0])
+    gx, gy = grid(mp.groups(d), lim)
     push = dict(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, o_x=o["x"], o_dt=o["dt"], o_A=o["A"],
                 o_B=o["B"], o_C=o["C"], o_gy=o["g_y"], o_init=o_init, o_adj=o_adj, o_dx=o["d_x"], o_ddt=o["d_dt"],
                 gather=gather, o_s=o_s, o_ids=0)
