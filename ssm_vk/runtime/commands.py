@@ -18,6 +18,7 @@ from . import binding
 from .binding import DeviceLost, VulkanTimeout
 from .checks import check_int
 from .context import Context, Slot
+from .device import CALIBRATION_STYPES, TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC
 from .kernels import Kernel
 from .memory import Buffer, fill_range
 
@@ -302,22 +303,54 @@ class Sequence:
     def gpu_times(self) -> dict[str, float]:
         """Nanoseconds from the first timestamp to each labelled one, for the last submission
         (waits for it). Raises RuntimeError when the sequence was never submitted since recorded."""
+        ticks = self._ticks()
+        if not ticks:
+            return {}
+        mask, period = self._tick_mask(), self.ctx.info.timestamp_period
+        first = ticks[0]
+        return {label: ((t - first) & mask) * period for label, t in zip(self._labels, ticks, strict=True)}
+
+    def host_times(self) -> dict[str, float]:
+        """Each labelled timestamp of the last submission on the host's clock: seconds of
+        ``time.monotonic()`` (Linux's CLOCK_MONOTONIC, which ``time.perf_counter()`` also reads there),
+        so GPU events can be placed between host events (benchmarks: where a call's wall time
+        goes). Waits for the submission. Needs calibrated timestamps (``ctx.calibration``: the
+        device offers VK_KHR/EXT_calibrated_timestamps with CLOCK_MONOTONIC). Raises RuntimeError
+        without them or when the sequence was never submitted since recorded."""
+        ctx = self.ctx
+        if not ctx.calibration:
+            raise RuntimeError(f"host_times: {ctx.info.name} has no calibrated timestamps on CLOCK_MONOTONIC")
+        ticks = self._ticks()
+        device_tick, host_ns = calibrate(ctx)
+        mask, period = self._tick_mask(), ctx.info.timestamp_period
+        half = (mask >> 1) + 1
+        out = {}
+        for label, t in zip(self._labels, ticks, strict=True):
+            back = (device_tick - t) & mask   # ticks from the timestamp to the calibration sample
+            if back >= half:
+                back -= mask + 1              # (a timestamp after the sample: not expected, kept exact)
+            out[label] = (host_ns - back * period) / 1e9
+        return out
+
+    def _ticks(self) -> list[int]:
+        """The raw timestamps of the last submission, masked to the queue's valid bits (waits)."""
         if not self._submitted:
             raise RuntimeError("gpu_times: submit the sequence first")
         self.wait()
         if not self._labels:
-            return {}
+            return []
         vk = binding.require()
         n = len(self._labels)
         ticks = vk.ffi.new("uint64_t[]", n)
         with binding.translated("vkGetQueryPoolResults"):
             vk.vkGetQueryPoolResults(self.ctx.handle, self._queries, 0, n, 8 * n, ticks, 8,
                                      vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        mask = self._tick_mask()
+        return [int(t) & mask for t in ticks]
+
+    def _tick_mask(self) -> int:
         bits = self.ctx.info.timestamp_valid_bits
-        mask = (1 << bits) - 1 if bits < 64 else (1 << 64) - 1
-        period = self.ctx.info.timestamp_period
-        first = int(ticks[0]) & mask
-        return {label: ((int(ticks[i]) & mask) - first & mask) * period for i, label in enumerate(self._labels)}
+        return (1 << bits) - 1 if bits < 64 else (1 << 64) - 1
 
     # -- lifetime -----------------------------------------------------------------------------------
 
@@ -403,3 +436,26 @@ def oneshot(ctx: Context) -> Iterator[Sequence]:
         yield seq
         seq.finish()
         seq.submit(wait=True)
+
+
+def calibrate(ctx: Context) -> tuple[int, int]:
+    """One calibration sample: (the device's timestamp counter, CLOCK_MONOTONIC in ns) read
+    together by vkGetCalibratedTimestamps, the pair whose deviation is smallest of three tries.
+    Raises RuntimeError when ``ctx`` has no calibrated timestamps."""
+    if not ctx.calibration:
+        raise RuntimeError(f"calibrate: {ctx.info.name} has no calibrated timestamps on CLOCK_MONOTONIC")
+    vk = binding.require()
+    suffix = ctx.calibration.split("_")[1]
+    fn = vk.vkGetDeviceProcAddr(ctx.handle, f"vkGetCalibratedTimestamps{suffix}")
+    infos = vk.ffi.new("VkCalibratedTimestampInfoKHR[2]")
+    for i, domain in enumerate((TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC)):
+        infos[i].sType = CALIBRATION_STYPES[ctx.calibration]
+        infos[i].timeDomain = domain
+    best = None
+    for _ in range(3):
+        stamps = vk.ffi.new("uint64_t[2]")
+        with binding.translated("vkGetCalibratedTimestamps"):
+            deviation = int(fn(ctx.handle, 2, infos, stamps))
+        if best is None or deviation < best[0]:
+            best = (deviation, int(stamps[0]), int(stamps[1]))
+    return best[1], best[2]

@@ -134,6 +134,8 @@ class Context:
         self.staging_chunk_bytes = 64 << 20      # memory.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None
         self.handle = None                       # the VkDevice; callers check_usable() before new work
+        self.calibration: str | None = None      # the calibrated-timestamps extension enabled, if any
+                                                 # (commands.Sequence.host_times)
         self._debug_callback = None
         with _current_lock:
             if _current is not None and not _current.closed:
@@ -163,13 +165,14 @@ class Context:
         physical = device.physical_devices(self._instance)[chosen.index]
         family, _ = device.compute_queue_family(physical)
         extensions = device.device_extensions(physical)
+        self.calibration = device.calibration_extension(self._instance, physical, extensions)
         feats, atomic = device.query_features(physical, extensions)
         # Enable exactly the optional features DeviceInfo reports, so shaders may use what it promises.
         wanted = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2})
         wanted.features.shaderFloat64 = feats.features.shaderFloat64
         wanted.features.shaderInt64 = feats.features.shaderInt64
         wanted.features.shaderInt16 = feats.features.shaderInt16
-        device_extensions = []
+        device_extensions = [self.calibration] if self.calibration else []
         if atomic is not None and atomic.shaderBufferFloat32AtomicAdd:
             want_atomic = ffi.new("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT*", {
                 "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from dataclasses import dataclass
 
 from .. import config
@@ -24,6 +25,11 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
     0x10: "shuffle", 0x20: "shuffle_relative", 0x40: "clustered", 0x80: "quad",
 }
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
+# Calibrated timestamps (Sequence.host_times): the KHR name first, then the EXT one it promoted.
+CALIBRATION_EXTENSIONS = ("VK_KHR_calibrated_timestamps", "VK_EXT_calibrated_timestamps")
+# VkCalibratedTimestampInfo's sType differs between the two (the binding knows only the KHR value).
+CALIBRATION_STYPES = {"VK_KHR_calibrated_timestamps": 1000543000, "VK_EXT_calibrated_timestamps": 1000184000}
+TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC = 0, 1   # VkTimeDomainKHR: the device's, Linux's CLOCK_MONOTONIC
 INSTANCE_API_CAP = binding.make_version(1, 3)  # newest API we ask for; we need at least 1.1
 INSTANCE_API_MIN = binding.make_version(1, 1)
 
@@ -161,6 +167,27 @@ def device_extensions(physical_device) -> frozenset[str]:
     vk = binding.require()
     with binding.translated("vkEnumerateDeviceExtensionProperties"):
         return frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical_device, None))
+
+
+def calibration_extension(instance, physical_device, extensions) -> str | None:
+    """The calibrated-timestamps extension to enable on ``physical_device``, or None: one it
+    offers whose time domains include the device's own and CLOCK_MONOTONIC (the clock of Python's
+    ``time.monotonic`` and ``time.perf_counter`` on Linux; other systems get None)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    vk = binding.require()
+    for name in CALIBRATION_EXTENSIONS:
+        if name not in extensions:
+            continue
+        suffix = name.split("_")[1]   # KHR or EXT
+        try:
+            query = vk.vkGetInstanceProcAddr(instance, f"vkGetPhysicalDeviceCalibrateableTimeDomains{suffix}")
+            domains = {int(d) for d in query(physical_device)}
+        except Exception:  # a driver that offers the name but not the query: no calibration
+            continue
+        if {TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC} <= domains:
+            return name
+    return None
 
 
 def compute_queue_family(physical_device) -> tuple[int, int]:

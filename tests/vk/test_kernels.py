@@ -2,6 +2,7 @@
 
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,36 @@ def test_timestamps(ctx, glslc, data):
         assert list(times) == ["start", "saxpy"] and times["start"] == 0 and times["saxpy"] > 0
         seq.submit(wait=False)
         assert seq.gpu_times()["saxpy"] > 0  # waits for the pending run
+
+
+def test_host_times_place_the_gpu_between_submit_and_wait(ctx, glslc, data, monkeypatch):
+    """Sequence.host_times: the GPU's timestamps on time.monotonic's clock lie after the submit
+    began and before the wait returned, and their differences are gpu_times' (the calibration
+    maps ticks to nanoseconds with the same period)."""
+    if not ctx.calibration:
+        pytest.skip(f"{ctx.info.name} offers no calibrated timestamps on CLOCK_MONOTONIC")
+    n, _, _, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        seq.timestamp("start")
+        for _ in range(20):
+            seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+            seq.barrier()
+        seq.timestamp("end")
+        seq.finish()
+        with pytest.raises(RuntimeError, match="submit"):
+            seq.host_times()
+        for _ in range(5):
+            t0 = time.monotonic()
+            seq.submit()
+            t1 = time.monotonic()
+            host, gpu = seq.host_times(), seq.gpu_times()
+            slack = 50e-6   # the calibration's own deviation and clock reads
+            assert t0 - slack <= host["start"] <= host["end"] <= t1 + slack, (t0, host, t1)
+            assert abs((host["end"] - host["start"]) * 1e9 - gpu["end"]) < 1e3
+        monkeypatch.setattr(ctx, "calibration", None)
+        with pytest.raises(RuntimeError, match="calibrated"):
+            seq.host_times()
 
 
 def test_limits_override_makes_callers_split(ctx, glslc, data):

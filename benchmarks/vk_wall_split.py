@@ -1,0 +1,211 @@
+"""Where a call's wall time goes: host and GPU events of one ssm_vk call on one clock.
+
+    python benchmarks/vk_wall_split.py [--cases dec:16/64/80,dec:128/256/48,step:1/64/16] [--reps 300]
+                                       [--spin-us 200,0] [--json out.json]
+
+Needs calibrated timestamps (VK_KHR/EXT_calibrated_timestamps with CLOCK_MONOTONIC: NVIDIA's and
+AMD's Linux drivers, lavapipe): the GPU's timestamps at the start and the end of the call's
+command buffer are placed on the host's clock (``Sequence.host_times``) between the host's own
+events, which this script records by wrapping ``Sequence.submit`` and ``Sequence.wait``. For each
+call (median over ``--reps`` calls, after a second of warm-up), in microseconds:
+
+    before    the call's Python up to its sequence's submit (validation, look-ups, outputs)
+    submit    Sequence.submit up to its wait: vkResetFences + vkQueueSubmit and bookkeeping
+    launch    from there to the GPU's first timestamp (the driver and the GPU's front end)
+    gpu       the GPU's first to last timestamp (what the benchmarks report as GPU time)
+    done      from the last timestamp to the wait's return (the end-of-buffer barrier, the fence,
+              the poll or the driver's wake-up)
+    after     from the wait's return to the call's return (results, the non-finite check)
+    wall      the whole call; wall - gpu is what the host adds
+
+Cases: ``dec:S/R/H`` a decode step (T = 1, P = 64, N = 128, S of R cache rows, device-resident
+inputs, ids a numpy array); ``step:S/T/H`` a Mamba-2 forward and backward (P = 64, N = 128, G = 1)
+on device arrays, each call split. Beside them, on the same clock, the two bare sequences that
+bound what any call pays: an empty command buffer (two timestamps), and the benchmark's vec4 copy
+shader moving the bytes the decode step moves (its state rows read and written once), so the
+launch and done of a scan can be read against those of a plain kernel of the same size.
+``--spin-us`` runs each case under each fence-poll setting (``SSM_VK_SPIN_US``: 0 sleeps in the
+driver at once). ``submits`` counts vkQueueSubmit per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import ssm_vk
+from ssm_vk import run as vk_run
+from ssm_vk import runtime as rt
+
+P, N = 64, 128
+BENCH_GLSL = Path(__file__).resolve().parent / "glsl"
+SEGMENTS = ("before", "submit", "launch", "gpu", "done", "after", "wall")
+
+
+class Recorder:
+    """Host times of Sequence.submit's entry and of Sequence.wait's entry and return (the last
+    of each in a call), on time.monotonic's clock, while ``on``."""
+
+    def __init__(self):
+        self.on = False
+        self.submits = 0
+        self.sub_in = self.wait_in = self.wait_out = None
+        submit, wait = rt.Sequence.submit, rt.Sequence.wait
+        rec = self
+
+        def submit_wrapped(seq, *a, **k):
+            if rec.on and not seq.internal:
+                rec.submits += 1
+                rec.sub_in = time.monotonic()
+            return submit(seq, *a, **k)
+
+        def wait_wrapped(seq, *a, **k):
+            mine = rec.on and seq.pending and not seq.internal
+            if mine:
+                rec.wait_in = time.monotonic()
+            try:
+                return wait(seq, *a, **k)
+            finally:
+                if mine:
+                    rec.wait_out = time.monotonic()
+
+        rt.Sequence.submit, rt.Sequence.wait = submit_wrapped, wait_wrapped
+
+    def split(self, fn, seq_of) -> dict:
+        """Run ``fn()`` once and split its wall time; ``seq_of(result)`` is the call's sequence."""
+        self.submits, self.on = 0, True
+        t0 = time.monotonic()
+        r = fn()
+        t1 = time.monotonic()
+        self.on = False
+        h = seq_of(r).host_times()
+        g0, g1 = h["start"], h["end"]
+        us = 1e6
+        out = dict(before=(self.sub_in - t0) * us, submit=(self.wait_in - self.sub_in) * us,
+                   launch=(g0 - self.wait_in) * us, gpu=(g1 - g0) * us, done=(self.wait_out - g1) * us,
+                   after=(t1 - self.wait_out) * us, wall=(t1 - t0) * us, submits=self.submits)
+        del r
+        return out
+
+
+def median_split(rec: Recorder, fn, seq_of, reps: int, warm_s: float) -> dict:
+    end = time.monotonic() + warm_s
+    while time.monotonic() < end:
+        fn()
+    rows = [rec.split(fn, seq_of) for _ in range(reps)]
+    return {k: statistics.median(r[k] for r in rows) for k in (*SEGMENTS, "submits")}
+
+
+def bare(ctx, nbytes: int):
+    """A finished sequence: two timestamps around the copy shader over ``nbytes`` (0: nothing)."""
+    seq = rt.Sequence(ctx)
+    keep = []
+    seq.timestamp("start")
+    if nbytes:
+        wg = 256
+        k = rt.Kernel.get(ctx, "bench_copy", bindings=2, push_size=8, local_size=(wg, 1, 1), defines={"WG": wg},
+                          search_path=BENCH_GLSL)
+        nbytes = max(16, min(nbytes, ctx.info.max_storage_buffer_range) // 16 * 16)
+        n = nbytes // 16
+        groups = min(-(-n // wg), 132 * 32)
+        a, b = rt.Buffer(ctx, nbytes), rt.Buffer(ctx, nbytes)
+        keep += [a, b]
+        seq.dispatch(k, [a, b], struct.pack("<II", n, groups * wg), (groups, 1, 1))
+    seq.timestamp("end")
+    seq.finish()
+    return seq, keep
+
+
+def decode_case(S, R, H, seed=0):
+    rng = np.random.default_rng(seed)
+    f = np.float32
+    a = dict(s=rng.uniform(-0.5, 0.5, (R, H, P, N)).astype(f), x=rng.uniform(-1, 1, (S, 1, H, P)).astype(f),
+             dt=rng.uniform(-1, 1, (S, 1, H)).astype(f), A=-rng.uniform(0.2, 1, H).astype(f),
+             B=rng.uniform(-0.5, 0.5, (S, 1, 1, N)).astype(f), C=rng.uniform(-0.5, 0.5, (S, 1, 1, N)).astype(f))
+    return a, rng.choice(R, S, replace=False).astype(np.int64)
+
+
+def step_case(S, T, H, seed=0):
+    rng = np.random.default_rng(seed)
+    f = np.float32
+    a = dict(s=rng.uniform(-0.5, 0.5, (S, H, P, N)).astype(f), x=rng.uniform(-1, 1, (S, T, H, P)).astype(f),
+             dt=rng.uniform(-1, 1, (S, T, H)).astype(f), A=-rng.uniform(0.2, 1, H).astype(f),
+             B=rng.uniform(-0.5, 0.5, (S, T, 1, N)).astype(f), C=rng.uniform(-0.5, 0.5, (S, T, 1, N)).astype(f))
+    g = dict(g_y=rng.uniform(-1, 1, (S, T, H, P)).astype(f), g_states=rng.uniform(-1, 1, (S, H, P, N)).astype(f))
+    return a, g
+
+
+def fmt(name: str, r: dict) -> str:
+    return f"{name:34s} " + " ".join(f"{k} {r[k]:7.1f}" for k in SEGMENTS) + f"  submits {r['submits']:.0f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="dec:1/64/80,dec:16/64/80,dec:128/256/48,step:1/64/16")
+    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--warm-s", type=float, default=1.0)
+    ap.add_argument("--spin-us", default="200,0", help="comma-separated fence-poll times (SSM_VK_SPIN_US)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    ctx = rt.get_context()
+    if not ctx.calibration:
+        print(f"{ctx.info.name}: no calibrated timestamps on CLOCK_MONOTONIC; nothing to split", file=sys.stderr)
+        return 2
+    print(f"device: {ctx.info.name}, {ctx.info.driver}; {ctx.calibration}", flush=True)
+    rec = Recorder()
+    rows = []
+    last = lambda _r: vk_run._timing.seq  # noqa: E731 -- the call's main sequence
+    for spin in (float(v) for v in args.spin_us.split(",")):
+        ctx.spin_s = spin / 1e6
+        empty, _ = bare(ctx, 0)
+        r = median_split(rec, empty.submit, lambda _r, s=empty: s, args.reps, 0.2)
+        rows.append(dict(case="empty", spin_us=spin, **r))
+        print(fmt(f"empty command buffer, spin {spin:g}", r), flush=True)
+        for spec in args.cases.split(","):
+            kind, dims = spec.split(":")
+            A, B, C = (int(v) for v in dims.split("/"))
+            if kind == "dec":
+                a, ids = decode_case(A, B, C)
+                dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
+                r = median_split(rec, lambda dev=dev, ids=ids: ssm_vk.ssm_scan(**dev, ids=ids), last, args.reps,
+                                 args.warm_s)
+                rows.append(dict(case=spec, op="fwd", spin_us=spin, **r))
+                print(fmt(f"{spec} fwd, spin {spin:g}", r), flush=True)
+                copy, keep = bare(ctx, A * C * P * N * 4)
+                r = median_split(rec, copy.submit, lambda _r, s=copy: s, args.reps, 0.3)
+                rows.append(dict(case=spec, op="copy", spin_us=spin, **r))
+                print(fmt(f"{spec} copy of its bytes, spin {spin:g}", r), flush=True)
+                copy.close()
+                for b in keep:
+                    b.close()
+            else:
+                a, g = step_case(A, B, C)
+                dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
+                dg = {k: ssm_vk.to_device(v) for k, v in g.items()}
+                ids = np.arange(A, dtype=np.int64)
+                for op, fn in (("fwd", lambda dev=dev, ids=ids: ssm_vk.ssm_scan(**dev, ids=ids)),
+                               ("bwd", lambda dev=dev, dg=dg, ids=ids: ssm_vk.ssm_scan_back(**dev, **dg, ids=ids))):
+                    r = median_split(rec, fn, last, args.reps, args.warm_s)
+                    rows.append(dict(case=spec, op=op, spin_us=spin, **r))
+                    print(fmt(f"{spec} {op}, spin {spin:g}", r), flush=True)
+                for v in dg.values():
+                    v.release()
+            for v in dev.values():
+                v.release()
+        empty.close()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=ctx.info.name, driver=ctx.info.driver, calibration=ctx.calibration,
+                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=rows), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
