@@ -20,7 +20,8 @@ call (median over ``--reps`` calls, after a second of warm-up), in microseconds:
 
 Cases: ``dec:S/R/H`` a decode step (T = 1, P = 64, N = 128, S of R cache rows, device-resident
 inputs, ids a numpy array); ``step:S/T/H`` a Mamba-2 forward and backward (P = 64, N = 128, G = 1)
-on device arrays, each call split. Beside them, on the same clock, the two bare sequences that
+on device arrays, each call split; each also prepared once (``ssm_vk.prepare_scan`` /
+``prepare_scan_back``) and replayed by ``run()``. Beside them, on the same clock, the two bare sequences that
 bound what any call pays: an empty command buffer (two timestamps), and the benchmark's vec4 copy
 shader moving the bytes the decode step moves (its state rows read and written once), so the
 launch and done of a scan can be read against those of a plain kernel of the same size.
@@ -178,6 +179,10 @@ def main(argv=None) -> int:
                                  args.warm_s)
                 rows.append(dict(case=spec, op="fwd", spin_us=spin, **r))
                 print(fmt(f"{spec} fwd, spin {spin:g}", r), flush=True)
+                with ssm_vk.prepare_scan(**dev, ids=ids) as prepared:
+                    r = median_split(rec, prepared.run, last, args.reps, args.warm_s)
+                rows.append(dict(case=spec, op="fwd prepared", spin_us=spin, **r))
+                print(fmt(f"{spec} fwd prepared, spin {spin:g}", r), flush=True)
                 copy, keep = bare(ctx, A * C * P * N * 4)
                 r = median_split(rec, copy.submit, lambda _r, s=copy: s, args.reps, 0.3)
                 rows.append(dict(case=spec, op="copy", spin_us=spin, **r))
@@ -195,6 +200,12 @@ def main(argv=None) -> int:
                     r = median_split(rec, fn, last, args.reps, args.warm_s)
                     rows.append(dict(case=spec, op=op, spin_us=spin, **r))
                     print(fmt(f"{spec} {op}, spin {spin:g}", r), flush=True)
+                with ssm_vk.prepare_scan(**dev, ids=ids) as pf, \
+                        ssm_vk.prepare_scan_back(**dev, **dg, ids=ids) as pb:
+                    for op, fn in (("fwd prepared", pf.run), ("bwd prepared", pb.run)):
+                        r = median_split(rec, fn, last, args.reps, args.warm_s)
+                        rows.append(dict(case=spec, op=op, spin_us=spin, **r))
+                        print(fmt(f"{spec} {op}, spin {spin:g}", r), flush=True)
                 for v in dg.values():
                     v.release()
             for v in dev.values():

@@ -35,7 +35,9 @@ timestamps of its recorded command buffer (``ssm_vk.run.last_gpu_ns``), forward 
 fwd+bwd. Wall time: the call and, for mamba_ssm, ``torch.cuda.synchronize()`` (ssm_vk's calls
 return when the GPU is done). mamba_ssm's fwd+bwd is its autograd path (``torch.autograd.grad``
 with given gradients of y and the final states). Medians over all rounds; ratio = mamba_ssm /
-ssm_vk (above 1: ssm_vk faster).
+ssm_vk (above 1: ssm_vk faster). The ``prepared`` ops (decode steps, the demo step) time
+ssm_vk's same call prepared once (``ssm_vk.prepare_scan`` / ``prepare_scan_back``) and replayed
+with ``run()``, beside the peer's same call: what an engine's loop pays per call.
 
 Accuracy, once per workload (after the timing): the norm-relative error of y, the final states and
 (fwd+bwd) d_x, d_dt, d_A, d_B, d_C, d_s of both against ``ssm_ref`` in float64 with
@@ -98,6 +100,11 @@ WORKLOADS = {  # name: (family, dims); mamba2 / mamba1: S, T, H, P, N; decode: S
     "m1-long": ("mamba1", dict(S=1, T=16384, H=1536, P=1, N=16)),
     "m1-wide": ("mamba1", dict(S=4, T=1024, H=5120, P=1, N=16)),
 }
+# Where a prepared call (ssm_vk.prepare_scan: recorded once, replayed) is timed too, beside the
+# peer's same call: the decode steps and the demo training step, whose wall time is mostly the host's.
+OPS = {"dec-1": ("fwd", "fwd prepared"), "dec-16": ("fwd", "fwd prepared"), "dec-128": ("fwd", "fwd prepared"),
+       "m2-demo": ("fwd", "fwd+bwd", "fwd+bwd prepared")}
+
 # Decode and Mamba-2 come before Mamba-1: the first m1 workload waits for the CUDA build.
 
 
@@ -197,6 +204,35 @@ def ours_side(p: dict) -> dict:
         del r
         return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
 
+    prepared = {}
+
+    def prepare(kind: str) -> tuple:
+        """(forward, backward or None) prepared once (ssm_vk.prepare_scan / prepare_scan_back)."""
+        if "fwd" not in prepared:
+            prepared["fwd"] = (ssm_vk.prepare_scan(**dev, ids=ids, dt_softplus=FORM), None)
+        if kind == "step" and "step" not in prepared:
+            prepared["step"] = (prepared["fwd"][0],
+                                ssm_vk.prepare_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM))
+        return prepared[kind]
+
+    def fwd_prepared():
+        f, _ = prepare("fwd")
+        t0 = time.perf_counter()
+        f.run()
+        w = time.perf_counter() - t0
+        return (vk_run.last_gpu_ns() or math.nan) / 1e3, w * 1e6
+
+    def step_prepared():
+        f, b = prepare("step")
+        t0 = time.perf_counter()
+        f.run()
+        t1 = time.perf_counter()
+        gf = vk_run.last_gpu_ns() or math.nan
+        t2 = time.perf_counter()
+        b.run()
+        t3 = time.perf_counter()
+        return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
+
     def outputs():
         r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM)
         where.append(r.where)
@@ -208,13 +244,19 @@ def ours_side(p: dict) -> dict:
         return out
 
     def close():
+        for f, b in prepared.values():
+            for c in (f, b):
+                if c is not None:
+                    c.close()
         for v in (*dev.values(), dgy, dgs):
             if v is not None:
                 v.release()
 
-    side = {"fwd": fwd, "outputs": outputs, "where": lambda: ",".join(sorted(set(where))), "close": close}
+    side = {"fwd": fwd, "fwd prepared": fwd_prepared, "outputs": outputs,
+            "where": lambda: ",".join(sorted(set(where))), "close": close}
     if back:
         side["fwd+bwd"] = step
+        side["fwd+bwd prepared"] = step_prepared
     return side
 
 
@@ -591,17 +633,18 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
             peer_why = f"setup failed: {type(e).__name__}: {e}"
     rows = []
     try:
-        for op in ("fwd", "fwd+bwd") if family != "decode" else ("fwd",):
+        for op in OPS.get(name) or (("fwd", "fwd+bwd") if family != "decode" else ("fwd",)):
             if out_of_time():
                 notes.append(f"{name} {op}: skipped, over the time budget")
                 break
             row = dict(base, op=op, peer_how=peer["how"] if peer else None, peer_note=peer_why)
             sides = {"ours": ours[op]}
             row["ours_first_s"] = first_call(ours[op])
+            peer_op = op.split()[0]   # a prepared call of ours beside the peer's same call
             if peer is not None:
                 try:
-                    row["peer_first_s"] = first_call(cuda_timed(peer[op]))
-                    sides = {"peer": cuda_timed(peer[op]), **sides}
+                    row["peer_first_s"] = first_call(cuda_timed(peer[peer_op]))
+                    sides = {"peer": cuda_timed(peer[peer_op]), **sides}
                 except Exception as e:
                     row["peer_note"] = f"{op} failed: {type(e).__name__}: {e}"
                     traceback.print_exc()
@@ -672,7 +715,7 @@ def row_err(row: dict, side: str) -> str:
     e = row.get(f"{side}_err")
     if not e:
         return "-"
-    keys = ("y", "states") if row["op"] == "fwd" else GRADS
+    keys = ("y", "states") if row["op"].split()[0] == "fwd" else GRADS
     v = [e[k] for k in keys if k in e]
     return f"{max(v):.1e}" if v else "-"
 
@@ -779,7 +822,7 @@ def report(h: dict, build: dict | None, rows: list, notes: list, clk) -> str:
                  "Medians of all rounds; ratio = mamba_ssm / ssm_vk (> 1: ssm_vk faster). Errors: norm-relative "
                  "against float64 ssm_ref (dt_softplus log1p), fwd: max of y, states; fwd+bwd: max of the "
                  "gradients. SM MHz: min/median/max while each side's timed calls ran.")
-    checked = [r for r in rows if r.get("check_note") and r["op"] == "fwd"]
+    checked = [r for r in rows if r.get("check_note") and r["op"].split()[0] == "fwd"]
     for r in checked:
         lines.append(f"\n\\* {r['workload']}: errors {r['check_note']}")
     lines += ["", "| workload | output | err mamba_ssm | err ssm_vk |", "|---|---|---|---|"]

@@ -2,10 +2,11 @@
 Python through the ``vulkan`` binding.
 
 Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``), plus
-device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``. ``SSM_VK_DEVICE=<index>``
+device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``, and calls prepared once
+and replayed (``prepare_scan``, ``prepare_scan_back``). ``SSM_VK_DEVICE=<index>``
 picks the device (default: first discrete GPU, else integrated, else a CPU implementation such
 as lavapipe); every setting is in :mod:`ssm_vk.config`. Importing works without Vulkan; the
-functions then fall back to ssm_fast and say so. The layers, one way down: api -> lanes, run ->
+functions then fall back to ssm_fast and say so. The layers, one way down: prepared -> api -> lanes, run ->
 engine -> workspace -> record -> decision -> kernels -> plan -> config; runtime under all
 (docs/ARCHITECTURE.md).
 """
@@ -17,6 +18,7 @@ from ssm_ref._version import __version__
 from . import config, runtime
 from .api import NAME, ssm_scan, ssm_scan_back, supports
 from .arrays import DeviceArray, to_device
+from .prepared import PreparedCall, prepare_scan, prepare_scan_back
 from .runtime import DeviceInfo
 
 
@@ -27,6 +29,5 @@ def devices() -> list[DeviceInfo]:
     return runtime.list_devices() if ok else []
 
 
-__all__ = ["NAME", "__version__", "config", "DeviceArray", "DeviceInfo", "devices", "runtime", "ssm_scan",
-           "ssm_scan_back",
-           "supports", "to_device"]
+__all__ = ["NAME", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
+           "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan", "ssm_scan_back", "supports", "to_device"]

@@ -97,8 +97,8 @@ def _track(owner, ctx, buf) -> _Release:
 
 class DeviceArray:
     """An array in device memory. Attributes: ``shape``, ``dtype``, ``device`` (index), ``where``
-    ("Vulkan<i>"), ``size``, ``nbytes``, ``ndim``. Methods: ``numpy()``, ``reshape()``,
-    ``view(start, shape)``, ``release()``.
+    ("Vulkan<i>"), ``size``, ``nbytes``, ``ndim``. Methods: ``numpy()``, ``write(values)``,
+    ``reshape()``, ``view(start, shape)``, ``release()``.
 
     Internal fields: ``buffer`` (a runtime Buffer, or None when empty) and ``offset`` (elements
     from the start of the buffer).
@@ -191,6 +191,27 @@ class DeviceArray:
         finally:
             ctx.leave(token)
         return out.reshape(self.shape)
+
+    def write(self, values) -> None:
+        """Overwrite the array with ``values`` (its shape; real numbers, rounded to float32 as
+        to_device does, or integers for an int32 array), uploaded from the host: the way to give a prepared call
+        (``ssm_vk.prepare_scan``) new inputs in place. Raises ValueError for another shape or
+        non-real values, RuntimeError when released."""
+        data = np.asarray(values)
+        if data.shape != self.shape:
+            raise ValueError(f"write: values of shape {data.shape} into a DeviceArray of shape {self.shape}")
+        if data.dtype.kind not in ("iub" if self.dtype.kind == "i" else "fiub"):
+            raise ValueError(f"write: values of dtype {data.dtype} into a DeviceArray of {self.dtype}")
+        self._check_live()
+        if self.size == 0:
+            return
+        data = np.ascontiguousarray(data, dtype=self.dtype)
+        ctx = self.ctx
+        token = ctx.enter()
+        try:
+            rt.upload(self.buffer, data.reshape(-1), self.offset * self.dtype.itemsize)
+        finally:
+            ctx.leave(token)
 
     def _write_rows(self, rows, values) -> None:
         """self[rows[i]] = values[i] along the first axis, uploaded from the host (ssm_scan's

@@ -1,0 +1,208 @@
+"""Prepared calls: a device-resident ssm_scan or ssm_scan_back checked, planned and recorded once,
+then replayed by :meth:`PreparedCall.run` -- what an inference engine's decode step or a training
+loop's fixed-shape step needs, without the per-call Python of the general path (its validation,
+look-ups and result objects: 20-30 us on a fast host, more than a decode step's GPU time).
+
+A prepared call owns a private workspace (never evicted by other shapes), its output arrays (each
+run overwrites them: the result object is the same every run) and one recorded sequence. Each run
+checks that its inputs and outputs are live, marks their buffers busy (another thread's release
+waits for the run), submits and waits; a result the chunked kernels flag as non-finite is computed
+again token by token (as every call is) and copied into the outputs. The inputs are read as they
+are at each run -- change them on the device (``DeviceArray.write``, or any other kernel writing
+their buffers) between runs; ids, shapes, the step's form and the planner's settings are fixed
+when it is prepared.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import ssm_ref
+from ssm_ref import ScanGrads, ScanResult, check_backward, check_forward, check_update_cache
+
+from . import config, run
+from . import runtime as rt
+from .api import _decision, _form, _result
+from .arrays import DeviceArray, check_live, pool
+from .record import record_backward, record_forward, scatters_in_place
+from .workspace import Workspace, release_all
+
+__all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
+
+
+def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> PreparedCall:
+    """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
+
+    Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``).
+    ``update_cache=True``: each run writes the new states into the cache rows s[ids] (``states``
+    None), as ssm_scan(update_cache=True) does. Raises as ssm_scan for bad input; TypeError
+    naming an input that is not a DeviceArray; ValueError when the device cannot run the call
+    (the reason; ssm_vk.ssm_scan would compute it on the CPU).
+    """
+    sp = _form(dt_softplus)
+    if type(update_cache) is not bool:
+        raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
+    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    _resident("prepare_scan", p, ("s", "x", "dt", "A", "B", "C"))
+    if update_cache:
+        check_update_cache(True, s, p.ids, device_arrays=True)
+    return PreparedCall(False, p, sp, update_cache)
+
+
+def prepare_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> PreparedCall:
+    """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
+    then. Inputs and errors as :func:`prepare_scan` (``g_states`` may be None where ssm_scan_back
+    takes the packed g_y)."""
+    sp = _form(dt_softplus)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
+    _resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
+    return PreparedCall(True, p, sp, False)
+
+
+def _resident(fn: str, p, names: tuple) -> None:
+    ctx = rt.current_context()
+    for k in names:
+        a = getattr(p, k)
+        if a is None and k == "g_states":
+            continue
+        if not isinstance(a, DeviceArray):
+            raise TypeError(f"{fn}: {k} must be a DeviceArray (ssm_vk.to_device): a prepared call reads its "
+                            f"inputs' device memory at each run; got {type(a).__name__}")
+        if a.ctx is not ctx:
+            raise ValueError(f"{fn}: {k} belongs to another Vulkan context than the open one")
+
+
+class PreparedCall:
+    """A prepared ssm_scan (``op == "ssm_scan"``) or ssm_scan_back: :meth:`run`, :meth:`close`,
+    a ``with`` block. Attributes: ``op``, ``where`` (the device), ``dims``, ``closed``.
+
+    ``run()`` returns the same result object every time, its arrays overwritten by each run (copy
+    what must outlive the next run: ``.numpy()``); ``close()`` releases them and the call's
+    buffers. Runs of one prepared call are serialised by its lock; prepared calls of other
+    shapes, and ordinary calls, may run from other threads meanwhile.
+    """
+
+    def __init__(self, backward: bool, p, softplus: int, update: bool):
+        op = "ssm_scan_back" if backward else "ssm_scan"
+        knobs = config.settings()
+        dec = _decision(op, p, knobs, softplus)
+        if not dec.sup:
+            raise ValueError(f"prepare: the Vulkan device cannot run this {op} ({dec.sup.reason}); "
+                             f"ssm_vk.{op} computes it on the CPU")
+        self.op, self.dims, self.where = op, p.dims, dec.info.where
+        self.closed = False
+        self._lock = threading.Lock()
+        self._p, self._backward, self._update, self._softplus = p, backward, update, softplus
+        self._engine, self._lim, self._knobs = dec.engine, dec.lim, knobs
+        ctx = self._ctx = dec.engine.ctx
+        names = run.BWD_IN if backward else run.FWD_IN
+        self._inputs = tuple(a for a in (getattr(p, k) for k in names) if a is not None)
+        self._held = tuple(a.buffer for a in self._inputs if a.buffer is not None)
+        token = ctx.enter()
+        try:
+            ws = self._ws = Workspace(ctx, p.dims, backward, dec.lim, knobs, True, softplus)
+            try:
+                self._outs = ws.outputs(True)
+            except BaseException:
+                ws.close()
+                raise
+            try:
+                self._record()
+            except BaseException:
+                self._release()
+                raise
+        finally:
+            ctx.leave(token)
+        outs = self._outs
+        self._outputs = tuple(a for a in outs.values() if a.buffer is not None)
+        if backward:
+            fields = {k: outs[k] for k in ssm_ref.GRAD_NAMES}
+            self._result = _result(ScanGrads, {**fields, "where": self.where, "backend": "ssm_vk"})
+        else:
+            self._result = _result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
+                                                "where": self.where, "backend": "ssm_vk"})
+
+    def _record(self) -> None:
+        ws, p, backward = self._ws, self._p, self._backward
+        bufs, _ = run.bind_inputs(ws, p, backward)
+        for k, a in self._outs.items():
+            bufs[k] = (a.buffer, a.offset)
+        scatter = self._update and scatters_in_place(ws, p, bufs["s"])
+        self._copy_rows = self._update and not scatter   # the new states copied into the rows after each run
+        if backward:
+            self._seq = ws.sequence(("prepared",), lambda seq: record_backward(seq, ws, p, bufs))
+        else:
+            self._seq = ws.sequence(("prepared",), lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
+        pl = ws.plan
+        self._flagged = pl.chunked is not None or bool(pl.tchunk) or pl.m1 is not None
+
+    def run(self):
+        """Run the recorded call on the inputs as they are now; returns the result (ScanResult or
+        ScanGrads), the same object every run. Raises RuntimeError (closed; an input or output
+        released), DeviceLost, VulkanTimeout."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"this prepared {self.op} is closed")
+            ctx = self._ctx
+            token = ctx.enter()
+            try:
+                buffers = pool(ctx)
+                busy = buffers.busy(self._held) if self._held else None
+                try:
+                    check_live(self._inputs)
+                    check_live(self._outputs)
+                    self._seq.submit()
+                    run._timing.seq = self._seq      # (run.last_gpu_ns reads it)
+                    if self._flagged and self._ws.nonfinite():
+                        self._recompute()
+                    elif self._copy_rows:
+                        run.copy_rows(ctx, self._outs["states"], self._p.s, self._p.ids)
+                    if self._update:
+                        self._engine.written(self._p.s)
+                finally:
+                    if busy is not None:
+                        buffers.idle(busy)
+            finally:
+                ctx.leave(token)
+        return self._result
+
+    def _recompute(self) -> None:
+        """The chunked kernels flagged inf or nan: the call again on the token-sequential kernels
+        (whose non-finite results are the spec's), copied into this call's outputs."""
+        run._note_rerun(self._engine, self.dims)
+        out = run._run_once(self._engine, self._p, self._backward, self._lim, self._knobs, True, chunked=False,
+                            softplus=self._softplus, update=self._update)
+        try:
+            with rt.oneshot(self._ctx) as seq:
+                for k, dst in self._outs.items():
+                    src = out[k]
+                    if dst.buffer is not None and not (self._update and k == "states"):
+                        seq.copy(src.buffer, dst.buffer, dst.nbytes, src.offset * 4, dst.offset * 4)
+        finally:
+            release_all(out)
+
+    def close(self) -> None:
+        """Release the outputs and the recorded work (waits for a run in progress). Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._release()
+
+    def _release(self) -> None:
+        ws = self._ws
+        if not self._ctx.closed:
+            release_all(self._outs)
+        with ws.lock:
+            ws.close()
+
+    def __enter__(self) -> PreparedCall:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.where
+        return f"<prepared {self.op} {self.dims} {state}>"
+
