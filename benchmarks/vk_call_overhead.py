@@ -22,7 +22,7 @@ and python* split by stage, each stage timed alone with the same arguments (subm
     validate  ssm_ref.check_forward / check_backward (keep_device=True); for a call that takes a
               lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_ref.checks.device_problem: the
               ids and the host memory rule)
-    support   ssm_vk.api._decision (the cached support decision); for a lane's call, the lane
+    support   ssm_vk.api.decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
               shape checks, the workspace look-up and the input bindings
     launch    ssm_vk.run.forward / backward + drop (workspace, binding, key, outputs, and for
@@ -92,7 +92,7 @@ class Case:
         check = ssm_ref.check_backward if backward else ssm_ref.check_forward
         for _ in range(5):  # record, warm the pool and the caches
             self.entry(**args)
-        self.seq = vk_run._timing.seq
+        self.seq = vk_run.last_sequence()
         floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
         self.find = lambda: lanes.find(backward, floats, config.settings())
         self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
@@ -127,13 +127,13 @@ class Case:
                 s[key].append(pc() - t0)
         run = vk_run.backward if self.backward else vk_run.forward
         p, dev, lane = self.p, self.device, self.lane
-        dec = api._decision(self.op, p, config.settings())
+        dec = api.decision(self.op, p, config.settings())
 
         def launched():
             out = run(dec.engine, p, dec.lim, dec.knobs, dev, lane)
             del out
 
-        support = self.find if lane is not None else lambda: api._decision(self.op, p, config.settings())
+        support = self.find if lane is not None else lambda: api.decision(self.op, p, config.settings())
         with _stubbed_submit(True):
             for key, fn in (("validate", self.validate), ("support", support), ("launch", launched)):
                 for _ in range(n):

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                 c0 = time.perf_counter()
                 r = ssm_vk.ssm_scan(**dev, ids=ids, **kw)
                 walls.append(time.perf_counter() - c0)
-                t = vk_run._timing.seq.gpu_times()
+                t = vk_run.last_sequence().gpu_times()
                 gpus.append(t["end"] / 1e3)
                 gathers.append(t.get("gather", float("nan")) / 1e3)
                 del r

@@ -80,7 +80,7 @@ def warm(fn, seconds=0.6):
 def replay_wall(reps=50):
     """Median wall time of resubmitting the last recorded sequence alone (driver + GPU, no
     Python of ours), in us."""
-    seq = vk_run._timing.seq
+    seq = vk_run.last_sequence()
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -92,7 +92,7 @@ def replay_wall(reps=50):
 def split():
     """Microseconds between consecutive timestamps of the last call (SSM_VK_PROFILE=1 records one
     after each step of the chunked kernels), or {}."""
-    seq = vk_run._timing.seq
+    seq = vk_run.last_sequence()
     times = seq.gpu_times() if seq is not None else {}
     if len(times) <= 2:
         return {}

@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     print(f"device: {ctx.info.name}, {ctx.info.driver}; {ctx.calibration}", flush=True)
     rec = Recorder()
     rows = []
-    last = lambda _r: vk_run._timing.seq  # noqa: E731 -- the call's main sequence
+    last = lambda _r: vk_run.last_sequence()  # noqa: E731 -- the call's main sequence
     for spin in (float(v) for v in args.spin_us.split(",")):
         ctx.spin_s = spin / 1e6
         empty, _ = bare(ctx, 0)

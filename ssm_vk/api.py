@@ -74,7 +74,7 @@ class _Decided:
         self.lim, self.knobs, self.device_out = lim, knobs, device_out
 
 
-def _form(dt_softplus) -> int:
+def form_code(dt_softplus) -> int:
     """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS); ValueError for another value."""
     try:
         return SOFTPLUS[dt_softplus]
@@ -83,7 +83,7 @@ def _form(dt_softplus) -> int:
         raise
 
 
-def _decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
+def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
     """Whether ``p`` runs on the device (ssm_vk.decision), decided before any allocation, cached
     in the context's Engine by everything it depends on: the context's limits (``ctx.info``,
     which override_limits swaps), op, dims, which inputs are device-resident, the knobs and the
@@ -122,7 +122,7 @@ def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
     knobs = config.settings()
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
-    return _decision(op, p, knobs).sup
+    return decision(op, p, knobs).sup
 
 
 def _host(p):
@@ -160,7 +160,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     ``update_cache``: as in ssm_ref.ssm_scan; ``s`` a writeable numpy array or a DeviceArray, whose
     rows ids[i] the call writes on the device (by the scan itself in a decode step).
     """
-    sp = _form(dt_softplus)
+    sp = form_code(dt_softplus)
     if update_cache is not False:
         return _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp, update_cache)
     knobs = config.settings()
@@ -170,7 +170,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
         p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
             out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane)
-            return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
+            return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     return _forward_checked(p, knobs, sp, dt_softplus, sig, arrays)
@@ -179,7 +179,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
 def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
     """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
     with ``sig`` (lanes.find's), the call is kept as a lane for its repeats."""
-    dec = _decision("ssm_scan", p, knobs, sp)
+    dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
@@ -188,7 +188,7 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
     out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp)
-    return _result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
+    return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
 
 
 def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -> ScanResult:
@@ -205,7 +205,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
                 check_update_cache(True, s, p.ids, device_arrays=True)
                 out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane, update=True)
                 out["states"].release()
-                return _result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
+                return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
     else:
         sig = None
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
@@ -216,26 +216,26 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
         write_cache_rows(s, p.ids, states.numpy() if isinstance(states, DeviceArray) else states)
         if isinstance(states, DeviceArray):
             states.release()
-        return _result(ScanResult, {"y": r.y, "states": None, "where": r.where, "backend": r.backend})
-    dec = _decision("ssm_scan", p, knobs, sp)
+        return frozen_result(ScanResult, {"y": r.y, "states": None, "where": r.where, "backend": r.backend})
+    dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:                        # on the CPU; the rows uploaded into the cache
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         r = cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, dt_softplus=dt_softplus)
         s._write_rows(p.ids, r.states)
-        return _result(ScanResult, {"y": upload_to(s.ctx, r.y), "states": None, "where": r.where,
+        return frozen_result(ScanResult, {"y": upload_to(s.ctx, r.y), "states": None, "where": r.where,
                                     "backend": r.backend})
     out = run.forward(dec.engine, p, dec.lim, knobs, device_out=True, softplus=sp, update=True)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp, update=True)
     out["states"].release()
-    return _result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
+    return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
     and fallback behaviour and ``dt_softplus`` as :func:`ssm_scan`."""
-    sp = _form(dt_softplus)
+    sp = form_code(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)
@@ -244,7 +244,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
         if p is not None:
             return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    dec = _decision("ssm_scan_back", p, knobs, sp)
+    dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
         h = _host(p)
@@ -265,15 +265,15 @@ def _resident(result, p, names: tuple):
     ctx = next((getattr(p, k).ctx for k in _INPUTS if isinstance(getattr(p, k), DeviceArray)), None)
     if ctx is None:
         return result
-    return _result(type(result), {**result.__dict__, **{k: upload_to(ctx, getattr(result, k)) for k in names}})
+    return frozen_result(type(result), {**result.__dict__, **{k: upload_to(ctx, getattr(result, k)) for k in names}})
 
 
 def _grads(g: dict, where: str) -> ScanGrads:
-    return _result(ScanGrads, {"d_s": g["d_s"], "d_s0": g["d_s0"], "d_x": g["d_x"], "d_dt": g["d_dt"],
+    return frozen_result(ScanGrads, {"d_s": g["d_s"], "d_s0": g["d_s0"], "d_x": g["d_x"], "d_dt": g["d_dt"],
                                "d_A": g["d_A"], "d_B": g["d_B"], "d_C": g["d_C"], "where": where, "backend": NAME})
 
 
-def _result(cls, fields: dict):
+def frozen_result(cls, fields: dict):
     """``cls(**fields)`` for the frozen result dataclasses (ScanResult, ScanGrads: no
     __post_init__; every field given), without their __init__'s object.__setattr__ a field."""
     r = object.__new__(cls)

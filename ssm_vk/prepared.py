@@ -22,7 +22,7 @@ from ssm_ref import ScanGrads, ScanResult, check_backward, check_forward, check_
 
 from . import config, run
 from . import runtime as rt
-from .api import _decision, _form, _result
+from .api import decision, form_code, frozen_result
 from .arrays import DeviceArray, check_live, pool
 from .record import record_backward, record_forward, scatters_in_place
 from .workspace import Workspace, release_all
@@ -39,7 +39,7 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
     (the reason; ssm_vk.ssm_scan would compute it on the CPU).
     """
-    sp = _form(dt_softplus)
+    sp = form_code(dt_softplus)
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
@@ -53,7 +53,7 @@ def prepare_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggm
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
     then. Inputs and errors as :func:`prepare_scan` (``g_states`` may be None where ssm_scan_back
     takes the packed g_y)."""
-    sp = _form(dt_softplus)
+    sp = form_code(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
     _resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
     return PreparedCall(True, p, sp, False)
@@ -85,7 +85,7 @@ class PreparedCall:
     def __init__(self, backward: bool, p, softplus: int, update: bool):
         op = "ssm_scan_back" if backward else "ssm_scan"
         knobs = config.settings()
-        dec = _decision(op, p, knobs, softplus)
+        dec = decision(op, p, knobs, softplus)
         if not dec.sup:
             raise ValueError(f"prepare: the Vulkan device cannot run this {op} ({dec.sup.reason}); "
                              f"ssm_vk.{op} computes it on the CPU")
@@ -117,9 +117,9 @@ class PreparedCall:
         self._outputs = tuple(a for a in outs.values() if a.buffer is not None)
         if backward:
             fields = {k: outs[k] for k in ssm_ref.GRAD_NAMES}
-            self._result = _result(ScanGrads, {**fields, "where": self.where, "backend": "ssm_vk"})
+            self._result = frozen_result(ScanGrads, {**fields, "where": self.where, "backend": "ssm_vk"})
         else:
-            self._result = _result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
+            self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
                                                 "where": self.where, "backend": "ssm_vk"})
 
     def _record(self) -> None:
@@ -152,7 +152,7 @@ class PreparedCall:
                     check_live(self._inputs)
                     check_live(self._outputs)
                     self._seq.submit()
-                    run._timing.seq = self._seq      # (run.last_gpu_ns reads it)
+                    run.set_last_sequence(self._seq)   # (run.last_gpu_ns reads it)
                     if self._flagged and self._ws.nonfinite():
                         self._recompute()
                     elif self._copy_rows:
@@ -169,8 +169,8 @@ class PreparedCall:
     def _recompute(self) -> None:
         """The chunked kernels flagged inf or nan: the call again on the token-sequential kernels
         (whose non-finite results are the spec's), copied into this call's outputs."""
-        run._note_rerun(self._engine, self.dims)
-        out = run._run_once(self._engine, self._p, self._backward, self._lim, self._knobs, True, chunked=False,
+        run.note_rerun(self._engine, self.dims)
+        out = run.run_once(self._engine, self._p, self._backward, self._lim, self._knobs, True, chunked=False,
                             softplus=self._softplus, update=self._update)
         try:
             with rt.oneshot(self._ctx) as seq:

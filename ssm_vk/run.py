@@ -27,7 +27,8 @@ from .record import record_backward, record_forward, scatters_in_place
 from .record.common import put_rows
 from .workspace import Workspace, release_all
 
-__all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "FWD_IN", "BWD_IN"]
+__all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
+           "note_rerun", "copy_rows", "FWD_IN", "BWD_IN"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
@@ -35,6 +36,17 @@ _rerun_logged = False
 
 FWD_IN = ("s", "x", "dt", "A", "B", "C")
 BWD_IN = (*FWD_IN, "g_y", "g_states")
+
+
+def last_sequence():
+    """The Sequence this thread's last forward or backward submitted, or None (benchmarks read its
+    timestamps)."""
+    return getattr(_timing, "seq", None)
+
+
+def set_last_sequence(seq) -> None:
+    """Record ``seq`` as this thread's last call (a prepared call's run: last_gpu_ns reads it)."""
+    _timing.seq = seq
 
 
 def last_gpu_ns() -> float | None:
@@ -76,12 +88,12 @@ def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: boo
                 out = _through_lane(engine, lane, p, backward, update)
                 if out is not None:
                     return out
-            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
+            return run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
         except rt.OutOfDeviceMemory:
             # The workspaces of other shapes hold buffers between calls: give them all back (the pool
             # frees its idle ones when it next runs out) and try once more; a second failure raises.
             engine.clear()
-            return _run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
+            return run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
     finally:
         ctx.leave(token)
 
@@ -109,14 +121,14 @@ def _through_lane(engine: Engine, lane, p: Problem, backward: bool, update: bool
         finally:
             if token is not None:
                 buffers.idle(token)
-    if out is None:  # a chunked result held inf or nan (as in _run_once)
-        _note_rerun(engine, p.dims)
-        out = _run_once(engine, p, backward, lane.limits, lane.knobs, True, chunked=False,
+    if out is None:  # a chunked result held inf or nan (as in run_once)
+        note_rerun(engine, p.dims)
+        out = run_once(engine, p, backward, lane.limits, lane.knobs, True, chunked=False,
                         softplus=ws.plan.softplus, update=update)
     return out
 
 
-def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
+def run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
               softplus: int = 0, update: bool = False) -> dict:
     while True:
         ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
@@ -129,12 +141,12 @@ def _run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, 
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
         # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
         # nan and back). Same device; finite results never take this path.
-        _note_rerun(engine, p.dims)
-        return _run_once(engine, p, backward, lim, knobs, device_out, chunked=False,
+        note_rerun(engine, p.dims)
+        return run_once(engine, p, backward, lim, knobs, device_out, chunked=False,
                          softplus=ws.plan.softplus, update=update)
 
 
-def _note_rerun(engine: Engine, dims) -> None:
+def note_rerun(engine: Engine, dims) -> None:
     global _rerun_logged
     engine.reruns += 1
     if not _rerun_logged:

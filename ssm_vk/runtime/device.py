@@ -25,8 +25,9 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
     0x10: "shuffle", 0x20: "shuffle_relative", 0x40: "clustered", 0x80: "quad",
 }
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
-# Calibrated timestamps (Sequence.host_times): the KHR name first, then the EXT one it promoted.
-CALIBRATION_EXTENSIONS = ("VK_KHR_calibrated_timestamps", "VK_EXT_calibrated_timestamps")
+# Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
+# Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
+CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
 # VkCalibratedTimestampInfo's sType differs between the two (the binding knows only the KHR value).
 CALIBRATION_STYPES = {"VK_KHR_calibrated_timestamps": 1000543000, "VK_EXT_calibrated_timestamps": 1000184000}
 TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC = 0, 1   # VkTimeDomainKHR: the device's, Linux's CLOCK_MONOTONIC
