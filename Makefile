@@ -13,7 +13,7 @@ GGML_ENV := SSM_GGML_LIB=$(GGML_LIB)
 # The fuzz of ggml's CPU: the forward's properties, T >= 1. Left out: the empty scan (T = 0) and
 # split_tokens (it splits at t = 0 too), where ggml's CPU leaves the final states unwritten, a
 # known finding that tests/ggml asserts (docs/PORTING.md, "Testing ggml's SSM_SCAN").
-GGML_FUZZ := --minutes 1 --seed 0 --min-T 1 --property oracle_forward --property permute_sequences \
+GGML_FUZZ := --minutes 0.5 --seed 0 --min-T 1 --property oracle_forward --property permute_sequences \
              --property group_broadcast --property mamba2_as_mamba1 --property deterministic \
              --property nonfinite_pattern
 
@@ -36,7 +36,7 @@ test: setup $(TEST_STAMP) ggml
 ggml: setup
 	PYTHON=$(VPY) bash tools/build_ggml.sh
 
-# ggml's own SSM_SCAN against the float64 oracle: the quick check, then a minute of fuzzing.
+# ggml's own SSM_SCAN against the float64 oracle: the quick check, then half a minute of fuzzing.
 ggml-check: ggml
 	$(GGML_ENV) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
 	$(GGML_ENV) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ)

@@ -13,7 +13,8 @@ SSM_VK_DEVICE          the Vulkan device index to use (default: first discrete G
                        integrated, else a CPU implementation); read when the context is made
 SSM_VK_TIMEOUT_S       seconds a wait on the GPU may take before VulkanTimeout (default 60)
 SSM_VK_SPIN_US         microseconds a wait polls the GPU before it sleeps in the driver
-                       (default 200 on a GPU, 0 on a CPU implementation; 0 never polls)
+                       (default 200 on a GPU, 0 on a CPU implementation; 0 never polls;
+                       a sequence whose last run took longer, up to 1 ms, polls that long)
 SSM_VK_VALIDATION      1: run under the Khronos validation layer (tests; default off)
 SSM_VK_NO_SUBGROUP     1: use no subgroup operations (the shared-memory row sums)
 SSM_VK_PROFILE         1: a timestamp after each step of the chunked kernels (benchmarks)

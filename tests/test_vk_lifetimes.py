@@ -110,7 +110,7 @@ LOSS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("run", range(4))
+@pytest.mark.parametrize("run", range(2))   # (each run a storm of its own: other interleavings)
 def test_device_loss_under_eight_threads_neither_crashes_nor_hangs(run):
     code = LOSS.format(tests=str(REPO / "tests"), rounds=5, seconds=1.5)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False,

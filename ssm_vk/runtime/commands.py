@@ -26,6 +26,19 @@ MAX_TIMESTAMPS = 64
 
 _RECORDING, _READY = "recording", "ready"
 _NOT_READY = 1   # VK_NOT_READY: a fence not signalled yet
+POLL_CAP_S = 1e-3  # the longest a wait polls for a sequence whose last run took longer than ctx.spin_s
+
+
+def poll_window(spin_s: float, last_run_s: float | None) -> float:
+    """How long a wait polls its fence before it sleeps in the driver: ``spin_s`` (the context's,
+    SSM_VK_SPIN_US), stretched to a quarter more than the sequence's last run (+ 20 us) when that
+    run took longer and the stretch stays within POLL_CAP_S -- a call a little longer than the
+    poll would otherwise sleep and wake tens of microseconds late (an H200: 30-50 us), every time.
+    0 stays 0 (no polling asked for); a run longer than the cap keeps ``spin_s``."""
+    if spin_s <= 0 or last_run_s is None:
+        return max(spin_s, 0.0)
+    stretched = 1.25 * last_run_s + 20e-6
+    return stretched if spin_s < stretched <= POLL_CAP_S else spin_s
 
 
 class Sequence:
@@ -48,6 +61,8 @@ class Sequence:
         self.closed = False
         self.pending = False
         self.internal = False  # the runtime's own transfer sequence (oneshot): test faults skip it
+        self.last_run_s: float | None = None   # submit to the end seen by a wait, of the last run
+        self._submit_t = 0.0
         self._pool = self._fence = self._queries = None
         self._set_keys: list = []  # (kernel, descriptor-set key) of each dispatch recorded
         device = ctx.handle
@@ -248,6 +263,7 @@ class Sequence:
         with ctx.lock:
             result = lib.vkResetFences(ctx.handle, 1, self._fences)
             if result == 0:
+                self._submit_t = time.perf_counter()
                 result = lib.vkQueueSubmit(ctx.queue, 1, self._submit_info, self._fence)
             if result != 0:
                 raise self._failed(result, "vkQueueSubmit")
@@ -269,7 +285,9 @@ class Sequence:
             return
         ctx = self.ctx
         timeout = ctx.timeout_s if timeout_s is None else timeout_s
-        if ctx.spin_s > 0 and self._polled(min(ctx.spin_s, timeout)):
+        spin = poll_window(ctx.spin_s, self.last_run_s)
+        if spin > 0 and self._polled(min(spin, timeout)):
+            self.last_run_s = time.perf_counter() - self._submit_t
             self.pending = False
             ctx.pending.discard(self)
             return
@@ -277,6 +295,7 @@ class Sequence:
         result = self._lib.vkWaitForFences(ctx.handle, 1, self._fences, 1, timeout_ns)
         if result != 0:
             raise self._failed(result, "vkWaitForFences")
+        self.last_run_s = time.perf_counter() - self._submit_t   # (with the driver's wake-up in it)
         self.pending = False
         ctx.pending.discard(self)
 

@@ -183,6 +183,37 @@ def test_host_times_place_the_gpu_between_submit_and_wait(ctx, glslc, data, monk
             seq.host_times()
 
 
+def test_the_poll_window_follows_the_last_run_within_its_cap():
+    from ssm_vk.runtime.commands import POLL_CAP_S, poll_window
+    assert poll_window(200e-6, None) == 200e-6
+    assert poll_window(200e-6, 100e-6) == 200e-6            # the last run fit in the poll
+    assert poll_window(200e-6, 200e-6) == pytest.approx(270e-6)   # just past it: a quarter more + 20 us
+    assert poll_window(200e-6, POLL_CAP_S) == 200e-6        # longer runs sleep as before
+    assert poll_window(0.0, 300e-6) == 0.0                  # 0: never poll, whatever the last run
+    assert poll_window(2e-3, 300e-6) == 2e-3                # a longer setting is kept
+
+
+def test_a_wait_measures_the_run_it_waited_for(ctx, glslc, data, monkeypatch):
+    """last_run_s: from the submit to the end the wait saw -- not shorter than the GPU's own time
+    and not longer than the submit call -- polling or sleeping."""
+    n, _, _, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    with rt.Sequence(ctx) as seq:
+        seq.timestamp("start")
+        for _ in range(10):
+            seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+            seq.barrier()
+        seq.timestamp("end")
+        seq.finish()
+        assert seq.last_run_s is None
+        for spin in (0.0, 0.5):   # sleeping in the driver, then polling (a generous window)
+            monkeypatch.setattr(ctx, "spin_s", spin)
+            t0 = time.perf_counter()
+            seq.submit()
+            took = time.perf_counter() - t0
+            assert seq.gpu_times()["end"] / 1e9 <= seq.last_run_s <= took
+
+
 def test_limits_override_makes_callers_split(ctx, glslc, data):
     n, _, _, _, (bx, by, bs) = data
     k = saxpy(ctx)
