@@ -295,3 +295,28 @@ def test_out_of_device_memory_raises_keeps_nothing_and_the_next_call_works(op, d
     pool(ctx).trim()
     assert held(ctx) == before and not ctx.lost
     same(OPS[op](a)[1], want)
+
+
+@pytest.mark.vulkan
+def test_a_prepared_call_through_a_timeout_and_a_lost_device():
+    """A prepared call's run raises the fault as an ordinary call does: after a timeout it carries
+    on (the same bits); after a device loss it keeps raising DeviceLost (it belongs to the lost
+    device), closes without error, and a call prepared again on the new context gives the same bits."""
+    case = make_problem(np.random.default_rng(77), S=2, T=1, H=2, P=4, N=16, G=1, ids="unused", R=4)
+    host = {k: v for k, v in case.args().items() if k != "ids"}
+    ctx = rt.get_context()
+    step = ssm_vk.prepare_scan(**{k: ssm_vk.to_device(v) for k, v in host.items()}, ids=case.ids)
+    want = step.run().y.numpy()
+    ctx.fail_next_submit(rt.VulkanTimeout)
+    with pytest.raises(rt.VulkanTimeout):
+        step.run()
+    assert np.array_equal(step.run().y.numpy(), want)
+    ctx.fail_next_submit(rt.DeviceLost)
+    with pytest.raises(rt.DeviceLost):
+        step.run()
+    with pytest.raises(rt.DeviceLost):
+        step.run()
+    step.close()
+    with ssm_vk.prepare_scan(**{k: ssm_vk.to_device(v) for k, v in host.items()}, ids=case.ids) as again:
+        assert again.where.startswith("Vulkan") and rt.get_context() is not ctx
+        assert np.array_equal(again.run().y.numpy(), want)
