@@ -29,8 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-os.environ["SSM_VK_PROFILE"] = "1"   # before ssm_vk reads it: a timestamp after the gather
-
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import engine as vk_engine
@@ -94,6 +92,7 @@ def main(argv=None) -> int:
                     help="update_cache=True: the new states into the cache rows (it changes call by call)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    os.environ["SSM_VK_PROFILE"] = "1"   # read when a workspace is made: a timestamp after the gather
     from ssm_fast.oracle64 import scan64
 
     ctx = rt.get_context()

@@ -45,6 +45,9 @@ import ssm_vk
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from vk_decode import case as decode_case  # the decode steps' inputs, as vk_decode times them
+
 P, N = 64, 128
 BENCH_GLSL = Path(__file__).resolve().parent / "glsl"
 SEGMENTS = ("before", "submit", "launch", "gpu", "done", "after", "wall")
@@ -122,15 +125,6 @@ def bare(ctx, nbytes: int):
     seq.timestamp("end")
     seq.finish()
     return seq, keep
-
-
-def decode_case(S, R, H, seed=0):
-    rng = np.random.default_rng(seed)
-    f = np.float32
-    a = dict(s=rng.uniform(-0.5, 0.5, (R, H, P, N)).astype(f), x=rng.uniform(-1, 1, (S, 1, H, P)).astype(f),
-             dt=rng.uniform(-1, 1, (S, 1, H)).astype(f), A=-rng.uniform(0.2, 1, H).astype(f),
-             B=rng.uniform(-0.5, 0.5, (S, 1, 1, N)).astype(f), C=rng.uniform(-0.5, 0.5, (S, 1, 1, N)).astype(f))
-    return a, rng.choice(R, S, replace=False).astype(np.int64)
 
 
 def step_case(S, T, H, seed=0):

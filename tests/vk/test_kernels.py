@@ -153,21 +153,27 @@ def test_timestamps(ctx, glslc, data):
         assert seq.gpu_times()["saxpy"] > 0  # waits for the pending run
 
 
+def _timed_chain(ctx, data, count: int):
+    """A finished sequence: "start", ``count`` saxpy dispatches one after another, "end"."""
+    n, _, _, groups, (bx, by, bs) = data
+    k = saxpy(ctx)
+    seq = rt.Sequence(ctx)
+    seq.timestamp("start")
+    for _ in range(count):
+        seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
+        seq.barrier()
+    seq.timestamp("end")
+    seq.finish()
+    return seq
+
+
 def test_host_times_place_the_gpu_between_submit_and_wait(ctx, glslc, data, monkeypatch):
     """Sequence.host_times: the GPU's timestamps on time.monotonic's clock lie after the submit
     began and before the wait returned, and their differences are gpu_times' (the calibration
     maps ticks to nanoseconds with the same period)."""
     if not ctx.calibration:
         pytest.skip(f"{ctx.info.name} offers no calibrated timestamps on CLOCK_MONOTONIC")
-    n, _, _, groups, (bx, by, bs) = data
-    k = saxpy(ctx)
-    with rt.Sequence(ctx) as seq:
-        seq.timestamp("start")
-        for _ in range(20):
-            seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
-            seq.barrier()
-        seq.timestamp("end")
-        seq.finish()
+    with _timed_chain(ctx, data, 20) as seq:
         with pytest.raises(RuntimeError, match="submit"):
             seq.host_times()
         for _ in range(5):
@@ -196,15 +202,7 @@ def test_the_poll_window_follows_the_last_run_within_its_cap():
 def test_a_wait_measures_the_run_it_waited_for(ctx, glslc, data, monkeypatch):
     """last_run_s: from the submit to the end the wait saw -- not shorter than the GPU's own time
     and not longer than the submit call -- polling or sleeping."""
-    n, _, _, groups, (bx, by, bs) = data
-    k = saxpy(ctx)
-    with rt.Sequence(ctx) as seq:
-        seq.timestamp("start")
-        for _ in range(10):
-            seq.dispatch(k, [bx, by, bs], push(n, 1.0), groups=groups)
-            seq.barrier()
-        seq.timestamp("end")
-        seq.finish()
+    with _timed_chain(ctx, data, 10) as seq:
         assert seq.last_run_s is None
         for spin in (0.0, 0.5):   # sleeping in the driver, then polling (a generous window)
             monkeypatch.setattr(ctx, "spin_s", spin)
