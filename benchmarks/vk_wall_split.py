@@ -20,7 +20,8 @@ call (median over ``--reps`` calls, after a second of warm-up), in microseconds:
 
 Cases: ``dec:S/R/H`` a decode step (T = 1, P = 64, N = 128, S of R cache rows, device-resident
 inputs, ids a numpy array); ``step:S/T/H`` a Mamba-2 forward and backward (P = 64, N = 128, G = 1)
-on device arrays, each call split; each also prepared once (``ssm_vk.prepare_scan`` /
+on device arrays, each call split (the backward repeated alone, right after its forward, and
+with the forward's tables dropped before each call); each also prepared once (``ssm_vk.prepare_scan`` /
 ``prepare_scan_back``) and replayed by ``run()``. Beside them, on the same clock, the two bare sequences that
 bound what any call pays: an empty command buffer (two timestamps), and the benchmark's vec4 copy
 shader moving the bytes the decode step moves (its state rows read and written once), so the
@@ -42,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 import ssm_vk
+from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
@@ -99,11 +101,19 @@ class Recorder:
         return out
 
 
-def median_split(rec: Recorder, fn, seq_of, reps: int, warm_s: float) -> dict:
+def median_split(rec: Recorder, fn, seq_of, reps: int, warm_s: float, pre=None) -> dict:
+    """Medians of ``reps`` splits of ``fn`` after ``warm_s`` of calls; ``pre()`` (untimed) runs
+    before each call."""
     end = time.monotonic() + warm_s
     while time.monotonic() < end:
+        if pre is not None:
+            pre()
         fn()
-    rows = [rec.split(fn, seq_of) for _ in range(reps)]
+    rows = []
+    for _ in range(reps):
+        if pre is not None:
+            pre()
+        rows.append(rec.split(fn, seq_of))
     return {k: statistics.median(r[k] for r in rows) for k in (*SEGMENTS, "submits")}
 
 
@@ -189,9 +199,15 @@ def main(argv=None) -> int:
                 dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
                 dg = {k: ssm_vk.to_device(v) for k, v in g.items()}
                 ids = np.arange(A, dtype=np.int64)
-                for op, fn in (("fwd", lambda dev=dev, ids=ids: ssm_vk.ssm_scan(**dev, ids=ids)),
-                               ("bwd", lambda dev=dev, dg=dg, ids=ids: ssm_vk.ssm_scan_back(**dev, **dg, ids=ids))):
-                    r = median_split(rec, fn, last, args.reps, args.warm_s)
+                fwd = lambda dev=dev, ids=ids: ssm_vk.ssm_scan(**dev, ids=ids)  # noqa: E731
+                bwd = lambda dev=dev, dg=dg, ids=ids: ssm_vk.ssm_scan_back(**dev, **dg, ids=ids)  # noqa: E731
+                kept = vk_engine.engine_of(ctx).kept
+                # The backward three ways: repeated alone (the tables its forward left, if any, taken
+                # each time), right after its forward (a training step), and with no tables kept
+                # (the forward recomputed inside it, as a prepared backward does).
+                for op, fn, pre in (("fwd", fwd, None), ("bwd", bwd, None), ("bwd after fwd", bwd, fwd),
+                                    ("bwd without tables", bwd, kept.clear)):
+                    r = median_split(rec, fn, last, args.reps, args.warm_s, pre)
                     rows.append(dict(case=spec, op=op, spin_us=spin, **r))
                     print(fmt(f"{spec} {op}, spin {spin:g}", r), flush=True)
                 with ssm_vk.prepare_scan(**dev, ids=ids) as pf, \

@@ -100,17 +100,13 @@ class PreparedCall:
         self._held = tuple(a.buffer for a in self._inputs if a.buffer is not None)
         token = ctx.enter()
         try:
-            ws = self._ws = Workspace(ctx, p.dims, backward, dec.lim, knobs, True, softplus)
             try:
-                self._outs = ws.outputs(True)
-            except BaseException:
-                ws.close()
-                raise
-            try:
-                self._record()
-            except BaseException:
-                self._release()
-                raise
+                self._build()
+            except rt.OutOfDeviceMemory:
+                # As an ordinary call does: the other shapes' workspaces give their buffers back
+                # (the pool frees its idle ones when it next runs out), then once more.
+                self._engine.clear()
+                self._build()
         finally:
             ctx.leave(token)
         outs = self._outs
@@ -121,6 +117,22 @@ class PreparedCall:
         else:
             self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
                                                 "where": self.where, "backend": "ssm_vk"})
+
+    def _build(self) -> None:
+        """The call's own workspace, its outputs and its recorded sequence (all or nothing)."""
+        p = self._p
+        ws = self._ws = Workspace(self._ctx, p.dims, self._backward, self._lim, self._knobs, True, self._softplus)
+        try:
+            self._outs = ws.outputs(True)
+        except BaseException:
+            with ws.lock:
+                ws.close()
+            raise
+        try:
+            self._record()
+        except BaseException:
+            self._release()
+            raise
 
     def _record(self) -> None:
         ws, p, backward = self._ws, self._p, self._backward

@@ -320,3 +320,28 @@ def test_a_prepared_call_through_a_timeout_and_a_lost_device():
     with ssm_vk.prepare_scan(**{k: ssm_vk.to_device(v) for k, v in host.items()}, ids=case.ids) as again:
         assert again.where.startswith("Vulkan") and rt.get_context() is not ctx
         assert np.array_equal(again.run().y.numpy(), want)
+
+
+@pytest.mark.vulkan
+def test_preparing_a_call_out_of_device_memory_retries_once_then_raises_keeping_nothing():
+    case = make_problem(np.random.default_rng(83), S=2, T=5, H=2, P=3, N=8, G=1)
+    dev = {k: ssm_vk.to_device(v) for k, v in case.args().items() if k != "ids"}
+    ctx = rt.get_context()
+    want = ssm_vk.ssm_scan(**dev, ids=case.ids).y.numpy()
+    ctx.fail_allocations(2)   # the pool's own retry fails too: the prepare clears the workspaces, tries again
+    with ssm_vk.prepare_scan(**dev, ids=case.ids) as step:
+        assert not ctx.take_allocation_fault()
+        assert np.array_equal(step.run().y.numpy(), want)
+    vk_engine.clear(ctx)
+    gc.collect()
+    pool(ctx).trim()
+    before = held(ctx)
+    ctx.fail_allocations(10**6)
+    try:
+        with pytest.raises(rt.OutOfDeviceMemory):
+            ssm_vk.prepare_scan(**dev, ids=case.ids)
+    finally:
+        ctx.fail_allocations(0)
+    gc.collect()
+    pool(ctx).trim()
+    assert held(ctx) == before and not ctx.lost
