@@ -162,7 +162,11 @@ class PreparedCall:
                 busy = buffers.busy(self._held) if self._held else None
                 try:
                     check_live(self._inputs)
-                    check_live(self._outputs)
+                    try:
+                        check_live(self._outputs)
+                    except RuntimeError:
+                        raise RuntimeError(f"an output of this prepared {self.op} was released (its result's "
+                                           "arrays belong to it): close it and prepare the call again") from None
                     self._seq.submit()
                     run.set_last_sequence(self._seq)   # (run.last_gpu_ns reads it)
                     if self._flagged and self._ws.nonfinite():

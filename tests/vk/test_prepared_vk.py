@@ -163,6 +163,10 @@ def test_bad_input_and_misuse_raise_clearly():
         with pytest.raises(ValueError, match="cannot run"):
             ssm_vk.prepare_scan(**dev, ids=case.ids)
     engine.clear(ctx)
+    with ssm_vk.prepare_scan(**dev, ids=case.ids) as fwd:
+        fwd.run().y.release()
+        with pytest.raises(RuntimeError, match="an output of this prepared ssm_scan was released"):
+            fwd.run()
     fwd = ssm_vk.prepare_scan(**dev, ids=case.ids)
     y = fwd.run().y.numpy()
     dev["C"].release()
