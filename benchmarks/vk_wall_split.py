@@ -201,15 +201,18 @@ def main(argv=None) -> int:
                 ids = np.arange(A, dtype=np.int64)
                 fwd = lambda dev=dev, ids=ids: ssm_vk.ssm_scan(**dev, ids=ids)  # noqa: E731
                 bwd = lambda dev=dev, dg=dg, ids=ids: ssm_vk.ssm_scan_back(**dev, **dg, ids=ids)  # noqa: E731
-                kept = vk_engine.engine_of(ctx).kept
+                eng = vk_engine.engine_of(ctx)
+                kept = eng.kept
                 # The backward three ways: repeated alone (the tables its forward left, if any, taken
                 # each time), right after its forward (a training step), and with no tables kept
                 # (the forward recomputed inside it, as a prepared backward does).
                 for op, fn, pre in (("fwd", fwd, None), ("bwd", bwd, None), ("bwd after fwd", bwd, fwd),
                                     ("bwd without tables", bwd, kept.clear)):
+                    taken = eng.states_reused
                     r = median_split(rec, fn, last, args.reps, args.warm_s, pre)
+                    r["tables_taken"] = eng.states_reused - taken   # backwards that took the forward's tables
                     rows.append(dict(case=spec, op=op, spin_us=spin, **r))
-                    print(fmt(f"{spec} {op}, spin {spin:g}", r), flush=True)
+                    print(fmt(f"{spec} {op}, spin {spin:g}", r) + f"  tables taken {r['tables_taken']}", flush=True)
                 with ssm_vk.prepare_scan(**dev, ids=ids) as pf, \
                         ssm_vk.prepare_scan_back(**dev, **dg, ids=ids) as pb:
                     for op, fn in (("fwd prepared", pf.run), ("bwd prepared", pb.run)):
