@@ -22,9 +22,9 @@ from ssm_ref import ScanGrads, ScanResult, check_backward, check_forward, check_
 
 from . import config, run
 from . import runtime as rt
-from .api import decision, form_code, frozen_result
+from .api import NAME, decision, form_code, frozen_result
 from .arrays import DeviceArray, check_live, pool
-from .record import record_backward, record_forward, scatters_in_place
+from .record import scatters_in_place
 from .workspace import Workspace, release_all
 
 __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
@@ -43,7 +43,7 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
-    _resident("prepare_scan", p, ("s", "x", "dt", "A", "B", "C"))
+    _check_resident("prepare_scan", p, ("s", "x", "dt", "A", "B", "C"))
     if update_cache:
         check_update_cache(True, s, p.ids, device_arrays=True)
     return PreparedCall(False, p, sp, update_cache)
@@ -55,11 +55,11 @@ def prepare_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggm
     takes the packed g_y)."""
     sp = form_code(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
-    _resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
+    _check_resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
     return PreparedCall(True, p, sp, False)
 
 
-def _resident(fn: str, p, names: tuple) -> None:
+def _check_resident(fn: str, p, names: tuple) -> None:
     ctx = rt.current_context()
     for k in names:
         a = getattr(p, k)
@@ -113,10 +113,10 @@ class PreparedCall:
         self._outputs = tuple(a for a in outs.values() if a.buffer is not None)
         if backward:
             fields = {k: outs[k] for k in ssm_ref.GRAD_NAMES}
-            self._result = frozen_result(ScanGrads, {**fields, "where": self.where, "backend": "ssm_vk"})
+            self._result = frozen_result(ScanGrads, {**fields, "where": self.where, "backend": NAME})
         else:
             self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
-                                                "where": self.where, "backend": "ssm_vk"})
+                                                "where": self.where, "backend": NAME})
 
     def _build(self) -> None:
         """The call's own workspace, its outputs and its recorded sequence (all or nothing)."""
@@ -141,12 +141,7 @@ class PreparedCall:
             bufs[k] = (a.buffer, a.offset)
         scatter = self._update and scatters_in_place(ws, p, bufs["s"])
         self._copy_rows = self._update and not scatter   # the new states copied into the rows after each run
-        if backward:
-            self._seq = ws.sequence(("prepared",), lambda seq: record_backward(seq, ws, p, bufs))
-        else:
-            self._seq = ws.sequence(("prepared",), lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
-        pl = ws.plan
-        self._flagged = pl.chunked is not None or bool(pl.tchunk) or pl.m1 is not None
+        self._seq = run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter)
 
     def run(self):
         """Run the recorded call on the inputs as they are now; returns the result (ScanResult or
@@ -169,7 +164,7 @@ class PreparedCall:
                                            "arrays belong to it): close it and prepare the call again") from None
                     self._seq.submit()
                     run.set_last_sequence(self._seq)   # (run.last_gpu_ns reads it)
-                    if self._flagged and self._ws.nonfinite():
+                    if self._ws.plan.flags_nonfinite and self._ws.nonfinite():
                         self._recompute()
                     elif self._copy_rows:
                         run.copy_rows(ctx, self._outs["states"], self._p.s, self._p.ids)

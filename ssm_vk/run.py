@@ -28,7 +28,7 @@ from .record.common import put_rows
 from .workspace import Workspace, release_all
 
 __all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
-           "note_rerun", "copy_rows", "FWD_IN", "BWD_IN"]
+           "note_rerun", "recorded_sequence", "copy_rows", "FWD_IN", "BWD_IN"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
@@ -52,7 +52,7 @@ def set_last_sequence(seq) -> None:
 def last_gpu_ns() -> float | None:
     """GPU time (timestamps) of this thread's last forward or backward, in ns; None when the
     device has no timestamps. Read on demand (a query costs some microseconds)."""
-    seq = getattr(_timing, "seq", None)
+    seq = last_sequence()
     if seq is None or seq.closed or not seq.ctx.info.timestamps:
         return None
     return seq.gpu_times().get("end")
@@ -212,19 +212,15 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
         try:
             if kept is not None:      # the forward's chunk states, C.B, M o C.B, bound in place of a recompute
                 key = (*key, *(b.serial for b in kept.tables.values()))
-                seq = ws.sequence(tuple(key), lambda seq: record_backward(seq, ws, p, bufs, kept))
-            elif backward:
-                seq = ws.sequence(tuple(key), lambda seq: record_backward(seq, ws, p, bufs))
-            else:
-                if cp is not None:
-                    engine.forget(kept_key)  # this forward overwrites the chunk states from here on
-                seq = ws.sequence(tuple(key), lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
+            elif not backward and cp is not None:
+                engine.forget(kept_key)  # this forward overwrites the chunk states from here on
+            seq = recorded_sequence(ws, p, backward, bufs, tuple(key), scatter, kept)
             seq.submit()
         finally:
             if kept is not None:
                 kept.ws.lock.release()
         _timing.seq = seq
-        if (cp is not None or ws.plan.tchunk or ws.plan.m1 is not None) and ws.nonfinite():
+        if ws.plan.flags_nonfinite and ws.nonfinite():
             if device_out:
                 release_all(outs)
             return None
@@ -243,6 +239,16 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
         if device_out:
             release_all(outs)
         raise
+
+
+def recorded_sequence(ws: Workspace, p: Problem, backward: bool, bufs: dict, key: tuple, scatter: bool = False,
+                      kept=None):
+    """The call's sequence in ``ws`` under binding ``key``, recorded on first use: the backward
+    (with the forward's ``kept`` tables where given) or the forward (``scatter``: its final states
+    into the cache rows)."""
+    if backward:
+        return ws.sequence(key, lambda seq: record_backward(seq, ws, p, bufs, kept))
+    return ws.sequence(key, lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:

@@ -88,6 +88,12 @@ class Plan:
     m1: object = None        # a plan.m1.M1Plan when the Mamba-1 kernels with time in threads run the
                              # shape (the windows and layout are then the recompute's)
 
+    @property
+    def flags_nonfinite(self) -> bool:
+        """Whether the kernels of this plan raise a flag on inf or nan, whose call is then computed
+        again token by token (the chunked kernels, time chunks, Mamba-1 with time in threads)."""
+        return self.chunked is not None or bool(self.tchunk) or self.m1 is not None
+
 
 def _pow2_at_least(n: int) -> int:
     p = 1

@@ -354,7 +354,7 @@ class Sequence:
     def _ticks(self) -> list[int]:
         """The raw timestamps of the last submission, masked to the queue's valid bits (waits)."""
         if not self._submitted:
-            raise RuntimeError("gpu_times: submit the sequence first")
+            raise RuntimeError("no timestamps yet: submit the sequence first")
         self.wait()
         if not self._labels:
             return []
@@ -471,8 +471,8 @@ def calibrate(ctx: Context) -> tuple[int, int]:
         infos[i].sType = CALIBRATION_STYPES[ctx.calibration]
         infos[i].timeDomain = domain
     best = None
+    stamps = vk.ffi.new("uint64_t[2]")
     for _ in range(3):
-        stamps = vk.ffi.new("uint64_t[2]")
         with binding.translated("vkGetCalibratedTimestamps"):
             deviation = int(fn(ctx.handle, 2, infos, stamps))
         if best is None or deviation < best[0]:
