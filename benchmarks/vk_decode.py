@@ -2,7 +2,8 @@
 every input device-resident, as an inference engine calls the scan once per token and layer.
 
     python benchmarks/vk_decode.py [--cases 1/64/80,16/64/80,128/256/48] [--reps 200]
-                                   [--variants "LN=16;WG=256"] [--update-cache] [--json out.json]
+                                   [--variants "LN=16;WG=256"] [--update-cache] [--dt-softplus log1p]
+                                   [--json out.json]
 
 A case is S/R/H (P = 64, N = 128, G = 1; ids a fixed random choice of S distinct rows). For each
 case and tuning variant (SSM_VK_TUNE's knobs), after a second of back-to-back calls (the GPU's
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+import ssm_ref
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import engine as vk_engine
@@ -90,11 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="", help="';'-separated SSM_VK_TUNE settings (default: the planner's)")
     ap.add_argument("--update-cache", action="store_true",
                     help="update_cache=True: the new states into the cache rows (it changes call by call)")
+    ap.add_argument("--dt-softplus", default="ggml", choices=["ggml", "log1p"],
+                    help="the step's form on both sides (ggml's, the default, or the accurate one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     os.environ["SSM_VK_PROFILE"] = "1"   # read when a workspace is made: a timestamp after the gather
-    from ssm_fast.oracle64 import scan64
-
     ctx = rt.get_context()
     big = copy_bandwidth(ctx, 1 << 30, 1.0)
     print(f"device: {ctx.info.name}, {ctx.info.driver}; copy shader {big / 1e12:.2f} TB/s (up to 1 GiB, read + write)",
@@ -107,11 +109,13 @@ def main(argv=None) -> int:
         dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
         moved = 2 * S * H * P * N * 4
         bw = copy_bandwidth(ctx, moved // 2)
-        want = scan64(**a, ids=ids)
+        want = ssm_ref.ssm_scan(**a, ids=ids, dtype=np.float64, dt_softplus=args.dt_softplus)
         for var in variants:
             tuned = config.configure(tune=config.parse_tune(var, "--variants"))
             vk_engine.clear(ctx)
-            kw = {"update_cache": True} if args.update_cache else {}
+            kw = {"dt_softplus": args.dt_softplus}
+            if args.update_cache:
+                kw["update_cache"] = True
             if args.update_cache:   # the error of one call from the original cache, then the timing
                 dev["s"].release()
                 dev["s"] = ssm_vk.to_device(a["s"])
@@ -136,6 +140,7 @@ def main(argv=None) -> int:
             tuned.restore()
             floor = moved / bw * 1e6
             row = dict(S=S, R=R, H=H, P=P, N=N, variant=var or "default", update_cache=args.update_cache,
+                       dt_softplus=args.dt_softplus,
                        gpu_us=statistics.median(gpus),
                        gpu_min_us=min(gpus), wall_us=statistics.median(walls) * 1e6,
                        gather_us=statistics.median(gathers), copy_bytes_per_s=bw, floor_us=floor,

@@ -26,14 +26,17 @@ with the forward's tables dropped before each call); each also prepared once (``
 bound what any call pays: an empty command buffer (two timestamps), and the benchmark's vec4 copy
 shader moving the bytes the decode step moves (its state rows read and written once), so the
 launch and done of a scan can be read against those of a plain kernel of the same size.
-``--spin-us`` runs each case under each fence-poll setting (``SSM_VK_SPIN_US``: 0 sleeps in the
-driver at once). ``submits`` counts vkQueueSubmit per call.
+``--stages`` adds each call's GPU time by stage (``SSM_VK_PROFILE=1``: a timestamp after each
+stage, which adds barriers). ``--spin-us`` runs each case under each fence-poll setting
+(``SSM_VK_SPIN_US``: 0 sleeps in the driver at once). ``submits`` counts vkQueueSubmit per call.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import struct
 import sys
@@ -59,8 +62,9 @@ class Recorder:
     """Host times of Sequence.submit's entry and of Sequence.wait's entry and return (the last
     of each in a call), on time.monotonic's clock, while ``on``."""
 
-    def __init__(self):
+    def __init__(self, stages: bool = False):
         self.on = False
+        self.stages = stages
         self.submits = 0
         self.sub_in = self.wait_in = self.wait_out = None
         submit, wait = rt.Sequence.submit, rt.Sequence.wait
@@ -97,6 +101,9 @@ class Recorder:
         out = dict(before=(self.sub_in - t0) * us, submit=(self.wait_in - self.sub_in) * us,
                    launch=(g0 - self.wait_in) * us, gpu=(g1 - g0) * us, done=(self.wait_out - g1) * us,
                    after=(t1 - self.wait_out) * us, wall=(t1 - t0) * us, submits=self.submits)
+        if self.stages:   # each labelled timestamp's time since the one before it, us
+            t = sorted(seq_of(r).gpu_times().items(), key=lambda kv: kv[1])
+            out["stages"] = {k: (v - u) / 1e3 for (_, u), (k, v) in itertools.pairwise(t)}
         del r
         return out
 
@@ -114,7 +121,10 @@ def median_split(rec: Recorder, fn, seq_of, reps: int, warm_s: float, pre=None) 
         if pre is not None:
             pre()
         rows.append(rec.split(fn, seq_of))
-    return {k: statistics.median(r[k] for r in rows) for k in (*SEGMENTS, "submits")}
+    out = {k: statistics.median(r[k] for r in rows) for k in (*SEGMENTS, "submits")}
+    if rows and "stages" in rows[0] and all(r["stages"].keys() == rows[0]["stages"].keys() for r in rows):
+        out["stages"] = {k: statistics.median(r["stages"][k] for r in rows) for k in rows[0]["stages"]}
+    return out
 
 
 def bare(ctx, nbytes: int):
@@ -148,7 +158,10 @@ def step_case(S, T, H, seed=0):
 
 
 def fmt(name: str, r: dict) -> str:
-    return f"{name:34s} " + " ".join(f"{k} {r[k]:7.1f}" for k in SEGMENTS) + f"  submits {r['submits']:.0f}"
+    line = f"{name:34s} " + " ".join(f"{k} {r[k]:7.1f}" for k in SEGMENTS) + f"  submits {r['submits']:.0f}"
+    if len(r.get("stages", {})) > 1:
+        line += "\n    GPU stages (us): " + ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+    return line
 
 
 def main(argv=None) -> int:
@@ -157,14 +170,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--warm-s", type=float, default=1.0)
     ap.add_argument("--spin-us", default="200,0", help="comma-separated fence-poll times (SSM_VK_SPIN_US)")
+    ap.add_argument("--stages", action="store_true",
+                    help="SSM_VK_PROFILE=1: each call's GPU time by stage too (its timestamps add barriers)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.stages:
+        os.environ["SSM_VK_PROFILE"] = "1"   # read when a workspace is made
     ctx = rt.get_context()
     if not ctx.calibration:
         print(f"{ctx.info.name}: no calibrated timestamps on CLOCK_MONOTONIC; nothing to split", file=sys.stderr)
         return 2
     print(f"device: {ctx.info.name}, {ctx.info.driver}; {ctx.calibration}", flush=True)
-    rec = Recorder()
+    rec = Recorder(args.stages)
     rows = []
     last = lambda _r: vk_run.last_sequence()  # noqa: E731 -- the call's main sequence
     for spin in (float(v) for v in args.spin_us.split(",")):
