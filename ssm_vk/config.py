@@ -85,6 +85,10 @@ KNOBS: dict[str, Knob] = {
                    "subgroup shuffles, where the device has them; Mamba-1 only in the backward)", _one_of(0, 1)),
     "HSUM": Knob("0: the backward's d_B / d_C partials per head (1, the default: a workgroup's heads of one group "
                  "summed into one; Mamba-1)", _one_of(0, 1)),
+    "DEC": Knob("0: never the decode kernel (one token, Mamba-2: the state in 16-byte loads, a head's step and "
+                "B, C shared by its rows); 1, the default: where it applies", _one_of(0, 1)),
+    "DEC_IT": Knob("channels each row slot of the decode kernel takes in turn (default: by the problem's size)",
+                   _pow2(1, 1024)),
     "TCHUNK": Knob("tokens per time chunk of the forward parallel over time (used when it divides T into "
                    "two or more chunks); 0: never", _zero_or_between(2, 1 << 30)),
     # Mamba-1 kernels with time in a workgroup's threads (ssm_vk.plan.m1)

@@ -87,8 +87,12 @@ def _softplus(code: int) -> tuple:
 
 def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False) -> KernelSpec:
     """ssm_scan.comp: the forward (y and final states), the backward's checkpoint pass
-    (``checkpoint``) or the first pass of the forward parallel over time (``summary``)."""
+    (``checkpoint``) or the first pass of the forward parallel over time (``summary``);
+    ssm_decode.comp for a layout of the decode kernel (``lay.DEC``: one token), same bindings and
+    push constants."""
     defs = _common(d, lay)
+    if lay.DEC and not checkpoint and not summary:   # one token: the decode kernel
+        return KernelSpec("ssm_decode", _defs(**defs), 10, FWD_PUSH, lay.WG, _softplus(softplus))
     defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
     if lay.SPREAD:
         defs.update(SPREAD=1)
@@ -291,6 +295,8 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
                      a_shape=(8, N) if mamba1 else (8,))
             fwds = [d]
+            if T == 1 and not mamba1:   # the decode kernel, and the ordinary one where P is too small for it
+                fwds.append(replace(d, P=1))
             if mamba1 and T > 1:
                 H = max(8, m1_forward_two_per_lane_from(N))
                 fwds.append(replace(d, H=H, a_shape=(H, N)))

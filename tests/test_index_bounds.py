@@ -127,7 +127,8 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
 
 
 def _push(spec, push: bytes) -> dict:
-    fields = {"ssm_scan": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH, "ssm_scan_reduce": specs.RED_PUSH,
+    fields = {"ssm_scan": specs.FWD_PUSH, "ssm_decode": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH,
+              "ssm_scan_reduce": specs.RED_PUSH,
               "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH, "m1_scan": specs.M1_PUSH,
               "m1_scan_back": specs.M1_BACK_PUSH}.get(
                   spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
@@ -258,7 +259,7 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
             ids = bindings[4][0].content                       # s_in[o_s + ids[o_ids + i]*row + r]
             out.update({3: v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * row, 4: v["o_ids"] + S})
         return out
-    if spec.name in ("ssm_scan", "ssm_scan_back"):
+    if spec.name in ("ssm_scan", "ssm_scan_back", "ssm_decode"):
         rows = S * H * P
         KA = N if D["MAMBA1"] else 1
         if rows == 0 or S * T == 0:
@@ -270,11 +271,11 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
                4: v["o_C"] + S * T * G * N}
         if N == 0:
             out.update({2: v["o_A"] + H * KA if KA else 0, 3: 0, 4: 0})
-        last_c = v["c0"] + -(-T // D["K"]) - 1                 # the last checkpoint chunk read/written
+        last_c = v["c0"] + -(-T // D.get("K", 1)) - 1        # the last checkpoint chunk read/written
         ck = v["o_ck"] + ((rows - 1) * v["NC"] + last_c) * N + N if N else 0
-        if spec.name == "ssm_scan":
+        if spec.name in ("ssm_scan", "ssm_decode"):            # (ssm_decode: the same elements, 4 at a time)
             out[6] = v["o_st"] + rows * N                      # st_buf[o_st + row*N + n]
-            if D["CKPT"]:
+            if D.get("CKPT"):
                 out[7] = ck                                    # ck[o_ck + (row*NC + c)*N + n]
             elif D.get("SUMMARY"):
                 out[7] = v["o_ck"] + S * H * KA                # dec[o_ck + (i*H + h)*N + n] or [o_ck + i*H + h]
@@ -346,6 +347,7 @@ SHAPES = [
     (1, 2**20, 24, 64, 128, 1),        # x: 2^35 elements: beyond one allocation anywhere, refused
     (64, 4096, 32, 64, 256, 8),        # B: 2^31 elements
     (1024, 1, 128, 64, 16, 4),         # many sequences, one token
+    (128, 1, 80, 64, 128, 1),          # decode steps: 335 MB of states (lavapipe: windows of sequences)
     (2, 1000, 1, 1, 1 << 16, 1),       # long rows (d_state 65536)
     (3, 17, 5, 3, 7, 1),               # odd sizes
     (8, 2048, 1536, 1, 16, 1),         # Mamba-1's shapes: the time-in-threads kernels on a GPU
@@ -367,7 +369,7 @@ def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = chunked = over_time = in_threads = 0
+    checked = refused = chunked = over_time = in_threads = decode = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
         if not _accepted(d, lim, heap, backward):
@@ -384,9 +386,11 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
         over_time += any(spec.name == "ssm_scan_carry" for spec, *_ in dispatches)
         in_threads += any(spec.name.startswith("m1_") for spec, *_ in dispatches)
+        decode += any(spec.name == "ssm_decode" for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
     assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
     assert over_time >= 1                  # and Mamba-1 forwards and backwards to the time chunks
+    assert decode >= (0 if backward else 2)  # and one-token Mamba-2 forwards to the decode kernel
     if device == "h200":                   # (or, with one channel per head, to the time-in-threads kernels)
         assert in_threads >= 2
 

@@ -28,6 +28,11 @@ SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modes
 
 MAX_NPL = 16                 # state values per lane before rows spread over shared memory
 
+# The decode kernel (one token) gives each row slot of a workgroup DEC_IT channels of a head in
+# turn, so what a head's rows share (the step, B and C) is computed or loaded once per slot: as
+# many turns as leave the step DEC_THREADS threads or more (about what an H200 holds at once).
+DEC_THREADS = 1 << 18
+
 # The forward parallel over time takes a scan of fewer than TCHUNK_BELOW threads and cuts its
 # sequences into chunks until it has TCHUNK_THREADS (about twice what an H200 holds at once), with
 # chunks of at least TCHUNK_MIN tokens. Its three passes do 1.7x the work: on an H200 the Mamba-1
@@ -66,6 +71,8 @@ class Layout:
     NPB: int     # channel blocks
     SPREAD: int = 0  # 1 when a row's lanes share each token's step by subgroupShuffle
     HSUM: int = 0    # backward: 1 when a workgroup's HB heads (all of one group) share their d_B / d_C partials
+    DEC: int = 0     # forward of one token: 1 for the decode kernel (ssm_decode.comp; HB = 1, its row
+                     # slots walk the PB channels of a head, NPL a multiple of 4)
 
     def partial_heads(self, H: int) -> int:
         """Heads of the backward's d_B / d_C partials per token: H, or H / HB with HSUM."""
@@ -93,6 +100,13 @@ class Plan:
         """Whether the kernels of this plan raise a flag on inf or nan, whose call is then computed
         again token by token (the chunked kernels, time chunks, Mamba-1 with time in threads)."""
         return self.chunked is not None or bool(self.tchunk) or self.m1 is not None
+
+
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
 
 
 def _pow2_at_least(n: int) -> int:
@@ -149,6 +163,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
             # 45 at S = 16; within 1 us at S = 1).
             want //= 4
+    dec = (not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and tune.get("DEC", 1) == 1)
+    if dec:
+        want = min(want, _pow2_at_most(d.N // 4))   # the decode kernel: four values per lane at least
     if "LN" in tune:
         want = min(want, tune["LN"])
     if "basic" in ops and "shuffle" in ops:
@@ -169,6 +186,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
+    if dec:
+        NPL = 4 * -(-d.N // (4 * LN))
+        dec = NPL <= MAX_NPL
+        if not dec:
+            NPL = max(1, -(-d.N // LN))
     # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps)
     # takes K = 4: at LN = 8, 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against 7.33 at
     # (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536); at LN = 4 K = 8 and K = 2 were
@@ -214,6 +236,19 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # of 64 channels fill a workgroup one at a time).
     hsum = int(backward and d.mamba1 and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
                and tune.get("HSUM", 1) == 1)
+    if dec and d.P >= rows:
+        # The decode kernel: one head per workgroup, its row slots taking IT channels each in turn.
+        turns = max(1, -(-d.P // rows))
+        IT = tune.get("DEC_IT")
+        if IT is None:
+            IT = 1
+            while IT * 2 <= turns and d.S * d.H * -(-d.P // (rows * IT * 2)) * WG >= DEC_THREADS:
+                IT *= 2
+        PB = min(d.P, rows * min(IT, turns))
+        return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=1, PB=PB, NHB=max(1, d.H),
+                      NPB=-(-d.P // PB), DEC=1)
+    if dec:   # fewer channels than row slots: the ordinary kernel packs several heads per workgroup
+        NPL = max(1, -(-d.N // LN))
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
                   SPREAD=spread, HSUM=hsum)
 
