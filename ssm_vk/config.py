@@ -86,7 +86,8 @@ KNOBS: dict[str, Knob] = {
     "HSUM": Knob("0: the backward's d_B / d_C partials per head (1, the default: a workgroup's heads of one group "
                  "summed into one; Mamba-1)", _one_of(0, 1)),
     "DEC": Knob("0: never the decode kernel (one token, Mamba-2: the state in 16-byte loads, a head's step and "
-                "B, C shared by its rows); 1, the default: where it applies", _one_of(0, 1)),
+                "B, C shared by its rows); 1: wherever it applies, a step of few threads too (default: by size)",
+                _one_of(0, 1)),
     "DEC_IT": Knob("channels each row slot of the decode kernel takes in turn (default: by the problem's size)",
                    _pow2(1, 1024)),
     "TCHUNK": Knob("tokens per time chunk of the forward parallel over time (used when it divides T into "

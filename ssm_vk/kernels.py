@@ -276,6 +276,11 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
     return kernels
 
 
+def _with(knobs: Settings, **tune) -> Settings:
+    """``knobs`` with these knobs set too."""
+    return Settings(tuple(sorted({**dict(knobs.tune), **tune}.items())), knobs.no_subgroup)
+
+
 def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
            knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
     """Every (shader, defines) the forward and backward request for these device profiles and
@@ -295,14 +300,16 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
                      a_shape=(8, N) if mamba1 else (8,))
             fwds = [d]
-            if T == 1 and not mamba1:   # the decode kernel, and the ordinary one where P is too small for it
+            if T == 1 and not mamba1:   # the ordinary kernel where P is too small for the decode kernel
                 fwds.append(replace(d, P=1))
             if mamba1 and T > 1:
                 H = max(8, m1_forward_two_per_lane_from(N))
                 fwds.append(replace(d, H=H, a_shape=(H, N)))
             for df in fwds:
                 fwd = layout_for(df, lim, False, knobs)
-                add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan
+                add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan (or ssm_decode)
+                if T == 1 and not mamba1:                  # the decode kernel of a step with more sequences
+                    add(fwd_spec(df, layout_for(df, lim, False, _with(knobs, DEC=1)), checkpoint=False))
                 if T > 1:                                  # parallel over time: first and middle pass
                     add(fwd_spec(df, fwd, checkpoint=False, summary=True))
                     add(carry_spec(df))

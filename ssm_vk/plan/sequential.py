@@ -31,6 +31,9 @@ MAX_NPL = 16                 # state values per lane before rows spread over sha
 # The decode kernel (one token) gives each row slot of a workgroup DEC_IT channels of a head in
 # turn, so what a head's rows share (the step, B and C) is computed or loaded once per slot: as
 # many turns as leave the step DEC_THREADS threads or more (about what an H200 holds at once).
+# A step that has fewer threads than that at one channel per slot is latency-bound and stays on
+# the ordinary kernel, whose loads all go out at once (H200, N = 128, H = 80, S = 1: 8.2 us
+# against 9.1; S = 16: 42.6 against 31.6, and 166 against 111 at S = 128 of H = 48).
 DEC_THREADS = 1 << 18
 
 # The forward parallel over time takes a scan of fewer than TCHUNK_BELOW threads and cuts its
@@ -163,7 +166,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
             # 45 at S = 16; within 1 us at S = 1).
             want //= 4
-    dec = (not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and tune.get("DEC", 1) == 1)
+    dec = not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and tune.get("DEC") != 0
     if dec:
         want = min(want, _pow2_at_most(d.N // 4))   # the decode kernel: four values per lane at least
     if "LN" in tune:
@@ -236,7 +239,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # of 64 channels fill a workgroup one at a time).
     hsum = int(backward and d.mamba1 and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
                and tune.get("HSUM", 1) == 1)
-    if dec and d.P >= rows:
+    if dec and d.P >= rows and (tune.get("DEC") == 1 or d.S * d.H * d.P * LN >= DEC_THREADS):
         # The decode kernel: one head per workgroup, its row slots taking IT channels each in turn.
         turns = max(1, -(-d.P // rows))
         IT = tune.get("DEC_IT")
@@ -247,8 +250,8 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         PB = min(d.P, rows * min(IT, turns))
         return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=1, PB=PB, NHB=max(1, d.H),
                       NPB=-(-d.P // PB), DEC=1)
-    if dec:   # fewer channels than row slots: the ordinary kernel packs several heads per workgroup
-        NPL = max(1, -(-d.N // LN))
+    if dec:   # the ordinary kernel after all (too few channels for the row slots, or threads)
+        return layout_for(d, lim, backward, Settings(tuple(sorted({**tune, "DEC": 0}.items())), knobs.no_subgroup))
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
                   SPREAD=spread, HSUM=hsum)
 

@@ -22,11 +22,20 @@ from ssm_vk.plan import Limits, plan
 pytestmark = pytest.mark.vulkan
 
 VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
+# The decode kernel wherever it applies: by default a step of few threads (these small ones) keeps
+# the ordinary kernel.
+FORCE = {"DEC": 1}
 
 
-def layout(args, tune=None):
+@pytest.fixture(autouse=True)
+def _decode_kernel_wherever_it_applies():
+    with config.configure(tune=FORCE):
+        yield
+
+
+def layout(args, tune=FORCE):
     """The forward's lane layout for these arguments on this device, under ``tune``."""
-    with config.configure(tune=tune or {}):
+    with config.configure(tune=tune):
         return plan(ssm_ref.check_forward(**args).dims, Limits.of(rt.get_context().info), False,
                     config.settings()).layout
 
@@ -46,7 +55,7 @@ def decode_problems(draw):
     ids = draw(st.sampled_from(["none", "permutation", "duplicates", "unused"] if S >= 2 else ["none", "unused"]))
     wg = draw(st.sampled_from([32, 64, 128]))
     seed = draw(st.integers(0, 2**31 - 1))
-    return decode_case(seed, S=S, H=H, P=draw(st.integers(1, 72)), N=N, G=G, ids=ids), {"WG": wg}
+    return decode_case(seed, S=S, H=H, P=draw(st.integers(1, 72)), N=N, G=G, ids=ids), {"WG": wg, **FORCE}
 
 
 @settings(max_examples=25, deadline=None)
@@ -68,14 +77,17 @@ def test_drawn_decode_steps_match_the_oracle(drawn, form):
         assert_close(VK, "y", plain.y, o.y, label=repr(case))
 
 
-def test_the_benchmark_shapes_take_the_decode_kernel():
-    # What the planner gives a decode step on this device, whatever its subgroup size.
-    for S, H, N in ((1, 80, 128), (16, 80, 128), (128, 48, 128), (4, 8, 16)):
+def test_which_steps_take_the_decode_kernel():
+    # What the planner gives a decode step on this device, whatever its subgroup size: the
+    # benchmark's steps of 16 and 128 sequences by default, one sequence only when asked.
+    for S, H, N, default in ((16, 80, 128, 1), (128, 48, 128, 1), (1, 80, 128, 0), (4, 8, 16, 0)):
         args = decode_case(0, S=S, H=H, P=64, N=N).args()
+        assert layout(args, {}).DEC == default, (S, H, N)
         lay = layout(args)
         assert lay.DEC == 1 and lay.HB == 1 and lay.NPL % 4 == 0 and 4 * lay.LN * (lay.NPL // 4) >= N, lay
         assert lay.PB % lay.rows == 0 or lay.PB == 64
-    # not for Mamba-1, more than one token, N not a multiple of 4, or too few channels
+        assert layout(args, {"DEC": 0}).DEC == 0
+    # never for Mamba-1, more than one token, N not a multiple of 4, or too few channels
     for kw in (dict(variant="mamba1", P=1), dict(T=2, P=64), dict(N=6, P=64), dict(P=1)):
         base = dict(S=2, T=1, H=4, P=64, N=16, G=1)
         base.update(kw)
@@ -89,8 +101,8 @@ def test_every_number_of_turns_gives_the_same_bits(N):
     its = [1, 2, 4, 8, 16, 64]
     got = []
     for it in its:
-        assert layout(args, {"DEC_IT": it}).DEC == 1
-        with config.configure(tune={"DEC_IT": it}):
+        assert layout(args, {"DEC_IT": it, **FORCE}).DEC == 1
+        with config.configure(tune={"DEC_IT": it, **FORCE}):
             r = ssm_vk.ssm_scan(**args)
         got.append((r.y, r.states))
     o = oracle_scan(**args)
@@ -105,9 +117,10 @@ def test_cache_rows_in_place_and_update_cache():
     args = case.args()
     assert layout(args).DEC == 1
     dev = {k: ssm_vk.to_device(v) for k, v in args.items() if k != "ids"}
-    plain = ssm_vk.ssm_scan(**dev, ids=case.ids)
-    before = dev["s"].numpy()
-    r = ssm_vk.ssm_scan(**dev, ids=case.ids, update_cache=True)
+    with config.configure(tune=FORCE):
+        plain = ssm_vk.ssm_scan(**dev, ids=case.ids)
+        before = dev["s"].numpy()
+        r = ssm_vk.ssm_scan(**dev, ids=case.ids, update_cache=True)
     after = dev["s"].numpy()
     o = oracle_scan(**args)
     assert_close(VK, "y", plain.y.numpy(), o.y)
