@@ -51,6 +51,7 @@ from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import clocks
 from vk_decode import case as decode_case  # the decode steps' inputs, as vk_decode times them
 
 P, N = 64, 128
@@ -117,11 +118,13 @@ def median_split(rec: Recorder, fn, seq_of, reps: int, warm_s: float, pre=None) 
             pre()
         fn()
     rows = []
+    t0 = time.time()
     for _ in range(reps):
         if pre is not None:
             pre()
         rows.append(rec.split(fn, seq_of))
     out = {k: statistics.median(r[k] for r in rows) for k in (*SEGMENTS, "submits")}
+    out.update(t0=t0, t1=time.time())   # the timed calls' span, to read a clock log by (benchmarks/clocks.py)
     if rows and "stages" in rows[0] and all(r["stages"].keys() == rows[0]["stages"].keys() for r in rows):
         out["stages"] = {k: statistics.median(r["stages"][k] for r in rows) for k in rows[0]["stages"]}
     return out
@@ -172,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spin-us", default="200,0", help="comma-separated fence-poll times (SSM_VK_SPIN_US)")
     ap.add_argument("--stages", action="store_true",
                     help="SSM_VK_PROFILE=1: each call's GPU time by stage too (its timestamps add barriers)")
+    ap.add_argument("--clocks", default=None,
+                    help="nvidia-smi log of gpu_env.sh (default $OUT/clocks.csv if present): SM clock per row")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.stages:
@@ -241,6 +246,14 @@ def main(argv=None) -> int:
             for v in dev.values():
                 v.release()
         empty.close()
+    log = args.clocks or os.path.join(os.environ.get("OUT", ""), "clocks.csv")
+    epoch = os.path.join(os.path.dirname(log), "clock_epoch.txt")
+    if os.path.exists(log) and os.path.exists(epoch):   # the SM clock (min/median/max MHz) of each row
+        clk = clocks.samples(log, epoch)
+        print("SM clock during each row's timed calls (min/median/max MHz):")
+        for r in rows:
+            r["sm_mhz"] = clocks.during(clk, [r["t0"], r["t1"]])
+            print(f"  {r['case']} {r.get('op', '')}, spin {r['spin_us']:g}: gpu {r['gpu']:.1f} us at {r['sm_mhz']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=ctx.info.name, driver=ctx.info.driver, calibration=ctx.calibration,
