@@ -23,7 +23,7 @@ __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "r
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
            "kernels_needed", "matrix", "m1_spec", "m1_back_spec", "m1_kernels", "M1_PUSH", "M1_BACK_PUSH",
            "FWD_PUSH", "BWD_PUSH", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH",
-           "CHUNK_BINDINGS", "PASS_WG", "PASS_BATCH", "SOFTPLUS"]
+           "CHUNK_BINDINGS", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch", "SOFTPLUS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -204,10 +204,23 @@ def kernel(ctx, spec: KernelSpec) -> rt.Kernel:
 PASS_WG = 256
 PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
                    # the passes from 165 to 116 us)
+# A pass over fewer chunks issues as many loads as it has chunks, from these batch sizes: the
+# rest of a batch would load the last chunk again and hold registers for it (H200, the demo
+# backward, two chunks: 73.8 us at PB = 2 against 81.9 at 32).
+PASS_BATCHES = (2, 8, PASS_BATCH)
+
+
+def pass_batch(cp: ChunkPlan) -> int:
+    """Chunks whose loads the pass over ``cp``'s chunks issues together: the knob PASS_PB, else
+    the smallest of PASS_BATCHES that holds them all, else PASS_BATCH."""
+    forced = cp.knobs.knob("PASS_PB", None)
+    if forced is not None:
+        return forced
+    return next((pb for pb in PASS_BATCHES if cp.NCH <= pb), PASS_BATCH)
 
 
 def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
-    return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=cp.knobs.knob("PASS_PB", PASS_BATCH))
+    return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=pass_batch(cp))
 
 
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
@@ -347,4 +360,6 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                                        knobs=knobs)
                         for spec in chunk_kernels(d, cp, backward):
                             add(spec)
+                        for nch in PASS_BATCHES:   # the pass for every number of chunks
+                            add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
     return [(name, dict(defines)) for name, defines in seen]

@@ -29,6 +29,7 @@ from ssm_ref.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
 from ssm_vk import config
 from ssm_vk import engine as vk_engine
+from ssm_vk import kernels as specs
 from ssm_vk import plan as vplan
 from ssm_vk import runtime as rt
 from ssm_vk.plan import Limits
@@ -159,6 +160,20 @@ def test_groups_repeated_ids_and_unread_rows(chunked):
     with np.errstate(all="ignore"):
         want = (got["d_s0"][0].astype(np.float64) + got["d_s0"][2] + got["d_s0"][3])
     np.testing.assert_allclose(got["d_s"][4], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("T, batch", [(20, 2), (100, 8), (600, 32)])   # 2, 7 and 38 chunks of 16
+def test_the_pass_gives_the_same_bits_for_every_batch_of_chunks(chunked, knobs, T, batch):
+    # How many chunks' loads the pass over chunks issues together (by default as many as it
+    # has, from 2, 8 and 32) changes no result.
+    case = make_problem(np.random.default_rng(T), S=2, T=T, H=2, P=P0, N=N0, G=1)
+    assert specs.pass_batch(planned(case, True).chunked) == batch
+    base = check_case(case, label="default batch")
+    for pb in (1, 3, 32):
+        knobs(CHUNK=16, CHUNK_MIN_T=1, PASS_PB=pb)
+        got = run(case)
+        for k in OUTPUTS:
+            assert got[k].tobytes() == base[k].tobytes(), (pb, k)
 
 
 # -- windows and fall-back -----------------------------------------------------------------------
