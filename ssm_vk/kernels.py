@@ -17,7 +17,7 @@ from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
 from .plan.m1 import M1Plan, m1_plan
-from .plan.sequential import m1_forward_two_per_lane_from
+from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
            "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
@@ -318,6 +318,8 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             if mamba1 and T > 1:
                 H = max(8, m1_forward_two_per_lane_from(N))
                 fwds.append(replace(d, H=H, a_shape=(H, N)))
+            if not mamba1 and T > 1:   # Mamba-2 token by token: few threads (blocks of eight tokens) and many
+                fwds.append(replace(d, H=TCHUNK_BELOW, a_shape=(TCHUNK_BELOW,)))
             for df in fwds:
                 fwd = layout_for(df, lim, False, knobs)
                 add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan (or ssm_decode)
