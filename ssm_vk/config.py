@@ -141,6 +141,10 @@ class Settings:
     def has(self, name: str) -> bool:
         return any(k == name for k, _ in self.tune)
 
+    def with_knobs(self, **tune) -> Settings:
+        """These settings with the given knobs set too (replacing any set before)."""
+        return Settings(tuple(sorted({**dict(self.tune), **tune}.items())), self.no_subgroup)
+
 
 DEFAULTS = Settings((), False)   # no knob set, subgroups on
 

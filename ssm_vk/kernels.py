@@ -289,11 +289,6 @@ def kernels_needed(d, pl: Plan, backward: bool) -> list[KernelSpec]:
     return kernels
 
 
-def _with(knobs: Settings, **tune) -> Settings:
-    """``knobs`` with these knobs set too."""
-    return Settings(tuple(sorted({**dict(knobs.tune), **tune}.items())), knobs.no_subgroup)
-
-
 def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
            knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
     """Every (shader, defines) the forward and backward request for these device profiles and
@@ -324,7 +319,7 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                 fwd = layout_for(df, lim, False, knobs)
                 add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan (or ssm_decode)
                 if T == 1 and not mamba1:                  # the decode kernel of a step with more sequences
-                    add(fwd_spec(df, layout_for(df, lim, False, _with(knobs, DEC=1)), checkpoint=False))
+                    add(fwd_spec(df, layout_for(df, lim, False, knobs.with_knobs(DEC=1)), checkpoint=False))
                 if T > 1:                                  # parallel over time: first and middle pass
                     add(fwd_spec(df, fwd, checkpoint=False, summary=True))
                     add(carry_spec(df))

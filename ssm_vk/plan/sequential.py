@@ -255,7 +255,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=1, PB=PB, NHB=max(1, d.H),
                       NPB=-(-d.P // PB), DEC=1)
     if dec:   # the ordinary kernel after all (too few channels for the row slots, or threads)
-        return layout_for(d, lim, backward, Settings(tuple(sorted({**tune, "DEC": 0}.items())), knobs.no_subgroup))
+        return layout_for(d, lim, backward, knobs.with_knobs(DEC=0))
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
                   SPREAD=spread, HSUM=hsum)
 

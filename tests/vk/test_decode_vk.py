@@ -173,3 +173,23 @@ def test_non_finite_and_extreme_steps_as_the_reference(regime):
         if regime != "nonfinite":
             o = getattr(oracle_scan(**args), name)
             assert_close(VK, name, np.where(fin, got, 0), np.where(fin, o, 0))
+
+
+@pytest.mark.parametrize("tune, N", [({"ROW_SUM": 0}, 64), ({"ROW_SUM": 2}, 64), ({"ROW_SUM": 3}, 64),
+                                     ({}, 1024)])
+def test_every_row_sum_and_rows_wider_than_a_subgroup(tune, N):
+    # The row sums the planner may pick (shared memory, xor butterfly, subgroupAdd where the row
+    # is a whole subgroup; each where the device offers it), and a row so long that its lanes
+    # outnumber a subgroup's and sum through shared memory (N = 1024).
+    case = decode_case(13, S=2, H=2, P=64, N=N)
+    args = case.args()
+    lay = layout(args, {**FORCE, **tune})
+    assert lay.DEC == 1
+    assert 4 * lay.LN * (lay.NPL // 4) >= N
+    if lay.LN > rt.get_context().info.subgroup_size:   # (N = 1024 on a device of subgroups of 32 or fewer)
+        assert lay.ROW_SUM == 0
+    with config.configure(tune={**FORCE, **tune}):
+        r = ssm_vk.ssm_scan(**args)
+    o = oracle_scan(**args)
+    assert_close(VK, "y", r.y, o.y)
+    assert_close(VK, "states", r.states, o.states)
