@@ -357,6 +357,6 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                                        knobs=knobs)
                         for spec in chunk_kernels(d, cp, backward):
                             add(spec)
-                        for nch in PASS_BATCHES:   # the pass for every number of chunks
-                            add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
+                    for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)
+                        add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
     return [(name, dict(defines)) for name, defines in seen]

@@ -98,9 +98,10 @@ void main() {
 
     // The block's channels, ROWS at a time (a bound uniform over the workgroup: row_sum may
     // hold barriers).
-    for (uint p0 = pbk * pc.PB; p0 < min(pbk * pc.PB + pc.PB, pc.P); p0 += ROWS) {
+    uint p_end = min(pbk * pc.PB + pc.PB, pc.P);
+    for (uint p0 = pbk * pc.PB; p0 < p_end; p0 += ROWS) {
         uint p = p0 + slot;
-        bool live = head && p < min(pbk * pc.PB + pc.PB, pc.P);
+        bool live = head && p < p_end;
         uint row = (i * pc.H + h) * pc.P + p;            // in (S, H, P): x, y, st
         float u = (live ? x[pc.o_x + row] : 0.0) * dv;
         vec4 st[NV];

@@ -189,11 +189,6 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
         ROW_SUM = tune["ROW_SUM"]
     NPL = max(1, -(-d.N // LN))
-    if dec:
-        NPL = 4 * -(-d.N // (4 * LN))
-        dec = NPL <= MAX_NPL
-        if not dec:
-            NPL = max(1, -(-d.N // LN))
     # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps)
     # takes K = 4: at LN = 8, 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against 7.33 at
     # (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536); at LN = 4 K = 8 and K = 2 were
@@ -243,7 +238,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # of 64 channels fill a workgroup one at a time).
     hsum = int(backward and d.mamba1 and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
                and tune.get("HSUM", 1) == 1)
-    if dec and d.P >= rows and (tune.get("DEC") == 1 or d.S * d.H * d.P * LN >= DEC_THREADS):
+    dec_npl = 4 * -(-d.N // (4 * LN))   # the decode kernel's values per lane, in vec4
+    if (dec and dec_npl <= MAX_NPL and d.P >= rows
+            and (tune.get("DEC") == 1 or d.S * d.H * d.P * LN >= DEC_THREADS)):
         # The decode kernel: one head per workgroup, its row slots taking IT channels each in turn.
         turns = max(1, -(-d.P // rows))
         IT = tune.get("DEC_IT")
@@ -252,9 +249,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             while IT * 2 <= turns and d.S * d.H * -(-d.P // (rows * IT * 2)) * WG >= DEC_THREADS:
                 IT *= 2
         PB = min(d.P, rows * min(IT, turns))
-        return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=1, PB=PB, NHB=max(1, d.H),
-                      NPB=-(-d.P // PB), DEC=1)
-    if dec:   # the ordinary kernel after all (too few channels for the row slots, or threads)
+        return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=dec_npl, WG=WG, K=K, TB=TB, TBR=TBR, HB=1, PB=PB,
+                      NHB=max(1, d.H), NPB=-(-d.P // PB), DEC=1)
+    if dec:   # the ordinary kernel after all (its lanes, without the cap above)
         return layout_for(d, lim, backward, knobs.with_knobs(DEC=0))
     return Layout(LN=LN, ROW_SUM=ROW_SUM, NPL=NPL, WG=WG, K=K, TB=TB, TBR=TBR, HB=HB, PB=PB, NHB=NHB, NPB=NPB,
                   SPREAD=spread, HSUM=hsum)
