@@ -134,8 +134,9 @@ def reduce_spec(mode: int, no_dt: bool = False) -> KernelSpec:
 
 
 def m1_spec(d: Dims, mp: M1Plan, mode: int, adjoint: bool = False, softplus: int = 0) -> KernelSpec:
-    """m1_scan.comp: the summary (``mode`` 0; with ``adjoint`` the backward's over time chunks) or
-    the final pass (1) of the Mamba-1 forward with time in a workgroup's threads."""
+    """m1_scan.comp: the summary (``mode`` 0; with ``adjoint`` the backward's over time chunks), the
+    final pass (1) or both in one pass (2, one time chunk) of the Mamba-1 forward with time in a
+    workgroup's threads."""
     defs = dict(RW=mp.RW, NW=mp.NW, ND=d.N, MODE=mode, TB=mp.TB)
     if adjoint:
         defs.update(ADJ=1)
@@ -152,6 +153,8 @@ def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[K
     """Every kernel the time-in-threads recording of ``d`` dispatches (record/m1.py)."""
     over_time = [carry_spec(d)] if mp.NCH > 1 else []
     if not backward:
+        if mp.NCH == 1:
+            return [m1_spec(d, mp, 2, softplus=softplus)]
         return [m1_spec(d, mp, 0, softplus=softplus), *over_time, m1_spec(d, mp, 1, softplus=softplus)]
     if mp.NCH > 1:
         over_time = [m1_spec(d, mp.summary(), 0, adjoint=True, softplus=softplus), carry_spec(d),

@@ -11,7 +11,7 @@ import pytest
 from ssm_ref import Dims
 from ssm_vk import config, kernels, plan
 from ssm_vk.plan import Limits, budget
-from ssm_vk.plan.m1 import M1_THREADS, shared_bytes
+from ssm_vk.plan.m1 import M1_ONE_TI, M1_THREADS, shared_bytes
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative"})
 
@@ -39,9 +39,35 @@ def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
         assert (mp.RW, mp.NRB) == (32, H // 32)
         assert mp.NCH == -(-T // mp.L)                        # every token in a chunk, the last one partial
         assert shared_bytes(16, mp.RW, mp.NW, backward) <= 48 << 10
-    # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
-    assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H))))
+    if T <= 16 * M1_ONE_TI:
+        # a sequence that 16 slices (48 KiB of shared memory) of at most M1_ONE_TI tokens hold: one pass
+        assert (fwd.m1.NW, fwd.m1.TI, fwd.m1.NCH) == (16, T // 16, 1)
+    else:
+        # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
+        assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H)))) and fwd.m1.NW == 4
     assert (bwd.m1.TI, bwd.m1.NB, bwd.m1.NW) == (8, 2, 8)
+
+
+@pytest.mark.parametrize(("T", "sg", "shared", "NW"), [(512, 32, 48 << 10, 16), (64, 32, 48 << 10, 16),
+                                                       (2, 32, 48 << 10, 16), (512, 8, 32 << 10, 32),
+                                                       (512, 64, 48 << 10, 8), (500, 32, 32 << 10, 8)])
+def test_a_forward_that_one_workgroup_holds_is_one_dispatch(T, sg, shared, NW):
+    # as many slices as the workgroup and shared memory take (at most 32), the tokens cut evenly
+    d = m1(2, T, 4 * sg)
+    lim = limits(sg=sg, shared=shared)
+    pl = plan.plan(d, lim, False, config.DEFAULTS)
+    mp = pl.m1
+    assert (mp.NW, mp.TI, mp.NCH) == (NW, -(-T // NW), 1) and mp.WG <= 1024
+    assert shared_bytes(16, sg, NW, False) <= shared < shared_bytes(16, sg, 2 * NW, False) or NW == 32
+    specs = kernels.kernels_needed(d, pl, False)
+    assert [(k.name, dict(k.defines).get("MODE")) for k in specs][:2] == [("m1_scan", 2), ("ssm_scan", None)]
+    sizes = budget.buffers(d, pl, lim, False)
+    assert not any(k.startswith(("scratch:m1:agg", "scratch:m1:cb", "scratch:m1:cdec")) for k in sizes)
+    # longer than its slices of M1_ONE_TI tokens hold, or the knob at 0: passes over time chunks
+    long = plan.plan(m1(2, NW * M1_ONE_TI + 1, 4 * sg), lim, False, config.DEFAULTS).m1
+    off = plan.plan(d, lim, False, config.Settings((("M1_ONE_TI", 0),), False)).m1
+    assert long.NCH > 1 and long.NW == 4
+    assert off.NW == 4 and (off.NCH > 1 or T <= 4 * off.TI)
 
 
 def test_the_kernels_and_buffers_of_a_plan():

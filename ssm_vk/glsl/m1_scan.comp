@@ -1,5 +1,5 @@
 #version 450
-// Mamba-1 forward with time spread over a workgroup's threads (layout: m1_common.glsl). Two modes:
+// Mamba-1 forward with time spread over a workgroup's threads (layout: m1_common.glsl). Three modes:
 //
 // MODE 0, the summary: each thread walks its slice's tokens from a zero state, keeping the
 //   slice's part of the state z[n] (what the slice adds) and the sum D of its steps (its decay is
@@ -13,21 +13,26 @@
 // MODE 1, the final pass: each thread starts from its slice's state, exp(pre_D A) s_c + pre_z
 //   (s_c: the chunk's initial state -- the carry's, or with NCH = 1 the sequence's), walks its
 //   tokens and writes y; with pc.final_state (NCH = 1), the last slice writes the final state.
+// MODE 2, one pass (NCH = 1: a workgroup holds its channels' whole sequences): MODE 0's walk and
+//   composition, then after a barrier MODE 1's walk from the slices' states in shared memory (no
+//   agg): one dispatch instead of two, with MODE 0's and MODE 1's arithmetic.
 //
 // Bindings (0-4 in m1_common.glsl; float32 unless noted; o_* element offsets of the bound windows):
 //   5 gy   (S, T, H)               readonly (ADJ); without ADJ, with pc.keep_step: the steps
-//          softplus(dt) (S, T, H), written by MODE 0 and read by MODE 1 instead of dt (the accurate
+//          softplus(dt) (S, T, H), written by the first walk over the tokens (MODE 0, MODE 2's
+//          first) and read by the second (MODE 1, MODE 2's second) instead of dt (the accurate
 //          form's step costs as much as a token's state updates here)
-//   6 y    (S, T, H)               written (MODE 1)
-//   7 init (S, H, N) or (S*NCH, H, N)   MODE 1: the initial states -- the sequences' (NCH = 1,
+//   6 y    (S, T, H)               written (MODE 1 and 2)
+//   7 init (S, H, N) or (S*NCH, H, N)   MODE 1 and 2: the initial states -- the sequences' (NCH = 1,
 //          unless gather), overwritten with the final states when final_state and not scatter; or
 //          every chunk's (NCH > 1, the carry's output)
-//   8 agg  (S*NCH*NRB, NW, N + 1, RW)   per slice: pre_z[n], then pre_D (written by MODE 0, read by 1)
+//   8 agg  (S*NCH*NRB, NW, N + 1, RW)   per slice: pre_z[n], then pre_D (written by MODE 0, read by 1;
+//          unused by MODE 2)
 //   9 cb   (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's contribution
 //  10 cdec (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's decay
 //  11 cbl  (S*NCH, H, N)           MODE 0 with ADJ: the chunk's adjoint contribution
 //  12 s    (R, H, N)               the state cache: initial states read from s[ids] when gather;
-//                                  final states written there when scatter (MODE 1, NCH = 1)
+//                                  final states written there when scatter (MODE 1 and 2, NCH = 1)
 //  13 ids  (S) uint                readonly, when gather
 //  14 flag (uint)                  bit 0: a value that is not finite; bit 1: other subgroups than planned
 // Push constants: PC below (ssm_vk/kernels.py M1_PUSH; TI: tokens per slice). Defines:
@@ -60,7 +65,7 @@ layout(push_constant) uniform PC {
     uint gather, o_s, o_ids, scatter, final_state, keep_step;
 } pc;
 
-#if MODE == 0
+#if MODE != 1
 shared float zs[NW * ND * RW];      // [slice][n][lane]
 #if ADJ
 shared float wsh[NW * ND * RW];
@@ -77,22 +82,22 @@ shared float Ds[NW * RW];           // [slice][lane]
 #endif
 const uint KB = (TB * ND + RW - 1) / RW;
 
-void load_tokens(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB]) {
+// ``again``: the second walk over these tokens (MODE 1, MODE 2's second), which reads the steps
+// the first kept (pc.keep_step) instead of computing them.
+void load_tokens(Slot r, uint j0, uint nb, bool again, out float dv[TB], out float uv[TB]) {
     [[unroll]] for (uint j = 0; j < TB; ++j) {
         bool on = j < nb;
         uint t = (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h;
         float xv = on ? x[pc.o_x + t] : 0.0;
-#if MODE == 1 && !ADJ
-        if (pc.keep_step != 0u) {                      // uniform
+#if ADJ
+        dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
+#else
+        if (again && pc.keep_step != 0u) {             // uniform
             dv[j] = on ? dstep[t] : 0.0;
         } else {
             dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
+            if (!again && on && pc.keep_step != 0u) dstep[t] = dv[j];
         }
-#else
-        dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
-#if !ADJ
-        if (on && pc.keep_step != 0u) dstep[t] = dv[j];
-#endif
 #endif
         uv[j] = xv * dv[j];
     }
@@ -108,15 +113,10 @@ void load_spread(Slot r, uint j0, uint nb, uint base, out float v[KB], bool is_c
     }
 }
 
-#if MODE == 0 && !ADJ
-void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB]) {
-    load_tokens(r, j0, nb, dv, uv);
-    load_spread(r, j0, nb, pc.o_B, vb, false);
-}
-#elif MODE == 0
+#if ADJ
 void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float gv[TB], out float vb[KB],
                 out float vc[KB]) {
-    load_tokens(r, j0, nb, dv, uv);
+    load_tokens(r, j0, nb, false, dv, uv);
     [[unroll]] for (uint j = 0; j < TB; ++j) {
         bool on = j < nb;
         gv[j] = on ? gy[pc.o_gy + (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h] : 0.0;
@@ -125,8 +125,13 @@ void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], ou
     load_spread(r, j0, nb, pc.o_C, vc, true);
 }
 #else
-void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB], out float vc[KB]) {
-    load_tokens(r, j0, nb, dv, uv);
+void load_b(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB]) {
+    load_tokens(r, j0, nb, false, dv, uv);
+    load_spread(r, j0, nb, pc.o_B, vb, false);
+}
+
+void load_bc(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float vb[KB], out float vc[KB]) {
+    load_tokens(r, j0, nb, true, dv, uv);
     load_spread(r, j0, nb, pc.o_B, vb, false);
     load_spread(r, j0, nb, pc.o_C, vc, true);
 }
@@ -144,7 +149,7 @@ void main() {
     [[unroll]] for (uint n = 0; n < ND; ++n) Ar[n] = A[pc.o_A + r.h * ND + n];
     bool ok = true;
 
-#if MODE == 0
+#if MODE != 1
     float z[ND];
 #if ADJ
     float w[ND], P[ND];
@@ -164,7 +169,7 @@ void main() {
         float gv[TB], vc[KB];
         load_block(r, j0, nb, dv, uv, gv, vb, vc);
 #else
-        load_block(r, j0, nb, dv, uv, vb);
+        load_b(r, j0, nb, dv, uv, vb);
 #endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             if (j < nb) {                              // uniform in a subgroup
@@ -222,22 +227,30 @@ void main() {
     barrier();
     float preD = 0.0;
     for (uint v = 0; v < r.slice; ++v) preD += Ds[v * RW + r.lane];
+#endif
+#if MODE == 0 && !ADJ
     uint base = (wgid * NW + r.slice) * (ND + 1);
     [[unroll]] for (uint n = 0; n < ND; ++n) agg[(base + n) * RW + r.lane] = zs[(r.slice * ND + n) * RW + r.lane];
     agg[(base + ND) * RW + r.lane] = preD;
 #endif
+#endif
 
-#else   // MODE 1
+#if MODE != 0   // the final walk
     float st[ND];
     uint row = r.i * pc.H + r.h;
+#if MODE == 1
     uint base = (wgid * NW + r.slice) * (ND + 1);
     float preD = agg[(base + ND) * RW + r.lane];
+#define PRE_Z(n) agg[(base + (n)) * RW + r.lane]
+#else
+#define PRE_Z(n) zs[(r.slice * ND + (n)) * RW + r.lane]
+#endif
     uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + r.h : row;
     uint srow = pc.gather != 0u ? ids[pc.o_ids + r.i] * pc.H + r.h : 0u;
     [[unroll]] for (uint n = 0; n < ND; ++n) {
         float s0 = (pc.gather != 0u && pc.NCH == 1u) ? s_in[pc.o_s + srow * ND + n]
                                                      : init_st[pc.o_init + src * ND + n];
-        st[n] = exp(preD * Ar[n]) * s0 + agg[(base + n) * RW + r.lane];
+        st[n] = exp(preD * Ar[n]) * s0 + PRE_Z(n);
         ok = ok && finite(st[n]);
     }
     // Every read of the chunk's initial state is done before the last slice writes the final
@@ -246,7 +259,7 @@ void main() {
     for (uint j0 = 0; j0 < r.nt; j0 += TB) {          // uniform in a subgroup
         uint nb = min(TB, r.nt - j0);
         float dv[TB], uv[TB], vb[KB], vc[KB];
-        load_block(r, j0, nb, dv, uv, vb, vc);
+        load_bc(r, j0, nb, dv, uv, vb, vc);
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             if (j < nb) {                              // uniform in a subgroup
                 float acc = 0.0;

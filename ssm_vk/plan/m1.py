@@ -4,7 +4,9 @@
 A workgroup holds RW channels (one per lane of a subgroup: RW is the subgroup size) and one time
 chunk of NW slices x TI tokens (one slice per subgroup); each thread keeps its channel's N state
 values in registers. Long sequences are cut into NCH chunks, composed by ssm_vk/glsl/
-ssm_scan_carry.comp between a summary pass and the final one.
+ssm_scan_carry.comp between a summary pass and the final one. A forward whose sequences fit one
+workgroup's slices of at most M1_ONE_TI tokens each is planned with one chunk (NCH = 1), which
+runs as one dispatch: summary, composition and final walk in the same workgroup.
 
 Pure Python (no Vulkan), unit-tested against small fake limits.
 """
@@ -18,7 +20,8 @@ from ssm_ref import Dims
 from ..config import Settings, settings
 from .limits import F32, Limits, binding_cap
 
-__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_NW", "M1_FWD_NW", "M1_SNW"]
+__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_NW", "M1_FWD_NW", "M1_SNW",
+           "M1_ONE_NW", "M1_ONE_TI"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
 # The forward cuts time until about M1_THREADS threads run (about what an H200 holds at once),
@@ -29,6 +32,10 @@ M1_BWD_TI = 8          # the backward's tokens per slice (a define: its register
 M1_NW = 8              # slices per workgroup of the backward, at most
 M1_FWD_NW = 4          # ... of the forward
 M1_SNW = 2             # slices per workgroup of the backward's summary over time chunks
+# The forward in one pass: as many slices as the device's workgroup and shared memory take (at
+# most M1_ONE_NW), where that leaves M1_ONE_TI tokens per slice or fewer.
+M1_ONE_NW = 32
+M1_ONE_TI = 64
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,16 @@ def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool) -> int:
     return NW
 
 
+def _one_pass(d: Dims, lim: Limits, knobs: Settings) -> tuple[int, int] | None:
+    """(NW, TI) of the forward in one pass, or None where its sequences do not fit one workgroup's
+    slices of M1_ONE_TI tokens (or the knob M1_ONE_TI is 0)."""
+    most = knobs.knob("M1_ONE_TI", M1_ONE_TI)
+    NW = _slices(d, lim, knobs.with_knobs(M1_NW=knobs.knob("M1_NW", M1_ONE_NW)), False)
+    if not most or not NW or d.T > NW * most:
+        return None
+    return NW, -(-d.T // NW)
+
+
 def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> M1Plan | None:
     """The plan of the time-in-threads kernels for ``d``, or None where they do not apply
     (:func:`applies`), the workgroup does not fit the device, or an array is beyond one binding
@@ -120,11 +137,14 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
         if d.N % NB:
             NB = 1
     else:
-        TI = knobs.knob("M1_FTI", 0)
-        if not TI:
+        TI, NB = knobs.knob("M1_FTI", 0), 1
+        one = _one_pass(d, lim, knobs) if not TI else None
+        if one:
+            NW, TI = one
+        elif not TI:
             per_row = -(-M1_THREADS // (d.S * d.H))           # slices wanted per sequence and channel
             TI = max(M1_FWD_TI_MIN, -(-d.T // per_row))
-        TI, NB = min(TI, d.T), 1
+        TI = min(TI, d.T)
     NCH = -(-d.T // (NW * TI))
     plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // RW, TB=knobs.knob("M1_TB", 8),
                   SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)))
@@ -133,7 +153,7 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
     sizes = [d.S * d.T * d.H, d.S * d.T * d.G * d.N, d.R * d.H * d.N, per_chunk]
     if backward:
         sizes.append(d.S * d.T * plan.NRB * d.N)
-    else:
+    elif NCH > 1:                                                 # agg (one pass: none)
         sizes.append(plan.groups(d) * NW * (d.N + 1) * RW)
     if max(sizes) > cap:
         return None

@@ -85,17 +85,17 @@ def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, i
 
 def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[str, int]:
     """The scratch of the Mamba-1 kernels with time in threads (record/m1.py), in the order its
-    recording requests it. Forward: the flag, the slices' parts (agg), and over time chunks each
-    chunk's contribution and decay, and with the accurate step (``softplus`` 1) the steps the
-    summary keeps for the final pass. Backward: the flag, the sequences' initial states (when the
-    cache rows are copied), over time chunks each chunk's contribution, decay and adjoint
-    contribution, then the d_B / d_C partials per channel block and d_A's per chunk."""
+    recording requests it. Forward: the flag, over time chunks the slices' parts (agg) and each
+    chunk's contribution and decay (one chunk, one pass: none of them), and with the accurate step
+    (``softplus`` 1) the steps the first walk keeps for the second. Backward: the flag, the
+    sequences' initial states (when the cache rows are copied), over time chunks each chunk's
+    contribution, decay and adjoint contribution, then the d_B / d_C partials per channel block
+    and d_A's per chunk."""
     chunks = d.S * mp.NCH * d.H * d.N
     out = {"flag": FLAG_ELEMS}
     if not backward:
-        out["agg"] = mp.groups(d) * mp.NW * (d.N + 1) * mp.RW
         if mp.NCH > 1:
-            out.update(cb=chunks, cdec=chunks)
+            out.update(agg=mp.groups(d) * mp.NW * (d.N + 1) * mp.RW, cb=chunks, cdec=chunks)
         if softplus == 1:
             out["step"] = d.S * d.T * d.H
         return out

@@ -4,7 +4,8 @@ ssm_vk/glsl/m1_scan.comp and m1_scan_back.comp).
 The forward: the summary pass (each slice's part of the state, composed in the workgroup into
 what the final pass starts each slice from); over time chunks (NCH > 1) the carry
 (ssm_scan_carry.comp) of the chunks' contributions into every chunk's initial state and the final
-states; the final pass (y, and with NCH = 1 the final states).
+states; the final pass (y). With one chunk, summary and final pass are one dispatch (MODE 2), which
+writes the final states too.
 
 The backward: over time chunks, the summary with the adjoint and both carries (every chunk's
 initial state, every chunk's adjoint at its end, d_s0); the backward pass (d_x, d_dt, d_B and
@@ -71,9 +72,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     mp, sp = ws.plan.m1, ws.plan.softplus
     sizes = m1_scratch(d, mp, False, sp)
     flag = flag_start(seq, ws)
-    agg = ws.scratch(sizes["agg"])
-    cb = ws.scratch(sizes["cb"]) if mp.NCH > 1 else None
-    cdec = ws.scratch(sizes["cdec"]) if mp.NCH > 1 else None
+    agg, cb, cdec = (ws.scratch(sizes[k]) if k in sizes else None for k in ("agg", "cb", "cdec"))
     step = ws.scratch(sizes["step"]) if "step" in sizes else None
     row = d.H * d.N
     st_buf, st_off = bufs["states"]
@@ -83,30 +82,32 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     seq.barrier()
     b, o = _inputs(ws, d, bufs, ("x", "dt", "A", "B", "C", "y"))
     chunks = d.S * mp.NCH * row
-    b.update(agg=ws.bind(agg, 0, 0, sizes["agg"])[0], flag=ws.bind(flag, 0, 0, FLAG_ELEMS)[0])
+    b["flag"] = ws.bind(flag, 0, 0, FLAG_ELEMS)[0]
     keep = {"keep_step": 1} if step is not None else {}
     if step is not None:
         b["gy"] = ws.bind(step, 0, 0, d.S * d.T * d.H)[0]     # binding 5: the kept steps
-    summary = {k: b[k] for k in ("x", "dt", "A", "B", "C", "gy", "agg", "flag") if k in b}
-    if mp.NCH > 1:
-        summary.update(cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0])
-    _scan(seq, ws, specs.m1_spec(d, mp, 0, softplus=sp), d, mp, mp.TI, o, summary, **keep)
-    seq.barrier()
-    if ws.profile and ws.ctx.info.timestamps:
-        seq.timestamp("summary")
     final = dict(keep, o_y=o["y"])
-    if mp.NCH > 1:
-        carry(seq, ws, d, mp.NCH, cdec, cb, (st_buf, st_off), rows, flag, reverse=False)
-        seq.barrier()
-        if ws.profile and ws.ctx.info.timestamps:
-            seq.timestamp("carry")
-        b["init"], final["o_init"] = ws.bind(cb, 0, 0, chunks)
-    else:
+    if mp.NCH == 1:                                           # one pass
         b["init"], final["o_init"] = ws.bind(st_buf, st_off, 0, d.S * row)
         final["final_state"] = 1
         if rows is not None:
             (b["s"], final["o_s"]), ids_buf = rows
             b["ids"], final["gather"] = (ids_buf, 0, ids_buf.size), 1
+        _scan(seq, ws, specs.m1_spec(d, mp, 2, softplus=sp), d, mp, mp.TI, o, b, **final)
+        flag_end(seq, ws, flag)
+        return
+    b["agg"] = ws.bind(agg, 0, 0, sizes["agg"])[0]
+    summary = {k: b[k] for k in ("x", "dt", "A", "B", "C", "gy", "agg", "flag") if k in b}
+    summary.update(cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0])
+    _scan(seq, ws, specs.m1_spec(d, mp, 0, softplus=sp), d, mp, mp.TI, o, summary, **keep)
+    seq.barrier()
+    if ws.profile and ws.ctx.info.timestamps:
+        seq.timestamp("summary")
+    carry(seq, ws, d, mp.NCH, cdec, cb, (st_buf, st_off), rows, flag, reverse=False)
+    seq.barrier()
+    if ws.profile and ws.ctx.info.timestamps:
+        seq.timestamp("carry")
+    b["init"], final["o_init"] = ws.bind(cb, 0, 0, chunks)
     _scan(seq, ws, specs.m1_spec(d, mp, 1, softplus=sp), d, mp, mp.TI, o, b, **final)
     flag_end(seq, ws, flag)
 
@@ -169,8 +170,8 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     seq.barrier()
     if profile:
         seq.timestamp("back")
+    # the sums of the partials, d_A and d_s read what is done and write apart: no barriers between
     reduce_partials(seq, ws, d, Window(0, d.S, 0, d.T), 1, (*parts, dummy), bufs, mp.RW, no_dt=True)
     reduce_dA(seq, ws, d, dAp, bufs["d_A"], rows=mp.NCH, KA=d.N)
-    seq.barrier()
     scatter_rows(ws.ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
     flag_end(seq, ws, flag)

@@ -110,7 +110,7 @@ def test_drawn_problems_match_the_oracle(drawn):
 def test_one_and_many_chunks_match_the_oracle_and_rerun_bit_for_bit(resident, tune, N):
     case = m1_case(3, S=3, T=150, blocks=2, N=N, ids="duplicates", R=5)
     fp, bp = planned(case, tune, False), planned(case, tune, True)
-    assert fp is not None and bp is not None
+    assert bp is not None and fp.NCH == (1 if tune == FORCE else 19)   # the forward in one pass, or not
     _, _, fwd, bwd = run_both(case, tune, resident)
     _, _, fwd2, bwd2 = run_both(case, tune, resident)
     assert_matches_oracle(case, fwd, bwd, f"{tune} N={N} resident={resident}")
