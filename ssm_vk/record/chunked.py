@@ -183,9 +183,13 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.mark("finish")
         if not cp.headloop:
             reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs)
-            k.mark("reduce")
+            if w is not cp.windows[-1]:
+                k.mark("reduce")      # before the next window writes its partials
+            else:
+                k.split("reduce")
+    # The last three read what is done (d_A's partials, d_s0) and write apart: no barriers between
+    # them, or after the partial sums.
     reduce_dA(seq, ws, p.dims, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
-    seq.barrier()
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")

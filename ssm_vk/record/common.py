@@ -101,7 +101,8 @@ def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict,
 def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int) -> None:
     """d_A (H, KA) = the accumulators dAp (S, H, rows, KA) summed over sequences (outer) and rows
     (channels for the sequential kernels, chunks for the chunked ones), in windows of sequences
-    that fit a binding (added in sequence order); ``d``: the problem's dims."""
+    that fit a binding (added in sequence order); ``d``: the problem's dims. No barrier after the
+    last dispatch: what reads d_A next records one."""
     per_seq = d.H * rows * KA
     dA, dA_off = dA_at
     if per_seq == 0:
@@ -113,12 +114,13 @@ def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int) -> None:
     dum = call.bind(None, 0, 0, 0)[0]
     bA, o3 = call.bind(dA, dA_off, 0, d.H * KA)
     for i0 in range(0, d.S, step):
+        if i0:
+            seq.barrier()              # the window before added in
         n = min(step, d.S - i0)
         bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
         push = dict(S=n, T=d.T, H=d.H, P=rows, N=d.N, G=d.G, NPB=1, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
                     acc=int(i0 > 0), HS=1)
         seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
-        seq.barrier()
 
 
 MAX_FILLS = 8   # separate fills of unread cache rows before one fill of all d_s is recorded instead
