@@ -202,7 +202,8 @@ def _m1_bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
     """The Mamba-1 kernels with time in threads (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp): token
     arrays [o + (it*H + h)] and [o + (it*G + g)*N + n] for tokens it < S*T (a slice past T reads
     nothing), per-chunk tables [((i*NCH + c)*H + h)*N + n], the slices' table
-    [((wg*NW + slice)*(N + 1) + n)*RW + lane] for the S*NCH*NRB workgroups."""
+    [((wg*NW + slice)*(N + 1) + n)*RW + lane] for the S*NCH*NRB workgroups (MODE 0 and 1; the one
+    pass, MODE 2, keeps it in shared memory)."""
     S, T, H, G, NCH, NRB = v["S"], v["T"], v["H"], v["G"], v["NCH"], v["NRB"]
     N, RW, NW = D["ND"], D["RW"], D["NW"]
     tokH, tokG = S * T * H, S * T * G * N
@@ -214,20 +215,20 @@ def _m1_bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
         ids = bindings[13 if spec.name == "m1_scan" else 9][0].content
         s_rows = v["o_s"] + (int(ids[v["o_ids"]:v["o_ids"] + S].max()) + 1) * H * N
     if spec.name == "m1_scan":
-        mode, adj = D["MODE"], D.get("ADJ", 0)
-        if mode == 1 or adj:
+        mode, adj = D["MODE"], D.get("ADJ", 0)                # MODE 2: 0 then 1 in one pass, no agg
+        if mode or adj:
             out[4] = v["o_C"] + tokG
         if adj:
             out[5] = v["o_gy"] + tokH                          # gy[o_gy + it*H + h]
         elif v["keep_step"]:
             out[5] = tokH                                      # dstep[it*H + h]
-        if not adj:
+        if not adj and mode != 2:
             out[8] = S * NCH * NRB * NW * (N + 1) * RW         # agg
         if mode == 0 and NCH > 1:
             out.update({9: chunks, 10: chunks})                # cb, cdec
             if adj:
                 out[11] = chunks                               # cbl
-        if mode == 1:
+        if mode:
             out.update({6: v["o_y"] + tokH, 7: v["o_init"] + (0 if gather else init)})
             if gather:
                 out.update({12: s_rows, 13: v["o_ids"] + S})
