@@ -749,6 +749,19 @@ def table(rows: list[dict], clk) -> list[str]:
     return out
 
 
+def tracked_tree(repo: str, dirty: bool) -> str:
+    """The git tree hash of the checkout's tracked files as they are (with local changes: through
+    `git stash create`, which changes nothing): the same hash as `git rev-parse COMMIT^{tree}` of
+    the commit that holds exactly these files, so a run names its code even from a copy whose
+    HEAD is older."""
+    ref = "HEAD"
+    if dirty:
+        ref = subprocess.run(["git", "-C", repo, "stash", "create"], capture_output=True, text=True,
+                             timeout=30).stdout.strip() or "HEAD"
+    return subprocess.run(["git", "-C", repo, "rev-parse", ref + "^{tree}"], capture_output=True, text=True,
+                          timeout=10).stdout.strip()
+
+
 def header(args, argv: list[str], src: Path | None) -> dict:
     h = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "argv": argv}
     try:
@@ -765,6 +778,7 @@ def header(args, argv: list[str], src: Path | None) -> dict:
         dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=30).stdout.strip()
         h["ssm_vk_commit"] = commit + (" with local changes" if dirty else "")
+        h["ssm_vk_tree"] = tracked_tree(repo, dirty)
     except (OSError, subprocess.SubprocessError):
         pass
     if shutil.which("nvidia-smi"):
