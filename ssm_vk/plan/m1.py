@@ -69,6 +69,11 @@ class M1Plan:
         """Workgroups of one pass: (sequence, chunk, channel block)."""
         return d.S * self.NCH * self.NRB
 
+    def agg_elems(self, d: Dims) -> int:
+        """The forward's table of the slices' parts between its summary and final pass (one chunk,
+        one pass: none, the parts stay in shared memory)."""
+        return self.groups(d) * self.NW * (d.N + 1) * self.RW if self.NCH > 1 else 0
+
 
 def shared_bytes(N: int, RW: int, NW: int, backward: bool) -> int:
     """Shared memory of a workgroup: the slices' parts of the state (and of the adjoint) and steps."""
@@ -98,9 +103,11 @@ def applies(d: Dims, lim: Limits, knobs: Settings) -> str:
     return ""
 
 
-def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool) -> int:
+def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool, most: int = 0) -> int:
+    """Slices per workgroup: the knob M1_NW, else ``most`` or the default of the direction, halved
+    until the workgroup and its shared memory fit the device (0: not even one slice fits)."""
     RW = lim.subgroup_size
-    NW = knobs.knob("M1_NW", M1_NW if backward else M1_FWD_NW)
+    NW = knobs.knob("M1_NW", most or (M1_NW if backward else M1_FWD_NW))
     most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
     while NW > 1 and (NW * RW > most or shared_bytes(d.N, RW, NW, backward) > lim.max_shared_memory):
         NW //= 2
@@ -113,7 +120,7 @@ def _one_pass(d: Dims, lim: Limits, knobs: Settings) -> tuple[int, int] | None:
     """(NW, TI) of the forward in one pass, or None where its sequences do not fit one workgroup's
     slices of M1_ONE_TI tokens (or the knob M1_ONE_TI is 0)."""
     most = knobs.knob("M1_ONE_TI", M1_ONE_TI)
-    NW = _slices(d, lim, knobs.with_knobs(M1_NW=knobs.knob("M1_NW", M1_ONE_NW)), False)
+    NW = _slices(d, lim, knobs, False, M1_ONE_NW)
     if not most or not NW or d.T > NW * most:
         return None
     return NW, -(-d.T // NW)
@@ -153,8 +160,8 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
     sizes = [d.S * d.T * d.H, d.S * d.T * d.G * d.N, d.R * d.H * d.N, per_chunk]
     if backward:
         sizes.append(d.S * d.T * plan.NRB * d.N)
-    elif NCH > 1:                                                 # agg (one pass: none)
-        sizes.append(plan.groups(d) * NW * (d.N + 1) * RW)
+    else:
+        sizes.append(plan.agg_elems(d))
     if max(sizes) > cap:
         return None
     mx, my = lim.max_workgroup_count[0], lim.max_workgroup_count[1]

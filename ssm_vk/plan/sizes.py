@@ -95,7 +95,7 @@ def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[s
     out = {"flag": FLAG_ELEMS}
     if not backward:
         if mp.NCH > 1:
-            out.update(agg=mp.groups(d) * mp.NW * (d.N + 1) * mp.RW, cb=chunks, cdec=chunks)
+            out.update(agg=mp.agg_elems(d), cb=chunks, cdec=chunks)
         if softplus == 1:
             out["step"] = d.S * d.T * d.H
         return out
