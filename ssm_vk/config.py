@@ -118,6 +118,14 @@ KNOBS: dict[str, Knob] = {
     "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
                      _one_of(0, 1)),
     "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),
+    "DBUF": Knob("1: the GEMM kernels stage their operands' slices into two shared-memory buffers in turn "
+                 "(one barrier per slice; where shared memory allows)", _one_of(0, 1)),
+    "SWZ": Knob("1: the GEMM kernels store their B slices swizzled (no bank conflicts where k is contiguous)",
+                _one_of(0, 1)),
+    "HPW_Z": Knob("heads of a group per workgroup of the chunk states' product, at most (lowered to a divisor "
+                  "of the heads per group that fits shared memory)", _pow2(1, 8)),
+    "HPW_Y": Knob("heads of a group per workgroup of the chunked forward's y product, at most (lowered as "
+                  "HPW_Z)", _pow2(1, 8)),
     "KEEP_STATES": Knob("0: the backward always recomputes the chunk states its forward left", _one_of(0, 1)),
     "PASS_PB": Knob("chunks whose loads the state pass issues together", _between(1, 64)),
 }

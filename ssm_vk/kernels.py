@@ -229,9 +229,14 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
     wg, rg = gemm_threads(cp.knobs)
+    heads = {"HPW": cp.hpw(mode)} if cp.hpw(mode) > 1 else {}
+    if cp.dbuf:
+        heads["DBUF"] = 1
+    if cp.swz:
+        heads["SWZ"] = 1
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
-                      VEC_OUT=vec_out(cp.knobs))
+                      VEC_OUT=vec_out(cp.knobs), **heads)
 
 
 def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSpec:

@@ -293,3 +293,41 @@ def test_gemm_tiles_cover_every_matrix(CL):
                     assert NCB <= 2             # ssm_vk/glsl/chunk_common.glsl: two column-block slots of P
                 if mode == "DC":
                     assert NCB <= 4             # and four of N (DC's column blocks are 64 wide)
+
+
+@pytest.mark.parametrize("H, G, ask, want", [(24, 1, 4, 4), (24, 1, 8, 8), (12, 1, 8, 4), (6, 3, 4, 2),
+                                             (5, 5, 8, 1), (24, 2, 1, 1), (24, 3, 8, 8)])
+def test_heads_per_workgroup_divide_the_heads_of_a_group(knobs, H, G, ask, want):
+    # ZF and Y take the largest power of two up to the knob that divides H / G (a workgroup's
+    # heads share one group's B and C); every other mode one head.
+    knobs.update(HPW_Z=ask, HPW_Y=ask, CHUNK=16)     # small tiles: shared memory is no limit here
+    d = dims(T=2048, H=H, G=G, P=8, N=16)
+    cp = chunk_plan(d, BIG, backward=False)
+    assert (cp.hpw("ZF"), cp.hpw("Y")) == (want, want)
+    assert all(cp.hpw(m) == 1 for m in MODES if m not in ("ZF", "Y"))
+    assert cpm.heads_per_workgroup("DB", d, BIG, cp.CL) == 1
+
+
+@pytest.mark.parametrize("dbuf", [0, 1])
+def test_heads_per_workgroup_and_double_buffers_fit_shared_memory(knobs, dbuf):
+    # At P = 64, N = 128, chunks of 64: four heads of Y's tiles (both operands per head) fit 48 KiB
+    # in one buffer, not in two; the planner lowers the heads until they fit, and turns the second
+    # buffer off where even one head's largest tile would not fit twice.
+    knobs.update(HPW_Z=4, HPW_Y=4, DBUF=dbuf)
+    d = dims(S=8, T=2048, H=24, G=1, P=64, N=128)
+    cp = chunk_plan(d, BIG, backward=False)
+    assert cp.dbuf == bool(dbuf)
+    nbuf = 1 + dbuf
+    def need(mode, k):
+        a_per, b_per = cpm.HPW_MODES[mode][1:]
+        RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N)
+        return cpm._gemm_shared(cp.CL, RBLK, CBLK, config.settings(), k if a_per else 1, k if b_per else 1, nbuf)
+
+    for mode in ("ZF", "Y"):
+        k = cp.hpw(mode)
+        assert need(mode, k) <= BIG.max_shared_memory
+        assert k == 4 or need(mode, 2 * k) > BIG.max_shared_memory, (mode, k)
+    assert cp.hpw("Y") == (2 if dbuf else 4)
+    small = replace(BIG, max_shared_memory=28 << 10)
+    cs = chunk_plan(d, small, backward=False)
+    assert not cs.dbuf and cs.hpw("Y") <= cp.hpw("Y")

@@ -26,13 +26,35 @@
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
 // and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit).
+// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit), HPW
+// (ZF and Y: heads per workgroup, default 1), DBUF (1: two shared-memory buffers of operand
+// slices, filled in turn, so one barrier per slice instead of two), SWZ (1: B's slice rows of
+// vec4s stored swizzled, see bq).
+//
+// HPW > 1: a workgroup computes the tile of HPW consecutive heads of one group (h0 .. h0+HPW-1),
+// each thread the same rows and columns of every head's tile. The operand the heads share is
+// staged once (B for ZF; C for Y's segment 2), the others once per head. Y's segment 2 then runs
+// first, over C alone, and its sums are scaled by din_t before segment 1 adds to them. Each
+// element's sum runs over the same terms in the same order for every HPW: the results are the
+// same bits.
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
 
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
+
+#ifndef HPW
+#define HPW 1
+#endif
+#ifndef DBUF
+#define DBUF 0
+#endif
+const uint NBUF = DBUF != 0 ? 2u : 1u;
+uint buf = 0u;            // the buffer this slice is staged into and read from
+#if HPW > 1 && MODE != 2 && MODE != 4
+#error "HPW > 1 is for ZF (MODE 2) and Y (MODE 4) only"
+#endif
 
 const uint RG = ROWG;           // row groups of the thread grid (16 or 8)
 const uint CG = WG / RG;
@@ -53,22 +75,40 @@ const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 2u, K2 = PD;
 #else
 const uint ROWS = CL, COLS = ND, K1 = CL, MASK = 1u, K2 = PD;
 #endif
+// Operands staged once per head (HPW copies side by side in shared memory) or once for all.
+#if MODE == 2
+const uint A1H = HPW, B1H = 1u, A2H = 1u, B2H = 1u;
+#elif MODE == 4
+const uint A1H = HPW, B1H = HPW, A2H = 1u, B2H = HPW;
+#else
+const uint A1H = 1u, B1H = 1u, A2H = 1u, B2H = 1u;
+#endif
+const uint AH = A1H > A2H ? A1H : A2H, BH = B1H > B2H ? B1H : B2H;
 const uint NRB = (ROWS + RBLK - 1u) / RBLK;
 const uint NCBK = (COLS + CBLK - 1u) / CBLK;
 
 #if (RBLK / ROWG) % 4 == 0
 #define AS4 1          // a thread's rows are whole vec4s: one 16-byte shared load per 4 rows
-shared vec4 As4[KS][RBLK / 4u + 1u];
+shared vec4 As4[NBUF][KS][AH * (RBLK / 4u) + 1u];
 #else
 #define AS4 0
-shared float As[KS][RBLK + 1u];
+shared float As[NBUF][KS][AH * RBLK + 1u];
 #endif
 #if (CBLK / (WG / ROWG)) % 4 == 0
 #define BS4 1          // a thread's columns are whole vec4s (tc*4 .. tc*4+3, then CG*4 further on)
-shared vec4 Bs4[KS][CBLK / 4u];
+shared vec4 Bs4[NBUF][KS][BH * (CBLK / 4u)];
+// vec4 q of B's slice row kk sits at q ^ (kk & SWM). Rows of B that are contiguous in k (hs, gs,
+// u, B: consecutive threads stage consecutive k of one column) then land in distinct banks:
+// without it the 16 rows of a warp's stores share one bank (16-way conflicts). The products'
+// loads stay conflict-free: XOR with a constant below CG permutes each row's blocks of CG vec4s.
+#ifndef SWZ
+#define SWZ 0
+#endif
+const uint SWM = SWZ != 0 ? (CG < 8u ? CG : 8u) - 1u : 0u;
+uint bq(uint kk, uint q) { return q ^ (kk & SWM); }
 #else
 #define BS4 0
-shared float Bs[KS][CBLK + 1u];
+shared float Bs[NBUF][KS][BH * CBLK + 1u];
 #endif
 
 // VOUT: a thread's columns are whole vec4s and so are the matrix rows: the epilogue writes 16
@@ -99,17 +139,21 @@ uint col_of(uint tc, uint q) {
     return tc + CG * q;
 #endif
 }
-shared float sd[CL];      // d_t = softplus(dt)
-shared float sdi[CL];     // din_t
-shared float sdo[CL];     // dout_t
+shared float sd[HPW * CL];      // d_t = softplus(dt), head by head
+shared float sdi[HPW * CL];     // din_t
+shared float sdo[HPW * CL];     // dout_t
+#if MODE == 5 || MODE == 7
 shared float red[RBLK][CG];
+#endif
 
-uint i, c, h, g, Lc, mat, hmat, r0, c0;
+uint i, c, h, g, Lc, mat, hmat, r0, c0;   // h, hmat, mat: the workgroup's first head (h0)
 
 // Clamped token index: loads of padded tokens read a valid address and are then discarded.
 uint tk(uint t) { return tok(i, c, min(t, Lc - 1u)); }
 
 float u_of(uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h) * PD + p] * sd[t]; }
+// u of head h0 + hh
+float u_hh(uint hh, uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h + hh) * PD + p] * sd[hh * CL + t]; }
 float gy_of(uint t, uint p) { return gy[pc.o_gy + (tk(t) * pc.H + h) * PD + p]; }
 float B_of(uint t, uint n) { return Bm[pc.o_B + (tk(t) * pc.G + g) * ND + n]; }
 float C_of(uint t, uint n) { return Cm[pc.o_C + (tk(t) * pc.G + g) * ND + n]; }
@@ -121,69 +165,70 @@ float gs_of(uint p, uint n) { return gs[hmat * PD * ND + p * ND + n]; }
 // consecutive k) -- whichever is contiguous in memory.
 #if MODE == 2
 const bool A1_RF = true, B1_CF = true;
-float A1(uint r, uint k) { return (k < Lc && r < PD) ? u_of(k, r) * sdo[k] : 0.0; }
-float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return (k < Lc && r < PD) ? u_hh(hh, k, r) * sdo[hh * CL + k] : 0.0; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
 #elif MODE == 3
 const bool A1_RF = true, B1_CF = true;
-float A1(uint r, uint k) { return (k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0; }
-float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return (k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
 #elif MODE == 4
 const bool A1_RF = false, B1_CF = true;
-float A1(uint r, uint k) { return mcb[mat * CL * CL + r * CL + k]; }
-float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? u_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return mcb[(mat + hh) * CL * CL + r * CL + k]; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < PD) ? u_hh(hh, k, cc) : 0.0; }
 #elif MODE == 5
 const bool A1_RF = true, B1_CF = true;
-float A1(uint r, uint k) { return mcb[mat * CL * CL + k * CL + r]; }
-float B1(uint k, uint cc) { return (k < Lc && cc < PD) ? gy_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return mcb[mat * CL * CL + k * CL + r]; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < PD) ? gy_of(k, cc) : 0.0; }
 #elif MODE == 6
 const bool A1_RF = true, B1_CF = true;
-float A1(uint r, uint k) { return mgu[mat * CL * CL + k * CL + r]; }
-float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return mgu[mat * CL * CL + k * CL + r]; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < ND) ? C_of(k, cc) : 0.0; }
 #elif MODE == 7
 const bool A1_RF = false, B1_CF = true;
-float A1(uint r, uint k) { return mgu[mat * CL * CL + r * CL + k]; }
-float B1(uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
+float A1(uint hh, uint r, uint k) { return mgu[mat * CL * CL + r * CL + k]; }
+float B1(uint hh, uint k, uint cc) { return (k < Lc && cc < ND) ? B_of(k, cc) : 0.0; }
 #else
 const bool A1_RF = false, B1_CF = false;
-float A1(uint r, uint k) { return 0.0; }
-float B1(uint k, uint cc) { return 0.0; }
+float A1(uint hh, uint r, uint k) { return 0.0; }
+float B1(uint hh, uint k, uint cc) { return 0.0; }
 #endif
 
 // Segment 2 operands: A2(row, k), B2(k, col), k in [0, K2).
 #if MODE == 0
 const bool A2_RF = false, B2_CF = false;
-float A2(uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }
-float B2(uint k, uint cc) { return cc < Lc ? B_of(cc, k) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }
+float B2(uint hh, uint k, uint cc) { return cc < Lc ? B_of(cc, k) : 0.0; }
 #elif MODE == 1
 const bool A2_RF = false, B2_CF = false;
-float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
-float B2(uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
+float B2(uint hh, uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
 #elif MODE == 4
 const bool A2_RF = false, B2_CF = false;
-float A2(uint r, uint k) { return r < Lc ? C_of(r, k) * sdi[r] : 0.0; }
-float B2(uint k, uint cc) { return cc < PD ? hs_of(cc, k) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }     // din_t: after the sum
+float B2(uint hh, uint k, uint cc) { return cc < PD ? hs[(hmat + hh) * PD * ND + cc * ND + k] : 0.0; }
 #elif MODE == 5
 const bool A2_RF = false, B2_CF = false;
-float A2(uint r, uint k) { return r < Lc ? B_of(r, k) * sdo[r] : 0.0; }
-float B2(uint k, uint cc) { return cc < PD ? gs_of(cc, k) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? B_of(r, k) * sdo[r] : 0.0; }
+float B2(uint hh, uint k, uint cc) { return cc < PD ? gs_of(cc, k) : 0.0; }
 #elif MODE == 6
 const bool A2_RF = false, B2_CF = true;
-float A2(uint r, uint k) { return r < Lc ? u_of(r, k) * sdo[r] : 0.0; }
-float B2(uint k, uint cc) { return cc < ND ? gs_of(k, cc) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? u_of(r, k) * sdo[r] : 0.0; }
+float B2(uint hh, uint k, uint cc) { return cc < ND ? gs_of(k, cc) : 0.0; }
 #elif MODE == 7
 const bool A2_RF = false, B2_CF = true;
-float A2(uint r, uint k) { return r < Lc ? gy_of(r, k) * sdi[r] : 0.0; }
-float B2(uint k, uint cc) { return cc < ND ? hs_of(k, cc) : 0.0; }
+float A2(uint hh, uint r, uint k) { return r < Lc ? gy_of(r, k) * sdi[r] : 0.0; }
+float B2(uint hh, uint k, uint cc) { return cc < ND ? hs_of(k, cc) : 0.0; }
 #else
 const bool A2_RF = false, B2_CF = false;
-float A2(uint r, uint k) { return 0.0; }
-float B2(uint k, uint cc) { return 0.0; }
+float A2(uint hh, uint r, uint k) { return 0.0; }
+float B2(uint hh, uint k, uint cc) { return 0.0; }
 #endif
 
 // One set of accumulators for both segments. GAM needs the sum over its segment-2 part alone
 // (beta): it runs segment 2 first, takes that sum, then adds segment 1. DC (alpha, per head) keeps
 // one head's segment 2 apart in acch, then adds it.
-float acc1[TR][TC];
+float acc[HPW][TR][TC];   // head h0 + hh's tile: acc[hh]
+#define acc1 acc[0]
 #if MODE == 7
 float acch[TR][TC];
 #define acc2 acch
@@ -200,60 +245,62 @@ float acch[TR][TC];
 // then stores it to shared memory. The fetch of the next slice is issued before the products of
 // this one, so its latency hides behind them. One fetch/store pair per segment, so that each is
 // compiled for its own loaders (no per-element choice between the two).
-const uint NFA = (KS * RBLK + WG - 1u) / WG;
-const uint NFB = (KS * CBLK + WG - 1u) / WG;
+const uint NFA = (AH * KS * RBLK + WG - 1u) / WG;   // the most of any segment
+const uint NFB = (BH * KS * CBLK + WG - 1u) / WG;
 const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
 const uint NS2 = (K2 + KS - 1u) / KS;           // slices of segment 2
 float fa[NFA], fb[NFB];
 
-#define FETCH(NAME, AF, BF, ARF, BCF, KLEN)                                                    \
+// Element e of a slice of an operand staged per head: head hh = e / (KS * RBLK) (or CBLK), then
+// the position in that head's part as for one head.
+#define FETCH(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH)                                          \
 void NAME(uint j) {                                                                            \
     uint lid = gl_LocalInvocationIndex;                                                        \
     uint k0 = j * KS;                                                                          \
-    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
-        uint e = lid + m * WG;                                                                 \
-        uint rr = ARF ? e % RBLK : e / KS, kk = ARF ? e / RBLK : e % KS;                       \
+    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
+        uint e = lid + m * WG, hh = e / (KS * RBLK), ee = e % (KS * RBLK);                     \
+        uint rr = ARF ? ee % RBLK : ee / KS, kk = ARF ? ee / RBLK : ee % KS;                   \
         uint k = k0 + kk;                                                                      \
-        fa[m] = (e < KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(r0 + rr, k) : 0.0;       \
+        fa[m] = (e < NAH * KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + rr, k) : 0.0; \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
-        uint e = lid + m * WG;                                                                 \
-        uint cc = BCF ? e % CBLK : e / KS, kk = BCF ? e / CBLK : e % KS;                       \
+    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
+        uint e = lid + m * WG, hh = e / (KS * CBLK), ee = e % (KS * CBLK);                     \
+        uint cc = BCF ? ee % CBLK : ee / KS, kk = BCF ? ee / CBLK : ee % KS;                   \
         uint k = k0 + kk;                                                                      \
-        fb[m] = (e < KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(k, c0 + cc) : 0.0;       \
+        fb[m] = (e < NBH * KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + cc) : 0.0; \
     }                                                                                          \
 }
 
-#define STORE(NAME, ARF, BCF)                                                                  \
+#define STORE(NAME, ARF, BCF, NAH, NBH)                                                        \
 void NAME() {                                                                                  \
     uint lid = gl_LocalInvocationIndex;                                                        \
-    [[unroll]] for (uint m = 0; m < NFA; ++m) {                                                \
-        uint e = lid + m * WG;                                                                 \
-        uint kk = ARF ? e / RBLK : e % KS, rr = ARF ? e % RBLK : e / KS;                       \
-        if (e < KS * RBLK) PUT_A(kk, rr, fa[m]);                                               \
+    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
+        uint e = lid + m * WG, hh = e / (KS * RBLK), ee = e % (KS * RBLK);                     \
+        uint kk = ARF ? ee / RBLK : ee % KS, rr = ARF ? ee % RBLK : ee / KS;                   \
+        if (e < NAH * KS * RBLK) PUT_A(kk, hh * RBLK + rr, fa[m]);                             \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < NFB; ++m) {                                                \
-        uint e = lid + m * WG;                                                                 \
-        uint kk = BCF ? e / CBLK : e % KS, cc = BCF ? e % CBLK : e / KS;                       \
-        if (e < KS * CBLK) PUT_B(kk, cc, fb[m]);                                               \
+    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
+        uint e = lid + m * WG, hh = e / (KS * CBLK), ee = e % (KS * CBLK);                     \
+        uint kk = BCF ? ee / CBLK : ee % KS, cc = BCF ? ee % CBLK : ee / KS;                   \
+        if (e < NBH * KS * CBLK) PUT_B(kk, hh * CBLK + cc, fb[m]);                             \
     }                                                                                          \
 }
 
 #if AS4
-#define PUT_A(kk, rr, v) As4[kk][(rr) >> 2][(rr) & 3u] = (v)
+#define PUT_A(kk, rr, v) As4[buf][kk][(rr) >> 2][(rr) & 3u] = (v)
 #else
-#define PUT_A(kk, rr, v) As[kk][rr] = (v)
+#define PUT_A(kk, rr, v) As[buf][kk][rr] = (v)
 #endif
 #if BS4
-#define PUT_B(kk, cc, v) Bs4[kk][(cc) >> 2][(cc) & 3u] = (v)
+#define PUT_B(kk, cc, v) Bs4[buf][kk][bq(kk, (cc) >> 2)][(cc) & 3u] = (v)
 #else
-#define PUT_B(kk, cc, v) Bs[kk][cc] = (v)
+#define PUT_B(kk, cc, v) Bs[buf][kk][cc] = (v)
 #endif
 
-FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1)
-FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2)
-STORE(store1, A1_RF, B1_CF)
-STORE(store2, A2_RF, B2_CF)
+FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1, A1H, B1H)
+FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2, A2H, B2H)
+STORE(store1, A1_RF, B1_CF, A1H, B1H)
+STORE(store2, A2_RF, B2_CF, A2H, B2H)
 
 #if MODE == 5
 // <G_c, H_c> over this tile's columns of P (chunk_finish's dch term): segment 2 stages every
@@ -274,27 +321,38 @@ void gh_store() {
 }
 #endif
 
-// The TR rows of thread row-group tr at slice position kk.
-void load_rows(uint kk, uint tr, out float a[TR]) {
+// The TR rows of thread row-group tr at slice position kk (of head part hh).
+void load_rows(uint kk, uint tr, uint hh, out float a[TR]) {
 #if AS4
     [[unroll]] for (uint v = 0; v < TR / 4u; ++v) {
-        vec4 q = As4[kk][tr * (TR / 4u) + v];
+        vec4 q = As4[buf][kk][hh * (RBLK / 4u) + tr * (TR / 4u) + v];
         a[4u * v] = q.x; a[4u * v + 1u] = q.y; a[4u * v + 2u] = q.z; a[4u * v + 3u] = q.w;
     }
 #else
-    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
+    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[buf][kk][hh * RBLK + tr * TR + jj];
 #endif
 }
 
-// The TC columns of thread column-group tc at slice position kk.
-void load_cols(uint kk, uint tc, out float b[TC]) {
+// The TC columns of thread column-group tc at slice position kk (of head part hh).
+void load_cols(uint kk, uint tc, uint hh, out float b[TC]) {
 #if BS4
     [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
-        vec4 q = Bs4[kk][tc + CG * w];
+        vec4 q = Bs4[buf][kk][bq(kk, hh * (CBLK / 4u) + tc + CG * w)];
         b[4u * w] = q.x; b[4u * w + 1u] = q.y; b[4u * w + 2u] = q.z; b[4u * w + 3u] = q.w;
     }
 #else
-    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
+    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[buf][kk][hh * CBLK + tc + CG * q];
+#endif
+}
+
+// After a slice's products: with one buffer, wait until every thread has read it before the next
+// slice is stored; with two, the next slice goes to the other one (its last reads, two slices
+// back, finished before the barrier that followed this slice's stores).
+void next_slice() {
+#if DBUF
+    buf ^= 1u;
+#else
+    barrier();
 #endif
 }
 
@@ -310,22 +368,27 @@ void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
         bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
         if (!skip) {
             [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-                float a[TR], b[TC];
-                load_rows(kk, tr, a);
-                load_cols(kk, tc, b);
+                float a[HPW][TR], b[HPW][TC];
+                [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {
+                    if (hh == 0u || A1H > 1u) load_rows(kk, tr, hh, a[hh]); else a[hh] = a[0];
+                    if (hh == 0u || B1H > 1u) load_cols(kk, tc, hh, b[hh]); else b[hh] = b[0];
+                }
                 if (full) {
-                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
+                    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
+                        [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][jj][q] += a[hh][jj] * b[hh][q];
                 } else {
                     uint k = k0 + kk;
                     [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
                         bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
-                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
+                        [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
+                            [[unroll]] for (uint q = 0; q < TC; ++q)
+                                acc[hh][jj][q] += inc ? a[hh][jj] * b[hh][q] : 0.0;
                     }
                 }
             }
         }
-        barrier();
+        next_slice();
     }
 }
 
@@ -344,17 +407,28 @@ void segment2(bool then1) {
 #endif
         if (j + 1u < NS2) fetch2(j + 1u); else if (then1 && NS1 > 0u) fetch1(0u);
         [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
+#if HPW > 1
+            float a[HPW][TR], b[HPW][TC];
+            [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {
+                if (hh == 0u || A2H > 1u) load_rows(kk, tr, hh, a[hh]); else a[hh] = a[0];
+                if (hh == 0u || B2H > 1u) load_cols(kk, tc, hh, b[hh]); else b[hh] = b[0];
+            }
+            [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
+                [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                    [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][jj][q] += a[hh][jj] * b[hh][q];
+#else
             float a[TR], b[TC];
-            load_rows(kk, tr, a);
-            load_cols(kk, tc, b);
+            load_rows(kk, tr, 0u, a);
+            load_cols(kk, tc, 0u, b);
             [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                 [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
+#endif
         }
-        barrier();
+        next_slice();
     }
-
 }
 
+#if MODE == 5 || MODE == 7
 // Row sums of ``part`` over the CG column groups (in column-group order) into slot ``slot`` +
 // column block of sm, for the chunk's tokens.
 void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
@@ -368,24 +442,27 @@ void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
     }
     barrier();
 }
+#endif
 
-// Head h's scalars into shared memory (every thread reaches it; the barrier publishes them).
+// The scalars of heads hd .. hd+HPW-1 into shared memory (every thread reaches it; the barrier
+// publishes them).
 void set_head(uint hd) {
     h = hd;
     hmat = head_mat(i, c, h);
     mat = MODE == 0 ? group_mat(i, c, g) : hmat;
-    for (uint t = gl_LocalInvocationIndex; t < CL; t += WG) {
+    for (uint e = gl_LocalInvocationIndex; e < HPW * CL; e += WG) {
+        uint hh = e / CL, t = e % CL;
         bool on = t < Lc && MODE != 0;
-        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
-        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
-        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
+        sd[e] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h + hh]) : 0.0;
+        sdi[e] = on ? dec[(hmat + hh) * DEC + t] : 0.0;
+        sdo[e] = on ? dec[(hmat + hh) * DEC + CL + t] : 0.0;
     }
     barrier();
 }
 
 void main() {
     uint wg = wg_index();
-    uint HH = PER_GROUP != 0 ? pc.G : pc.H;
+    uint HH = PER_GROUP != 0 ? pc.G : pc.H / HPW;   // workgroups' heads (HPW divides H / G)
     uint total = pc.S * pc.NCH * HH * NRB * NCBK;
     if (wg >= total) return;                      // uniform over the workgroup
     uint bat = wg / (NRB * NCBK);
@@ -395,15 +472,16 @@ void main() {
     c = (bat / HH) % pc.NCH;
     uint hh = bat % HH;
     uint hpg = pc.H / pc.G;
-    g = PER_GROUP != 0 ? hh : hh / hpg;
+    g = PER_GROUP != 0 ? hh : hh * HPW / hpg;
     Lc = chunk_len(c);
     r0 = rb * RBLK;
     c0 = cbk * CBLK;
     uint lid = gl_LocalInvocationIndex;
     uint tr = lid / CG, tc = lid % CG;
 
-    [[unroll]] for (uint j = 0; j < TR; ++j)
-        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] = 0.0;
+    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
+        [[unroll]] for (uint j = 0; j < TR; ++j)
+            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][j][q] = 0.0;
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
 #if MODE == 6 || MODE == 7
     uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
@@ -433,7 +511,7 @@ void main() {
 #endif
     }
 #else
-    set_head(PER_GROUP != 0 ? 0u : hh);
+    set_head(PER_GROUP != 0 ? 0u : hh * HPW);
 #if MODE == 5
     if (NS2 > 0u) { gh_fetch(0u); fetch2(0u); } else if (NS1 > 0u) fetch1(0u);
     segment2(true);
@@ -448,6 +526,16 @@ void main() {
     }
     row_sums(part, tr, tc, SM_BETA, cbk);
     segment1(rlo, rhi, tr, tc, false);
+#elif MODE == 4
+    // C . hs first; then din_t (per head) times that sum; then the chunk's own tokens.
+    fetch2(0u);
+    segment2(true);
+    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
+        [[unroll]] for (uint j = 0; j < TR; ++j) {
+            float di = sdi[hh * CL + min(rlo + j, uint(CL) - 1u)];
+            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][j][q] *= di;
+        }
+    segment1(rlo, rhi, tr, tc, false);
 #else
     if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
     segment1(rlo, rhi, tr, tc, true);
@@ -457,25 +545,26 @@ void main() {
 
     // Epilogue: write the tile (and the per-token sums of GAM and DC).
     float part0[TR];
+    [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {
 #if VOUT
     [[unroll]] for (uint j = 0; j < TR; ++j) {
         uint r = rlo + j;
         part0[j] = 0.0;
         [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
             uint cc = c0 + (tc + CG * w) * 4u;        // = col_of(tc, 4 w); COLS_D % 4 == 0
-            vec4 v = vec4(acc1[j][4u * w], acc1[j][4u * w + 1u], acc1[j][4u * w + 2u], acc1[j][4u * w + 3u]);
+            vec4 v = vec4(acc[hh][j][4u * w], acc[hh][j][4u * w + 1u], acc[hh][j][4u * w + 2u], acc[hh][j][4u * w + 3u]);
 #if MODE == 0
             if (r < CL && cc < CL) cb4[(mat * CL * CL + r * CL + cc) >> 2] = v;
 #elif MODE == 1
             if (r < CL && cc < CL) gu4[(mat * CL * CL + r * CL + cc) >> 2] = v;
 #elif MODE == 2
-            if (r < PD && cc < ND) hs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+            if (r < PD && cc < ND) hs4[((hmat + hh) * PD * ND + r * ND + cc) >> 2] = v;
 #elif MODE == 3
             if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
 #else
             if (r < Lc && cc < COLS_D) {
 #if MODE == 4
-                uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
+                uint at = pc.o_out + (tk(r) * pc.H + h + hh) * PD + cc;
 #elif MODE == 5
                 uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;
                 uint ax = pc.o_x + (tk(r) * pc.H + h) * PD + cc;
@@ -502,19 +591,19 @@ void main() {
         part0[j] = 0.0;
         [[unroll]] for (uint q = 0; q < TC; ++q) {
             uint cc = c0 + col_of(tc, q);
-            float v = acc1[j][q];
+            float v = acc[hh][j][q];
 #if MODE == 0 || MODE == 1
             if (r < CL && cc < CL) {
                 if (MODE == 0) cb[mat * CL * CL + r * CL + cc] = v;
                 else gu[mat * CL * CL + r * CL + cc] = v;
             }
 #elif MODE == 2
-            if (r < PD && cc < ND) hs[hmat * PD * ND + r * ND + cc] = v;
+            if (r < PD && cc < ND) hs[(hmat + hh) * PD * ND + r * ND + cc] = v;
 #elif MODE == 3
             if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
 #elif MODE == 4
             if (r < Lc && cc < PD) {
-                outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v;
+                outv[pc.o_out + (tk(r) * pc.H + h + hh) * PD + cc] = v;
                 guard(v);
             }
 #elif MODE == 5
@@ -537,6 +626,7 @@ void main() {
         }
     }
 #endif
+    }
 #if MODE == 5
     row_sums(part0, tr, tc, SM_GX, cbk);
     // <G_c, H_c> of this column block: the threads' sums added by a fixed tree (red holds WG

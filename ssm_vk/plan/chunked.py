@@ -88,10 +88,48 @@ def vec_out(knobs: Settings | None = None) -> int:
     return int(knobs.knob("VEC_OUT", 1) != 0)
 
 
-def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
+def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings, ah: int = 1, bh: int = 1, nbuf: int = 1) -> int:
+    """Shared memory of a chunk_gemm tile, at most: its operands' slices (``ah`` / ``bh`` heads of A
+    / B side by side, ``nbuf`` buffers of them), the heads' scalars and the row-sum table."""
     ks = max(slice_len(False, knobs), slice_len(True, knobs))
     wg, rg = gemm_threads(knobs)
-    return (ks * (RBLK + 4) + ks * (CBLK + 4) + 3 * CL + RBLK * (wg // rg)) * F32
+    slices = ks * (ah * RBLK + 4) + ks * (bh * CBLK + 4)
+    return (nbuf * slices + 3 * max(ah, bh) * CL + RBLK * (wg // rg)) * F32
+
+
+DBUF_DEFAULT = 0
+SWZ_DEFAULT = 0
+
+
+def double_buffered(CL: int, lim: Limits, knobs: Settings | None = None) -> bool:
+    """Whether the GEMM kernels stage into two buffers (knob DBUF): where the largest tile's two
+    buffers fit the device's shared memory."""
+    knobs = settings() if knobs is None else knobs
+    return bool(knobs.knob("DBUF", DBUF_DEFAULT)) and _gemm_shared(CL, 64, 128, knobs, nbuf=2) <= lim.max_shared_memory
+
+
+# chunk_gemm.comp's modes that take several heads of a group per workgroup: mode -> (knob,
+# heads of A, heads of B staged side by side per head of the workgroup)
+HPW_MODES = {"ZF": ("HPW_Z", 1, 0), "Y": ("HPW_Y", 1, 1)}
+HPW_DEFAULT = {"ZF": 1, "Y": 1}
+
+
+def heads_per_workgroup(mode: str, d: Dims, lim: Limits, CL: int, knobs: Settings | None = None,
+                        nbuf: int = 1) -> int:
+    """Heads of a group one ZF or Y workgroup computes (1 for every other mode): the largest power
+    of two up to the knob (HPW_Z, HPW_Y) that divides the heads per group and whose tiles fit
+    the device's shared memory."""
+    if mode not in HPW_MODES:
+        return 1
+    knobs = settings() if knobs is None else knobs
+    name, a_per, b_per = HPW_MODES[mode]
+    hpw = knobs.knob(name, HPW_DEFAULT[mode])
+    hpg = d.H // d.G if d.G else 1
+    RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
+    while hpw > 1 and (hpg % hpw or _gemm_shared(CL, RBLK, CBLK, knobs, hpw if a_per else 1,
+                                                    hpw if b_per else 1, nbuf) > lim.max_shared_memory):
+        hpw //= 2
+    return hpw
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,14 @@ class ChunkPlan:
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
     knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
     softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
+    hpw_z: int = 1           # heads per workgroup of ZF (the chunk states) and of Y
+    hpw_y: int = 1
+    dbuf: bool = False       # the GEMM kernels stage into two shared-memory buffers in turn
+    swz: bool = False        # ... and store their B slices swizzled
+
+    def hpw(self, mode: str) -> int:
+        """Heads per workgroup of a chunk_gemm mode."""
+        return {"ZF": self.hpw_z, "Y": self.hpw_y}.get(mode, 1)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -200,6 +246,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if lo < 1:
         return None
     wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
+    dbuf = double_buffered(CL, lim, knobs)
     NCH = -(-d.T // CL)
     # DB and DC per group when that still gives enough workgroups (H200: at mid, 32 workgroups
     # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
@@ -207,4 +254,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     ncb = gemm_tile("DB", CL, d.P, d.N, knobs)[3]
     headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
-                     keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs)
+                     keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs,
+                     dbuf=dbuf, swz=bool(knobs.knob("SWZ", SWZ_DEFAULT)),
+                     hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
+                     hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))

@@ -60,7 +60,7 @@ class _Chunked:
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
-        heads = d.G if mode == "CB" or (mode in PER_GROUP and cp.headloop) else d.H
+        heads = d.G if mode == "CB" or (mode in PER_GROUP and cp.headloop) else d.H // cp.hpw(mode)
         self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
