@@ -34,9 +34,9 @@
 // HPW > 1: a workgroup computes the tile of HPW consecutive heads of one group (h0 .. h0+HPW-1),
 // each thread the same rows and columns of every head's tile. The operand the heads share is
 // staged once (B for ZF; C for Y's segment 2), the others once per head. Y's segment 2 then runs
-// first, over C alone, and its sums are scaled by din_t before segment 1 adds to them. Each
-// element's sum runs over the same terms in the same order for every HPW: the results are the
-// same bits.
+// first, over C alone, and its sums are scaled by din_t before segment 1 adds to them (with one
+// head, Y runs segment 1 first and stages C * din_t). ZF's sums run over the same terms in the
+// same order for every HPW; Y's equal up to rounding.
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -204,7 +204,11 @@ float A2(uint hh, uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
 float B2(uint hh, uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
 #elif MODE == 4
 const bool A2_RF = false, B2_CF = false;
+#if HPW > 1
 float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }     // din_t: after the sum
+#else
+float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) * sdi[r] : 0.0; }
+#endif
 float B2(uint hh, uint k, uint cc) { return cc < PD ? hs[(hmat + hh) * PD * ND + cc * ND + k] : 0.0; }
 #elif MODE == 5
 const bool A2_RF = false, B2_CF = false;
@@ -526,7 +530,7 @@ void main() {
     }
     row_sums(part, tr, tc, SM_BETA, cbk);
     segment1(rlo, rhi, tr, tc, false);
-#elif MODE == 4
+#elif MODE == 4 && HPW > 1
     // C . hs first; then din_t (per head) times that sum; then the chunk's own tokens.
     fetch2(0u);
     segment2(true);

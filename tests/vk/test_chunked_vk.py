@@ -176,19 +176,27 @@ def test_the_pass_gives_the_same_bits_for_every_batch_of_chunks(chunked, knobs, 
             assert got[k].tobytes() == base[k].tobytes(), (pb, k)
 
 
+def close_to(got: dict, base: dict, label) -> None:
+    """Equal up to rounding: the same terms in the same order, but the compiler may contract a
+    product and a sum into one fused multiply-add in one kernel and not in another."""
+    for k in OUTPUTS:
+        scale = float(np.max(np.abs(base[k]), initial=0.0))
+        np.testing.assert_allclose(got[k], base[k], rtol=1e-5, atol=1e-6 * scale, err_msg=f"{label} {k}")
+
+
 @pytest.mark.parametrize("P, N, H, G", [(P0, N0, 8, 2), (64, 64, 4, 1), (33, 8, 12, 3)])
-def test_heads_per_workgroup_and_double_buffers_give_the_same_bits(chunked, knobs, P, N, H, G):
+def test_heads_per_workgroup_double_buffers_and_swizzles(chunked, knobs, P, N, H, G):
     # ZF and Y over 2 or 4 heads of a group per workgroup (the heads' shared operand staged once;
     # 12 heads in 3 groups take 4, 8 in 1 take up to 8), the GEMM kernels' two staging buffers and
-    # their swizzled B slices (P = N = 64: slices of whole vec4s; other thread grids included):
-    # every element's sum has the same terms in the same order, so every output is the same bits
-    # as one head per workgroup and one buffer (which check_case holds to the oracle).
+    # their swizzled B slices (P = N = 64: slices of whole vec4s; another thread grid too): each
+    # against the oracle, rerun to the same bits (a race between the buffers would move them), and
+    # within rounding of one head per workgroup and one buffer.
     case = make_problem(np.random.default_rng(P * H), S=2, T=45, H=H, P=P, N=N, G=G, ids="permutation")
     knobs(CHUNK=16, CHUNK_MIN_T=1, HPW_Z=1, HPW_Y=1, DBUF=0, SWZ=0)
     base = check_case(case, label="one head, one buffer")
     hpg = H // G
     for tune in (dict(HPW_Z=2, HPW_Y=2), dict(HPW_Z=4, HPW_Y=4, DBUF=1), dict(HPW_Z=8, HPW_Y=1, DBUF=1, SWZ=1),
-                 dict(DBUF=1, KS=8, SWZ=1)):
+                 dict(DBUF=1, KS=8, SWZ=1), dict(GWG=64, ROWG=16, SWZ=1, HPW_Y=2, DBUF=1)):
         knobs(CHUNK=16, CHUNK_MIN_T=1, **{"HPW_Z": 1, "HPW_Y": 1, "DBUF": 0, "SWZ": 0, **tune})
         cp = planned(case, False).chunked
         for mode, knob in (("ZF", "HPW_Z"), ("Y", "HPW_Y")):
@@ -199,17 +207,13 @@ def test_heads_per_workgroup_and_double_buffers_give_the_same_bits(chunked, knob
         if (P, N) == (P0, N0):   # small tiles: what the knobs ask for fits any GPU's shared memory
             assert cp.hpw("ZF") == min(tune["HPW_Z"] if "HPW_Z" in tune else 1, hpg)
             assert cp.dbuf == bool(tune.get("DBUF", 0))
-        got = run(case)
+        got = check_case(case, label=str(tune))
         assert ran_plan(case, False).chunked == cp
+        again = run(case)
         for k in OUTPUTS:
-            assert got[k].tobytes() == base[k].tobytes(), (tune, k)
-    # Another thread grid (its per-token sums add other column groups: other bits), swizzled or not.
-    knobs(CHUNK=16, CHUNK_MIN_T=1, GWG=64, ROWG=16, SWZ=0)
-    grid = check_case(case, label="64 threads")
-    knobs(CHUNK=16, CHUNK_MIN_T=1, GWG=64, ROWG=16, SWZ=1, HPW_Y=2)
-    got = run(case)
-    for k in OUTPUTS:
-        assert got[k].tobytes() == grid[k].tobytes(), ("64 threads, swizzled", k)
+            assert again[k].tobytes() == got[k].tobytes(), (tune, k)
+        if "GWG" not in tune:    # another grid adds its per-token sums over other column groups
+            close_to(got, base, tune)
 
 
 # -- windows and fall-back -----------------------------------------------------------------------
