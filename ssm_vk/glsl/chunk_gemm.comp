@@ -262,13 +262,13 @@ void NAME(uint j) {                                                             
     uint lid = gl_LocalInvocationIndex;                                                        \
     uint k0 = j * KS;                                                                          \
     [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = e / (KS * RBLK), ee = e % (KS * RBLK);                     \
+        uint e = lid + m * WG, hh = NAH > 1u ? e / (KS * RBLK) : 0u, ee = NAH > 1u ? e % (KS * RBLK) : e;                     \
         uint rr = ARF ? ee % RBLK : ee / KS, kk = ARF ? ee / RBLK : ee % KS;                   \
         uint k = k0 + kk;                                                                      \
         fa[m] = (e < NAH * KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + rr, k) : 0.0; \
     }                                                                                          \
     [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = e / (KS * CBLK), ee = e % (KS * CBLK);                     \
+        uint e = lid + m * WG, hh = NBH > 1u ? e / (KS * CBLK) : 0u, ee = NBH > 1u ? e % (KS * CBLK) : e;                     \
         uint cc = BCF ? ee % CBLK : ee / KS, kk = BCF ? ee / CBLK : ee % KS;                   \
         uint k = k0 + kk;                                                                      \
         fb[m] = (e < NBH * KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + cc) : 0.0; \
@@ -279,12 +279,12 @@ void NAME(uint j) {                                                             
 void NAME() {                                                                                  \
     uint lid = gl_LocalInvocationIndex;                                                        \
     [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = e / (KS * RBLK), ee = e % (KS * RBLK);                     \
+        uint e = lid + m * WG, hh = NAH > 1u ? e / (KS * RBLK) : 0u, ee = NAH > 1u ? e % (KS * RBLK) : e;                     \
         uint kk = ARF ? ee / RBLK : ee % KS, rr = ARF ? ee % RBLK : ee / KS;                   \
         if (e < NAH * KS * RBLK) PUT_A(kk, hh * RBLK + rr, fa[m]);                             \
     }                                                                                          \
     [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = e / (KS * CBLK), ee = e % (KS * CBLK);                     \
+        uint e = lid + m * WG, hh = NBH > 1u ? e / (KS * CBLK) : 0u, ee = NBH > 1u ? e % (KS * CBLK) : e;                     \
         uint kk = BCF ? ee / CBLK : ee % KS, cc = BCF ? ee % CBLK : ee / KS;                   \
         if (e < NBH * KS * CBLK) PUT_B(kk, hh * CBLK + cc, fb[m]);                             \
     }                                                                                          \
