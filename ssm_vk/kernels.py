@@ -229,14 +229,15 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
     wg, rg = gemm_threads(cp.knobs)
-    heads = {"HPW": cp.hpw(mode)} if cp.hpw(mode) > 1 else {}
+    # defined only where not the shader's default, so the default variants keep their SPIR-V
+    extra = {"HPW": cp.hpw(mode)} if cp.hpw(mode) > 1 else {}
     if cp.dbuf:
-        heads["DBUF"] = 1
+        extra["DBUF"] = 1
     if cp.swz:
-        heads["SWZ"] = 1
+        extra["SWZ"] = 1
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
-                      VEC_OUT=vec_out(cp.knobs), **heads)
+                      VEC_OUT=vec_out(cp.knobs), **extra)
 
 
 def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSpec:
