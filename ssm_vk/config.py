@@ -18,6 +18,9 @@ SSM_VK_SPIN_US         microseconds a wait polls the GPU before it sleeps in the
 SSM_VK_VALIDATION      1: run under the Khronos validation layer (tests; default off)
 SSM_VK_NO_SUBGROUP     1: use no subgroup operations (the shared-memory row sums)
 SSM_VK_PROFILE         1: a timestamp after each step of the chunked kernels (benchmarks)
+SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (registers,
+                       instructions, ...: ``Kernel.statistics()``), where the device offers
+                       VK_KHR_pipeline_executable_properties; read when the context is made
 SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
 SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)
 =====================  =====================================================================
@@ -33,7 +36,7 @@ from pathlib import Path
 from ssm_ref.environ import EnvVar
 
 __all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "spin_us",
-           "timeout_s", "validation", "device_env", "check_environment"]
+           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats"]
 
 
 def _pow2(lo: int, hi: int):
@@ -165,6 +168,7 @@ _TIMEOUT = EnvVar("SSM_VK_TIMEOUT_S")
 _SPIN = EnvVar("SSM_VK_SPIN_US")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
+_PIPELINE_STATS = EnvVar("SSM_VK_PIPELINE_STATS")
 _CACHE = EnvVar("SSM_SCAN_CACHE")
 _DEVICE = EnvVar("SSM_VK_DEVICE")
 
@@ -324,6 +328,11 @@ def profile() -> bool:
     return _flag(_PROFILE)
 
 
+def pipeline_stats() -> bool:
+    """SSM_VK_PIPELINE_STATS=1: pipelines keep their compile statistics (Kernel.statistics())."""
+    return _flag(_PIPELINE_STATS)
+
+
 def device_env() -> str:
     """SSM_VK_DEVICE as given ("" when unset); checked against the devices when a context is made."""
     return _DEVICE.get().strip()
@@ -342,3 +351,4 @@ def check_environment() -> None:
     spin_us(0)
     validation()
     profile()
+    pipeline_stats()

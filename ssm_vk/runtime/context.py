@@ -88,6 +88,7 @@ class Context:
     def __init__(self, device_index: int | str | None = None, validation: bool | None = None):
         global _current
         timeout_s = config.timeout_s()           # the settings, checked before any Vulkan call
+        want_stats = config.pipeline_stats()
         if validation is None:
             validation = config.validation()
         if not isinstance(validation, bool):
@@ -136,6 +137,11 @@ class Context:
         self.handle = None                       # the VkDevice; callers check_usable() before new work
         self.calibration: str | None = None      # the calibrated-timestamps extension enabled, if any
                                                  # (commands.Sequence.host_times)
+        # Compile statistics (Kernel.statistics): asked for by SSM_VK_PIPELINE_STATS, read before
+        # any Vulkan call; kept when the device offers them, else why not.
+        self.pipeline_stats = False
+        self.pipeline_stats_missing = "" if want_stats else \
+            "not asked for (set SSM_VK_PIPELINE_STATS=1 before the Vulkan context is made)"
         self._debug_callback = None
         with _current_lock:
             if _current is not None and not _current.closed:
@@ -179,6 +185,15 @@ class Context:
                 "shaderBufferFloat32Atomics": 1, "shaderBufferFloat32AtomicAdd": 1})
             wanted.pNext = want_atomic
             device_extensions.append(device.ATOMIC_FLOAT_EXTENSION)
+        if not self.pipeline_stats_missing:
+            stats_feature = device.pipeline_stats_feature(physical, extensions)
+            if stats_feature is None:
+                self.pipeline_stats_missing = f"{chosen.name} does not offer {device.PIPELINE_STATS_EXTENSION}"
+            else:
+                stats_feature.pNext = wanted.pNext
+                wanted.pNext = stats_feature
+                device_extensions.append(device.PIPELINE_STATS_EXTENSION)
+                self.pipeline_stats = True
         queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0])
         info = vk.VkDeviceCreateInfo(pNext=wanted, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
                                      enabledExtensionCount=len(device_extensions),

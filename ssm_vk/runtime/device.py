@@ -25,6 +25,7 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
     0x10: "shuffle", 0x20: "shuffle_relative", 0x40: "clustered", 0x80: "quad",
 }
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
+PIPELINE_STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"   # Kernel.statistics()
 # Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
 # Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
 CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
@@ -222,6 +223,20 @@ def query_features(physical_device, extensions):
                                                    "pNext": atomic if atomic is not None else ffi.NULL})
     vk.vkGetPhysicalDeviceFeatures2(physical_device, feats)
     return feats, atomic
+
+
+def pipeline_stats_feature(physical_device, extensions):
+    """The feature struct that turns on compile statistics (pipelineExecutableInfo set), to chain
+    into device creation; None when the device does not offer them."""
+    if PIPELINE_STATS_EXTENSION not in extensions:
+        return None
+    vk = binding.require()
+    feature = vk.ffi.new("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*", {
+        "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR})
+    feats = vk.ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                                      "pNext": feature})
+    vk.vkGetPhysicalDeviceFeatures2(physical_device, feats)
+    return feature if feature.pipelineExecutableInfo else None
 
 
 def describe(physical_device, index: int, instance_version: int) -> DeviceInfo:

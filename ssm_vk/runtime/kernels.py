@@ -89,7 +89,8 @@ class Kernel:
         ctx.check_usable()
         spirv = shaders.compile_shader(name, dict(defs) or None, search_path=list(dirs))  # outside the lock: ~0.1 s
         # (unless another thread built it meanwhile)
-        return ctx.cache_kernel(key, lambda: cls(ctx, name, spirv, bindings, push_size, size, tuple(spec)))
+        return ctx.cache_kernel(key, lambda: cls(ctx, name, spirv, bindings, push_size, size, tuple(spec),
+                                                 dict(defs)))
 
     @classmethod
     def cached(cls, ctx: Context, name: str, *, bindings: int, push_size: int = 0, local_size=(64, 1, 1),
@@ -102,7 +103,7 @@ class Kernel:
         return ctx.cached_kernel(key)
 
     def __init__(self, ctx: Context, name: str, spirv: bytes, bindings: int, push_size: int,
-                 local_size: tuple[int, int, int], spec: tuple):
+                 local_size: tuple[int, int, int], spec: tuple, defines: dict | None = None):
         """Internal: use :meth:`get`. Arguments are checked by ``get``."""
         check_workgroup_size(spirv, local_size, name)
         shared = workgroup_memory_bytes(spirv)
@@ -112,6 +113,7 @@ class Kernel:
         vk = binding.require()
         self.ctx, self.name, self.bindings = ctx, name, bindings
         self.push_size, self.local_size, self.spec = push_size, local_size, spec
+        self.defines = dict(defines or {})
         self.closed = False
         self._set_layout = self._layout = self.pipeline = None
         self._pools: list = []
@@ -151,8 +153,9 @@ class Kernel:
                                                     dataSize=nbytes, pData=data)  # bytes, not the cdata's length
                 stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
                                                            pName="main", pSpecializationInfo=spec_info)
+                flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if ctx.pipeline_stats else 0
                 self.pipeline = vk.vkCreateComputePipelines(device, None, 1, [vk.VkComputePipelineCreateInfo(
-                    stage=stage, layout=self._layout)], None)[0]
+                    flags=flags, stage=stage, layout=self._layout)], None)[0]
                 ctx.stats.pipelines += 1
             ctx.adopt(self)
         except BaseException:
@@ -340,6 +343,59 @@ class Kernel:
         if self._set_layout is not None:
             vk.vkDestroyDescriptorSetLayout(device, self._set_layout, None)
             self._set_layout = None
+
+    def statistics(self) -> dict:
+        """The driver's compile statistics of this kernel's pipeline: name -> value (int, float or
+        bool; what a driver reports varies: NVIDIA's include registers per thread), for each
+        executable the driver made (a compute pipeline has one; a second one's names get its
+        index). Raises RuntimeError when they were not kept: the context must be made with
+        SSM_VK_PIPELINE_STATS=1 on a device offering VK_KHR_pipeline_executable_properties."""
+        ctx = self.ctx
+        if not ctx.pipeline_stats:
+            raise RuntimeError(f"kernel {self.name}: no compile statistics: {ctx.pipeline_stats_missing}")
+        if self.closed:
+            raise RuntimeError(f"kernel {self.name} is closed")
+        vk = binding.require()
+        ffi = vk.ffi
+        with ctx.lock, binding.translated(f"statistics of kernel {self.name}"):
+            ctx.check_usable()
+            device = ctx.handle
+
+            def fn(name):
+                address = vk.lib.vkGetDeviceProcAddr(device, name.encode())
+                if address == ffi.NULL:
+                    raise RuntimeError(f"kernel {self.name}: the driver has no {name}")
+                return ffi.cast(f"PFN_{name}", address)
+
+            props_fn, stats_fn = fn("vkGetPipelineExecutablePropertiesKHR"), fn("vkGetPipelineExecutableStatisticsKHR")
+            info = ffi.new("VkPipelineInfoKHR*", {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR,
+                                                  "pipeline": self.pipeline})
+            count = ffi.new("uint32_t*")
+            binding.check_result(props_fn(device, info, count, ffi.NULL), "vkGetPipelineExecutablePropertiesKHR")
+            out: dict = {}
+            for index in range(count[0]):
+                exe = ffi.new("VkPipelineExecutableInfoKHR*", {
+                    "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR, "pipeline": self.pipeline,
+                    "executableIndex": index})
+                n = ffi.new("uint32_t*")
+                binding.check_result(stats_fn(device, exe, n, ffi.NULL), "vkGetPipelineExecutableStatisticsKHR")
+                items = ffi.new("VkPipelineExecutableStatisticKHR[]", n[0])
+                for item in items:
+                    item.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
+                binding.check_result(stats_fn(device, exe, n, items), "vkGetPipelineExecutableStatisticsKHR")
+                for item in items[0:n[0]]:
+                    name = binding.c_string(item.name)
+                    fmt = int(item.format)
+                    if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+                        value = bool(item.value.b32)
+                    elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+                        value = int(item.value.i64)
+                    elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+                        value = int(item.value.u64)
+                    else:
+                        value = float(item.value.f64)
+                    out[name if index == 0 else f"{name} [{index}]"] = value
+        return out
 
     @property
     def layout(self):

@@ -459,3 +459,61 @@ def test_a_poll_that_reports_a_lost_device_raises_device_lost(ctx, glslc, data, 
     assert ctx.lost
     fresh = rt.get_context()
     assert fresh is not ctx and seq.closed and bx.closed
+
+
+def _offers_pipeline_stats(index: int) -> bool:
+    """Whether device ``index`` lists VK_KHR_pipeline_executable_properties (asked of the loader
+    directly, not through the context under test)."""
+    from ssm_vk.runtime import binding, device
+    instance = device.create_instance()
+    try:
+        return device.PIPELINE_STATS_EXTENSION in device.device_extensions(device.physical_devices(instance)[index])
+    finally:
+        binding.require().vkDestroyInstance(instance, None)
+
+
+def test_compile_statistics_only_when_asked_and_offered(glslc, monkeypatch):
+    rt.close()
+    monkeypatch.setenv("SSM_VK_PIPELINE_STATS", "maybe")
+    with pytest.raises(ValueError, match="SSM_VK_PIPELINE_STATS"):
+        rt.get_context()
+    assert rt.current_context() is None
+    monkeypatch.delenv("SSM_VK_PIPELINE_STATS")
+    ctx = rt.get_context()
+    try:
+        assert not ctx.pipeline_stats
+        with pytest.raises(RuntimeError, match="SSM_VK_PIPELINE_STATS=1"):
+            saxpy(ctx).statistics()
+    finally:
+        rt.close()
+    monkeypatch.setenv("SSM_VK_PIPELINE_STATS", "1")
+    ctx = rt.get_context()
+    try:
+        offered = _offers_pipeline_stats(ctx.info.index)
+        assert ctx.pipeline_stats == offered
+        k = saxpy(ctx, offset=0.5)
+        if not offered:
+            with pytest.raises(RuntimeError, match="does not offer VK_KHR_pipeline_executable_properties"):
+                k.statistics()
+            return
+        stats = k.statistics()
+        assert stats and all(isinstance(n, str) and n for n in stats)
+        assert all(isinstance(v, bool | int | float) for v in stats.values())
+        assert k.defines == {"OFFSET": "0.5"}
+        assert saxpy(ctx).statistics().keys() == stats.keys()   # the same driver reports the same names
+        # the kernel still computes with statistics kept
+        n = 256
+        x = np.arange(n, dtype=np.float32)
+        bx, by, bs = rt.Buffer(ctx, 4 * n), rt.Buffer(ctx, 4 * n), rt.Buffer(ctx, 4 * n)
+        rt.upload(bx, x)
+        rt.upload(by, x)
+        with rt.Sequence(ctx) as seq:
+            seq.dispatch(k, [bx, by, bs], push(n, 2.0), groups=n // LOCAL)
+            seq.finish()
+            seq.submit()
+        np.testing.assert_allclose(rt.download(by, (n, np.float32)), 2.5 * x + 0.5)
+        for b in (bx, by, bs):
+            b.close()
+        assert not ctx.validation_messages
+    finally:
+        rt.close()
