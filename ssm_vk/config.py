@@ -118,11 +118,15 @@ KNOBS: dict[str, Knob] = {
     "ROWG": Knob("row groups of the GEMM kernels' thread grid (must divide GWG)", _pow2(1, 64)),
     "DBC_RBLK": Knob("row block of the d_B / d_C products", _pow2(16, 128)),
     "DBC_CBLK": Knob("column block of the d_B / d_C products", _pow2(16, 128)),
+    "ZF_RBLK": Knob("row block of the chunk-state products", _pow2(16, 128)),
+    "ZF_CBLK": Knob("column block of the chunk-state products", _pow2(16, 128)),
     "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
                      _one_of(0, 1)),
     "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),
     "DBUF": Knob("1: the GEMM kernels stage their operands' slices into two shared-memory buffers in turn "
                  "(one barrier per slice; where shared memory allows)", _one_of(0, 1)),
+    "VEC_IN": Knob("0: the chunked forward's y product stages its operands with float loads instead of 16-byte "
+                   "ones", _one_of(0, 1)),
     "SWZ": Knob("1: the GEMM kernels store their B slices swizzled (no bank conflicts where k is contiguous)",
                 _one_of(0, 1)),
     "HPW_Z": Knob("heads of a group per workgroup of the chunk states' product, at most (lowered to a divisor "

@@ -15,7 +15,7 @@ from ssm_ref import Dims
 from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
-from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_out
+from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_in, vec_out
 from .plan.m1 import M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
@@ -235,6 +235,8 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["DBUF"] = 1
     if cp.swz:
         extra["SWZ"] = 1
+    if vec_in(mode, d, cp.CL, cp.KS, cp.knobs):
+        extra["VEC_IN"] = 1
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=vec_out(cp.knobs), **extra)

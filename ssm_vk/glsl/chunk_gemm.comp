@@ -29,7 +29,8 @@
 // KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit), HPW
 // (ZF and Y: heads per workgroup, default 1), DBUF (1: two shared-memory buffers of operand
 // slices, filled in turn, so one barrier per slice instead of two), SWZ (1: B's slice rows of
-// vec4s stored swizzled, see bq).
+// vec4s stored swizzled, see bq), VEC_IN (Y: stage operands with 16-byte loads where the call's
+// offsets allow, see fetch1v).
 //
 // HPW > 1: a workgroup computes the tile of HPW consecutive heads of one group (h0 .. h0+HPW-1),
 // each thread the same rows and columns of every head's tile. The operand the heads share is
@@ -120,15 +121,32 @@ shared float Bs[NBUF][KS][BH * CBLK + 1u];
 #else
 #define COLS_D PD
 #endif
+#ifndef VEC_IN
+#define VEC_IN 0
+#endif
+#if VEC_IN && (MODE != 4 || KS % 4 != 0 || RBLK % 4 != 0 || CBLK % 4 != 0 || PD % 4 != 0 || ND % 4 != 0)
+#error "VEC_IN is for Y with KS, RBLK, CBLK, P and N multiples of 4"
+#endif
 #if BS4 && (COLS_D % 4 == 0) && VEC_OUT
 #define VOUT 1
+#else
+#define VOUT 0
+#endif
+#if VOUT || VEC_IN
 layout(std430, binding = 6) buffer Bhs4 { vec4 hs4[]; };
+#endif
+#if VEC_IN
+// 16-byte views of the inputs the staging loads read (the call's element offsets o_x and o_C
+// must then be multiples of 4: see vin)
+layout(std430, binding = 0) readonly buffer Bx4 { vec4 x4[]; };
+layout(std430, binding = 4) readonly buffer BC4 { vec4 Cm4[]; };
+layout(std430, binding = 9) buffer Bmcb4 { vec4 mcb4[]; };
+#endif
+#if VOUT
 layout(std430, binding = 7) buffer Bgs4 { vec4 gs4[]; };
 layout(std430, binding = 8) buffer Bcb4 { vec4 cb4[]; };
 layout(std430, binding = 10) buffer Bgu4 { vec4 gu4[]; };
 layout(std430, binding = 13) buffer Bout4 { vec4 outv4[]; };
-#else
-#define VOUT 0
 #endif
 
 // Column (within the tile) of a thread's q-th accumulator.
@@ -253,7 +271,10 @@ const uint NFA = (AH * KS * RBLK + WG - 1u) / WG;   // the most of any segment
 const uint NFB = (BH * KS * CBLK + WG - 1u) / WG;
 const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
 const uint NS2 = (K2 + KS - 1u) / KS;           // slices of segment 2
-float fa[NFA], fb[NFB];
+// VEC_IN's quads of four per thread (the most of any segment) take 4 registers each
+const uint NQA = VEC_IN != 0 ? 4u * ((AH * KS * RBLK / 4u + WG - 1u) / WG) : 0u;
+const uint NQB = VEC_IN != 0 ? 4u * ((BH * KS * CBLK / 4u + WG - 1u) / WG) : 0u;
+float fa[NFA > NQA ? NFA : NQA], fb[NFB > NQB ? NFB : NQB];
 
 // Element e of a slice of an operand staged per head: head hh = e / (KS * RBLK) (or CBLK), then
 // the position in that head's part as for one head.
@@ -305,6 +326,85 @@ FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1, A1H, B1H)
 FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2, A2H, B2H)
 STORE(store1, A1_RF, B1_CF, A1H, B1H)
 STORE(store2, A2_RF, B2_CF, A2H, B2H)
+
+// VEC_IN: the same slices staged four elements at a time -- four consecutive elements along
+// whichever direction is contiguous in memory (rows or columns where *_RF / *_CF, else k), read
+// with one 16-byte load (A1v .. B2v: the four values of A1 .. B2 there) and kept in the same
+// registers (fa, fb). vin (the call's offsets are multiples of 4) picks this or the scalar
+// staging for the whole dispatch; both give the same values.
+bool vin = false;
+#if VEC_IN
+vec4 A1v(uint hh, uint r, uint k) { return mcb4[((mat + hh) * CL * CL + r * CL + k) >> 2]; }   // k..k+3
+vec4 B1v(uint hh, uint k, uint cc) {       // u[k][cc..cc+3]
+    if (k >= Lc || cc >= PD) return vec4(0.0);
+    return x4[(pc.o_x + (tk(k) * pc.H + h + hh) * PD + cc) >> 2] * sd[hh * CL + k];
+}
+vec4 A2v(uint hh, uint r, uint k) {        // C[r][k..k+3] (* din_r with one head)
+    if (r >= Lc) return vec4(0.0);
+    vec4 v = Cm4[(pc.o_C + (tk(r) * pc.G + g) * ND + k) >> 2];
+    return HPW > 1 ? v : v * sdi[r];
+}
+vec4 B2v(uint hh, uint k, uint cc) {       // hs[cc][k..k+3]
+    return cc < PD ? hs4[((hmat + hh) * PD * ND + cc * ND + k) >> 2] : vec4(0.0);
+}
+
+// Quad e of a slice: head hh = e / (quads per head), then (row or column, k) of its first element.
+#define FETCHV(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH)                                         \
+void NAME(uint j) {                                                                            \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    uint k0 = j * KS;                                                                          \
+    const uint QA = KS * RBLK / 4u, QB = KS * CBLK / 4u;                                       \
+    [[unroll]] for (uint m = 0; m < (NAH * QA + WG - 1u) / WG; ++m) {                          \
+        uint e = lid + m * WG, hh = NAH > 1u ? e / QA : 0u, ee = NAH > 1u ? e % QA : e;        \
+        uint rr = ARF ? ee % (RBLK / 4u) * 4u : ee / (KS / 4u);                                \
+        uint k = k0 + (ARF ? ee / (RBLK / 4u) : ee % (KS / 4u) * 4u);                          \
+        vec4 v = (e < NAH * QA && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + rr, k) : vec4(0.0); \
+        fa[4u * m] = v.x; fa[4u * m + 1u] = v.y; fa[4u * m + 2u] = v.z; fa[4u * m + 3u] = v.w; \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < (NBH * QB + WG - 1u) / WG; ++m) {                          \
+        uint e = lid + m * WG, hh = NBH > 1u ? e / QB : 0u, ee = NBH > 1u ? e % QB : e;        \
+        uint cc = BCF ? ee % (CBLK / 4u) * 4u : ee / (KS / 4u);                                \
+        uint k = k0 + (BCF ? ee / (CBLK / 4u) : ee % (KS / 4u) * 4u);                          \
+        vec4 v = (e < NBH * QB && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + cc) : vec4(0.0); \
+        fb[4u * m] = v.x; fb[4u * m + 1u] = v.y; fb[4u * m + 2u] = v.z; fb[4u * m + 3u] = v.w; \
+    }                                                                                          \
+}
+
+#define STOREV(NAME, ARF, BCF, NAH, NBH)                                                       \
+void NAME() {                                                                                  \
+    uint lid = gl_LocalInvocationIndex;                                                        \
+    const uint QA = KS * RBLK / 4u, QB = KS * CBLK / 4u;                                       \
+    [[unroll]] for (uint m = 0; m < (NAH * QA + WG - 1u) / WG; ++m) {                          \
+        uint e = lid + m * WG, hh = NAH > 1u ? e / QA : 0u, ee = NAH > 1u ? e % QA : e;        \
+        uint rr = ARF ? ee % (RBLK / 4u) * 4u : ee / (KS / 4u);                                \
+        uint kk = ARF ? ee / (RBLK / 4u) : ee % (KS / 4u) * 4u;                                \
+        if (e < NAH * QA) [[unroll]] for (uint q = 0; q < 4u; ++q)                             \
+            PUT_A(ARF ? kk : kk + q, hh * RBLK + rr + (ARF ? q : 0u), fa[4u * m + q]);         \
+    }                                                                                          \
+    [[unroll]] for (uint m = 0; m < (NBH * QB + WG - 1u) / WG; ++m) {                          \
+        uint e = lid + m * WG, hh = NBH > 1u ? e / QB : 0u, ee = NBH > 1u ? e % QB : e;        \
+        uint cc = BCF ? ee % (CBLK / 4u) * 4u : ee / (KS / 4u);                                \
+        uint kk = BCF ? ee / (CBLK / 4u) : ee % (KS / 4u) * 4u;                                \
+        if (e < NBH * QB) [[unroll]] for (uint q = 0; q < 4u; ++q)                             \
+            PUT_B(BCF ? kk : kk + q, hh * CBLK + cc + (BCF ? q : 0u), fb[4u * m + q]);         \
+    }                                                                                          \
+}
+
+FETCHV(fetch1v, A1v, B1v, A1_RF, B1_CF, K1, A1H, B1H)
+FETCHV(fetch2v, A2v, B2v, A2_RF, B2_CF, K2, A2H, B2H)
+STOREV(store1v, A1_RF, B1_CF, A1H, B1H)
+STOREV(store2v, A2_RF, B2_CF, A2H, B2H)
+// The staging every segment calls: 16-byte or scalar.
+void fetch1_any(uint j) { if (vin) fetch1v(j); else fetch1(j); }
+void fetch2_any(uint j) { if (vin) fetch2v(j); else fetch2(j); }
+void store1_any() { if (vin) store1v(); else store1(); }
+void store2_any() { if (vin) store2v(); else store2(); }
+#else
+void fetch1_any(uint j) { fetch1(j); }
+void fetch2_any(uint j) { fetch2(j); }
+void store1_any() { store1(); }
+void store2_any() { store2(); }
+#endif
 
 #if MODE == 5
 // <G_c, H_c> over this tile's columns of P (chunk_finish's dch term): segment 2 stages every
@@ -364,9 +464,9 @@ void next_slice() {
 // first slice during the last one.
 void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
     for (uint j = 0; j < NS1; ++j) {
-        store1();
+        store1_any();
         barrier();
-        if (j + 1u < NS1) fetch1(j + 1u); else if (then2 && NS2 > 0u) fetch2(0u);
+        if (j + 1u < NS1) fetch1_any(j + 1u); else if (then2 && NS2 > 0u) fetch2_any(0u);
         uint k0 = j * KS, khi = k0 + KS - 1u;
         bool skip = (MASK == 1u && k0 > rhi) || (MASK == 2u && khi < rlo);
         bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
@@ -404,12 +504,12 @@ void segment2(bool then1) {
 #if MODE == 5
         gh_store();
 #endif
-        store2();
+        store2_any();
         barrier();
 #if MODE == 5
         if (j + 1u < NS2) gh_fetch(j + 1u);
 #endif
-        if (j + 1u < NS2) fetch2(j + 1u); else if (then1 && NS1 > 0u) fetch1(0u);
+        if (j + 1u < NS2) fetch2_any(j + 1u); else if (then1 && NS1 > 0u) fetch1_any(0u);
         [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
 #if HPW > 1
             float a[HPW][TR], b[HPW][TC];
@@ -482,6 +582,7 @@ void main() {
     c0 = cbk * CBLK;
     uint lid = gl_LocalInvocationIndex;
     uint tr = lid / CG, tc = lid % CG;
+    vin = VEC_IN != 0 && ((pc.o_x | pc.o_C) & 3u) == 0u;   // uniform: the call's offsets
 
     [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
         [[unroll]] for (uint j = 0; j < TR; ++j)
@@ -492,13 +593,13 @@ void main() {
     for (uint k = 0; k < n_heads; ++k) {
         set_head(h_first + k);
 #if MODE == 6
-        fetch1(0u);
+        fetch1_any(0u);
         segment1(rlo, rhi, tr, tc, true);
         segment2(false);
 #else
         [[unroll]] for (uint j = 0; j < TR; ++j)
             [[unroll]] for (uint q = 0; q < TC; ++q) acch[j][q] = 0.0;
-        fetch2(0u);
+        fetch2_any(0u);
         segment2(true);
         float part[TR];            // alpha of head h: its boundary part . C
         [[unroll]] for (uint j = 0; j < TR; ++j) {
@@ -517,7 +618,7 @@ void main() {
 #else
     set_head(PER_GROUP != 0 ? 0u : hh * HPW);
 #if MODE == 5
-    if (NS2 > 0u) { gh_fetch(0u); fetch2(0u); } else if (NS1 > 0u) fetch1(0u);
+    if (NS2 > 0u) { gh_fetch(0u); fetch2_any(0u); } else if (NS1 > 0u) fetch1_any(0u);
     segment2(true);
     float part[TR];            // beta: the boundary part . u
     [[unroll]] for (uint j = 0; j < TR; ++j) {
@@ -532,7 +633,7 @@ void main() {
     segment1(rlo, rhi, tr, tc, false);
 #elif MODE == 4 && HPW > 1
     // C . hs first; then din_t (per head) times that sum; then the chunk's own tokens.
-    fetch2(0u);
+    fetch2_any(0u);
     segment2(true);
     [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
         [[unroll]] for (uint j = 0; j < TR; ++j) {
@@ -541,7 +642,7 @@ void main() {
         }
     segment1(rlo, rhi, tr, tc, false);
 #else
-    if (NS1 > 0u) fetch1(0u); else if (NS2 > 0u) fetch2(0u);
+    if (NS1 > 0u) fetch1_any(0u); else if (NS2 > 0u) fetch2_any(0u);
     segment1(rlo, rhi, tr, tc, true);
     segment2(false);
 #endif

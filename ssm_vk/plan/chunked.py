@@ -19,7 +19,8 @@ from ..config import DEFAULTS, Settings, settings
 from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
-           "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out"]
+           "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
+           "vec_in"]
 
 GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
@@ -68,10 +69,13 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
     wg, rg = gemm_threads(knobs)
     cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
-    dbc = mode in ("DB", "DC")
-    RBLK = min(_up(rows, rg), max(knobs.knob("DBC_RBLK", 64) if dbc else 64, rg))
     # DB and DC loop over a group's heads: column blocks of 64 give more workgroups
-    CBLK = min(_up(cols, cg), max(knobs.knob("DBC_CBLK", 64) if dbc else 128, cg))
+    pre = {"DB": "DBC_", "DC": "DBC_", "ZF": "ZF_"}.get(mode)
+    rb, cb = (64, 64) if pre == "DBC_" else (64, 128)
+    if pre:
+        rb, cb = knobs.knob(pre + "RBLK", rb), knobs.knob(pre + "CBLK", cb)
+    RBLK = min(_up(rows, rg), max(rb, rg))
+    CBLK = min(_up(cols, cg), max(cb, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
 
 
@@ -99,6 +103,21 @@ def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings, ah: int = 1, bh
 
 DBUF_DEFAULT = 0
 SWZ_DEFAULT = 0
+# The modes that stage their operands with 16-byte loads. H200: Y 440 -> 391 us at train (its
+# registers 79 -> 63 per thread, 4 workgroups per SM instead of 3); ZF 288 -> 342 (80 -> 87
+# registers, 2 workgroups per SM), so ZF keeps its float loads.
+VEC_IN_MODES = ("Y",)
+
+
+def vec_in(mode: str, d: Dims, CL: int, KS: int, knobs: Settings | None = None) -> bool:
+    """Whether a chunk_gemm mode stages its operands with 16-byte loads (knob VEC_IN, default on;
+    VEC_IN_MODES): where P, N, the slice and the tile are multiples of 4. The shader still takes
+    its float loads for a call whose inputs start off a multiple of 4 elements."""
+    knobs = settings() if knobs is None else knobs
+    if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN", 1):
+        return False
+    RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
+    return all(v % 4 == 0 for v in (d.P, d.N, KS, RBLK, CBLK))
 
 
 def double_buffered(CL: int, lim: Limits, knobs: Settings | None = None) -> bool:
