@@ -69,7 +69,8 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
     wg, rg = gemm_threads(knobs)
     cg = wg // rg
     rows, cols = _shape(mode, CL, P, N)
-    # DB and DC loop over a group's heads: column blocks of 64 give more workgroups
+    # Tiles of at most 64 x 128; DB and DC loop over a group's heads, so column blocks of 64 give
+    # them more workgroups. Knobs: DBC_RBLK / DBC_CBLK (DB, DC), ZF_RBLK / ZF_CBLK (the chunk states).
     pre = {"DB": "DBC_", "DC": "DBC_", "ZF": "ZF_"}.get(mode)
     rb, cb = (64, 64) if pre == "DBC_" else (64, 128)
     if pre:
