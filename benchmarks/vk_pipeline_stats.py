@@ -3,7 +3,10 @@ tuning variant: registers per thread and what else the driver reports, and how m
 of each kernel the registers leave room for on one SM.
 
     SSM_VK_PIPELINE_STATS=1 python benchmarks/vk_pipeline_stats.py [--shapes train] \\
-        [--variants ";KS=8;HPW_Y=2"] [--json out.json]
+        [--variants ";KS=8;HPW_Y=2"] [--json out.json] [--dump DIR]
+
+``--dump DIR``: also what the driver made of each kernel's code (its internal representations,
+where it shows them), one file per kernel and representation.
 
 Needs a device offering VK_KHR_pipeline_executable_properties (NVIDIA's and AMD's drivers do;
 Mesa's lavapipe 22.3 does not). The occupancy estimate uses the register file and thread limits
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("SSM_VK_PIPELINE_STATS", "1")   # before the Vulkan context is made
 
@@ -53,7 +57,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="train")
     ap.add_argument("--variants", default="", help="';'-separated SSM_VK_TUNE settings (first: the defaults)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dump", default=None, help="folder for the kernels' internal representations")
     args = ap.parse_args(argv)
+    dump = Path(args.dump) if args.dump else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
     ctx = rt.get_context()
     if not ctx.pipeline_stats:
         print(f"no compile statistics: {ctx.pipeline_stats_missing}", file=sys.stderr)
@@ -79,6 +87,16 @@ def main(argv=None) -> int:
                 row = dict(shape=name, variant=var or "default", kernel=k.name, threads=threads,
                            defines={d: v for d, v in k.defines.items() if d in SHOWN}, stats=stats,
                            workgroups_per_sm=per_sm(regs, threads) if regs else None)
+                if dump:
+                    stem = f"{len(rows):03d}-{k.name}-" + "-".join(f"{d}{v}" for d, v in row["defines"].items())
+                    for index, rep, _, content in k.representations():
+                        safe = "".join(ch if ch.isalnum() else "_" for ch in rep)
+                        out = dump / f"{stem}-{index}-{safe}.{'txt' if isinstance(content, str) else 'bin'}"
+                        if isinstance(content, str):
+                            out.write_text(content)
+                        else:
+                            out.write_bytes(content)
+                        row.setdefault("representations", []).append(out.name)
                 rows.append(row)
                 shown = " ".join(f"{d}={v}" for d, v in row["defines"].items())
                 print(f"{name} {var or 'default':14s} {k.name:18s} {shown:40s} threads {threads:4d} "

@@ -19,7 +19,8 @@ SSM_VK_VALIDATION      1: run under the Khronos validation layer (tests; default
 SSM_VK_NO_SUBGROUP     1: use no subgroup operations (the shared-memory row sums)
 SSM_VK_PROFILE         1: a timestamp after each step of the chunked kernels (benchmarks)
 SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (registers,
-                       instructions, ...: ``Kernel.statistics()``), where the device offers
+                       instructions, ...: ``Kernel.statistics()``) and its internal code
+                       (``Kernel.representations()``), where the device offers
                        VK_KHR_pipeline_executable_properties; read when the context is made
 SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
 SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)
@@ -333,7 +334,8 @@ def profile() -> bool:
 
 
 def pipeline_stats() -> bool:
-    """SSM_VK_PIPELINE_STATS=1: pipelines keep their compile statistics (Kernel.statistics())."""
+    """SSM_VK_PIPELINE_STATS=1: pipelines keep their compile statistics and internal code
+    (runtime.introspect)."""
     return _flag(_PIPELINE_STATS)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from . import binding, shaders
+from . import binding, introspect, shaders
 from .checks import check_int
 from .context import Context
 from .memory import Buffer
@@ -153,7 +153,7 @@ class Kernel:
                                                     dataSize=nbytes, pData=data)  # bytes, not the cdata's length
                 stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
                                                            pName="main", pSpecializationInfo=spec_info)
-                flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if ctx.pipeline_stats else 0
+                flags = introspect.capture_flags() if ctx.pipeline_stats else 0
                 self.pipeline = vk.vkCreateComputePipelines(device, None, 1, [vk.VkComputePipelineCreateInfo(
                     flags=flags, stage=stage, layout=self._layout)], None)[0]
                 ctx.stats.pipelines += 1
@@ -345,57 +345,12 @@ class Kernel:
             self._set_layout = None
 
     def statistics(self) -> dict:
-        """The driver's compile statistics of this kernel's pipeline: name -> value (int, float or
-        bool; what a driver reports varies: NVIDIA's include registers per thread), for each
-        executable the driver made (a compute pipeline has one; a second one's names get its
-        index). Raises RuntimeError when they were not kept: the context must be made with
-        SSM_VK_PIPELINE_STATS=1 on a device offering VK_KHR_pipeline_executable_properties."""
-        ctx = self.ctx
-        if not ctx.pipeline_stats:
-            raise RuntimeError(f"kernel {self.name}: no compile statistics: {ctx.pipeline_stats_missing}")
-        if self.closed:
-            raise RuntimeError(f"kernel {self.name} is closed")
-        vk = binding.require()
-        ffi = vk.ffi
-        with ctx.lock, binding.translated(f"statistics of kernel {self.name}"):
-            ctx.check_usable()
-            device = ctx.handle
+        """The driver's compile statistics of this kernel: :func:`introspect.statistics`."""
+        return introspect.statistics(self)
 
-            def fn(name):
-                address = vk.lib.vkGetDeviceProcAddr(device, name.encode())
-                if address == ffi.NULL:
-                    raise RuntimeError(f"kernel {self.name}: the driver has no {name}")
-                return ffi.cast(f"PFN_{name}", address)
-
-            props_fn, stats_fn = fn("vkGetPipelineExecutablePropertiesKHR"), fn("vkGetPipelineExecutableStatisticsKHR")
-            info = ffi.new("VkPipelineInfoKHR*", {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR,
-                                                  "pipeline": self.pipeline})
-            count = ffi.new("uint32_t*")
-            binding.check_result(props_fn(device, info, count, ffi.NULL), "vkGetPipelineExecutablePropertiesKHR")
-            out: dict = {}
-            for index in range(count[0]):
-                exe = ffi.new("VkPipelineExecutableInfoKHR*", {
-                    "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR, "pipeline": self.pipeline,
-                    "executableIndex": index})
-                n = ffi.new("uint32_t*")
-                binding.check_result(stats_fn(device, exe, n, ffi.NULL), "vkGetPipelineExecutableStatisticsKHR")
-                items = ffi.new("VkPipelineExecutableStatisticKHR[]", n[0])
-                for item in items:
-                    item.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
-                binding.check_result(stats_fn(device, exe, n, items), "vkGetPipelineExecutableStatisticsKHR")
-                for item in items[0:n[0]]:
-                    name = binding.c_string(item.name)
-                    fmt = int(item.format)
-                    if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
-                        value = bool(item.value.b32)
-                    elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
-                        value = int(item.value.i64)
-                    elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
-                        value = int(item.value.u64)
-                    else:
-                        value = float(item.value.f64)
-                    out[name if index == 0 else f"{name} [{index}]"] = value
-        return out
+    def representations(self) -> list:
+        """What the driver made of this kernel's code: :func:`introspect.representations`."""
+        return introspect.representations(self)
 
     @property
     def layout(self):

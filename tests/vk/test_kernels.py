@@ -482,8 +482,9 @@ def test_compile_statistics_only_when_asked_and_offered(glslc, monkeypatch):
     ctx = rt.get_context()
     try:
         assert not ctx.pipeline_stats
-        with pytest.raises(RuntimeError, match="SSM_VK_PIPELINE_STATS=1"):
-            saxpy(ctx).statistics()
+        for ask in (saxpy(ctx).statistics, saxpy(ctx).representations):
+            with pytest.raises(RuntimeError, match="SSM_VK_PIPELINE_STATS=1"):
+                ask()
     finally:
         rt.close()
     monkeypatch.setenv("SSM_VK_PIPELINE_STATS", "1")
@@ -493,9 +494,13 @@ def test_compile_statistics_only_when_asked_and_offered(glslc, monkeypatch):
         assert ctx.pipeline_stats == offered
         k = saxpy(ctx, offset=0.5)
         if not offered:
-            with pytest.raises(RuntimeError, match="does not offer VK_KHR_pipeline_executable_properties"):
-                k.statistics()
+            for ask in (k.statistics, k.representations):
+                with pytest.raises(RuntimeError, match="does not offer VK_KHR_pipeline_executable_properties"):
+                    ask()
             return
+        # what the driver made of the code: none, or (executable, name, description, text or bytes)
+        for index, name, _, content in k.representations():
+            assert index == 0 and name and isinstance(content, str | bytes) and content
         stats = k.statistics()
         assert stats and all(isinstance(n, str) and n for n in stats)
         assert all(isinstance(v, bool | int | float) for v in stats.values())
