@@ -276,38 +276,58 @@ const uint NQA = VEC_IN != 0 ? 4u * ((AH * KS * RBLK / 4u + WG - 1u) / WG) : 0u;
 const uint NQB = VEC_IN != 0 ? 4u * ((BH * KS * CBLK / 4u + WG - 1u) / WG) : 0u;
 float fa[NFA > NQA ? NFA : NQA], fb[NFB > NQB ? NFB : NQB];
 
-// Element e of a slice of an operand staged per head: head hh = e / (KS * RBLK) (or CBLK), then
-// the position in that head's part as for one head.
-#define FETCH(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH)                                          \
+// Staging unit e of a slice: W consecutive elements (W = 1; 4 for VEC_IN's 16-byte loads) along
+// whichever direction is contiguous in memory -- rows (columns) where *_RF (*_CF), else k. Its
+// head hh = e / (units per head) for operands staged per head, then, within that head's part, its
+// first row (column) pos and its k offset kk. (W = 1 is spelled out: the float staging keeps the
+// code it had before W existed.)
+#define UNIT1(e, NH, LEN, RF)                                                                  \
+    uint hh = NH > 1u ? (e) / (KS * LEN) : 0u, ee = NH > 1u ? (e) % (KS * LEN) : (e);          \
+    uint pos = RF ? ee % LEN : ee / KS, kk = RF ? ee / LEN : ee % KS
+#define UNIT4(e, NH, LEN, RF)                                                                  \
+    uint hh = NH > 1u ? (e) / (KS * LEN / 4u) : 0u, ee = NH > 1u ? (e) % (KS * LEN / 4u) : (e); \
+    uint pos = RF ? ee % (LEN / 4u) * 4u : ee / (KS / 4u), kk = RF ? ee / (LEN / 4u) : ee % (KS / 4u) * 4u
+// Keeping a unit's values in fa / fb (KEEPW), and putting them into shared memory (PUTW_A, PUTW_B:
+// element q of the unit at row / column pos + q, or at k offset kk + q).
+#define KEEP1(f, m, v) f[m] = (v)
+#define KEEP4(f, m, v) { vec4 q4 = (v); f[4u * m] = q4.x; f[4u * m + 1u] = q4.y; f[4u * m + 2u] = q4.z; f[4u * m + 3u] = q4.w; }
+#define PUT1_A(RF, kk, r, f, m) PUT_A(kk, r, f[m])
+#define PUT1_B(CF, kk, c, f, m) PUT_B(kk, c, f[m])
+#define PUT4_A(RF, kk, r, f, m) [[unroll]] for (uint q = 0; q < 4u; ++q) PUT_A(RF ? kk : kk + q, r + (RF ? q : 0u), f[4u * m + q])
+#define PUT4_B(CF, kk, c, f, m) [[unroll]] for (uint q = 0; q < 4u; ++q) PUT_B(CF ? kk : kk + q, c + (CF ? q : 0u), f[4u * m + q])
+
+// fetch: the units of a slice this thread takes, loaded (AF, BF: W values each, of type VT) into
+// fa, fb; store: the same units from fa, fb into shared memory.
+#define FETCH(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH, W, UNIT, VT, KEEP)                       \
 void NAME(uint j) {                                                                            \
     uint lid = gl_LocalInvocationIndex;                                                        \
     uint k0 = j * KS;                                                                          \
-    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = NAH > 1u ? e / (KS * RBLK) : 0u, ee = NAH > 1u ? e % (KS * RBLK) : e;                     \
-        uint rr = ARF ? ee % RBLK : ee / KS, kk = ARF ? ee / RBLK : ee % KS;                   \
+    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK / W + WG - 1u) / WG; ++m) {               \
+        uint e = lid + m * WG;                                                                 \
+        UNIT(e, NAH, RBLK, ARF);                                                               \
         uint k = k0 + kk;                                                                      \
-        fa[m] = (e < NAH * KS * RBLK && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + rr, k) : 0.0; \
+        KEEP(fa, m, (e < NAH * KS * RBLK / W && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + pos, k) : VT(0.0)); \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = NBH > 1u ? e / (KS * CBLK) : 0u, ee = NBH > 1u ? e % (KS * CBLK) : e;                     \
-        uint cc = BCF ? ee % CBLK : ee / KS, kk = BCF ? ee / CBLK : ee % KS;                   \
+    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK / W + WG - 1u) / WG; ++m) {               \
+        uint e = lid + m * WG;                                                                 \
+        UNIT(e, NBH, CBLK, BCF);                                                               \
         uint k = k0 + kk;                                                                      \
-        fb[m] = (e < NBH * KS * CBLK && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + cc) : 0.0; \
+        KEEP(fb, m, (e < NBH * KS * CBLK / W && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + pos) : VT(0.0)); \
     }                                                                                          \
 }
 
-#define STORE(NAME, ARF, BCF, NAH, NBH)                                                        \
+#define STORE(NAME, ARF, BCF, NAH, NBH, W, UNIT, PUTA, PUTB)                                   \
 void NAME() {                                                                                  \
     uint lid = gl_LocalInvocationIndex;                                                        \
-    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = NAH > 1u ? e / (KS * RBLK) : 0u, ee = NAH > 1u ? e % (KS * RBLK) : e;                     \
-        uint kk = ARF ? ee / RBLK : ee % KS, rr = ARF ? ee % RBLK : ee / KS;                   \
-        if (e < NAH * KS * RBLK) PUT_A(kk, hh * RBLK + rr, fa[m]);                             \
+    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK / W + WG - 1u) / WG; ++m) {               \
+        uint e = lid + m * WG;                                                                 \
+        UNIT(e, NAH, RBLK, ARF);                                                               \
+        if (e < NAH * KS * RBLK / W) PUTA(ARF, kk, hh * RBLK + pos, fa, m);                    \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK + WG - 1u) / WG; ++m) {                   \
-        uint e = lid + m * WG, hh = NBH > 1u ? e / (KS * CBLK) : 0u, ee = NBH > 1u ? e % (KS * CBLK) : e;                     \
-        uint kk = BCF ? ee / CBLK : ee % KS, cc = BCF ? ee % CBLK : ee / KS;                   \
-        if (e < NBH * KS * CBLK) PUT_B(kk, hh * CBLK + cc, fb[m]);                             \
+    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK / W + WG - 1u) / WG; ++m) {               \
+        uint e = lid + m * WG;                                                                 \
+        UNIT(e, NBH, CBLK, BCF);                                                               \
+        if (e < NBH * KS * CBLK / W) PUTB(BCF, kk, hh * CBLK + pos, fb, m);                    \
     }                                                                                          \
 }
 
@@ -322,16 +342,15 @@ void NAME() {                                                                   
 #define PUT_B(kk, cc, v) Bs[buf][kk][cc] = (v)
 #endif
 
-FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1, A1H, B1H)
-FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2, A2H, B2H)
-STORE(store1, A1_RF, B1_CF, A1H, B1H)
-STORE(store2, A2_RF, B2_CF, A2H, B2H)
+FETCH(fetch1, A1, B1, A1_RF, B1_CF, K1, A1H, B1H, 1u, UNIT1, float, KEEP1)
+FETCH(fetch2, A2, B2, A2_RF, B2_CF, K2, A2H, B2H, 1u, UNIT1, float, KEEP1)
+STORE(store1, A1_RF, B1_CF, A1H, B1H, 1u, UNIT1, PUT1_A, PUT1_B)
+STORE(store2, A2_RF, B2_CF, A2H, B2H, 1u, UNIT1, PUT1_A, PUT1_B)
 
-// VEC_IN: the same slices staged four elements at a time -- four consecutive elements along
-// whichever direction is contiguous in memory (rows or columns where *_RF / *_CF, else k), read
-// with one 16-byte load (A1v .. B2v: the four values of A1 .. B2 there) and kept in the same
-// registers (fa, fb). vin (the call's offsets are multiples of 4) picks this or the scalar
-// staging for the whole dispatch; both give the same values.
+// VEC_IN: the same slices staged four elements at a time (W = 4), each unit read with one
+// 16-byte load (A1v .. B2v: the four values of A1 .. B2 there) and kept in the same registers
+// (fa, fb). vin (the call's offsets are multiples of 4) picks this or the float staging for the
+// whole dispatch; both give the same values.
 bool vin = false;
 #if VEC_IN
 vec4 A1v(uint hh, uint r, uint k) { return mcb4[((mat + hh) * CL * CL + r * CL + k) >> 2]; }   // k..k+3
@@ -348,53 +367,11 @@ vec4 B2v(uint hh, uint k, uint cc) {       // hs[cc][k..k+3]
     return cc < PD ? hs4[((hmat + hh) * PD * ND + cc * ND + k) >> 2] : vec4(0.0);
 }
 
-// Quad e of a slice: head hh = e / (quads per head), then (row or column, k) of its first element.
-#define FETCHV(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH)                                         \
-void NAME(uint j) {                                                                            \
-    uint lid = gl_LocalInvocationIndex;                                                        \
-    uint k0 = j * KS;                                                                          \
-    const uint QA = KS * RBLK / 4u, QB = KS * CBLK / 4u;                                       \
-    [[unroll]] for (uint m = 0; m < (NAH * QA + WG - 1u) / WG; ++m) {                          \
-        uint e = lid + m * WG, hh = NAH > 1u ? e / QA : 0u, ee = NAH > 1u ? e % QA : e;        \
-        uint rr = ARF ? ee % (RBLK / 4u) * 4u : ee / (KS / 4u);                                \
-        uint k = k0 + (ARF ? ee / (RBLK / 4u) : ee % (KS / 4u) * 4u);                          \
-        vec4 v = (e < NAH * QA && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + rr, k) : vec4(0.0); \
-        fa[4u * m] = v.x; fa[4u * m + 1u] = v.y; fa[4u * m + 2u] = v.z; fa[4u * m + 3u] = v.w; \
-    }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * QB + WG - 1u) / WG; ++m) {                          \
-        uint e = lid + m * WG, hh = NBH > 1u ? e / QB : 0u, ee = NBH > 1u ? e % QB : e;        \
-        uint cc = BCF ? ee % (CBLK / 4u) * 4u : ee / (KS / 4u);                                \
-        uint k = k0 + (BCF ? ee / (CBLK / 4u) : ee % (KS / 4u) * 4u);                          \
-        vec4 v = (e < NBH * QB && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + cc) : vec4(0.0); \
-        fb[4u * m] = v.x; fb[4u * m + 1u] = v.y; fb[4u * m + 2u] = v.z; fb[4u * m + 3u] = v.w; \
-    }                                                                                          \
-}
-
-#define STOREV(NAME, ARF, BCF, NAH, NBH)                                                       \
-void NAME() {                                                                                  \
-    uint lid = gl_LocalInvocationIndex;                                                        \
-    const uint QA = KS * RBLK / 4u, QB = KS * CBLK / 4u;                                       \
-    [[unroll]] for (uint m = 0; m < (NAH * QA + WG - 1u) / WG; ++m) {                          \
-        uint e = lid + m * WG, hh = NAH > 1u ? e / QA : 0u, ee = NAH > 1u ? e % QA : e;        \
-        uint rr = ARF ? ee % (RBLK / 4u) * 4u : ee / (KS / 4u);                                \
-        uint kk = ARF ? ee / (RBLK / 4u) : ee % (KS / 4u) * 4u;                                \
-        if (e < NAH * QA) [[unroll]] for (uint q = 0; q < 4u; ++q)                             \
-            PUT_A(ARF ? kk : kk + q, hh * RBLK + rr + (ARF ? q : 0u), fa[4u * m + q]);         \
-    }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * QB + WG - 1u) / WG; ++m) {                          \
-        uint e = lid + m * WG, hh = NBH > 1u ? e / QB : 0u, ee = NBH > 1u ? e % QB : e;        \
-        uint cc = BCF ? ee % (CBLK / 4u) * 4u : ee / (KS / 4u);                                \
-        uint kk = BCF ? ee / (CBLK / 4u) : ee % (KS / 4u) * 4u;                                \
-        if (e < NBH * QB) [[unroll]] for (uint q = 0; q < 4u; ++q)                             \
-            PUT_B(BCF ? kk : kk + q, hh * CBLK + cc + (BCF ? q : 0u), fb[4u * m + q]);         \
-    }                                                                                          \
-}
-
-FETCHV(fetch1v, A1v, B1v, A1_RF, B1_CF, K1, A1H, B1H)
-FETCHV(fetch2v, A2v, B2v, A2_RF, B2_CF, K2, A2H, B2H)
-STOREV(store1v, A1_RF, B1_CF, A1H, B1H)
-STOREV(store2v, A2_RF, B2_CF, A2H, B2H)
-// The staging every segment calls: 16-byte or scalar.
+FETCH(fetch1v, A1v, B1v, A1_RF, B1_CF, K1, A1H, B1H, 4u, UNIT4, vec4, KEEP4)
+FETCH(fetch2v, A2v, B2v, A2_RF, B2_CF, K2, A2H, B2H, 4u, UNIT4, vec4, KEEP4)
+STORE(store1v, A1_RF, B1_CF, A1H, B1H, 4u, UNIT4, PUT4_A, PUT4_B)
+STORE(store2v, A2_RF, B2_CF, A2H, B2H, 4u, UNIT4, PUT4_A, PUT4_B)
+// The staging every segment calls: 16-byte or float.
 void fetch1_any(uint j) { if (vin) fetch1v(j); else fetch1(j); }
 void fetch2_any(uint j) { if (vin) fetch2v(j); else fetch2(j); }
 void store1_any() { if (vin) store1v(); else store1(); }
