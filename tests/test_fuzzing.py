@@ -74,6 +74,29 @@ def test_fuzz_on_the_reference_passes_and_counts_its_checks():
     assert report.checked[("ssm_ref", "scatter_of_d_s0")] >= 5
 
 
+def test_time_running_out_while_hypothesis_replays_ends_the_fuzz_not_a_crash(monkeypatch):
+    # hypothesis replays a case it saw pass; if the time runs out right then, that replay raises
+    # the fuzzer's own stop, and hypothesis reports the two runs' disagreement as FlakyFailure. That
+    # is the end of the time, not a failure; any other disagreement with no failing case is raised.
+    from hypothesis.errors import FlakyFailure
+
+    from ssm_ref import fuzzing
+
+    def replay_stopped(strategy, fails, **kw):
+        raise FlakyFailure("Inconsistent results from replaying a test case!", [fuzzing._TimeUp()])
+
+    monkeypatch.setattr(fuzzing, "find", replay_stopped)
+    report = fuzz([ssm_ref], minutes=0.01, properties=["deterministic"], regimes=["typical"], seed=1)
+    assert report.ok and not report.failures
+
+    def replay_broken(strategy, fails, **kw):
+        raise FlakyFailure("Inconsistent results from replaying a test case!", [ValueError("other")])
+
+    monkeypatch.setattr(fuzzing, "find", replay_broken)
+    with pytest.raises(FlakyFailure):
+        fuzz([ssm_ref], minutes=0.01, properties=["deterministic"], regimes=["typical"], seed=1)
+
+
 def test_fuzz_refuses_unknown_properties_and_regimes():
     with pytest.raises(ValueError, match="properties"):
         fuzz([ssm_ref], minutes=0.01, properties=["telepathy"])
