@@ -107,6 +107,8 @@ KNOBS: dict[str, Knob] = {
     "M1_SNW": Knob("slices per workgroup of their backward's summary over time chunks (at most the backward's)",
                    _pow2(1, 64)),
     "M1_TB": Knob("tokens per block of loads of their forward", _one_of(1, 2, 4, 8, 16)),
+    "M1_SPS": Knob("time slices per subgroup of their forward (at most the subgroup size; default 1, in one pass "
+                   "more where it has few threads)", _pow2(1, 64)),
     "M1_ONE_TI": Knob("their forward runs in one pass where its sequences fit one workgroup's slices of at most "
                       "this many tokens each (default 64); 0: never", _between(0, 1 << 20)),
     "M1_NB": Knob("state values per round of their backward's walk back (lowered to 1 where it does not divide N)",

@@ -16,7 +16,7 @@ from . import runtime as rt
 from .config import DEFAULTS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_in, vec_out
-from .plan.m1 import M1Plan, m1_plan
+from .plan.m1 import M1_ONE_TI, M1_SPS_TI_MIN, M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
@@ -138,6 +138,8 @@ def m1_spec(d: Dims, mp: M1Plan, mode: int, adjoint: bool = False, softplus: int
     final pass (1) or both in one pass (2, one time chunk) of the Mamba-1 forward with time in a
     workgroup's threads."""
     defs = dict(RW=mp.RW, NW=mp.NW, ND=d.N, MODE=mode, TB=mp.TB)
+    if mp.SPS != 1:
+        defs.update(SPS=mp.SPS)
     if adjoint:
         defs.update(ADJ=1)
     return KernelSpec("m1_scan", _defs(**defs), 15, M1_PUSH, mp.WG, _softplus(softplus))
@@ -354,6 +356,17 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                 if mp is not None:
                     for spec in m1_kernels(d, mp, backward):
                         add(spec)
+            # the forward in one pass with several slices per subgroup, as the plan takes it for few
+            # sequences and channels: every SPS its rule can reach (slices of M1_SPS_TI_MIN tokens
+            # or more within M1_ONE_TI)
+            RW = lim.subgroup_size
+            d = Dims(S=1, T=M1_ONE_TI, H=RW, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(RW, N))
+            SPS = 2
+            while SPS <= min(RW, M1_ONE_TI // M1_SPS_TI_MIN):
+                mp = m1_plan(d, lim, False, knobs.with_knobs(M1_SPS=SPS))
+                if mp is not None:
+                    add(m1_spec(d, mp, 2))
+                SPS *= 2
     for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
         add(spec)
     for P in p_values:

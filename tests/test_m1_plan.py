@@ -11,7 +11,7 @@ import pytest
 from ssm_ref import Dims
 from ssm_vk import config, kernels, plan
 from ssm_vk.plan import Limits, budget
-from ssm_vk.plan.m1 import M1_ONE_TI, M1_THREADS, shared_bytes
+from ssm_vk.plan.m1 import M1_ONE_THREADS, M1_ONE_TI, M1_SPS_TI_MIN, M1_THREADS, shared_bytes
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative"})
 
@@ -28,6 +28,21 @@ def m1(S, T, H, N=16, G=1) -> Dims:
     return Dims(S=S, T=T, H=H, P=1, N=N, G=G, R=S, mamba1=True, a_shape=(H, N))
 
 
+def assert_one_pass_slices(d: Dims, mp) -> None:
+    """The forward in one pass: its slices per subgroup (SPS) are the most that keep the threads
+    within M1_ONE_THREADS and slices of M1_SPS_TI_MIN tokens or more (1 where none do); the tokens
+    are cut evenly over every slice, each channel block is CW = RW / SPS channels."""
+    assert mp.NCH == 1 and mp.SPS & (mp.SPS - 1) == 0 and mp.SPS <= mp.RW
+    assert mp.CW == mp.RW // mp.SPS and mp.NRB == d.H // mp.CW and mp.TI == -(-d.T // (mp.NW * mp.SPS))
+
+    def fits(sps):
+        return (sps <= mp.RW and sps * mp.NW * d.S * d.H <= M1_ONE_THREADS
+                and -(-d.T // (sps * mp.NW)) >= M1_SPS_TI_MIN)
+
+    assert (mp.SPS == 1 or fits(mp.SPS)) and not fits(2 * mp.SPS)
+    assert mp.TB == max(1, 8 // mp.SPS)      # a lane's share of a block's B and C stays TB * N / CW
+
+
 @pytest.mark.parametrize(("S", "T", "H"), [(1, 512, 1536), (8, 2048, 1536), (1, 16384, 1536), (4, 1024, 5120)])
 def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
     d = m1(S, T, H)
@@ -36,12 +51,16 @@ def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
     for pl, backward in ((fwd, False), (bwd, True)):
         mp = pl.m1
         assert mp is not None and pl.tchunk == 0 and pl.chunked is None
-        assert (mp.RW, mp.NRB) == (32, H // 32)
+        assert mp.RW == 32 and mp.NRB == H // mp.CW
         assert mp.NCH == -(-T // mp.L)                        # every token in a chunk, the last one partial
         assert shared_bytes(16, mp.RW, mp.NW, backward) <= 48 << 10
+    assert bwd.m1.SPS == 1
     if T <= 16 * M1_ONE_TI:
         # a sequence that 16 slices (48 KiB of shared memory) of at most M1_ONE_TI tokens hold: one pass
-        assert (fwd.m1.NW, fwd.m1.TI, fwd.m1.NCH) == (16, T // 16, 1)
+        assert fwd.m1.NW == 16
+        assert_one_pass_slices(d, fwd.m1)
+        # few threads at (1, 512, 1536): subgroups take several slices; many at (4, 1024, 5120): one
+        assert (fwd.m1.SPS > 1) == (S * H < 8192)
     else:
         # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
         assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H)))) and fwd.m1.NW == 4
@@ -57,7 +76,8 @@ def test_a_forward_that_one_workgroup_holds_is_one_dispatch(T, sg, shared, NW):
     lim = limits(sg=sg, shared=shared)
     pl = plan.plan(d, lim, False, config.DEFAULTS)
     mp = pl.m1
-    assert (mp.NW, mp.TI, mp.NCH) == (NW, -(-T // NW), 1) and mp.WG <= 1024
+    assert mp.NW == NW and mp.WG <= 1024
+    assert_one_pass_slices(d, mp)
     assert shared_bytes(16, sg, NW, False) <= shared < shared_bytes(16, sg, 2 * NW, False) or NW == 32
     specs = kernels.kernels_needed(d, pl, False)
     assert [(k.name, dict(k.defines).get("MODE")) for k in specs][:2] == [("m1_scan", 2), ("ssm_scan", None)]

@@ -26,7 +26,7 @@
 //   7 init (S, H, N) or (S*NCH, H, N)   MODE 1 and 2: the initial states -- the sequences' (NCH = 1,
 //          unless gather), overwritten with the final states when final_state and not scatter; or
 //          every chunk's (NCH > 1, the carry's output)
-//   8 agg  (S*NCH*NRB, NW, N + 1, RW)   per slice: pre_z[n], then pre_D (written by MODE 0, read by 1;
+//   8 agg  (S*NCH*NRB, NS, N + 1, CW)   per slice: pre_z[n], then pre_D (written by MODE 0, read by 1;
 //          unused by MODE 2)
 //   9 cb   (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's contribution
 //  10 cdec (S*NCH, H, N)           MODE 0, NCH > 1: the chunk's decay
@@ -66,28 +66,51 @@ layout(push_constant) uniform PC {
 } pc;
 
 #if MODE != 1
-shared float zs[NW * ND * RW];      // [slice][n][lane]
+shared float zs[NS * ND * CW];      // [slice][n][lane]
 #if ADJ
-shared float wsh[NW * ND * RW];
+shared float wsh[NS * ND * CW];
+#else
+shared float Dp[NS * CW];           // [slice][lane]: the sum of the steps before the slice
 #endif
-shared float Ds[NW * RW];           // [slice][lane]
+shared float Ds[NS * CW];           // [slice][lane]
 #endif
 
 // Tokens per block of loads (TB, a define: default 8): a block's x and dt (this thread's) and its B
-// and C (spread over the subgroup's lanes: lane l holds values k * RW + l of the block's TB x N,
-// read by every lane through subgroupShuffle) are loaded together, so their latencies overlap;
-// the loads of B and C are coalesced instead of a broadcast load per value and lane.
+// and C (spread over the slice's lanes: lane l holds values k * CW + l of the block's TB x N,
+// read by the slice's lanes through subgroupShuffle) are loaded together, so their latencies
+// overlap; the loads of B and C are coalesced instead of a broadcast load per value and lane.
+// Every lane of a subgroup runs the blocks and tokens of the subgroup's first slice (r.ntu), so
+// the shuffles are uniform; a token past a lane's own slice (a slice at the end of T) loads
+// dt = x = B = C = 0, a step that leaves the state as it is (exp(0 A) = 1), and writes no y.
 #ifndef TB
 #define TB 8
 #endif
-const uint KB = (TB * ND + RW - 1) / RW;
+const uint KB = (TB * ND + CW - 1) / CW;
+
+// The tokens of block j0 in a slice of nt tokens (0 past them: a slice shorter than its subgroup's
+// first, SPS > 1).
+uint block_tokens(uint nt, uint j0) {
+    return SPS == 1 ? min(TB, nt - j0) : (nt > j0 ? min(TB, nt - j0) : 0u);
+}
+
+// The first token of block j0 of the slice, kept within T for the loads of a slice that ends
+// before its subgroup's first (SPS > 1: the loads of its tokens past its end are not made).
+uint block_t0(Slot r, uint j0) {
+    return SPS == 1 ? r.t0 + j0 : min(r.t0 + j0, pc.T - 1u);
+}
+
+// The lane that holds value e of the slice's spread block (value k * CW + l on lane l of the slice).
+uint src_lane(uint e) {
+    return SPS == 1 ? e % CW : (gl_SubgroupInvocationID / CW) * CW + e % CW;
+}
 
 // ``again``: the second walk over these tokens (MODE 1, MODE 2's second), which reads the steps
 // the first kept (pc.keep_step) instead of computing them.
 void load_tokens(Slot r, uint j0, uint nb, bool again, out float dv[TB], out float uv[TB]) {
+    uint bt0 = block_t0(r, j0);
     [[unroll]] for (uint j = 0; j < TB; ++j) {
         bool on = j < nb;
-        uint t = (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h;
+        uint t = (r.i * pc.T + bt0 + (on ? j : 0u)) * pc.H + r.h;
         float xv = on ? x[pc.o_x + t] : 0.0;
 #if ADJ
         dv[j] = on ? softplus(dt[pc.o_dt + t]) : 0.0;
@@ -104,11 +127,12 @@ void load_tokens(Slot r, uint j0, uint nb, bool again, out float dv[TB], out flo
 }
 
 void load_spread(Slot r, uint j0, uint nb, uint base, out float v[KB], bool is_c) {
+    uint bt0 = block_t0(r, j0);
     [[unroll]] for (uint k = 0; k < KB; ++k) {
-        uint e = k * RW + r.lane;
+        uint e = k * CW + r.lane;
         uint tj = e / ND, n = e % ND;
         bool on = e < TB * ND && tj < nb;
-        uint o = ((r.i * pc.T + r.t0 + j0 + (on ? tj : 0u)) * pc.G + r.g) * ND + n;
+        uint o = ((r.i * pc.T + bt0 + (on ? tj : 0u)) * pc.G + r.g) * ND + n;
         v[k] = on ? (is_c ? Cm[base + o] : Bm[base + o]) : 0.0;
     }
 }
@@ -117,9 +141,10 @@ void load_spread(Slot r, uint j0, uint nb, uint base, out float v[KB], bool is_c
 void load_block(Slot r, uint j0, uint nb, out float dv[TB], out float uv[TB], out float gv[TB], out float vb[KB],
                 out float vc[KB]) {
     load_tokens(r, j0, nb, false, dv, uv);
+    uint bt0 = block_t0(r, j0);
     [[unroll]] for (uint j = 0; j < TB; ++j) {
         bool on = j < nb;
-        gv[j] = on ? gy[pc.o_gy + (r.i * pc.T + r.t0 + j0 + (on ? j : 0u)) * pc.H + r.h] : 0.0;
+        gv[j] = on ? gy[pc.o_gy + (r.i * pc.T + bt0 + (on ? j : 0u)) * pc.H + r.h] : 0.0;
     }
     load_spread(r, j0, nb, pc.o_B, vb, false);
     load_spread(r, j0, nb, pc.o_C, vc, true);
@@ -162,8 +187,8 @@ void main() {
 #endif
     }
     float D = 0.0;
-    for (uint j0 = 0; j0 < r.nt; j0 += TB) {          // uniform in a subgroup
-        uint nb = min(TB, r.nt - j0);
+    for (uint j0 = 0; j0 < r.ntu; j0 += TB) {         // uniform in a subgroup
+        uint nb = block_tokens(r.nt, j0), nbu = SPS == 1 ? nb : min(TB, r.ntu - j0);
         float dv[TB], uv[TB], vb[KB];
 #if ADJ
         float gv[TB], vc[KB];
@@ -172,40 +197,45 @@ void main() {
         load_b(r, j0, nb, dv, uv, vb);
 #endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
-            if (j < nb) {                              // uniform in a subgroup
+            if (j < nbu) {                             // uniform in a subgroup
                 D += dv[j];
                 [[unroll]] for (uint n = 0; n < ND; ++n) {
                     const uint e = j * ND + n;
                     float a = exp(dv[j] * Ar[n]);
-                    z[n] = z[n] * a + subgroupShuffle(vb[e / RW], e % RW) * uv[j];
+                    z[n] = z[n] * a + subgroupShuffle(vb[e / CW], src_lane(e)) * uv[j];
 #if ADJ
                     P[n] *= a;
-                    w[n] += P[n] * (gv[j] * subgroupShuffle(vc[e / RW], e % RW));
+                    w[n] += P[n] * (gv[j] * subgroupShuffle(vc[e / CW], src_lane(e)));
 #endif
                 }
             }
         }
     }
-    uint me = r.slice * RW + r.lane;
+    uint me = r.slice * CW + r.lane;
     [[unroll]] for (uint n = 0; n < ND; ++n) {
-        zs[(r.slice * ND + n) * RW + r.lane] = z[n];
+        zs[(r.slice * ND + n) * CW + r.lane] = z[n];
 #if ADJ
-        wsh[(r.slice * ND + n) * RW + r.lane] = w[n];
+        wsh[(r.slice * ND + n) * CW + r.lane] = w[n];
 #endif
     }
     Ds[me] = D;
     barrier();
-    // Compose the slices of each (channel, n) in order; each thread takes some of the RW * ND chains.
-    for (uint q = gl_LocalInvocationIndex; q < RW * ND; q += WG) {
-        uint lane = q % RW, n = q / RW;
-        uint h = r.rb * RW + lane;
+    // Compose the slices of each (channel, n) in order; each thread takes some of the CW * ND chains.
+    for (uint q = gl_LocalInvocationIndex; q < CW * ND; q += WG) {
+        uint lane = q % CW, n = q / CW;
+        uint h = r.rb * CW + lane;
         float An = A[pc.o_A + h * ND + n];
-        float acc = 0.0, dec = 1.0;
-        for (uint v = 0; v < NW; ++v) {
-            float e = exp(Ds[v * RW + lane] * An);
-            uint k = (v * ND + n) * RW + lane;
+        float acc = 0.0, dec = 1.0, Dsum = 0.0;
+        for (uint v = 0; v < NS; ++v) {
+            float Dv = Ds[v * CW + lane];
+            float e = exp(Dv * An);
+            uint k = (v * ND + n) * CW + lane;
             float zv = zs[k];
             zs[k] = acc;                               // the state before slice v, from zero
+#if !ADJ
+            if (n == 0u) Dp[v * CW + lane] = Dsum;     // the steps before slice v
+#endif
+            Dsum += Dv;
             acc = e * acc + zv;
             dec *= e;
         }
@@ -215,9 +245,9 @@ void main() {
             cdec[o] = dec;
 #if ADJ
             float accl = 0.0;
-            for (uint v = NW; v > 0; --v) {
-                float e = exp(Ds[(v - 1) * RW + lane] * An);
-                accl = e * accl + wsh[((v - 1) * ND + n) * RW + lane];
+            for (uint v = NS; v > 0; --v) {
+                float e = exp(Ds[(v - 1) * CW + lane] * An);
+                accl = e * accl + wsh[((v - 1) * ND + n) * CW + lane];
             }
             cbl[o] = accl;
 #endif
@@ -225,13 +255,12 @@ void main() {
     }
 #if !ADJ
     barrier();
-    float preD = 0.0;
-    for (uint v = 0; v < r.slice; ++v) preD += Ds[v * RW + r.lane];
+    float preD = Dp[me];
 #endif
 #if MODE == 0 && !ADJ
-    uint base = (wgid * NW + r.slice) * (ND + 1);
-    [[unroll]] for (uint n = 0; n < ND; ++n) agg[(base + n) * RW + r.lane] = zs[(r.slice * ND + n) * RW + r.lane];
-    agg[(base + ND) * RW + r.lane] = preD;
+    uint base = (wgid * NS + r.slice) * (ND + 1);
+    [[unroll]] for (uint n = 0; n < ND; ++n) agg[(base + n) * CW + r.lane] = zs[(r.slice * ND + n) * CW + r.lane];
+    agg[(base + ND) * CW + r.lane] = preD;
 #endif
 #endif
 
@@ -239,11 +268,11 @@ void main() {
     float st[ND];
     uint row = r.i * pc.H + r.h;
 #if MODE == 1
-    uint base = (wgid * NW + r.slice) * (ND + 1);
-    float preD = agg[(base + ND) * RW + r.lane];
-#define PRE_Z(n) agg[(base + (n)) * RW + r.lane]
+    uint base = (wgid * NS + r.slice) * (ND + 1);
+    float preD = agg[(base + ND) * CW + r.lane];
+#define PRE_Z(n) agg[(base + (n)) * CW + r.lane]
 #else
-#define PRE_Z(n) zs[(r.slice * ND + (n)) * RW + r.lane]
+#define PRE_Z(n) zs[(r.slice * ND + (n)) * CW + r.lane]
 #endif
     uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + r.h : row;
     uint srow = pc.gather != 0u ? ids[pc.o_ids + r.i] * pc.H + r.h : 0u;
@@ -256,25 +285,27 @@ void main() {
     // Every read of the chunk's initial state is done before the last slice writes the final
     // state over it (init or s[ids]: the same rows with NCH = 1).
     barrier();
-    for (uint j0 = 0; j0 < r.nt; j0 += TB) {          // uniform in a subgroup
-        uint nb = min(TB, r.nt - j0);
+    for (uint j0 = 0; j0 < r.ntu; j0 += TB) {         // uniform in a subgroup
+        uint nb = block_tokens(r.nt, j0), nbu = SPS == 1 ? nb : min(TB, r.ntu - j0);
         float dv[TB], uv[TB], vb[KB], vc[KB];
         load_bc(r, j0, nb, dv, uv, vb, vc);
         [[unroll]] for (uint j = 0; j < TB; ++j) {
-            if (j < nb) {                              // uniform in a subgroup
+            if (j < nbu) {                             // uniform in a subgroup
                 float acc = 0.0;
                 [[unroll]] for (uint n = 0; n < ND; ++n) {
                     const uint e = j * ND + n;
                     float a = exp(dv[j] * Ar[n]);
-                    st[n] = st[n] * a + subgroupShuffle(vb[e / RW], e % RW) * uv[j];
-                    acc += st[n] * subgroupShuffle(vc[e / RW], e % RW);
+                    st[n] = st[n] * a + subgroupShuffle(vb[e / CW], src_lane(e)) * uv[j];
+                    acc += st[n] * subgroupShuffle(vc[e / CW], src_lane(e));
                 }
-                y[pc.o_y + (r.i * pc.T + r.t0 + j0 + j) * pc.H + r.h] = acc;
-                ok = ok && finite(acc);
+                if (j < nb) {
+                    y[pc.o_y + (r.i * pc.T + r.t0 + j0 + j) * pc.H + r.h] = acc;
+                    ok = ok && finite(acc);
+                }
             }
         }
     }
-    if (pc.final_state != 0u && r.slice == NW - 1u) {
+    if (pc.final_state != 0u && r.slice == NS - 1u) {
         [[unroll]] for (uint n = 0; n < ND; ++n) {
             if (pc.scatter != 0u) {
                 s_in[pc.o_s + srow * ND + n] = st[n];

@@ -37,6 +37,10 @@
 
 #include "m1_common.glsl"
 
+#if SPS != 1
+#error "the backward holds one slice per subgroup (SPS = 1)"
+#endif
+
 layout(std430, binding = 5) readonly buffer Bgy { float gy[]; };
 layout(std430, binding = 6) readonly buffer Binit { float init_st[]; };
 layout(std430, binding = 7) buffer Badj { float adj[]; };

@@ -1,12 +1,15 @@
 """Planning of the Mamba-1 kernels that spread time over a workgroup's threads
 (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp; the layout is described in m1_common.glsl).
 
-A workgroup holds RW channels (one per lane of a subgroup: RW is the subgroup size) and one time
-chunk of NW slices x TI tokens (one slice per subgroup); each thread keeps its channel's N state
-values in registers. Long sequences are cut into NCH chunks, composed by ssm_vk/glsl/
-ssm_scan_carry.comp between a summary pass and the final one. A forward whose sequences fit one
-workgroup's slices of at most M1_ONE_TI tokens each is planned with one chunk (NCH = 1), which
-runs as one dispatch: summary, composition and final walk in the same workgroup.
+A workgroup holds CW channels and one time chunk of NW * SPS slices x TI tokens: each of its NW
+subgroups (RW lanes, the subgroup size) holds SPS slices of CW = RW / SPS lanes, one channel per
+lane; each thread keeps its channel's N state values in registers. Long sequences are cut into
+NCH chunks, composed by ssm_vk/glsl/ssm_scan_carry.comp between a summary pass and the final one.
+A forward whose sequences fit one workgroup's slices of at most M1_ONE_TI tokens each is planned
+with one chunk (NCH = 1), which runs as one dispatch: summary, composition and final walk in the
+same workgroup. Where that leaves few threads (few sequences and channels), its subgroups take
+several slices each (SPS > 1): fewer channels per workgroup, so more workgroups, and shorter
+slices.
 
 Pure Python (no Vulkan), unit-tested against small fake limits.
 """
@@ -21,7 +24,7 @@ from ..config import Settings, settings
 from .limits import F32, Limits, binding_cap
 
 __all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_NW", "M1_FWD_NW", "M1_SNW",
-           "M1_ONE_NW", "M1_ONE_TI"]
+           "M1_ONE_NW", "M1_ONE_TI", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
 # The forward cuts time until about M1_THREADS threads run (about what an H200 holds at once),
@@ -36,20 +39,25 @@ M1_SNW = 2             # slices per workgroup of the backward's summary over tim
 # most M1_ONE_NW), where that leaves M1_ONE_TI tokens per slice or fewer.
 M1_ONE_NW = 32
 M1_ONE_TI = 64
+# ... and where it has fewer than M1_ONE_THREADS threads, slices per subgroup (SPS) double while the
+# threads stay within M1_ONE_THREADS and the slices keep M1_SPS_TI_MIN tokens or more.
+M1_ONE_THREADS = 1 << 17
+M1_SPS_TI_MIN = 16
 
 
 @dataclass(frozen=True)
 class M1Plan:
     """How a Mamba-1 problem maps onto the time-in-threads kernels."""
 
-    RW: int     # channels per workgroup: the subgroup size
-    NW: int     # slices (subgroups) per workgroup
+    RW: int     # lanes per subgroup: the subgroup size
+    NW: int     # subgroups per workgroup
     TI: int     # tokens per slice
     NB: int     # backward: state values per round of the walk back (divides N)
     NCH: int    # time chunks per sequence
-    NRB: int    # channel blocks: H / RW
+    NRB: int    # channel blocks: H / CW
     TB: int = 8  # forward: tokens per block of loads
     SNW: int = 1  # backward over time chunks: slices per workgroup of its summary (each NW * TI / SNW tokens)
+    SPS: int = 1  # forward: slices per subgroup (a power of two dividing RW; the backward's is 1)
 
     def summary(self) -> M1Plan:
         """The plan of the backward's summary pass over the same chunks: SNW slices of L / SNW
@@ -57,9 +65,14 @@ class M1Plan:
         return replace(self, NW=self.SNW, TI=self.L // self.SNW)
 
     @property
+    def CW(self) -> int:
+        """Channels per workgroup (lanes per slice)."""
+        return self.RW // self.SPS
+
+    @property
     def L(self) -> int:
         """Tokens per chunk."""
-        return self.NW * self.TI
+        return self.NW * self.SPS * self.TI
 
     @property
     def WG(self) -> int:
@@ -72,12 +85,13 @@ class M1Plan:
     def agg_elems(self, d: Dims) -> int:
         """The forward's table of the slices' parts between its summary and final pass (one chunk,
         one pass: none, the parts stay in shared memory)."""
-        return self.groups(d) * self.NW * (d.N + 1) * self.RW if self.NCH > 1 else 0
+        return self.groups(d) * self.NW * self.SPS * (d.N + 1) * self.CW if self.NCH > 1 else 0
 
 
 def shared_bytes(N: int, RW: int, NW: int, backward: bool) -> int:
-    """Shared memory of a workgroup: the slices' parts of the state (and of the adjoint) and steps."""
-    return ((2 * N if backward else N) + 1) * NW * RW * F32
+    """Shared memory of a workgroup: the slices' parts of the state (and of the adjoint) and their
+    steps (the forward: also the sums of the steps before each slice)."""
+    return ((2 * N + 1) if backward else (N + 2)) * NW * RW * F32
 
 
 def applies(d: Dims, lim: Limits, knobs: Settings) -> str:
@@ -116,14 +130,21 @@ def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool, most: int = 0
     return NW
 
 
-def _one_pass(d: Dims, lim: Limits, knobs: Settings) -> tuple[int, int] | None:
-    """(NW, TI) of the forward in one pass, or None where its sequences do not fit one workgroup's
-    slices of M1_ONE_TI tokens (or the knob M1_ONE_TI is 0)."""
+def _one_pass(d: Dims, lim: Limits, knobs: Settings) -> tuple[int, int, int] | None:
+    """(NW, SPS, TI) of the forward in one pass, or None where its sequences do not fit one
+    workgroup's slices of M1_ONE_TI tokens (or the knob M1_ONE_TI is 0)."""
     most = knobs.knob("M1_ONE_TI", M1_ONE_TI)
     NW = _slices(d, lim, knobs, False, M1_ONE_NW)
     if not most or not NW or d.T > NW * most:
         return None
-    return NW, -(-d.T // NW)
+    SPS = knobs.knob("M1_SPS", None)
+    if SPS is None:
+        SPS = 1
+        while (2 * SPS <= lim.subgroup_size and 2 * SPS * NW * d.S * d.H <= M1_ONE_THREADS
+               and -(-d.T // (2 * SPS * NW)) >= M1_SPS_TI_MIN):
+            SPS *= 2
+    SPS = min(SPS, lim.subgroup_size)
+    return NW, SPS, -(-d.T // (NW * SPS))
 
 
 def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> M1Plan | None:
@@ -145,16 +166,21 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
             NB = 1
     else:
         TI, NB = knobs.knob("M1_FTI", 0), 1
+        SPS = min(knobs.knob("M1_SPS", 1), RW)
         one = _one_pass(d, lim, knobs) if not TI else None
         if one:
-            NW, TI = one
+            NW, SPS, TI = one
         elif not TI:
             per_row = -(-M1_THREADS // (d.S * d.H))           # slices wanted per sequence and channel
             TI = max(M1_FWD_TI_MIN, -(-d.T // per_row))
         TI = min(TI, d.T)
-    NCH = -(-d.T // (NW * TI))
-    plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // RW, TB=knobs.knob("M1_TB", 8),
-                  SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)))
+    SPS = 1 if backward else SPS
+    # tokens per block of loads: 8, fewer with more slices per subgroup (each lane holds a block's
+    # TB * N values of B and of C over its slice's RW / SPS lanes)
+    TB = knobs.knob("M1_TB", max(1, 8 // SPS))
+    NCH = -(-d.T // (NW * SPS * TI))
+    plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // (RW // SPS), TB=TB,
+                  SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)), SPS=SPS)
     cap = binding_cap(lim)
     per_chunk = d.S * NCH * d.H * d.N
     sizes = [d.S * d.T * d.H, d.S * d.T * d.G * d.N, d.R * d.H * d.N, per_chunk]

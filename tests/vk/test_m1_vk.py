@@ -73,8 +73,9 @@ def assert_matches_oracle(case, fwd: dict, bwd: dict, label: str) -> None:
 
 # Slice and chunk layouts the drawn tests take (each a set of shader variants to compile, on a CPU
 # device at some seconds each: a few layouts, every drawn shape in each): the defaults; short
-# slices and many chunks; one state value per round and one slice per workgroup.
-TUNES = (dict(FORCE), dict(FORCE, M1_NW=2, M1_FTI=3, M1_TI=4, M1_NB=2, M1_SNW=1),
+# slices and many chunks, two slices per subgroup in the forward; one state value per round and
+# one slice per workgroup.
+TUNES = (dict(FORCE), dict(FORCE, M1_NW=2, M1_FTI=3, M1_TI=4, M1_NB=2, M1_SNW=1, M1_SPS=2),
          dict(FORCE, M1_NW=1, M1_FTI=5, M1_TI=2, M1_NB=1, M1_SNW=1))
 
 
@@ -124,6 +125,31 @@ def test_many_chunks_are_planned_where_time_is_long():
     case = m1_case(4, S=1, T=200, blocks=1, N=16)
     tune = dict(FORCE, M1_NW=2, M1_FTI=8, M1_TI=4)
     assert planned(case, tune, False).NCH == 13 and planned(case, tune, True).NCH == 25
+
+
+@pytest.mark.parametrize("over_chunks", [False, True])
+@pytest.mark.parametrize("sps", ["2", "all"])
+def test_slices_sharing_a_subgroup_match_the_oracle_and_rerun_bit_for_bit(sps, over_chunks):
+    # several slices per subgroup (the forward's SPS; "all": one channel per workgroup, as many
+    # slices per subgroup as lanes), with T cut so that a subgroup's slices end partway (a short
+    # slice beside full ones) and past T (slices with no tokens): the lanes of those run the full
+    # slice's steps as identity steps and write nothing
+    SPS = 2 if sps == "2" else limits().subgroup_size
+    tune = dict(FORCE, M1_SPS=SPS, M1_NW=2, M1_TB=2)
+    if over_chunks:
+        tune.update(M1_FTI=2, M1_ONE_TI=0)
+    for T in (6 * SPS + 1, 5 * SPS + 1):
+        case = m1_case(11 + T, S=2, T=T, blocks=1, N=16, ids="permutation", R=3)
+        mp = planned(case, tune, False)
+        assert (mp.SPS, mp.CW, mp.NCH > 1) == (SPS, mp.RW // SPS, over_chunks), mp
+        assert mp.NRB == SPS                     # one subgroup of channels: SPS workgroups of CW
+        with config.configure(tune=tune):
+            r = ssm_vk.ssm_scan(**case.args())
+            r2 = ssm_vk.ssm_scan(**case.args())
+        o = oracle_scan(**case.args())
+        for k in ("y", "states"):
+            assert_close(VK, k, np.asarray(getattr(r, k)), getattr(o, k), label=f"{tune} T={T}")
+            assert np.array_equal(np.asarray(getattr(r, k)), np.asarray(getattr(r2, k))), k
 
 
 def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
