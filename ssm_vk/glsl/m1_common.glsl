@@ -58,8 +58,9 @@ bool slot_of(out Slot r, uint gx, uint S, uint T, uint H, uint G, uint NCH, uint
     r.rb = wg % NRB;
     r.c = (wg / NRB) % NCH;
     r.i = wg / (NRB * NCH);
-    r.lane = gl_SubgroupInvocationID % CW;
-    r.slice = gl_SubgroupID * SPS + gl_SubgroupInvocationID / CW;
+    // (with SPS = 1 the subgroup's slice, so that the compiler sees the loops over tokens uniform)
+    r.lane = SPS == 1 ? gl_SubgroupInvocationID : gl_SubgroupInvocationID % CW;
+    r.slice = SPS == 1 ? gl_SubgroupID : gl_SubgroupID * SPS + gl_SubgroupInvocationID / CW;
     r.h = r.rb * CW + r.lane;
     r.g = r.h / (H / G);
     r.t0 = (r.c * NS + r.slice) * ti;

@@ -69,7 +69,7 @@ layout(push_constant) uniform PC {
 shared float zs[NS * ND * CW];      // [slice][n][lane]
 #if ADJ
 shared float wsh[NS * ND * CW];
-#else
+#elif SPS > 1
 shared float Dp[NS * CW];           // [slice][lane]: the sum of the steps before the slice
 #endif
 shared float Ds[NS * CW];           // [slice][lane]
@@ -232,7 +232,7 @@ void main() {
             uint k = (v * ND + n) * CW + lane;
             float zv = zs[k];
             zs[k] = acc;                               // the state before slice v, from zero
-#if !ADJ
+#if !ADJ && SPS > 1
             if (n == 0u) Dp[v * CW + lane] = Dsum;     // the steps before slice v
 #endif
             Dsum += Dv;
@@ -255,7 +255,12 @@ void main() {
     }
 #if !ADJ
     barrier();
+#if SPS > 1
     float preD = Dp[me];
+#else
+    float preD = 0.0;
+    for (uint v = 0; v < r.slice; ++v) preD += Ds[v * CW + r.lane];
+#endif
 #endif
 #if MODE == 0 && !ADJ
     uint base = (wgid * NS + r.slice) * (ND + 1);
@@ -298,7 +303,7 @@ void main() {
                     st[n] = st[n] * a + subgroupShuffle(vb[e / CW], src_lane(e)) * uv[j];
                     acc += st[n] * subgroupShuffle(vc[e / CW], src_lane(e));
                 }
-                if (j < nb) {
+                if (SPS == 1 || j < nb) {
                     y[pc.o_y + (r.i * pc.T + r.t0 + j0 + j) * pc.H + r.h] = acc;
                     ok = ok && finite(acc);
                 }
