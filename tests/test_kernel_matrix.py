@@ -72,7 +72,8 @@ def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
     from ssm_cli.build import profiles, variants
 
     wheel = {(name, tuple(sorted(d.items()))) for name, d in variants([lim for _, lim in profiles("8,16,32,64")], [16])}
-    for S, T, H, backward in itertools.product((1, 8), (64, 2048, 16384), (1536, 5120), (False, True)):
+    # (T = 512 with one sequence: the forward's subgroups take two slices each)
+    for S, T, H, backward in itertools.product((1, 8), (64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
         pl = plan.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
         for spec in kernels.m1_kernels(d, pl.m1, backward):
