@@ -160,6 +160,7 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
     if not NW:
         return None
     if backward:
+        SPS = 1                                               # the backward's slices: one per subgroup
         TI = knobs.knob("M1_TI", M1_BWD_TI)
         NB = knobs.knob("M1_NB", 2 if d.N % 2 == 0 else 1)
         if d.N % NB:
@@ -174,7 +175,6 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
             per_row = -(-M1_THREADS // (d.S * d.H))           # slices wanted per sequence and channel
             TI = max(M1_FWD_TI_MIN, -(-d.T // per_row))
         TI = min(TI, d.T)
-    SPS = 1 if backward else SPS
     # tokens per block of loads: 8, fewer with more slices per subgroup (each lane holds a block's
     # TB * N values of B and of C over its slice's RW / SPS lanes)
     TB = knobs.knob("M1_TB", max(1, 8 // SPS))
