@@ -22,9 +22,12 @@
 // Push constants: see PC (the order of ssm_vk/kernels.py CARRY_PUSH). Defines: WG, MAMBA1,
 // REVERSE (0/1).
 
+#extension GL_EXT_control_flow_attributes : enable
+
 #ifndef REVERSE
 #define REVERSE 0
 #endif
+const uint CU = 8;   // chunks per block of loads
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
@@ -50,18 +53,30 @@ void main() {
     uint h = r / (pc.P * pc.N), n = r % pc.N;
     float s = pc.gather != 0u ? s_in[pc.o_s + ids[pc.o_ids + i] * row + r] : st[pc.o_st + e];
     bool ok = true;
-    for (uint q = 0; q < pc.NCH; ++q) {
-        uint c = REVERSE != 0 ? pc.NCH - 1 - q : q;
-        uint v = i * pc.NCH + c;                       // the chunk as a sequence of the other passes
+    // CU chunks at a time: their loads first, issued together, then the chain through them (a
+    // store of init_c may alias a later load of b as far as the compiler knows, which would make
+    // every step wait for its own loads).
+    for (uint q0 = 0; q0 < pc.NCH; q0 += CU) {
+        float av[CU], addv[CU];
+        [[unroll]] for (uint u = 0; u < CU; ++u) {
+            uint q = min(q0 + u, pc.NCH - 1u);
+            uint v = i * pc.NCH + (REVERSE != 0 ? pc.NCH - 1u - q : q);   // the chunk as a sequence of the other passes
 #if MAMBA1
-        float a = dec[(v * pc.H + h) * pc.N + n];
+            av[u] = dec[(v * pc.H + h) * pc.N + n];
 #else
-        float a = dec[v * pc.H + h];
+            av[u] = dec[v * pc.H + h];
 #endif
-        float add = b[v * row + r];
-        b[v * row + r] = s;
-        s = a * s + add;
-        ok = ok && finite(a) && finite(add) && finite(s);
+            addv[u] = b[v * row + r];
+        }
+        [[unroll]] for (uint u = 0; u < CU; ++u) {
+            if (q0 + u < pc.NCH) {
+                uint q = q0 + u;
+                uint v = i * pc.NCH + (REVERSE != 0 ? pc.NCH - 1u - q : q);
+                b[v * row + r] = s;
+                s = av[u] * s + addv[u];
+                ok = ok && finite(av[u]) && finite(addv[u]) && finite(s);
+            }
+        }
     }
     st[pc.o_st + e] = s;
     if (!ok) atomicOr(flag[0], 1u);
