@@ -100,9 +100,11 @@ KNOBS: dict[str, Knob] = {
     "M1": Knob("0: never the Mamba-1 kernels with time in threads; 1: wherever they apply, a CPU device too",
                _one_of(0, 1)),
     "M1_NW": Knob("time slices (subgroups) per workgroup of those kernels, at most (default 4 forward, 32 its one "
-                  "pass, 8 backward)",
+                  "pass, 16 backward)",
                   _pow2(1, 64)),
-    "M1_TI": Knob("tokens per slice of their backward", _one_of(2, 4, 8, 16)),
+    "M1_BNW": Knob("time slices (subgroups) per workgroup of their backward, at most (default: M1_NW's)",
+                   _pow2(1, 64)),
+    "M1_TI": Knob("tokens per slice of their backward (default 4)", _one_of(2, 4, 8, 16)),
     "M1_FTI": Knob("tokens per slice of their forward (default: by the problem's size)", _between(1, 1 << 20)),
     "M1_SNW": Knob("slices per workgroup of their backward's summary over time chunks (at most the backward's)",
                    _pow2(1, 64)),
@@ -111,7 +113,8 @@ KNOBS: dict[str, Knob] = {
                    "more where it has few threads)", _pow2(1, 64)),
     "M1_ONE_TI": Knob("their forward runs in one pass where its sequences fit one workgroup's slices of at most "
                       "this many tokens each (default 64); 0: never", _between(0, 1 << 20)),
-    "M1_NB": Knob("state values per round of their backward's walk back (lowered to 1 where it does not divide N)",
+    "M1_NB": Knob("state values per round of their backward's walk back (default 4, or 2 or 1: the most that "
+                  "divides N; a value that does not divide N is lowered to 1)",
                   _one_of(1, 2, 4)),
     # chunked Mamba-2 kernels (ssm_vk.plan.chunked)
     "CHUNK": Knob("chunk length in tokens; 0: never the chunked kernels", _one_of(0, 16, 32, 48, 64)),

@@ -11,7 +11,16 @@ import pytest
 from ssm_ref import Dims
 from ssm_vk import config, kernels, plan
 from ssm_vk.plan import Limits, budget
-from ssm_vk.plan.m1 import M1_ONE_THREADS, M1_ONE_TI, M1_SPS_TI_MIN, M1_THREADS, shared_bytes
+from ssm_vk.plan.m1 import (
+    M1_BWD_NB,
+    M1_BWD_TI,
+    M1_NW,
+    M1_ONE_THREADS,
+    M1_ONE_TI,
+    M1_SPS_TI_MIN,
+    M1_THREADS,
+    shared_bytes,
+)
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative"})
 
@@ -64,7 +73,8 @@ def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
     else:
         # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
         assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H)))) and fwd.m1.NW == 4
-    assert (bwd.m1.TI, bwd.m1.NB, bwd.m1.NW) == (8, 2, 8)
+    # the backward: its default slices (one shared table of N + 1 floats per thread fits 16 of them)
+    assert (bwd.m1.TI, bwd.m1.NB, bwd.m1.NW) == (M1_BWD_TI, M1_BWD_NB, M1_NW) == (4, 4, 16)
 
 
 @pytest.mark.parametrize(("T", "sg", "shared", "NW"), [(512, 32, 48 << 10, 16), (64, 32, 48 << 10, 16),
@@ -140,7 +150,8 @@ def test_slices_shrink_to_the_shared_memory_and_threads_a_device_has():
     for backward in (False, True):
         mp = plan.plan(d, small, backward, config.DEFAULTS).m1
         assert mp.RW == 8 and mp.WG <= 128 and shared_bytes(16, 8, mp.NW, backward) <= 16 << 10
-    # a subgroup of 64 at 16 KiB: the backward's slices shrink to what fits
-    wide = limits(sg=64, shared=16 << 10)
+    # a subgroup of 64 at 8 KiB: the backward's slices shrink to the most that fit
+    wide = limits(sg=64, shared=8 << 10)
     mp = plan.plan(m1(1, 4096, 512), wide, True, config.DEFAULTS).m1
-    assert mp.NW == 1 and shared_bytes(16, 64, 1, True) <= 16 << 10
+    assert shared_bytes(16, 64, mp.NW, True) <= 8 << 10 < shared_bytes(16, 64, 2 * mp.NW, True)
+    assert mp.NW == 1

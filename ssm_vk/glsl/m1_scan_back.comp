@@ -6,10 +6,13 @@
 //    then, state value by state value, the slice's part of the state from zero (z) and of the
 //    adjoint from zero (w = sum_t (prod_{t' <= t} a_t') g_y_t C_t: what the slice adds to the
 //    adjoint it hands back, a_t0 lam_t0), and the sum D of its steps (its decay exp(D A)).
-// 2. The workgroup composes the slices of each (channel, n): forwards from the chunk's initial
-//    state (the state before each slice), backwards from the adjoint after the chunk's last
-//    token (the adjoint after each slice's last token). With NCH = 1 the backward chain's end is
-//    d_s0 = a_0 lam_0, written over g_states in binding 7.
+// 2. The workgroup composes the slices of each (channel, n) in one shared table, in two turns:
+//    forwards from the chunk's initial state (the state before each slice, which each thread
+//    then keeps in registers), then, its slots refilled with w, backwards from the adjoint after
+//    the chunk's last token (the adjoint after each slice's last token). With NCH = 1 the
+//    backward chain's end is d_s0 = a_0 lam_0, written over g_states in binding 7. (One table of
+//    N floats per thread instead of two: a workgroup of twice the slices fits the same shared
+//    memory.)
 // 3. Each thread walks its slice back, TI tokens x NB state values at a time: the states
 //    recomputed into registers, then lam_t = nu + g_y_t C_t (nu = a_{t+1} lam_{t+1}), the
 //    contributions to d_C (g_y st_t) and d_B (lam u) summed over the subgroup's RW channels by a
@@ -59,8 +62,8 @@ layout(push_constant) uniform PC {
     uint gather, o_s, o_ids;
 } pc;
 
-shared float zs[NW * ND * RW];      // [slice][n][lane]: z, then the state before the slice, then d_A
-shared float wsh[NW * ND * RW];     // [slice][n][lane]: w, then the adjoint after the slice
+// [slice][n][lane]: z, then the state before the slice; w, then the adjoint after the slice; d_A
+shared float zs[NW * ND * RW];
 shared float Ds[NW * RW];           // [slice][lane]
 
 const uint V = 2 * TI * NB;         // values of one round of the reduce-scatter: d_C, then d_B
@@ -128,7 +131,9 @@ void main() {
         vc[k] = on ? Cm[pc.o_C + o] : 0.0;
     }
 
-    // 1. The slice's parts of the state and of the adjoint, from zero.
+    // 1. The slice's parts of the state (into the table) and of the adjoint (kept until the
+    // table is free for them), from zero.
+    float wv[ND];
     [[unroll]] for (uint n = 0; n < ND; ++n) {
         float An = A[pc.o_A + h * ND + n];
         float z = 0.0, P = 1.0, w = 0.0;
@@ -140,41 +145,54 @@ void main() {
             w += P * (gv[j] * subgroupShuffle(vc[e / RW], e % RW));
         }
         zs[(slice * ND + n) * RW + lane] = z;
-        wsh[(slice * ND + n) * RW + lane] = w;
+        wv[n] = w;
     }
     Ds[slice * RW + lane] = D;
     barrier();
 
-    // 2. Compose the slices of each (channel, n): forwards for the states, backwards for the adjoint.
+    // 2. Compose the slices of each (channel, n): forwards for the states, then backwards for the
+    // adjoint. The decays of the slices, exp(D A), are taken again in the second turn.
     for (uint q = gl_LocalInvocationIndex; q < RW * ND; q += WG) {
         uint ql = q % RW, n = q / RW;
         uint hh = r.rb * RW + ql;
         float An = A[pc.o_A + hh * ND + n];
-        uint row = r.i * pc.H + hh;
-        uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + hh : row;
+        uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + hh : r.i * pc.H + hh;
         float acc;
         if (pc.gather != 0u && pc.NCH == 1u) {
             acc = s_in[pc.o_s + (ids[pc.o_ids + r.i] * pc.H + hh) * ND + n];
         } else {
             acc = init_st[pc.o_init + src * ND + n];
         }
-        float lam = adj[pc.o_adj + src * ND + n];
-        float e[NW];
         [[unroll]] for (uint v = 0; v < NW; ++v) {
-            e[v] = exp(Ds[v * RW + ql] * An);
             uint k = (v * ND + n) * RW + ql;
             float zv = zs[k];
             zs[k] = acc;                               // the state before slice v
-            acc = e[v] * acc + zv;
+            acc = exp(Ds[v * RW + ql] * An) * acc + zv;
         }
+        ok = ok && finite(acc);
+    }
+    barrier();
+    float s0all[ND];                                   // the state before this slice
+    [[unroll]] for (uint n = 0; n < ND; ++n) {
+        uint k = (slice * ND + n) * RW + lane;         // this thread's own slots
+        s0all[n] = zs[k];
+        zs[k] = wv[n];
+    }
+    barrier();
+    for (uint q = gl_LocalInvocationIndex; q < RW * ND; q += WG) {
+        uint ql = q % RW, n = q / RW;
+        uint hh = r.rb * RW + ql;
+        float An = A[pc.o_A + hh * ND + n];
+        uint src = pc.NCH > 1u ? (r.i * pc.NCH + r.c) * pc.H + hh : r.i * pc.H + hh;
+        float lam = adj[pc.o_adj + src * ND + n];
         [[unroll]] for (uint v = NW; v > 0; --v) {
             uint k = ((v - 1) * ND + n) * RW + ql;
-            float wv = wsh[k];
-            wsh[k] = lam;                              // the adjoint after slice v - 1: a_{t+1} lam_{t+1}
-            lam = e[v - 1] * lam + wv;
+            float wv2 = zs[k];
+            zs[k] = lam;                               // the adjoint after slice v - 1: a_{t+1} lam_{t+1}
+            lam = exp(Ds[(v - 1) * RW + ql] * An) * lam + wv2;
         }
         if (pc.NCH == 1u) adj[pc.o_adj + src * ND + n] = lam;   // d_s0 = a_0 lam_0
-        ok = ok && finite(acc) && finite(lam);
+        ok = ok && finite(lam);
     }
     barrier();
 
@@ -189,8 +207,8 @@ void main() {
         float hist[TI][NB], av[TI][NB], Bv[TI][NB];
         [[unroll]] for (uint k = 0; k < NB; ++k) {
             uint n = nb * NB + k;
-            s0[k] = zs[(slice * ND + n) * RW + lane];
-            nu[k] = wsh[(slice * ND + n) * RW + lane];
+            s0[k] = s0all[n];
+            nu[k] = zs[(slice * ND + n) * RW + lane];
             An[k] = A[pc.o_A + h * ND + n];
             dAk[k] = 0.0;
         }

@@ -23,16 +23,19 @@ from ssm_ref import Dims
 from ..config import Settings, settings
 from .limits import F32, Limits, binding_cap
 
-__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_NW", "M1_FWD_NW", "M1_SNW",
-           "M1_ONE_NW", "M1_ONE_TI", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
+__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_BWD_NB", "M1_NW",
+           "M1_FWD_NW", "M1_SNW", "M1_ONE_NW", "M1_ONE_TI", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
 # The forward cuts time until about M1_THREADS threads run (about what an H200 holds at once),
 # with at least M1_FWD_TI_MIN tokens per slice; its tokens per slice are a push constant.
 M1_THREADS = 1 << 18
 M1_FWD_TI_MIN = 8
-M1_BWD_TI = 8          # the backward's tokens per slice (a define: its registers hold them)
-M1_NW = 8              # slices per workgroup of the backward, at most
+M1_BWD_TI = 4          # the backward's tokens per slice (a define: its registers hold them)
+M1_NW = 16             # slices per workgroup of the backward, at most (a workgroup this large also
+                       # keeps the compiler's registers per thread within what two of its slices
+                       # per SM would leave: measured faster than 8 slices of 8 tokens)
+M1_BWD_NB = 4          # the backward's state values per round of its walk back, at most
 M1_FWD_NW = 4          # ... of the forward
 M1_SNW = 2             # slices per workgroup of the backward's summary over time chunks
 # The forward in one pass: as many slices as the device's workgroup and shared memory take (at
@@ -89,9 +92,10 @@ class M1Plan:
 
 
 def shared_bytes(N: int, RW: int, NW: int, backward: bool) -> int:
-    """Shared memory of a workgroup: the slices' parts of the state (and of the adjoint) and their
-    steps (the forward: also the sums of the steps before each slice)."""
-    return ((2 * N + 1) if backward else (N + 2)) * NW * RW * F32
+    """Shared memory of a workgroup: one table of the slices' parts of the state (the backward:
+    then of the adjoint in it) and their steps (the forward: also the sums of the steps before
+    each slice)."""
+    return (N + 1 if backward else N + 2) * NW * RW * F32
 
 
 def applies(d: Dims, lim: Limits, knobs: Settings) -> str:
@@ -122,6 +126,8 @@ def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool, most: int = 0
     until the workgroup and its shared memory fit the device (0: not even one slice fits)."""
     RW = lim.subgroup_size
     NW = knobs.knob("M1_NW", most or (M1_NW if backward else M1_FWD_NW))
+    if backward:
+        NW = knobs.knob("M1_BNW", NW)
     most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
     while NW > 1 and (NW * RW > most or shared_bytes(d.N, RW, NW, backward) > lim.max_shared_memory):
         NW //= 2
@@ -162,8 +168,12 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
     if backward:
         SPS = 1                                               # the backward's slices: one per subgroup
         TI = knobs.knob("M1_TI", M1_BWD_TI)
-        NB = knobs.knob("M1_NB", 2 if d.N % 2 == 0 else 1)
-        if d.N % NB:
+        NB = knobs.knob("M1_NB", None)
+        if NB is None:
+            NB = M1_BWD_NB
+            while d.N % NB:
+                NB //= 2
+        elif d.N % NB:
             NB = 1
     else:
         TI, NB = knobs.knob("M1_FTI", 0), 1

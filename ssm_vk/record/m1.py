@@ -146,11 +146,13 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         _scan(seq, ws, specs.m1_spec(d, sp_plan, 0, adjoint=True, softplus=sp), d, mp, sp_plan.TI, o, summary,
               o_gy=o["g_y"])
         seq.barrier()
+        if profile:
+            seq.timestamp("summary")
         carry(seq, ws, d, mp.NCH, cdec, cb, (st, 0), rows, flag, reverse=False)
         carry(seq, ws, d, mp.NCH, cdec, cbl, (lam, 0), None, flag, reverse=True)
         seq.barrier()
         if profile:
-            seq.timestamp("summary+carries")
+            seq.timestamp("carries")
         (b_init, o_init), (b_adj, o_adj) = ws.bind(cb, 0, 0, chunks), ws.bind(cbl, 0, 0, chunks)
     else:
         (b_init, o_init), (b_adj, o_adj) = ws.bind(st, 0, 0, d.S * row), ws.bind(lam, 0, 0, d.S * row)
