@@ -126,6 +126,8 @@ KNOBS: dict[str, Knob] = {
     "DBC_CBLK": Knob("column block of the d_B / d_C products", _pow2(16, 128)),
     "ZF_RBLK": Knob("row block of the chunk-state products", _pow2(16, 128)),
     "ZF_CBLK": Knob("column block of the chunk-state products", _pow2(16, 128)),
+    "DBC_FOLD": Knob("1: d_B and d_C take the chunk's own tokens once per group of heads (their M o GU summed "
+                     "over the group first); 0: once per head", _one_of(0, 1)),
     "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
                      _one_of(0, 1)),
     "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),

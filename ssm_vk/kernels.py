@@ -126,7 +126,7 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> 
 
 def reduce_spec(mode: int, no_dt: bool = False) -> KernelSpec:
     """ssm_scan_reduce.comp: MODE 0 sums the d_B / d_C (and, unless ``no_dt``, d_dt) partials,
-    MODE 1 d_A's."""
+    MODE 1 d_A's, MODE 2 the chunked backward's M o GU over each group's heads (in place)."""
     defs = dict(WG=FLAT_WG, MODE=mode)
     if no_dt:
         defs.update(NODT=1)
@@ -239,6 +239,8 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["SWZ"] = 1
     if vec_in(mode, d, cp.CL, cp.KS, cp.knobs):
         extra["VEC_IN"] = 1
+    if cp.fold and mode in ("DB", "DC"):
+        extra["FOLD"] = 1
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=vec_out(cp.knobs), **extra)
@@ -262,6 +264,8 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
     ks += [gemm_spec(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
     ks.append(decay_spec(d, cp, True, kept=True))    # after a forward whose tables are still there
     ks += [pass_spec(d, cp, 1), finish_spec(d, cp), reduce_spec(1)]
+    if cp.fold:
+        ks.append(reduce_spec(2))
     if not cp.headloop:
         ks.append(reduce_spec(0))
     if d.S > 1:
@@ -367,7 +371,7 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                 if mp is not None:
                     add(m1_spec(d, mp, 2))
                 SPS *= 2
-    for spec in (reduce_spec(0), reduce_spec(1), rows_spec()):
+    for spec in (reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()):
         add(spec)
     for P in p_values:
         for N in n_values if chunked_n is None else chunked_n:
@@ -376,9 +380,9 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
             d = Dims(S=2, T=64, H=8, P=P, N=N, G=1, R=2, mamba1=False, a_shape=(8,))
             for CL in (32, 64):
                 for backward in (False, True):
-                    for headloop in (False, True):
+                    for headloop, fold in product((False, True), (False, True)):   # fold: H > G
                         cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop, KS=KS[backward],
-                                       knobs=knobs)
+                                       knobs=knobs, fold=fold and backward)
                         for spec in chunk_kernels(d, cp, backward):
                             add(spec)
                     for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)

@@ -78,3 +78,26 @@ def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
         pl = plan.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
         for spec in kernels.m1_kernels(d, pl.m1, backward):
             assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, backward, spec)
+
+
+def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
+    # the chunked kernels (a GPU's: a CPU device keeps the token-sequential ones) for the (P, N) a
+    # wheel is built for: one head per group or several (the d_B / d_C products over the chunk's
+    # own tokens then once per group), per head or per group
+    device, lim = "h200", PROFILES["h200"]
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], [16, 128], (16, 64), [16, 128],
+                                                                                knobs=config.DEFAULTS)}
+    seen, folds = 0, set()
+    for (S, T), (H, G), (P, N), backward in itertools.product(((1, 256), (8, 2048), (1, 16384)),
+                                                              ((24, 1), (8, 8), (12, 4)), ((64, 128), (16, 16)),
+                                                              (False, True)):
+        d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=False, a_shape=(H,))
+        pl = plan.plan(d, lim, backward, config.DEFAULTS)
+        if pl.chunked is None:
+            continue
+        folds.add((pl.chunked.fold, pl.chunked.headloop) if backward else None)
+        for spec in kernels.chunk_kernels(d, pl.chunked, backward):
+            key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
+            assert key in packaged, (device, d, backward, spec)
+            seen += 1
+    assert seen > 100 and {(True, False), (False, False)} <= folds, folds

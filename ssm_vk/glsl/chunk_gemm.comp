@@ -21,7 +21,10 @@
 // With HEADLOOP = 1 (large problems), DB and DC work per (sequence, chunk, group): they add the
 // products of the group's heads in head order into one tile and write d_B, d_C themselves; with
 // HEADLOOP = 0 (more workgroups for small problems) they write per-head parts, which
-// ssm_scan_reduce.comp sums over the heads of each group.
+// ssm_scan_reduce.comp sums over the heads of each group. With FOLD = 1 segment 1 of DB and DC
+// runs once per group: its B1 (C or B) is the group's, so the sum over heads of mgu . B1 is
+// (sum over heads of mgu) . B1; ssm_scan_reduce.comp (MODE 2) has put that sum into the slot of
+// the group's first head, and only that head's product takes segment 1.
 //
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
 // and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
@@ -47,6 +50,12 @@
 
 #ifndef HPW
 #define HPW 1
+#endif
+#ifndef FOLD
+#define FOLD 0
+#endif
+#if FOLD && MODE != 6 && MODE != 7
+#error "FOLD is for DB (MODE 6) and DC (MODE 7) only"
 #endif
 #ifndef DBUF
 #define DBUF 0
@@ -569,15 +578,20 @@ void main() {
     uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
     for (uint k = 0; k < n_heads; ++k) {
         set_head(h_first + k);
+        bool seg1 = FOLD == 0 || h % hpg == 0u;     // uniform: with FOLD, the group's first head only
 #if MODE == 6
-        fetch1_any(0u);
-        segment1(rlo, rhi, tr, tc, true);
+        if (seg1) {
+            fetch1_any(0u);
+            segment1(rlo, rhi, tr, tc, true);
+        } else {
+            fetch2_any(0u);
+        }
         segment2(false);
 #else
         [[unroll]] for (uint j = 0; j < TR; ++j)
             [[unroll]] for (uint q = 0; q < TC; ++q) acch[j][q] = 0.0;
         fetch2_any(0u);
-        segment2(true);
+        segment2(seg1);             // (then segment 1, if this head takes it)
         float part[TR];            // alpha of head h: its boundary part . C
         [[unroll]] for (uint j = 0; j < TR; ++j) {
             uint r = rlo + j;
@@ -589,7 +603,7 @@ void main() {
             }
         }
         row_sums(part, tr, tc, SM_ALPHA, cbk);
-        segment1(rlo, rhi, tr, tc, false);
+        if (seg1) segment1(rlo, rhi, tr, tc, false);
 #endif
     }
 #else

@@ -10,12 +10,20 @@
 // MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
 //   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
 //   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
+// MODE 2 (the chunked backward's fold, before d_B and d_C): M o GU (S, T, H, N) -- T the chunks,
+//   N = CL * CL -- summed over each group's heads, in head order, into the slot of the group's
+//   first head, in place (that head's d_B / d_C then take the chunk's own tokens once for the
+//   group).   Bindings: 0 mgu
 // One invocation per output element; no atomics. Push constants: PC (ssm_vk/specs.py RED_PUSH).
 
 #extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
 
+#if MODE == 2
+layout(std430, binding = 0) buffer B0 { float dBp[]; };
+#else
 layout(std430, binding = 0) readonly buffer B0 { float dBp[]; };
+#endif
 layout(std430, binding = 1) readonly buffer B1 { float dCp[]; };
 layout(std430, binding = 2) readonly buffer B2 { float ddtp[]; };
 layout(std430, binding = 3) buffer B3 { float dB[]; };
@@ -73,6 +81,22 @@ void main() {
         ddt[pc.o_5 + e] = s;
     }
 #endif
+#elif MODE == 2
+    if (e < pc.S * pc.T * pc.G * pc.N) {
+        uint n = e % pc.N, itg = e / pc.N;
+        uint hpg = pc.H / pc.G;
+        uint base = pc.o_0 + ((itg / pc.G) * pc.H + (itg % pc.G) * hpg) * pc.N + n;   // the first head's
+        float s = 0.0;
+        const uint RU = 8;     // loads issued together, as above
+        uint k0 = 0;
+        for (; k0 + RU <= hpg; k0 += RU) {
+            float v[RU];
+            [[unroll]] for (uint u = 0; u < RU; ++u) v[u] = dBp[base + (k0 + u) * pc.N];
+            [[unroll]] for (uint u = 0; u < RU; ++u) s += v[u];
+        }
+        for (; k0 < hpg; ++k0) s += dBp[base + k0 * pc.N];
+        dBp[base] = s;
+    }
 #else
     uint n_a = pc.H * pc.KA;
     if (e < n_a) {

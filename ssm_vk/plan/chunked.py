@@ -167,6 +167,7 @@ class ChunkPlan:
     hpw_y: int = 1
     dbuf: bool = False       # the GEMM kernels stage into two shared-memory buffers in turn
     swz: bool = False        # ... and store their B slices swizzled
+    fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
 
     def hpw(self, mode: str) -> int:
         """Heads per workgroup of a chunk_gemm mode."""
@@ -276,5 +277,6 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
                      keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs,
                      dbuf=dbuf, swz=bool(knobs.knob("SWZ", SWZ_DEFAULT)),
+                     fold=d.H > d.G and bool(knobs.knob("DBC_FOLD", 1)),
                      hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
                      hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))

@@ -5,10 +5,11 @@ Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (
 state) -> pass (incoming states, in chunk order; final states) -> Y.
 Backward, per window: CB, GU -> decay (also M*GU and the in-chunk decay gradient) -> ZF, ZB ->
 the two passes (H_c forward, G_c backward, which ends as d_s0) -> GAM (d_x), DB, DC (per-head
-d_B, d_C: the heads of a group added in order) -> finish (d_dt; d_A parts) -> the fixed-order d_A
-reduce of the sequential path. After a forward of the same inputs whose tables are still there
-(engine.KeptForward), CB, ZF, the H_c pass and the M o C.B writes are left out: its hs, cb and
-mcb are bound instead.
+d_B, d_C: the heads of a group added in order; their products over the chunk's own tokens
+once per group, from M o GU summed over its heads after the decay step) -> finish (d_dt; d_A
+parts) -> the fixed-order d_A reduce of the sequential path. After a forward of the same inputs
+whose tables are still there (engine.KeptForward), CB, ZF, the H_c pass and the M o C.B writes
+are left out: its hs, cb and mcb are bound instead.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ class _Chunked:
 
     def per_head(self, spec, **extra) -> None:
         self.run(spec, self.w.S * self.cp.NCH * self.d.H, **extra)
+
+    def fold_heads(self) -> None:
+        """M o GU summed over each group's heads into its first head's slot (ssm_scan_reduce.comp
+        MODE 2), for d_B and d_C with FOLD."""
+        d, cp, ws = self.d, self.cp, self.ws
+        n = self.w.S * cp.NCH * d.G * cp.CL * cp.CL
+        gx, gy = grid(-(-n // specs.FLAT_WG), ws.limits)
+        push = dict(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, o_3=0,
+                    o_4=0, o_5=0, acc=0, HS=1)
+        dummy = ws.bind(None, 0, 0, 0)[0]
+        self.seq.dispatch(kernel(ws.ctx, specs.reduce_spec(2)), [self.binds["mgu"], *[dummy] * 5],
+                          specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
     def pass_(self, mode: int, **extra) -> None:
         d = self.d
@@ -156,6 +169,9 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.mark("cb,gu")
         k.per_head(decay_spec(d, cp, True, kept=saved is not None))
         k.mark("decay")
+        if cp.fold:
+            k.fold_heads()
+            k.split("fold")
         if saved is None:
             k.gemm("ZF")
         k.gemm("ZB")

@@ -16,6 +16,8 @@ lavapipe's machine -- so the tests share a few shapes: P=3, N=5 everywhere but i
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -219,6 +221,30 @@ def test_heads_per_workgroup_double_buffers_and_swizzles(chunked, knobs, P, N, H
             assert again[k].tobytes() == got[k].tobytes(), (tune, k)
         if "GWG" not in tune:    # another grid adds its per-token sums over other column groups
             close_to(got, base, tune)
+
+
+@pytest.mark.parametrize("H, G", [(6, 2), (5, 1), (3, 3)])
+def test_d_B_and_d_C_take_the_chunks_own_tokens_once_per_group(chunked, knobs, H, G):
+    # With DBC_FOLD (the default) d_B and d_C take the product over the chunk's own tokens once per
+    # group, from M o GU summed over its heads, instead of once per head: per head and per group
+    # (HEADLOOP), against the oracle, rerun to the same bits, and within rounding of the products
+    # per head. One head per group (H = G) has nothing to fold.
+    case = make_problem(np.random.default_rng(H * 7 + G), S=2, T=37, H=H, P=P0, N=N0, G=G)
+    results = {}
+    for fold, headloop in product((0, 1), (0, 1)):
+        knobs(CHUNK=16, CHUNK_MIN_T=1, DBC_FOLD=fold, HEADLOOP=headloop)
+        cp = planned(case, True).chunked
+        assert cp.fold == (fold == 1 and H > G) and cp.headloop == bool(headloop)
+        folded = [s for s in specs.chunk_kernels(dims_of(case), cp, True) if s.name == "ssm_scan_reduce"
+                  and ("MODE", 2) in s.defines]
+        assert bool(folded) == cp.fold
+        got = check_case(case, label=f"fold={fold} headloop={headloop}")
+        again = run(case)
+        for k in OUTPUTS:
+            assert again[k].tobytes() == got[k].tobytes(), (fold, headloop, k)
+        results[fold, headloop] = got
+    for headloop in (0, 1):
+        close_to(results[1, headloop], results[0, headloop], f"headloop={headloop}")
 
 
 # -- windows and fall-back -----------------------------------------------------------------------
