@@ -24,12 +24,15 @@
 // ssm_scan_reduce.comp sums over the heads of each group. With FOLD = 1 segment 1 of DB and DC
 // runs once per group: its B1 (C or B) is the group's, so the sum over heads of mgu . B1 is
 // (sum over heads of mgu) . B1; ssm_scan_reduce.comp (MODE 2) has put that sum into the slot of
-// the group's first head, and only that head's product takes segment 1.
+// the group's first head, and only that head's product takes segment 1. With HEADLOOP = 0 and
+// HPART > 1 a workgroup of DB or DC adds the products of HPART consecutive heads of a group (in
+// head order) and writes their sum as one part, (S, T, H / HPART, N): fewer parts to write, read
+// and add.
 //
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
 // and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG, HEADLOOP (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit), HPW
+// KS, ROWG, HEADLOOP, FOLD and HPART (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit), HPW
 // (ZF and Y: heads per workgroup, default 1), DBUF (1: two shared-memory buffers of operand
 // slices, filled in turn, so one barrier per slice instead of two), SWZ (1: B's slice rows of
 // vec4s stored swizzled, see bq), VEC_IN (Y: stage operands with 16-byte loads where the call's
@@ -53,6 +56,12 @@
 #endif
 #ifndef FOLD
 #define FOLD 0
+#endif
+#ifndef HPART
+#define HPART 1
+#endif
+#if HPART > 1 && (HEADLOOP || (MODE != 6 && MODE != 7))
+#error "HPART > 1 is for DB (MODE 6) and DC (MODE 7) per head (HEADLOOP = 0) only"
 #endif
 #if FOLD && MODE != 6 && MODE != 7
 #error "FOLD is for DB (MODE 6) and DC (MODE 7) only"
@@ -552,7 +561,7 @@ void set_head(uint hd) {
 
 void main() {
     uint wg = wg_index();
-    uint HH = PER_GROUP != 0 ? pc.G : pc.H / HPW;   // workgroups' heads (HPW divides H / G)
+    uint HH = PER_GROUP != 0 ? pc.G : pc.H / (HPW * HPART);   // workgroups' heads (HPW, HPART divide H / G)
     uint total = pc.S * pc.NCH * HH * NRB * NCBK;
     if (wg >= total) return;                      // uniform over the workgroup
     uint bat = wg / (NRB * NCBK);
@@ -562,7 +571,7 @@ void main() {
     c = (bat / HH) % pc.NCH;
     uint hh = bat % HH;
     uint hpg = pc.H / pc.G;
-    g = PER_GROUP != 0 ? hh : hh * HPW / hpg;
+    g = PER_GROUP != 0 ? hh : hh * HPW * HPART / hpg;
     Lc = chunk_len(c);
     r0 = rb * RBLK;
     c0 = cbk * CBLK;
@@ -575,7 +584,7 @@ void main() {
             [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][j][q] = 0.0;
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
 #if MODE == 6 || MODE == 7
-    uint h_first = PER_GROUP != 0 ? g * hpg : hh, n_heads = PER_GROUP != 0 ? hpg : 1u;
+    uint h_first = PER_GROUP != 0 ? g * hpg : hh * HPART, n_heads = PER_GROUP != 0 ? hpg : HPART;
     for (uint k = 0; k < n_heads; ++k) {
         set_head(h_first + k);
         bool seg1 = FOLD == 0 || h % hpg == 0u;     // uniform: with FOLD, the group's first head only
@@ -668,8 +677,8 @@ void main() {
                 v *= sd[r];
 #elif HEADLOOP                                  // d_B, d_C: (S, T, G, N)
                 uint at = pc.o_out + (tk(r) * pc.G + g) * ND + cc;
-#else                                           // per-head parts: (S, T, H, N)
-                uint at = pc.o_out + (tk(r) * pc.H + h) * ND + cc;
+#else                                           // parts of HPART heads: (S, T, H / HPART, N)
+                uint at = pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc;
 #endif
                 if ((at & 3u) == 0u) {
                     outv4[at >> 2] = v;
@@ -713,8 +722,8 @@ void main() {
             if (r < Lc && cc < ND) {
 #if HEADLOOP                                    // d_B, d_C: (S, T, G, N)
                 outv[pc.o_out + (tk(r) * pc.G + g) * ND + cc] = v;
-#else                                           // per-head parts: (S, T, H, N)
-                outv[pc.o_out + (tk(r) * pc.H + h) * ND + cc] = v;
+#else                                           // parts of HPART heads: (S, T, H / HPART, N)
+                outv[pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc] = v;
 #endif
                 guard(v);
             }

@@ -61,7 +61,10 @@ class _Chunked:
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
-        heads = d.G if mode == "CB" or (mode in PER_GROUP and cp.headloop) else d.H // cp.hpw(mode)
+        if mode == "CB" or (mode in PER_GROUP and cp.headloop):
+            heads = d.G
+        else:
+            heads = d.H // (cp.hpart if mode in PER_GROUP else cp.hpw(mode))
         self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
@@ -198,7 +201,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.per_head(finish_spec(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
         if not cp.headloop:
-            reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs)
+            reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs, hs=cp.hpart)
             if w is not cp.windows[-1]:
                 k.mark("reduce")      # before the next window writes its partials
             else:
