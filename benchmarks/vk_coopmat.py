@@ -1,0 +1,65 @@
+"""The matrix-unit shapes and types each Vulkan device offers through VK_KHR_cooperative_matrix:
+(M, N, K, the types of A, B, C and the result, scope), as the driver lists them. What an
+error-compensated product (each float32 operand split into parts of a narrower type, several
+products added in float32) could be built from on that device.
+
+    python benchmarks/vk_coopmat.py [--json out.json]
+
+A device without the extension is listed as such. Component types the `vulkan` binding has no
+name for (newer than it: bfloat16, the 8-bit floats) are printed as their numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import vulkan as vk
+
+EXT = "VK_KHR_cooperative_matrix"
+
+
+def _names(prefix: str) -> dict:
+    return {getattr(vk, n): n[len(prefix):] for n in dir(vk)
+            if n.startswith(prefix) and n.endswith("_KHR") and "RANGE" not in n and "MAX_ENUM" not in n}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    types = _names("VK_COMPONENT_TYPE_")
+    scopes = _names("VK_SCOPE_")
+    app = vk.VkApplicationInfo(pApplicationName="vk_coopmat", apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+    out = []
+    try:
+        query = None
+        for phys in vk.vkEnumeratePhysicalDevices(instance):
+            name = vk.vkGetPhysicalDeviceProperties(phys).deviceName
+            exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(phys, None)}
+            row = {"device": name, "extension": EXT in exts, "shapes": []}
+            if EXT in exts:
+                query = query or vk.vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+                for p in query(phys):
+                    row["shapes"].append({
+                        "M": p.MSize, "N": p.NSize, "K": p.KSize,
+                        "A": types.get(p.AType, str(p.AType)), "B": types.get(p.BType, str(p.BType)),
+                        "C": types.get(p.CType, str(p.CType)), "result": types.get(p.ResultType, str(p.ResultType)),
+                        "saturating": bool(p.saturatingAccumulation), "scope": scopes.get(p.scope, str(p.scope))})
+            out.append(row)
+            print(f"{name}: " + (f"{len(row['shapes'])} shapes" if row["extension"] else f"no {EXT}"))
+            for s in row["shapes"]:
+                print(f"  {s['M']}x{s['N']}x{s['K']}  A {s['A']}  B {s['B']}  C {s['C']}  result {s['result']}"
+                      f"  scope {s['scope']}" + ("  saturating" if s["saturating"] else ""))
+    finally:
+        vk.vkDestroyInstance(instance, None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
