@@ -150,7 +150,7 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
     ST, heads = S * T, S * NCH * H
     tokP, tokG = ST * H * PD, ST * G * ND                      # (it*H + h)*P + p, (it*G + g)*N + n
     if not D.get("HEADLOOP", 0):
-        tokG = ST * H * ND                                     # per-head parts: (it*H + h)*N + n
+        tokG = ST * (H // D.get("HPART", 1)) * ND              # parts: (it*(H/HPART) + h/HPART)*N + n
     dt = v["o_dt"] + ST * H                                    # dt[o_dt + it*H + h]
     dec = heads * DEC                                          # dec[hm*DEC + 2CL]
     hsz = heads * PD * ND                                      # hs[hm*P*N + p*N + n], gs the same
@@ -309,6 +309,9 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
                 return {0: part, 1: part, 3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc}
             return {0: part, 1: part, 2: n_dt * v["NPB"],             # ddtp[e*NPB + b]
                     3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc, 5: v["o_5"] + n_dt}
+        if D["MODE"] == 2:                                             # in place, T chunks, N = CL * CL
+            # mgu[o_0 + ((it*H + g*hpg + k)*N + n], k < hpg = H / G
+            return {0: v["o_0"] + S * T * H * N if S * T * G * N else 0}
         n_a = H * v["KA"]
         return {0: v["o_0"] + S * H * P * v["KA"] if n_a else 0,       # dAp[o_0 + ((i*H + h)*P + p)*KA + k]
                 3: v["o_3"] + n_a}                                     # dA[o_3 + e]
