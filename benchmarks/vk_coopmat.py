@@ -1,11 +1,13 @@
-"""The matrix-unit shapes and types each Vulkan device offers through VK_KHR_cooperative_matrix:
-(M, N, K, the types of A, B, C and the result, scope), as the driver lists them. What an
-error-compensated product (each float32 operand split into parts of a narrower type, several
-products added in float32) could be built from on that device.
+"""The matrix-unit shapes and types each Vulkan device offers through VK_KHR_cooperative_matrix and
+NVIDIA's older VK_NV_cooperative_matrix: (M, N, K, the types of A, B, C and the result, scope), as
+the driver lists them. What an error-compensated product (each float32 operand split into parts of
+a narrower type, several products added in float32) could be built from on that device. (The
+shaders would be compiled by glslc: Debian 12's, shaderc 2023.2, knows GL_NV_cooperative_matrix but
+not yet GL_KHR_cooperative_matrix.)
 
     python benchmarks/vk_coopmat.py [--json out.json]
 
-A device without the extension is listed as such. Component types the `vulkan` binding has no
+A device without an extension is listed as such. Component types the `vulkan` binding has no
 name for (newer than it: bfloat16, the 8-bit floats) are printed as their numbers.
 """
 
@@ -17,7 +19,7 @@ import sys
 
 import vulkan as vk
 
-EXT = "VK_KHR_cooperative_matrix"
+EXTS = {"VK_KHR_cooperative_matrix": "KHR", "VK_NV_cooperative_matrix": "NV"}
 
 
 def _names(prefix: str) -> dict:
@@ -35,24 +37,27 @@ def main(argv=None) -> int:
     instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
     out = []
     try:
-        query = None
         for phys in vk.vkEnumeratePhysicalDevices(instance):
             name = vk.vkGetPhysicalDeviceProperties(phys).deviceName
             exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(phys, None)}
-            row = {"device": name, "extension": EXT in exts, "shapes": []}
-            if EXT in exts:
-                query = query or vk.vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-                for p in query(phys):
-                    row["shapes"].append({
-                        "M": p.MSize, "N": p.NSize, "K": p.KSize,
-                        "A": types.get(p.AType, str(p.AType)), "B": types.get(p.BType, str(p.BType)),
-                        "C": types.get(p.CType, str(p.CType)), "result": types.get(p.ResultType, str(p.ResultType)),
-                        "saturating": bool(p.saturatingAccumulation), "scope": scopes.get(p.scope, str(p.scope))})
-            out.append(row)
-            print(f"{name}: " + (f"{len(row['shapes'])} shapes" if row["extension"] else f"no {EXT}"))
-            for s in row["shapes"]:
-                print(f"  {s['M']}x{s['N']}x{s['K']}  A {s['A']}  B {s['B']}  C {s['C']}  result {s['result']}"
-                      f"  scope {s['scope']}" + ("  saturating" if s["saturating"] else ""))
+            for ext, suffix in EXTS.items():
+                row = {"device": name, "extension": ext, "offered": ext in exts, "shapes": []}
+                if ext in exts:
+                    fn = f"vkGetPhysicalDeviceCooperativeMatrixProperties{suffix}"
+                    query = vk.vkGetInstanceProcAddr(instance, fn)
+                    for p in query(phys):
+                        result = p.ResultType if suffix == "KHR" else p.DType
+                        row["shapes"].append({
+                            "M": p.MSize, "N": p.NSize, "K": p.KSize,
+                            "A": types.get(p.AType, str(p.AType)), "B": types.get(p.BType, str(p.BType)),
+                            "C": types.get(p.CType, str(p.CType)), "result": types.get(result, str(result)),
+                            "saturating": bool(getattr(p, "saturatingAccumulation", False)),
+                            "scope": scopes.get(p.scope, str(p.scope))})
+                out.append(row)
+                print(f"{name}, {ext}: " + (f"{len(row['shapes'])} shapes" if row["offered"] else "not offered"))
+                for s in row["shapes"]:
+                    print(f"  {s['M']}x{s['N']}x{s['K']}  A {s['A']}  B {s['B']}  C {s['C']}  result {s['result']}"
+                          f"  scope {s['scope']}" + ("  saturating" if s["saturating"] else ""))
     finally:
         vk.vkDestroyInstance(instance, None)
     if args.json:
