@@ -241,7 +241,7 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["VEC_IN"] = 1
     if cp.fold and mode in ("DB", "DC"):
         extra["FOLD"] = 1
-    if cp.hpart > 1 and mode in ("DB", "DC") and not cp.headloop:
+    if cp.hpart > 1 and mode in ("DB", "DC"):     # (the plan's hpart is 1 with headloop)
         extra["HPART"] = cp.hpart
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),

@@ -76,8 +76,8 @@ class _Chunked:
         d, cp, ws = self.d, self.cp, self.ws
         n = self.w.S * cp.NCH * d.G * cp.CL * cp.CL
         gx, gy = grid(-(-n // specs.FLAT_WG), ws.limits)
-        push = dict(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, o_0=0, o_3=0,
-                    o_4=0, o_5=0, acc=0, HS=1)
+        push = dict.fromkeys(specs.RED_PUSH, 0)
+        push.update(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, HS=1)
         dummy = ws.bind(None, 0, 0, 0)[0]
         self.seq.dispatch(kernel(ws.ctx, specs.reduce_spec(2)), [self.binds["mgu"], *[dummy] * 5],
                           specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
