@@ -213,7 +213,8 @@ def render(r: dict) -> str:
             ts = f"yes ({d['timestamp_period']:g} ns/tick)" if d["timestamps"] else "no"
             peak = f"{flops(d['peak_flops'])} ({d['peak_note']})" if d["peak_flops"] else d["peak_note"]
             out.append(f"     timestamps {ts}; float32 atomics {'yes' if d['float_atomics'] else 'no'}; "
-                       f"float64 {'yes' if d['shader_float64'] else 'no'}; float32 peak {peak}")
+                       f"float64 {'yes' if d['shader_float64'] else 'no'}; float32 peak {peak}; "
+                       f"float16 matrix units {'yes' if d.get('matrix_f16') else 'no'}")
 
     out.append("")
     names = [b["name"] for b in r["backends"]]

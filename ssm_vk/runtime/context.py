@@ -185,6 +185,11 @@ class Context:
                 "shaderBufferFloat32Atomics": 1, "shaderBufferFloat32AtomicAdd": 1})
             wanted.pNext = want_atomic
             device_extensions.append(device.ATOMIC_FLOAT_EXTENSION)
+        matrix = device.matrix_features(self._instance, physical, extensions) if chosen.matrix_f16 else None
+        if matrix is not None:       # the matrix units' products (DeviceInfo.matrix_f16)
+            matrix[0].pNext = wanted.pNext
+            wanted.pNext = matrix[-1]
+            device_extensions += [device.MATRIX_EXTENSION, device.FLOAT16_EXTENSION, device.MEMORY_MODEL_EXTENSION]
         if not self.pipeline_stats_missing:
             stats_feature = device.pipeline_stats_feature(physical, extensions)
             if stats_feature is None:

@@ -163,3 +163,73 @@ def test_override_limits_restores(ctx):
     assert ctx.info == real
     with pytest.raises(ValueError, match="only be lowered"):
         ctx.override_limits(max_push_constants_size=real.max_push_constants_size + 4)
+
+
+def _listed_matrix_f16(index: int) -> bool:
+    """Whether device ``index`` offers float16 x float16 + float32 16 x 16 x 16 products at subgroup
+    scope through VK_NV_cooperative_matrix, read here with the binding's own calls."""
+    import vulkan as vk
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+        pApplicationInfo=vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
+    try:
+        phys = vk.vkEnumeratePhysicalDevices(instance)[index]
+        exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(phys, None)}
+        if not {"VK_NV_cooperative_matrix", "VK_KHR_shader_float16_int8", "VK_KHR_vulkan_memory_model"} <= exts:
+            return False
+        f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+        name = "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"
+        fn = vk.ffi.cast("PFN_" + name, vk.lib.vkGetInstanceProcAddr(instance, name.encode()))
+        count = vk.ffi.new("uint32_t*")
+        assert fn(phys, count, vk.ffi.NULL) == 0
+        props = vk.ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+        for i in range(count[0]):
+            props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
+        assert fn(phys, count, props) == 0
+        return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope)
+                   == (16, 16, 16, f16, f16, f32, f32, vk.VK_SCOPE_SUBGROUP_KHR) for p in props[0:count[0]])
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+@pytest.mark.vulkan
+def test_matrix_units_reported_as_the_driver_lists_them(ctx):
+    assert ctx.info.matrix_f16 == _listed_matrix_f16(ctx.info.index)
+    assert all(d.matrix_f16 == _listed_matrix_f16(d.index) for d in rt.list_devices())
+
+
+@pytest.mark.vulkan
+def test_error_compensated_products_on_the_matrix_units(ctx):
+    """On a device with float16 matrix units the context enables them (under the validation layer),
+    and benchmarks/glsl/bench_mma.comp's split products reach float32's accuracy where plain
+    float16 products do not, also for operands far outside float16's range."""
+    if not ctx.info.matrix_f16:
+        pytest.skip(f"{ctx.info.name} has no float16 matrix units (VK_NV_cooperative_matrix)")
+    import struct
+
+    import numpy as np
+    sgs, batch, kd = ctx.info.subgroup_size, 8, 64
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((batch, 64, kd)) * 10.0 ** rng.uniform(-30, 30, (batch, 1, 1))
+    b = rng.standard_normal((batch, kd, 64)) * 10.0 ** rng.uniform(-5, 5, (batch, 1, 1))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    want = np.matmul(a32.astype(np.float64), b32.astype(np.float64))
+    errs = {}
+    for terms in (3, 1):
+        k = rt.Kernel.get(ctx, "bench_mma", bindings=3, push_size=4, local_size=(4 * sgs, 1, 1),
+                          defines={"WG": 4 * sgs, "SGS": sgs, "KD": kd, "TERMS": terms, "ROWSCALE": 0},
+                          search_path=REPO / "benchmarks" / "glsl")
+        bufs = [rt.Buffer(ctx, a32.nbytes), rt.Buffer(ctx, b32.nbytes), rt.Buffer(ctx, batch * 64 * 64 * 4)]
+        try:
+            rt.upload(bufs[0], a32)
+            rt.upload(bufs[1], b32)
+            with rt.Sequence(ctx) as seq:
+                seq.dispatch(k, bufs, struct.pack("<I", batch), (batch, 1, 1))
+                seq.finish()
+                seq.submit()
+            got = rt.download(bufs[2], ((batch, 64, 64), np.float32)).astype(np.float64)
+        finally:
+            for x in bufs:
+                x.close()
+        errs[terms] = max(np.linalg.norm(got[i] - want[i]) / np.linalg.norm(want[i]) for i in range(batch))
+    assert errs[3] < 4e-6, errs
+    assert errs[1] > 1e-4, errs
