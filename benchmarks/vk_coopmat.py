@@ -19,6 +19,8 @@ import sys
 
 import vulkan as vk
 
+from ssm_vk.runtime import device
+
 EXTS = {"VK_KHR_cooperative_matrix": "KHR", "VK_NV_cooperative_matrix": "NV"}
 
 
@@ -43,21 +45,16 @@ def main(argv=None) -> int:
             for ext, suffix in EXTS.items():
                 row = {"device": name, "extension": ext, "offered": ext in exts, "shapes": []}
                 if ext in exts:
-                    fn = f"vkGetPhysicalDeviceCooperativeMatrixProperties{suffix}"
-                    query = vk.vkGetInstanceProcAddr(instance, fn)
-                    for p in query(phys):
-                        result = p.ResultType if suffix == "KHR" else p.DType
-                        row["shapes"].append({
-                            "M": p.MSize, "N": p.NSize, "K": p.KSize,
-                            "A": types.get(p.AType, str(p.AType)), "B": types.get(p.BType, str(p.BType)),
-                            "C": types.get(p.CType, str(p.CType)), "result": types.get(result, str(result)),
-                            "saturating": bool(getattr(p, "saturatingAccumulation", False)),
-                            "scope": scopes.get(p.scope, str(p.scope))})
+                    for m, n, k, at, bt, ct, rt_, scope in device.matrix_shapes(instance, phys, suffix):
+                        row["shapes"].append({"M": m, "N": n, "K": k, "A": types.get(at, str(at)),
+                                              "B": types.get(bt, str(bt)), "C": types.get(ct, str(ct)),
+                                              "result": types.get(rt_, str(rt_)),
+                                              "scope": scopes.get(scope, str(scope))})
                 out.append(row)
                 print(f"{name}, {ext}: " + (f"{len(row['shapes'])} shapes" if row["offered"] else "not offered"))
                 for s in row["shapes"]:
                     print(f"  {s['M']}x{s['N']}x{s['K']}  A {s['A']}  B {s['B']}  C {s['C']}  result {s['result']}"
-                          f"  scope {s['scope']}" + ("  saturating" if s["saturating"] else ""))
+                          f"  scope {s['scope']}")
     finally:
         vk.vkDestroyInstance(instance, None)
     if args.json:
