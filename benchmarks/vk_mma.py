@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         print("no float16 matrix units on this device")
         return 1
     rows = []
-    for kd in (int(v) for v in args.kd.split(",")):
+    for kd in (int(v) for v in args.kd.split(",") if v):
         for terms, rowscale, spread in ((3, 0, 3.0), (3, 1, 3.0), (1, 0, 3.0), (3, 0, 0.0), (3, 1, 0.0), (1, 0, 0.0)):
             r = run(ctx, kd, args.batch, terms, rowscale, spread, args.seconds)
             rows.append(r)

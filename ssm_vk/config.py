@@ -128,9 +128,9 @@ KNOBS: dict[str, Knob] = {
     "ZF_CBLK": Knob("column block of the chunk-state products", _pow2(16, 128)),
     "DBC_FOLD": Knob("1: d_B and d_C take the chunk's own tokens once per group of heads (their M o GU summed "
                      "over the group first); 0: once per head", _one_of(0, 1)),
-    "DBC_HPART": Knob("heads of a group whose d_B and d_C products one workgroup adds into one part when they run "
-                      "per head (default 1; lowered to 1 where it does not divide the heads of a group)",
-                      _between(1, 1024)),
+    "DB_HPART": Knob("heads of a group whose d_B products one workgroup adds into one part when they run per head "
+                     "(default 1; lowered to 1 where it does not divide the heads of a group)", _between(1, 1024)),
+    "DC_HPART": Knob("the same for d_C", _between(1, 1024)),
     "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
                      _one_of(0, 1)),
     "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),

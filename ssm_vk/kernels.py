@@ -31,7 +31,7 @@ FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", 
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA", "o_A")
 CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")
-RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc", "HS")
+RED_PUSH = ("S", "T", "H", "P", "N", "G", "NPB", "KA", "gx", "o_0", "o_3", "o_4", "o_5", "acc", "HS", "HSC")
 ROWS_PUSH = ("L", "n_pairs", "gx", "o_src", "o_dst")
 # The Mamba-1 kernels with time in a workgroup's threads (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp).
 M1_PUSH = ("S", "T", "H", "G", "NCH", "NRB", "gx", "TI", "o_x", "o_dt", "o_A", "o_B", "o_C", "o_gy", "o_y", "o_init",
@@ -241,8 +241,8 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["VEC_IN"] = 1
     if cp.fold and mode in ("DB", "DC"):
         extra["FOLD"] = 1
-    if cp.hpart > 1 and mode in ("DB", "DC"):     # (the plan's hpart is 1 with headloop)
-        extra["HPART"] = cp.hpart
+    if cp.hpart(mode) > 1:     # DB, DC (1 with headloop)
+        extra["HPART"] = cp.hpart(mode)
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=vec_out(cp.knobs), **extra)

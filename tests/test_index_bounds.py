@@ -303,11 +303,12 @@ def _bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
     if spec.name == "ssm_scan_reduce":
         if D["MODE"] == 0:
             n_bc, n_dt = S * T * G * N, S * T * H
-            # dBp[o_0 + ((it*(H/HS) + q)*NPB + b)*N + n]
+            # dBp[o_0 + ((it*(H/HS) + q)*NPB + b)*N + n], dCp the same with HSC
             part = v["o_0"] + S * T * (H // v["HS"]) * v["NPB"] * N if n_bc else 0
+            part_c = v["o_0"] + S * T * (H // v["HSC"]) * v["NPB"] * N if n_bc else 0
             if D.get("NODT"):                                          # d_dt left alone
-                return {0: part, 1: part, 3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc}
-            return {0: part, 1: part, 2: n_dt * v["NPB"],             # ddtp[e*NPB + b]
+                return {0: part, 1: part_c, 3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc}
+            return {0: part, 1: part_c, 2: n_dt * v["NPB"],           # ddtp[e*NPB + b]
                     3: v["o_3"] + n_bc, 4: v["o_4"] + n_bc, 5: v["o_5"] + n_dt}
         if D["MODE"] == 2:                                             # in place, T chunks, N = CL * CL
             # mgu[o_0 + ((it*H + g*hpg + k)*N + n], k < hpg = H / G

@@ -3,9 +3,10 @@
 //
 // MODE 0 (per window): d_B, d_C (S, T, G, N) = sums over the H/G heads of each group and the
 //   NPB channel blocks (h outer, block inner); d_dt (S, T, H) = sum over channel blocks. With
-//   HS > 1 each d_B / d_C partial already holds the sum of HS heads of a group (the backward's
-//   HSUM): the partials are (S, T, H / HS, NPB, N) and the sum runs over the group's H / G / HS.
-//   Bindings: 0 dBp (S,T,H/HS,NPB,N)  1 dCp  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
+//   HS > 1 each d_B partial already holds the sum of HS heads of a group (the backward's HSUM,
+//   the chunked DB's HPART): the partials are (S, T, H / HS, NPB, N) and the sum runs over the
+//   group's H / G / HS. HSC: the same for d_C.
+//   Bindings: 0 dBp (S,T,H/HS,NPB,N)  1 dCp (S,T,H/HSC,NPB,N)  2 ddtp (S,T,H,NPB)  3 dB  4 dC  5 ddt
 //   With NODT, d_dt is left alone (its kernel wrote it whole: m1_scan_back.comp).
 // MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
 //   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
@@ -35,8 +36,31 @@ layout(push_constant) uniform PC {
     uint gx;
     uint o_0, o_3, o_4, o_5;     // element offsets of bindings 0, 3, 4, 5 (1, 2 are scratch at 0)
     uint acc;                    // MODE 1: add to d_A instead of assigning
-    uint HS;                     // MODE 0: heads per d_B / d_C partial (1 or the backward's HB)
+    uint HS, HSC;                // MODE 0: heads per d_B, d_C partial (1, the backward's HB, HPART)
 } pc;
+
+#if MODE == 0
+float part(uint which, uint i) { return which == 0u ? dBp[i] : dCp[i]; }
+
+// The sum over a group's partials (h, b) in order, hs heads per partial (d_B: which 0, d_C: 1).
+// RU terms are loaded together before they are added: the same sum, with the loads' latencies
+// overlapped (a few thousand outputs of 192 terms each were latency-bound).
+float group_sum(uint which, uint it, uint gg, uint n, uint hs) {
+    uint qpg = pc.H / pc.G / hs;                 // partials per group
+    uint nq = qpg * pc.NPB;
+    uint base = pc.o_0 + (it * (pc.H / hs) + gg * qpg) * pc.NPB * pc.N + n;   // (h, b) = (0, 0)
+    const uint RU = 8;
+    float s = 0.0;
+    uint k0 = 0;
+    for (; k0 + RU <= nq; k0 += RU) {
+        float v[RU];
+        [[unroll]] for (uint u = 0; u < RU; ++u) v[u] = part(which, base + (k0 + u) * pc.N);
+        [[unroll]] for (uint u = 0; u < RU; ++u) s += v[u];
+    }
+    for (; k0 < nq; ++k0) s += part(which, base + k0 * pc.N);
+    return s;
+}
+#endif
 
 void main() {
     uint e = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * WG + gl_LocalInvocationIndex;
@@ -47,29 +71,8 @@ void main() {
         uint itg = e / pc.N;
         uint gg = itg % pc.G;
         uint it = itg / pc.G;
-        uint qpg = pc.H / pc.G / pc.HS;              // partials per group
-        float sB = 0.0, sC = 0.0;
-        // (h, b) in order, RU terms loaded together before they are added: the same sum, with the
-        // loads' latencies overlapped (a few thousand outputs of 192 terms each were latency-bound)
-        uint nq = qpg * pc.NPB;
-        uint base = pc.o_0 + (it * (pc.H / pc.HS) + gg * qpg) * pc.NPB * pc.N + n;   // (h, b) = (0, 0)
-        const uint RU = 8;
-        uint k0 = 0;
-        for (; k0 + RU <= nq; k0 += RU) {
-            float vb[RU], vc[RU];
-            [[unroll]] for (uint u = 0; u < RU; ++u) {
-                vb[u] = dBp[base + (k0 + u) * pc.N];
-                vc[u] = dCp[base + (k0 + u) * pc.N];
-            }
-            [[unroll]] for (uint u = 0; u < RU; ++u) {
-                sB += vb[u];
-                sC += vc[u];
-            }
-        }
-        for (; k0 < nq; ++k0) {
-            sB += dBp[base + k0 * pc.N];
-            sC += dCp[base + k0 * pc.N];
-        }
+        float sB = group_sum(0u, it, gg, n, pc.HS);
+        float sC = group_sum(1u, it, gg, n, pc.HSC);
         dB[pc.o_3 + e] = sB;
         dC[pc.o_4 + e] = sC;
     }

@@ -152,10 +152,11 @@ def heads_per_workgroup(mode: str, d: Dims, lim: Limits, CL: int, knobs: Setting
     return hpw
 
 
-def _hpart(d: Dims, headloop: bool, knobs: Settings) -> int:
-    """Heads per part of d_B and d_C when they run per head (knob DBC_HPART, default 1; 1 where it
-    does not divide the heads of a group, and with HEADLOOP, which adds all of them)."""
-    k = knobs.knob("DBC_HPART", 1)
+def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
+    """Heads per part of d_B (``name`` DB_HPART) or d_C (DC_HPART) when they run per head (default
+    1; 1 where the knob does not divide the heads of a group, and with HEADLOOP, which adds all of
+    them)."""
+    k = knobs.knob(name, 1)
     return 1 if headloop or (d.H // d.G) % k else k
 
 
@@ -175,11 +176,16 @@ class ChunkPlan:
     dbuf: bool = False       # the GEMM kernels stage into two shared-memory buffers in turn
     swz: bool = False        # ... and store their B slices swizzled
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
-    hpart: int = 1           # d_B, d_C per head (not headloop): heads added into each part
+    hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
+    hpart_c: int = 1         # ... d_C
 
     def hpw(self, mode: str) -> int:
         """Heads per workgroup of a chunk_gemm mode."""
         return {"ZF": self.hpw_z, "Y": self.hpw_y}.get(mode, 1)
+
+    def hpart(self, mode: str) -> int:
+        """Heads per part of DB and DC (1 for the other modes)."""
+        return {"DB": self.hpart_b, "DC": self.hpart_c}.get(mode, 1)
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -286,6 +292,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs,
                      dbuf=dbuf, swz=bool(knobs.knob("SWZ", SWZ_DEFAULT)),
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD", 1)),
-                     hpart=_hpart(d, headloop, knobs),
+                     hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
+                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"),
                      hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
                      hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))

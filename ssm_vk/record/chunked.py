@@ -64,7 +64,7 @@ class _Chunked:
         if mode == "CB" or (mode in PER_GROUP and cp.headloop):
             heads = d.G
         else:
-            heads = d.H // (cp.hpart if mode in PER_GROUP else cp.hpw(mode))
+            heads = d.H // (cp.hpart(mode) if mode in PER_GROUP else cp.hpw(mode))
         self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
@@ -77,7 +77,7 @@ class _Chunked:
         n = self.w.S * cp.NCH * d.G * cp.CL * cp.CL
         gx, gy = grid(-(-n // specs.FLAT_WG), ws.limits)
         push = dict.fromkeys(specs.RED_PUSH, 0)
-        push.update(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, HS=1)
+        push.update(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, HS=1, HSC=1)
         dummy = ws.bind(None, 0, 0, 0)[0]
         self.seq.dispatch(kernel(ws.ctx, specs.reduce_spec(2)), [self.binds["mgu"], *[dummy] * 5],
                           specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
@@ -201,7 +201,8 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.per_head(finish_spec(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
         k.mark("finish")
         if not cp.headloop:
-            reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs, hs=cp.hpart)
+            reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs,
+                            hs=cp.hpart_b, hs_c=cp.hpart_c)
             if w is not cp.windows[-1]:
                 k.mark("reduce")      # before the next window writes its partials
             else:

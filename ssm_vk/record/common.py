@@ -84,16 +84,18 @@ def seq_bindings(call, d, w: Window, arrays: dict, names_tok: dict) -> tuple[dic
 
 
 def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict, hs: int = 1,
-                    no_dt: bool = False) -> None:
-    """Fixed-order sums of a window's partials (bindings of d_B and d_C parts (S, T, H / hs, npb, N)
-    -- each the sum of ``hs`` heads of a group -- and d_dt parts (S, T, H, npb)) into d_B, d_C (over
-    each group's heads, then the blocks) and d_dt; with ``no_dt`` d_dt is not touched (its kernel
-    wrote it whole; the third part is a stand-in)."""
+                    no_dt: bool = False, hs_c: int | None = None) -> None:
+    """Fixed-order sums of a window's partials (bindings of d_B parts (S, T, H / hs, npb, N) -- each
+    the sum of ``hs`` heads of a group --, d_C parts (S, T, H / hs_c, npb, N), ``hs_c`` = ``hs``
+    unless given, and d_dt parts (S, T, H, npb)) into d_B, d_C (over each group's heads, then the
+    blocks) and d_dt; with ``no_dt`` d_dt is not touched (its kernel wrote it whole; the third part
+    is a stand-in)."""
     n_out = w.S * w.T * d.G * d.N if no_dt else max(w.S * w.T * d.G * d.N, w.S * w.T * d.H)
     gx, gy = grid(-(-n_out // specs.FLAT_WG), call.limits)
     out_tok = {"dB": (*bufs["d_B"], d.G * d.N), "dC": (*bufs["d_C"], d.G * d.N), "ddt": (*bufs["d_dt"], d.H)}
     b2, o2 = seq_bindings(call, d, w, out_tok, {"dB": "o_3", "dC": "o_4", "ddt": "o_5"})
-    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0, HS=hs)
+    push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, NPB=npb, KA=1, gx=gx, o_0=0, **o2, acc=0, HS=hs,
+                HSC=hs if hs_c is None else hs_c)
     seq.dispatch(kernel(call.ctx, specs.reduce_spec(0, no_dt)), [*parts, b2["dB"], b2["dC"], b2["ddt"]],
                  specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
@@ -119,7 +121,7 @@ def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int) -> None:
         n = min(step, d.S - i0)
         bsrc, o0 = call.bind(dAp, 0, i0 * per_seq, n * per_seq)
         push = dict(S=n, T=d.T, H=d.H, P=rows, N=d.N, G=d.G, NPB=1, KA=KA, gx=gx, o_0=o0, o_3=o3, o_4=0, o_5=0,
-                    acc=int(i0 > 0), HS=1)
+                    acc=int(i0 > 0), HS=1, HSC=1)
         seq.dispatch(k, [bsrc, dum, dum, bA, dum, dum], specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 

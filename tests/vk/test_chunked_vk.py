@@ -249,25 +249,28 @@ def test_d_B_and_d_C_take_the_chunks_own_tokens_once_per_group(chunked, knobs, H
 
 @pytest.mark.parametrize("H, G", [(8, 2), (6, 1)])
 def test_d_B_and_d_C_parts_of_several_heads_match_one_part_per_head(chunked, knobs, H, G):
-    # Per head (HEADLOOP=0), a workgroup of d_B or d_C can add the products of DBC_HPART heads of a
-    # group into one part (fewer parts for the reduce to add): against the oracle, rerun to the
-    # same bits, within rounding of one part per head; a value that does not divide the group's
-    # heads is lowered to 1.
+    # Per head (HEADLOOP=0), a workgroup of d_B (d_C) can add the products of DB_HPART (DC_HPART)
+    # heads of a group into one part (fewer parts for the reduce to add), each its own number:
+    # against the oracle, rerun to the same bits, within rounding of one part per head; a value that
+    # does not divide the group's heads is lowered to 1.
     case = make_problem(np.random.default_rng(H * 5 + G), S=2, T=41, H=H, P=P0, N=N0, G=G)
     hpg = H // G
     knobs(CHUNK=16, CHUNK_MIN_T=1, HEADLOOP=0)
     base = check_case(case, label="one head per part")
-    for hpart in (2, hpg, 5):
-        knobs(CHUNK=16, CHUNK_MIN_T=1, HEADLOOP=0, DBC_HPART=hpart)
+    for hb, hc in ((2, 2), (hpg, 1), (1, hpg), (5, 2)):
+        knobs(CHUNK=16, CHUNK_MIN_T=1, HEADLOOP=0, DB_HPART=hb, DC_HPART=hc)
         cp = planned(case, True).chunked
-        assert cp.hpart == (hpart if hpg % hpart == 0 else 1), (hpart, cp)
-        spec = specs.gemm_spec(dims_of(case), cp, "DB")
-        assert (("HPART", cp.hpart) in spec.defines) == (cp.hpart > 1)
-        got = check_case(case, label=f"{hpart} heads per part")
+        want = [h if hpg % h == 0 else 1 for h in (hb, hc)]
+        assert [cp.hpart("DB"), cp.hpart("DC")] == want, (hb, hc, cp)
+        for mode, h in zip(("DB", "DC"), want, strict=True):
+            spec = specs.gemm_spec(dims_of(case), cp, mode)
+            assert (("HPART", h) in spec.defines) == (h > 1), (mode, spec.defines)
+        label = f"{hb} / {hc} heads per part"
+        got = check_case(case, label=label)
         again = run(case)
         for k in OUTPUTS:
-            assert again[k].tobytes() == got[k].tobytes(), (hpart, k)
-        close_to(got, base, f"{hpart} heads per part")
+            assert again[k].tobytes() == got[k].tobytes(), (label, k)
+        close_to(got, base, label)
 
 
 # -- windows and fall-back -----------------------------------------------------------------------
