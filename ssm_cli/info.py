@@ -80,7 +80,8 @@ def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
     knobs = config.settings()
     d = Dims(S=shape.S, T=shape.T, H=shape.H, P=shape.P, N=shape.N, G=shape.G, R=shape.S,
              mamba1=shape.mamba1, a_shape=(shape.H, shape.N) if shape.mamba1 else (shape.H,))
-    pl = decision.choose_plan(ctx, d, Limits.of(ctx.info, knobs.no_subgroup), op == "bwd", knobs)
+    lim = Limits.of(ctx.info, knobs.no_subgroup, matrix=ctx.matrix_units)
+    pl = decision.choose_plan(ctx, d, lim, op == "bwd", knobs)
     windows = pl.chunked.windows if pl.chunked is not None else pl.windows
     return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
             "chunked": pl.chunked is not None}

@@ -22,6 +22,9 @@ SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (
                        instructions, ...: ``Kernel.statistics()``) and its internal code
                        (``Kernel.representations()``), where the device offers
                        VK_KHR_pipeline_executable_properties; read when the context is made
+SSM_VK_MATRIX_UNITS    0: leave the device's float16 matrix units (DeviceInfo.matrix_f16) off, so
+                       the chunked forward's products run on the float32 kernels (default 1: on
+                       where the device offers them); read when the context is made
 SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
 SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)
 =====================  =====================================================================
@@ -37,7 +40,7 @@ from pathlib import Path
 from ssm_ref.environ import EnvVar
 
 __all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "spin_us",
-           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats"]
+           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats", "matrix_units"]
 
 
 def _pow2(lo: int, hi: int):
@@ -144,6 +147,11 @@ KNOBS: dict[str, Knob] = {
                   "of the heads per group that fits shared memory)", _pow2(1, 8)),
     "HPW_Y": Knob("heads of a group per workgroup of the chunked forward's y product, at most (lowered as "
                   "HPW_Z)", _pow2(1, 8)),
+    "MMA": Knob("0: the chunked forward's chunk states and y on the float32 kernels even where the context "
+                "has float16 matrix units (1, the default: on the matrix units there, error-compensated)",
+                _one_of(0, 1)),
+    "MMA_KS": Knob("contraction slice of the matrix-unit products (must divide the chunk length and N)",
+                   _one_of(16, 32, 64)),
     "KEEP_STATES": Knob("0: the backward always recomputes the chunk states its forward left", _one_of(0, 1)),
     "PASS_PB": Knob("chunks whose loads the state pass issues together", _between(1, 64)),
 }
@@ -184,6 +192,7 @@ _SPIN = EnvVar("SSM_VK_SPIN_US")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
 _PIPELINE_STATS = EnvVar("SSM_VK_PIPELINE_STATS")
+_MATRIX_UNITS = EnvVar("SSM_VK_MATRIX_UNITS")
 _CACHE = EnvVar("SSM_SCAN_CACHE")
 _DEVICE = EnvVar("SSM_VK_DEVICE")
 
@@ -349,6 +358,12 @@ def pipeline_stats() -> bool:
     return _flag(_PIPELINE_STATS)
 
 
+def matrix_units() -> bool:
+    """Whether the context enables the float16 matrix units where the device has them
+    (SSM_VK_MATRIX_UNITS; default yes, ``0`` no)."""
+    return _flag(_MATRIX_UNITS, truthy=("", "1"), falsy=("0",))
+
+
 def device_env() -> str:
     """SSM_VK_DEVICE as given ("" when unset); checked against the devices when a context is made."""
     return _DEVICE.get().strip()
@@ -368,3 +383,4 @@ def check_environment() -> None:
     validation()
     profile()
     pipeline_stats()
+    matrix_units()

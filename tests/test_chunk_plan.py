@@ -331,3 +331,40 @@ def test_heads_per_workgroup_and_double_buffers_fit_shared_memory(knobs, dbuf):
     small = replace(BIG, max_shared_memory=28 << 10)
     cs = chunk_plan(d, small, backward=False)
     assert not cs.dbuf and cs.hpw("Y") <= cp.hpw("Y")
+
+
+# -- the matrix units ----------------------------------------------------------------------------
+
+MATRIX = replace(BIG, matrix_f16=True)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_matrix_units_take_the_chunk_states_and_y_where_the_shape_allows(backward, knobs):
+    d = dims(S=8, T=2048, H=24, P=64, N=128, G=1)
+    assert chunk_plan(d, MATRIX, backward).mma
+    assert not chunk_plan(d, BIG, backward).mma                     # the device has none
+    assert not chunk_plan(dims(P=8, N=16), MATRIX, backward).mma    # P not a multiple of 16
+    assert not chunk_plan(dims(P=16, N=48), MATRIX, backward).mma   # N not a multiple of the slice
+    small = replace(MATRIX, max_shared_memory=32 << 10)             # Y's 40 KiB tile does not fit
+    assert not chunk_plan(d, small, backward).mma and chunk_plan(d, small, backward) is not None
+    knobs["MMA"] = 0
+    assert not chunk_plan(d, MATRIX, backward).mma
+
+
+@pytest.mark.parametrize("CL", [32, 64])
+@pytest.mark.parametrize("P, N", [(16, 32), (32, 256), (64, 128), (128, 64), (256, 256)])
+def test_matrix_unit_tiles_cover_every_matrix(CL, P, N):
+    for mode in cpm.MMA_MODES:
+        RB, CBK, nrb, ncb, wg = cpm.mma_tile(mode, CL, P, N, 32)
+        rows, cols = (P, N) if mode == "ZF" else (CL, P)
+        assert RB * nrb == rows and CBK * ncb == cols and RB % 16 == 0 and CBK % 16 == 0
+        assert (RB == CL) if mode == "Y" else True                  # Y leaves out the tiles above the diagonal
+        tiles, sgs = (RB // 16) * (CBK // 16), wg // 32
+        assert wg % 32 == 0 and tiles % sgs == 0 and (CBK // 16) % (tiles // sgs) == 0
+
+
+def test_mma_knobs_are_checked(knobs):
+    with pytest.raises(ValueError, match="MMA"):
+        knobs["MMA"] = 2
+    with pytest.raises(ValueError, match="MMA_KS"):
+        knobs["MMA_KS"] = 24

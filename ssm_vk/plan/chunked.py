@@ -18,7 +18,8 @@ from ssm_ref import Dims
 from ..config import DEFAULTS, Settings, settings
 from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
-__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
+__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "mma_tile", "mma_fits", "MMA_MODES", "MMA_KS",
+           "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in"]
 
@@ -160,6 +161,57 @@ def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
     return 1 if headloop or (d.H // d.G) % k else k
 
 
+# The modes the matrix units compute where the context has them (chunk_mma.comp): the chunk
+# states and y, the forward's two large products; the backward's ZF too when it recomputes the
+# states, so that they are the forward's to the bit.
+MMA_MODES = ("ZF", "Y")
+MMA_KS = 32        # their contraction slice (knob MMA_KS)
+MMA_SUBGROUPS = 8  # subgroups per workgroup, at most
+
+
+def _block(n: int) -> int:
+    """The largest of 64, 32, 16 that divides ``n`` (0 when none does)."""
+    return next((b for b in (64, 32, 16) if n % b == 0), 0)
+
+
+def mma_tile(mode: str, CL: int, P: int, N: int, subgroup: int) -> tuple[int, int, int, int, int]:
+    """(RB, CBK, NRB, NCB, threads) of a chunk_mma mode: a tile of RB x CBK (Y's rows the whole
+    chunk, so that it can leave out the tiles above the diagonal), and the tile's 16 x 16 blocks
+    spread over up to MMA_SUBGROUPS subgroups of ``subgroup`` threads."""
+    rows, cols = _shape(mode, CL, P, N)
+    RB = CL if mode == "Y" else _block(rows)
+    CBK = _block(cols)
+    if not RB or not CBK:
+        return 0, 0, 0, 0, 0
+    nsg = min(MMA_SUBGROUPS, (RB // 16) * (CBK // 16))
+    return RB, CBK, rows // RB, cols // CBK, nsg * subgroup
+
+
+def _mma_shared(mode: str, CL: int, RB: int, CBK: int, ks: int) -> int:
+    """Bytes of shared memory chunk_mma.comp declares for a tile (its arrays, as laid out there)."""
+    a = ks * (RB + 8) if mode == "ZF" else RB * (ks + 8)
+    b = max(ks * (CBK + 8), CBK * (ks + 8) if mode == "Y" else 0)
+    return 2 * 2 * (a + b) + RB * (CBK + 4) * F32 + 3 * (RB + CBK) * 4 + 3 * CL * F32
+
+
+def mma_fits(d: Dims, lim: Limits, CL: int, knobs: Settings) -> bool:
+    """Whether ZF and Y of ``d`` can run on the matrix units of the device of ``lim``: the context
+    enabled them, the knob MMA is not 0, P and N are multiples of 16, the slice divides the chunk
+    and N, and each tile's threads and shared memory fit the device."""
+    if not lim.matrix_f16 or not knobs.knob("MMA", 1) or d.P % 16 or d.N % 16:
+        return False
+    ks = knobs.knob("MMA_KS", MMA_KS)
+    if CL % ks or d.N % ks:
+        return False
+    for mode in MMA_MODES:
+        RB, CBK, _, _, wg = mma_tile(mode, CL, d.P, d.N, lim.subgroup_size)
+        if not wg or wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]):
+            return False
+        if _mma_shared(mode, CL, RB, CBK, ks) > lim.max_shared_memory:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     CL: int
@@ -178,6 +230,9 @@ class ChunkPlan:
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
     hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
     hpart_c: int = 1         # ... d_C
+    mma: bool = False        # ZF and Y on the float16 matrix units (chunk_mma.comp), error-compensated
+    subgroup: int = 32       # the device's subgroup size (chunk_mma's subgroups per tile)
+    mma_ks: int = MMA_KS     # chunk_mma's contraction slice
 
     def hpw(self, mode: str) -> int:
         """Heads per workgroup of a chunk_gemm mode."""
@@ -294,5 +349,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD", 1)),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"),
+                     mma=mma_fits(d, lim, CL, knobs), subgroup=lim.subgroup_size,
+                     mma_ks=knobs.knob("MMA_KS", MMA_KS),
                      hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
                      hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))

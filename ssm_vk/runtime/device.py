@@ -273,9 +273,9 @@ def matrix_shapes(instance, physical_device, suffix: str = "NV") -> list[tuple[i
 
 
 def matrix_features(instance, physical_device, extensions):
-    """The feature structs (cooperative matrix, float16 arithmetic, the Vulkan memory model) to chain
-    into device creation when the device offers MATRIX_EXTENSION's 16 x 16 x 16 float16 products
-    into float32 at subgroup scope and those features; None otherwise."""
+    """The feature structs (cooperative matrix, float16 arithmetic, the Vulkan memory model with its
+    device scope) to chain into device creation when the device offers MATRIX_EXTENSION's 16 x 16 x
+    16 float16 products into float32 at subgroup scope and those features; None otherwise."""
     if not {MATRIX_EXTENSION, FLOAT16_EXTENSION, MEMORY_MODEL_EXTENSION} <= extensions:
         return None
     vk = binding.require()
@@ -290,6 +290,8 @@ def matrix_features(instance, physical_device, extensions):
             fields = {"sType": getattr(vk, "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_" + stype), "pNext": nxt}
             if values:
                 fields[field] = 1
+                if field == "vulkanMemoryModel":     # the other shaders' device-scope atomics
+                    fields["vulkanMemoryModelDeviceScope"] = 1
             nxt = ffi.new(ctype + "*", fields)
             structs.append(nxt)
         return structs
@@ -299,6 +301,8 @@ def matrix_features(instance, physical_device, extensions):
                                                    "pNext": offered[-1]})
     vk.vkGetPhysicalDeviceFeatures2(physical_device, feats)
     if not all(getattr(st, field) for st, (_, _, field) in zip(offered, kinds, strict=True)):
+        return None
+    if not offered[-1].vulkanMemoryModelDeviceScope:
         return None
     f16t, f32t, sub = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR, vk.VK_SCOPE_SUBGROUP_KHR
     if (*MATRIX_SHAPE, f16t, f16t, f32t, f32t, sub) not in matrix_shapes(instance, physical_device, "NV"):
