@@ -25,8 +25,9 @@
 // token-sequential kernels (chunk_common.glsl, binding 18), as for the float32 kernels.
 //
 // A workgroup of NSG subgroups computes an RB x CBK tile of one (sequence, chunk, head) matrix:
-// first the rows' and columns' largest magnitudes over the whole contraction (shared-memory
-// atomicMax of the bits of |v|), then KS-long slices of both operands split into shared memory
+// first every slice of both operands into registers, read once, and the rows' and columns' largest
+// magnitudes over the whole contraction (the bits of |v|: a maximum over the lanes that hold a
+// row, then one shared-memory atomicMax per row and lane group), then KS-long slices split into shared memory
 // (16-byte stores, eight float16 values each) and multiplied, each subgroup TPS 16 x 16 tiles of
 // one row of tiles; the tiles go through shared memory to be scaled back and written 16 bytes at
 // a time. Fixed orders throughout: reruns give the same bits.
@@ -40,6 +41,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #include "chunk_common.glsl"
 
 #if MODE != 2 && MODE != 4
@@ -122,80 +124,106 @@ const uint NUB1 = KS * CBK / 8u, NUB2 = MODE == 4 ? CBK * KS / 8u : 0u;
 
 #if MODE == 2
 // A = (dout_s d_s x_s[p]) over p (rows) and the chunk's tokens s
-void a_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot) {
+void a_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot, bool load) {
     uint kt = u / (RB / 8u), q = u % (RB / 8u);
     uint s = j * KS + kt, p = r0 + q * 8u;
     uint xa = pc.o_x + (tk(s) * pc.H + h) * PD + p;
     float w = s < Lc ? sd[s] * sdo[s] : 0.0;
-    v0 = s < Lc ? x_at(xa) * w : vec4(0.0);
-    v1 = s < Lc ? x_at(xa + 4u) * w : vec4(0.0);
+    v0 = load && s < Lc ? x_at(xa) * w : vec4(0.0);
+    v1 = load && s < Lc ? x_at(xa + 4u) * w : vec4(0.0);
     at = q * 8u; per8 = true; slot = kt * (ASTR / 8u) + q;
 }
 // B = B_s[n] over the tokens s and n (columns)
-void b_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot) {
+void b_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot, bool load) {
     uint kt = u / (CBK / 8u), q = u % (CBK / 8u);
     uint s = j * KS + kt;
     uint ba = pc.o_B + (tk(s) * pc.G + g) * ND + c0 + q * 8u;
-    v0 = s < Lc ? b_at(ba) : vec4(0.0);
-    v1 = s < Lc ? b_at(ba + 4u) : vec4(0.0);
+    v0 = load && s < Lc ? b_at(ba) : vec4(0.0);
+    v1 = load && s < Lc ? b_at(ba + 4u) : vec4(0.0);
     at = q * 8u; per8 = true; slot = kt * (BSTR / 8u) + q;
 }
 #else
 // A = [mcb[t] | din_t C_t] over t (rows) and the tokens, then n
-void a_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot) {
+void a_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot, bool load) {
     uint t = u / (KS / 8u), q = u % (KS / 8u);
     if (j < NS1) {                            // mcb: 0 above the diagonal and past the chunk
         uint ma = (hmat * CL * CL + t * CL + j * KS + q * 8u) >> 2;
-        v0 = mcb4[ma];
-        v1 = mcb4[ma + 1u];
+        v0 = load ? mcb4[ma] : vec4(0.0);
+        v1 = load ? mcb4[ma + 1u] : vec4(0.0);
     } else {
         uint ca = pc.o_C + (tk(t) * pc.G + g) * ND + (j - NS1) * KS + q * 8u;
         float w = t < Lc ? sdi[t] : 0.0;
-        v0 = t < Lc ? c_at(ca) * w : vec4(0.0);
-        v1 = t < Lc ? c_at(ca + 4u) * w : vec4(0.0);
+        v0 = load && t < Lc ? c_at(ca) * w : vec4(0.0);
+        v1 = load && t < Lc ? c_at(ca + 4u) * w : vec4(0.0);
     }
     at = t; per8 = false; slot = t * (ASTR / 8u) + q;
 }
 // B = [u[., p] ; hs[p]] over the tokens, then n, and p (columns)
-void b_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot) {
+void b_unit(uint j, uint u, out vec4 v0, out vec4 v1, out uint at, out bool per8, out uint slot, bool load) {
     if (j < NS1) {                            // u_s[p] = d_s x_s[p], stored [s][p]
         uint kt = u / (CBK / 8u), q = u % (CBK / 8u);
         uint s = j * KS + kt;
         uint xa = pc.o_x + (tk(s) * pc.H + h) * PD + c0 + q * 8u;
         float w = s < Lc ? sd[s] : 0.0;
-        v0 = s < Lc ? x_at(xa) * w : vec4(0.0);
-        v1 = s < Lc ? x_at(xa + 4u) * w : vec4(0.0);
+        v0 = load && s < Lc ? x_at(xa) * w : vec4(0.0);
+        v1 = load && s < Lc ? x_at(xa + 4u) * w : vec4(0.0);
         at = q * 8u; per8 = true; slot = kt * (BSTR / 8u) + q;
     } else {                                  // hs[p][n], stored [p][n]
         uint pl = u / (KS / 8u), q = u % (KS / 8u);
         uint ha = (hmat * PD * ND + (c0 + pl) * ND + (j - NS1) * KS + q * 8u) >> 2;
-        v0 = hs4[ha];
-        v1 = hs4[ha + 1u];
+        v0 = load ? hs4[ha] : vec4(0.0);
+        v1 = load ? hs4[ha + 1u] : vec4(0.0);
         at = pl; per8 = false; slot = pl * (BTSTR / 8u) + q;
     }
 }
 #endif
-uint b_units(uint j) { return MODE == 4 && j >= NS1 ? NUB2 : NUB1; }
 
-void note_max(bool rows, uint at, bool per8, vec4 v0, vec4 v1) {
-    vec4 a0 = abs(v0), a1 = abs(v1);
-    if (per8) {
-        [[unroll]] for (uint q = 0; q < 4u; ++q) {
-            if (rows) { atomicMax(rmax[at + q], floatBitsToUint(a0[q])); atomicMax(rmax[at + 4u + q], floatBitsToUint(a1[q])); }
-            else { atomicMax(cmax[at + q], floatBitsToUint(a0[q])); atomicMax(cmax[at + 4u + q], floatBitsToUint(a1[q])); }
-        }
+// The operands, loaded once: unit k of slice j of this thread is u = lid + k WG.
+const uint UA = (NUA + WG - 1u) / WG, UB = (NUB1 + WG - 1u) / WG;
+vec4 ra0[NSL * UA], ra1[NSL * UA], rb0[NSL * UB], rb1[NSL * UB];
+
+// The largest of ``m`` over the lanes whose units scale by the same row (column): every
+// ``period``-th lane for units along the rows (eight rows each, repeating every ``period`` units),
+// else runs of ``period`` lanes (one row per run).
+uint lanes_max(uint m, uint period, bool strided) {
+    if (strided) {
+        [[unroll]] for (uint x = period; x < SGS; x <<= 1) m = max(m, subgroupShuffleXor(m, x));
     } else {
-        vec4 m = max(a0, a1);
-        uint b = floatBitsToUint(max(max(m.x, m.y), max(m.z, m.w)));
-        if (rows) atomicMax(rmax[at], b); else atomicMax(cmax[at], b);
+        [[unroll]] for (uint x = 1u; x < period; x <<= 1) m = max(m, subgroupShuffleXor(m, x));
     }
+    return m;
 }
 
-// v s = hi + lo / 2048 for the eight values, packed as float16 pairs
+// Fold the eight values' magnitudes (``per8``: eight rows) or their largest (one row) into
+// rmax / cmax from the lanes that hold them.
+void note8(bool rows, uint at, uint period, bool on, uvec4 m0, uvec4 m1) {
+    uint lane = gl_SubgroupInvocationID;
+    [[unroll]] for (uint q = 0; q < 4u; ++q) {
+        uint a = lanes_max(m0[q], period, true), b = lanes_max(m1[q], period, true);
+        if (on && lane < period) {
+            if (rows) { atomicMax(rmax[at + q], a); atomicMax(rmax[at + 4u + q], b); }
+            else { atomicMax(cmax[at + q], a); atomicMax(cmax[at + 4u + q], b); }
+        }
+    }
+}
+void note1(bool rows, uint at, uint period, bool on, uint m) {
+    m = lanes_max(m, period, false);
+    if (on && gl_SubgroupInvocationID % period == 0u) {
+        if (rows) atomicMax(rmax[at], m); else atomicMax(cmax[at], m);
+    }
+}
+uvec4 mag(vec4 v) { return floatBitsToUint(abs(v)); }
+uint mag1(vec4 v0, vec4 v1) { uvec4 m = max(mag(v0), mag(v1)); return max(max(m.x, m.y), max(m.z, m.w)); }
+
+// v s = hi + lo / 2048 for the eight values, packed as float16 pairs. hi is v s cut to float16's
+// 11 significant bits with an integer mask (a conversion to float16 and back could be folded away
+// by the compiler), so that lo holds the rest exactly; below float16's normal range (2^-14 of the
+// row's largest value) hi's own rounding, under 2^-25 of that value, is not kept.
 void split(vec4 v0, vec4 v1, vec4 s0, vec4 s1, out uvec4 hi, out uvec4 lo) {
     vec4 w0 = v0 * s0, w1 = v1 * s1;
-    f16vec4 h0 = f16vec4(w0), h1 = f16vec4(w1);
-    f16vec4 l0 = f16vec4((w0 - vec4(h0)) * 2048.0), l1 = f16vec4((w1 - vec4(h1)) * 2048.0);
+    vec4 m0 = uintBitsToFloat(floatBitsToUint(w0) & 0xFFFFE000u), m1 = uintBitsToFloat(floatBitsToUint(w1) & 0xFFFFE000u);
+    f16vec4 h0 = f16vec4(m0), h1 = f16vec4(m1);
+    f16vec4 l0 = f16vec4((w0 - m0) * 2048.0), l1 = f16vec4((w1 - m1) * 2048.0);
     hi = uvec4(packFloat2x16(h0.xy), packFloat2x16(h0.zw), packFloat2x16(h1.xy), packFloat2x16(h1.zw));
     lo = uvec4(packFloat2x16(l0.xy), packFloat2x16(l0.zw), packFloat2x16(l1.xy), packFloat2x16(l1.zw));
 }
@@ -212,24 +240,30 @@ void scales(bool rows, uint at, bool per8, out vec4 s0, out vec4 s1) {
     }
 }
 
+// Slice j from the registers into shared memory, split.
 void stage(uint j) {
     uint lid = gl_LocalInvocationIndex;
-    for (uint u = lid; u < NUA; u += WG) {
-        vec4 v0, v1, s0, s1; uint at, slot; bool per8;
-        uvec4 hi, lo;
-        a_unit(j, u, v0, v1, at, per8, slot);
-        scales(true, at, per8, s0, s1);             // ZF's A: rows p along the unit; Y's: one row t
-        split(v0, v1, s0, s1, hi, lo);
-        sAh[slot] = hi; sAl[slot] = lo;
+    [[unroll]] for (uint k = 0; k < UA; ++k) {
+        uint u = lid + k * WG;
+        if (u < NUA) {
+            vec4 v0, v1, s0, s1; uint at, slot; bool per8;
+            uvec4 hi, lo;
+            a_unit(j, u, v0, v1, at, per8, slot, false);
+            scales(true, at, per8, s0, s1);
+            split(ra0[j * UA + k], ra1[j * UA + k], s0, s1, hi, lo);
+            sAh[slot] = hi; sAl[slot] = lo;
+        }
     }
-    uint nb = b_units(j);
-    for (uint u = lid; u < nb; u += WG) {
-        vec4 v0, v1, s0, s1; uint at, slot; bool per8;
-        uvec4 hi, lo;
-        b_unit(j, u, v0, v1, at, per8, slot);
-        scales(false, at, per8, s0, s1);
-        split(v0, v1, s0, s1, hi, lo);
-        sBh[slot] = hi; sBl[slot] = lo;
+    [[unroll]] for (uint k = 0; k < UB; ++k) {
+        uint u = lid + k * WG;
+        if (u < NUB1) {
+            vec4 v0, v1, s0, s1; uint at, slot; bool per8;
+            uvec4 hi, lo;
+            b_unit(j, u, v0, v1, at, per8, slot, false);
+            scales(false, at, per8, s0, s1);
+            split(rb0[j * UB + k], rb1[j * UB + k], s0, s1, hi, lo);
+            sBh[slot] = hi; sBl[slot] = lo;
+        }
     }
 }
 
@@ -260,19 +294,41 @@ void main() {
     for (uint q = lid; q < CBK; q += WG) cmax[q] = 0u;
     barrier();
 
-    // The rows' and columns' largest magnitudes over the whole contraction.
-    for (uint j = 0; j < NSL; ++j) {
-        for (uint u = lid; u < NUA; u += WG) {
-            vec4 v0, v1; uint at, slot; bool per8;
-            a_unit(j, u, v0, v1, at, per8, slot);
-            note_max(true, at, per8, v0, v1);
+    // Every slice of both operands into registers, and the rows' and columns' largest magnitudes
+    // over the whole contraction.
+    [[unroll]] for (uint k = 0; k < UA; ++k) {
+        uint u = lid + k * WG;
+        bool on = u < NUA;
+        uvec4 m0 = uvec4(0u), m1 = uvec4(0u);
+        uint at = 0u;
+        [[unroll]] for (uint j = 0; j < NSL; ++j) {
+            vec4 v0 = vec4(0.0), v1 = vec4(0.0); uint slot; bool per8;
+            if (on) a_unit(j, u, v0, v1, at, per8, slot, true);
+            ra0[j * UA + k] = v0; ra1[j * UA + k] = v1;
+            m0 = max(m0, mag(v0)); m1 = max(m1, mag(v1));
         }
-        uint nb = b_units(j);
-        for (uint u = lid; u < nb; u += WG) {
-            vec4 v0, v1; uint at, slot; bool per8;
-            b_unit(j, u, v0, v1, at, per8, slot);
-            note_max(false, at, per8, v0, v1);
+#if MODE == 2
+        note8(true, at, RB / 8u, on, m0, m1);
+#else
+        note1(true, at, KS / 8u, on, max(max(max(m0.x, m0.y), max(m0.z, m0.w)), max(max(m1.x, m1.y), max(m1.z, m1.w))));
+#endif
+    }
+    [[unroll]] for (uint k = 0; k < UB; ++k) {
+        uint u = lid + k * WG;
+        bool on = u < NUB1;
+        uvec4 m0 = uvec4(0u), m1 = uvec4(0u);
+        uint m2 = 0u, at = 0u, at2 = 0u;
+        [[unroll]] for (uint j = 0; j < NSL; ++j) {
+            vec4 v0 = vec4(0.0), v1 = vec4(0.0); uint slot, a; bool per8;
+            if (on) b_unit(j, u, v0, v1, a, per8, slot, true);
+            rb0[j * UB + k] = v0; rb1[j * UB + k] = v1;
+            if (j < NS1) { m0 = max(m0, mag(v0)); m1 = max(m1, mag(v1)); at = a; }
+            else { m2 = max(m2, mag1(v0, v1)); at2 = a; }
         }
+        note8(false, at, CBK / 8u, on, m0, m1);
+#if MODE == 4
+        note1(false, at2, KS / 8u, on, m2);
+#endif
     }
     barrier();
     for (uint r = lid; r < RB; r += WG) { int e = exp_of(rmax[r]); rex[r] = e; rsc[r] = ldexp(1.0, -e); }
