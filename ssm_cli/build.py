@@ -37,9 +37,6 @@ DEFAULT_P = "32,64,128"
 # among GPUs (the backward's workgroup size depends on it).
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 COMMON_SHARED = (32 << 10, 48 << 10, 64 << 10)
-# The subgroup size of the devices with float16 matrix units through VK_NV_cooperative_matrix
-# (NVIDIA's): its profiles also package the chunked forward's kernels on those units.
-MATRIX_SUBGROUP = 32
 
 
 def add_arguments(p) -> None:
@@ -83,8 +80,7 @@ def profiles(spec: str) -> list[tuple[str, object]]:
                 subgroup_size=sg, subgroup_ops=ALL_OPS, max_workgroup_invocations=1024, max_shared_memory=shared,
                 max_workgroup_size=(1024, 1024, 64), max_workgroup_count=(65535, 65535, 65535),
                 max_storage_buffer_range=1 << 27,
-                max_memory_allocation_size=1 << 30, min_storage_buffer_offset_alignment=256,
-                matrix_f16=sg == MATRIX_SUBGROUP)))
+                max_memory_allocation_size=1 << 30, min_storage_buffer_offset_alignment=256)))
     return out
 
 

@@ -147,11 +147,12 @@ KNOBS: dict[str, Knob] = {
                   "of the heads per group that fits shared memory)", _pow2(1, 8)),
     "HPW_Y": Knob("heads of a group per workgroup of the chunked forward's y product, at most (lowered as "
                   "HPW_Z)", _pow2(1, 8)),
-    "MMA": Knob("0: the chunked forward's chunk states and y on the float32 kernels even where the context "
-                "has float16 matrix units (1, the default: on the matrix units there, error-compensated)",
+    "MMA": Knob("1: the chunked forward's chunk states and y on the float16 matrix units where the context "
+                "has them, error-compensated (0, the default: the float32 kernels, faster on an H200)",
                 _one_of(0, 1)),
     "MMA_KS": Knob("contraction slice of the matrix-unit products (must divide the chunk length and N)",
                    _one_of(16, 32, 64)),
+    "MMA_SG": Knob("subgroups per workgroup of the matrix-unit products, at most", _one_of(1, 2, 4, 8)),
     "KEEP_STATES": Knob("0: the backward always recomputes the chunk states its forward left", _one_of(0, 1)),
     "PASS_PB": Knob("chunks whose loads the state pass issues together", _between(1, 64)),
 }

@@ -231,7 +231,7 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 
 def mma_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     """chunk_mma.comp: ZF or Y on the float16 matrix units (``cp.mma``)."""
-    RB, CBK, _, _, wg = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup)
+    RB, CBK, _, _, wg = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup, cp.mma_sg)
     return chunk_spec("chunk_mma", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], SGS=cp.subgroup, RB=RB, CBK=CBK,
                       KS=cp.mma_ks)
 
@@ -401,10 +401,4 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                             add(spec)
                     for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)
                         add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
-                    # ZF and Y on the matrix units, for the profiles that have them
-                    for sg in sorted({lim.subgroup_size for lim in limits_list if lim.matrix_f16}):
-                        mcp = replace(cp, mma=True, subgroup=sg)
-                        if P % 16 == 0 and N % 16 == 0 and CL % mcp.mma_ks == 0 and N % mcp.mma_ks == 0:
-                            for mode in MMA_MODES:
-                                add(mma_spec(d, mcp, mode))
     return [(name, dict(defines)) for name, defines in seen]

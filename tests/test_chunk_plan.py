@@ -339,8 +339,10 @@ MATRIX = replace(BIG, matrix_f16=True)
 
 
 @pytest.mark.parametrize("backward", [False, True])
-def test_matrix_units_take_the_chunk_states_and_y_where_the_shape_allows(backward, knobs):
+def test_matrix_units_take_the_chunk_states_and_y_where_asked_and_the_shape_allows(backward, knobs):
     d = dims(S=8, T=2048, H=24, P=64, N=128, G=1)
+    assert not chunk_plan(d, MATRIX, backward).mma                  # off by default
+    knobs["MMA"] = 1
     assert chunk_plan(d, MATRIX, backward).mma
     assert not chunk_plan(d, BIG, backward).mma                     # the device has none
     assert not chunk_plan(dims(P=8, N=16), MATRIX, backward).mma    # P not a multiple of 16
@@ -361,6 +363,9 @@ def test_matrix_unit_tiles_cover_every_matrix(CL, P, N):
         assert (RB == CL) if mode == "Y" else True                  # Y leaves out the tiles above the diagonal
         tiles, sgs = (RB // 16) * (CBK // 16), wg // 32
         assert wg % 32 == 0 and tiles % sgs == 0 and (CBK // 16) % (tiles // sgs) == 0
+        for sg in (1, 2, 4):
+            wg = cpm.mma_tile(mode, CL, P, N, 32, sg)[4]
+            assert wg // 32 <= max(sg, RB // 16) and tiles % (wg // 32) == 0 and (CBK // 16) % (tiles // (wg // 32)) == 0
 
 
 def test_mma_knobs_are_checked(knobs):

@@ -18,7 +18,7 @@ PROFILES = {
     "h200": Limits(subgroup_size=32, subgroup_ops=OPS, max_workgroup_invocations=1024, max_shared_memory=48 << 10,
                    max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
                    max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
-                   max_workgroup_size=(1024, 1024, 64), device_type="discrete", matrix_f16=True),
+                   max_workgroup_size=(1024, 1024, 64), device_type="discrete"),
     "lavapipe": Limits(subgroup_size=8, subgroup_ops=OPS - {"clustered"}, max_workgroup_invocations=1024,
                        max_shared_memory=32 << 10, max_workgroup_count=(65535, 65535, 65535),
                        max_storage_buffer_range=2**27, max_memory_allocation_size=2**31,
@@ -87,7 +87,7 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
     device, lim = "h200", PROFILES["h200"]
     packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], [16, 128], (16, 64), [16, 128],
                                                                                 knobs=config.DEFAULTS)}
-    seen, folds, mma = 0, set(), 0
+    seen, folds = 0, set()
     for (S, T), (H, G), (P, N), backward in itertools.product(((1, 256), (8, 2048), (1, 16384)),
                                                               ((24, 1), (8, 8), (12, 4)), ((64, 128), (16, 16)),
                                                               (False, True)):
@@ -100,25 +100,5 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
             seen += 1
-            mma += spec.name == "chunk_mma"
     assert seen > 100 and {(True, False), (False, False)} <= folds, folds
-    assert mma > 0
 
-
-def test_a_wheel_holds_the_matrix_unit_kernels_an_h200_plans():
-    # the chunk states and y on the float16 matrix units, for the (P, N) a wheel is built for
-    from ssm_cli.build import DEFAULT_CHUNKED_N, DEFAULT_P, profiles, variants
-
-    ps, ns = (tuple(int(v) for v in t.split(",")) for t in (DEFAULT_P, DEFAULT_CHUNKED_N))
-    wheel = {(name, tuple(sorted(d.items())))
-             for name, d in variants([lim for _, lim in profiles("8,16,32,64")], [16], ps, ns)}
-    seen = 0
-    for (S, T), P, N, backward in itertools.product(((1, 256), (8, 2048), (1, 16384)), ps, ns, (False, True)):
-        d = Dims(S=S, T=T, H=24, P=P, N=N, G=1, R=S, mamba1=False, a_shape=(24,))
-        pl = plan.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
-        assert pl.chunked is not None and pl.chunked.mma, (d, backward)
-        for spec in kernels.chunk_kernels(d, pl.chunked, backward):
-            if spec.name == "chunk_mma":
-                assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, spec)
-                seen += 1
-    assert seen == 3 * len(ps) * len(ns) * 3    # ZF and Y forward, ZF backward

@@ -82,9 +82,13 @@ shared uvec4 sAh[AROWS * ASTR / 8u], sAl[AROWS * ASTR / 8u];
 shared uvec4 sBh[BSZ], sBl[BSZ];
 const uint OSTR = CBK + 4u;
 shared float sOut[RB * OSTR];                 // the tile, before it is scaled back
-shared uint rmax[RB], cmax[CBK];              // bits of the largest |v| of each row (column)
-shared float rsc[RB], csc[CBK];               // their scales 2^-e
-shared int rex[RB], cex[CBK];                 // ... and exponents e
+// Y's two parts of the contraction (over the chunk's tokens, over N) take scales of their own, and
+// accumulators of their own: its rows' largest values often lie in one part (M o CB), its
+// columns' in the other (hs).
+const uint NSEG = MODE == 4 ? 2u : 1u;
+shared uint rmax[NSEG * RB], cmax[NSEG * CBK]; // bits of the largest |v| of each row (column), per part
+shared float rsc[NSEG * RB], csc[NSEG * CBK];  // their scales 2^-e
+shared int rex[NSEG * RB], cex[NSEG * CBK];    // ... and exponents e
 shared float sd[CL], sdi[CL], sdo[CL];        // d_t = softplus(dt), din_t, dout_t
 
 // 16-byte views of the inputs and tables the slices are read from (chunk_common's bindings)
@@ -215,13 +219,18 @@ void note1(bool rows, uint at, uint period, bool on, uint m) {
 uvec4 mag(vec4 v) { return floatBitsToUint(abs(v)); }
 uint mag1(vec4 v0, vec4 v1) { uvec4 m = max(mag(v0), mag(v1)); return max(max(m.x, m.y), max(m.z, m.w)); }
 
-// v s = hi + lo / 2048 for the eight values, packed as float16 pairs. hi is v s cut to float16's
-// 11 significant bits with an integer mask (a conversion to float16 and back could be folded away
-// by the compiler), so that lo holds the rest exactly; below float16's normal range (2^-14 of the
-// row's largest value) hi's own rounding, under 2^-25 of that value, is not kept.
+// w = hi + lo / 2048 for the eight scaled values w = v s, packed as float16 pairs. hi is w cut to
+// a float16 value: to 11 significant bits by an integer mask, or below float16's normal range
+// (2^-14) to a multiple of 2^-24 (a conversion to float16 and back instead could be folded away by
+// the compiler), so that w - hi is exact in float32 and lo holds it to 11 bits or to 2^-24 / 2048.
+vec4 hi_part(vec4 w) {
+    vec4 m = uintBitsToFloat(floatBitsToUint(w) & 0xFFFFE000u);
+    vec4 sub = trunc(w * 16777216.0) * (1.0 / 16777216.0);
+    return mix(m, sub, lessThan(abs(w), vec4(1.0 / 16384.0)));
+}
 void split(vec4 v0, vec4 v1, vec4 s0, vec4 s1, out uvec4 hi, out uvec4 lo) {
     vec4 w0 = v0 * s0, w1 = v1 * s1;
-    vec4 m0 = uintBitsToFloat(floatBitsToUint(w0) & 0xFFFFE000u), m1 = uintBitsToFloat(floatBitsToUint(w1) & 0xFFFFE000u);
+    vec4 m0 = hi_part(w0), m1 = hi_part(w1);
     f16vec4 h0 = f16vec4(m0), h1 = f16vec4(m1);
     f16vec4 l0 = f16vec4((w0 - m0) * 2048.0), l1 = f16vec4((w1 - m1) * 2048.0);
     hi = uvec4(packFloat2x16(h0.xy), packFloat2x16(h0.zw), packFloat2x16(h1.xy), packFloat2x16(h1.zw));
@@ -249,7 +258,7 @@ void stage(uint j) {
             vec4 v0, v1, s0, s1; uint at, slot; bool per8;
             uvec4 hi, lo;
             a_unit(j, u, v0, v1, at, per8, slot, false);
-            scales(true, at, per8, s0, s1);
+            scales(true, (j < NS1 ? 0u : RB) + at, per8, s0, s1);
             split(ra0[j * UA + k], ra1[j * UA + k], s0, s1, hi, lo);
             sAh[slot] = hi; sAl[slot] = lo;
         }
@@ -260,7 +269,7 @@ void stage(uint j) {
             vec4 v0, v1, s0, s1; uint at, slot; bool per8;
             uvec4 hi, lo;
             b_unit(j, u, v0, v1, at, per8, slot, false);
-            scales(false, at, per8, s0, s1);
+            scales(false, (j < NS1 ? 0u : CBK) + at, per8, s0, s1);
             split(rb0[j * UB + k], rb1[j * UB + k], s0, s1, hi, lo);
             sBh[slot] = hi; sBl[slot] = lo;
         }
@@ -290,8 +299,8 @@ void main() {
         sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
         sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
     }
-    for (uint r = lid; r < RB; r += WG) rmax[r] = 0u;
-    for (uint q = lid; q < CBK; q += WG) cmax[q] = 0u;
+    for (uint r = lid; r < NSEG * RB; r += WG) rmax[r] = 0u;
+    for (uint q = lid; q < NSEG * CBK; q += WG) cmax[q] = 0u;
     barrier();
 
     // Every slice of both operands into registers, and the rows' and columns' largest magnitudes
@@ -300,17 +309,19 @@ void main() {
         uint u = lid + k * WG;
         bool on = u < NUA;
         uvec4 m0 = uvec4(0u), m1 = uvec4(0u);
-        uint at = 0u;
+        uint at = 0u, m2 = 0u;
         [[unroll]] for (uint j = 0; j < NSL; ++j) {
             vec4 v0 = vec4(0.0), v1 = vec4(0.0); uint slot; bool per8;
             if (on) a_unit(j, u, v0, v1, at, per8, slot, true);
             ra0[j * UA + k] = v0; ra1[j * UA + k] = v1;
-            m0 = max(m0, mag(v0)); m1 = max(m1, mag(v1));
+            if (j < NS1) { m0 = max(m0, mag(v0)); m1 = max(m1, mag(v1)); }
+            else m2 = max(m2, mag1(v0, v1));
         }
 #if MODE == 2
         note8(true, at, RB / 8u, on, m0, m1);
 #else
         note1(true, at, KS / 8u, on, max(max(max(m0.x, m0.y), max(m0.z, m0.w)), max(max(m1.x, m1.y), max(m1.z, m1.w))));
+        note1(true, RB + at, KS / 8u, on, m2);
 #endif
     }
     [[unroll]] for (uint k = 0; k < UB; ++k) {
@@ -327,18 +338,18 @@ void main() {
         }
         note8(false, at, CBK / 8u, on, m0, m1);
 #if MODE == 4
-        note1(false, at2, KS / 8u, on, m2);
+        note1(false, CBK + at2, KS / 8u, on, m2);
 #endif
     }
     barrier();
-    for (uint r = lid; r < RB; r += WG) { int e = exp_of(rmax[r]); rex[r] = e; rsc[r] = ldexp(1.0, -e); }
-    for (uint q = lid; q < CBK; q += WG) { int e = exp_of(cmax[q]); cex[q] = e; csc[q] = ldexp(1.0, -e); }
+    for (uint r = lid; r < NSEG * RB; r += WG) { int e = exp_of(rmax[r]); rex[r] = e; rsc[r] = ldexp(1.0, -e); }
+    for (uint q = lid; q < NSEG * CBK; q += WG) { int e = exp_of(cmax[q]); cex[q] = e; csc[q] = ldexp(1.0, -e); }
     barrier();
 
     uint tile0 = gl_SubgroupID * TPS;
     uint rt = tile0 / CT, ct0 = tile0 % CT;
-    F32M acc[TPS];
-    [[unroll]] for (uint q = 0; q < TPS; ++q) acc[q] = F32M(0.0);
+    F32M acc[NSEG * TPS];
+    [[unroll]] for (uint q = 0; q < NSEG * TPS; ++q) acc[q] = F32M(0.0);
     for (uint j = 0; j < NSL; ++j) {
         if (j > 0u) barrier();                 // every subgroup has read the slice before
         stage(j);
@@ -369,25 +380,41 @@ void main() {
                     coopMatLoadNV(bh, sBh, (kk * 16u * BSTR + ct * 16u) / 8u, BSTR / 8u, false);
                     coopMatLoadNV(bl, sBl, (kk * 16u * BSTR + ct * 16u) / 8u, BSTR / 8u, false);
                 }
-                acc[q] = coopMatMulAddNV(a2, bh, acc[q]);
-                acc[q] = coopMatMulAddNV(ah, bl, acc[q]);
-                acc[q] = coopMatMulAddNV(al, bh, acc[q]);
+                uint aq = (bcol ? TPS : 0u) + q;
+                acc[aq] = coopMatMulAddNV(a2, bh, acc[aq]);
+                acc[aq] = coopMatMulAddNV(ah, bl, acc[aq]);
+                acc[aq] = coopMatMulAddNV(al, bh, acc[aq]);
             }
         }
     }
 
     // Epilogue: the tiles through shared memory, scaled back by 2^(e_row + e_col - 11) (in two
-    // steps, so that no intermediate overflows or underflows where the result does not).
-    [[unroll]] for (uint q = 0; q < TPS; ++q)
-        coopMatStoreNV(acc[q], sOut, rt * 16u * OSTR + (ct0 + q) * 16u, OSTR, false);
-    barrier();
-    for (uint e = lid; e < RB * CBK / 4u; e += WG) {
-        uint r = e / (CBK / 4u), col = (e % (CBK / 4u)) * 4u;
-        vec4 v;
-        [[unroll]] for (uint q = 0; q < 4u; ++q) {
-            int E = rex[r] + cex[col + q] - 11;
-            v[q] = ldexp(ldexp(sOut[r * OSTR + col + q], E / 2), E - E / 2);
+    // steps, so that no intermediate overflows or underflows where the result does not), Y's two
+    // parts one after the other.
+    const uint EPT = (RB * CBK / 4u + WG - 1u) / WG;    // 16-byte groups of the tile per thread
+    vec4 res[EPT];
+    [[unroll]] for (uint seg = 0; seg < NSEG; ++seg) {
+        if (seg > 0u) barrier();              // the first part read out
+        [[unroll]] for (uint q = 0; q < TPS; ++q)
+            coopMatStoreNV(acc[seg * TPS + q], sOut, rt * 16u * OSTR + (ct0 + q) * 16u, OSTR, false);
+        barrier();
+        [[unroll]] for (uint k = 0; k < EPT; ++k) {
+            uint e = lid + k * WG;
+            if (e < RB * CBK / 4u) {
+                uint r = e / (CBK / 4u), col = (e % (CBK / 4u)) * 4u;
+                [[unroll]] for (uint q = 0; q < 4u; ++q) {
+                    int E = rex[seg * RB + r] + cex[seg * CBK + col + q] - 11;
+                    float v = ldexp(ldexp(sOut[r * OSTR + col + q], E / 2), E - E / 2);
+                    res[k][q] = seg == 0u ? v : res[k][q] + v;
+                }
+            }
         }
+    }
+    [[unroll]] for (uint k = 0; k < EPT; ++k) {
+        uint e = lid + k * WG;
+        if (e >= RB * CBK / 4u) break;
+        uint r = e / (CBK / 4u), col = (e % (CBK / 4u)) * 4u;
+        vec4 v = res[k];
 #if MODE == 2
         hs4[(hmat * PD * ND + (r0 + r) * ND + c0 + col) >> 2] = v;
 #else

@@ -166,7 +166,9 @@ def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
 # states, so that they are the forward's to the bit.
 MMA_MODES = ("ZF", "Y")
 MMA_KS = 32        # their contraction slice (knob MMA_KS)
-MMA_SUBGROUPS = 8  # subgroups per workgroup, at most
+MMA_SUBGROUPS = 8  # subgroups per workgroup, at most (knob MMA_SG)
+# Off unless the knob MMA=1 asks: on an H200 the float32 kernels are faster (docs/BENCHMARKS.md).
+MMA_DEFAULT = 0
 
 
 def _block(n: int) -> int:
@@ -174,16 +176,18 @@ def _block(n: int) -> int:
     return next((b for b in (64, 32, 16) if n % b == 0), 0)
 
 
-def mma_tile(mode: str, CL: int, P: int, N: int, subgroup: int) -> tuple[int, int, int, int, int]:
+def mma_tile(mode: str, CL: int, P: int, N: int, subgroup: int,
+             sg: int | None = None) -> tuple[int, int, int, int, int]:
     """(RB, CBK, NRB, NCB, threads) of a chunk_mma mode: a tile of RB x CBK (Y's rows the whole
     chunk, so that it can leave out the tiles above the diagonal), and the tile's 16 x 16 blocks
-    spread over up to MMA_SUBGROUPS subgroups of ``subgroup`` threads."""
+    spread over up to ``sg`` (default MMA_SUBGROUPS) subgroups of ``subgroup`` threads."""
     rows, cols = _shape(mode, CL, P, N)
     RB = CL if mode == "Y" else _block(rows)
     CBK = _block(cols)
     if not RB or not CBK:
         return 0, 0, 0, 0, 0
-    nsg = min(MMA_SUBGROUPS, (RB // 16) * (CBK // 16))
+    # (at least one subgroup per row of 16 x 16 blocks: a subgroup takes part of one row)
+    nsg = max(RB // 16, min(MMA_SUBGROUPS if sg is None else sg, (RB // 16) * (CBK // 16)))
     return RB, CBK, rows // RB, cols // CBK, nsg * subgroup
 
 
@@ -191,20 +195,21 @@ def _mma_shared(mode: str, CL: int, RB: int, CBK: int, ks: int) -> int:
     """Bytes of shared memory chunk_mma.comp declares for a tile (its arrays, as laid out there)."""
     a = ks * (RB + 8) if mode == "ZF" else RB * (ks + 8)
     b = max(ks * (CBK + 8), CBK * (ks + 8) if mode == "Y" else 0)
-    return 2 * 2 * (a + b) + RB * (CBK + 4) * F32 + 3 * (RB + CBK) * 4 + 3 * CL * F32
+    parts = 2 if mode == "Y" else 1     # Y's scales per part of its contraction
+    return 2 * 2 * (a + b) + RB * (CBK + 4) * F32 + 3 * parts * (RB + CBK) * 4 + 3 * CL * F32
 
 
 def mma_fits(d: Dims, lim: Limits, CL: int, knobs: Settings) -> bool:
     """Whether ZF and Y of ``d`` can run on the matrix units of the device of ``lim``: the context
-    enabled them, the knob MMA is not 0, P and N are multiples of 16, the slice divides the chunk
+    enabled them, the knob MMA is 1, P and N are multiples of 16, the slice divides the chunk
     and N, and each tile's threads and shared memory fit the device."""
-    if not lim.matrix_f16 or not knobs.knob("MMA", 1) or d.P % 16 or d.N % 16:
+    if not lim.matrix_f16 or not knobs.knob("MMA", MMA_DEFAULT) or d.P % 16 or d.N % 16:
         return False
     ks = knobs.knob("MMA_KS", MMA_KS)
     if CL % ks or d.N % ks:
         return False
     for mode in MMA_MODES:
-        RB, CBK, _, _, wg = mma_tile(mode, CL, d.P, d.N, lim.subgroup_size)
+        RB, CBK, _, _, wg = mma_tile(mode, CL, d.P, d.N, lim.subgroup_size, knobs.knob("MMA_SG", MMA_SUBGROUPS))
         if not wg or wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]):
             return False
         if _mma_shared(mode, CL, RB, CBK, ks) > lim.max_shared_memory:
@@ -233,6 +238,7 @@ class ChunkPlan:
     mma: bool = False        # ZF and Y on the float16 matrix units (chunk_mma.comp), error-compensated
     subgroup: int = 32       # the device's subgroup size (chunk_mma's subgroups per tile)
     mma_ks: int = MMA_KS     # chunk_mma's contraction slice
+    mma_sg: int = MMA_SUBGROUPS  # ... and subgroups per workgroup, at most
 
     def hpw(self, mode: str) -> int:
         """Heads per workgroup of a chunk_gemm mode."""
@@ -350,6 +356,6 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"),
                      mma=mma_fits(d, lim, CL, knobs), subgroup=lim.subgroup_size,
-                     mma_ks=knobs.knob("MMA_KS", MMA_KS),
+                     mma_ks=knobs.knob("MMA_KS", MMA_KS), mma_sg=knobs.knob("MMA_SG", MMA_SUBGROUPS),
                      hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
                      hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))

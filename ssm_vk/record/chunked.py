@@ -61,7 +61,7 @@ class _Chunked:
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
         if cp.mma and mode in MMA_MODES:    # chunk_mma.comp: one head per workgroup
-            nrb, ncb = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup)[2:4]
+            nrb, ncb = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup, cp.mma_sg)[2:4]
             self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * d.H * nrb * ncb, **extra)
             return
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)

@@ -43,7 +43,7 @@ def mma(monkeypatch, knobs):
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
 
     def force(CL: int = 64, **more) -> None:
-        knobs(CHUNK=CL, CHUNK_MIN_T=1, **more)
+        knobs(**{"CHUNK": CL, "CHUNK_MIN_T": 1, "MMA": 1, **more})
 
     force()
     yield force
