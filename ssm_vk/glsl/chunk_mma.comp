@@ -350,7 +350,7 @@ void main() {
     uint rt = tile0 / CT, ct0 = tile0 % CT;
     F32M acc[NSEG * TPS];
     [[unroll]] for (uint q = 0; q < NSEG * TPS; ++q) acc[q] = F32M(0.0);
-    for (uint j = 0; j < NSL; ++j) {
+    [[unroll]] for (uint j = 0; j < NSL; ++j) {     // unrolled: the registers' indices are constants
         if (j > 0u) barrier();                 // every subgroup has read the slice before
         stage(j);
         barrier();
