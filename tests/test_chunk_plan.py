@@ -364,8 +364,8 @@ def test_matrix_unit_tiles_cover_every_matrix(CL, P, N):
         tiles, sgs = (RB // 16) * (CBK // 16), wg // 32
         assert wg % 32 == 0 and tiles % sgs == 0 and (CBK // 16) % (tiles // sgs) == 0
         for sg in (1, 2, 4):
-            wg = cpm.mma_tile(mode, CL, P, N, 32, sg)[4]
-            assert wg // 32 <= max(sg, RB // 16) and tiles % (wg // 32) == 0 and (CBK // 16) % (tiles // (wg // 32)) == 0
+            nsg = cpm.mma_tile(mode, CL, P, N, 32, sg)[4] // 32
+            assert nsg <= max(sg, RB // 16) and tiles % nsg == 0 and (CBK // 16) % (tiles // nsg) == 0
 
 
 def test_mma_knobs_are_checked(knobs):
@@ -373,3 +373,21 @@ def test_mma_knobs_are_checked(knobs):
         knobs["MMA"] = 2
     with pytest.raises(ValueError, match="MMA_KS"):
         knobs["MMA_KS"] = 24
+
+
+def test_where_the_matrix_unit_kernels_cannot_be_had_the_float32_products_run(monkeypatch, knobs):
+    # the support decision drops the matrix units, not the chunked kernels, when only chunk_mma's
+    # SPIR-V cannot be had (no glslc, nothing packaged) or the device refuses it
+    from ssm_vk import decision
+
+    knobs["MMA"] = 1
+    d = dims(S=8, T=2048, H=24, P=64, N=128, G=1)
+
+    def problem(lim, kernels):
+        return "chunk_mma: no SPIR-V here" if any(k.name == "chunk_mma" for k in kernels) else ""
+
+    monkeypatch.setattr(decision, "kernels_problem", problem)
+    for backward in (False, True):
+        assert vplan.plan(d, MATRIX, backward, config.settings()).chunked.mma
+        pl, why = decision.choose_plan_why(None, d, MATRIX, backward, config.settings())
+        assert pl.chunked is not None and not pl.chunked.mma and why == ""
