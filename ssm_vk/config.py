@@ -22,8 +22,8 @@ SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (
                        instructions, ...: ``Kernel.statistics()``) and its internal code
                        (``Kernel.representations()``), where the device offers
                        VK_KHR_pipeline_executable_properties; read when the context is made
-SSM_VK_MATRIX_UNITS    0: leave the device's float16 matrix units (DeviceInfo.matrix_f16) off, so
-                       the chunked forward's products run on the float32 kernels (default 1: on
+SSM_VK_MATRIX_UNITS    0: the context leaves the device's float16 matrix units (DeviceInfo.matrix_f16)
+                       off, and no plan takes them even with the knob MMA=1 (default 1: enabled
                        where the device offers them); read when the context is made
 SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
 SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)

@@ -12,10 +12,10 @@
 // the diagonal and past the chunk's end (chunk_decay.comp writes it so), and its tiles that lie
 // wholly above the diagonal are left out.
 //
-// Each float32 operand value v is split in two float16 values, v s = hi + lo / 2048 (hi the
-// float16 nearest v s, lo the float16 nearest 2048 (v s - hi)), where s = 2^-e is a power of two
-// per row of the left operand and per column of the right one that brings the row's (column's)
-// largest magnitude into [1/2, 1). The three products 2048 hi.hi' + hi.lo' + lo.hi' are summed on
+// Each float32 operand value v is split in two float16 values, v s = hi + lo / 2048 (hi: v s cut
+// to float16, lo: the rest to float16; split()), where s = 2^-e is a power of two per row of the
+// left operand and per column of the right one that brings the row's (column's) largest magnitude
+// into [1/2, 1) -- for Y per part of the contraction (its tokens, N), each part summed apart. The three products 2048 hi.hi' + hi.lo' + lo.hi' are summed on
 // the matrix units in float32 (lo.lo' lies below float32's rounding), and the tile is scaled
 // back by 2^(e_row + e_col - 11) on its way out. The sum's error relative to float64 is that of a
 // float32 sum, about 1e-6 of (the row's largest value) (the column's largest value) times the
@@ -124,7 +124,7 @@ int exp_of(uint bits) {
 // by (``at``; ``per8``: the eight values have rows (columns) at .. at + 7, else all ``at``), and
 // its 16-byte slot in the slice's shared array.
 const uint NUA = KS * RB / 8u;                // units of A per slice
-const uint NUB1 = KS * CBK / 8u, NUB2 = MODE == 4 ? CBK * KS / 8u : 0u;
+const uint NUB1 = KS * CBK / 8u;             // ... of B (both of Y's parts alike)
 
 #if MODE == 2
 // A = (dout_s d_s x_s[p]) over p (rows) and the chunk's tokens s
