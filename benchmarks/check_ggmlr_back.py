@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import ssm_ref
-from ssm_ref.cases import make_problem
 from ssm_ref.checks import check_forward
+from ssm_ref.testing.cases import make_problem
 
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_ROOT / "benchmarks"), str(_ROOT / "tests")]

@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ssm_ref.cases import make_problem  # noqa: E402
+from ssm_ref.testing.cases import make_problem  # noqa: E402
 
 # name: (N, P, H, G, T, S)
 SHAPES = {

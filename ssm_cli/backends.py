@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from ssm_ref import ports
+from ssm_ref.testing import ports
 
 from .common import UsageError
 

@@ -100,7 +100,7 @@ def measure(b: bk.Backend, op: str, kw: dict, g_y, g_states, reps: int, budget: 
         kw = {k: (mod.to_device(v) if v is not None and k != "ids" else v) for k, v in kw.items()}
         g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
         gpu_ns = run.last_gpu_ns
-    from ssm_ref import ports
+    from ssm_ref.testing import ports
 
     pos = ports.args_of(kw) if op == "fwd" else (*ports.args_of(kw), g_y, g_states)
     fn = mod.ssm_scan if op == "fwd" else mod.ssm_scan_back

@@ -24,7 +24,7 @@ DESCRIPTION = """Run the forward and backward of a set of problems on every back
 those named by --backend), compare every output with the float64 reference (ssm_ref with
 dtype=float64, itself checked against finite differences first) and print, per backend and problem,
 where it ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
-ssm_ref/tolerance.py (the one the tests, ssm_ref.verify and the fuzzer use; bounds grow as T/16
+ssm_ref/tolerance.py (the one the tests, ssm_ref.testing.verify and the fuzzer use; bounds grow as T/16
 beyond 16 tokens). Exit code 1 when anything fails: run it after
 installing a new driver.
 
@@ -119,10 +119,10 @@ def fd_check(kw: dict, g_y, g_states, rng) -> dict:
 
 
 def _run_one(mod, kw, g_y, g_states, device_resident: bool):
-    """Forward and backward of ``mod`` through ssm_ref.ports (the reading verify and the fuzzer
+    """Forward and backward of ``mod`` through ssm_ref.testing.ports (the reading verify and the fuzzer
     use): (forward PortResult, backward PortResult or the NotImplementedError of a port without
     a backward, seconds)."""
-    from ssm_ref import ports
+    from ssm_ref.testing import ports
 
     if device_resident:
         kw = {k: (mod.to_device(v) if isinstance(v, np.ndarray) and k != "ids" else v) for k, v in kw.items()}
@@ -151,7 +151,7 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled). An output the port
     does not give (d_s from a 6-tuple or the packed layout) is listed in ``not_given``; an
     exception is recorded with its traceback."""
-    from ssm_ref import ports
+    from ssm_ref.testing import ports
     from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
 
     label = prob.name + (" (device)" if device_resident else "")

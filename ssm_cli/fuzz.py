@@ -34,7 +34,7 @@ SIZES = (("--max-elements", 20_000, 16, "elements per drawn problem"),
 
 def add_parser(sub) -> None:
     """Register the sub-command on ``sub`` (argparse sub-parsers)."""
-    from ssm_ref.cases import REGIMES
+    from ssm_ref.testing.cases import REGIMES
 
     p = sub.add_parser("fuzz", help="check every property on drawn problems for a given time",
                        description=__doc__.split("\n\n", 1)[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     try:
-        from ssm_ref.fuzzing import fuzz
+        from ssm_ref.testing.fuzzing import fuzz
     except ImportError as e:  # hypothesis is an optional dependency
         raise common.UsageError(str(e)) from None
     from ssm_ref.tolerance import F32_TOL

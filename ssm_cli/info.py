@@ -54,7 +54,7 @@ def ggml_vulkan(shape: Shape, op: str, max_range: int | None) -> str:
 def _support(b: bk.Backend, shape: Shape, op: str) -> dict:
     if not b.available:
         return {"ok": None, "where": "-", "reason": b.reason}
-    from ssm_ref import ports
+    from ssm_ref.testing import ports
 
     try:
         s = ports.support(b.module.supports(op, *ports.args_of(empty_inputs(shape))))  # positional, ids None

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ssm_ref.vectors import GOLDEN, write_vectors
+    from ssm_ref.testing.vectors import GOLDEN, write_vectors
 
     from . import common
 

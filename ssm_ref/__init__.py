@@ -12,22 +12,19 @@ B and C (S,T,G,N), ids (S,) integer in [0, R). See docs/SPEC.md.
 
 The same names exist in ``ssm_fast`` (numba, CPU) and ``ssm_vk`` (Vulkan).
 
-Testing an implementation (docs/PORTING.md), loaded on first use:
-    ssm_ref.verify(fn_forward, fn_backward)   golden cases, a report per case and output
-    ssm_ref.vectors      the golden cases; write_vectors(DIR) for ports in other languages
-    ssm_ref.strategies   hypothesis strategies drawing whole problems (needs hypothesis)
-    ssm_ref.properties   the properties every backend must have, as plain functions
-    ssm_ref.fuzzing      a time-boxed fuzzer over them (needs hypothesis); ``ssm-scan fuzz``
-    ssm_ref.jvp          forward mode (tangents of y and states)
-    ssm_ref.ports        the port interface: how verify, check and fuzz call a port and read its results
-    ssm_ref.cases, ssm_ref.tolerance, ssm_ref.regressions   problems, bounds, saved cases
+Also part of the spec: ``ssm_ref.tolerance`` (how close a float32 implementation must come to
+the float64 oracle), ``ssm_ref.jvp`` (forward mode: tangents of y and states), ``ssm_ref.chunked``
+(the chunked Mamba-2 form), ``ssm_ref.packing`` (ggml's 1-D layouts).
+
+Testing an implementation against this spec (golden vectors, ``verify``, the properties, the
+fuzzer): the kit ``ssm_ref.testing`` (docs/PORTING.md). It imports the spec; nothing here imports it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import packing
+from . import jvp, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
@@ -71,6 +68,8 @@ __all__ = [
     "pack_backward",
     "pack_forward",
     "packing",
+    "jvp",
+    "tolerance",
     "scatter_rows",
     "ssm_scan",
     "ssm_scan_back",
@@ -81,23 +80,6 @@ __all__ = [
 ]
 
 OPS = ("ssm_scan", "ssm_scan_back")
-
-# Submodules loaded on first use: ``strategies`` and ``fuzzing`` need hypothesis (optional), the
-# others pull in nothing heavy but are not needed to run a scan.
-_LAZY = ("cases", "jvp", "ports", "properties", "strategies", "fuzzing", "regressions", "tolerance", "vectors",
-         "verification")
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    if name == "verify":
-        from .verification import verify
-
-        return verify
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False) -> ScanResult:

@@ -12,7 +12,9 @@ the norms. Empty arrays pass.
 Long scans: beyond 16 tokens every bound grows as T / 16 (:func:`scaled`; measured in
 docs/SPEC.md: a GPU's float32 exp is not correctly rounded, and its bias adds up along the scan).
 
-No hypothesis and no backend imports: ``ssm_ref.verify``, the fuzzer and the tests share this.
+Part of the spec (the contract says how close a result must come): ``ssm-scan check``, the testing
+kit (``ssm_ref.testing``: verify, the properties, the fuzzer) and the tests all read it here. No
+hypothesis and no backend imports.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ F32_TOL = {
     "d_C": Tol(rtol=5e-6, atol=2e-6),
 }
 
-# A float64 implementation against the float64 oracle (for ssm_ref.verify(..., tol=F64_TOL)):
+# A float64 implementation against the float64 oracle (for ssm_ref.testing.verify(..., tol=F64_TOL)):
 # both round at 1.1e-16 per operation, so they differ by reordering only. Measured between
 # ssm_fast.oracle64 (numba, parallel) and ssm_ref float64 on 1200 drawn problems (typical,
 # wide_dt, small_A; long_decay at T = 128): norm-relative at most 1.6e-15 (d_A 2.0e-14), RMS at

@@ -8,7 +8,7 @@ For every output it prints the worst norm-relative error over outputs whose norm
 cancellation-small (norm >= 0.1 * sqrt(size)), the worst over all outputs (where the norm may be
 tiny), the worst absolute RMS error ||got - want|| / sqrt(size), and the largest share of the
 registry's bound (rtol*||want|| + atol*sqrt(size)) any case used. ``--regime`` draws the values of
-another regime of ssm_ref.cases (the R test's large shapes are added for "typical" only);
+another regime of ssm_ref.testing.cases (the R test's large shapes are added for "typical" only);
 ``--tokens LO HI`` the range of T; the bound is the table scaled for T (ssm_ref.tolerance.scaled).
 ``--backend ssm_vk`` measures another backend's float32 results against the same oracle.
 """

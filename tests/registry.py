@@ -39,7 +39,7 @@ import numpy as np
 import ssm_ref
 
 # The float32 bounds (measured, with a comment per output saying why) and rel_err live in the
-# package, where ssm_ref.verify and the fuzzer use them too: ssm_ref/tolerance.py.
+# package, where ssm_ref.testing.verify and the fuzzer use them too: ssm_ref/tolerance.py.
 from ssm_ref.tolerance import F32_TOL, OUTPUTS, Tol, rel_err
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""ssm_ref.fuzzing and ``ssm-scan fuzz``: a broken port is caught, shrunk, reported with a
+"""ssm_ref.testing.fuzzing and ``ssm-scan fuzz``: a broken port is caught, shrunk, reported with a
 reproducer and saved as a regression file that loads back to the same case; a correct one
 passes; bad arguments are refused."""
 
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import ssm_ref
+import ssm_ref.testing
 from ssm_cli.main import main
 from ssm_ref import ScanGrads
-from ssm_ref.fuzzing import fuzz, reproducer
-from ssm_ref.regressions import load_case
+from ssm_ref.testing.fuzzing import fuzz, reproducer
+from ssm_ref.testing.regressions import load_case
 
 
 def _back_negated_dx(s, x, dt, A, B, C, ids, g_y, g_states):
@@ -34,14 +35,14 @@ def test_fuzz_finds_shrinks_reports_and_saves_a_failure(tmp_path):
     assert f.backend == "broken" and f.property == "oracle_backward" and "d_x" in f.message
     d = f.case.dims
     assert d["P"] == 2 and d["T"] == 1 and d["S"] == 1 and d["H"] == 1    # shrunk to the least that shows it
-    assert reproducer(f.case).startswith("ssm_ref.cases.make_problem(")
+    assert reproducer(f.case).startswith("ssm_ref.testing.cases.make_problem(")
     saved = load_case(f.saved)
     assert saved.property == "oracle_backward" and saved.found_on == "broken"
     for k, v in f.case.inputs.items():
         assert (v is None and saved.case.inputs[k] is None) or np.array_equal(v, saved.case.inputs[k]), k
     assert np.array_equal(saved.case.g_y, f.case.g_y)
     with pytest.raises(AssertionError):
-        ssm_ref.properties.PROPERTIES["oracle_backward"].check(BROKEN, saved.case, ssm_ref.tolerance.F32_TOL)
+        ssm_ref.testing.properties.PROPERTIES["oracle_backward"].check(BROKEN, saved.case, ssm_ref.tolerance.F32_TOL)
     assert "FAIL broken oracle_backward" in report.summary() and "reproduce:" in report.summary()
 
 
@@ -80,7 +81,7 @@ def test_time_running_out_while_hypothesis_replays_ends_the_fuzz_not_a_crash(mon
     # is the end of the time, not a failure; any other disagreement with no failing case is raised.
     from hypothesis.errors import FlakyFailure
 
-    from ssm_ref import fuzzing
+    from ssm_ref.testing import fuzzing
 
     def replay_stopped(strategy, fails, **kw):
         raise FlakyFailure("Inconsistent results from replaying a test case!", [fuzzing._TimeUp()])

@@ -1,5 +1,6 @@
-"""The shape of ssm_vk's code, read from its imports (no module is run): one-way layers, no import
-cycles, and no private name of one module used by another -- docs/ARCHITECTURE.md draws them.
+"""The shape of the code, read from its imports (no module is run). ssm_vk: one-way layers, no
+import cycles, and no private name of one module used by another -- docs/ARCHITECTURE.md draws them.
+ssm_ref: the spec never imports its testing kit, ssm_ref.testing.
 
 Every import counts, also those inside functions (they once hid three cycles)."""
 
@@ -180,3 +181,65 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t.startswith("ssm_vk.record") for t, _, _ in edges)
     assert _resolve("ssm_vk.plan.chunked", False, 2, "config") == "ssm_vk.config"
     assert _resolve("ssm_vk.plan", True, 1, "limits") == "ssm_vk.plan.limits"
+
+
+# --- ssm_ref: the spec never imports its testing kit ---------------------------------------------
+# The kit (ssm_ref.testing) imports the spec; an import the other way, even one inside a function,
+# would tie the spec to the kit again. The spec imports statically only, so that this check sees
+# every import: importlib.import_module or __import__ in it counts as an import of the kit.
+
+KIT = "ssm_ref.testing"
+SPEC = {m: p for m, p in ((_name(p), p) for p in sorted((ROOT / "ssm_ref").rglob("*.py")))
+        if m != KIT and not m.startswith(KIT + ".")}
+
+
+def _is_kit(target: str) -> bool:
+    return target == KIT or target.startswith(KIT + ".")
+
+
+def _kit_imports(module: str, source: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, what) for every import of the kit in ``source``, the text of spec module ``module``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if _is_kit(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, is_package, node.level, node.module) if node.level else (node.module or "")
+            if _is_kit(target):
+                out.append((node.lineno, target))
+            else:
+                out += [(node.lineno, f"{target}.{a.name}") for a in node.names if _is_kit(f"{target}.{a.name}")]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in ("import_module", "__import__"):
+                out.append((node.lineno, f"a dynamic import ({name})"))
+    return out
+
+
+def test_the_spec_is_found():
+    assert {"ssm_ref", "ssm_ref.scan", "ssm_ref.checks", "ssm_ref.tolerance"} <= set(SPEC)
+    assert not any(_is_kit(m) for m in SPEC)
+
+
+@pytest.mark.parametrize("module", sorted(SPEC))
+def test_the_spec_never_imports_the_testing_kit(module):
+    path = SPEC[module]
+    found = _kit_imports(module, path.read_text(), path.name == "__init__.py")
+    assert not found, f"{path.relative_to(ROOT)} imports the testing kit: " + ", ".join(
+        f"line {n}: {what}" for n, what in found)
+
+
+def test_the_kit_checker_sees_what_it_must():
+    # Every spelling of an import of the kit is caught, at module level or inside a function.
+    for source, is_package in (("from .testing import verify\n", False),
+                               ("from . import testing\n", True),
+                               ("import ssm_ref.testing.cases\n", False),
+                               ("def f():\n    from ssm_ref.testing.vectors import GOLDEN\n", False),
+                               ("from ssm_ref import testing\n", False),
+                               ("import importlib\nm = importlib.import_module('ssm_ref.' + 'testing')\n", False)):
+        module = "ssm_ref" if is_package else "ssm_ref.scan"
+        assert _kit_imports(module, source, is_package), source
+    # ... and the spec's own imports are not.
+    assert not _kit_imports("ssm_ref", "from . import jvp, packing\nfrom .checks import Dims\n", True)
+    assert not _kit_imports("ssm_ref.scan", "from .checks import Problem\nimport numpy as np\n", False)

@@ -19,7 +19,7 @@ def _modules_after(code: str) -> set:
 
 
 def test_the_backends_and_the_cli_import_none_of_the_optional_parts():
-    mods = _modules_after("import ssm_ref, ssm_fast, ssm_vk, ssm_cli.main, ssm_ref.fuzzing")
+    mods = _modules_after("import ssm_ref, ssm_fast, ssm_vk, ssm_cli.main, ssm_ref.testing.fuzzing")
     assert "ssm_fast" in mods and "ssm_cli.main" in mods
     assert not OPTIONAL & mods, sorted(OPTIONAL & mods)
 

@@ -1,4 +1,4 @@
-"""The three port tools agree (docs/PORTING.md, "The port interface"): ``ssm_ref.verify``,
+"""The three port tools agree (docs/PORTING.md, "The port interface"): ``ssm_ref.testing.verify``,
 ``ssm-scan check --backend`` and ``ssm-scan fuzz --backend`` accept a port that returns plain
 tuples and dicts, report a wrong output with its worst index and the values there, and report a
 raising port with its traceback. The ports are files written here; the commands run as a user
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import ssm_ref
-from ssm_ref import ports
+import ssm_ref.testing
+from ssm_ref.testing import ports
 from ssm_ref.tolerance import Tol, compare, share_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +87,10 @@ def cli(*argv, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
                           text=True, env=env, cwd=cwd, timeout=timeout, check=False)
 
 
-# --- ssm_ref.ports: the one reading of a result --------------------------------------------------
+# --- ssm_ref.testing.ports: the one reading of a result ------------------------------------------
 
 def _problem():
-    from ssm_ref.cases import make_problem
+    from ssm_ref.testing.cases import make_problem
 
     case = make_problem(3, S=2, T=3, H=2, P=2, N=3, G=1, R=3, ids="permutation")
     a = case.args()
@@ -164,18 +165,18 @@ def test_comparison_names_the_worst_element_and_says_how_far_beyond_the_bound():
 
 def test_verify_passes_the_tuple_port_as_a_module_and_as_callables(port_dir):
     good = _module(port_dir, "good_port")
-    report = ssm_ref.verify(good)
+    report = ssm_ref.testing.verify(good)
     assert report.ok and len(report.rows) == 90, str(report)
-    assert ssm_ref.verify(good.ssm_scan, good.ssm_scan_back, cases=["shared_rows"]).ok
+    assert ssm_ref.testing.verify(good.ssm_scan, good.ssm_scan_back, cases=["shared_rows"]).ok
 
 
 def test_verify_reports_the_wrong_element_with_its_values(port_dir):
     wrong = _module(port_dir, "wrong_port")
-    report = ssm_ref.verify(wrong.ssm_scan, None, cases=["tiny_mamba2", "mamba1_groups"])
+    report = ssm_ref.testing.verify(wrong.ssm_scan, None, cases=["tiny_mamba2", "mamba1_groups"])
     bad = report.failures()
     assert [(r.case, r.output) for r in bad] == [("tiny_mamba2", "y"), ("mamba1_groups", "y")]
     for r in bad:
-        g = next(x for x in ssm_ref.vectors.golden_cases([r.case]))
+        g = next(x for x in ssm_ref.testing.vectors.golden_cases([r.case]))
         last = tuple(n - 1 for n in g.expected["y"].shape)
         assert r.comparison.index == last
         assert r.comparison.got - r.comparison.want == pytest.approx(OFFSET, abs=1e-5)
@@ -185,7 +186,7 @@ def test_verify_reports_the_wrong_element_with_its_values(port_dir):
 
 def test_verify_reports_a_raising_port_with_its_traceback(port_dir):
     raising = _module(port_dir, "raising_port")
-    report = ssm_ref.verify(raising, cases=["one_token"])
+    report = ssm_ref.testing.verify(raising, cases=["one_token"])
     err = next(r for r in report.rows if r.output == "backward")
     assert err.error == "RuntimeError: boom from the port"
     assert "raising_port.py" in err.traceback and "_deep_inside" in err.traceback
@@ -200,10 +201,10 @@ def test_verify_reports_a_raising_port_with_its_traceback(port_dir):
     (dict(tol={"y": 1}), "tol: expected a Tol"),
 ])
 def test_verify_reports_bad_arguments_instead_of_raising(kwargs, fragment):
-    report = ssm_ref.verify(ssm_ref.ssm_scan, **kwargs)
+    report = ssm_ref.testing.verify(ssm_ref.ssm_scan, **kwargs)
     assert not report.ok and fragment in str(report)
     assert any(r.case == "-" and fragment in r.error for r in report.rows)
-    assert not ssm_ref.verify(object()).ok and not ssm_ref.verify(None, None).ok
+    assert not ssm_ref.testing.verify(object()).ok and not ssm_ref.testing.verify(None, None).ok
 
 
 # --- ssm-scan check -----------------------------------------------------------------------------

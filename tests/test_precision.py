@@ -181,7 +181,7 @@ def test_nan_input_stays_in_its_sequence(backend):
 
 def test_scatter_of_opposite_infinities_is_nan_without_warnings():
     # Two sequences reading one row, whose d_s0 are +inf and -inf: the row's d_s is nan, silently
-    # (found by the overflow regime of ssm_ref.cases: np.add.at ran outside the scan's errstate).
+    # (found by the overflow regime of ssm_ref.testing.cases: np.add.at ran outside the scan's errstate).
     d_s0 = np.array([[[[np.inf]]], [[[-np.inf]]]], dtype=np.float32)   # (S=2, H=1, P=1, N=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,4 +1,4 @@
-"""Every property of ssm_ref.properties, on every backend of the registry (ssm_ref float32,
+"""Every property of ssm_ref.testing.properties, on every backend of the registry (ssm_ref float32,
 ssm_fast, ssm_vk on lavapipe), over drawn problems in every value regime the property is
 claimed for. A property that does not apply to a drawn case (its check returns False) makes
 hypothesis draw another."""
@@ -8,8 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from registry import BACKENDS
 
-from ssm_ref.properties import PROPERTIES
-from ssm_ref.strategies import problems
+from ssm_ref.testing.properties import PROPERTIES
+from ssm_ref.testing.strategies import problems
 
 # Regimes drawn for each property (default: every regime it is claimed for). The non-finite
 # pattern holds trivially where everything is finite, so its examples go where inf/nan appear.

@@ -10,8 +10,8 @@ import pytest
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult
-from ssm_ref.cases import make_problem
-from ssm_ref.properties import PROPERTIES, PropertyFailed
+from ssm_ref.testing.cases import make_problem
+from ssm_ref.testing.properties import PROPERTIES, PropertyFailed
 from ssm_ref.tolerance import F32_TOL
 
 

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ssm_ref
-from ssm_ref.cases import INPUT_NAMES, make_problem
 from ssm_ref.jvp import ssm_scan_jvp
-from ssm_ref.strategies import problems
+from ssm_ref.testing.cases import INPUT_NAMES, make_problem
+from ssm_ref.testing.strategies import problems
 from ssm_ref.tolerance import rel_err
 
 

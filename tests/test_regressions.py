@@ -1,5 +1,5 @@
 """Replay every saved regression case (tests/regressions/*.json, written by ``ssm-scan fuzz
---save`` or ssm_ref.regressions.save_case) on every backend: the property it once failed, and
+--save`` or ssm_ref.testing.regressions.save_case) on every backend: the property it once failed, and
 every other property claimed for its value regime."""
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from registry import BACKENDS
 
-from ssm_ref.properties import PROPERTIES
-from ssm_ref.regressions import load_all
+from ssm_ref.testing.properties import PROPERTIES
+from ssm_ref.testing.regressions import load_all
 
 SAVED = load_all(Path(__file__).parent / "regressions")
 

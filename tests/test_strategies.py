@@ -1,4 +1,4 @@
-"""ssm_ref.strategies and ssm_ref.cases: what a user fuzzing their port relies on. Sizes within
+"""ssm_ref.testing.strategies and ssm_ref.testing.cases: what a user fuzzing their port relies on. Sizes within
 the limits asked for, every regime making the values it promises, recipes that rebuild a case
 bit for bit, hypothesis optional."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ssm_ref.cases import IDS_PATTERNS, ORACLE_REGIMES, REGIMES, make_problem
-from ssm_ref.strategies import dims, elements, problems
+from ssm_ref.testing.cases import IDS_PATTERNS, ORACLE_REGIMES, REGIMES, make_problem
+from ssm_ref.testing.strategies import dims, elements, problems
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -19,12 +19,13 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_ssm_ref_does_not_import_hypothesis():
-    r = _run("import sys, ssm_ref; ssm_ref.ssm_scan; ssm_ref.cases; ssm_ref.properties; ssm_ref.verify\n"
+    r = _run("import sys, ssm_ref.testing; ssm_ref.ssm_scan; ssm_ref.testing.cases; ssm_ref.testing.properties; "
+             "ssm_ref.testing.verify\n"
              "assert 'hypothesis' not in sys.modules, 'hypothesis was imported'")
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("module", ["ssm_ref.strategies", "ssm_ref.fuzzing"])
+@pytest.mark.parametrize("module", ["ssm_ref.testing.strategies", "ssm_ref.testing.fuzzing"])
 def test_without_hypothesis_the_strategies_say_what_to_install(module):
     # sys.modules[name] = None makes any import of that name fail, as if it were not installed.
     r = _run(f"import sys; sys.modules['hypothesis'] = None\nimport ssm_ref\ntry:\n    import {module}\n"
@@ -38,14 +39,14 @@ def test_cli_without_hypothesis_writes_vectors_and_explains_fuzz(tmp_path):
              f"assert main(['vectors', '--out', {str(tmp_path)!r}, '--case', 'one_token']) == 0\n"
              "assert main(['fuzz', '--minutes', '0.01']) == 2")
     assert r.returncode == 0, r.stderr
-    assert "ssm-scan fuzz: error: ssm_ref.fuzzing needs hypothesis" in r.stderr   # one line on stderr, exit 2
+    assert "ssm-scan fuzz: error: ssm_ref.testing.fuzzing needs hypothesis" in r.stderr   # one line on stderr, exit 2
     assert (tmp_path / "manifest.json").exists()
 
 
-def test_strategies_are_reachable_as_an_attribute_of_ssm_ref():
-    import ssm_ref
+def test_strategies_are_reachable_as_an_attribute_of_ssm_ref_testing():
+    import ssm_ref.testing
 
-    assert ssm_ref.strategies.problems is problems
+    assert ssm_ref.testing.strategies.problems is problems
 
 
 @given(st.data(), st.integers(16, 3000))

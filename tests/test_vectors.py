@@ -1,4 +1,4 @@
-"""Golden vectors (ssm_ref.vectors, ``ssm-scan vectors``) and ssm_ref.verify: the files can be
+"""Golden vectors (ssm_ref.testing.vectors, ``ssm-scan vectors``) and ssm_ref.testing.verify: the files can be
 read without numpy as the manifest describes, hold what the spec says (checked against scalar
 loops and finite differences, not against the code that wrote them), every backend verifies,
 and a broken implementation gets a readable FAIL."""
@@ -12,8 +12,9 @@ from oracles import fd_grad, naive_forward
 from registry import BACKENDS
 
 import ssm_ref
+import ssm_ref.testing
 from ssm_cli.main import main
-from ssm_ref.vectors import GOLDEN, golden_cases, read_vectors, write_vectors
+from ssm_ref.testing.vectors import GOLDEN, golden_cases, read_vectors, write_vectors
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +107,10 @@ def test_packed_blocks_are_the_structured_outputs_in_float32():
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_every_backend_verifies_structured_and_packed(backend, written):
     m = backend.module
-    report = ssm_ref.verify(m.ssm_scan, m.ssm_scan_back)
+    report = ssm_ref.testing.verify(m.ssm_scan, m.ssm_scan_back)
     assert report.ok, str(report)
     assert len(report.rows) == len(GOLDEN) * 9
-    packed = ssm_ref.verify(lambda *a: m.ssm_scan(*a).packed(), lambda *a: m.ssm_scan_back(*a).packed(),
+    packed = ssm_ref.testing.verify(lambda *a: m.ssm_scan(*a).packed(), lambda *a: m.ssm_scan_back(*a).packed(),
                             vectors=written)
     assert packed.ok, str(packed)
     assert len(packed.rows) == len(GOLDEN) * 8                 # no d_s in the packed backward
@@ -123,7 +124,7 @@ def test_verify_accepts_tuples_and_mappings():
     def back(*a):
         return ssm_ref.ssm_scan_back(*a).as_dict()
 
-    assert ssm_ref.verify(fwd, back, cases=["tiny_mamba2", "no_tokens"]).ok
+    assert ssm_ref.testing.verify(fwd, back, cases=["tiny_mamba2", "no_tokens"]).ok
 
 
 def test_verify_reports_a_wrong_output_an_exception_and_a_wrong_return_type():
@@ -132,7 +133,7 @@ def test_verify_reports_a_wrong_output_an_exception_and_a_wrong_return_type():
         g["d_dt"] = -g["d_dt"]
         return g
 
-    report = ssm_ref.verify(None, back, cases=["tiny_mamba2"])
+    report = ssm_ref.testing.verify(None, back, cases=["tiny_mamba2"])
     assert not report.ok
     assert [r.output for r in report.failures()] == ["d_dt"]
     text = str(report)
@@ -141,10 +142,10 @@ def test_verify_reports_a_wrong_output_an_exception_and_a_wrong_return_type():
     def boom(*a):
         raise RuntimeError("device lost")
 
-    report = ssm_ref.verify(boom, lambda *a: 42, cases=["one_token"])
+    report = ssm_ref.testing.verify(boom, lambda *a: 42, cases=["one_token"])
     assert [r.error.split(":")[0] for r in report.rows] == ["RuntimeError", "TypeError"]
     assert "ERROR RuntimeError: device lost" in str(report) and not report.ok
-    neither = ssm_ref.verify(None, None)                # a bad argument is an ERROR row, not an exception
+    neither = ssm_ref.testing.verify(None, None)                # a bad argument is an ERROR row, not an exception
     assert not neither.ok and "ERROR give fn_forward, fn_backward or both" in str(neither)
 
 
@@ -163,6 +164,6 @@ def test_a_float64_implementation_verifies_to_float64_accuracy():
     from ssm_fast.oracle64 import scan64, scan_back64
     from ssm_ref.tolerance import F64_TOL
 
-    assert ssm_ref.verify(scan64, scan_back64, tol=F64_TOL).ok              # float64, other order
-    f32 = ssm_ref.verify(ssm_ref.ssm_scan, ssm_ref.ssm_scan_back, tol=F64_TOL, cases=["tiny_mamba2"])
+    assert ssm_ref.testing.verify(scan64, scan_back64, tol=F64_TOL).ok              # float64, other order
+    f32 = ssm_ref.testing.verify(ssm_ref.ssm_scan, ssm_ref.ssm_scan_back, tol=F64_TOL, cases=["tiny_mamba2"])
     assert not f32.ok and all(r.comparison.rel > 1e-9 for r in f32.failures())   # float32 is not

@@ -10,7 +10,7 @@ import sys
 
 from children import REPO, child_env
 
-from ssm_ref.vectors import read_vectors
+from ssm_ref.testing.vectors import read_vectors
 
 
 def ssm_scan(*args, timeout=300):
@@ -61,7 +61,7 @@ def test_fuzz_shrinks_the_empty_scan_defect_to_a_reproducer_with_golden_vectors(
         return
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL ssm_ggml oracle_forward" in r.stdout
-    assert "reproduce: ssm_ref.cases.make_problem(" in r.stdout and "T=0" in r.stdout
+    assert "reproduce: ssm_ref.testing.cases.make_problem(" in r.stdout and "T=0" in r.stdout
     assert "ggml: s ne (d_state, head_dim, n_head, rows) = (1, 1, 1, 1)" in r.stdout
     folders = list(tmp_path.glob("*.vectors"))
     assert len(folders) == 1 and list(tmp_path.glob("*.json"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ssm_ref
-from ssm_ref.cases import make_problem
+from ssm_ref.testing.cases import make_problem
 from ssm_ref.tolerance import F32_TOL, compare, scaled
 
 CASES = {

@@ -7,7 +7,7 @@ problems, token counts around the chunk boundaries for each chunk length, head_d
 the 16-multiples up to the largest (256), groups, repeated ids and unread cache rows, windows of
 whole sequences forced by a small storage range (bit-identical to one window), the fall-back to the
 token-sequential kernels when the chunked scratch cannot fit, reruns, device-resident inputs, and
-which path the default knobs pick; and the property suite (ssm_ref.properties) on the chunked
+which path the default knobs pick; and the property suite (ssm_ref.testing.properties) on the chunked
 kernels in the regimes where it holds there.
 
 The SPIR-V of the chunked kernels is compiled per (P, N, chunk length) -- several seconds each on
@@ -27,7 +27,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_ref.properties import PROPERTIES
+from ssm_ref.testing.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
 from ssm_vk import config
 from ssm_vk import engine as vk_engine
@@ -458,7 +458,7 @@ def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
 
 # -- the property suite --------------------------------------------------------------------------
 
-# Every property of ssm_ref.properties on the chunked path, in every regime the property is for.
+# Every property of ssm_ref.testing.properties on the chunked path, in every regime the property is for.
 # The matrix form alone does not keep SPEC.md's non-finite behaviour (its sums can turn an inf into
 # nan and back: nonfinite_pattern, the oracles, mamba2_as_mamba1 and split_tokens failed on the
 # "overflow" and "nonfinite" regimes before the guard); the kernels flag any non-finite output and

@@ -17,7 +17,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_backward, check_forward
-from ssm_ref.cases import make_problem
+from ssm_ref.testing.cases import make_problem
 from ssm_vk import config, engine, plan
 from ssm_vk import runtime as rt
 from ssm_vk.plan import Limits

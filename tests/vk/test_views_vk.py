@@ -11,7 +11,7 @@ import pytest
 
 import ssm_vk
 from ssm_ref import GRAD_NAMES
-from ssm_ref.cases import make_problem
+from ssm_ref.testing.cases import make_problem
 from ssm_vk import config
 from ssm_vk import runtime as rt
 

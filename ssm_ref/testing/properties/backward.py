@@ -7,9 +7,10 @@ import warnings
 
 import numpy as np
 
+from ssm_ref.results import GRAD_NAMES
+from ssm_ref.tolerance import OUTPUTS, nonfinite_mismatch
+
 from ..cases import Case
-from ..results import GRAD_NAMES
-from ..tolerance import OUTPUTS, nonfinite_mismatch
 from ._common import PropertyFailed, case_rng, combo, expect, run, tol_for
 
 __all__ = ["deterministic", "linear_backward", "nonfinite_pattern"]
@@ -17,7 +18,7 @@ __all__ = ["deterministic", "linear_backward", "nonfinite_pattern"]
 
 def linear_backward(module, case: Case, tol: dict) -> bool:
     """backward(alpha * w1 + beta * w2) == alpha * backward(w1) + beta * backward(w2) for
-    w = (g_y, g_states), within the tolerance of each term (ssm_ref.properties._common.combo),
+    w = (g_y, g_states), within the tolerance of each term (ssm_ref.testing.properties._common.combo),
     and a zero w gives gradients that are exactly zero."""
     rng = case_rng(case, "linear")
     alpha, beta = (float(v) for v in rng.uniform(-2.0, 2.0, 2))

@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 
+from ssm_ref.jvp import ssm_scan_jvp
+
 from ..cases import INPUT_NAMES, Case
-from ..jvp import ssm_scan_jvp
 from ._common import PropertyFailed, case_rng, close, expect, oracle, run, tol_for
 
 __all__ = ["adjoint", "oracle_backward", "oracle_forward"]

@@ -1,4 +1,4 @@
-"""The port interface: how ``ssm_ref.verify``, ``ssm-scan check`` and ``ssm-scan fuzz`` call an
+"""The port interface: how ``ssm_ref.testing.verify``, ``ssm-scan check`` and ``ssm-scan fuzz`` call an
 implementation of the scan, and what they accept back (docs/PORTING.md, "The port interface").
 
 All three call :func:`call`, which calls the port and hands its result to :func:`normalise`, so
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import Dims
-from .packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward
-from .results import GRAD_NAMES, Support
+from ssm_ref.checks import Dims
+from ssm_ref.packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward
+from ssm_ref.results import GRAD_NAMES, Support
 
 __all__ = [
     "BACKWARD",

@@ -6,7 +6,7 @@ S sequences · R rows of the state cache s (every id < R).
 ``make_problem(seed, **dims)`` builds one :class:`Case` from a seed (or a numpy Generator).
 Every float is stored as float32 (as ggml holds it), so a float32 implementation and the float64
 oracle see exactly the same numbers and their difference is arithmetic only. No hypothesis here:
-the strategies that draw Cases are in :mod:`ssm_ref.strategies`.
+the strategies that draw Cases are in :mod:`ssm_ref.testing.strategies`.
 
 Value regimes (``regime=``), each a different way for a port to go wrong:
 

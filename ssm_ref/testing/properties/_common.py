@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ssm_ref.tolerance import Comparison, Tol, compare, scaled
+
 from .. import ports
 from ..cases import Case
-from ..tolerance import Comparison, Tol, compare, scaled
 
 __all__ = ["Outputs", "Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run", "tol_for"]
 
@@ -27,7 +28,7 @@ class PropertyFailed(AssertionError):
 class Property:
     """One property: ``check(module, case, tol) -> bool`` raises PropertyFailed when it fails and
     returns False when it does not apply to the case (e.g. Mamba-2 vs Mamba-1 needs N >= 2).
-    ``regimes``: the value regimes (ssm_ref.cases.REGIMES) it is claimed for."""
+    ``regimes``: the value regimes (ssm_ref.testing.cases.REGIMES) it is claimed for."""
 
     name: str
     check: Callable
@@ -67,7 +68,7 @@ def _scatter(d_s0: np.ndarray, s, ids) -> np.ndarray:
 
 def run(module, args: dict, g_y, g_states, backward: bool = True) -> Outputs:
     """Forward (and backward) of the port ``module`` (docs/PORTING.md, "The port interface") on
-    keyword ``args``, through ssm_ref.ports (the reading verify and ``ssm-scan check`` use):
+    keyword ``args``, through ssm_ref.testing.ports (the reading verify and ``ssm-scan check`` use):
     outputs by name (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays. A backward
     result without d_s gets the scatter-add of its d_s0 (named in ``derived``). A backward that
     raises NotImplementedError leaves the forward's outputs only (``no_backward``)."""

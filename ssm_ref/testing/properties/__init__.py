@@ -1,7 +1,7 @@
 """The properties every implementation of the scan must have, as plain functions a test, the
 fuzzer (``ssm-scan fuzz``) or a user can run on any port (docs/PORTING.md, "The port interface").
 
-    from ssm_ref.properties import PROPERTIES, PropertyFailed
+    from ssm_ref.testing.properties import PROPERTIES, PropertyFailed
     for prop in PROPERTIES.values():
         if case.regime in prop.regimes:
             prop.check(my_module, case, ssm_ref.tolerance.F32_TOL)   # raises PropertyFailed

@@ -1,12 +1,12 @@
-"""``ssm_ref.verify``: check a callable implementation against the golden vectors, with a report.
+"""``ssm_ref.testing.verify``: check a callable implementation against the golden vectors, with a report.
 
     import ssm_ref
-    report = ssm_ref.verify(my_forward, my_backward)        # or vectors="golden/" (a directory)
-    report = ssm_ref.verify(my_port)                        # a module with ssm_scan, ssm_scan_back
+    report = ssm_ref.testing.verify(my_forward, my_backward)        # or vectors="golden/" (a directory)
+    report = ssm_ref.testing.verify(my_port)                        # a module with ssm_scan, ssm_scan_back
     print(report)                                           # one line per case and output
     assert report.ok
 
-What the callables get and may return: docs/PORTING.md, "The port interface" (ssm_ref.ports, the
+What the callables get and may return: docs/PORTING.md, "The port interface" (ssm_ref.testing.ports, the
 reading ``ssm-scan check`` and ``ssm-scan fuzz`` use too).
 
 * ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of SPEC.md's shapes (A in the
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ssm_ref.tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
+
 from . import ports
-from .tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
 
 __all__ = ["VerifyReport", "VerifyRow", "verify"]
 
@@ -174,8 +175,8 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) 
     fn_forward may also be a port module (NAME, ssm_scan, ssm_scan_back, supports; docs/PORTING.md,
     "The port interface") with fn_backward None: both of its functions are checked.
     vectors: None (compute the golden cases now with ssm_ref) or a directory written by
-    ``ssm-scan vectors`` / ``ssm_ref.vectors.write_vectors``. cases: names to check (default all;
-    see ssm_ref.vectors.GOLDEN; one name as a str is fine). Each output passes when
+    ``ssm-scan vectors`` / ``ssm_ref.testing.vectors.write_vectors``. cases: names to check (default all;
+    see ssm_ref.testing.vectors.GOLDEN; one name as a str is fine). Each output passes when
     ||got - want|| <= rtol * ||want|| + atol * sqrt(size) (non-finite entries must match exactly),
     with ``tol`` (an output -> Tol table; default ssm_ref.tolerance.F32_TOL, F64_TOL for a
     float64 implementation) scaled for the case's T.

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ssm_ref.tolerance import F32_TOL, T_MEASURED
+
 from .cases import Case, make_problem
-from .tolerance import F32_TOL, T_MEASURED
 
 __all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_case", "write_vectors"]
 
@@ -75,7 +76,7 @@ class Golden:
 
     @property
     def tol(self) -> dict:
-        from .tolerance import scaled
+        from ssm_ref.tolerance import scaled
 
         return scaled(F32_TOL, self.dims["T"])
 
@@ -124,7 +125,7 @@ def write_vectors(out_dir, names=None) -> Path:
 
 
 def write_case(out_dir, case: Case, name: str, description: str = "") -> Path:
-    """Write one drawn or rebuilt :class:`ssm_ref.cases.Case` (a fuzzer's shrunk failure, say) as
+    """Write one drawn or rebuilt :class:`ssm_ref.testing.cases.Case` (a fuzzer's shrunk failure, say) as
     golden vectors in ``out_dir``, in the format of :func:`write_vectors` (a manifest.json of one
     case, ``<name>.bin`` and ``<name>.npz``); the expected outputs are the float64 oracle's.
     Returns the manifest's path."""

@@ -2,18 +2,18 @@
 ssm_ref (public API; needs the optional dependency ``hypothesis``: ``pip install 'ssm-scan[test]'``).
 
     from hypothesis import given
-    import ssm_ref, ssm_ref.strategies as sst
+    import ssm_ref, ssm_ref.testing.strategies as sst
 
     @given(sst.problems(max_elements=20_000, regimes=sst.ORACLE_REGIMES))
     def test_my_port(case):
         want = ssm_ref.ssm_scan(**case.args(), dtype=np.float64)      # the oracle
         got = my_port.ssm_scan(**case.args())
-        ...                                                           # see ssm_ref.properties
+        ...                                                           # see ssm_ref.testing.properties
 
-A drawn value is a :class:`ssm_ref.cases.Case`: ``case.dims`` (S T H P N G R), ``case.args()``
+A drawn value is a :class:`ssm_ref.testing.cases.Case`: ``case.dims`` (S T H P N G R), ``case.args()``
 (s, x, dt, A, B, C, ids as keyword arguments, float32), ``case.g_y`` / ``case.g_states`` (the
 loss gradients), ``case.variant``, ``case.ids_pattern``, ``case.regime`` and ``case.recipe`` (the
-arguments of :func:`ssm_ref.cases.make_problem` that rebuild it, seed included: a reproducer).
+arguments of :func:`ssm_ref.testing.cases.make_problem` that rebuild it, seed included: a reproducer).
 
 Hypothesis draws the dimensions, variant, A form, ids pattern, regime and a seed; the values come
 from the seed (drawing every float through hypothesis is slow and shrinks to nothing useful), so
@@ -26,7 +26,7 @@ try:
     from hypothesis import strategies as st
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis installed
     raise ImportError(
-        "ssm_ref.strategies needs hypothesis, an optional dependency of ssm-scan: "
+        "ssm_ref.testing.strategies needs hypothesis, an optional dependency of ssm-scan: "
         "pip install 'ssm-scan[test]' (or pip install hypothesis). The rest of ssm_ref works without it."
     ) from e
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ssm_ref.tolerance import compare
+
 from ..cases import Case
-from ..tolerance import compare
 from ._common import case_rng, close, combo, expect, run, tol_for
 
 __all__ = ["group_broadcast", "mamba2_as_mamba1", "permute_sequences", "scatter_of_d_s0", "split_tokens"]

@@ -1,13 +1,13 @@
-"""A time-boxed fuzzer: every property of ssm_ref.properties, on any port (docs/PORTING.md,
-"The port interface"), over problems drawn by ssm_ref.strategies, until the time is up.
+"""A time-boxed fuzzer: every property of ssm_ref.testing.properties, on any port (docs/PORTING.md,
+"The port interface"), over problems drawn by ssm_ref.testing.strategies, until the time is up.
 
-    from ssm_ref.fuzzing import fuzz
+    from ssm_ref.testing.fuzzing import fuzz
     report = fuzz([my_port], minutes=30, save_dir="tests/regressions")
     print(report.summary()); assert report.ok
 
 A failure is shrunk by hypothesis to a small case, which is reported with its recipe (the
 ``make_problem`` call that rebuilds it: shapes, ids, variant, regime, seed) and, with
-``save_dir``, written as a regression file (ssm_ref.regressions) that the test suite replays.
+``save_dir``, written as a regression file (ssm_ref.testing.regressions) that the test suite replays.
 Needs hypothesis (``pip install 'ssm-scan[test]'``). The command line is ``ssm-scan fuzz``.
 """
 
@@ -26,15 +26,16 @@ try:
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis installed
-    raise ImportError("ssm_ref.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
+    raise ImportError("ssm_ref.testing.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
                       "pip install 'ssm-scan[test]' (or pip install hypothesis)") from e
+
+from ssm_ref.tolerance import F32_TOL
 
 from . import ports
 from .cases import REGIMES, Case
 from .properties import BACKWARD_ONLY, PROPERTIES, PropertyFailed
 from .regressions import save_case
 from .strategies import problems
-from .tolerance import F32_TOL
 
 __all__ = ["Failure", "FuzzReport", "fuzz", "reproducer"]
 
@@ -103,7 +104,7 @@ def reproducer(case: Case) -> str:
     r = dict(case.recipe)
     seed = r.pop("seed")
     args = ", ".join(f"{k}={v!r}" for k, v in r.items())
-    return f"ssm_ref.cases.make_problem({seed}, {args})"
+    return f"ssm_ref.testing.cases.make_problem({seed}, {args})"
 
 
 def ggml_shapes(case: Case) -> str:
@@ -122,7 +123,7 @@ def _modname(module) -> str:
 
 def crash_message(e: BaseException) -> str:
     """What a failure report says about an exception a port raised: its type and message, then
-    its traceback (the port's own frames; ssm_ref.ports.traceback_text)."""
+    its traceback (the port's own frames; ssm_ref.testing.ports.traceback_text)."""
     tb = ports.traceback_text(e)
     return f"{type(e).__name__}: {e}" + (f"\n{tb}" if tb else "")
 
@@ -150,12 +151,12 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     docs/PORTING.md, "The port interface") for ``minutes`` (every property checks one drawn problem
     at least, however short the time).
 
-    properties: names from ssm_ref.properties.PROPERTIES (default: all). regimes: value regimes
+    properties: names from ssm_ref.testing.properties.PROPERTIES (default: all). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
     (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
     where failures are written as regression files. batch: examples per (backend, property)
     per round (small, so that every property gets its turn early). sizes: size limits passed to
-    ssm_ref.strategies.problems (max_elements=...). supported_only: a drawn problem that the port's
+    ssm_ref.testing.strategies.problems (max_elements=...). supported_only: a drawn problem that the port's
     ``supports("ssm_scan", ...)`` declines is not checked (counted in ``unsupported``): for a port
     that runs some shapes on another device (ssm_ggml on a GPU), to fuzz the device itself.
     A port whose ssm_scan_back raises NotImplementedError is fuzzed on its forward: the
