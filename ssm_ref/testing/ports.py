@@ -1,5 +1,6 @@
-"""The port interface: how ``ssm_ref.testing.verify``, ``ssm-scan check`` and ``ssm-scan fuzz`` call an
-implementation of the scan, and what they accept back (docs/PORTING.md, "The port interface").
+"""The port interface: how ``ssm_ref.testing.verify``, ``ssm-scan check`` and ``ssm-scan fuzz``
+call an implementation of the scan, and what they accept back (docs/PORTING.md, "The port
+interface").
 
 All three call :func:`call`, which calls the port and hands its result to :func:`normalise`, so
 they accept exactly the same results and cannot disagree about a port.

@@ -1,13 +1,14 @@
-"""``ssm_ref.testing.verify``: check a callable implementation against the golden vectors, with a report.
+"""``ssm_ref.testing.verify``: check a callable implementation against the golden vectors, with a
+report.
 
-    import ssm_ref
-    report = ssm_ref.testing.verify(my_forward, my_backward)        # or vectors="golden/" (a directory)
-    report = ssm_ref.testing.verify(my_port)                        # a module with ssm_scan, ssm_scan_back
-    print(report)                                           # one line per case and output
+    from ssm_ref.testing import verify
+    report = verify(my_forward, my_backward)        # or vectors="golden/" (a directory)
+    report = verify(my_port)                        # a module with ssm_scan, ssm_scan_back
+    print(report)                                   # one line per case and output
     assert report.ok
 
-What the callables get and may return: docs/PORTING.md, "The port interface" (ssm_ref.testing.ports, the
-reading ``ssm-scan check`` and ``ssm-scan fuzz`` use too).
+What the callables get and may return: docs/PORTING.md, "The port interface" (ssm_ref.testing.ports,
+the reading ``ssm-scan check`` and ``ssm-scan fuzz`` use too).
 
 * ``fn_forward(s, x, dt, A, B, C, ids)``: float32 numpy arrays of SPEC.md's shapes (A in the
   shape the case gives it: (H,), (H, 1) or (H, N)); ids int32 (S,).
