@@ -3,7 +3,7 @@ tuning variant: registers per thread and what else the driver reports, and how m
 of each kernel the registers leave room for on one SM.
 
     SSM_VK_PIPELINE_STATS=1 python benchmarks/vk_pipeline_stats.py [--shapes train] \\
-        [--variants ";KS=8;HPW_Y=2"] [--json out.json] [--dump DIR]
+        [--variants ";KS=8;VEC_IN=0"] [--json out.json] [--dump DIR]
 
 ``--dump DIR``: also what the driver made of each kernel's code (its internal representations,
 where it shows them), one file per kernel and representation.
@@ -33,7 +33,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vk_gpu_check import SHAPES, inputs
 
 SM_REGISTERS, SM_THREADS, WARP, REG_UNIT = 65536, 2048, 32, 256   # NVIDIA sm_90
-SHOWN = ("MODE", "RBLK", "CBLK", "KS", "ROWG", "HPW", "DBUF", "SWZ", "HEADLOOP", "CL", "WG")
+SHOWN = ("MODE", "RBLK", "CBLK", "KS", "ROWG", "VEC_IN", "HEADLOOP", "CL", "WG")
 
 
 def registers(stats: dict) -> int | None:

@@ -22,9 +22,6 @@ SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (
                        instructions, ...: ``Kernel.statistics()``) and its internal code
                        (``Kernel.representations()``), where the device offers
                        VK_KHR_pipeline_executable_properties; read when the context is made
-SSM_VK_MATRIX_UNITS    0: the context leaves the device's float16 matrix units (DeviceInfo.matrix_f16)
-                       off, and no plan takes them even with the knob MMA=1 (default 1: enabled
-                       where the device offers them); read when the context is made
 SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
 SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)
 =====================  =====================================================================
@@ -40,7 +37,7 @@ from pathlib import Path
 from ssm_ref.environ import EnvVar
 
 __all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "spin_us",
-           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats", "matrix_units"]
+           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats"]
 
 
 def _pow2(lo: int, hi: int):
@@ -137,22 +134,8 @@ KNOBS: dict[str, Knob] = {
     "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
                      _one_of(0, 1)),
     "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),
-    "DBUF": Knob("1: the GEMM kernels stage their operands' slices into two shared-memory buffers in turn "
-                 "(one barrier per slice; where shared memory allows)", _one_of(0, 1)),
     "VEC_IN": Knob("0: the chunked forward's y product stages its operands with float loads instead of 16-byte "
                    "ones", _one_of(0, 1)),
-    "SWZ": Knob("1: the GEMM kernels store their B slices swizzled (no bank conflicts where k is contiguous)",
-                _one_of(0, 1)),
-    "HPW_Z": Knob("heads of a group per workgroup of the chunk states' product, at most (lowered to a divisor "
-                  "of the heads per group that fits shared memory)", _pow2(1, 8)),
-    "HPW_Y": Knob("heads of a group per workgroup of the chunked forward's y product, at most (lowered as "
-                  "HPW_Z)", _pow2(1, 8)),
-    "MMA": Knob("1: the chunked forward's chunk states and y on the float16 matrix units where the context "
-                "has them, error-compensated (0, the default: the float32 kernels, faster on an H200)",
-                _one_of(0, 1)),
-    "MMA_KS": Knob("contraction slice of the matrix-unit products (must divide the chunk length and N)",
-                   _one_of(16, 32, 64)),
-    "MMA_SG": Knob("subgroups per workgroup of the matrix-unit products, at most", _one_of(1, 2, 4, 8)),
     "KEEP_STATES": Knob("0: the backward always recomputes the chunk states its forward left", _one_of(0, 1)),
     "PASS_PB": Knob("chunks whose loads the state pass issues together", _between(1, 64)),
 }
@@ -193,7 +176,6 @@ _SPIN = EnvVar("SSM_VK_SPIN_US")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
 _PIPELINE_STATS = EnvVar("SSM_VK_PIPELINE_STATS")
-_MATRIX_UNITS = EnvVar("SSM_VK_MATRIX_UNITS")
 _CACHE = EnvVar("SSM_SCAN_CACHE")
 _DEVICE = EnvVar("SSM_VK_DEVICE")
 
@@ -359,12 +341,6 @@ def pipeline_stats() -> bool:
     return _flag(_PIPELINE_STATS)
 
 
-def matrix_units() -> bool:
-    """Whether the context enables the float16 matrix units where the device has them
-    (SSM_VK_MATRIX_UNITS; default yes, ``0`` no)."""
-    return _flag(_MATRIX_UNITS, truthy=("", "1"), falsy=("0",))
-
-
 def device_env() -> str:
     """SSM_VK_DEVICE as given ("" when unset); checked against the devices when a context is made."""
     return _DEVICE.get().strip()
@@ -384,4 +360,3 @@ def check_environment() -> None:
     validation()
     profile()
     pipeline_stats()
-    matrix_units()
