@@ -13,10 +13,10 @@ from itertools import product
 from ssm_ref import Dims
 
 from . import runtime as rt
-from .config import DEFAULTS, Settings
+from .config import DEFAULTS, KNOBS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
 from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_in, vec_out
-from .plan.m1 import M1_ONE_TI, M1_SPS_TI_MIN, M1Plan, m1_plan
+from .plan.m1 import M1_SPS_TI_MIN, M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
@@ -218,7 +218,7 @@ PASS_BATCHES = (2, 8, PASS_BATCH)
 def pass_batch(cp: ChunkPlan) -> int:
     """Chunks whose loads the pass over ``cp``'s chunks issues together: the knob PASS_PB, else
     the smallest of PASS_BATCHES that holds them all, else PASS_BATCH."""
-    forced = cp.knobs.knob("PASS_PB", None)
+    forced = cp.knobs.knob("PASS_PB")
     if forced is not None:
         return forced
     return next((pb for pb in PASS_BATCHES if cp.NCH <= pb), PASS_BATCH)
@@ -361,11 +361,12 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                         add(spec)
             # the forward in one pass with several slices per subgroup, as the plan takes it for few
             # sequences and channels: every SPS its rule can reach (slices of M1_SPS_TI_MIN tokens
-            # or more within M1_ONE_TI)
+            # or more within the knob M1_ONE_TI's default)
             RW = lim.subgroup_size
-            d = Dims(S=1, T=M1_ONE_TI, H=RW, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(RW, N))
+            one_ti = KNOBS["M1_ONE_TI"].default
+            d = Dims(S=1, T=one_ti, H=RW, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(RW, N))
             SPS = 2
-            while SPS <= min(RW, M1_ONE_TI // M1_SPS_TI_MIN):
+            while SPS <= min(RW, one_ti // M1_SPS_TI_MIN):
                 mp = m1_plan(d, lim, False, knobs.with_knobs(M1_SPS=SPS))
                 if mp is not None:
                     add(m1_spec(d, mp, 2))

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 from ssm_ref import Dims
 
-from ..config import DEFAULTS, Settings, settings
+from ..config import DEFAULTS, KNOBS, Settings, settings
 from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in"]
 
-GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
+GEMM_WG = KNOBS["GWG"].default   # threads of every chunk kernel but the pass: the GEMM kernels' default
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
 # with 8 at train, long and mid; the forward 1.5% faster with 8 at train, up to 1.5x slower at
 # mid; 32 slower everywhere).
@@ -57,7 +57,7 @@ def _up(n: int, m: int) -> int:
 def gemm_threads(knobs: Settings | None = None) -> tuple[int, int]:
     """(threads, row groups) of the GEMM kernels' thread grid (knobs GWG, ROWG)."""
     knobs = settings() if knobs is None else knobs
-    wg, rg = knobs.knob("GWG", GEMM_WG), knobs.knob("ROWG", 16)
+    wg, rg = knobs.knob("GWG"), knobs.knob("ROWG")
     if wg % rg:
         raise ValueError(f"SSM_VK_TUNE: ROWG={rg} must divide GWG={wg}")
     return wg, rg
@@ -72,9 +72,7 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
     # Tiles of at most 64 x 128; DB and DC loop over a group's heads, so column blocks of 64 give
     # them more workgroups. Knobs: DBC_RBLK / DBC_CBLK (DB, DC), ZF_RBLK / ZF_CBLK (the chunk states).
     pre = {"DB": "DBC_", "DC": "DBC_", "ZF": "ZF_"}.get(mode)
-    rb, cb = (64, 64) if pre == "DBC_" else (64, 128)
-    if pre:
-        rb, cb = knobs.knob(pre + "RBLK", rb), knobs.knob(pre + "CBLK", cb)
+    rb, cb = (knobs.knob(pre + "RBLK"), knobs.knob(pre + "CBLK")) if pre else (64, 128)
     RBLK = min(_up(rows, rg), max(rb, rg))
     CBLK = min(_up(cols, cg), max(cb, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
@@ -83,14 +81,15 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
 def slice_len(backward: bool = False, knobs: Settings | None = None) -> int:
     """Contraction slice of the GEMM kernels (KS; knob KS)."""
     knobs = settings() if knobs is None else knobs
-    return knobs.knob("KS", KS[backward])
+    ks = knobs.knob("KS")
+    return KS[backward] if ks is None else ks
 
 
 def vec_out(knobs: Settings | None = None) -> int:
     """1: the GEMM epilogues store 16 bytes at a time where the columns allow (knob VEC_OUT=0
     stores floats, for benchmarks)."""
     knobs = settings() if knobs is None else knobs
-    return int(knobs.knob("VEC_OUT", 1) != 0)
+    return int(knobs.knob("VEC_OUT") != 0)
 
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
@@ -113,7 +112,7 @@ def vec_in(mode: str, d: Dims, CL: int, KS: int, knobs: Settings | None = None) 
     VEC_IN_MODES): where P, N, the slice and the tile are multiples of 4. The shader still takes
     its float loads for a call whose inputs start off a multiple of 4 elements."""
     knobs = settings() if knobs is None else knobs
-    if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN", 1):
+    if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN"):
         return False
     RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
     return all(v % 4 == 0 for v in (d.P, d.N, KS, RBLK, CBLK))
@@ -123,7 +122,7 @@ def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
     """Heads per part of d_B (``name`` DB_HPART) or d_C (DC_HPART) when they run per head (default
     1; 1 where the knob does not divide the heads of a group, and with HEADLOOP, which adds all of
     them)."""
-    k = knobs.knob(name, 1)
+    k = knobs.knob(name)
     return 1 if headloop or (d.H // d.G) % k else k
 
 
@@ -217,14 +216,16 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     knobs = settings() if knobs is None else knobs
-    tune = dict(knobs.tune)
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
-    CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
+    CL = knobs.knob("CHUNK")
+    if CL is None:
+        CL = 32 if d.S * d.T <= 1024 else 64
     if CL <= 0 or CL % 16 or CL % slice_len(backward, knobs) or CL > 64:   # 0 disables
         return None
-    if "CHUNK_MIN_T" in tune:
-        if d.T < tune["CHUNK_MIN_T"]:
+    min_t = knobs.knob("CHUNK_MIN_T")
+    if min_t is not None:
+        if d.T < min_t:
             return None
     elif d.T < CHUNK_MIN_T[backward] or d.S * d.T < CHUNK_MIN_ST[backward]:
         return None
@@ -245,9 +246,10 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
     # than per head + the reduce, which the scratch budget allows for anyway)
     ncb = gemm_tile("DB", CL, d.P, d.N, knobs)[3]
-    headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
+    headloop = knobs.knob("HEADLOOP")
+    headloop = lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS if headloop is None else bool(headloop)
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
-                     keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs,
-                     fold=d.H > d.G and bool(knobs.knob("DBC_FOLD", 1)),
+                     keep=knobs.knob("KEEP_STATES") != 0, knobs=knobs,
+                     fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"))

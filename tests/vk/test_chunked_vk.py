@@ -290,7 +290,7 @@ def test_falls_back_to_the_sequential_kernels_when_the_chunk_scratch_cannot_fit(
     small = max(scratch_elems(d, 16, 1, False).values()) * 4      # the forward's need; the backward's is larger
     with ctx.override_limits(max_storage_buffer_range=small):
         for backward in (False, True):
-            assert config.settings().knob("CHUNK_MIN_T", None) == 1 and planned(case, backward).windows
+            assert config.settings().knob("CHUNK_MIN_T") == 1 and planned(case, backward).windows
         check_case(case, label="fall-back", CL=None)
 
 
