@@ -69,7 +69,7 @@ def profiles(spec: str) -> list[tuple[str, object]]:
                 raise common.UsageError(f"--subgroup-sizes local: no Vulkan device here ({why}); "
                                         "give subgroup sizes instead, e.g. 8,16,32,64")
             info = rt.get_context().info
-            lim = Limits.of(info, config.settings().no_subgroup, matrix=rt.get_context().matrix_units)
+            lim = Limits.of(info, config.settings().no_subgroup)
             out.append((f"local: {info.name}, subgroup {info.subgroup_size}", lim))
             continue
         (sg,) = common.int_list(item, "--subgroup-sizes", minimum=1)

@@ -80,8 +80,7 @@ def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
     knobs = config.settings()
     d = Dims(S=shape.S, T=shape.T, H=shape.H, P=shape.P, N=shape.N, G=shape.G, R=shape.S,
              mamba1=shape.mamba1, a_shape=(shape.H, shape.N) if shape.mamba1 else (shape.H,))
-    lim = Limits.of(ctx.info, knobs.no_subgroup, matrix=ctx.matrix_units)
-    pl = decision.choose_plan(ctx, d, lim, op == "bwd", knobs)
+    pl = decision.choose_plan(ctx, d, Limits.of(ctx.info, knobs.no_subgroup), op == "bwd", knobs)
     windows = pl.chunked.windows if pl.chunked is not None else pl.windows
     return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
             "chunked": pl.chunked is not None}
@@ -214,8 +213,7 @@ def render(r: dict) -> str:
             ts = f"yes ({d['timestamp_period']:g} ns/tick)" if d["timestamps"] else "no"
             peak = f"{flops(d['peak_flops'])} ({d['peak_note']})" if d["peak_flops"] else d["peak_note"]
             out.append(f"     timestamps {ts}; float32 atomics {'yes' if d['float_atomics'] else 'no'}; "
-                       f"float64 {'yes' if d['shader_float64'] else 'no'}; float32 peak {peak}; "
-                       f"float16 matrix units {'yes' if d.get('matrix_f16') else 'no'}")
+                       f"float64 {'yes' if d['shader_float64'] else 'no'}; float32 peak {peak}")
 
     out.append("")
     names = [b["name"] for b in r["backends"]]

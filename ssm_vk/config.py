@@ -6,28 +6,10 @@ call that reads it -- before any work (``supports()`` and the scan functions ali
 parsed once per distinct setting, so a call pays a few dictionary look-ups. :func:`configure`
 overrides the environment for tests and sweeps.
 
-=====================  =====================================================================
-variable               meaning
-=====================  =====================================================================
-SSM_VK_DEVICE          the Vulkan device index to use (default: first discrete GPU, else
-                       integrated, else a CPU implementation); read when the context is made
-SSM_VK_TIMEOUT_S       seconds a wait on the GPU may take before VulkanTimeout (default 60)
-SSM_VK_SPIN_US         microseconds a wait polls the GPU before it sleeps in the driver
-                       (default 200 on a GPU, 0 on a CPU implementation; 0 never polls;
-                       a sequence whose last run took longer, up to 1 ms, polls that long)
-SSM_VK_VALIDATION      1: run under the Khronos validation layer (tests; default off)
-SSM_VK_NO_SUBGROUP     1: use no subgroup operations (the shared-memory row sums)
-SSM_VK_PROFILE         1: a timestamp after each step of the chunked kernels (benchmarks)
-SSM_VK_PIPELINE_STATS  1: keep the driver's compile statistics of every kernel (registers,
-                       instructions, ...: ``Kernel.statistics()``) and its internal code
-                       (``Kernel.representations()``), where the device offers
-                       VK_KHR_pipeline_executable_properties; read when the context is made
-SSM_VK_MATRIX_UNITS    0: the context leaves the device's float16 matrix units (DeviceInfo.matrix_f16)
-                       off, and no plan takes them even with the knob MMA=1 (default 1: enabled
-                       where the device offers them); read when the context is made
-SSM_VK_TUNE            the planner's knobs, ``NAME=int,...`` (table :data:`KNOBS`)
-SSM_SCAN_CACHE         the SPIR-V cache folder (default ~/.cache/ssm-scan/spirv)
-=====================  =====================================================================
+The environment variables are declared in :data:`ENV` and the knobs in :data:`KNOBS`, each once:
+name, default, legal values and meaning. docs/API.md's table of ssm_vk's environment variables
+and docs/KERNELS.md's table of the knobs are made from them (``python tools/settings_tables.py``;
+tests/test_settings_tables.py checks that the docs hold what it writes).
 """
 
 from __future__ import annotations
@@ -39,122 +21,117 @@ from pathlib import Path
 
 from ssm_ref.environ import EnvVar
 
-__all__ = ["DEFAULTS", "KNOBS", "Knob", "Settings", "cache_dir", "configure", "profile", "settings", "spin_us",
-           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats", "matrix_units"]
+__all__ = ["DEFAULTS", "ENV", "EnvSetting", "KNOBS", "Knob", "Settings", "env_table_markdown", "knob_table_markdown",
+           "cache_dir", "configure", "profile", "settings", "spin_us",
+           "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats"]
+
+
+def _rule(test, text: str):
+    """A knob's rule: "" for a legal value, else ``text`` (what a legal one is; also the docs')."""
+    def ok(v: int) -> str:
+        return "" if test(v) else text
+    ok.text = text
+    return ok
 
 
 def _pow2(lo: int, hi: int):
-    def ok(v: int) -> str:
-        return "" if lo <= v <= hi and v & (v - 1) == 0 else f"a power of two from {lo} to {hi}"
-    return ok
+    return _rule(lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two from {lo} to {hi}")
 
 
 def _between(lo: int, hi: int):
-    def ok(v: int) -> str:
-        return "" if lo <= v <= hi else f"an integer from {lo} to {hi}"
-    return ok
+    return _rule(lambda v: lo <= v <= hi, f"an integer from {lo} to {hi}")
 
 
 def _zero_or_between(lo: int, hi: int):
-    def ok(v: int) -> str:
-        return "" if v == 0 or lo <= v <= hi else f"0 or an integer from {lo} to {hi}"
-    return ok
+    return _rule(lambda v: v == 0 or lo <= v <= hi, f"0 or an integer from {lo} to {hi}")
 
 
 def _one_of(*values: int):
-    def ok(v: int) -> str:
-        return "" if v in values else "one of " + ", ".join(map(str, values))
-    return ok
+    return _rule(lambda v: v in values, "one of " + ", ".join(map(str, values)))
 
 
 @dataclass(frozen=True)
 class Knob:
-    """A planner knob: what it sets, and its rule (a function giving "" for a legal value, else
-    what a legal one is)."""
+    """A planner knob: its default (an int, or None: the planner chooses it from the problem's
+    size and the device, as ``doc`` says), its rule (a function giving "" for a legal value, else
+    what a legal one is) and what it sets."""
 
-    doc: str
+    default: int | None
     rule: object
+    doc: str
 
 
 # The planner's knobs (SSM_VK_TUNE). Each replaces a choice of the planner; the planner still
 # keeps every device limit (a knob never makes a workgroup larger than the device allows).
 KNOBS: dict[str, Knob] = {
     # token-sequential kernels (ssm_vk.plan.sequential)
-    "LN": Knob("lanes per state row, at most (fewer when N or the subgroup is smaller)", _pow2(1, 256)),
-    "ROW_SUM": Knob("how a row is summed: 0 shared memory, 1 clustered, 2 xor butterfly, 3 subgroupAdd "
-                    "(taken where the device offers it)", _between(0, 3)),
-    "K": Knob("checkpoint interval of the backward, tokens", _between(1, 256)),
-    "WG": Knob("threads per workgroup, at most (halved until the device's limits hold)", _pow2(1, 1024)),
-    "TB": Knob("tokens per load block of the forward", _between(1, 64)),
-    "TBR": Knob("tokens per shared-memory reduction round of the backward (lowered to divide K)",
-                _between(1, 64)),
-    "SPREAD": Knob("0: every lane of a row computes each token's step (1, the default: one lane per token, read by "
-                   "subgroup shuffles, where the device has them; Mamba-1 only in the backward)", _one_of(0, 1)),
-    "HSUM": Knob("0: the backward's d_B / d_C partials per head (1, the default: a workgroup's heads of one group "
-                 "summed into one; Mamba-1)", _one_of(0, 1)),
-    "DEC": Knob("0: never the decode kernel (one token, Mamba-2: the state in 16-byte loads, a head's step and "
-                "B, C shared by its rows); 1: wherever it applies, a step of few threads too (default: by size)",
-                _one_of(0, 1)),
-    "DEC_IT": Knob("channels each row slot of the decode kernel takes in turn (default: by the problem's size)",
-                   _pow2(1, 1024)),
-    "TCHUNK": Knob("tokens per time chunk of the forward parallel over time (used when it divides T into "
-                   "two or more chunks); 0: never", _zero_or_between(2, 1 << 30)),
+    "LN": Knob(None, _pow2(1, 256), "lanes per state row, at most (default: by N, the subgroup and the direction; "
+               "fewer when N or the subgroup is smaller)"),
+    "ROW_SUM": Knob(None, _between(0, 3), "how a row is summed: 0 shared memory, 1 clustered, 2 xor butterfly, 3 "
+                    "subgroupAdd (default: the fastest the device offers; a knob is taken where the device offers it)"),
+    "K": Knob(None, _between(1, 256), "checkpoint interval of the backward, tokens (default 8; 4 for Mamba-1)"),
+    "WG": Knob(128, _pow2(1, 1024), "threads per workgroup, at most (halved until the device's limits hold)"),
+    "TB": Knob(None, _between(1, 64), "tokens per load block of the forward (default: by the row's layout; 1 for one "
+               "token, 8 for a Mamba-2 forward of few threads)"),
+    "TBR": Knob(None, _between(1, 64), "tokens per shared-memory reduction round of the backward (default: up to 4, as "
+                "shared memory allows; lowered to divide K)"),
+    "SPREAD": Knob(1, _one_of(0, 1), "1: one lane per token computes its step, read by subgroup shuffles, where the "
+                   "device has them (Mamba-1 only in the backward); 0: every lane of a row computes each step"),
+    "HSUM": Knob(1, _one_of(0, 1), "1: the backward sums a workgroup's heads of one group into one d_B / d_C partial "
+                 "(Mamba-1); 0: partials per head"),
+    "DEC": Knob(None, _one_of(0, 1), "the decode kernel (one token, Mamba-2: the state in 16-byte loads, a head's step "
+                "and B, C shared by its rows); 0: never; 1: wherever it applies, a step of few threads too (default: "
+                "where the step has 2^18 threads or more)"),
+    "DEC_IT": Knob(None, _pow2(1, 1024), "channels each row slot of the decode kernel takes in turn (default: doubled "
+                   "while the step keeps 2^18 threads)"),
+    "TCHUNK": Knob(None, _zero_or_between(2, 1 << 30), "tokens per time chunk of the forward and backward parallel "
+                   "over time (used when it divides T into two or more chunks); 0: never (default: Mamba-1 on a GPU, "
+                   "where the scan would run too few threads)"),
     # Mamba-1 kernels with time in a workgroup's threads (ssm_vk.plan.m1)
-    "M1": Knob("0: never the Mamba-1 kernels with time in threads; 1: wherever they apply, a CPU device too",
-               _one_of(0, 1)),
-    "M1_NW": Knob("time slices (subgroups) per workgroup of those kernels, at most (default 4 forward, 32 its one "
-                  "pass, 16 backward)",
-                  _pow2(1, 64)),
-    "M1_BNW": Knob("time slices (subgroups) per workgroup of their backward, at most (default: M1_NW's)",
-                   _pow2(1, 64)),
-    "M1_TI": Knob("tokens per slice of their backward (default 4)", _one_of(2, 4, 8, 16)),
-    "M1_FTI": Knob("tokens per slice of their forward (default: by the problem's size)", _between(1, 1 << 20)),
-    "M1_SNW": Knob("slices per workgroup of their backward's summary over time chunks (at most the backward's)",
-                   _pow2(1, 64)),
-    "M1_TB": Knob("tokens per block of loads of their forward", _one_of(1, 2, 4, 8, 16)),
-    "M1_SPS": Knob("time slices per subgroup of their forward (at most the subgroup size; default 1, in one pass "
-                   "more where it has few threads)", _pow2(1, 64)),
-    "M1_ONE_TI": Knob("their forward runs in one pass where its sequences fit one workgroup's slices of at most "
-                      "this many tokens each (default 64); 0: never", _between(0, 1 << 20)),
-    "M1_NB": Knob("state values per round of their backward's walk back (default 4, or 2 or 1: the most that "
-                  "divides N; a value that does not divide N is lowered to 1)",
-                  _one_of(1, 2, 4)),
+    "M1": Knob(None, _one_of(0, 1), "the Mamba-1 kernels with time in threads; 0: never; 1: wherever they apply, a CPU "
+               "device too (default: wherever they apply on a GPU)"),
+    "M1_NW": Knob(None, _pow2(1, 64), "time slices (subgroups) per workgroup of those kernels, at most (default 4 "
+                  "forward, 32 its one pass, 16 backward)"),
+    "M1_BNW": Knob(None, _pow2(1, 64), "time slices (subgroups) per workgroup of their backward, at most (default: "
+                   "M1_NW's)"),
+    "M1_TI": Knob(4, _one_of(2, 4, 8, 16), "tokens per slice of their backward"),
+    "M1_FTI": Knob(None, _between(1, 1 << 20), "tokens per slice of their forward (default: enough slices for about "
+                   "2^18 threads, at least 8 tokens each)"),
+    "M1_SNW": Knob(2, _pow2(1, 64), "slices per workgroup of their backward's summary over time chunks (at most the "
+                   "backward's)"),
+    "M1_TB": Knob(None, _one_of(1, 2, 4, 8, 16), "tokens per block of loads of their forward (default 8 / M1_SPS)"),
+    "M1_SPS": Knob(None, _pow2(1, 64), "time slices per subgroup of their forward (at most the subgroup size; default "
+                   "1, in one pass doubled while it has at most 2^17 threads and 16 tokens per slice)"),
+    "M1_ONE_TI": Knob(64, _between(0, 1 << 20), "their forward runs in one pass where its sequences fit one "
+                      "workgroup's slices of at most this many tokens each; 0: never"),
+    "M1_NB": Knob(None, _one_of(1, 2, 4), "state values per round of their backward's walk back (default 4, or 2 or 1: "
+                  "the most that divides N; a value that does not divide N is lowered to 1)"),
     # chunked Mamba-2 kernels (ssm_vk.plan.chunked)
-    "CHUNK": Knob("chunk length in tokens; 0: never the chunked kernels", _one_of(0, 16, 32, 48, 64)),
-    "CHUNK_MIN_T": Knob("shortest sequence the chunked kernels take", _between(0, 1 << 40)),
-    "KS": Knob("contraction slice of the GEMM kernels (must divide the chunk length)", _pow2(1, 64)),
-    "GWG": Knob("threads of the GEMM kernels", _pow2(64, 1024)),
-    "ROWG": Knob("row groups of the GEMM kernels' thread grid (must divide GWG)", _pow2(1, 64)),
-    "DBC_RBLK": Knob("row block of the d_B / d_C products", _pow2(16, 128)),
-    "DBC_CBLK": Knob("column block of the d_B / d_C products", _pow2(16, 128)),
-    "ZF_RBLK": Knob("row block of the chunk-state products", _pow2(16, 128)),
-    "ZF_CBLK": Knob("column block of the chunk-state products", _pow2(16, 128)),
-    "DBC_FOLD": Knob("1: d_B and d_C take the chunk's own tokens once per group of heads (their M o GU summed "
-                     "over the group first); 0: once per head", _one_of(0, 1)),
-    "DB_HPART": Knob("heads of a group whose d_B products one workgroup adds into one part when they run per head "
-                     "(default 1; lowered to 1 where it does not divide the heads of a group)", _between(1, 1024)),
-    "DC_HPART": Knob("the same for d_C", _between(1, 1024)),
-    "HEADLOOP": Knob("1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, then summed",
-                     _one_of(0, 1)),
-    "VEC_OUT": Knob("0: float stores in the GEMM epilogues instead of 16-byte ones", _one_of(0, 1)),
-    "DBUF": Knob("1: the GEMM kernels stage their operands' slices into two shared-memory buffers in turn "
-                 "(one barrier per slice; where shared memory allows)", _one_of(0, 1)),
-    "VEC_IN": Knob("0: the chunked forward's y product stages its operands with float loads instead of 16-byte "
-                   "ones", _one_of(0, 1)),
-    "SWZ": Knob("1: the GEMM kernels store their B slices swizzled (no bank conflicts where k is contiguous)",
-                _one_of(0, 1)),
-    "HPW_Z": Knob("heads of a group per workgroup of the chunk states' product, at most (lowered to a divisor "
-                  "of the heads per group that fits shared memory)", _pow2(1, 8)),
-    "HPW_Y": Knob("heads of a group per workgroup of the chunked forward's y product, at most (lowered as "
-                  "HPW_Z)", _pow2(1, 8)),
-    "MMA": Knob("1: the chunked forward's chunk states and y on the float16 matrix units where the context "
-                "has them, error-compensated (0, the default: the float32 kernels, faster on an H200)",
-                _one_of(0, 1)),
-    "MMA_KS": Knob("contraction slice of the matrix-unit products (must divide the chunk length and N)",
-                   _one_of(16, 32, 64)),
-    "MMA_SG": Knob("subgroups per workgroup of the matrix-unit products, at most", _one_of(1, 2, 4, 8)),
-    "KEEP_STATES": Knob("0: the backward always recomputes the chunk states its forward left", _one_of(0, 1)),
-    "PASS_PB": Knob("chunks whose loads the state pass issues together", _between(1, 64)),
+    "CHUNK": Knob(None, _one_of(0, 16, 32, 48, 64), "chunk length in tokens; 0: never the chunked kernels (default 32 "
+                  "up to 1024 tokens in all, else 64)"),
+    "CHUNK_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the chunked kernels take (default 64 forward, "
+                        "with 128 tokens in all, and 32 backward)"),
+    "KS": Knob(None, _pow2(1, 64), "contraction slice of the GEMM kernels, must divide the chunk length (default 16 "
+               "forward, 8 backward)"),
+    "GWG": Knob(256, _pow2(64, 1024), "threads of the GEMM kernels"),
+    "ROWG": Knob(16, _pow2(1, 64), "row groups of the GEMM kernels' thread grid (must divide GWG)"),
+    "DBC_RBLK": Knob(64, _pow2(16, 128), "row block of the d_B / d_C products"),
+    "DBC_CBLK": Knob(64, _pow2(16, 128), "column block of the d_B / d_C products"),
+    "ZF_RBLK": Knob(64, _pow2(16, 128), "row block of the chunk-state products"),
+    "ZF_CBLK": Knob(128, _pow2(16, 128), "column block of the chunk-state products"),
+    "DBC_FOLD": Knob(1, _one_of(0, 1), "1: d_B and d_C take the chunk's own tokens once per group of heads (their M o "
+                     "GU summed over the group first); 0: once per head"),
+    "DB_HPART": Knob(1, _between(1, 1024), "heads of a group whose d_B products one workgroup adds into one part when "
+                     "they run per head (lowered to 1 where it does not divide the heads of a group)"),
+    "DC_HPART": Knob(1, _between(1, 1024), "the same for d_C"),
+    "HEADLOOP": Knob(None, _one_of(0, 1), "1: d_B and d_C loop over a group's heads in one workgroup; 0: per head, "
+                     "then summed (default: 1 where that leaves 1024 workgroups or more)"),
+    "VEC_OUT": Knob(1, _one_of(0, 1), "0: float stores in the GEMM epilogues instead of 16-byte ones"),
+    "VEC_IN": Knob(1, _one_of(0, 1), "0: the chunked forward's y product stages its operands with float loads instead "
+                   "of 16-byte ones"),
+    "KEEP_STATES": Knob(1, _one_of(0, 1), "0: the backward always recomputes the chunk states its forward left"),
+    "PASS_PB": Knob(None, _between(1, 64), "chunks whose loads the state pass issues together (default: the smallest "
+                    "of 2, 8, 32 that holds all of a sequence's chunks, else 32)"),
 }
 
 
@@ -170,11 +147,13 @@ class Settings:
     def __post_init__(self):
         object.__setattr__(self, "key", (self.tune, self.no_subgroup))
 
-    def knob(self, name: str, default):
+    def knob(self, name: str) -> int | None:
+        """The knob's value: as set, else its declared default (:data:`KNOBS`; None: the planner
+        chooses). Planning only (once per new shape)."""
         for k, v in self.tune:
             if k == name:
                 return v
-        return default
+        return KNOBS[name].default
 
     def has(self, name: str) -> bool:
         return any(k == name for k, _ in self.tune)
@@ -186,6 +165,44 @@ class Settings:
 
 DEFAULTS = Settings((), False)   # no knob set, subgroups on
 
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """An environment variable of ssm_vk: its default and what it does (both as the docs show
+    them). The reader function of each (below) parses and checks it."""
+
+    default: str
+    doc: str
+
+
+ENV: dict[str, EnvSetting] = {
+    "SSM_VK_DEVICE": EnvSetting(
+        "the first discrete GPU, else integrated, virtual, a CPU implementation",
+        "the Vulkan device's index (`ssm_vk.devices()`); read when the context is made"),
+    "SSM_VK_TIMEOUT_S": EnvSetting("60", "seconds a wait on the GPU may take before `VulkanTimeout`"),
+    "SSM_VK_SPIN_US": EnvSetting(
+        "200 on a GPU, 0 on a CPU implementation",
+        "microseconds a wait on the GPU polls before it sleeps in the driver (0: never polls). Polling catches a "
+        "short call's end sooner (an H200's empty submit and wait: 40 us sleeping, 14 polling) at the cost of one "
+        "busy core for up to that long per wait; on a CPU implementation such as lavapipe it would take a core "
+        "from the work. A recorded call whose last run took longer than this (up to 1 ms) polls a quarter longer "
+        "than that run instead, so a call just past the setting does not sleep and wake late each time"),
+    "SSM_VK_VALIDATION": EnvSetting(
+        "off", "1: run under the Khronos validation layer, messages kept in `ctx.validation_messages` "
+        "([VULKAN.md](VULKAN.md), \"Test seams\")"),
+    "SSM_VK_NO_SUBGROUP": EnvSetting("off", "1: no subgroup operations (the shared-memory row sums)"),
+    "SSM_VK_PROFILE": EnvSetting("off", "1: a timestamp after each step of the chunked kernels (benchmarks)"),
+    "SSM_VK_PIPELINE_STATS": EnvSetting(
+        "off", "1: keep the driver's compile statistics of every kernel (`Kernel.statistics()`) and its internal "
+        "code (`Kernel.representations()`) where the device offers `VK_KHR_pipeline_executable_properties`; read "
+        "when the context is made"),
+    "SSM_VK_TUNE": EnvSetting(
+        "none", "overrides of the kernel planner's choices, `NAME=int,...` ([KERNELS.md](KERNELS.md), \"Tuning "
+        "knobs\")"),
+    "SSM_SCAN_CACHE": EnvSetting("`~/.cache/ssm-scan/spirv/`", "where compiled SPIR-V is cached"),
+}
+
 _TUNE = EnvVar("SSM_VK_TUNE")
 _NO_SUBGROUP = EnvVar("SSM_VK_NO_SUBGROUP")
 _TIMEOUT = EnvVar("SSM_VK_TIMEOUT_S")
@@ -193,7 +210,6 @@ _SPIN = EnvVar("SSM_VK_SPIN_US")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
 _PIPELINE_STATS = EnvVar("SSM_VK_PIPELINE_STATS")
-_MATRIX_UNITS = EnvVar("SSM_VK_MATRIX_UNITS")
 _CACHE = EnvVar("SSM_SCAN_CACHE")
 _DEVICE = EnvVar("SSM_VK_DEVICE")
 
@@ -359,12 +375,6 @@ def pipeline_stats() -> bool:
     return _flag(_PIPELINE_STATS)
 
 
-def matrix_units() -> bool:
-    """Whether the context enables the float16 matrix units where the device has them
-    (SSM_VK_MATRIX_UNITS; default yes, ``0`` no)."""
-    return _flag(_MATRIX_UNITS, truthy=("", "1"), falsy=("0",))
-
-
 def device_env() -> str:
     """SSM_VK_DEVICE as given ("" when unset); checked against the devices when a context is made."""
     return _DEVICE.get().strip()
@@ -384,4 +394,24 @@ def check_environment() -> None:
     validation()
     profile()
     pipeline_stats()
-    matrix_units()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def knob_table_markdown() -> str:
+    """The knobs of :data:`KNOBS` as the Markdown table docs/KERNELS.md shows."""
+    rows = ["| knob | default | legal values | what it sets |", "|---|---|---|---|"]
+    for name, k in KNOBS.items():
+        default = "planner" if k.default is None else str(k.default)
+        rows.append(f"| `{name}` | {default} | {_cell(k.rule.text)} | {_cell(k.doc)} |")
+    return "\n".join(rows) + "\n"
+
+
+def env_table_markdown() -> str:
+    """ssm_vk's environment variables of :data:`ENV` as the Markdown table docs/API.md shows."""
+    rows = ["| variable | default | effect |", "|---|---|---|"]
+    for name, e in ENV.items():
+        rows.append(f"| `{name}` | {_cell(e.default)} | {_cell(e.doc)} |")
+    return "\n".join(rows) + "\n"

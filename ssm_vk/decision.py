@@ -80,10 +80,6 @@ def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunke
     if pl.chunked is None:
         return pl, ""
     why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""
-    if why and pl.chunked.mma:   # the float32 products, where the matrix units' kernels cannot be had
-        no_mma = replace(pl, chunked=replace(pl.chunked, mma=False))
-        if not kernels_problem(lim, specs.chunk_kernels(d, no_mma.chunked, backward)):
-            return no_mma, ""
     if not chunked or why:
         pl = replace(pl, chunked=None)
     return pl, why

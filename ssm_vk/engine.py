@@ -88,7 +88,7 @@ class Engine:
         hit = self._limits.get(key)
         if hit is not None and hit[0] is info:   # the entry keeps ``info`` alive: its id is not reused
             return hit[1]
-        lim = Limits.of(info, knobs.no_subgroup, matrix=self.ctx.matrix_units)
+        lim = Limits.of(info, knobs.no_subgroup)
         with self.lock:
             if len(self._limits) >= 64:
                 self._limits.clear()

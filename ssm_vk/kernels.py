@@ -13,15 +13,14 @@ from itertools import product
 from ssm_ref import Dims
 
 from . import runtime as rt
-from .config import DEFAULTS, Settings
+from .config import DEFAULTS, KNOBS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
-from .plan.chunked import GEMM_WG, KS, MAX_PN, MMA_MODES, MODES, gemm_threads, gemm_tile, mma_tile, vec_in, vec_out
-from .plan.m1 import M1_ONE_TI, M1_SPS_TI_MIN, M1Plan, m1_plan
+from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_in, vec_out
+from .plan.m1 import M1_SPS_TI_MIN, M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
 __all__ = ["KernelSpec", "fwd_spec", "bwd_spec", "carry_spec", "reduce_spec", "rows_spec", "chunk_spec", "pack_push",
-           "kernel", "kernel_cached", "gemm_spec", "mma_spec", "decay_spec", "finish_spec", "pass_spec",
-           "chunk_kernels",
+           "kernel", "kernel_cached", "gemm_spec", "decay_spec", "finish_spec", "pass_spec", "chunk_kernels",
            "kernels_needed", "matrix", "m1_spec", "m1_back_spec", "m1_kernels", "M1_PUSH", "M1_BACK_PUSH",
            "FWD_PUSH", "BWD_PUSH", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "CHUNK_PUSH",
            "CHUNK_BINDINGS", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch", "SOFTPLUS"]
@@ -219,7 +218,7 @@ PASS_BATCHES = (2, 8, PASS_BATCH)
 def pass_batch(cp: ChunkPlan) -> int:
     """Chunks whose loads the pass over ``cp``'s chunks issues together: the knob PASS_PB, else
     the smallest of PASS_BATCHES that holds them all, else PASS_BATCH."""
-    forced = cp.knobs.knob("PASS_PB", None)
+    forced = cp.knobs.knob("PASS_PB")
     if forced is not None:
         return forced
     return next((pb for pb in PASS_BATCHES if cp.NCH <= pb), PASS_BATCH)
@@ -229,26 +228,12 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
     return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=pass_batch(cp))
 
 
-def mma_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
-    """chunk_mma.comp: ZF or Y on the float16 matrix units (``cp.mma``)."""
-    RB, CBK, _, _, wg = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup, cp.mma_sg)
-    return chunk_spec("chunk_mma", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], SGS=cp.subgroup, RB=RB, CBK=CBK,
-                      KS=cp.mma_ks)
-
-
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
-    """The kernel of chunk_gemm mode ``mode`` under ``cp``: chunk_gemm.comp, or chunk_mma.comp for
-    ZF and Y where the plan takes the matrix units."""
-    if cp.mma and mode in MMA_MODES:
-        return mma_spec(d, cp, mode)
+    """The kernel of chunk_gemm mode ``mode`` under ``cp`` (chunk_gemm.comp)."""
     RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
     wg, rg = gemm_threads(cp.knobs)
     # defined only where not the shader's default, so the default variants keep their SPIR-V
-    extra = {"HPW": cp.hpw(mode)} if cp.hpw(mode) > 1 else {}
-    if cp.dbuf:
-        extra["DBUF"] = 1
-    if cp.swz:
-        extra["SWZ"] = 1
+    extra = {}
     if vec_in(mode, d, cp.CL, cp.KS, cp.knobs):
         extra["VEC_IN"] = 1
     if cp.fold and mode in ("DB", "DC"):
@@ -376,11 +361,12 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                         add(spec)
             # the forward in one pass with several slices per subgroup, as the plan takes it for few
             # sequences and channels: every SPS its rule can reach (slices of M1_SPS_TI_MIN tokens
-            # or more within M1_ONE_TI)
+            # or more within the knob M1_ONE_TI's default)
             RW = lim.subgroup_size
-            d = Dims(S=1, T=M1_ONE_TI, H=RW, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(RW, N))
+            one_ti = KNOBS["M1_ONE_TI"].default
+            d = Dims(S=1, T=one_ti, H=RW, P=1, N=N, G=1, R=1, mamba1=True, a_shape=(RW, N))
             SPS = 2
-            while SPS <= min(RW, M1_ONE_TI // M1_SPS_TI_MIN):
+            while SPS <= min(RW, one_ti // M1_SPS_TI_MIN):
                 mp = m1_plan(d, lim, False, knobs.with_knobs(M1_SPS=SPS))
                 if mp is not None:
                     add(m1_spec(d, mp, 2))

@@ -101,4 +101,3 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
             assert key in packaged, (device, d, backward, spec)
             seen += 1
     assert seen > 100 and {(True, False), (False, False)} <= folds, folds
-

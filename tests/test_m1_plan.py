@@ -13,15 +13,15 @@ from ssm_vk import config, kernels, plan
 from ssm_vk.plan import Limits, budget
 from ssm_vk.plan.m1 import (
     M1_BWD_NB,
-    M1_BWD_TI,
     M1_NW,
     M1_ONE_THREADS,
-    M1_ONE_TI,
     M1_SPS_TI_MIN,
     M1_THREADS,
     shared_bytes,
 )
 
+M1_BWD_TI = config.KNOBS["M1_TI"].default
+M1_ONE_TI = config.KNOBS["M1_ONE_TI"].default
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative"})
 
 

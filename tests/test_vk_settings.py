@@ -96,10 +96,10 @@ def test_flags_take_their_documented_values_only(monkeypatch, name, value):
 
 def test_configure_overrides_the_environment_and_restores_it(monkeypatch):
     monkeypatch.setenv("SSM_VK_TUNE", "K=4")
-    assert config.settings().knob("K", None) == 4
+    assert config.settings().knob("K") == 4
     with config.configure(tune={"K": 16, "TB": 2}):
         s = config.settings()
-        assert s.knob("K", None) == 16 and s.knob("TB", None) == 2
+        assert s.knob("K") == 16 and s.knob("TB") == 2
         with config.configure(no_subgroup=True):
             assert config.settings().no_subgroup
         assert not config.settings().no_subgroup

@@ -32,18 +32,9 @@
 // (u_s = x_s * d_s; GAM writes d_x = Gam * d_s and the per-token sums Gam . x and beta into sm,
 // and <G_c, H_c> over its columns of P into the chunk's first token's slot; DC writes alpha.) Bindings and push constants: glsl/chunk_common.glsl.
 // Defines: chunk_common's, MODE, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG),
-// KS, ROWG, HEADLOOP, FOLD and HPART (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit), HPW
-// (ZF and Y: heads per workgroup, default 1), DBUF (1: two shared-memory buffers of operand
-// slices, filled in turn, so one barrier per slice instead of two), SWZ (1: B's slice rows of
-// vec4s stored swizzled, see bq), VEC_IN (Y: stage operands with 16-byte loads where the call's
-// offsets allow, see fetch1v).
+// KS, ROWG, HEADLOOP, FOLD and HPART (DB, DC), VEC_OUT (1: 16-byte stores in the epilogue where they fit),
+// VEC_IN (Y: stage operands with 16-byte loads where the call's offsets allow, see fetch1v).
 //
-// HPW > 1: a workgroup computes the tile of HPW consecutive heads of one group (h0 .. h0+HPW-1),
-// each thread the same rows and columns of every head's tile. The operand the heads share is
-// staged once (B for ZF; C for Y's segment 2), the others once per head. Y's segment 2 then runs
-// first, over C alone, and its sums are scaled by din_t before segment 1 adds to them (with one
-// head, Y runs segment 1 first and stages C * din_t). ZF's sums run over the same terms in the
-// same order for every HPW; Y's equal up to rounding.
 // Thread (tr, tc) of the 16 x (WG / 16) thread grid owns rows tr * TR .. tr * TR + TR - 1
 // (contiguous: whole masked slices are skipped) and columns tc, tc + CG, ... (strided: the
 // shared-memory reads of a warp hit distinct banks).
@@ -51,9 +42,10 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
-#ifndef HPW
+// HPW, NBUF, buf and SWM (bq): one head per workgroup, one staging buffer, no swizzle -- what is
+// left, constant, of variants tried and removed (docs/KERNELS.md, "Tried and removed"), kept so
+// that the default kernels' SPIR-V stays as it was measured.
 #define HPW 1
-#endif
 #ifndef FOLD
 #define FOLD 0
 #endif
@@ -66,14 +58,8 @@
 #if FOLD && MODE != 6 && MODE != 7
 #error "FOLD is for DB (MODE 6) and DC (MODE 7) only"
 #endif
-#ifndef DBUF
-#define DBUF 0
-#endif
-const uint NBUF = DBUF != 0 ? 2u : 1u;
+const uint NBUF = 1u;
 uint buf = 0u;            // the buffer this slice is staged into and read from
-#if HPW > 1 && MODE != 2 && MODE != 4
-#error "HPW > 1 is for ZF (MODE 2) and Y (MODE 4) only"
-#endif
 
 const uint RG = ROWG;           // row groups of the thread grid (16 or 8)
 const uint CG = WG / RG;
@@ -116,14 +102,8 @@ shared float As[NBUF][KS][AH * RBLK + 1u];
 #if (CBLK / (WG / ROWG)) % 4 == 0
 #define BS4 1          // a thread's columns are whole vec4s (tc*4 .. tc*4+3, then CG*4 further on)
 shared vec4 Bs4[NBUF][KS][BH * (CBLK / 4u)];
-// vec4 q of B's slice row kk sits at q ^ (kk & SWM). Rows of B that are contiguous in k (hs, gs,
-// u, B: consecutive threads stage consecutive k of one column) then land in distinct banks:
-// without it the 16 rows of a warp's stores share one bank (16-way conflicts). The products'
-// loads stay conflict-free: XOR with a constant below CG permutes each row's blocks of CG vec4s.
-#ifndef SWZ
-#define SWZ 0
-#endif
-const uint SWM = SWZ != 0 ? (CG < 8u ? CG : 8u) - 1u : 0u;
+// vec4 q of B's slice row kk sits at q ^ (kk & SWM), SWM = 0: at q.
+const uint SWM = 0u;
 uint bq(uint kk, uint q) { return q ^ (kk & SWM); }
 #else
 #define BS4 0
@@ -240,11 +220,7 @@ float A2(uint hh, uint r, uint k) { return r < Lc ? gy_of(r, k) : 0.0; }
 float B2(uint hh, uint k, uint cc) { return cc < Lc ? u_of(cc, k) : 0.0; }
 #elif MODE == 4
 const bool A2_RF = false, B2_CF = false;
-#if HPW > 1
-float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) : 0.0; }     // din_t: after the sum
-#else
 float A2(uint hh, uint r, uint k) { return r < Lc ? C_of(r, k) * sdi[r] : 0.0; }
-#endif
 float B2(uint hh, uint k, uint cc) { return cc < PD ? hs[(hmat + hh) * PD * ND + cc * ND + k] : 0.0; }
 #elif MODE == 5
 const bool A2_RF = false, B2_CF = false;
@@ -444,15 +420,9 @@ void load_cols(uint kk, uint tc, uint hh, out float b[TC]) {
 #endif
 }
 
-// After a slice's products: with one buffer, wait until every thread has read it before the next
-// slice is stored; with two, the next slice goes to the other one (its last reads, two slices
-// back, finished before the barrier that followed this slice's stores).
+// After a slice's products: wait until every thread has read it before the next slice is stored.
 void next_slice() {
-#if DBUF
-    buf ^= 1u;
-#else
     barrier();
-#endif
 }
 
 // Segment 1 (the chunk's tokens, masked): slices j = 0 .. NS1-1; ``then2``: prefetch segment 2's
@@ -506,22 +476,11 @@ void segment2(bool then1) {
 #endif
         if (j + 1u < NS2) fetch2_any(j + 1u); else if (then1 && NS1 > 0u) fetch1_any(0u);
         [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-#if HPW > 1
-            float a[HPW][TR], b[HPW][TC];
-            [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {
-                if (hh == 0u || A2H > 1u) load_rows(kk, tr, hh, a[hh]); else a[hh] = a[0];
-                if (hh == 0u || B2H > 1u) load_cols(kk, tc, hh, b[hh]); else b[hh] = b[0];
-            }
-            [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
-                [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                    [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][jj][q] += a[hh][jj] * b[hh][q];
-#else
             float a[TR], b[TC];
             load_rows(kk, tr, 0u, a);
             load_cols(kk, tc, 0u, b);
             [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                 [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
-#endif
         }
         next_slice();
     }
@@ -630,16 +589,6 @@ void main() {
         }
     }
     row_sums(part, tr, tc, SM_BETA, cbk);
-    segment1(rlo, rhi, tr, tc, false);
-#elif MODE == 4 && HPW > 1
-    // C . hs first; then din_t (per head) times that sum; then the chunk's own tokens.
-    fetch2_any(0u);
-    segment2(true);
-    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
-        [[unroll]] for (uint j = 0; j < TR; ++j) {
-            float di = sdi[hh * CL + min(rlo + j, uint(CL) - 1u)];
-            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][j][q] *= di;
-        }
     segment1(rlo, rhi, tr, tc, false);
 #else
     if (NS1 > 0u) fetch1_any(0u); else if (NS2 > 0u) fetch2_any(0u);

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 
 from ssm_ref import Dims
 
-from ..config import DEFAULTS, Settings, settings
+from ..config import DEFAULTS, KNOBS, Settings, settings
 from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
-__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "mma_tile", "mma_fits", "MMA_MODES", "MMA_KS",
-           "scratch_elems", "GEMM_WG", "KS",
+__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in"]
 
-GEMM_WG = 256      # threads of every chunk kernel but the pass (16 x 16 thread grid)
+GEMM_WG = KNOBS["GWG"].default   # threads of every chunk kernel but the pass: the GEMM kernels' default
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
 # with 8 at train, long and mid; the forward 1.5% faster with 8 at train, up to 1.5x slower at
 # mid; 32 slower everywhere).
@@ -58,7 +57,7 @@ def _up(n: int, m: int) -> int:
 def gemm_threads(knobs: Settings | None = None) -> tuple[int, int]:
     """(threads, row groups) of the GEMM kernels' thread grid (knobs GWG, ROWG)."""
     knobs = settings() if knobs is None else knobs
-    wg, rg = knobs.knob("GWG", GEMM_WG), knobs.knob("ROWG", 16)
+    wg, rg = knobs.knob("GWG"), knobs.knob("ROWG")
     if wg % rg:
         raise ValueError(f"SSM_VK_TUNE: ROWG={rg} must divide GWG={wg}")
     return wg, rg
@@ -73,9 +72,7 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
     # Tiles of at most 64 x 128; DB and DC loop over a group's heads, so column blocks of 64 give
     # them more workgroups. Knobs: DBC_RBLK / DBC_CBLK (DB, DC), ZF_RBLK / ZF_CBLK (the chunk states).
     pre = {"DB": "DBC_", "DC": "DBC_", "ZF": "ZF_"}.get(mode)
-    rb, cb = (64, 64) if pre == "DBC_" else (64, 128)
-    if pre:
-        rb, cb = knobs.knob(pre + "RBLK", rb), knobs.knob(pre + "CBLK", cb)
+    rb, cb = (knobs.knob(pre + "RBLK"), knobs.knob(pre + "CBLK")) if pre else (64, 128)
     RBLK = min(_up(rows, rg), max(rb, rg))
     CBLK = min(_up(cols, cg), max(cb, cg))
     return RBLK, CBLK, -(-rows // RBLK), -(-cols // CBLK)
@@ -84,27 +81,26 @@ def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None)
 def slice_len(backward: bool = False, knobs: Settings | None = None) -> int:
     """Contraction slice of the GEMM kernels (KS; knob KS)."""
     knobs = settings() if knobs is None else knobs
-    return knobs.knob("KS", KS[backward])
+    ks = knobs.knob("KS")
+    return KS[backward] if ks is None else ks
 
 
 def vec_out(knobs: Settings | None = None) -> int:
     """1: the GEMM epilogues store 16 bytes at a time where the columns allow (knob VEC_OUT=0
     stores floats, for benchmarks)."""
     knobs = settings() if knobs is None else knobs
-    return int(knobs.knob("VEC_OUT", 1) != 0)
+    return int(knobs.knob("VEC_OUT") != 0)
 
 
-def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings, ah: int = 1, bh: int = 1, nbuf: int = 1) -> int:
-    """Shared memory of a chunk_gemm tile, at most: its operands' slices (``ah`` / ``bh`` heads of A
-    / B side by side, ``nbuf`` buffers of them), the heads' scalars and the row-sum table."""
+def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
+    """Shared memory of a chunk_gemm tile, at most: its operands' slices, the head's scalars and
+    the row-sum table."""
     ks = max(slice_len(False, knobs), slice_len(True, knobs))
     wg, rg = gemm_threads(knobs)
-    slices = ks * (ah * RBLK + 4) + ks * (bh * CBLK + 4)
-    return (nbuf * slices + 3 * max(ah, bh) * CL + RBLK * (wg // rg)) * F32
+    slices = ks * (RBLK + 4) + ks * (CBLK + 4)
+    return (slices + 3 * CL + RBLK * (wg // rg)) * F32
 
 
-DBUF_DEFAULT = 0
-SWZ_DEFAULT = 0
 # The modes that stage their operands with 16-byte loads. H200: Y 440 -> 391 us at train (its
 # registers 79 -> 63 per thread, 4 workgroups per SM instead of 3); ZF 288 -> 342 (80 -> 87
 # registers, 2 workgroups per SM), so ZF keeps its float loads.
@@ -116,105 +112,18 @@ def vec_in(mode: str, d: Dims, CL: int, KS: int, knobs: Settings | None = None) 
     VEC_IN_MODES): where P, N, the slice and the tile are multiples of 4. The shader still takes
     its float loads for a call whose inputs start off a multiple of 4 elements."""
     knobs = settings() if knobs is None else knobs
-    if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN", 1):
+    if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN"):
         return False
     RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
     return all(v % 4 == 0 for v in (d.P, d.N, KS, RBLK, CBLK))
-
-
-def double_buffered(CL: int, lim: Limits, knobs: Settings | None = None) -> bool:
-    """Whether the GEMM kernels stage into two buffers (knob DBUF): where the largest tile's two
-    buffers fit the device's shared memory."""
-    knobs = settings() if knobs is None else knobs
-    return bool(knobs.knob("DBUF", DBUF_DEFAULT)) and _gemm_shared(CL, 64, 128, knobs, nbuf=2) <= lim.max_shared_memory
-
-
-# chunk_gemm.comp's modes that take several heads of a group per workgroup: mode -> (knob,
-# heads of A, heads of B staged side by side per head of the workgroup)
-HPW_MODES = {"ZF": ("HPW_Z", 1, 0), "Y": ("HPW_Y", 1, 1)}
-HPW_DEFAULT = {"ZF": 1, "Y": 1}
-
-
-def heads_per_workgroup(mode: str, d: Dims, lim: Limits, CL: int, knobs: Settings | None = None,
-                        nbuf: int = 1) -> int:
-    """Heads of a group one ZF or Y workgroup computes (1 for every other mode): the largest power
-    of two up to the knob (HPW_Z, HPW_Y) that divides the heads per group and whose tiles fit
-    the device's shared memory."""
-    if mode not in HPW_MODES:
-        return 1
-    knobs = settings() if knobs is None else knobs
-    name, a_per, b_per = HPW_MODES[mode]
-    hpw = knobs.knob(name, HPW_DEFAULT[mode])
-    hpg = d.H // d.G if d.G else 1
-    RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
-    while hpw > 1 and (hpg % hpw or _gemm_shared(CL, RBLK, CBLK, knobs, hpw if a_per else 1,
-                                                    hpw if b_per else 1, nbuf) > lim.max_shared_memory):
-        hpw //= 2
-    return hpw
 
 
 def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
     """Heads per part of d_B (``name`` DB_HPART) or d_C (DC_HPART) when they run per head (default
     1; 1 where the knob does not divide the heads of a group, and with HEADLOOP, which adds all of
     them)."""
-    k = knobs.knob(name, 1)
+    k = knobs.knob(name)
     return 1 if headloop or (d.H // d.G) % k else k
-
-
-# The modes the matrix units compute where the context has them (chunk_mma.comp): the chunk
-# states and y, the forward's two large products; the backward's ZF too when it recomputes the
-# states, so that they are the forward's to the bit.
-MMA_MODES = ("ZF", "Y")
-MMA_KS = 32        # their contraction slice (knob MMA_KS)
-MMA_SUBGROUPS = 8  # subgroups per workgroup, at most (knob MMA_SG)
-# Off unless the knob MMA=1 asks: on an H200 the float32 kernels are faster (docs/BENCHMARKS.md).
-MMA_DEFAULT = 0
-
-
-def _block(n: int) -> int:
-    """The largest of 64, 32, 16 that divides ``n`` (0 when none does)."""
-    return next((b for b in (64, 32, 16) if n % b == 0), 0)
-
-
-def mma_tile(mode: str, CL: int, P: int, N: int, subgroup: int,
-             sg: int | None = None) -> tuple[int, int, int, int, int]:
-    """(RB, CBK, NRB, NCB, threads) of a chunk_mma mode: a tile of RB x CBK (Y's rows the whole
-    chunk, so that it can leave out the tiles above the diagonal), and the tile's 16 x 16 blocks
-    spread over up to ``sg`` (default MMA_SUBGROUPS) subgroups of ``subgroup`` threads."""
-    rows, cols = _shape(mode, CL, P, N)
-    RB = CL if mode == "Y" else _block(rows)
-    CBK = _block(cols)
-    if not RB or not CBK:
-        return 0, 0, 0, 0, 0
-    # (at least one subgroup per row of 16 x 16 blocks: a subgroup takes part of one row)
-    nsg = max(RB // 16, min(MMA_SUBGROUPS if sg is None else sg, (RB // 16) * (CBK // 16)))
-    return RB, CBK, rows // RB, cols // CBK, nsg * subgroup
-
-
-def _mma_shared(mode: str, CL: int, RB: int, CBK: int, ks: int) -> int:
-    """Bytes of shared memory chunk_mma.comp declares for a tile (its arrays, as laid out there)."""
-    a = ks * (RB + 8) if mode == "ZF" else RB * (ks + 8)
-    b = max(ks * (CBK + 8), CBK * (ks + 8) if mode == "Y" else 0)
-    parts = 2 if mode == "Y" else 1     # Y's scales per part of its contraction
-    return 2 * 2 * (a + b) + RB * (CBK + 4) * F32 + 3 * parts * (RB + CBK) * 4 + 3 * CL * F32
-
-
-def mma_fits(d: Dims, lim: Limits, CL: int, knobs: Settings) -> bool:
-    """Whether ZF and Y of ``d`` can run on the matrix units of the device of ``lim``: the context
-    enabled them, the knob MMA is 1, P and N are multiples of 16, the slice divides the chunk
-    and N, and each tile's threads and shared memory fit the device."""
-    if not lim.matrix_f16 or not knobs.knob("MMA", MMA_DEFAULT) or d.P % 16 or d.N % 16:
-        return False
-    ks = knobs.knob("MMA_KS", MMA_KS)
-    if CL % ks or d.N % ks:
-        return False
-    for mode in MMA_MODES:
-        RB, CBK, _, _, wg = mma_tile(mode, CL, d.P, d.N, lim.subgroup_size, knobs.knob("MMA_SG", MMA_SUBGROUPS))
-        if not wg or wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]):
-            return False
-        if _mma_shared(mode, CL, RB, CBK, ks) > lim.max_shared_memory:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -228,21 +137,9 @@ class ChunkPlan:
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
     knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
     softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
-    hpw_z: int = 1           # heads per workgroup of ZF (the chunk states) and of Y
-    hpw_y: int = 1
-    dbuf: bool = False       # the GEMM kernels stage into two shared-memory buffers in turn
-    swz: bool = False        # ... and store their B slices swizzled
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
     hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
     hpart_c: int = 1         # ... d_C
-    mma: bool = False        # ZF and Y on the float16 matrix units (chunk_mma.comp), error-compensated
-    subgroup: int = 32       # the device's subgroup size (chunk_mma's subgroups per tile)
-    mma_ks: int = MMA_KS     # chunk_mma's contraction slice
-    mma_sg: int = MMA_SUBGROUPS  # ... and subgroups per workgroup, at most
-
-    def hpw(self, mode: str) -> int:
-        """Heads per workgroup of a chunk_gemm mode."""
-        return {"ZF": self.hpw_z, "Y": self.hpw_y}.get(mode, 1)
 
     def hpart(self, mode: str) -> int:
         """Heads per part of DB and DC (1 for the other modes)."""
@@ -319,14 +216,16 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     knobs = settings() if knobs is None else knobs
-    tune = dict(knobs.tune)
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
-    CL = tune.get("CHUNK", 32 if d.S * d.T <= 1024 else 64)
+    CL = knobs.knob("CHUNK")
+    if CL is None:
+        CL = 32 if d.S * d.T <= 1024 else 64
     if CL <= 0 or CL % 16 or CL % slice_len(backward, knobs) or CL > 64:   # 0 disables
         return None
-    if "CHUNK_MIN_T" in tune:
-        if d.T < tune["CHUNK_MIN_T"]:
+    min_t = knobs.knob("CHUNK_MIN_T")
+    if min_t is not None:
+        if d.T < min_t:
             return None
     elif d.T < CHUNK_MIN_T[backward] or d.S * d.T < CHUNK_MIN_ST[backward]:
         return None
@@ -342,20 +241,15 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if lo < 1:
         return None
     wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
-    dbuf = double_buffered(CL, lim, knobs)
     NCH = -(-d.T // CL)
     # DB and DC per group when that still gives enough workgroups (H200: at mid, 32 workgroups
     # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
     # than per head + the reduce, which the scratch budget allows for anyway)
     ncb = gemm_tile("DB", CL, d.P, d.N, knobs)[3]
-    headloop = bool(tune.get("HEADLOOP", int(lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS)))
+    headloop = knobs.knob("HEADLOOP")
+    headloop = lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS if headloop is None else bool(headloop)
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
-                     keep=tune.get("KEEP_STATES", 1) != 0, knobs=knobs,
-                     dbuf=dbuf, swz=bool(knobs.knob("SWZ", SWZ_DEFAULT)),
-                     fold=d.H > d.G and bool(knobs.knob("DBC_FOLD", 1)),
+                     keep=knobs.knob("KEEP_STATES") != 0, knobs=knobs,
+                     fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
-                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"),
-                     mma=mma_fits(d, lim, CL, knobs), subgroup=lim.subgroup_size,
-                     mma_ks=knobs.knob("MMA_KS", MMA_KS), mma_sg=knobs.knob("MMA_SG", MMA_SUBGROUPS),
-                     hpw_z=heads_per_workgroup("ZF", d, lim, CL, knobs, 1 + dbuf),
-                     hpw_y=heads_per_workgroup("Y", d, lim, CL, knobs, 1 + dbuf))
+                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"))

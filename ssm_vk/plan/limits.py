@@ -38,13 +38,11 @@ class Limits:
     max_memory_allocation_count: int = 4096
     device_local_bytes: int = 1 << 62
     device_type: str = "other"       # DeviceInfo.type: "discrete", "integrated", "virtual", "cpu", "other"
-    matrix_f16: bool = False         # the context enabled float16 matrix units (DeviceInfo.matrix_f16)
 
     @classmethod
-    def of(cls, info, no_subgroup: bool = False, matrix: bool = True) -> Limits:
+    def of(cls, info, no_subgroup: bool = False) -> Limits:
         """The Limits of device ``info`` (a DeviceInfo, possibly with lowered limits); without any
-        subgroup operation when ``no_subgroup`` (the shared-memory row sums); with its float16
-        matrix units where it has them and ``matrix`` (whether the context enabled them)."""
+        subgroup operation when ``no_subgroup`` (the shared-memory row sums)."""
         return cls(
             subgroup_size=info.subgroup_size,
             subgroup_ops=frozenset() if no_subgroup else frozenset(info.subgroup_ops),
@@ -57,8 +55,7 @@ class Limits:
             max_push_constants_size=info.max_push_constants_size,
             max_storage_buffers_per_stage=info.max_storage_buffers_per_stage,
             max_memory_allocation_count=info.max_memory_allocation_count,
-            device_local_bytes=info.device_local_bytes, device_type=info.type,
-            matrix_f16=bool(getattr(info, "matrix_f16", False)) and matrix)
+            device_local_bytes=info.device_local_bytes, device_type=info.type)
 
 
 # The Vulkan 1.1 spec's minimums (required limits), for tests that plan on the weakest device.

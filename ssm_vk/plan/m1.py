@@ -23,25 +23,22 @@ from ssm_ref import Dims
 from ..config import Settings, settings
 from .limits import F32, Limits, binding_cap
 
-__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_TI", "M1_BWD_NB", "M1_NW",
-           "M1_FWD_NW", "M1_SNW", "M1_ONE_NW", "M1_ONE_TI", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
+__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_NB", "M1_NW",
+           "M1_FWD_NW", "M1_ONE_NW", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
 # The forward cuts time until about M1_THREADS threads run (about what an H200 holds at once),
 # with at least M1_FWD_TI_MIN tokens per slice; its tokens per slice are a push constant.
 M1_THREADS = 1 << 18
 M1_FWD_TI_MIN = 8
-M1_BWD_TI = 4          # the backward's tokens per slice (a define: its registers hold them)
 M1_NW = 16             # slices per workgroup of the backward, at most (a workgroup this large also
                        # keeps the compiler's registers per thread within what two of its slices
                        # per SM would leave: measured faster than 8 slices of 8 tokens)
 M1_BWD_NB = 4          # the backward's state values per round of its walk back, at most
 M1_FWD_NW = 4          # ... of the forward
-M1_SNW = 2             # slices per workgroup of the backward's summary over time chunks
 # The forward in one pass: as many slices as the device's workgroup and shared memory take (at
-# most M1_ONE_NW), where that leaves M1_ONE_TI tokens per slice or fewer.
+# most M1_ONE_NW), where that leaves at most the knob M1_ONE_TI's tokens per slice.
 M1_ONE_NW = 32
-M1_ONE_TI = 64
 # ... and where it has fewer than M1_ONE_THREADS threads, slices per subgroup (SPS) double while the
 # threads stay within M1_ONE_THREADS and the slices keep M1_SPS_TI_MIN tokens or more.
 M1_ONE_THREADS = 1 << 17
@@ -100,7 +97,7 @@ def shared_bytes(N: int, RW: int, NW: int, backward: bool) -> int:
 
 def applies(d: Dims, lim: Limits, knobs: Settings) -> str:
     """Why the time-in-threads kernels do not take ``d`` on a device of ``lim`` ("" when they do)."""
-    forced = knobs.knob("M1", None)
+    forced = knobs.knob("M1")
     if forced == 0:
         return "M1=0"
     if not d.mamba1 or d.P != 1:
@@ -125,9 +122,11 @@ def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool, most: int = 0
     """Slices per workgroup: the knob M1_NW, else ``most`` or the default of the direction, halved
     until the workgroup and its shared memory fit the device (0: not even one slice fits)."""
     RW = lim.subgroup_size
-    NW = knobs.knob("M1_NW", most or (M1_NW if backward else M1_FWD_NW))
-    if backward:
-        NW = knobs.knob("M1_BNW", NW)
+    NW = knobs.knob("M1_NW")
+    if NW is None:
+        NW = most or (M1_NW if backward else M1_FWD_NW)
+    if backward and knobs.knob("M1_BNW") is not None:
+        NW = knobs.knob("M1_BNW")
     most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
     while NW > 1 and (NW * RW > most or shared_bytes(d.N, RW, NW, backward) > lim.max_shared_memory):
         NW //= 2
@@ -138,12 +137,12 @@ def _slices(d: Dims, lim: Limits, knobs: Settings, backward: bool, most: int = 0
 
 def _one_pass(d: Dims, lim: Limits, knobs: Settings) -> tuple[int, int, int] | None:
     """(NW, SPS, TI) of the forward in one pass, or None where its sequences do not fit one
-    workgroup's slices of M1_ONE_TI tokens (or the knob M1_ONE_TI is 0)."""
-    most = knobs.knob("M1_ONE_TI", M1_ONE_TI)
+    workgroup's slices of the knob M1_ONE_TI's tokens (or it is 0)."""
+    most = knobs.knob("M1_ONE_TI")
     NW = _slices(d, lim, knobs, False, M1_ONE_NW)
     if not most or not NW or d.T > NW * most:
         return None
-    SPS = knobs.knob("M1_SPS", None)
+    SPS = knobs.knob("M1_SPS")
     if SPS is None:
         SPS = 1
         while (2 * SPS <= lim.subgroup_size and 2 * SPS * NW * d.S * d.H <= M1_ONE_THREADS
@@ -167,8 +166,8 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
         return None
     if backward:
         SPS = 1                                               # the backward's slices: one per subgroup
-        TI = knobs.knob("M1_TI", M1_BWD_TI)
-        NB = knobs.knob("M1_NB", None)
+        TI = knobs.knob("M1_TI")
+        NB = knobs.knob("M1_NB")
         if NB is None:
             NB = M1_BWD_NB
             while d.N % NB:
@@ -176,8 +175,8 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
         elif d.N % NB:
             NB = 1
     else:
-        TI, NB = knobs.knob("M1_FTI", 0), 1
-        SPS = min(knobs.knob("M1_SPS", 1), RW)
+        TI, NB = knobs.knob("M1_FTI") or 0, 1
+        SPS = min(knobs.knob("M1_SPS") or 1, RW)
         one = _one_pass(d, lim, knobs) if not TI else None
         if one:
             NW, SPS, TI = one
@@ -187,10 +186,10 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
         TI = min(TI, d.T)
     # tokens per block of loads: 8, fewer with more slices per subgroup (each lane holds a block's
     # TB * N values of B and of C over its slice's RW / SPS lanes)
-    TB = knobs.knob("M1_TB", max(1, 8 // SPS))
+    TB = knobs.knob("M1_TB") or max(1, 8 // SPS)
     NCH = -(-d.T // (NW * SPS * TI))
     plan = M1Plan(RW=RW, NW=NW, TI=TI, NB=NB, NCH=NCH, NRB=d.H // (RW // SPS), TB=TB,
-                  SNW=min(NW, knobs.knob("M1_SNW", M1_SNW)), SPS=SPS)
+                  SNW=min(NW, knobs.knob("M1_SNW")), SPS=SPS)
     cap = binding_cap(lim)
     per_chunk = d.S * NCH * d.H * d.N
     sizes = [d.S * d.T * d.H, d.S * d.T * d.G * d.N, d.R * d.H * d.N, per_chunk]

@@ -132,7 +132,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     knobs = settings() if knobs is None else knobs
     sg = lim.subgroup_size
     ops = lim.subgroup_ops
-    tune = dict(knobs.tune)
+    knob = knobs.knob
     want = _pow2_at_least(max(d.N, 1))
     m1_back = backward and d.mamba1 and d.T > 1 and "shuffle" in ops   # Mamba-1's backward, its steps shared
     m1_fwd = not backward and d.mamba1 and d.T > 1 and lim.device_type != "cpu" and "shuffle" in ops
@@ -166,11 +166,11 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
             # 45 at S = 16; within 1 us at S = 1).
             want //= 4
-    dec = not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and tune.get("DEC") != 0
+    dec = not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and knob("DEC") != 0
     if dec:
         want = min(want, _pow2_at_most(d.N // 4))   # the decode kernel: four values per lane at least
-    if "LN" in tune:
-        want = min(want, tune["LN"])
+    if knob("LN") is not None:
+        want = min(want, knob("LN"))
     if "basic" in ops and "shuffle" in ops:
         # xor butterfly: measured faster than clustered adds on an H200 (docs/BENCHMARKS.md)
         LN = min(want, sg)
@@ -181,23 +181,23 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         LN, ROW_SUM = sg, 3
     else:
         LN, ROW_SUM = min(want, 32), 0
-    if -(-d.N // LN) > MAX_NPL and "LN" not in tune:
+    if -(-d.N // LN) > MAX_NPL and knob("LN") is None:
         # A long row would need too many registers per lane: spread it over more lanes than a
         # subgroup has and sum through shared memory.
         LN, ROW_SUM = min(_pow2_at_least(-(-d.N // MAX_NPL)), 256), 0
     legal = {0: True, 1: "clustered" in ops, 2: "shuffle" in ops, 3: "arithmetic" in ops and LN == sg}
-    if legal.get(tune.get("ROW_SUM", -1), False) and "basic" in ops and LN <= sg:
-        ROW_SUM = tune["ROW_SUM"]
+    if legal.get(knob("ROW_SUM"), False) and "basic" in ops and LN <= sg:
+        ROW_SUM = knob("ROW_SUM")
     NPL = max(1, -(-d.N // LN))
     # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps)
     # takes K = 4: at LN = 8, 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against 7.33 at
     # (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536); at LN = 4 K = 8 and K = 2 were
     # slower too (5.48 and 5.50 against 5.34 ms at (8, 2048, 1536))
-    K = tune.get("K", 4 if m1_back else 8)
+    K = knob("K") or (4 if m1_back else 8)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).
-    WG = tune.get("WG", 128)
+    WG = knob("WG")
     while WG > max(LN, sg):
         shared = (2 * WG * NPL + WG // LN) * F32 if backward else 0
         if ROW_SUM == 0:
@@ -217,12 +217,12 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # of eight tokens keep more of them in flight (H200, the demo shape (1, 64, 16, 64, 128), 32 k
     # threads, accurate softplus: 31.8 us against 35.7 at TB = 4, 42.3 at TB = 2).
     few = not backward and not d.mamba1 and d.T >= 8 and d.S * d.H * d.P * LN < TCHUNK_BELOW and NPL <= 4
-    TB = tune.get("TB", 1 if d.T == 1 else m1_tb or (8 if few else max(1, min(4, 32 // NPL))))
+    TB = knob("TB") or (1 if d.T == 1 else m1_tb or (8 if few else max(1, min(4, 32 // NPL))))
     # Backward: contributions of TBR tokens share one round of barriers; each round needs
     # TBR * (2 * WG * NPL + WG / LN) floats of shared memory.
     per_tok = (2 * WG * NPL + WG // LN) * F32
     room = lim.max_shared_memory - (WG * F32 if ROW_SUM == 0 else 0)
-    TBR = tune.get("TBR", max(1, min(4, room // per_tok)))
+    TBR = knob("TBR") or max(1, min(4, room // per_tok))
     while K % TBR:
         TBR -= 1
     # The forward's steps softplus(dt), one per token and row, computed once per row where the
@@ -231,19 +231,19 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     # The backward's likewise (the K tokens of a checkpoint chunk), measured on Mamba-1 only and so
     # planned for it only (Mamba-2's long sequences take the chunked kernels).
     spread = int(ROW_SUM in (2, 3) and "shuffle" in ops and "basic" in ops and 2 <= TB <= LN
-                 and (d.mamba1 or not backward) and tune.get("SPREAD", 1) == 1)
+                 and (d.mamba1 or not backward) and knob("SPREAD") == 1)
     # Backward: a workgroup whose heads all read the same B and C (one group) sums their d_B and
     # d_C contributions itself, leaving HB times fewer partials to write and add up (Mamba-1,
     # whose every channel is a head of the one group: 16 heads per workgroup; Mamba-2's heads
     # of 64 channels fill a workgroup one at a time).
     hsum = int(backward and d.mamba1 and HB > 1 and d.G > 0 and d.H % d.G == 0 and (d.H // d.G) % HB == 0
-               and tune.get("HSUM", 1) == 1)
+               and knob("HSUM") == 1)
     dec_npl = 4 * -(-d.N // (4 * LN))   # the decode kernel's values per lane, in vec4
     if (dec and dec_npl <= MAX_NPL and d.P >= rows
-            and (tune.get("DEC") == 1 or d.S * d.H * d.P * LN >= DEC_THREADS)):
+            and (knob("DEC") == 1 or d.S * d.H * d.P * LN >= DEC_THREADS)):
         # The decode kernel: one head per workgroup, its row slots taking IT channels each in turn.
         turns = max(1, -(-d.P // rows))
-        IT = tune.get("DEC_IT")
+        IT = knob("DEC_IT")
         if IT is None:
             IT = 1
             while IT * 2 <= turns and d.S * d.H * -(-d.P // (rows * IT * 2)) * WG >= DEC_THREADS:
@@ -333,7 +333,7 @@ def chunk_dims(d: Dims, tchunk: int) -> Dims:
 
 
 def _tokens_per_chunk(d: Dims, lim: Limits, lay: Layout, knobs: Settings, backward: bool) -> int:
-    forced = knobs.knob("TCHUNK", None)
+    forced = knobs.knob("TCHUNK")
     if forced is not None:
         return forced if forced and d.T % forced == 0 and d.T // forced >= 2 else 0
     # Mamba-1 only: Mamba-2's long sequences take the chunked matrix kernels. Not on a CPU

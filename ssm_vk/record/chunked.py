@@ -19,7 +19,7 @@ from ssm_ref import Problem
 from .. import kernels as specs
 from ..kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 from ..plan import ChunkPlan, grid
-from ..plan.chunked import MMA_MODES, PER_GROUP, gemm_tile, mma_tile, scratch_elems
+from ..plan.chunked import PER_GROUP, gemm_tile, scratch_elems
 from ..plan.sizes import FLAG_ELEMS
 from . import common
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
@@ -60,15 +60,11 @@ class _Chunked:
 
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
-        if cp.mma and mode in MMA_MODES:    # chunk_mma.comp: one head per workgroup
-            nrb, ncb = mma_tile(mode, cp.CL, d.P, d.N, cp.subgroup, cp.mma_sg)[2:4]
-            self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * d.H * nrb * ncb, **extra)
-            return
         _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
         if mode == "CB" or (mode in PER_GROUP and cp.headloop):
             heads = d.G
         else:
-            heads = d.H // (cp.hpart(mode) if mode in PER_GROUP else cp.hpw(mode))
+            heads = d.H // cp.hpart(mode)
         self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:

@@ -73,7 +73,7 @@ class Sequence:
                 self._cmd = vk.vkAllocateCommandBuffers(device, vk.VkCommandBufferAllocateInfo(
                     commandPool=self._pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
                 self._fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
-            # Built once in raw cffi and reused by every submit (sharp edge 9: the binding's
+            # Built once in raw cffi and reused by every submit (docs/VULKAN.md: the binding's slow
             # wrappers made a pre-recorded submit+wait 45 us instead of 24 us on lavapipe).
             ffi = vk.ffi
             self._lib = vk.lib

@@ -142,8 +142,6 @@ class Context:
         self.pipeline_stats = False
         self.pipeline_stats_missing = "" if want_stats else \
             "not asked for (set SSM_VK_PIPELINE_STATS=1 before the Vulkan context is made)"
-        self.matrix_units_asked = config.matrix_units()   # SSM_VK_MATRIX_UNITS, read once
-        self.matrix_units = False                 # enabled on this device (_create)
         self._debug_callback = None
         with _current_lock:
             if _current is not None and not _current.closed:
@@ -187,14 +185,6 @@ class Context:
                 "shaderBufferFloat32Atomics": 1, "shaderBufferFloat32AtomicAdd": 1})
             wanted.pNext = want_atomic
             device_extensions.append(device.ATOMIC_FLOAT_EXTENSION)
-        # The matrix units' products (DeviceInfo.matrix_f16), unless SSM_VK_MATRIX_UNITS=0
-        asked = chosen.matrix_f16 and self.matrix_units_asked
-        matrix = device.matrix_features(self._instance, physical, extensions) if asked else None
-        self.matrix_units = matrix is not None
-        if matrix is not None:
-            matrix[0].pNext = wanted.pNext
-            wanted.pNext = matrix[-1]
-            device_extensions += [device.MATRIX_EXTENSION, device.FLOAT16_EXTENSION, device.MEMORY_MODEL_EXTENSION]
         if not self.pipeline_stats_missing:
             stats_feature = device.pipeline_stats_feature(physical, extensions)
             if stats_feature is None:

@@ -26,13 +26,6 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
 }
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 PIPELINE_STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"   # Kernel.statistics()
-# Matrix units (DeviceInfo.matrix_f16): NVIDIA's cooperative-matrix extension, whose GLSL extension
-# the glslc of Debian 12 (shaderc 2023.2) compiles; the KHR one it does not know yet.
-MATRIX_EXTENSION = "VK_NV_cooperative_matrix"
-FLOAT16_EXTENSION = "VK_KHR_shader_float16_int8"
-# glslc declares the Vulkan memory model in every shader that names a matrix's scope
-MEMORY_MODEL_EXTENSION = "VK_KHR_vulkan_memory_model"
-MATRIX_SHAPE = (16, 16, 16)   # M, N, K of the one shape the kernels use: float16 x float16 + float32
 # Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
 # Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
 CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
@@ -79,9 +72,6 @@ class DeviceInfo:
     shader_float64: bool
     shader_int64: bool
     max_memory_allocation_count: int = 4096   # VkDeviceMemory objects at once (the spec's minimum)
-    # Subgroup-scope 16 x 16 x 16 products of float16 matrices into float32 ones on the matrix units
-    # (MATRIX_EXTENSION, with float16 arithmetic in shaders)
-    matrix_f16: bool = False
 
     @property
     def where(self) -> str:
@@ -249,67 +239,6 @@ def pipeline_stats_feature(physical_device, extensions):
     return feature if feature.pipelineExecutableInfo else None
 
 
-def matrix_shapes(instance, physical_device, suffix: str = "NV") -> list[tuple[int, ...]]:
-    """(M, N, K, A, B, C, result type, scope) of each product VK_{suffix}_cooperative_matrix lists
-    (its extension must be offered). Called through the raw entry point: the binding's wrapper
-    leaves the structures' sType unset, which the validation layer reports."""
-    vk = binding.require()
-    ffi = vk.ffi
-    name = f"vkGetPhysicalDeviceCooperativeMatrixProperties{suffix}"
-    raw = vk.lib.vkGetInstanceProcAddr(instance, name.encode())
-    if raw == ffi.NULL:
-        return []
-    fn = ffi.cast("PFN_" + name, raw)
-    stype = getattr(vk, f"VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_{suffix}")
-    count = ffi.new("uint32_t*")
-    binding.check_result(fn(physical_device, count, ffi.NULL), name)
-    props = ffi.new(f"VkCooperativeMatrixProperties{suffix}[]", count[0])
-    for i in range(count[0]):
-        props[i].sType = stype
-    binding.check_result(fn(physical_device, count, props), name)
-    result = "ResultType" if suffix == "KHR" else "DType"
-    return [(int(p.MSize), int(p.NSize), int(p.KSize), int(p.AType), int(p.BType), int(p.CType),
-             int(getattr(p, result)), int(p.scope)) for p in props[0:count[0]]]
-
-
-def matrix_features(instance, physical_device, extensions):
-    """The feature structs (cooperative matrix, float16 arithmetic, the Vulkan memory model with its
-    device scope) to chain into device creation when the device offers MATRIX_EXTENSION's 16 x 16 x
-    16 float16 products into float32 at subgroup scope and those features; None otherwise."""
-    if not {MATRIX_EXTENSION, FLOAT16_EXTENSION, MEMORY_MODEL_EXTENSION} <= extensions:
-        return None
-    vk = binding.require()
-    ffi = vk.ffi
-    kinds = (("VkPhysicalDeviceCooperativeMatrixFeaturesNV", "COOPERATIVE_MATRIX_FEATURES_NV", "cooperativeMatrix"),
-             ("VkPhysicalDeviceShaderFloat16Int8Features", "SHADER_FLOAT16_INT8_FEATURES", "shaderFloat16"),
-             ("VkPhysicalDeviceVulkanMemoryModelFeatures", "VULKAN_MEMORY_MODEL_FEATURES", "vulkanMemoryModel"))
-
-    def chain(values: bool):
-        structs, nxt = [], ffi.NULL
-        for ctype, stype, field in kinds:
-            fields = {"sType": getattr(vk, "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_" + stype), "pNext": nxt}
-            if values:
-                fields[field] = 1
-                if field == "vulkanMemoryModel":     # the other shaders' device-scope atomics
-                    fields["vulkanMemoryModelDeviceScope"] = 1
-            nxt = ffi.new(ctype + "*", fields)
-            structs.append(nxt)
-        return structs
-
-    offered = chain(False)
-    feats = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
-                                                   "pNext": offered[-1]})
-    vk.vkGetPhysicalDeviceFeatures2(physical_device, feats)
-    if not all(getattr(st, field) for st, (_, _, field) in zip(offered, kinds, strict=True)):
-        return None
-    if not offered[-1].vulkanMemoryModelDeviceScope:
-        return None
-    f16t, f32t, sub = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR, vk.VK_SCOPE_SUBGROUP_KHR
-    if (*MATRIX_SHAPE, f16t, f16t, f32t, f32t, sub) not in matrix_shapes(instance, physical_device, "NV"):
-        return None
-    return chain(True)   # the first is the end of the chain, the last its head
-
-
 def describe(instance, physical_device, index: int, instance_version: int) -> DeviceInfo:
     """Read everything :class:`DeviceInfo` holds for one physical device."""
     vk = binding.require()
@@ -373,7 +302,6 @@ def describe(instance, physical_device, index: int, instance_version: int) -> De
         shader_float64=bool(feats.features.shaderFloat64),
         shader_int64=bool(feats.features.shaderInt64),
         max_memory_allocation_count=int(lim.maxMemoryAllocationCount),
-        matrix_f16=matrix_features(instance, physical_device, extensions) is not None,
     )
     return info
 

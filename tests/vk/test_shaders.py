@@ -197,26 +197,3 @@ def test_missing_shader_and_bad_name(tmp_path):
         rt.compile_shader("nope", search_path=tmp_path)
     with pytest.raises(ValueError):
         rt.compile_shader("../etc/passwd")
-
-
-@pytest.mark.parametrize("subgroup", [32, 64])
-@pytest.mark.parametrize("CL, P, N", [(64, 64, 128), (32, 16, 32), (64, 128, 256), (32, 32, 64)])
-def test_the_matrix_unit_kernels_compile_with_the_shared_memory_the_plan_counts(glslc, spirv_cache, subgroup, CL, P,
-                                                                                N):
-    # chunk_mma.comp compiles on any machine with glslc (it runs only where a context enabled the
-    # matrix units); the planner's count of its shared memory is the one its SPIR-V declares.
-    from dataclasses import replace
-
-    from ssm_ref import Dims
-    from ssm_vk import kernels
-    from ssm_vk.plan import chunked as cpm
-    from ssm_vk.runtime.spirv import workgroup_memory_bytes
-
-    d = Dims(S=1, T=CL, H=2, P=P, N=N, G=1, R=1, mamba1=False, a_shape=(2,))
-    cp = cpm.ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, mma=True, subgroup=subgroup)
-    for mode, sg in [(m, s) for m in cpm.MMA_MODES for s in (2, 8)]:
-        spec = kernels.gemm_spec(d, replace(cp, mma_sg=sg), mode)
-        assert spec.name == "chunk_mma" and spec.wg % subgroup == 0
-        defs = dict(spec.defines)
-        spirv = shaders.compile_shader(spec.name, defs)
-        assert workgroup_memory_bytes(spirv) == cpm._mma_shared(mode, CL, defs["RB"], defs["CBK"], defs["KS"])
