@@ -4,7 +4,7 @@ A setting read from the environment at each call takes effect at the next call a
 (``os.environ[...] = ...``, ``del``, pytest's ``monkeypatch.setenv``). :class:`EnvVar` names one
 such variable once, where it is declared, and reads it with ``os.environ.get``. A device-resident
 call of ssm_vk reads three (the planner's knobs, the subgroup switch, the host memory limit); an
-unset one costs about 7 k CPU instructions to read (``Mapping.get`` raises and catches
+unset one costs about 8 k CPU instructions to read (``Mapping.get`` raises and catches
 ``KeyError`` twice; docs/BENCHMARKS.md).
 """
 
