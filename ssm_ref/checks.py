@@ -14,6 +14,12 @@ holds a read-only *view* of it (the caller's own flags are untouched); otherwise
 Errors follow docs/API.md: ``TypeError`` for dtypes, ``ValueError`` for shapes, sizes, ids and
 groups, with a message that names the argument, the expected shape in symbols and numbers, and
 what was given.
+
+Device-resident arrays (objects whose ``_ssm_device_array`` is True, such as ssm_vk.DeviceArray)
+are one more kind of array-like: a host backend gets a host copy (``numpy()``); with
+``keep_device`` they are checked by shape and dtype and kept as given. The checks keep nothing
+between calls; a backend that makes its repeated calls cheaper does so itself, with the public
+pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`.
 """
 
 from __future__ import annotations
