@@ -19,8 +19,8 @@ pays beyond that replay is Python. For the forward and the backward, with device
 
 and python* split by stage, each stage timed alone with the same arguments (submit stubbed):
 
-    validate  ssm_ref.check_forward / check_backward (keep_device=True); for a call that takes a
-              lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_ref.checks.device_problem: the
+    validate  ssm_vk.validate.check_forward / check_backward (ssm_ref's validator); for a call that takes a
+              lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_vk.validate.problem: the
               ids and the host memory rule)
     support   ssm_vk.api.decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
@@ -45,9 +45,8 @@ import time
 
 import numpy as np
 
-import ssm_ref
 import ssm_vk
-from ssm_vk import api, config, lanes
+from ssm_vk import api, config, lanes, validate
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
@@ -89,7 +88,7 @@ class Case:
         self.args = args
         self.entry = ssm_vk.ssm_scan_back if backward else ssm_vk.ssm_scan
         self.op = "ssm_scan_back" if backward else "ssm_scan"
-        check = ssm_ref.check_backward if backward else ssm_ref.check_forward
+        check = validate.check_backward if backward else validate.check_forward
         for _ in range(5):  # record, warm the pool and the caches
             self.entry(**args)
         self.seq = vk_run.last_sequence()
@@ -100,7 +99,7 @@ class Case:
             lane = self.lane
             self.validate = lambda: lane.problem(floats, args["ids"])
         else:
-            self.validate = lambda: check(**args, keep_device=True)
+            self.validate = lambda: check(**args)
         self.p = self.validate()
         self.ctx = rt.current_context()
         self.samples: dict[str, list[float]] = {k: [] for k in ("call", "drop", "call*", "drop*", "replay", "floor",

@@ -14,6 +14,12 @@ holds a read-only *view* of it (the caller's own flags are untouched); otherwise
 Errors follow docs/API.md: ``TypeError`` for dtypes, ``ValueError`` for shapes, sizes, ids and
 groups, with a message that names the argument, the expected shape in symbols and numbers, and
 what was given.
+
+Device-resident arrays (objects whose ``_ssm_device_array`` is True, such as ssm_vk.DeviceArray)
+are one more kind of array-like: a host backend gets a host copy (``numpy()``); with
+``keep_device`` they are checked by shape and dtype and kept as given. The checks keep nothing
+between calls; a backend that makes its repeated calls cheaper does so itself, with the public
+pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import numpy as np
 
 from .memory import check_host_memory, host_memory_bytes
 
-__all__ = ["DT_SOFTPLUS", "Dims", "Problem", "check_backward", "check_dt_softplus", "check_dtype", "check_forward",
-           "check_shapes", "check_update_cache", "output_elems", "write_cache_rows"]
+__all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
+           "check_forward", "check_ids", "check_shapes", "check_update_cache", "is_device_array", "output_elems",
+           "split_g_y", "write_cache_rows"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_F32 = _WORK_DTYPES[0]
 
 
 @dataclass(frozen=True)
@@ -209,12 +217,16 @@ def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def _part(flat, start: int, shape: tuple):
-    """Elements [start, start + prod(shape)) of a 1-D array, shaped (a view where possible)."""
-    n = int(np.prod(shape))
-    if is_device_array(flat):
-        return flat.view(start, shape)
-    return flat[start:start + n].reshape(shape)
+def split_g_y(g_y, dims: Dims) -> tuple:
+    """The backward's packed 1-D ``g_y`` (the forward's layout, ssm_ref.packing: the gradient of y,
+    then of the final states; its length ``dims.forward_size`` already checked) as (g_y
+    (S, T, H, P), g_states (S, H, P, N)): views, also of a device array (its ``view(start, shape)``)."""
+    d = dims
+    n_y = d.S * d.T * d.H * d.P
+    y_shape, states_shape = (d.S, d.T, d.H, d.P), (d.S, d.H, d.P, d.N)
+    if is_device_array(g_y):
+        return g_y.view(0, y_shape), g_y.view(n_y, states_shape)
+    return g_y[:n_y].reshape(y_shape), g_y[n_y:].reshape(states_shape)
 
 
 def _fmt(symbols: str, numbers) -> str:
@@ -236,14 +248,16 @@ def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None
         raise ValueError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
 
 
-def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
-    """A private copy of the caller's ids, checked (None stays None: arange(S) is made by
-    _finish_ids, after the host memory check -- S itself may be huge).
+def check_ids(ids, S: int, R: int) -> np.ndarray | None:
+    """``ids`` checked for S sequences and R rows of s, raising as :func:`check_forward` does; returns
+    the call's own copy of them: int64 (S,), C-contiguous, read-only. None stays None once arange(S)
+    is known to fit in R rows: :func:`arange_ids` makes it, after the host memory rule (S itself
+    may be huge).
 
     The S integers are copied before they are checked, and only the copy is used afterwards: the
     kernels index ``s[ids[i]]`` without a bounds check, so ids that another thread changes during
     the call must not reach them (a value written after the check would read or write outside
-    ``s``). The copy is int64 and C-contiguous, owned by the call."""
+    ``s``). A device array of ids is read to the host (the range check needs their values)."""
     if ids is None:
         if S > R:
             raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
@@ -254,7 +268,7 @@ def _check_ids(ids, S: int, R: int) -> np.ndarray | None:
     else:
         arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
         if is_device_array(arr):
-            arr = arr.numpy()  # S integers: the range check needs their values
+            arr = arr.numpy()
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
     if arr.shape != (S,):
@@ -282,9 +296,8 @@ _I64 = np.dtype(np.int64)
 _ARANGE: dict[int, np.ndarray] = {}   # S -> arange(S), read-only: the ids of calls that pass None
 
 
-def _finish_ids(ids: np.ndarray | None, S: int) -> np.ndarray:
-    if ids is not None:
-        return ids  # _check_ids's private, read-only int64 copy
+def arange_ids(S: int) -> np.ndarray:
+    """arange(S) as int64, read-only: the ids of a call that passes None (see :func:`check_ids`)."""
     if S > 4096:
         return _finish(np.arange(S, dtype=np.int64), _I64)
     out = _ARANGE.get(S)
@@ -342,7 +355,7 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> 
         raise ValueError(f"B: H % G must be 0 (each group is shared by H/G heads), "
                          f"got H = {H}, G = {G}")
 
-    ids_ = _check_ids(ids, S, R)
+    ids_ = check_ids(ids, S, R)
     dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape)
     A2 = A_.reshape(H, N if mamba1 else 1)
     return dims, dict(s=s_, x=x_, dt=dt_, A=A2, B=B_, C=C_), ids_
@@ -375,85 +388,8 @@ def _check_memory(dims: Dims, raw: dict, work: np.dtype, keep_device: bool, back
 
 
 def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> Problem:
-    return Problem(dims=dims, **{k: _finish(v, work) for k, v in raw.items()}, ids=_finish_ids(ids, dims.S),
-                   dtype=work)
-
-
-# The device fast path. Every check of _check_inputs and of check_backward's gradient arguments
-# but the ids is a function of the arguments' shapes and dtypes alone, and of the working dtype.
-# A call whose float arguments are all float32 device arrays (keep_device, float32 work: what
-# ssm_vk passes each step of a training loop) is looked up by its shapes: the Dims of a set of
-# shapes that passed every one of those checks before. On a hit only what can still fail runs --
-# the ids (their values), the host memory rule (the limit may change) -- in the order of the
-# full path; anything else takes the full path, which raises exactly as it always has.
-_F32 = _WORK_DTYPES[0]
-_PASSED: dict[tuple, Dims] = {}
-_PASSED_MAX = 256
-_FORWARD, _BACKWARD, _BACKWARD_PACKED = ("forward",), ("backward", False), ("backward", True)
-
-
-def _device_key(tag: tuple, arrays) -> tuple | None:
-    """``tag`` and the shapes of ``arrays`` when each is a float32 device array, else None."""
-    key = list(tag)
-    for a in arrays:
-        if getattr(a, "_ssm_device_array", False) is not True or a.dtype is not _F32:
-            return None
-        key.append(a.shape)
-    return tuple(key)
-
-
-def _passed(key: tuple, dims: Dims) -> None:
-    if len(_PASSED) >= _PASSED_MAX:
-        _PASSED.clear()
-    _PASSED[key] = dims
-
-
-def _fast_device(key: tuple | None, arrays: tuple, ids, workspace) -> Problem | None:
-    """The Problem of a call whose shapes passed before (``key``), or None: take the full path.
-    ``arrays``: (s, x, dt, A, B, C) or those and (g_y, g_states)."""
-    dims = _PASSED.get(key) if key is not None else None
-    if dims is None:
-        return None
-    return device_problem(dims, arrays, ids, workspace)
-
-
-def device_problem(dims: Dims, arrays: tuple, ids, workspace=None, known_ids=None) -> Problem | None:
-    """The Problem of a call whose float arguments ``arrays`` -- (s, x, dt, A, B, C), and for the
-    backward (g_y, g_states) -- are float32 device arrays of the shapes of an earlier call that
-    passed every check, whose Problem had ``dims``; or None: the caller then takes the full path
-    (check_forward / check_backward), which raises what is wrong.
-
-    ``known_ids``: (bytes, ids) of an earlier call that passed, its checked read-only int64 copy:
-    an int64 ``ids`` whose bytes (one read of the caller's memory) equal them takes that copy
-    instead of being checked again.
-
-    For a backend that established that by a look-up of its own (ssm_vk.lanes, keyed by the
-    arrays' shapes and more). Runs what those shapes cannot settle, in the full path's order: the
-    ids (raising as check_forward does) and the host memory rule (None when it fails).
-    """
-    ids_ = None
-    if known_ids is not None and type(ids) is np.ndarray and ids.dtype is _I64 and ids.shape == known_ids[1].shape:
-        if ids.tobytes() == known_ids[0]:   # (a copy: what another thread writes later does not matter)
-            ids_ = known_ids[1]
-    if ids_ is None:
-        ids_ = _check_ids(ids, dims.S, dims.R)
-    if workspace is not None or dims.S * 8 > host_memory_bytes()[0]:
-        return None  # the full path: the memory rule with the backend's workspace, or its message
-    s, x, dt, A, B, C = arrays[:6]
-    A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)  # a view, as the full path makes (even of (H, 1))
-    g_y = g_states = None
-    if len(arrays) == 8:
-        g_y, g_states = arrays[6:]
-        if g_states is None:
-            n_y = dims.S * dims.T * dims.H * dims.P
-            g_y, g_states = (_part(g_y, 0, (dims.S, dims.T, dims.H, dims.P)),
-                             _part(g_y, n_y, (dims.S, dims.H, dims.P, dims.N)))
-    # Problem(...) with every field given, without the frozen dataclass's __init__ (one
-    # object.__setattr__ a field: ~3 us of the ~10 this path costs)
-    p = object.__new__(Problem)
-    p.__dict__.update(dims=dims, s=s, x=x, dt=dt, A=A2, B=B, C=C, ids=_finish_ids(ids_, dims.S), g_y=g_y,
-                      g_states=g_states, dtype=_F32)
-    return p
+    return Problem(dims=dims, **{k: _finish(v, work) for k, v in raw.items()},
+                   ids=arange_ids(dims.S) if ids is None else ids, dtype=work)
 
 
 def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False,
@@ -468,16 +404,8 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     (the Vulkan backend binds them in place).
     """
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
-    key = None
-    if keep_device and work is _F32:
-        key = _device_key(_FORWARD, (s, x, dt, A, B, C))
-        p = _fast_device(key, (s, x, dt, A, B, C), ids, workspace)
-        if p is not None:
-            return p
     dims, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
     _check_memory(dims, raw, work, keep_device, False, workspace)
-    if key is not None:
-        _passed(key, dims)
     return _problem(dims, raw, ids_, work)
 
 
@@ -497,17 +425,7 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
     ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
     g_states (S,H,P,N). Raises as :func:`check_forward`."""
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
-    key = None
-    if keep_device and work is _F32:
-        if g_states is None:  # g_y in the packed 1-D layout
-            key = _device_key(_BACKWARD_PACKED, (s, x, dt, A, B, C, g_y))
-        else:
-            key = _device_key(_BACKWARD, (s, x, dt, A, B, C, g_y, g_states))
-        p = _fast_device(key, (s, x, dt, A, B, C, g_y, g_states), ids, workspace)
-        if p is not None:
-            return p
     d, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
-    n_y = d.S * d.T * d.H * d.P
     gy = _float_array("g_y", g_y, work, keep_device)
     if g_states is None:
         if gy.ndim != 1:
@@ -515,8 +433,7 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
                 "g_states: is None, so g_y must be the packed 1-D layout of length "
                 f"S*T*H*P + S*H*P*N = {d.forward_size}, got g_y of shape {tuple(gy.shape)}")
         _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
-        gy_s = _part(gy, 0, (d.S, d.T, d.H, d.P))
-        gs_s = _part(gy, n_y, (d.S, d.H, d.P, d.N))
+        gy_s, gs_s = split_g_y(gy, d)
     else:
         _expect_shape("g_y", gy, "(S, T, H, P)", (d.S, d.T, d.H, d.P))
         gs = _float_array("g_states", g_states, work, keep_device)
@@ -524,6 +441,4 @@ def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
         gy_s, gs_s = gy, gs
     raw.update(g_y=gy_s, g_states=gs_s)
     _check_memory(d, raw, work, keep_device, True, workspace)
-    if key is not None:
-        _passed(key, d)
     return _problem(d, raw, ids_, work)

@@ -1,12 +1,11 @@
-"""Environment variables the backends read on every call, read cheaply.
+"""Environment variables the backends read on every call.
 
-``os.environ.get`` of a variable that is not set costs about a microsecond (its ``Mapping.get``
-raises and catches ``KeyError`` twice), and a device-resident call of ssm_vk reads three (the
-planner's knobs, the subgroup switch, the host memory limit). :class:`EnvVar` reads the same
-mapping -- ``os.environ``'s own store, which ``os.environ[...] = ...``, ``del``, ``putenv`` through
-``os.environ`` and pytest's ``monkeypatch.setenv`` all update -- with one dict look-up. Where that
-store is not the one CPython keeps on POSIX (another platform, ``os.environ`` replaced by another
-mapping), it falls back to ``os.environ.get``: the answer is always what ``os.environ.get`` gives.
+A setting read from the environment at each call takes effect at the next call after it changes
+(``os.environ[...] = ...``, ``del``, pytest's ``monkeypatch.setenv``). :class:`EnvVar` names one
+such variable once, where it is declared, and reads it with ``os.environ.get``. A device-resident
+call of ssm_vk reads three (the planner's knobs, the subgroup switch, the host memory limit); an
+unset one costs about 8 k CPU instructions to read (``Mapping.get`` raises and catches
+``KeyError`` twice; docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -15,27 +14,17 @@ import os
 
 __all__ = ["EnvVar"]
 
-_ENVIRON = type(os.environ)   # os._Environ
-_POSIX = os.name == "posix"   # elsewhere the store's keys are spelled otherwise (upper-cased on Windows)
-
 
 class EnvVar:
     """One environment variable: ``EnvVar("SSM_VK_TUNE").get()`` is ``os.environ.get("SSM_VK_TUNE", "")``."""
 
-    __slots__ = ("_key", "name")
+    __slots__ = ("name",)
 
     def __init__(self, name: str):
         self.name = name
-        self._key = os.fsencode(name) if _POSIX else None
 
     def get(self, default: str = "") -> str:
-        env = os.environ
-        if self._key is not None and type(env) is _ENVIRON:
-            store = env._data
-            if type(store) is dict:
-                value = store.get(self._key)
-                return default if value is None else env.decodevalue(value)
-        return env.get(self.name, default)
+        return os.environ.get(self.name, default)
 
     def __repr__(self) -> str:
         return f"EnvVar({self.name!r})"

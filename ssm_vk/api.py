@@ -7,7 +7,7 @@ import logging
 import os
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward, check_update_cache
+from ssm_ref import ScanGrads, ScanResult, Support, check_dt_softplus, check_update_cache
 from ssm_ref.checks import write_cache_rows
 
 from . import config, lanes, run
@@ -16,6 +16,7 @@ from .arrays import DeviceArray, upload_to
 from .decision import decide
 from .engine import engine_of
 from .kernels import SOFTPLUS
+from .validate import check_backward, check_forward, frozen_result
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -120,7 +121,7 @@ def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
     there); an illegal setting (ssm_vk.config) raises ValueError naming it."""
     ssm_ref.check_op(op)
     knobs = config.settings()
-    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    p = check_forward(s, x, dt, A, B, C, ids)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
     return decision(op, p, knobs).sup
 
@@ -172,7 +173,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
             out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane)
             return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
-    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    p = check_forward(s, x, dt, A, B, C, ids)
     return _forward_checked(p, knobs, sp, dt_softplus, sig, arrays)
 
 
@@ -208,7 +209,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
                 return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
     else:
         sig = None
-    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    p = check_forward(s, x, dt, A, B, C, ids)
     check_update_cache(update_cache, s, p.ids, device_arrays=True)   # (not False: the caller's test)
     if not isinstance(s, DeviceArray):     # a host cache: the call as usual, the rows written here
         r = _forward_checked(p, knobs, sp, dt_softplus)
@@ -243,7 +244,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
         p = lane.problem(arrays, ids)
         if p is not None:
             return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
@@ -271,11 +272,3 @@ def _resident(result, p, names: tuple):
 def _grads(g: dict, where: str) -> ScanGrads:
     return frozen_result(ScanGrads, {"d_s": g["d_s"], "d_s0": g["d_s0"], "d_x": g["d_x"], "d_dt": g["d_dt"],
                                "d_A": g["d_A"], "d_B": g["d_B"], "d_C": g["d_C"], "where": where, "backend": NAME})
-
-
-def frozen_result(cls, fields: dict):
-    """``cls(**fields)`` for the frozen result dataclasses (ScanResult, ScanGrads: no
-    __post_init__; every field given), without their __init__'s object.__setattr__ a field."""
-    r = object.__new__(cls)
-    r.__dict__.update(fields)
-    return r

@@ -14,9 +14,9 @@ less per call on lavapipe's VM).
 Every call still pays for what can change under the same signature:
 - each input is live (an array released, or whose buffer or context was closed, raises as on
   the full path: checked once its buffers are marked busy);
-- the ids' values and the host memory rule, by ``ssm_ref.checks.device_problem`` -- the
-  validator's own fast path, which raises exactly as check_forward / check_backward do (ids
-  whose bytes equal the lane's last call's take that call's checked copy);
+- the ids' values and the host memory rule, by ``validate.problem``, which raises exactly as
+  ssm_ref's check_forward / check_backward do (ids whose bytes equal the lane's last call's take
+  that call's checked copy);
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
   (evicted, or cleared by Engine.clear): else the full path.
 A lane is made only after the full path ran the call on the device (an accepted decision; the
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssm_ref.checks import Problem, device_problem
+from ssm_ref.checks import Problem
 
-from . import config
+from . import config, validate
 from . import runtime as rt
 from .arrays import DeviceArray
 from .engine import Engine
@@ -55,9 +55,9 @@ class Lane:
         self.ids = None   # (bytes, checked copy) of the last ids a call of this lane passed
 
     def problem(self, arrays: tuple, ids):
-        """ssm_ref.checks.device_problem of a call of this lane: its ids checked (or known from
-        the lane's last call: the same bytes), the host memory rule; None: the full path."""
-        p = device_problem(self.dims, arrays, ids, known_ids=self.ids)
+        """validate.problem of a call of this lane: its ids checked (or known from the lane's
+        last call: the same bytes), the host memory rule; None: the full path."""
+        p = validate.problem(self.dims, arrays, ids, known_ids=self.ids)
         if p is not None and type(ids) is np.ndarray:
             known = self.ids
             if known is None or known[1] is not p.ids:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, check_backward, check_forward, check_update_cache
+from ssm_ref import ScanGrads, ScanResult, check_update_cache
 
 from . import config, run
 from . import runtime as rt
-from .api import NAME, decision, form_code, frozen_result
+from .api import NAME, decision, form_code
 from .arrays import DeviceArray, check_live, pool
 from .record import scatters_in_place
+from .validate import check_backward, check_forward, frozen_result
 from .workspace import Workspace, release_all
 
 __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
@@ -42,7 +43,7 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     sp = form_code(dt_softplus)
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
-    p = check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    p = check_forward(s, x, dt, A, B, C, ids)
     _check_resident("prepare_scan", p, ("s", "x", "dt", "A", "B", "C"))
     if update_cache:
         check_update_cache(True, s, p.ids, device_arrays=True)
@@ -54,7 +55,7 @@ def prepare_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggm
     then. Inputs and errors as :func:`prepare_scan` (``g_states`` may be None where ssm_scan_back
     takes the packed g_y)."""
     sp = form_code(dt_softplus)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
     _check_resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
     return PreparedCall(True, p, sp, False)
 

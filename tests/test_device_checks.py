@@ -1,12 +1,12 @@
-"""The validator's fast path for device-resident inputs (ssm_ref.checks: a call whose float
-arguments are all float32 device arrays is looked up by its shapes once they passed): it must
-accept exactly what the full path accepts, hand back the same Problem, and raise the same
-exception with the same message -- before any work -- for every mistake, including those it
-cannot cache away (the ids' values, the host memory limit).
+"""ssm_vk's shortcut past the validator for device-resident inputs (ssm_vk/validate.py: a call
+whose float arguments are all float32 device arrays is looked up by its shapes once they passed
+ssm_ref's validator): it must accept exactly what the validator accepts, hand back the same
+Problem, and raise the same exception with the same message -- before any work -- for every
+mistake, including those it cannot cache away (the ids' values, the host memory limit).
 
 Each row of test_errors.py's table runs here with its float32 arrays made device arrays: once
-with the fast path's memory cleared (the full path) and once right after a valid call of the same
-device shapes (the fast path's look-up primed), through every entry point it concerns.
+with the shortcut's memory cleared (the validator) and once right after a valid call of the same
+device shapes (the shortcut's look-up primed), through every entry point it concerns.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from test_errors import BAD, ENTRY_POINTS, FWD_ARGS, call, valid
 
 import ssm_ref
 import ssm_vk
-from ssm_ref import checks
-from ssm_vk import config, lanes
+from ssm_vk import config, lanes, validate
 from ssm_vk import engine as vk_engine
 
 pytestmark = pytest.mark.vulkan
@@ -55,19 +54,20 @@ def _host_memory_64_gib(monkeypatch):
 def test_a_bad_device_call_raises_as_the_full_path_does(bad, entry):
     good = _on_device(valid())
     args = _on_device(bad.args())
-    checks._PASSED.clear()
+    validate._PASSED.clear()
     full = _raised(lambda: call(ssm_vk, entry, args))
     assert full is not None and full[0] is bad.exc, full
     vk_engine.current().lanes.clear()  # else a lane of an earlier test's buffers (the pool's again) skips the validator
-    call(ssm_vk, entry, good)  # primes the fast path with the valid shapes
+    call(ssm_vk, entry, good)  # primes the shortcut with the valid shapes
     call(ssm_vk, "ssm_scan_back", good)
-    assert checks._PASSED
+    assert validate._PASSED
     assert _raised(lambda: call(ssm_vk, entry, args)) == full
 
 
 def _problems_equal(p: ssm_ref.Problem, q: ssm_ref.Problem) -> None:
     fields = {f.name for f in dataclasses.fields(ssm_ref.Problem)}
-    assert set(vars(p)) == set(vars(q)) == fields  # the fast path fills in every field
+    assert not hasattr(ssm_ref.Problem, "__post_init__")  # the shortcut makes it without __init__
+    assert set(vars(p)) == set(vars(q)) == fields  # the shortcut fills in every field
     assert p.dims == q.dims and p.dtype == q.dtype
     for k in ("s", "x", "dt", "B", "C"):
         assert getattr(p, k) is getattr(q, k), k  # the caller's device arrays, bound in place
@@ -83,7 +83,7 @@ def _problems_equal(p: ssm_ref.Problem, q: ssm_ref.Problem) -> None:
 
 @pytest.mark.parametrize("packed", [False, True], ids=["structured", "packed"])
 @pytest.mark.parametrize("ids", [None, [2, 0], np.array([1, 1], np.int32)], ids=["none", "list", "int32"])
-def test_the_fast_path_hands_back_the_full_paths_problem(packed, ids):
+def test_the_shortcut_hands_back_the_validators_problem(packed, ids):
     a = _on_device(valid())
     if ids is None:
         a["s"] = ssm_vk.to_device(np.zeros((2, 4, 2, 5), np.float32))  # ids=None needs R >= S
@@ -93,17 +93,17 @@ def test_the_fast_path_hands_back_the_full_paths_problem(packed, ids):
         host = valid()
         g = {"g_y": ssm_vk.to_device(np.concatenate([host["g_y"].ravel(), host["g_states"].ravel()])),
              "g_states": None}
-    checks._PASSED.clear()
-    full_f = ssm_ref.check_forward(**fwd, keep_device=True)
-    full_b = ssm_ref.check_backward(**fwd, **g, keep_device=True)
-    n = len(checks._PASSED)
-    assert n == 2
-    fast_f = ssm_ref.check_forward(**fwd, keep_device=True)
-    fast_b = ssm_ref.check_backward(**fwd, **g, keep_device=True)
-    assert fast_f.dims is full_f.dims and fast_b.dims is full_b.dims  # from the look-up
-    _problems_equal(fast_f, full_f)
-    _problems_equal(fast_b, full_b)
-    # the host backends copy device arrays to the host: never the fast path
+    validate._PASSED.clear()
+    first_f = validate.check_forward(**fwd)
+    first_b = validate.check_backward(**fwd, **g)
+    assert len(validate._PASSED) == 2
+    fast_f = validate.check_forward(**fwd)
+    fast_b = validate.check_backward(**fwd, **g)
+    assert fast_f.dims is first_f.dims and fast_b.dims is first_b.dims  # from the look-up
+    for fast, full in ((fast_f, ssm_ref.check_forward(**fwd, keep_device=True)),
+                       (fast_b, ssm_ref.check_backward(**fwd, **g, keep_device=True))):
+        _problems_equal(fast, full)  # the validator's own Problem
+    # the host backends copy device arrays to the host
     assert isinstance(ssm_ref.check_forward(**fwd).x, np.ndarray)
 
 
@@ -125,12 +125,12 @@ def test_the_host_memory_limit_is_read_on_every_call(monkeypatch):
     fwd = {k: a[k] for k in FWD_ARGS}
     back = {**fwd, "g_y": a["g_y"], "g_states": a["g_states"]}
 
-    def prime():  # the validator's fast path and ssm_vk's lanes (which skip the validator when found)
+    def prime():  # ssm_vk's shortcut past the validator, and its lanes (which skip it when found)
         vk_engine.current().lanes.clear()
         ssm_vk.ssm_scan(**fwd)
         ssm_vk.ssm_scan_back(**back)
         floats = tuple(fwd[k] for k in FWD_ARGS[:-1])
-        assert checks._PASSED and lanes.find(False, floats, config.settings())[0] is not None
+        assert validate._PASSED and lanes.find(False, floats, config.settings())[0] is not None
 
     prime()
     monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", "15")  # ids as int64: 16 bytes
@@ -138,9 +138,9 @@ def test_the_host_memory_limit_is_read_on_every_call(monkeypatch):
                 lambda: ssm_vk.supports("ssm_scan", **fwd)):
         got = _raised(run)  # a lane's call for ssm_scan / ssm_scan_back
         vk_engine.current().lanes.clear()
-        assert got == _raised(run)  # the validator's fast path
-        checks._PASSED.clear()
-        assert got == _raised(run)  # the full path
+        assert got == _raised(run)  # the shortcut (validate.py)
+        validate._PASSED.clear()
+        assert got == _raised(run)  # the validator
         assert got[0] is ValueError and "needs 16 bytes of host memory (input copies 16)" in got[1], got
         assert got[1].endswith("nothing was allocated")
         monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", str(64 << 30))

@@ -19,6 +19,7 @@ LAYERS = (
     ("ssm_vk.config",),
     ("ssm_vk.runtime",),
     ("ssm_vk.arrays", "ssm_vk.plan"),
+    ("ssm_vk.validate",),
     ("ssm_vk.kernels",),
     ("ssm_vk.decision",),
     ("ssm_vk.record",),

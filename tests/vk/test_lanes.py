@@ -149,7 +149,7 @@ def test_ids_changed_in_place_are_checked_and_used(taken):
 def test_a_lane_checks_ids_again_only_when_their_bytes_changed(taken, monkeypatch):
     # A lane keeps the checked copy of its last call's ids: the same bytes take it, other bytes
     # (another array, or the same array written in place) are checked and used.
-    from ssm_ref import checks
+    from ssm_vk import validate
 
     case = _case(32, S=3, ids="permutation")
     d = _device(case)
@@ -161,8 +161,8 @@ def test_a_lane_checks_ids_again_only_when_their_bytes_changed(taken, monkeypatc
     assert taken[-1] is True
     want = ssm_vk.ssm_scan(**case.args()).y
     checked = []
-    real = checks._check_ids
-    monkeypatch.setattr(checks, "_check_ids", lambda *a: checked.append(1) or real(*a))
+    real = validate.check_ids
+    monkeypatch.setattr(validate, "check_ids", lambda *a: checked.append(1) or real(*a))
     for same in (ids, ids.copy()):     # equal bytes: the copy the lane kept
         d["ids"] = same
         assert ssm_vk.ssm_scan(**d).y.numpy().tobytes() == want.tobytes()
