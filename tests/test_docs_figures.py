@@ -1,0 +1,31 @@
+"""Figures the docs quote that the code determines: each is read from its page and compared with
+what the code computes now, so a change to the code that moves a figure fails here until the page
+says the new one."""
+
+from __future__ import annotations
+
+import re
+
+from children import REPO
+
+
+def _quoted(page: str, pattern: str) -> int:
+    """The integer the single match of ``pattern`` (one group, digits and commas) finds on ``page``."""
+    text = (REPO / page).read_text()
+    found = re.findall(pattern, text)
+    assert len(found) == 1, f"{page}: expected one match of {pattern!r}, found {len(found)}"
+    return int(found[0].replace(",", ""))
+
+
+def test_install_quotes_the_packaged_variant_count():
+    # make dist builds the matrix for the GPU profiles (subgroup 8-64) plus the local device's;
+    # the page quotes the part that does not depend on the building machine.
+    from ssm_cli import build
+
+    profiles = [lim for _, lim in build.profiles("8,16,32,64")]
+    p_values = tuple(build.common.int_list(build.DEFAULT_P, "--p", minimum=1))
+    n_values = build.n_list(build.DEFAULT_N, "--n")
+    chunked_n = build.n_list(build.DEFAULT_CHUNKED_N, "--chunked-n")
+    count = len(build.variants(profiles, n_values, p_values, chunked_n))
+    quoted = _quoted("docs/INSTALL.md", r"`ssm_vk/spirv/`: ([\d,]+) variants for the GPU profiles")
+    assert quoted == count, f"docs/INSTALL.md quotes {quoted} packaged variants; the matrix has {count}"
