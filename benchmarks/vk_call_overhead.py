@@ -129,7 +129,7 @@ class Case:
         dec = api.decision(self.op, p, config.settings())
 
         def launched():
-            out = run(dec.engine, p, dec.lim, dec.knobs, dev, lane)
+            out = run(dec.engine, p, dec.planned, dev, lane)
             del out
 
         support = self.find if lane is not None else lambda: api.decision(self.op, p, config.settings())

@@ -70,17 +70,14 @@ def _support(b: bk.Backend, shape: Shape, op: str) -> dict:
 
 
 def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
-    """ssm_vk's plan, as the call takes it (ssm_vk.decision): lane layout, how many windows the
-    problem is cut into, and whether the chunked kernels run it."""
-    from ssm_ref import Dims
-    from ssm_vk import config, decision
-    from ssm_vk.plan import Limits
+    """ssm_vk's plan, the very one its supports() decision made (ssm_vk.decision, cached): lane
+    layout, how many windows the problem is cut into, and whether the chunked kernels run it."""
+    from ssm_ref import check_forward
+    from ssm_ref.testing import ports
+    from ssm_vk import api, config
 
-    ctx = b.module.runtime.get_context()
-    knobs = config.settings()
-    d = Dims(S=shape.S, T=shape.T, H=shape.H, P=shape.P, N=shape.N, G=shape.G, R=shape.S,
-             mamba1=shape.mamba1, a_shape=(shape.H, shape.N) if shape.mamba1 else (shape.H,))
-    pl = decision.choose_plan(ctx, d, Limits.of(ctx.info, knobs.no_subgroup), op == "bwd", knobs)
+    p = check_forward(*ports.args_of(empty_inputs(shape)), keep_device=True)
+    pl = api.decision(op, p, config.settings()).planned.first
     windows = pl.chunked.windows if pl.chunked is not None else pl.windows
     return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
             "chunked": pl.chunked is not None}

@@ -66,13 +66,14 @@ _INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
 
 class _Decided:
     """A support decision and what the call needs from it: the engine, the context's ``info``
-    it was taken with, the planner's limits and knobs, whether the results are DeviceArrays."""
+    it was taken with, the plans (decision.Planned, None when refused), whether the results are
+    DeviceArrays."""
 
-    __slots__ = ("device_out", "engine", "info", "knobs", "lim", "sup")
+    __slots__ = ("device_out", "engine", "info", "planned", "sup")
 
-    def __init__(self, sup, engine=None, info=None, lim=None, knobs=None, device_out=False):
+    def __init__(self, sup, engine=None, info=None, planned=None, device_out=False):
         self.sup, self.engine, self.info = sup, engine, info
-        self.lim, self.knobs, self.device_out = lim, knobs, device_out
+        self.planned, self.device_out = planned, device_out
 
 
 def form_code(dt_softplus) -> int:
@@ -105,10 +106,10 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
         return hit
     resident = frozenset([k for k in _INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     lim = engine.limits(info, knobs)
-    sup, cache = decide(ctx, lim, knobs, op, p, resident, softplus)
+    sup, cache, planned = decide(ctx, lim, knobs, op, p, resident, softplus)
     if sup and "token-sequential kernels run it" in sup.reason:
         _log_once(f"ssm_vk: {sup.reason}")
-    out = _Decided(sup, engine, info, lim, knobs, bool(resident))
+    out = _Decided(sup, engine, info, planned, bool(resident))
     if cache:
         engine.remember(key, out)
     return out
@@ -170,7 +171,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
         p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
-            out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane)
+            out = run.forward(lane.engine, p, lane.planned, True, lane)
             return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids)
@@ -186,9 +187,9 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
         h = _host(p)
         return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids,
                                       dt_softplus=dt_softplus), p, ("y", "states"))
-    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
+    out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp)
+        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
     return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
 
 
@@ -204,7 +205,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
             p = lane.problem(arrays, ids)
             if p is not None:
                 check_update_cache(True, s, p.ids, device_arrays=True)
-                out = run.forward(lane.engine, p, lane.limits, lane.knobs, True, lane, update=True)
+                out = run.forward(lane.engine, p, lane.planned, True, lane, update=True)
                 out["states"].release()
                 return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
     else:
@@ -226,9 +227,9 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
         s._write_rows(p.ids, r.states)
         return frozen_result(ScanResult, {"y": upload_to(s.ctx, r.y), "states": None, "where": r.where,
                                     "backend": r.backend})
-    out = run.forward(dec.engine, p, dec.lim, knobs, device_out=True, softplus=sp, update=True)
+    out = run.forward(dec.engine, p, dec.planned, device_out=True, update=True)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, False, arrays, sp, update=True)
+        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays, update=True)
     out["states"].release()
     return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
 
@@ -243,7 +244,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
     if lane is not None:
         p = lane.problem(arrays, ids)
         if p is not None:
-            return _grads(run.backward(lane.engine, p, lane.limits, lane.knobs, True, lane), lane.where)
+            return _grads(run.backward(lane.engine, p, lane.planned, True, lane), lane.where)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
@@ -253,9 +254,9 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
                                            dt_softplus=dt_softplus), p, ssm_ref.GRAD_NAMES)
-    g = run.backward(dec.engine, p, dec.lim, knobs, device_out=dec.device_out, softplus=sp)
+    g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.lim, knobs, p, True, arrays, sp)
+        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)
     return _grads(g, dec.info.where)
 
 

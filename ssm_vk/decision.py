@@ -23,7 +23,7 @@ from .plan import Limits, Plan, TooLarge, budget, plan
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
 
-__all__ = ["choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem"]
+__all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem"]
 
 _shared: dict = {}   # sha256 of a SPIR-V module -> bytes of shared memory it declares
 
@@ -91,26 +91,60 @@ def choose_plan(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: b
     return choose_plan_why(ctx, d, lim, backward, knobs, chunked, softplus)[0]
 
 
+class Planned:
+    """The plans of one decided problem shape, made by the decision and only read after it: the
+    plan a call runs (``first``, whose kernels the decision checked) and, through
+    :meth:`plan`, the token-sequential plan that recomputes a result the first one flagged as
+    non-finite -- made the first time a call needs it, then kept here (with the cached decision),
+    so no call plans. Also what the plans were made for: ``dims``, ``backward``, the planner's
+    ``lim`` and ``knobs``, the step's form ``softplus``; ``key`` (all of them) keys the workspace
+    of the shape (engine.Engine.workspace)."""
+
+    __slots__ = ("_rerun", "backward", "dims", "first", "key", "knobs", "lim", "softplus")
+
+    def __init__(self, first: Plan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0):
+        self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
+        self.knobs, self.softplus = knobs, softplus
+        self.key = (dims, backward, lim, knobs.key, softplus)
+        # a plan that flags nothing is never recomputed, and without the chunked kernels, the time
+        # chunks and the Mamba-1 kernels with time in threads it is its own recompute's plan
+        self._rerun = None if first.flags_nonfinite else first
+
+    def plan(self, chunked: bool = True) -> Plan:
+        """``first``; with ``chunked`` False the recompute's plan (choose_plan(chunked=False)),
+        made once. (Two threads that both make it make the same plan; either is kept.)"""
+        if chunked:
+            return self.first
+        pl = self._rerun
+        if pl is None:
+            pl = self._rerun = choose_plan(None, self.dims, self.lim, self.backward, self.knobs, chunked=False,
+                                           softplus=self.softplus)
+        return pl
+
+
 def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
-           softplus: int = 0) -> tuple[Support, bool]:
+           softplus: int = 0) -> tuple[Support, bool, Planned | None]:
     """(whether problem ``p`` runs on ``ctx`` for ``op`` with the step's form ``softplus``, whether
     the answer may be cached: a refusal for want of SPIR-V is not, as glslc on PATH or a warm
-    cache may lift it later)."""
+    cache may lift it later; the plans of an accepted call, else None). The one planning of
+    the shape: plan.plan runs once (twice where the Mamba-1 kernels with time in threads cannot
+    be had: the plan without them)."""
     backward = op == "ssm_scan_back"
     try:
         pl, dropped = choose_plan_why(ctx, p.dims, lim, backward, knobs, softplus=softplus)
     except TooLarge as e:
-        return Support(False, str(e)), True
+        return Support(False, str(e)), True, None
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)
     why = budget.check(ctx.info, sizes, ctx.live_allocations.count)
     if why:   # (the allocations already made change: that refusal is decided anew)
-        return Support(False, why), "maxMemoryAllocationCount" not in why
+        return Support(False, why), "maxMemoryAllocationCount" not in why, None
     why = kernels_problem(lim, specs.kernels_needed(p.dims, pl, backward))
     if why:
-        return Support(False, why), False
+        return Support(False, why), False, None
+    planned = Planned(pl, p.dims, lim, backward, knobs, softplus)
     where = f"runs on {ctx.info.where} ({ctx.info.name})"
     if dropped:
         which = "the Mamba-1 kernels with time in threads" if p.dims.mamba1 else "the chunked kernels"
         note = f"the token-sequential kernels run it: {which} cannot ({dropped})"
-        return Support(True, f"{where}; {note}"), True
-    return Support(True, where), True
+        return Support(True, f"{where}; {note}"), True, planned
+    return Support(True, where), True, planned

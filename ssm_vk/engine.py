@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .config import Settings
+from .decision import Planned
 from .plan import Limits
 from .workspace import Workspace
 
@@ -96,17 +97,18 @@ class Engine:
         return lim
 
     # -- workspaces -----------------------------------------------------------------------------
-    def workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True,
-                  softplus: int = 0) -> Workspace:
-        """The workspace of this shape and step form ``softplus`` (made on first use; the least
-        recently used beyond MAX_WORKSPACES is closed)."""
-        key = (dims, backward, lim, chunked, knobs.key, softplus)
+    def workspace(self, planned: Planned, chunked: bool = True) -> Workspace:
+        """The workspace of the shape, knobs, limits and step's form the decision planned
+        (``planned``: decision.Planned), running its first plan or (``chunked`` False) the
+        recompute's -- made on first use with that plan; the least recently used beyond
+        MAX_WORKSPACES is closed."""
+        key = (planned.key, chunked)
         with self.lock:
             if self.closed:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                ws = self.workspaces[key] = Workspace(self.ctx, dims, backward, lim, knobs, chunked, softplus)
+                ws = self.workspaces[key] = Workspace(self.ctx, planned, chunked)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
                     if old.recent:  # used through a lane since it came to the front: not the least recent
@@ -118,6 +120,12 @@ class Engine:
                         old.close()
             self.workspaces.move_to_end(key)
             return ws
+
+    def find_workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True,
+                       softplus: int = 0) -> Workspace | None:
+        """The workspace a call of this shape made, or None (a look-up only: tests and tools read
+        the plan a call ran)."""
+        return self.workspaces.get(((dims, backward, lim, knobs.key, softplus), chunked))
 
     def clear(self) -> None:
         """Close every workspace (their buffers back to the pool, their sequences freed)."""

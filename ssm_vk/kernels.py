@@ -15,7 +15,7 @@ from ssm_ref import Dims
 from . import runtime as rt
 from .config import DEFAULTS, KNOBS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
-from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, gemm_threads, gemm_tile, vec_in, vec_out
+from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, PASS_BATCH, PASS_BATCHES
 from .plan.m1 import M1_SPS_TI_MIN, M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
@@ -206,35 +206,28 @@ def kernel(ctx, spec: KernelSpec) -> rt.Kernel:
 
 # -- the chunked kernels of a plan ----------------------------------------------------------------
 
+# The chunked kernels' specs read what the plan resolved from the knobs when it was made (the
+# GEMM tiles and threads, 16-byte loads and stores, the pass's batch): never a knob.
 PASS_WG = 256
-PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
-                   # the passes from 165 to 116 us)
-# A pass over fewer chunks issues as many loads as it has chunks, from these batch sizes: the
-# rest of a batch would load the last chunk again and hold registers for it (H200, the demo
-# backward, two chunks: 73.8 us at PB = 2 against 81.9 at 32).
-PASS_BATCHES = (2, 8, PASS_BATCH)
 
 
 def pass_batch(cp: ChunkPlan) -> int:
-    """Chunks whose loads the pass over ``cp``'s chunks issues together: the knob PASS_PB, else
-    the smallest of PASS_BATCHES that holds them all, else PASS_BATCH."""
-    forced = cp.knobs.knob("PASS_PB")
-    if forced is not None:
-        return forced
-    return next((pb for pb in PASS_BATCHES if cp.NCH <= pb), PASS_BATCH)
+    """Chunks whose loads the pass over ``cp``'s chunks issues together (plan.chunked.pass_batch,
+    resolved in the plan)."""
+    return cp.pass_pb
 
 
 def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
-    return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=pass_batch(cp))
+    return chunk_spec("chunk_pass", d, cp.CL, PASS_WG, MODE=mode, PB=cp.pass_pb)
 
 
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
     """The kernel of chunk_gemm mode ``mode`` under ``cp`` (chunk_gemm.comp)."""
-    RBLK, CBLK, _, _ = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
-    wg, rg = gemm_threads(cp.knobs)
+    RBLK, CBLK, _, _ = cp.tile(mode)
+    wg, rg = cp.threads
     # defined only where not the shader's default, so the default variants keep their SPIR-V
     extra = {}
-    if vec_in(mode, d, cp.CL, cp.KS, cp.knobs):
+    if mode in cp.vec_in:
         extra["VEC_IN"] = 1
     if cp.fold and mode in ("DB", "DC"):
         extra["FOLD"] = 1
@@ -242,7 +235,7 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["HPART"] = cp.hpart(mode)
     return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
-                      VEC_OUT=vec_out(cp.knobs), **extra)
+                      VEC_OUT=cp.vec_out, **extra)
 
 
 def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSpec:
@@ -250,8 +243,8 @@ def decay_spec(d, cp: ChunkPlan, backward: bool, kept: bool = False) -> KernelSp
 
 
 def finish_spec(d, cp: ChunkPlan) -> KernelSpec:
-    nbp = gemm_tile("GAM", cp.CL, d.P, d.N, cp.knobs)[3]
-    nbn = gemm_tile("DC", cp.CL, d.P, d.N, cp.knobs)[3]
+    nbp = cp.tile("GAM")[3]
+    nbn = cp.tile("DC")[3]
     return chunk_spec("chunk_finish", d, cp.CL, GEMM_WG, cp.softplus, NBP=nbp, NBN=nbn)
 
 
@@ -382,7 +375,7 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
                 for backward in (False, True):
                     for headloop, fold in product((False, True), (False, True)):   # fold: H > G
                         cp = ChunkPlan(CL=CL, NCH=1, windows=(), Sw=1, headloop=headloop, KS=KS[backward],
-                                       knobs=knobs, fold=fold and backward)
+                                       knobs=knobs, fold=fold and backward, P=P, N=N)
                         for spec in chunk_kernels(d, cp, backward):
                             add(spec)
                     for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)

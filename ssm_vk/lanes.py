@@ -20,7 +20,8 @@ Every call still pays for what can change under the same signature:
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
   (evicted, or cleared by Engine.clear): else the full path.
 A lane is made only after the full path ran the call on the device (an accepted decision; the
-decisions that refuse are never laned), with the knobs and limits its signature records.
+decisions that refuse are never laned), with the decision's plans (their knobs those its signature
+records).
 """
 
 from __future__ import annotations
@@ -42,15 +43,16 @@ _F32 = np.dtype(np.float32)
 
 class Lane:
     """The answers of the full path for one signature: the ``engine`` (and so the context) and
-    the context's ``info`` then, the ``dims`` of the validated Problem, the planner's ``limits``
-    and ``knobs``, the workspace ``ws`` (chunked kernels allowed, as every call's first attempt),
+    the context's ``info`` then, the ``dims`` of the validated Problem, the decision's plans
+    ``planned`` (decision.Planned: limits, knobs, the step's form), the workspace ``ws``
+    (chunked kernels allowed, as every call's first attempt),
     ``bound`` (run.bind_inputs of the inputs, and their buffers) and ``where``."""
 
-    __slots__ = ("bound", "ctx", "dims", "engine", "ids", "info", "knobs", "limits", "where", "ws")
+    __slots__ = ("bound", "ctx", "dims", "engine", "ids", "info", "planned", "where", "ws")
 
-    def __init__(self, engine, info, dims, limits, knobs, ws, bound):
+    def __init__(self, engine, info, dims, planned, ws, bound):
         self.engine, self.ctx, self.info, self.dims, self.ws, self.bound = engine, engine.ctx, info, dims, ws, bound
-        self.limits, self.knobs = limits, knobs
+        self.planned = planned
         self.where = info.where
         self.ids = None   # (bytes, checked copy) of the last ids a call of this lane passed
 
@@ -104,17 +106,18 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     return lane, sig
 
 
-def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: bool, arrays: tuple,
-         softplus: int = 0, update: bool = False) -> None:
+def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, arrays: tuple,
+         update: bool = False) -> None:
     """Make the lane of signature ``sig``, after the full path ran ``p`` (of the float arguments
-    ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info``. Nothing
+    ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info`` and
+    planned ``planned`` (decision.Planned). Nothing
     is kept when the signature moved meanwhile (the knobs changed, an input was released: another
     thread) or the limits did."""
     ctx = engine.ctx
     if ctx.info is not info:
         return
-    ws = engine.workspace(p.dims, backward, lim, knobs, softplus=softplus)
-    if ws.closed or signature(ctx, backward, arrays, knobs, softplus, update) != sig:
+    ws = engine.workspace(planned)
+    if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update) != sig:
         return
     try:
         bufs, key = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
@@ -123,4 +126,4 @@ def keep(sig: tuple, engine: Engine, info, lim, knobs, p: Problem, backward: boo
     bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy
     if ctx.info is not info:
         return
-    engine.add_lane(sig, Lane(engine, info, p.dims, lim, knobs, ws, bound))
+    engine.add_lane(sig, Lane(engine, info, p.dims, planned, ws, bound))

@@ -93,8 +93,8 @@ class PreparedCall:
         self.op, self.dims, self.where = op, p.dims, dec.info.where
         self.closed = False
         self._lock = threading.Lock()
-        self._p, self._backward, self._update, self._softplus = p, backward, update, softplus
-        self._engine, self._lim, self._knobs = dec.engine, dec.lim, knobs
+        self._p, self._backward, self._update = p, backward, update
+        self._engine, self._planned = dec.engine, dec.planned
         ctx = self._ctx = dec.engine.ctx
         names = run.BWD_IN if backward else run.FWD_IN
         self._inputs = tuple(a for a in (getattr(p, k) for k in names) if a is not None)
@@ -121,8 +121,7 @@ class PreparedCall:
 
     def _build(self) -> None:
         """The call's own workspace, its outputs and its recorded sequence (all or nothing)."""
-        p = self._p
-        ws = self._ws = Workspace(self._ctx, p.dims, self._backward, self._lim, self._knobs, True, self._softplus)
+        ws = self._ws = Workspace(self._ctx, self._planned)
         try:
             self._outs = ws.outputs(True)
         except BaseException:
@@ -182,8 +181,8 @@ class PreparedCall:
         """The chunked kernels flagged inf or nan: the call again on the token-sequential kernels
         (whose non-finite results are the spec's), copied into this call's outputs."""
         run.note_rerun(self._engine, self.dims)
-        out = run.run_once(self._engine, self._p, self._backward, self._lim, self._knobs, True, chunked=False,
-                            softplus=self._softplus, update=self._update)
+        out = run.run_once(self._engine, self._p, self._backward, self._planned, True, chunked=False,
+                           update=self._update)
         try:
             with rt.oneshot(self._ctx) as seq:
                 for k, dst in self._outs.items():

@@ -21,7 +21,7 @@ from ssm_ref import Problem
 
 from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
-from .config import Settings
+from .decision import Planned
 from .engine import Engine
 from .record import record_backward, record_forward, scatters_in_place
 from .record.common import put_rows
@@ -58,29 +58,26 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
-def forward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
-            softplus: int = 0, update: bool = False) -> dict:
+def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, lane=None,
+            update: bool = False) -> dict:
     """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
-    ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found;
-    ``softplus``: the step's form (kernels.SOFTPLUS; a lane's workspace has its own);
+    ``planned``: the decision's plans of the shape (decision.Planned: limits, knobs, the step's
+    form); ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found;
     ``update``: also write the final states into the cache rows s[ids] (ssm_scan's update_cache:
     ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads those rows in
     place, else by copies once the call came out finite (the ``states`` returned are then
     unwritten where the scan wrote the rows)."""
-    return _run(engine, p, False, lim, knobs, device_out, lane, softplus, update)
+    return _run(engine, p, False, planned, device_out, lane, update)
 
 
-def backward(engine: Engine, p: Problem, lim, knobs: Settings, device_out: bool = True, lane=None,
-             softplus: int = 0) -> dict:
+def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, lane=None) -> dict:
     """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(engine, p, True, lim, knobs, device_out, lane, softplus)
+    return _run(engine, p, True, planned, device_out, lane)
 
 
-def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: bool, lane, softplus: int,
+def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, lane,
          update: bool = False) -> dict:
     ctx = engine.ctx
-    if lane is not None:
-        softplus = lane.ws.plan.softplus  # (the form the lane's workspace was planned for)
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
@@ -88,12 +85,12 @@ def _run(engine: Engine, p: Problem, backward: bool, lim, knobs, device_out: boo
                 out = _through_lane(engine, lane, p, backward, update)
                 if out is not None:
                     return out
-            return run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
+            return run_once(engine, p, backward, planned, device_out, update=update)
         except rt.OutOfDeviceMemory:
             # The workspaces of other shapes hold buffers between calls: give them all back (the pool
             # frees its idle ones when it next runs out) and try once more; a second failure raises.
             engine.clear()
-            return run_once(engine, p, backward, lim, knobs, device_out, softplus=softplus, update=update)
+            return run_once(engine, p, backward, planned, device_out, update=update)
     finally:
         ctx.leave(token)
 
@@ -123,15 +120,16 @@ def _through_lane(engine: Engine, lane, p: Problem, backward: bool, update: bool
                 buffers.idle(token)
     if out is None:  # a chunked result held inf or nan (as in run_once)
         note_rerun(engine, p.dims)
-        out = run_once(engine, p, backward, lane.limits, lane.knobs, True, chunked=False,
-                        softplus=ws.plan.softplus, update=update)
+        out = run_once(engine, p, backward, lane.planned, True, chunked=False, update=update)
     return out
 
 
-def run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, chunked: bool = True,
-              softplus: int = 0, update: bool = False) -> dict:
+def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: bool, chunked: bool = True,
+             update: bool = False) -> dict:
+    """One call in the workspace of ``planned``'s first plan (``chunked`` False: of its recompute's
+    plan); a result the first plan's kernels flag as non-finite is computed again so."""
     while True:
-        ws = engine.workspace(p.dims, backward, lim, knobs, chunked, softplus)
+        ws = engine.workspace(planned, chunked)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 continue
@@ -142,8 +140,7 @@ def run_once(engine, p: Problem, backward: bool, lim, knobs, device_out: bool, c
         # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
         # nan and back). Same device; finite results never take this path.
         note_rerun(engine, p.dims)
-        return run_once(engine, p, backward, lim, knobs, device_out, chunked=False,
-                         softplus=ws.plan.softplus, update=update)
+        return run_once(engine, p, backward, planned, device_out, chunked=False, update=update)
 
 
 def note_rerun(engine: Engine, dims) -> None:

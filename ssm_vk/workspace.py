@@ -15,8 +15,7 @@ import numpy as np
 from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
-from .config import Settings
-from .decision import choose_plan
+from .decision import Planned
 from .plan import F32
 from .plan.sizes import output_shapes
 
@@ -31,22 +30,24 @@ class Workspace:
     Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
     caller that looked it up before the eviction must look up a new one."""
 
-    def __init__(self, ctx, dims, backward: bool, limits, knobs: Settings, chunked: bool = True,
-                 softplus: int = 0):
+    def __init__(self, ctx, planned: Planned, chunked: bool = True):
+        """The workspace of the shape the decision planned (``planned``: decision.Planned), running
+        its first plan, or (``chunked`` False) the token-sequential plan that recomputes a
+        non-finite result. It plans nothing: the plan is the decision's."""
         self.ctx = ctx
-        self.dims = dims
-        self.backward = backward
-        self.limits = limits
-        self.knobs = knobs
+        dims = self.dims = planned.dims
+        self.backward = planned.backward
+        self.limits = planned.lim
+        self.knobs = planned.knobs
         self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
-        self.plan = choose_plan(ctx, dims, self.limits, backward, knobs, chunked=chunked, softplus=softplus)
+        self.plan = planned.plan(chunked)
         # the one key of a chunked forward's tables, which its backward looks up (engine.KeptForward):
         # the step's form too, as the tables hold the decays
-        self.kept_key = (dims, limits, knobs.key, softplus)
+        self.kept_key = (dims, planned.lim, planned.knobs.key, planned.softplus)
         self.pool = pool(ctx)
         self.align = ctx.info.min_storage_buffer_offset_alignment
         self.lock = threading.Lock()
-        self.shapes = {k: tuple(int(n) for n in v) for k, v in output_shapes(dims, backward).items()}
+        self.shapes = {k: tuple(int(n) for n in v) for k, v in output_shapes(dims, self.backward).items()}
         self.sizes = {k: math.prod(v) for k, v in self.shapes.items()}
         self._out_specs = tuple((k, v, self.sizes[k] * F32) for k, v in self.shapes.items())
         self._out_nbytes = [n for _, _, n in self._out_specs if n]

@@ -1,7 +1,9 @@
 """Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
 the device. Pure Python, like ssm_vk.plan.sequential. The knobs (ssm_vk.config) are read once,
-when the plan is made, and travel with it (``ChunkPlan.knobs``).
+when the plan is made: what its kernels and their recording need of them (the GEMM tiles and
+threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkPlan then, so that
+nothing after planning reads a knob.
 
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
 are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
@@ -11,7 +13,7 @@ crossover (``CHUNK_MIN_T``) was measured on an H200 (docs/BENCHMARKS.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ssm_ref import Dims
 
@@ -20,7 +22,7 @@ from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
-           "vec_in"]
+           "vec_in", "pass_batch", "PASS_BATCH", "PASS_BATCHES"]
 
 GEMM_WG = KNOBS["GWG"].default   # threads of every chunk kernel but the pass: the GEMM kernels' default
 # Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
@@ -107,15 +109,33 @@ def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
 VEC_IN_MODES = ("Y",)
 
 
-def vec_in(mode: str, d: Dims, CL: int, KS: int, knobs: Settings | None = None) -> bool:
+def vec_in(mode: str, P: int, N: int, CL: int, KS: int, knobs: Settings | None = None) -> bool:
     """Whether a chunk_gemm mode stages its operands with 16-byte loads (knob VEC_IN, default on;
     VEC_IN_MODES): where P, N, the slice and the tile are multiples of 4. The shader still takes
     its float loads for a call whose inputs start off a multiple of 4 elements."""
     knobs = settings() if knobs is None else knobs
     if mode not in VEC_IN_MODES or not knobs.knob("VEC_IN"):
         return False
-    RBLK, CBLK, _, _ = gemm_tile(mode, CL, d.P, d.N, knobs)
-    return all(v % 4 == 0 for v in (d.P, d.N, KS, RBLK, CBLK))
+    RBLK, CBLK, _, _ = gemm_tile(mode, CL, P, N, knobs)
+    return all(v % 4 == 0 for v in (P, N, KS, RBLK, CBLK))
+
+
+PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
+                   # the passes from 165 to 116 us)
+# A pass over fewer chunks issues as many loads as it has chunks, from these batch sizes: the
+# rest of a batch would load the last chunk again and hold registers for it (H200, the demo
+# backward, two chunks: 73.8 us at PB = 2 against 81.9 at 32).
+PASS_BATCHES = (2, 8, PASS_BATCH)
+
+
+def pass_batch(NCH: int, knobs: Settings | None = None) -> int:
+    """Chunks whose loads the pass over ``NCH`` chunks issues together: the knob PASS_PB, else
+    the smallest of PASS_BATCHES that holds them all, else PASS_BATCH."""
+    knobs = settings() if knobs is None else knobs
+    forced = knobs.knob("PASS_PB")
+    if forced is not None:
+        return forced
+    return next((pb for pb in PASS_BATCHES if NCH <= pb), PASS_BATCH)
 
 
 def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
@@ -140,10 +160,31 @@ class ChunkPlan:
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
     hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
     hpart_c: int = 1         # ... d_C
+    P: int = 1               # head_dim and d_state: the sizes of the GEMM products
+    N: int = 1
+    # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
+    # (ssm_vk.kernels) and the recording (ssm_vk.record.chunked) read instead of the knobs.
+    tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
+    threads: tuple = field(init=False)      # (threads, row groups) of the GEMM kernels (GWG, ROWG)
+    vec_in: frozenset = field(init=False)   # the modes that stage their operands with 16-byte loads
+    vec_out: int = field(init=False)        # 1: the GEMM epilogues store 16 bytes at a time
+    pass_pb: int = field(init=False)        # chunks whose loads the pass issues together
+
+    def __post_init__(self) -> None:
+        knobs, CL, P, N = self.knobs, self.CL, self.P, self.N
+        resolved = dict(tiles=tuple(gemm_tile(m, CL, P, N, knobs) for m in MODES), threads=gemm_threads(knobs),
+                        vec_in=frozenset(m for m in MODES if vec_in(m, P, N, CL, self.KS, knobs)),
+                        vec_out=vec_out(knobs), pass_pb=pass_batch(self.NCH, knobs))
+        for k, v in resolved.items():
+            object.__setattr__(self, k, v)   # (frozen)
 
     def hpart(self, mode: str) -> int:
         """Heads per part of DB and DC (1 for the other modes)."""
         return {"DB": self.hpart_b, "DC": self.hpart_c}.get(mode, 1)
+
+    def tile(self, mode: str) -> tuple[int, int, int, int]:
+        """(RBLK, CBLK, NRB, NCBK) of GEMM mode ``mode`` (gemm_tile, resolved)."""
+        return self.tiles[MODES[mode]]
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,
@@ -252,4 +293,4 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      keep=knobs.knob("KEEP_STATES") != 0, knobs=knobs,
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
-                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"))
+                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N)

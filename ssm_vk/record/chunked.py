@@ -19,7 +19,7 @@ from ssm_ref import Problem
 from .. import kernels as specs
 from ..kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 from ..plan import ChunkPlan, grid
-from ..plan.chunked import PER_GROUP, gemm_tile, scratch_elems
+from ..plan.chunked import PER_GROUP, scratch_elems
 from ..plan.sizes import FLAG_ELEMS
 from . import common
 from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
@@ -60,7 +60,7 @@ class _Chunked:
 
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp
-        _, _, nrb, ncb = gemm_tile(mode, cp.CL, d.P, d.N, cp.knobs)
+        _, _, nrb, ncb = cp.tile(mode)
         if mode == "CB" or (mode in PER_GROUP and cp.headloop):
             heads = d.G
         else:

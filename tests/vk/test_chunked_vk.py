@@ -85,7 +85,7 @@ def planned(case, backward: bool):
 def ran_plan(case, backward: bool):
     """The plan of the workspace that ran the last call of this shape (looked up, not re-made)."""
     ctx = rt.get_context()
-    return vk_engine.engine_of(ctx).workspace(dims_of(case), backward, Limits.of(ctx.info), config.settings()).plan
+    return vk_engine.engine_of(ctx).find_workspace(dims_of(case), backward, Limits.of(ctx.info), config.settings()).plan
 
 
 def run(case):

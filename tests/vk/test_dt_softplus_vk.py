@@ -17,10 +17,10 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
+from ssm_vk import api as vk_api
 from ssm_vk import config, lanes
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -64,10 +64,10 @@ def _grads(g) -> dict:
 
 
 def _chunked_plans(case) -> bool:
-    ctx = rt.get_context()
-    d = ssm_ref.check_forward(**case.args()).dims
-    ws = [vk_engine.engine_of(ctx).workspace(d, b, Limits.of(ctx.info), config.settings()) for b in (False, True)]
-    return all(w.plan.chunked is not None for w in ws)
+    """Whether the support decisions of ``case``'s forward and backward plan the chunked kernels."""
+    p = ssm_ref.check_forward(**case.args(), keep_device=True)
+    return all(vk_api.decision(op, p, config.settings()).planned.first.chunked is not None
+               for op in ("ssm_scan", "ssm_scan_back"))
 
 
 @pytest.mark.parametrize("form", FORMS, ids=str)

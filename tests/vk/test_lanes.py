@@ -31,9 +31,9 @@ def taken(monkeypatch):
     seen: list[bool] = []
     real = vk_run._run
 
-    def run(engine, p, backward, lim, knobs, device_out, lane=None, softplus=0, update=False):
+    def run(engine, p, backward, planned, device_out, lane=None, update=False):
         seen.append(lane is not None)
-        return real(engine, p, backward, lim, knobs, device_out, lane, softplus, update)
+        return real(engine, p, backward, planned, device_out, lane, update)
 
     monkeypatch.setattr(vk_run, "_run", run)
     return seen
