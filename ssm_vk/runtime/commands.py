@@ -5,6 +5,9 @@ A Sequence is a primary command buffer recorded once and submitted any number of
 its command pool, so sequences record independently on different threads; the queue submission
 itself takes ``ctx.lock``. Each submission ends with a barrier that makes the sequence's writes
 visible to later submissions and to the host.
+
+One module of over 400 lines on purpose: it is one class, the Sequence, whose recording,
+submission, waiting and timestamps share its command buffer, fence and query pool.
 """
 
 from __future__ import annotations
