@@ -24,7 +24,7 @@ _INTS = frozenset([int])  # the types of a shape of Python ints
 
 def pool(ctx: rt.Context) -> rt.BufferPool:
     """The buffer pool of ``ctx``: one per context, made on first use, closed with it."""
-    return ctx.extension("pool", rt.BufferPool)
+    return ctx.owned.extension("pool", rt.BufferPool)
 
 
 def _dims(what: str, shape) -> tuple:

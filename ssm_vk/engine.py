@@ -1,5 +1,5 @@
 """The Engine: every scan-level state of one Vulkan context, made with its first scan call and
-closed with the context (``Context.extension``) -- so nothing lives in a module-level dict keyed
+closed with the context (``ctx.owned.extension``) -- so nothing lives in a module-level dict keyed
 by a context, and a lost or forked-away context takes all of it along.
 
 It owns:
@@ -80,7 +80,7 @@ class Engine:
         self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
         self.reruns = 0                      # chunked results recomputed for inf/nan
         self.states_reused = 0               # backwards that took their forward's tables
-        ctx.adopt(self)
+        ctx.owned.adopt(self)
 
     # -- limits ---------------------------------------------------------------------------------
     def limits(self, info, knobs: Settings) -> Limits:
@@ -212,12 +212,12 @@ class Engine:
             self.decisions.clear()
             self.lanes.clear()
             self._limits.clear()
-        self.ctx.forget(self)
+        self.ctx.owned.forget(self)
 
 
 def engine_of(ctx) -> Engine:
     """The Engine of context ``ctx`` (made on first use, closed with the context)."""
-    return ctx.extension("engine", Engine)
+    return ctx.owned.extension("engine", Engine)
 
 
 def current() -> Engine:
@@ -233,7 +233,7 @@ def clear(ctx=None) -> None:
     from .runtime import current_context
 
     ctx = current_context() if ctx is None else ctx
-    engine = None if ctx is None else ctx.extension("engine")
+    engine = None if ctx is None else ctx.owned.extension("engine")
     if engine is not None:
         engine.clear()
         with engine.lock:

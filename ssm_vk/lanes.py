@@ -94,7 +94,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
         return None, None
-    engine = ctx.extension("engine")
+    engine = ctx.owned.extension("engine")
     if engine is None:
         return None, None
     sig = signature(ctx, backward, arrays, knobs, softplus, update)

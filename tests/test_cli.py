@@ -341,7 +341,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
     from ssm_ref import Dims
     from ssm_vk import kernels as specs
     from ssm_vk.plan import plan
-    from ssm_vk.runtime import shaders
+    from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
 
     p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16", "--chunked-n", "16", "--p", "64")
@@ -349,7 +349,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
     index = json.loads((tmp_path / "index.json").read_text())
     assert p.stdout.startswith(f"wrote {len(index)} SPIR-V variants")
     for entry in index.values():
-        assert (tmp_path / entry["file"]).read_bytes()[:4] == shaders.SPIRV_MAGIC
+        assert (tmp_path / entry["file"]).read_bytes()[:4] == spirv.SPIRV_MAGIC
     # Every kernel a forward and a backward at N = 16 request on this device is in the index.
     lim = Limits.of(choose(rt.list_devices()))
     for mamba1 in (False, True):

@@ -52,7 +52,7 @@ LOOP = textwrap.dedent(r"""
         from ssm_vk import runtime as rt
         from ssm_vk.arrays import pool
         ctx = rt.current_context()
-        return [ctx.live_allocations.count, ctx.live_allocations.nbytes, pool(ctx).in_use, len(ctx._children),
+        return [ctx.live_allocations.count, ctx.live_allocations.nbytes, pool(ctx).in_use, len(ctx.owned),
                 ctx.stats.descriptor_sets, ctx.stats.pipelines]
 
     def call():

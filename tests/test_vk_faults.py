@@ -44,11 +44,11 @@ def transfers(request):
     kind) and through staging copies (what a discrete GPU does; on an H200 the injected faults
     hit those copies until fail_next_submit skipped the runtime's own transfers)."""
     ctx = rt.get_context()
-    ctx.force_staging = request.param == "staged"
+    ctx.seams.force_staging = request.param == "staged"
     yield request.param
     current = rt.current_context()
     for c in {ctx, current} - {None}:
-        c.force_staging = False
+        c.seams.force_staging = False
 
 
 # -- faults during a call -----------------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_device_lost_mid_call_raises_and_the_next_call_gets_a_fresh_context(tran
     want = run(args(False))[1]
     ctx = rt.get_context()
     a = args(device)                     # a user's device arrays live on the device that is lost
-    ctx.fail_next_submit(rt.DeviceLost)
+    ctx.seams.fail_next_submit(rt.DeviceLost)
     with pytest.raises(rt.DeviceLost, match="DEVICE_LOST") as info:
         run(a)
     # The failed call kept nothing, even while its exception (and so its frames) is still held,
@@ -74,7 +74,7 @@ def test_device_lost_mid_call_raises_and_the_next_call_gets_a_fresh_context(tran
     fresh = rt.get_context()
     assert fresh is not ctx and ctx.closed and ctx.live_allocations.count == 0
     # the lost context keeps neither its pool nor its engine (workspaces, decisions, lanes)
-    assert ctx.extension("pool") is None and ctx.extension("engine") is None
+    assert ctx.owned.extension("pool") is None and ctx.owned.extension("engine") is None
     if device:
         with pytest.raises(RuntimeError, match=r"released \(or its Vulkan context closed\)"):
             a["x"].numpy()                # a clear error, not a read of freed memory
@@ -92,7 +92,7 @@ def test_timeout_mid_call_raises_and_the_context_carries_on(transfers, op, devic
     ctx = rt.get_context()
     seen = []
     for _ in range(6):  # repeated: what the context holds stops changing (the replay caches fill)
-        ctx.fail_next_submit(rt.VulkanTimeout)
+        ctx.seams.fail_next_submit(rt.VulkanTimeout)
         with pytest.raises(rt.VulkanTimeout, match="timed out") as info:
             run(a)
         assert not ctx.lost and kept_by(info.value, a) == []
@@ -111,7 +111,7 @@ def test_after_a_timeout_no_buffer_of_the_pending_work_is_written(transfers, mon
     a = args(False)
     want = backward(a)[1]
     ctx = rt.get_context()
-    ctx.fail_next_submit(rt.VulkanTimeout)
+    ctx.seams.fail_next_submit(rt.VulkanTimeout)
     with pytest.raises(rt.VulkanTimeout):
         backward(a)
     pending = [seq for ws in vk_engine.current().workspaces.values() for seq, _ in ws.sequences.values()
@@ -136,7 +136,7 @@ def test_work_still_running_at_close_is_not_freed_under_the_gpu(transfers, monke
     a = args(False)
     want = forward(a)[1]
     ctx = rt.get_context()
-    ctx.fail_next_submit(rt.VulkanTimeout)
+    ctx.seams.fail_next_submit(rt.VulkanTimeout)
     with pytest.raises(rt.VulkanTimeout):
         forward(a)
     pending = [seq for ws in vk_engine.current().workspaces.values() for seq, _ in ws.sequences.values()
@@ -169,7 +169,7 @@ def test_the_memory_estimate_covers_what_a_call_allocates(op):
         case = make_problem(np.random.default_rng(80 + k), **dims)
         for small_range in (False, True):   # whole sequences, then token windows
             ctx = fresh_context()
-            with ctx.override_limits(**({"max_storage_buffer_range": 2048} if small_range else {})):
+            with ctx.seams.override_limits(**({"max_storage_buffer_range": 2048} if small_range else {})):
                 lim = Limits.of(ctx.info)
                 chk = check_backward if backward else check_forward
                 args = {**case.args(), **({"g_y": case.g_y, "g_states": case.g_states} if backward else {})}
@@ -190,7 +190,7 @@ def test_a_problem_larger_than_device_memory_falls_back_before_allocating(op, ca
     ctx = rt.get_context()
     OPS[op](args(False))
     before = held(ctx)
-    with ctx.override_limits(device_local_bytes=4096):   # "ask for more than the device has"
+    with ctx.seams.override_limits(device_local_bytes=4096):   # "ask for more than the device has"
         sup = ssm_vk.supports(op, **CASE.args())
         assert not sup and "largest device-local heap" in sup.reason
         with caplog.at_level("WARNING", logger="ssm_vk"):
@@ -212,7 +212,7 @@ def test_a_fallback_of_device_resident_inputs_returns_device_arrays(op):
     # unchanged when a call falls back: the CPU's results come back on the inputs' device.
     ctx = rt.get_context()
     a = args(True)
-    with ctx.override_limits(device_local_bytes=256):   # less than the outputs need
+    with ctx.seams.override_limits(device_local_bytes=256):   # less than the outputs need
         assert not ssm_vk.supports(op, **{k: v for k, v in a.items() if k not in ("g_y", "g_states")})
         res = (ssm_vk.ssm_scan(**{k: v for k, v in a.items() if k not in ("g_y", "g_states")}) if op == "ssm_scan"
                else ssm_vk.ssm_scan_back(**a))
@@ -238,9 +238,9 @@ def test_a_cached_decision_never_outlives_the_limits_it_was_made_under():
     # one's address).
     ctx = rt.get_context()
     for _ in range(5):
-        with ctx.override_limits(device_local_bytes=4096):
+        with ctx.seams.override_limits(device_local_bytes=4096):
             assert not ssm_vk.supports("ssm_scan", **CASE.args())
-        with ctx.override_limits(device_local_bytes=ctx.hardware_info.device_local_bytes):
+        with ctx.seams.override_limits(device_local_bytes=ctx.hardware_info.device_local_bytes):
             assert ssm_vk.supports("ssm_scan", **CASE.args())
 
 
@@ -252,7 +252,7 @@ def test_an_array_beyond_the_allocation_limit_falls_back():
     case = make_problem(np.random.default_rng(81), S=16, T=1, H=4, P=1, N=64, G=1, ids=[0] * 16, R=1)
     ctx = rt.get_context()
     row_bytes = 4 * 64 * 4
-    with ctx.override_limits(max_memory_allocation_size=4 * row_bytes):
+    with ctx.seams.override_limits(max_memory_allocation_size=4 * row_bytes):
         sup = ssm_vk.supports("ssm_scan", **case.args())
         assert not sup and "maxMemoryAllocationSize" in sup.reason and "states" in sup.reason
         r = ssm_vk.ssm_scan(**case.args())
@@ -266,9 +266,9 @@ def test_out_of_device_memory_once_is_absorbed():
     ctx = rt.get_context()
     want = backward(args(False))[1]
     case = make_problem(np.random.default_rng(82), S=3, T=7, H=2, P=2, N=5, G=1)   # a shape not seen yet
-    ctx.fail_allocations(1)
+    ctx.seams.fail_allocations(1)
     g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
-    assert g.where.startswith("Vulkan") and not ctx.take_allocation_fault()
+    assert g.where.startswith("Vulkan") and not ctx.seams.take_allocation_fault()
     same(backward(args(False))[1], want)
 
 
@@ -283,14 +283,14 @@ def test_out_of_device_memory_raises_keeps_nothing_and_the_next_call_works(op, d
     gc.collect()                                         # earlier tests' garbage gives its buffers back now
     pool(ctx).trim()
     before = held(ctx)
-    ctx.fail_allocations(10**6)                          # the device stays full
+    ctx.seams.fail_allocations(10**6)                          # the device stays full
     try:
         with pytest.raises(rt.OutOfDeviceMemory, match="OUT_OF_DEVICE_MEMORY") as info:
             OPS[op](a)
         assert kept_by(info.value, a) == []
         del info
     finally:
-        ctx.fail_allocations(0)
+        ctx.seams.fail_allocations(0)
     vk_engine.clear(ctx)
     pool(ctx).trim()
     assert held(ctx) == before and not ctx.lost
@@ -307,11 +307,11 @@ def test_a_prepared_call_through_a_timeout_and_a_lost_device():
     ctx = rt.get_context()
     step = ssm_vk.prepare_scan(**{k: ssm_vk.to_device(v) for k, v in host.items()}, ids=case.ids)
     want = step.run().y.numpy()
-    ctx.fail_next_submit(rt.VulkanTimeout)
+    ctx.seams.fail_next_submit(rt.VulkanTimeout)
     with pytest.raises(rt.VulkanTimeout):
         step.run()
     assert np.array_equal(step.run().y.numpy(), want)
-    ctx.fail_next_submit(rt.DeviceLost)
+    ctx.seams.fail_next_submit(rt.DeviceLost)
     with pytest.raises(rt.DeviceLost):
         step.run()
     with pytest.raises(rt.DeviceLost):
@@ -328,20 +328,20 @@ def test_preparing_a_call_out_of_device_memory_retries_once_then_raises_keeping_
     dev = {k: ssm_vk.to_device(v) for k, v in case.args().items() if k != "ids"}
     ctx = rt.get_context()
     want = ssm_vk.ssm_scan(**dev, ids=case.ids).y.numpy()
-    ctx.fail_allocations(2)   # the pool's own retry fails too: the prepare clears the workspaces, tries again
+    ctx.seams.fail_allocations(2)   # the pool's own retry fails too: the prepare clears the workspaces, tries again
     with ssm_vk.prepare_scan(**dev, ids=case.ids) as step:
-        assert not ctx.take_allocation_fault()
+        assert not ctx.seams.take_allocation_fault()
         assert np.array_equal(step.run().y.numpy(), want)
     vk_engine.clear(ctx)
     gc.collect()
     pool(ctx).trim()
     before = held(ctx)
-    ctx.fail_allocations(10**6)
+    ctx.seams.fail_allocations(10**6)
     try:
         with pytest.raises(rt.OutOfDeviceMemory):
             ssm_vk.prepare_scan(**dev, ids=case.ids)
     finally:
-        ctx.fail_allocations(0)
+        ctx.seams.fail_allocations(0)
     gc.collect()
     pool(ctx).trim()
     assert held(ctx) == before and not ctx.lost

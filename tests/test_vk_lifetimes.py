@@ -85,7 +85,7 @@ LOSS = textwrap.dedent("""
                 with lock:
                     counts["contexts"].add(id(ctx))
                     counts["injected"] += 1
-                ctx.fail_next_submit(rt.DeviceLost)
+                ctx.seams.fail_next_submit(rt.DeviceLost)
 
     for _ in range(ROUNDS):
         stop = time.monotonic() + SECONDS

@@ -126,7 +126,7 @@ def test_at_the_spec_minimum_of_each_limit_a_call_runs_right_or_falls_back(limit
     value = tuple(min(v, r) for v, r in zip(value, real, strict=True)) if isinstance(value, tuple) else min(value, real)
     if limit == "max_memory_allocation_count":
         value = min(real, ctx.live_allocations.count + 6)   # fewer than a call needs, whatever the device
-    with ctx.override_limits(**{limit: value}):
+    with ctx.seams.override_limits(**{limit: value}):
         a = case.args()
         sups = [ssm_vk.supports(op, **a) for op in ("ssm_scan", "ssm_scan_back")]
         r = ssm_vk.ssm_scan(**a)

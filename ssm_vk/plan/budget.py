@@ -18,7 +18,7 @@ allocations already made within ``maxMemoryAllocationCount`` (every buffer is an
 its own). A problem beyond any falls back to the CPU, with the numbers in the reason. (Memory
 that other work holds at the time is not foreseen: a driver that then runs out raises
 OutOfDeviceMemory, after the pool has given back what it could -- see
-runtime.memory.BufferPool.acquire.)
+runtime.pool.BufferPool.acquire.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from math import prod
 
 from ssm_ref import Dims
 
-from ..runtime.memory import BufferPool
+from ..runtime.pool import BufferPool
 from . import sizes as table
 from .limits import F32, Limits, rows_in_place
 from .sequential import Plan

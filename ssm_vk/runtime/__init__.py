@@ -18,7 +18,8 @@ from .commands import Sequence, oneshot
 from .context import Context, close, current_context, get_context
 from .device import DeviceInfo, available, list_devices
 from .kernels import Kernel
-from .memory import Buffer, BufferPool
+from .memory import Buffer
+from .pool import BufferPool
 from .shaders import GlslcMissing, ShaderBuildError, compile_shader
 from .transfer import download, fill, upload
 

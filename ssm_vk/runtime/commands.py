@@ -5,6 +5,9 @@ A Sequence is a primary command buffer recorded once and submitted any number of
 its command pool, so sequences record independently on different threads; the queue submission
 itself takes ``ctx.lock``. Each submission ends with a barrier that makes the sequence's writes
 visible to later submissions and to the host.
+
+One module of over 400 lines on purpose: it is one class, the Sequence, whose recording,
+submission, waiting and timestamps share its command buffer, fence and query pool.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Iterator
 from . import binding
 from .binding import DeviceLost, VulkanTimeout
 from .checks import check_int
-from .context import Context, Slot
+from .context import Context
 from .device import CALIBRATION_STYPES, TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC
 from .kernels import Kernel
 from .memory import Buffer, fill_range
+from .owned import Slot
 
 MAX_TIMESTAMPS = 64
 
@@ -81,7 +85,7 @@ class Sequence:
             self._cmds = ffi.new("VkCommandBuffer[1]", [self._cmd])
             self._submit_info = ffi.new("VkSubmitInfo*", {
                 "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1, "pCommandBuffers": self._cmds})
-            ctx.adopt(self)
+            ctx.owned.adopt(self)
         except BaseException:
             self._release()
             raise
@@ -255,7 +259,8 @@ class Sequence:
             ctx.check_usable()  # raises
         if self.pending:
             self.wait(timeout_s)
-        fault = None if self.internal or ctx.armed_fault is None else ctx.take_fault()
+        seams = ctx.seams
+        fault = None if self.internal or seams.submit_fault is None else seams.take_submit_fault()
         if fault is DeviceLost:
             ctx.mark_lost()
             raise DeviceLost("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST (injected by fail_next_submit)", -4)
@@ -393,7 +398,7 @@ class Sequence:
         self.closed = True
         self.pending = False
         self.ctx.pending.discard(self)
-        self.ctx.forget(self)
+        self.ctx.owned.forget(self)
         self._release()
         self._release_sets()
 
@@ -444,7 +449,7 @@ def oneshot(ctx: Context) -> Iterator[Sequence]:
     """
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
-    slot = ctx.extension("oneshot", Slot)
+    slot = ctx.owned.extension("oneshot", Slot)
     with ctx.lock:
         seq = slot.obj
         if seq is None or seq.closed:

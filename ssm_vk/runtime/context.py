@@ -1,9 +1,11 @@
-"""The process's Vulkan context: instance, logical device, compute queue, lock, and what they own.
+"""The process's Vulkan context: logical device, compute queue, lock, and their lifetime.
 
 One :class:`Context` is open per process at a time; :func:`get_context` creates it lazily and
 :func:`close` (or ``atexit``) releases it. Every object of this package (buffers, kernels,
-sequences, pools) is registered with the context that made it, and ``Context.close()`` releases
-whatever is still open, newest first, before the device and the instance.
+sequences, pools) is registered with the context that made it (``ctx.owned``, owned.py), and
+``Context.close()`` releases whatever is still open, newest first, before the device. The
+instance and the validation layer's messenger are instance.py's; the test seams (``ctx.seams``)
+seams.py's.
 
 Thread safety: ``Context.lock`` (a re-entrant lock) serialises queue submission, the kernel and
 descriptor-set caches, allocation bookkeeping and the shared one-shot command sequence. A
@@ -20,14 +22,11 @@ import threading
 from dataclasses import dataclass
 
 from .. import config
-from . import binding, device
-from .binding import DeviceLost, VulkanTimeout, VulkanUnavailable
+from . import binding, device, instance
+from .binding import DeviceLost, VulkanUnavailable
 from .device import DeviceInfo
-
-VALIDATION_ENV = "SSM_VK_VALIDATION"
-VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
-DEBUG_UTILS_EXTENSION = "VK_EXT_debug_utils"
-VALIDATION_FEATURES_EXTENSION = "VK_EXT_validation_features"  # offered by the validation layer
+from .owned import Owned
+from .seams import Seams
 
 _current: Context | None = None          # the open context of this process, if any
 _current_lock = threading.Lock()         # guards _current
@@ -52,25 +51,6 @@ class Allocations:
     nbytes: int
 
 
-class Slot:
-    """One closable object a module keeps per context (``ctx.extension(name, Slot)``: the
-    reusable staging buffer, the one-shot sequence): ``obj`` (None until the module makes it),
-    closed with the context; ``clear()`` closes it early."""
-
-    def __init__(self, ctx: Context):
-        self.ctx, self.obj = ctx, None
-        ctx.adopt(self)
-
-    def clear(self) -> None:
-        if self.obj is not None:
-            self.obj.close()
-            self.obj = None
-
-    def close(self) -> None:
-        self.clear()
-        self.ctx.forget(self)
-
-
 class Context:
     """Vulkan instance + one logical device with one compute queue.
 
@@ -79,7 +59,9 @@ class Context:
     ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
     wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s), ``spin_s``
-    (how long a wait polls the fence before it blocks; ``$SSM_VK_SPIN_US``).
+    (how long a wait polls the fence before it blocks; ``$SSM_VK_SPIN_US``), ``owned``
+    (:class:`owned.Owned`: the objects made through it, its extensions), ``seams``
+    (:class:`seams.Seams`: faults and lowered limits for tests).
 
     Raises VulkanUnavailable (no loader, driver, device, Vulkan 1.1, or validation layer), ValueError (a bad
     device index), RuntimeError (another context is open), VulkanError (device creation failed).
@@ -118,21 +100,17 @@ class Context:
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
         self.info: DeviceInfo = chosen
         self._vk = vk
-        self._children: dict[int, object] = {}   # id → object with close(); insertion order = creation order
+        self.owned = Owned(self)                 # the objects made through it, its extensions; closed with it
+        self.seams = Seams(self)                 # the test seams: injected faults, lowered limits
         self._alloc_count = 0
         self._alloc_bytes = 0
-        self.armed_fault: type[Exception] | None = None   # fail_next_submit's (a test seam)
-        self._allocation_faults = 0              # memory.py test seam: allocations left to fail
         self.closures = 0                        # buffers and kernels closed so far (commands.py: a Sequence
                                                  # checks its own for closed ones when this moved)
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
-        self._extensions: dict = {}              # extension(): objects made once per context (its pool, the
-                                                 # scan engine), closed with it
         self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel
                                                  # (cached_kernel / cache_kernel)
-        self.force_staging = False               # memory.py test seam: copy through staging even when mappable
-        self.staging_chunk_bytes = 64 << 20      # memory.py: largest staging buffer (bigger copies are chunked)
+        self.staging_chunk_bytes = 64 << 20      # transfer.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None
         self.handle = None                       # the VkDevice; callers check_usable() before new work
         self.calibration: str | None = None      # the calibrated-timestamps extension enabled, if any
@@ -142,7 +120,6 @@ class Context:
         self.pipeline_stats = False
         self.pipeline_stats_missing = "" if want_stats else \
             "not asked for (set SSM_VK_PIPELINE_STATS=1 before the Vulkan context is made)"
-        self._debug_callback = None
         with _current_lock:
             if _current is not None and not _current.closed:
                 raise RuntimeError("a Vulkan context is already open in this process; "
@@ -163,11 +140,9 @@ class Context:
     def _create(self, chosen: DeviceInfo) -> None:
         vk = self._vk
         ffi = vk.ffi
-        self._instance = _process_instance(self.validation)
+        self._instance = instance.process_instance(self.validation)
         if self.validation:
-            create = vk.vkGetInstanceProcAddr(self._instance, "vkCreateDebugUtilsMessengerEXT")
-            with binding.translated("vkCreateDebugUtilsMessengerEXT"):
-                self._messenger = create(self._instance, self._messenger_info(), None)
+            self._messenger = instance.Messenger(self._instance, self.validation_messages)
         physical = device.physical_devices(self._instance)[chosen.index]
         family, _ = device.compute_queue_family(physical)
         extensions = device.device_extensions(physical)
@@ -208,28 +183,6 @@ class Context:
                              for i in range(int(mem.memoryTypeCount))]
         self.memory_heaps = [(int(mem.memoryHeaps[i].size), int(mem.memoryHeaps[i].flags))
                              for i in range(int(mem.memoryHeapCount))]
-
-    def _messenger_info(self):
-        vk = self._vk
-        messages = self.validation_messages
-
-        def on_message(severity, types, data, _user):
-            # Runs inside a Vulkan call on any thread; it must not raise (cffi would only print).
-            try:
-                level = "ERROR" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else "WARNING"
-                messages.append(f"{level}: {binding.c_string(data.pMessage)}")
-            except Exception as exc:
-                messages.append(f"ERROR: unreadable validation message ({exc})")
-            return 0
-
-        self._debug_callback = on_message  # the binding keeps one module-wide callback; we keep ours too
-        return vk.VkDebugUtilsMessengerCreateInfoEXT(
-            messageSeverity=vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
-            | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
-            messageType=vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
-            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
-            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
-            pfnUserCallback=on_message)
 
     # -- state used by the other modules ------------------------------------------------------------
 
@@ -272,33 +225,6 @@ class Context:
     def mark_lost(self) -> None:
         """Record that the device is gone: every later use raises DeviceLost; get_context() makes a new one."""
         self.lost = True
-
-    def extension(self, key: str, factory=None):
-        """The object ``factory(self)`` made the first time ``key`` is asked for on this context,
-        and the same object after (the buffer pool, the scan engine): state that lives exactly as
-        long as the context. It must register itself with :meth:`adopt` to be closed with the
-        context. Without ``factory``: the object if made, else None. Raises DeviceLost /
-        RuntimeError when the context is not usable and the object must be made."""
-        obj = self._extensions.get(key)
-        if obj is not None or factory is None:
-            return obj
-        with self.lock:
-            obj = self._extensions.get(key)
-            if obj is None:
-                self.check_usable()
-                obj = self._extensions[key] = factory(self)
-            return obj
-
-    def adopt(self, obj) -> None:
-        """Register an object with ``close()`` so that closing the context closes it."""
-        with self.lock:
-            self.check_usable()
-            self._children[id(obj)] = obj
-
-    def forget(self, obj) -> None:
-        """Undo :meth:`adopt` (the object closed itself)."""
-        with self.lock:
-            self._children.pop(id(obj), None)
 
     def track_allocation(self, nbytes: int, count: int) -> None:
         """Book ``count`` (+1 or -1) VkDeviceMemory objects of ``nbytes`` each."""
@@ -356,58 +282,6 @@ class Context:
         with self.lock:
             return Allocations(self._alloc_count, self._alloc_bytes)
 
-    # -- test seams ---------------------------------------------------------------------------------
-
-    def override_limits(self, **limits) -> _LimitOverride:
-        """Lower device limits for tests: ``ctx.override_limits(max_workgroup_count=(4, 4, 4))``.
-
-        Every check of the runtime and every caller that splits work reads ``ctx.info``, so tiny
-        limits exercise the splitting paths on any device. Returns a handle that restores the
-        previous limits on ``restore()`` or at the end of a ``with`` block. Raises ValueError for
-        an unknown limit or a value above the device's own.
-        """
-        previous = self.info
-        self.info = device.lowered(self.info, self.hardware_info, **limits)
-        return _LimitOverride(self, previous)
-
-    def fail_next_submit(self, error: type[Exception] = DeviceLost) -> None:
-        """Make the next ``Sequence.submit`` raise ``error`` (DeviceLost or VulkanTimeout).
-
-        Only the caller's own sequences count: the runtime's internal transfer sequence (staging
-        copies for upload/download on devices whose memory the host cannot map, such as a
-        discrete GPU) never takes the fault, so a test hits the same submit on lavapipe and on an
-        H200 (where it used to hit a staging copy instead).
-
-        DeviceLost is raised without submitting and marks the context lost, as a real loss would.
-        VulkanTimeout is raised after the work was submitted, as when a wait times out: the
-        sequence stays pending and a later wait completes it. Raises ValueError for another type.
-        """
-        if error not in (DeviceLost, VulkanTimeout):
-            raise ValueError(f"fail_next_submit: expected DeviceLost or VulkanTimeout, got {error!r}")
-        self.armed_fault = error
-
-    def fail_allocations(self, count: int = 1) -> None:
-        """Make the next ``count`` device-memory allocations of this context fail with
-        OutOfDeviceMemory, as a driver that ran out of memory would (0 disarms). A test seam:
-        exhausting a real device would disturb everything else on it."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"fail_allocations: count must be an int >= 0, got {count!r}")
-        with self.lock:
-            self._allocation_faults = count
-
-    def take_allocation_fault(self) -> bool:
-        """True (and one fewer armed) when the allocation about to be made must fail (memory.py)."""
-        with self.lock:
-            if self._allocation_faults <= 0:
-                return False
-            self._allocation_faults -= 1
-            return True
-
-    def take_fault(self) -> type[Exception] | None:
-        """The fault armed by :meth:`fail_next_submit`, disarming it (for commands.py)."""
-        fault, self.armed_fault = self.armed_fault, None
-        return fault
-
     # -- teardown -----------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -435,11 +309,8 @@ class Context:
                 vk.vkDeviceWaitIdle(self.handle)
             except (vk.VkError, vk.VkException):
                 self.lost = True  # nothing is running any more on a lost device; destroying is allowed
-        for child in reversed(list(self._children.values())):
-            child.close()
-        self._children.clear()
+        self.owned.close()
         self._kernels.clear()
-        self._extensions.clear()
         self._destroy_core()
         atexit.unregister(self.close)
         with _current_lock:
@@ -452,10 +323,9 @@ class Context:
             vk.vkDestroyDevice(self.handle, None)
             self.handle = None
         if self._messenger is not None:
-            destroy = vk.vkGetInstanceProcAddr(self._instance, "vkDestroyDebugUtilsMessengerEXT")
-            destroy(self._instance, self._messenger, None)
+            self._messenger.destroy()
             self._messenger = None
-        self._instance = None   # the process's, shared: destroyed at exit (_process_instance)
+        self._instance = None   # the process's, shared: destroyed at exit (instance.process_instance)
 
     def abandon(self) -> None:
         """Give the context up without a Vulkan call: in a forked child, whose process has the
@@ -475,65 +345,6 @@ class Context:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "lost" if self.lost else "open"
         return f"<Context {self.info.where} {self.info.name!r} {state}{' validation' if self.validation else ''}>"
-
-
-class _LimitOverride:
-    """Handle returned by ``Context.override_limits``: restores the limits it replaced."""
-
-    def __init__(self, ctx: Context, previous: DeviceInfo):
-        self._ctx, self._previous = ctx, previous
-
-    def restore(self) -> None:
-        self._ctx.info = self._previous
-
-    def __enter__(self) -> _LimitOverride:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
-
-
-# One VkInstance per process (per validation setting), shared by every context it makes. Seen on
-# an NVIDIA H200 (driver 580.159.04): the 31st vkCreateInstance of a process fails with
-# VK_ERROR_INCOMPATIBLE_DRIVER although every earlier instance was destroyed, while devices can be
-# made and destroyed any number of times -- so a process that replaced its context 30 times (a lost
-# device, close() and get_context()) could not use Vulkan any more.
-_instances: dict[bool, object] = {}
-_instances_lock = threading.Lock()
-
-
-def _process_instance(validation: bool):
-    """The process's VkInstance, with the validation layer (and its synchronization checks, where
-    offered) when ``validation``; made on first use, destroyed at exit."""
-    with _instances_lock:
-        inst = _instances.get(validation)
-        if inst is not None:
-            return inst
-        vk = binding.require()
-        layers, extensions, pnext = [], [], None
-        if validation:
-            layers, extensions = [VALIDATION_LAYER], [DEBUG_UTILS_EXTENSION]
-            if VALIDATION_FEATURES_EXTENSION in device.layer_extensions(VALIDATION_LAYER):
-                # Synchronization validation as well: a missing barrier is the mistake lavapipe
-                # hides best (it happens to run commands in order).
-                extensions.append(VALIDATION_FEATURES_EXTENSION)
-                pnext = vk.VkValidationFeaturesEXT(
-                    enabledValidationFeatureCount=1,
-                    pEnabledValidationFeatures=[vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT])
-        inst = _instances[validation] = device.create_instance(layers, extensions, pnext)
-        if len(_instances) == 1:
-            atexit.register(_destroy_instances)  # after every context's close (atexit runs newest first)
-        return inst
-
-
-def _destroy_instances() -> None:
-    with _instances_lock:
-        insts = list(_instances.values())
-        _instances.clear()
-    if insts:
-        vk = binding.require()
-        for inst in insts:
-            vk.vkDestroyInstance(inst, None)
 
 
 def get_context(device_index: int | str | None = None, validation: bool | None = None) -> Context:
@@ -562,12 +373,12 @@ def _after_fork_in_child() -> None:
     on a GPU its driver state): using it hung until VulkanTimeout. Abandon it -- never destroy
     what the parent still uses -- and renew the locks a parent thread may have held at the fork;
     the child's first call makes a context of its own."""
-    global _current, _current_lock, _get_lock, _instances_lock
-    _current_lock, _get_lock, _instances_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    global _current, _current_lock, _get_lock
+    _current_lock, _get_lock = threading.Lock(), threading.Lock()
     if _current is not None:
         _current.abandon()
     _current = None
-    _instances.clear()  # the parent's instances: never destroyed here
+    instance.forget_after_fork()  # the parent's instances: never destroyed here
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

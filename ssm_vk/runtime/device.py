@@ -42,7 +42,7 @@ class DeviceInfo:
 
     ``index`` is its position in the loader's enumeration (the value for ``SSM_VK_DEVICE``).
     Sizes are bytes; ``timestamp_period`` is nanoseconds per timestamp tick. A context's
-    ``info`` may carry lowered limits (see ``Context.override_limits``); the values here are
+    ``info`` may carry lowered limits (see ``Seams.override_limits``); the values here are
     what the runtime checks every request against, so callers split their work by them.
     """
 
@@ -79,7 +79,7 @@ class DeviceInfo:
         return f"Vulkan{self.index}"
 
 
-# Fields that Context.override_limits may lower; each is an int or a tuple of 3 ints.
+# Fields that Seams.override_limits may lower; each is an int or a tuple of 3 ints.
 LIMIT_FIELDS = (
     "max_shared_memory", "max_workgroup_size", "max_workgroup_invocations", "max_workgroup_count",
     "max_storage_buffer_range", "max_memory_allocation_size", "max_push_constants_size",

@@ -157,7 +157,7 @@ class Kernel:
                 self.pipeline = vk.vkCreateComputePipelines(device, None, 1, [vk.VkComputePipelineCreateInfo(
                     flags=flags, stage=stage, layout=self._layout)], None)[0]
                 ctx.stats.pipelines += 1
-            ctx.adopt(self)
+            ctx.owned.adopt(self)
         except BaseException:
             self._release()
             raise
@@ -325,7 +325,7 @@ class Kernel:
             self._dead.clear()
             self._keys_of_buffer.clear()
             self._free_sets.clear()
-            ctx.forget(self)
+            ctx.owned.forget(self)
             self._release()
 
     def _release(self) -> None:

@@ -12,9 +12,9 @@ whether it would succeed, by doing the same work):
    ``<name>-<source key>/<compiler key>.entry``. The source key hashes the variant (name, target,
    defines) with the source text and every file it ``#include``s; the compiler key hashes
    ``glslc --version``. An entry holds a header with both keys and the digest and length of the
-   SPIR-V after it, all checked on every load: a truncated, altered or misplaced (swapped) entry
-   is rebuilt with glslc, or -- without glslc -- refused with the file named. Without glslc, any
-   compiler's intact build of the same source key is taken.
+   SPIR-V after it, all checked on every load (spirv_cache.py): a truncated, altered or misplaced
+   (swapped) entry is rebuilt with glslc, or -- without glslc -- refused with the file named.
+   Without glslc, any compiler's intact build of the same source key is taken.
 3. **glslc** ``--target-env=vulkan1.1 -O`` (SPIR-V 1.3, the first with subgroup operations),
    about 0.1 s a call; its output goes into the disk cache.
 
@@ -27,29 +27,25 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import math
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
+from . import spirv_cache
+from .spirv import module_problem
 
 TARGET_ENV = "vulkan1.1"
 CACHE_ENV = "SSM_SCAN_CACHE"
 PACKAGE_GLSL = Path(__file__).resolve().parents[1] / "glsl"    # ssm_vk/glsl/, package data
 PACKAGED_SPIRV = Path(__file__).resolve().parents[1] / "spirv"  # ssm_vk/spirv/, package data
-SPIRV_MAGIC = b"\x03\x02\x23\x07"
-ENTRY_MAGIC = b"ssm-scan spirv cache entry 1\n"
 GLSLC_TIMEOUT_S = 300
-
-log = logging.getLogger("ssm_vk")
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _MACRO = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -207,7 +203,7 @@ def _packaged_index() -> dict:
     try:
         index = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        _warn_once(f"ssm_vk: the packaged SPIR-V index {path} is unreadable ({exc}); it is not used")
+        spirv_cache.warn_once(f"ssm_vk: the packaged SPIR-V index {path} is unreadable ({exc}); it is not used")
         index = {}
     if not isinstance(index, dict):
         index = {}
@@ -228,7 +224,7 @@ def _packaged(variant: str, digest: str | None) -> tuple[bytes | None, str]:
         data = path.read_bytes()
     except OSError as exc:
         return None, f"the packaged SPIR-V {path} cannot be read ({exc})"
-    why = _spirv_problem(data)
+    why = module_problem(data)
     if not why and (len(data) != entry.get("size") or _sha256(data) != entry.get("sha256")):
         why = "its length or sha256 differs from index.json"
     if why:
@@ -236,90 +232,7 @@ def _packaged(variant: str, digest: str | None) -> tuple[bytes | None, str]:
     return data, ""
 
 
-# -- the disk cache ------------------------------------------------------------------------------
-
-
-def _entry(source_key: str, compiler_key: str, spirv: bytes) -> bytes:
-    meta = {"source_key": source_key, "compiler_key": compiler_key, "size": len(spirv), "sha256": _sha256(spirv)}
-    return ENTRY_MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n" + spirv
-
-
-def _read_entry(path: Path, source_key: str, compiler_key: str | None) -> tuple[bytes | None, str]:
-    """(the SPIR-V of the cache entry at ``path``, "") when it is intact and is the build of
-    ``source_key`` (by ``compiler_key`` unless None); (None, "") when there is no such file;
-    (None, what is wrong) when the file is damaged or belongs to another variant."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None, ""
-    except OSError as exc:
-        return None, f"unreadable ({exc})"
-    if not data.startswith(ENTRY_MAGIC):
-        return None, "no entry header"
-    head, sep, spirv = data[len(ENTRY_MAGIC):].partition(b"\n")
-    try:
-        meta = json.loads(head) if sep else None
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict):
-        return None, "a damaged entry header"
-    if meta.get("source_key") != source_key or (compiler_key is not None and meta.get("compiler_key") != compiler_key):
-        return None, "the entry of another variant or compiler (a moved or swapped file)"
-    if len(spirv) != meta.get("size") or _sha256(spirv) != meta.get("sha256"):
-        return None, f"{len(spirv)} bytes whose length or sha256 differs from its header (truncated or altered)"
-    why = _spirv_problem(spirv)
-    return (None, why) if why else (spirv, "")
-
-
-def _spirv_problem(data: bytes) -> str:
-    if not data.startswith(SPIRV_MAGIC):
-        return "no SPIR-V magic number"
-    if len(data) % 4 or len(data) < 20:
-        return f"{len(data)} bytes: no whole SPIR-V module"
-    return ""
-
-
-def _damaged(path: Path, why: str) -> str:
-    """Log a damaged cache entry once, remove it (best effort), and return the reason."""
-    reason = f"the SPIR-V cache entry {path} is damaged ({why})"
-    _warn_once(f"ssm_vk: {reason}; it is not loaded")
-    try:
-        path.unlink()
-    except OSError:
-        pass
-    return reason
-
-
-def _cached_any(folder: Path, source_key: str) -> tuple[bytes | None, str]:
-    """The newest intact build of ``source_key`` in its folder by any compiler: (SPIR-V, ""),
-    (None, "") when there is none, (None, why) when only damaged entries were found."""
-    try:
-        built = sorted(folder.glob("*.entry"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-    except OSError:
-        built = []
-    problems = []
-    for path in reversed(built):
-        spirv, why = _read_entry(path, source_key, None)
-        if spirv is not None:
-            return spirv, ""
-        if why:
-            problems.append(_damaged(path, why))
-    return None, "; ".join(problems)
-
-
 # -- resolution ----------------------------------------------------------------------------------
-
-_warned: set = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(message: str) -> None:
-    with _warned_lock:
-        if message in _warned:
-            return
-        _warned.add(message)
-    log.warning("%s", message)
-
 
 def cache_folder(name: str, defines: Mapping[str, object] | None = None, *, search_path=None) -> Path:
     """The disk-cache folder of a variant (its ``.entry`` files: one per compiler that built it);
@@ -369,7 +282,7 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
         stats.packaged_hits += 1
         return packaged
     if refused:
-        _warn_once(f"ssm_vk: {refused}; it is not loaded")
+        spirv_cache.warn_once(f"ssm_vk: {refused}; it is not loaded")
     if source is None:
         raise FileNotFoundError(f"shader {name}.comp not found in {', '.join(map(str, dirs))} "
                                 f"and no {'intact ' if refused else ''}packaged SPIR-V for {variant!r}")
@@ -377,7 +290,7 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
     folder = cache_dir() / f"{name}-{source_key}"  # = cache_folder()
     glslc, compiler_key = _glslc_key()
     if glslc is None:
-        spirv, damaged = _cached_any(folder, source_key)
+        spirv, damaged = spirv_cache.newest_intact(folder, source_key)
         if spirv is not None:
             stats.disk_hits += 1
             return spirv
@@ -386,14 +299,14 @@ def _compile(name: str, defs: tuple[tuple[str, str], ...], dirs: list[Path]) -> 
                            f"exists for {variant!r} in {folder}" + (f" ({refusals})" if refusals else "")
                            + "; install glslc (Debian: apt-get install glslc)")
     path = folder / f"{compiler_key}.entry"
-    spirv, why = _read_entry(path, source_key, compiler_key)
+    spirv, why = spirv_cache.read_entry(path, source_key, compiler_key)
     if spirv is not None:
         stats.disk_hits += 1
         return spirv
     if why:
-        _damaged(path, why)
+        spirv_cache.damaged(path, why)
     spirv = _run_glslc(glslc, source, dirs, defs)
-    _store(path, _entry(source_key, compiler_key, spirv))
+    spirv_cache.store(path, spirv_cache.entry(source_key, compiler_key, spirv))
     return spirv
 
 
@@ -411,24 +324,9 @@ def _run_glslc(glslc: str, source: Path, dirs: list[Path], defs) -> bytes:
     stderr = run.stderr.decode(errors="replace")
     if run.returncode != 0:
         raise ShaderBuildError(f"glslc failed on {source} (exit {run.returncode}): {' '.join(cmd)}", stderr)
-    if _spirv_problem(run.stdout):
+    if module_problem(run.stdout):
         raise ShaderBuildError(f"glslc wrote no SPIR-V for {source}", stderr)
     return run.stdout
-
-
-def _store(path: Path, data: bytes) -> None:
-    """Write atomically (processes may share the cache); a read-only cache only costs speed."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        _warn_once(f"ssm_vk: cannot write the SPIR-V cache {path.parent}: {exc}")
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def build_all(variants: Iterable[tuple[str, Mapping[str, object] | None]], out_dir=None, *,

@@ -1,16 +1,28 @@
 """SPIR-V inspection: what a compiled module asks of the device, read from its words -- the
 workgroup size it really uses, and the bytes of workgroup (shared) memory it declares -- so that
-limits are checked before a pipeline is made."""
+limits are checked before a pipeline is made; and whether bytes are a whole module at all."""
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["check_workgroup_size", "workgroup_memory_bytes"]
+__all__ = ["SPIRV_MAGIC", "check_workgroup_size", "module_problem", "workgroup_memory_bytes"]
+
+SPIRV_MAGIC = b"\x03\x02\x23\x07"
 
 _OP_DECORATE, _OP_EXECUTION_MODE = 71, 16
 _OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE = 43, 50, 44, 51
 _DECORATION_BUILTIN, _DECORATION_SPEC_ID, _BUILTIN_WORKGROUP_SIZE, _MODE_LOCAL_SIZE = 11, 1, 25, 17
+
+
+def module_problem(data: bytes) -> str:
+    """Why ``data`` is not a whole SPIR-V module (no magic number, not whole words, shorter than
+    the header), or "" (the loaders' first check: a packaged file, a cache entry, glslc's output)."""
+    if not data.startswith(SPIRV_MAGIC):
+        return "no SPIR-V magic number"
+    if len(data) % 4 or len(data) < 20:
+        return f"{len(data)} bytes: no whole SPIR-V module"
+    return ""
 
 
 def check_workgroup_size(spirv: bytes, local_size: tuple[int, int, int], name: str = "shader") -> None:

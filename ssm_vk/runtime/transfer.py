@@ -1,6 +1,10 @@
 """Moving data between the host and device buffers: :func:`upload`, :func:`download` and
 :func:`fill`, straight through the mapping of a host-visible buffer or through a staging buffer
-and the context's one-shot command sequence (device-local memory of a discrete GPU)."""
+and the context's one-shot command sequence (device-local memory of a discrete GPU).
+
+Transfers are synchronous. They do not wait for sequences submitted with ``wait=False``: do not
+transfer into or out of a buffer that pending work uses.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ import numpy as np
 
 from .checks import check_int
 from .commands import oneshot
-from .context import Context, Slot
+from .context import Context
 from .memory import Buffer, check_range, fill_range
+from .owned import Slot
 
 __all__ = ["upload", "download", "fill", "release_staging"]
 
@@ -27,7 +32,7 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     if data.nbytes == 0:
         return
     raw = data.reshape(-1).view(np.uint8)
-    if buffer.mappable and not buffer.ctx.force_staging:
+    if buffer.mappable and not buffer.ctx.seams.force_staging:
         memoryview(buffer.mapping)[offset:offset + raw.size] = raw
         return
     _through_staging(buffer, offset, raw.size, raw, None)
@@ -55,7 +60,7 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
     if out.nbytes == 0:
         return out
     raw = out.reshape(-1).view(np.uint8)
-    if buffer.mappable and not buffer.ctx.force_staging:
+    if buffer.mappable and not buffer.ctx.seams.force_staging:
         raw[:] = np.frombuffer(buffer.mapping, np.uint8, raw.size, offset)
         return out
     _through_staging(buffer, offset, raw.size, None, raw)
@@ -83,7 +88,7 @@ def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -
 
 
 def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
-    slot = ctx.extension("staging", Slot)
+    slot = ctx.owned.extension("staging", Slot)
     staging = slot.obj
     if staging is None or staging.closed or staging.size < nbytes:
         slot.clear()
@@ -107,7 +112,7 @@ def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None)
 
 def release_staging(ctx: Context) -> None:
     """Free the context's staging buffer (it is made again on the next staged transfer)."""
-    slot = ctx.extension("staging")
+    slot = ctx.owned.extension("staging")
     if slot is not None:
         with ctx.lock:
             slot.clear()

@@ -270,7 +270,7 @@ def test_windows_of_whole_sequences_are_bit_identical_to_one_window(chunked):
     ctx = rt.get_context()
     align = ctx.info.min_storage_buffer_offset_alignment
     per_seq = max(scratch_elems(d, 16, 1, True).values())
-    with ctx.override_limits(max_storage_buffer_range=align + 2 * per_seq * 4):
+    with ctx.seams.override_limits(max_storage_buffer_range=align + 2 * per_seq * 4):
         cp = planned(case, True).chunked
         assert cp is not None and cp.Sw == 2 and [w.S for w in cp.windows] == [2, 2, 1]
         assert len(planned(case, False).chunked.windows) > 1
@@ -288,7 +288,7 @@ def test_falls_back_to_the_sequential_kernels_when_the_chunk_scratch_cannot_fit(
     d = dims_of(case)
     ctx = rt.get_context()
     small = max(scratch_elems(d, 16, 1, False).values()) * 4      # the forward's need; the backward's is larger
-    with ctx.override_limits(max_storage_buffer_range=small):
+    with ctx.seams.override_limits(max_storage_buffer_range=small):
         for backward in (False, True):
             assert config.settings().knob("CHUNK_MIN_T") == 1 and planned(case, backward).windows
         check_case(case, label="fall-back", CL=None)

@@ -157,9 +157,9 @@ def test_close_twice_then_a_new_context(ctx):
 @pytest.mark.vulkan
 def test_override_limits_restores(ctx):
     real = ctx.info
-    with ctx.override_limits(max_workgroup_count=(2, 2, 2), max_storage_buffer_range=256):
+    with ctx.seams.override_limits(max_workgroup_count=(2, 2, 2), max_storage_buffer_range=256):
         assert ctx.info.max_workgroup_count == (2, 2, 2) and ctx.info.max_storage_buffer_range == 256
         assert ctx.hardware_info is real
     assert ctx.info == real
     with pytest.raises(ValueError, match="only be lowered"):
-        ctx.override_limits(max_push_constants_size=real.max_push_constants_size + 4)
+        ctx.seams.override_limits(max_push_constants_size=real.max_push_constants_size + 4)

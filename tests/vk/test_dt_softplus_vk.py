@@ -152,7 +152,7 @@ def test_a_fallback_computes_the_form_asked_for(form):
     dev = _device(args)
     want = oracle_scan(**args, dt_softplus=form)
     wantg = oracle_back(**args, g_y=case.g_y, g_states=case.g_states, dt_softplus=form)
-    with rt.get_context().override_limits(device_local_bytes=512):
+    with rt.get_context().seams.override_limits(device_local_bytes=512):
         assert not ssm_vk.supports("ssm_scan", **args)
         for inputs in (args, dev):
             r = ssm_vk.ssm_scan(**inputs, dt_softplus=form)
@@ -183,11 +183,11 @@ def test_a_repeat_call_that_runs_out_of_device_memory_retries_in_its_own_form(mo
     held = [ssm_vk.ssm_scan(**dev, dt_softplus="log1p") for _ in range(6)]
     fwd = tuple(dev[k] for k in FLOATS)
     assert lanes.find(False, fwd, config.settings(), 1)[0] is not None  # the next call takes its lane
-    ctx.fail_allocations(2)   # the pool's own retry meets the second: the call's retry runs
+    ctx.seams.fail_allocations(2)   # the pool's own retry meets the second: the call's retry runs
     try:
         r = ssm_vk.ssm_scan(**dev, dt_softplus="log1p")
-        assert not ctx.take_allocation_fault()   # both faults were met
+        assert not ctx.seams.take_allocation_fault()   # both faults were met
     finally:
-        ctx.fail_allocations(0)
+        ctx.seams.fail_allocations(0)
     assert r.y.numpy().tobytes() == want.tobytes()
     del held

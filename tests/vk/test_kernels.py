@@ -215,7 +215,8 @@ def test_a_wait_measures_the_run_it_waited_for(ctx, glslc, data, monkeypatch):
 def test_limits_override_makes_callers_split(ctx, glslc, data):
     n, _, _, _, (bx, by, bs) = data
     k = saxpy(ctx)
-    with ctx.override_limits(max_workgroup_count=(4, 1, 1), max_storage_buffer_range=1024), rt.Sequence(ctx) as seq:
+    with (ctx.seams.override_limits(max_workgroup_count=(4, 1, 1), max_storage_buffer_range=1024),
+          rt.Sequence(ctx) as seq):
         with pytest.raises(ValueError, match="max_workgroup_count"):
             seq.dispatch(k, [(bx, 0, 1024), (by, 0, 1024), (bs, 0, 1024)], push(256, 1.0), groups=5)
         with pytest.raises(ValueError, match="max_storage_buffer_range = 1024"):
@@ -376,7 +377,7 @@ def test_device_lost_then_a_fresh_context(ctx, glslc, data):
     seq = rt.Sequence(ctx)
     seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
     seq.finish()
-    ctx.fail_next_submit(rt.DeviceLost)
+    ctx.seams.fail_next_submit(rt.DeviceLost)
     with pytest.raises(rt.DeviceLost, match="injected"):
         seq.submit()
     assert ctx.lost
@@ -400,14 +401,14 @@ def test_timeout_leaves_the_work_pending(ctx, glslc, data):
     with rt.Sequence(ctx) as seq:
         seq.dispatch(saxpy(ctx), [bx, by, bs], push(n, 1.0), groups=groups)
         seq.finish()
-        ctx.fail_next_submit(rt.VulkanTimeout)
+        ctx.seams.fail_next_submit(rt.VulkanTimeout)
         with pytest.raises(rt.VulkanTimeout):
             seq.submit()
         assert seq.pending and not ctx.lost
         seq.wait()
     np.testing.assert_allclose(rt.download(by, (n, np.float32)), x + np.float32(SCALE) * y, rtol=1e-6)
     with pytest.raises(ValueError):
-        ctx.fail_next_submit(RuntimeError)
+        ctx.seams.fail_next_submit(RuntimeError)
 
 
 class _FenceLib:

@@ -202,7 +202,7 @@ def test_other_limits_never_take_a_lane(taken):
     _check(case, d)
     ctx = rt.get_context()
     n = len(taken)
-    with ctx.override_limits(device_local_bytes=512):
+    with ctx.seams.override_limits(device_local_bytes=512):
         r = ssm_vk.ssm_scan(**d)
         assert r.where == "CPU" and r.backend != "ssm_vk"
     assert len(taken) == n  # no device call
@@ -253,7 +253,7 @@ def test_a_refused_case_is_never_laned(taken):
     d = _device(case)
     ctx = rt.get_context()
     vk_engine.current().lanes.clear()
-    with ctx.override_limits(device_local_bytes=512):
+    with ctx.seams.override_limits(device_local_bytes=512):
         for _ in range(2):
             assert ssm_vk.ssm_scan(**d).where == "CPU"
     assert not vk_engine.current().lanes and taken == []

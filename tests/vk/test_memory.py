@@ -13,9 +13,9 @@ pytestmark = pytest.mark.vulkan
 def transfer_ctx(request, ctx):
     """The context, transferring through its mapping or (forced) through a small staging buffer."""
     if request.param == "staged":
-        ctx.force_staging, ctx.staging_chunk_bytes = True, 40  # odd-sized chunks: several per transfer
+        ctx.seams.force_staging, ctx.staging_chunk_bytes = True, 40  # odd-sized chunks: several per transfer
     yield ctx
-    ctx.force_staging, ctx.staging_chunk_bytes = False, 64 << 20
+    ctx.seams.force_staging, ctx.staging_chunk_bytes = False, 64 << 20
     transfer.release_staging(ctx)
 
 
@@ -74,7 +74,7 @@ def test_allocation_above_the_limit_raises_before_allocating(ctx):
     start = ctx.live_allocations
     with pytest.raises(ValueError, match="max_memory_allocation_size"):
         rt.Buffer(ctx, ctx.info.max_memory_allocation_size + 1)
-    with ctx.override_limits(max_memory_allocation_size=1024):
+    with ctx.seams.override_limits(max_memory_allocation_size=1024):
         with pytest.raises(ValueError, match="max_memory_allocation_size = 1024"):
             rt.Buffer(ctx, 1025)
         rt.Buffer(ctx, 1024).close()
@@ -137,17 +137,17 @@ def test_pool_acquire_all_takes_what_acquire_would(ctx):
         for b in again + more:
             pool.release(b)
         # (1280 = 5 x 256: what drivers allocate for it is the size itself -- NVIDIA rounds 1000 to 1008)
-        with ctx.override_limits(max_memory_allocation_size=1280):
+        with ctx.seams.override_limits(max_memory_allocation_size=1280):
             (small,) = pool.acquire_all([1280])             # its class (1536) would exceed the limit
             assert small.size == 1280
         pool.release(small)
         # a failure gives back what was taken and raises
         before = pool.in_use
-        ctx.fail_allocations(2)  # the allocation and its retry after a trim
+        ctx.seams.fail_allocations(2)  # the allocation and its retry after a trim
         with pytest.raises(rt.OutOfDeviceMemory):
             pool.acquire_all([1000] * 5)  # four of that class are free: the fifth allocates
         assert pool.in_use == before
-        ctx.fail_allocations(0)
+        ctx.seams.fail_allocations(0)
     with pytest.raises(RuntimeError, match="closed"):
         pool.acquire_all([1000])
 
@@ -182,7 +182,7 @@ def test_pool_reserved_sets_wait_apart_until_taken_whole(ctx):
 
 def test_pool_respects_the_allocation_limit(ctx):
     # 1280 = 5 x 256 bytes: every driver's allocation for it is that size (NVIDIA rounds 1000 to 1008)
-    with ctx.override_limits(max_memory_allocation_size=1280), rt.BufferPool(ctx) as pool:
+    with ctx.seams.override_limits(max_memory_allocation_size=1280), rt.BufferPool(ctx) as pool:
         assert pool.acquire(1280).size == 1280  # its class (1536) would exceed the limit
         with pytest.raises(ValueError, match="max_memory_allocation_size"):
             pool.acquire(1281)

@@ -158,7 +158,7 @@ def test_bad_input_and_misuse_raise_clearly():
     with pytest.raises(TypeError, match=r"^prepare_scan_back: g_y must be a DeviceArray"):
         ssm_vk.prepare_scan_back(**dev, ids=case.ids, g_y=case.g_y, g_states=ssm_vk.to_device(case.g_states))
     ctx = rt.get_context()
-    with ctx.override_limits(max_storage_buffer_range=64):   # the device cannot run it: no silent CPU
+    with ctx.seams.override_limits(max_storage_buffer_range=64):   # the device cannot run it: no silent CPU
         engine.clear(ctx)
         with pytest.raises(ValueError, match="cannot run"):
             ssm_vk.prepare_scan(**dev, ids=case.ids)

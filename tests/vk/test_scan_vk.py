@@ -141,7 +141,7 @@ def test_small_storage_range_splits_into_windows(variant):
                         ids="duplicates")
     whole = check_case(case, label="whole")
     ctx = rt.get_context()
-    with ctx.override_limits(max_storage_buffer_range=2048, max_workgroup_count=(3, 65535, 65535)):
+    with ctx.seams.override_limits(max_storage_buffer_range=2048, max_workgroup_count=(3, 65535, 65535)):
         lim = Limits.of(ctx.info)
         from ssm_vk.plan import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, lim, backward=True)
@@ -160,7 +160,7 @@ def test_token_windows_read_the_cache_rows_in_place(variant):
     case = make_problem(np.random.default_rng(14), S=3, T=150, H=2, P=2, N=8, G=1, variant=variant,
                         ids="duplicates", R=2)
     ctx = rt.get_context()
-    with ctx.override_limits(max_storage_buffer_range=2048):
+    with ctx.seams.override_limits(max_storage_buffer_range=2048):
         from ssm_vk.plan import plan
         d = ssm_ref.check_forward(**case.args()).dims
         assert d.R * d.H * d.P * d.N * 4 < 2048 - 256
@@ -203,7 +203,7 @@ def test_sequence_windows():
     # A range that holds two sequences but not three: windows of whole sequences.
     case = make_problem(np.random.default_rng(12), S=5, T=4, H=2, P=2, N=8, G=1, ids="permutation")
     ctx = rt.get_context()
-    with ctx.override_limits(max_storage_buffer_range=1024):
+    with ctx.seams.override_limits(max_storage_buffer_range=1024):
         from ssm_vk.plan import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
         assert not pl.time_split and 1 < len(pl.windows) < 5

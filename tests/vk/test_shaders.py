@@ -8,6 +8,8 @@ import pytest
 
 from ssm_vk import runtime as rt
 from ssm_vk.runtime import shaders
+from ssm_vk.runtime.spirv import SPIRV_MAGIC
+from ssm_vk.runtime.spirv_cache import ENTRY_MAGIC
 
 TEST_GLSL = Path(__file__).resolve().parents[1] / "glsl"  # the test shaders
 
@@ -31,7 +33,7 @@ def test_compile_then_disk_cache_hit_needs_no_glslc(glslc, spirv_cache, glsl_dir
     t0 = time.perf_counter()
     spirv = rt.compile_shader("saxpy", {"OFFSET": 0.5}, search_path=glsl_dir)
     t1 = time.perf_counter()
-    assert spirv[:4] == shaders.SPIRV_MAGIC and _runs() == runs + 1
+    assert spirv[:4] == SPIRV_MAGIC and _runs() == runs + 1
     again = rt.compile_shader("saxpy", {"OFFSET": 0.5}, search_path=glsl_dir)
     t2 = time.perf_counter()
     assert again == spirv and _runs() == runs + 1  # served from the disk cache
@@ -57,7 +59,7 @@ def _damage(kind: str, data: bytes, other: bytes) -> bytes:
     if kind == "swapped":              # another variant's intact entry in this one's place
         return other
     if kind == "bare-spirv":           # a plain .spv of an older cache layout, renamed
-        return data[data.index(b"\n", len(shaders.ENTRY_MAGIC)) + 1:]
+        return data[data.index(b"\n", len(ENTRY_MAGIC)) + 1:]
     raise AssertionError(kind)
 
 

@@ -82,7 +82,7 @@ def test_token_windows_copy_the_states_into_the_rows():
     ctx = rt.get_context()
     case = make_problem(np.random.default_rng(9), S=2, T=40, H=2, P=2, N=8, G=1, ids="unused", R=4)
     align = ctx.info.min_storage_buffer_offset_alignment
-    with ctx.override_limits(max_storage_buffer_range=max(1024, 4 * align)):
+    with ctx.seams.override_limits(max_storage_buffer_range=max(1024, 4 * align)):
         engine.clear(ctx)
         _check(case)
 
@@ -92,7 +92,7 @@ def test_the_cpu_fallback_uploads_the_rows():
     case = make_problem(np.random.default_rng(10), S=2, T=3, H=4, P=4, N=16, G=1, ids="unused", R=4)
     dev = _dev(case)
     plain_host = ssm_vk.ssm_scan(**case.args())
-    with ctx.override_limits(max_storage_buffer_range=64):   # not even one token fits: the CPU computes it
+    with ctx.seams.override_limits(max_storage_buffer_range=64):   # not even one token fits: the CPU computes it
         engine.clear(ctx)
         assert not ssm_vk.supports("ssm_scan", **dev, ids=case.ids, update_cache=True)
         r = ssm_vk.ssm_scan(**dev, ids=case.ids, update_cache=True)
