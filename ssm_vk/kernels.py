@@ -15,7 +15,7 @@ from ssm_ref import Dims
 from . import runtime as rt
 from .config import DEFAULTS, KNOBS, Settings
 from .plan import ChunkPlan, Layout, Limits, Plan, layout_for
-from .plan.chunked import GEMM_WG, KS, MAX_PN, MODES, PASS_BATCH, PASS_BATCHES
+from .plan.chunked import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES
 from .plan.m1 import M1_SPS_TI_MIN, M1Plan, m1_plan
 from .plan.sequential import TCHUNK_BELOW, m1_forward_two_per_lane_from
 
@@ -222,7 +222,7 @@ def pass_spec(d, cp: ChunkPlan, mode: int) -> KernelSpec:
 
 
 def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
-    """The kernel of chunk_gemm mode ``mode`` under ``cp`` (chunk_gemm.comp)."""
+    """The kernel of matrix product ``mode`` under ``cp`` (glsl/chunk_gemm_<mode>.comp)."""
     RBLK, CBLK, _, _ = cp.tile(mode)
     wg, rg = cp.threads
     # defined only where not the shader's default, so the default variants keep their SPIR-V
@@ -233,7 +233,7 @@ def gemm_spec(d, cp: ChunkPlan, mode: str) -> KernelSpec:
         extra["FOLD"] = 1
     if cp.hpart(mode) > 1:     # DB, DC (1 with headloop)
         extra["HPART"] = cp.hpart(mode)
-    return chunk_spec("chunk_gemm", d, cp.CL, wg, cp.softplus, MODE=MODES[mode], RBLK=RBLK, CBLK=CBLK,
+    return chunk_spec("chunk_gemm_" + mode.lower(), d, cp.CL, wg, cp.softplus, RBLK=RBLK, CBLK=CBLK,
                       KS=cp.KS, ROWG=rg, HEADLOOP=int(cp.headloop and mode in ("DB", "DC")),
                       VEC_OUT=cp.vec_out, **extra)
 

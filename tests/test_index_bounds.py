@@ -169,31 +169,31 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
                 CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
                 CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"], SM_GH + D["NBP"])),
                 CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
-    assert spec.name == "chunk_gemm", spec.name
-    mode = D["MODE"]
-    cols = {0: CL, 1: CL, 2: ND, 3: ND, 4: PD, 5: PD, 6: ND, 7: ND}[mode]
+    assert spec.name.startswith("chunk_gemm_"), spec.name
+    mode = spec.name.removeprefix("chunk_gemm_")                # the product: glsl/chunk_gemm_<mode>.comp
+    cols = {"cb": CL, "gu": CL, "zf": ND, "zb": ND, "y": PD, "gam": PD, "db": ND, "dc": ND}[mode]
     ncbk = -(-cols // D["CBLK"])
     x, gy = CB["x"], CB["gy"]
     Bn, Cn = v["o_B"] + ST * G * ND, v["o_C"] + ST * G * ND    # B[o_B + (it*G + g)*N + n]
-    reads = {  # mode -> {binding: bound} of what its operands, staging and epilogue touch
-        0: {CB["B"]: Bn, CB["C"]: Cn, CB["cb"]: S * NCH * G * CL * CL},
-        1: {gy: v["o_gy"] + tokP, x: v["o_x"] + tokP, CB["gu"]: mat},
-        2: {x: v["o_x"] + tokP, CB["B"]: Bn, CB["hs"]: hsz},
-        3: {gy: v["o_gy"] + tokP, CB["C"]: Cn, CB["gs"]: hsz},
-        4: {CB["mcb"]: mat, x: v["o_x"] + tokP, CB["C"]: Cn, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokP},
-        5: {CB["mcb"]: mat, gy: v["o_gy"] + tokP, CB["B"]: Bn, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokP,
-            x: v["o_x"] + tokP, CB["hs"]: hsz, CB["sm"]: sm(SM_GH + ncbk)},
-        6: {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokG},
-        7: {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokG,
-            CB["C"]: Cn, CB["sm"]: sm(SM_ALPHA + ncbk)},
+    reads = {  # product -> {binding: bound} of what its operands, staging and epilogue touch
+        "cb": {CB["B"]: Bn, CB["C"]: Cn, CB["cb"]: S * NCH * G * CL * CL},
+        "gu": {gy: v["o_gy"] + tokP, x: v["o_x"] + tokP, CB["gu"]: mat},
+        "zf": {x: v["o_x"] + tokP, CB["B"]: Bn, CB["hs"]: hsz},
+        "zb": {gy: v["o_gy"] + tokP, CB["C"]: Cn, CB["gs"]: hsz},
+        "y": {CB["mcb"]: mat, x: v["o_x"] + tokP, CB["C"]: Cn, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokP},
+        "gam": {CB["mcb"]: mat, gy: v["o_gy"] + tokP, CB["B"]: Bn, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokP,
+               x: v["o_x"] + tokP, CB["hs"]: hsz, CB["sm"]: sm(SM_GH + ncbk)},
+        "db": {CB["mgu"]: mat, CB["C"]: Cn, x: v["o_x"] + tokP, CB["gs"]: hsz, CB["out"]: v["o_out"] + tokG},
+        "dc": {CB["mgu"]: mat, CB["B"]: Bn, gy: v["o_gy"] + tokP, CB["hs"]: hsz, CB["out"]: v["o_out"] + tokG,
+              CB["C"]: Cn, CB["sm"]: sm(SM_ALPHA + ncbk)},
     }[mode]
-    if mode != 0:                                              # d_t = softplus(dt), din, dout
+    if mode != "cb":                                            # d_t = softplus(dt), din, dout
         reads.update({CB["dt"]: dt, CB["dec"]: dec})
-    if mode == 5:
+    if mode == "gam":
         assert SM_GX + ncbk <= SM_BETA and SM_BETA + ncbk <= SM_ALPHA and SM_GH + ncbk <= NSM, \
             "GAM's column blocks overrun their sm slots"
         assert SM_ALPHA + 4 <= SM_GH
-    if mode == 7:
+    if mode == "dc":
         assert SM_ALPHA + ncbk <= NSM, "DC's column blocks overrun their sm slots"
     return reads
 

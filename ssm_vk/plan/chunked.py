@@ -42,8 +42,8 @@ NSM = 12           # per-token scalars of the backward (ssm_vk/glsl/chunk_common
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
-# chunk_gemm.comp modes: name -> (rows, cols) as functions of (CL, P, N)
-MODES = {"CB": 0, "GU": 1, "ZF": 2, "ZB": 3, "Y": 4, "GAM": 5, "DB": 6, "DC": 7}
+# the matrix products, each its kernel glsl/chunk_gemm_<name>.comp (ssm_vk/glsl/chunk_gemm.glsl)
+MODES = ("CB", "GU", "ZF", "ZB", "Y", "GAM", "DB", "DC")
 PER_GROUP = ("CB", "DB", "DC")   # modes with a workgroup per (sequence, chunk, group)
 
 
@@ -66,7 +66,7 @@ def gemm_threads(knobs: Settings | None = None) -> tuple[int, int]:
 
 
 def gemm_tile(mode: str, CL: int, P: int, N: int, knobs: Settings | None = None) -> tuple[int, int, int, int]:
-    """(RBLK, CBLK, NRB, NCBK) of a chunk_gemm mode: tiles of at most 64 x 128."""
+    """(RBLK, CBLK, NRB, NCBK) of a matrix product (glsl/chunk_gemm_*.comp): tiles of at most 64 x 128."""
     knobs = settings() if knobs is None else knobs
     wg, rg = gemm_threads(knobs)
     cg = wg // rg
@@ -95,7 +95,7 @@ def vec_out(knobs: Settings | None = None) -> int:
 
 
 def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
-    """Shared memory of a chunk_gemm tile, at most: its operands' slices, the head's scalars and
+    """Shared memory of a GEMM tile (glsl/chunk_gemm.glsl), at most: its operands' slices, the head's scalars and
     the row-sum table."""
     ks = max(slice_len(False, knobs), slice_len(True, knobs))
     wg, rg = gemm_threads(knobs)
@@ -110,7 +110,7 @@ VEC_IN_MODES = ("Y",)
 
 
 def vec_in(mode: str, P: int, N: int, CL: int, KS: int, knobs: Settings | None = None) -> bool:
-    """Whether a chunk_gemm mode stages its operands with 16-byte loads (knob VEC_IN, default on;
+    """Whether a matrix product stages its operands with 16-byte loads (knob VEC_IN, default on;
     VEC_IN_MODES): where P, N, the slice and the tile are multiples of 4. The shader still takes
     its float loads for a call whose inputs start off a multiple of 4 elements."""
     knobs = settings() if knobs is None else knobs
@@ -184,7 +184,7 @@ class ChunkPlan:
 
     def tile(self, mode: str) -> tuple[int, int, int, int]:
         """(RBLK, CBLK, NRB, NCBK) of GEMM mode ``mode`` (gemm_tile, resolved)."""
-        return self.tiles[MODES[mode]]
+        return self.tiles[MODES.index(mode)]
 
 
 # Windowed bindings of the caller's arrays in scratch_elems: checked against the binding range,

@@ -1,0 +1,22 @@
+#version 450
+// The backward's chunk states gs[p][n] = sum_r din_r gy_r[p] C_r[n] (P x N) of each (sequence,
+// chunk, head): segment 1 only, unmasked. The GEMM engine, its defines and what a product
+// defines: glsl/chunk_gemm.glsl.
+#define ROWS PD
+#define COLS ND
+#define K1 CL
+#define MASK 0u
+#define K2 0
+#define A1_RF true
+#define B1_CF true
+#define A1(hh, r, k) ((k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0)
+#define B1(hh, k, cc) ((k < Lc && cc < ND) ? C_of(k, cc) : 0.0)
+#define STORE1(hh, r, cc, v, sum) if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
+#define STORE4(hh, r, cc, v, sum) if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#include "chunk_gemm.glsl"
+
+void main() {
+    GEMM_BEGIN
+    GEMM_SEGMENTS
+    GEMM_EPILOGUE
+}
