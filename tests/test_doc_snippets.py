@@ -59,7 +59,8 @@ def started(request, tmp_path_factory):
     env.pop("SSM_VK_VALIDATION", None)  # as a user runs it: no validation layer
     chosen = [item.callspec.params for item in request.session.items
               if item.module is request.module and item.originalname == "test_the_python_block_runs"]
-    pool = ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0))))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    pool = ThreadPoolExecutor(max_workers=max(1, cpus or 1))
     futures = {(p["path"], p["line"]): pool.submit(run_block, p["code"], sys.executable,
                                                    tmp_path_factory.mktemp("block"), env, TIMEOUT_S)
                for p in chosen if not _missing_optional(p["code"])}
