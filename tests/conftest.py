@@ -5,12 +5,16 @@
   message it reports fails the test that caused it (every test, not only those under tests/vk:
   the backend registry runs ssm_vk everywhere). Tests marked ``vulkan`` are skipped without a
   Vulkan device, or fail when SSM_REQUIRE_VULKAN=1 (CI).
-- SPIR-V compiled during the session goes to a cache of its own, not the user's.
+- SPIR-V compiled by the tests goes to a cache of the test runs, not the user's: kept across runs
+  in pytest's cache of the checkout (or $SSM_TEST_CACHE/spirv), so a second run compiles only the
+  shaders whose source or glslc changed; one of the session's own with ``-p no:cacheprovider``.
 - Tests marked ``soak`` (long loops, huge arrays) run only when selected: ``-m soak`` or
   ``SSM_SOAK=1``; otherwise they are reported as skipped with that hint.
 """
 
 import os
+import shutil
+from pathlib import Path
 
 # Before any Vulkan context exists. On by default; a machine without the validation layer (a GPU
 # host that only has the driver) may run the suite with SSM_VK_VALIDATION=0.
@@ -60,11 +64,33 @@ def _vulkan_checked(request):
         pytest.fail("the validation layer reported:\n" + "\n".join(messages), pytrace=False)
 
 
+# Variants (folders of some 40 kB) the test runs' SPIR-V cache holds before it starts over (about
+# 100 MB): a whole run makes some 1,000; edited shaders leave their old variants behind.
+SPIRV_CACHE_CAP = 2500
+
+
+def _test_spirv_cache(config, tmp_path_factory) -> Path:
+    root = os.environ.get("SSM_TEST_CACHE")
+    if root:
+        return Path(root) / "spirv"
+    if getattr(config, "cache", None) is not None:
+        return Path(config.cache.mkdir("spirv"))
+    return tmp_path_factory.mktemp("spirv-cache")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _session_spirv_cache(tmp_path_factory):
-    """Shaders compiled by the tests go to a cache of this session, not the user's."""
+def _session_spirv_cache(request, tmp_path_factory):
+    """Shaders compiled by the tests go to the test runs' cache, not the user's. Its entries are
+    keyed by the variant's source (includes too) and glslc's version and checked on every load
+    (ssm_vk.runtime.shaders), so a cached entry is what glslc would write now; tests of the cache
+    itself use caches of their own (tests/vk/conftest.py, spirv_cache)."""
+    cache = _test_spirv_cache(request.config, tmp_path_factory)
+    cache.mkdir(parents=True, exist_ok=True)
+    if sum(1 for _ in cache.iterdir()) > SPIRV_CACHE_CAP:
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir(parents=True, exist_ok=True)
     saved = os.environ.get("SSM_SCAN_CACHE")
-    os.environ["SSM_SCAN_CACHE"] = str(tmp_path_factory.mktemp("spirv-cache"))
+    os.environ["SSM_SCAN_CACHE"] = str(cache)
     yield
     if saved is None:
         os.environ.pop("SSM_SCAN_CACHE", None)

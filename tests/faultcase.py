@@ -1,5 +1,5 @@
-"""The problem, calls and bookkeeping the Vulkan fault tests share (test_vk_faults.py,
-test_vk_environment.py)."""
+"""The problem, calls and bookkeeping the Vulkan fault tests share (tests/vk/test_vk_faults.py,
+tests/vk/test_vk_environment.py)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,18 @@ def assert_one_line_error(p: subprocess.CompletedProcess, *fragments: str) -> No
         assert f in lines[0], lines[0]
 
 
+@pytest.fixture(scope="module")
+def slow_runs(tmp_path_factory):
+    """The two commands that compile the most shader variants (info's support table, build-shaders),
+    started together at the first test that needs either, each in its own process and folder:
+    name -> (future of its CompletedProcess, its folder)."""
+    info, built = tmp_path_factory.mktemp("info"), tmp_path_factory.mktemp("build-shaders")
+    build = ["build-shaders", "--out", built, "--n", "16"] + (["--chunked-n", "16", "--p", "64"] if VULKAN else [])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {"info": (pool.submit(ssm_scan, "info", "--json", info / "info.json"), info),
+               "build-shaders": (pool.submit(ssm_scan, *build), built)}
+
+
 def test_the_console_script_is_this_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"ssm-scan": "ssm_cli.main:main"}
@@ -65,9 +78,9 @@ def test_help_works_for_every_command(command):
             assert name in p.stdout
 
 
-def test_info_reports_versions_backends_devices_and_placement(tmp_path):
-    out = tmp_path / "info.json"
-    p = ssm_scan("info", "--json", out)
+def test_info_reports_versions_backends_devices_and_placement(slow_runs):
+    run, folder = slow_runs["info"]
+    p, out = run.result(), folder / "info.json"
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""  # quiet by default
     text = p.stdout
@@ -333,9 +346,10 @@ def test_bench_json_on_stdout_is_only_json():
     assert [(r["backend"], r["op"]) for r in rows] == [("ssm_ref", "fwd")]
 
 
-def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
+def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
+    run, tmp_path = slow_runs["build-shaders"]
+    p = run.result()
     if not VULKAN:
-        p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16")
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
@@ -344,7 +358,6 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
 
-    p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16", "--chunked-n", "16", "--p", "64")
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())
     assert p.stdout.startswith(f"wrote {len(index)} SPIR-V variants")

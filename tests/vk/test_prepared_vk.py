@@ -17,13 +17,15 @@ from ssm_fast.oracle64 import scan64
 from ssm_vk import config, engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
+from ssm_vk.plan import Limits, plan
 
 pytestmark = pytest.mark.vulkan
 
 FAMILIES = {   # name: (problem, planner settings that put it on that family)
     "decode": (dict(S=3, T=1, H=4, P=5, N=16, G=2, ids="unused", R=7), {}),
     "sequential": (dict(S=2, T=9, H=3, P=4, N=8, G=1, ids="permutation"), {}),
-    "chunked": (dict(S=2, T=128, H=2, P=8, N=16, G=1, ids="identity"), {"CHUNK_MIN_T": 0}),
+    # (P and N of tests/vk/test_chunked_vk.py: its chunk kernels, compiled once in a session)
+    "chunked": (dict(S=2, T=128, H=4, P=3, N=5, G=2, ids="identity"), {"CHUNK_MIN_T": 0}),
     "time-chunks": (dict(S=2, T=64, H=3, P=1, N=16, G=1, variant="mamba1", ids="identity"), {"TCHUNK": 16, "M1": 0}),
     "m1-threads": (dict(S=1, T=48, H=64, P=1, N=16, G=1, variant="mamba1", ids="identity"), {"M1": 1}),
 }
@@ -47,6 +49,10 @@ def test_runs_give_the_ordinary_calls_bits_on_the_inputs_as_they_are_then(family
     case, tune = _case(family)
     rng = np.random.default_rng(1)
     with config.configure(tune=tune):
+        if family == "chunked":
+            for backward in (False, True):
+                lim = Limits.of(rt.get_context().info)
+                assert plan(ssm_ref.check_forward(**case.args()).dims, lim, backward).chunked is not None, backward
         dev = _dev(case)
         with ssm_vk.prepare_scan(**dev, ids=case.ids) as fwd:
             for step in range(3):

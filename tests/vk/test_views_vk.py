@@ -9,11 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ssm_ref
 import ssm_vk
 from ssm_ref import GRAD_NAMES
 from ssm_ref.testing.cases import make_problem
 from ssm_vk import config
 from ssm_vk import runtime as rt
+from ssm_vk.plan import Limits, plan
 
 pytestmark = pytest.mark.vulkan
 
@@ -31,7 +33,8 @@ def viewed(a: np.ndarray, pad: int):
 KINDS = {   # name: (case arguments, knobs)
     "token by token": (dict(S=2, T=9, H=4, P=2, N=5, G=2, variant="mamba1"), {"TCHUNK": 0, "M1": 0}),
     "time chunks": (dict(S=2, T=48, H=4, P=1, N=16, G=1, variant="mamba1"), {"TCHUNK": 12, "CHUNK": 0, "M1": 0}),
-    "chunked": (dict(S=2, T=80, H=2, P=4, N=8, G=1, variant="mamba2"), {"CHUNK": 16, "CHUNK_MIN_T": 0}),
+    # (P and N of tests/vk/test_chunked_vk.py: its chunk kernels, compiled once in a session)
+    "chunked": (dict(S=2, T=80, H=4, P=3, N=5, G=2, variant="mamba2"), {"CHUNK": 16, "CHUNK_MIN_T": 0}),
     "time in threads": (dict(S=2, T=70, P=1, N=16, G=1, variant="mamba1"), {"M1": 1, "M1_FTI": 8, "M1_NW": 2}),
 }
 
@@ -46,6 +49,10 @@ def test_inputs_viewed_at_any_offset_give_the_same_bits(kind, pad):
     args = {k: v for k, v in case.args().items()}
     grads = {"g_y": case.g_y, "g_states": case.g_states}
     with config.configure(tune=tune):
+        if kind == "chunked":
+            for backward in (False, True):
+                lim = Limits.of(rt.get_context().info)
+                assert plan(ssm_ref.check_forward(**case.args()).dims, lim, backward).chunked is not None, backward
         own = {k: (v if k == "ids" else ssm_vk.to_device(v)) for k, v in args.items()}
         want_f = ssm_vk.ssm_scan(**own)
         want_b = ssm_vk.ssm_scan_back(**own, **{k: ssm_vk.to_device(v) for k, v in grads.items()})

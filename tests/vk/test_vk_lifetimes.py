@@ -110,13 +110,35 @@ LOSS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("run", range(2))   # (each run a storm of its own: other interleavings)
-def test_device_loss_under_eight_threads_neither_crashes_nor_hangs(run):
+@pytest.fixture(scope="module")
+def storms(request):
+    """The selected runs' processes, started together (each storm is timed, not counted: two at
+    once take the time of one): run -> Popen."""
+    test = test_device_loss_under_eight_threads_neither_crashes_nor_hangs.__name__
+    runs = [item.callspec.params["run"] for item in request.session.items
+            if item.module is request.module and item.originalname == test]
     code = LOSS.format(tests=str(REPO / "tests"), rounds=5, seconds=1.5)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False,
-                       env=child_env(SSM_VK_VALIDATION="0", SSM_VK_TIMEOUT_S="30"))
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-6000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    started = {run: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=child_env(SSM_VK_VALIDATION="0", SSM_VK_TIMEOUT_S="30"))
+               for run in runs}
+    yield started
+    for p in started.values():   # (a test stopped early: no storm outlives the module)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("run", range(2))   # (each run a storm of its own: other interleavings)
+def test_device_loss_under_eight_threads_neither_crashes_nor_hangs(run, storms):
+    p = storms[run]
+    try:
+        stdout, stderr = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+        pytest.fail(f"the storm ran past 600 s\n{stdout[-2000:]}\n{stderr[-6000:]}")
+    assert p.returncode == 0, f"exit {p.returncode}\n{stdout[-2000:]}\n{stderr[-6000:]}"
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert out["errors"] == [], out["errors"]
     assert out["injected"] >= 5 and out["lost"] >= 1 and out["ok"] > out["injected"], out
     assert out["contexts"] >= 2, out  # losses were replaced by new contexts, and calls went on
