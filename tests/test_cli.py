@@ -339,10 +339,10 @@ def test_build_shaders_writes_what_the_runtime_looks_up(tmp_path):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk import kernels as specs
-    from ssm_vk.plan import plan
+    from ssm_vk.families import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
+    from ssm_vk.sequential import kernels as specs
 
     p = ssm_scan("build-shaders", "--out", tmp_path, "--n", "16", "--chunked-n", "16", "--p", "64")
     assert p.returncode == 0, p.stderr
