@@ -1,9 +1,10 @@
-"""The kernels' host-side table, what every family shares: a kernel's spec (GLSL file, defines,
-bindings, push-constant layout -- the same order and names as the PC blocks of its shader),
-packing push constants, getting a spec's kernel from a context, and the specs of the shared
-kernels (ssm_vk/glsl/: the carry over time chunks, the fixed-order reductions, the d_s row
-additions). Each family's own specs are in its folder (``ssm_vk/<family>/kernels.py``); the
-list of what a plan dispatches and the packaged matrix are composed in ssm_vk.families.
+"""The kernels' host-side table, what every family shares, in pure Python: a kernel's spec (GLSL
+file, defines, bindings, push-constant layout -- the same order and names as the PC blocks of its
+shader), packing push constants, and the specs of the shared kernels (ssm_vk/glsl/: the carry
+over time chunks, the fixed-order reductions, the d_s row additions). Each family's own specs are
+in its folder (``ssm_vk/<family>/kernels.py``); the list of what a plan dispatches and the
+packaged matrix are composed in ssm_vk.families; a context's kernel of a spec is made by
+record.common.kernel.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from dataclasses import dataclass
 
 from ssm_ref import Dims
 
-from . import runtime as rt
-
-__all__ = ["KernelSpec", "carry_spec", "reduce_spec", "rows_spec", "pack_push", "kernel", "kernel_cached",
-           "defines_of", "softplus_constants", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "FLAT_WG", "SOFTPLUS"]
+__all__ = ["KernelSpec", "carry_spec", "reduce_spec", "rows_spec", "pack_push", "defines_of",
+           "softplus_constants", "CARRY_PUSH", "RED_PUSH", "ROWS_PUSH", "FLAT_WG", "SOFTPLUS"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 CARRY_PUSH = ("S", "H", "P", "N", "NCH", "gx", "gather", "o_s", "o_ids", "o_st")
@@ -88,19 +87,3 @@ def pack_push(fields: tuple, values: dict) -> bytes:
         if not 0 <= v < 2**32:
             raise OverflowError(f"push constant {f} = {v} does not fit in uint32")
     return struct.pack(f"<{len(vals)}I", *vals)
-
-
-# -- kernels of a context, by spec ---------------------------------------------------------------
-
-def _kernel_args(spec: KernelSpec) -> dict:
-    return dict(bindings=spec.n_bindings, push_size=spec.push_size, local_size=(spec.wg, 1, 1),
-                spec=spec.constants, defines=dict(spec.defines))
-
-
-def kernel_cached(ctx, spec: KernelSpec) -> bool:
-    """Whether ``ctx`` holds the kernel of ``spec`` already."""
-    return rt.Kernel.cached(ctx, spec.name, **_kernel_args(spec)) is not None
-
-
-def kernel(ctx, spec: KernelSpec) -> rt.Kernel:
-    return rt.Kernel.get(ctx, spec.name, **_kernel_args(spec))
