@@ -2,10 +2,10 @@
 
 ssm_vk picks a token-sequential kernel variant (glsl file + defines) per problem from the device's
 subgroup size and operations, its shared memory and workgroup limits, d_state N and the Mamba
-variant (ssm_vk/plan/, ssm_vk/kernels.py); head count, head_dim, T and S only change push
+variant (ssm_vk/sequential/: plan.py, kernels.py); head count, head_dim, T and S only change push
 constants and grids, and N enters only through how many lanes share a state row and how many
 values each lane holds, so every N from 1 to 256 takes a few hundred variants in all. The chunked
-Mamba-2 kernels (ssm_vk/plan/chunked.py) are compiled per head_dim P, d_state N and chunk length
+Mamba-2 kernels (ssm_vk/chunked/plan.py) are compiled per head_dim P, d_state N and chunk length
 (32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
 ``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
 instead (the support decision says so). ``ssm_vk.runtime.shaders`` looks the variants up in
@@ -85,11 +85,11 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 
 
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
-    """Every (shader, defines) of the packaged matrix: ssm_vk.kernels.matrix under the knobs set
+    """Every (shader, defines) of the packaged matrix: ssm_vk.families.matrix under the knobs set
     now (none, for a wheel)."""
-    from ssm_vk import config, kernels
+    from ssm_vk import config, families
 
-    return kernels.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
+    return families.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
 
 
 def n_list(text: str, what: str) -> list[int]:

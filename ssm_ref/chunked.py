@@ -1,5 +1,5 @@
 """The chunked (matrix) form of the Mamba-2 scan and its backward: the executable spec of the
-chunked Vulkan kernels (ssm_vk/glsl/chunk_*.comp, docs/KERNELS.md "Chunked kernels").
+chunked Vulkan kernels (ssm_vk/chunked/glsl/chunk_*.comp, docs/KERNELS.md "Chunked kernels").
 
 Glossary: N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · L chunk length.
 Mamba-2 only (A of shape (H,) or (H, 1)): the decay is one scalar per token and head, so a chunk's

@@ -1,4 +1,5 @@
-"""ssm_vk: the selective scan and its backward as Vulkan compute shaders (ssm_vk/glsl/), driven from
+"""ssm_vk: the selective scan and its backward as Vulkan compute shaders (ssm_vk/glsl/ and each kernel
+family's ssm_vk/<family>/glsl/), driven from
 Python through the ``vulkan`` binding.
 
 Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``), plus

@@ -3,7 +3,7 @@ any allocation, by the same functions the call then uses, so that ``supports()``
 cannot disagree.
 
 A call runs on the device when a plan fits the device's limits (ssm_vk.plan), every buffer fits
-its memory and allocation count (plan.budget), and every kernel of the plan can be had and taken
+its memory and allocation count (ssm_vk.budget), and every kernel of the plan can be had and taken
 by the device: its SPIR-V is packaged, cached or compiled now (runtime.shaders), and its
 bindings, push constants, workgroup size and shared memory (read from the SPIR-V itself) are
 within the device's limits. When only the chunked Mamba-2 kernels or the Mamba-1 kernels with
@@ -17,11 +17,14 @@ from dataclasses import replace
 
 from ssm_ref import Support
 
+from . import budget
 from . import kernels as specs
 from .config import Settings
-from .plan import Limits, Plan, TooLarge, budget, plan
+from .families import CHUNKED, M1, kernels_needed, plan
+from .plan import Limits, TooLarge
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
+from .sequential.plan import Plan
 
 __all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem"]
 
@@ -67,19 +70,19 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
 def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
                     softplus: int = 0) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
-    in threads that plan.plan picked for the shape -- their SPIR-V cannot be had here, or the
+    in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
     device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
     the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
     ``softplus``: the step's form (kernels.SOFTPLUS). Raises TooLarge when no plan fits."""
     pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked)
     if pl.m1 is not None:
-        why = kernels_problem(lim, specs.m1_kernels(d, pl.m1, backward, softplus))
+        why = kernels_problem(lim, M1.kernels(d, pl, backward))
         if why:   # the plan the shape would have without them (time chunks, or token by token)
             return plan(d, lim, backward, knobs, softplus, time_chunks=chunked, m1=False), why
         return pl, ""
     if pl.chunked is None:
         return pl, ""
-    why = kernels_problem(lim, specs.chunk_kernels(d, pl.chunked, backward)) if chunked else ""
+    why = kernels_problem(lim, CHUNKED.kernels(d, pl, backward)) if chunked else ""
     if not chunked or why:
         pl = replace(pl, chunked=None)
     return pl, why
@@ -138,7 +141,7 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     why = budget.check(ctx.info, sizes, ctx.live_allocations.count)
     if why:   # (the allocations already made change: that refusal is decided anew)
         return Support(False, why), "maxMemoryAllocationCount" not in why, None
-    why = kernels_problem(lim, specs.kernels_needed(p.dims, pl, backward))
+    why = kernels_problem(lim, kernels_needed(p.dims, pl, backward))
     if why:
         return Support(False, why), False, None
     planned = Planned(pl, p.dims, lim, backward, knobs, softplus)

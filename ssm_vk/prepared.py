@@ -24,7 +24,7 @@ from . import config, run
 from . import runtime as rt
 from .api import NAME, decision, form_code
 from .arrays import DeviceArray, check_live, pool
-from .record import scatters_in_place
+from .families import scatters_in_place
 from .validate import check_backward, check_forward, frozen_result
 from .workspace import Workspace, release_all
 

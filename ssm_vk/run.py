@@ -4,7 +4,8 @@ that held inf or nan; the forward's tables taken by its backward.
 
 A call goes: look up the Workspace of its shape in the context's Engine -> upload host inputs
 into the workspace's buffers (device-resident inputs are bound in place) -> find the Sequence
-recorded for exactly these buffers, or record it (ssm_vk.record) -> submit and wait -> download
+recorded for exactly these buffers, or record it (its family's recording: ssm_vk.families) -> submit and
+wait -> download
 (host calls) or hand out DeviceArrays.
 
 Replay is what makes small calls cheap: a training loop that passes the same shapes each step
@@ -23,7 +24,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
 from .decision import Planned
 from .engine import Engine
-from .record import record_backward, record_forward, scatters_in_place
+from .families import record_backward, record_forward, scatters_in_place
 from .record.common import put_rows
 from .workspace import Workspace, release_all
 

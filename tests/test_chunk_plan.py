@@ -1,4 +1,4 @@
-"""ssm_vk/plan/chunked.py without a device: when the chunked (matrix-form) kernels take a shape, why
+"""ssm_vk/chunked/plan.py without a device: when the chunked (matrix-form) kernels take a shape, why
 they do not, the chunk length the knobs pick, and the windows of whole sequences that keep every
 binding, the scratch budget and every grid inside fake device limits."""
 
@@ -11,11 +11,10 @@ from dataclasses import replace
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import config
-from ssm_vk import plan as vplan
+from ssm_vk import config, families
+from ssm_vk.chunked import plan as cpm
+from ssm_vk.chunked.plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 from ssm_vk.plan import Limits, Window
-from ssm_vk.plan import chunked as cpm
-from ssm_vk.plan.chunked import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 
 F32 = 4
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -63,7 +62,7 @@ def cap_elems(lim: Limits) -> int:
 
 
 def groups(d: Dims, CL: int, Sw: int) -> list[int]:
-    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/record/chunked.py)."""
+    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/chunked/record.py)."""
     NCH = -(-d.T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]     # decay / finish, the pass
     for m in MODES:
@@ -110,7 +109,7 @@ def test_why_not_names_the_reason(d, lim, reason, knobs):
     knobs.update(CHUNK=16, CHUNK_MIN_T=1)
     assert chunk_plan(d, lim, backward=True) is None
     if d.T and not d.P == 0:
-        pl = vplan.plan(d, lim, backward=True)
+        pl = families.plan(d, lim, backward=True)
         assert pl.chunked is None and pl.windows
 
 
@@ -155,7 +154,7 @@ def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
 def test_chunk_zero_disables(knobs):
     knobs.update(CHUNK=0, CHUNK_MIN_T=1)
     assert chunk_plan(dims(T=4096), BIG, backward=True) is None
-    assert vplan.plan(dims(T=4096), BIG, backward=True).chunked is None
+    assert families.plan(dims(T=4096), BIG, backward=True).chunked is None
 
 
 @pytest.mark.parametrize("CL", [16, 32, 64])
@@ -267,7 +266,7 @@ def test_none_when_one_sequence_does_not_fit(knobs, backward):
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32 - F32)
     assert chunk_plan(d, lim, backward) is None
     # the token-sequential plan still takes it (windows of its own)
-    pl = vplan.plan(d, lim, backward)
+    pl = families.plan(d, lim, backward)
     assert pl.chunked is None and pl.windows
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
     assert chunk_plan(d, lim, backward).Sw == 1
@@ -290,6 +289,6 @@ def test_gemm_tiles_cover_every_matrix(CL):
                 if mode in ("Y", "GAM", "DB", "DC"):
                     assert NRB == 1             # a whole chunk per tile: the row sums of GAM / DC
                 if mode == "GAM":
-                    assert NCB <= 2             # ssm_vk/glsl/chunk_common.glsl: two column-block slots of P
+                    assert NCB <= 2             # ssm_vk/chunked/glsl/chunk_common.glsl: two column-block slots of P
                 if mode == "DC":
                     assert NCB <= 4             # and four of N (DC's column blocks are 64 wide)

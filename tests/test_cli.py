@@ -353,10 +353,10 @@ def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk import kernels as specs
-    from ssm_vk.plan import plan
+    from ssm_vk.families import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
+    from ssm_vk.sequential import kernels as specs
 
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())

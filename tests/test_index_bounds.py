@@ -1,13 +1,13 @@
 """No index in a shader overflows uint32 or leaves its binding, for any problem ssm_vk accepts.
 
-The shaders index with uint32 *relative to each window's binding* (ssm_vk/glsl/*.comp). This test
-records the real command sequences (ssm_vk.record, with the real planner and bindings) for a grid
+The shaders index with uint32 *relative to each window's binding* (ssm_vk/*/glsl/*.comp). This test
+records the real command sequences (the families' recordings, with the real planner and bindings) for a grid
 of huge problems under H200 and lavapipe limits -- without a device: a fake sequence collects every
 dispatch -- and evaluates, for every dispatch and every binding, the largest index a live
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
 largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
-(ssm_vk/glsl/chunk_*.comp, ssm_vk/record/chunked.py), which the default knobs pick for Mamba-2 from 256
+(ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py), which the default knobs pick for Mamba-2 from 256
 tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
@@ -26,10 +26,19 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
+from ssm_vk import budget, families, workspace
 from ssm_vk import kernels as specs
-from ssm_vk import record, workspace
-from ssm_vk.plan import Limits, TooLarge, budget, plan
+from ssm_vk.chunked import kernels as chunked_specs
+from ssm_vk.chunked import record as chunked_record
+from ssm_vk.families import plan
+from ssm_vk.m1 import kernels as m1_specs
+from ssm_vk.m1 import record as m1_record
+from ssm_vk.plan import Limits, TooLarge
 from ssm_vk.plan.sizes import output_shapes
+from ssm_vk.record import common as record_common
+from ssm_vk.sequential import kernels as sequential_specs
+from ssm_vk.sequential import record as sequential_record
+from ssm_vk.sequential import time_chunks
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -112,7 +121,7 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    for module in (record.common, record.sequential, record.chunked, record.time_chunks, record.m1):
+    for module in (record_common, sequential_record, chunked_record, time_chunks, m1_record):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
@@ -122,26 +131,27 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
              "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
     bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
     seq = FakeSequence()
-    (record.record_backward if backward else record.record_forward)(seq, ws, p, bufs)
+    (families.record_backward if backward else families.record_forward)(seq, ws, p, bufs)
     return seq.dispatches
 
 
 def _push(spec, push: bytes) -> dict:
-    fields = {"ssm_scan": specs.FWD_PUSH, "ssm_decode": specs.FWD_PUSH, "ssm_scan_back": specs.BWD_PUSH,
+    fields = {"ssm_scan": sequential_specs.FWD_PUSH, "ssm_decode": sequential_specs.FWD_PUSH,
+              "ssm_scan_back": sequential_specs.BWD_PUSH,
               "ssm_scan_reduce": specs.RED_PUSH,
-              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH, "m1_scan": specs.M1_PUSH,
-              "m1_scan_back": specs.M1_BACK_PUSH}.get(
-                  spec.name, specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
+              "rows": specs.ROWS_PUSH, "ssm_scan_carry": specs.CARRY_PUSH, "m1_scan": m1_specs.M1_PUSH,
+              "m1_scan_back": m1_specs.M1_BACK_PUSH}.get(
+                  spec.name, chunked_specs.CHUNK_PUSH if spec.name.startswith("chunk_") else None)
     return dict(zip(fields, struct.unpack(f"<{len(fields)}I", push), strict=True))
 
 
-# ssm_vk/glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
-CB = {name: k for k, name in enumerate(specs.CHUNK_BINDINGS)}
+# ssm_vk/chunked/glsl/chunk_common.glsl: the binding table of every chunked kernel, and the slots of sm.
+CB = {name: k for k, name in enumerate(chunked_specs.CHUNK_BINDINGS)}
 NSM, SM_W, SM_GX, SM_BETA, SM_ALPHA, SM_GH = 12, 0, 1, 3, 5, 9
 
 
 def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
-    """The chunked kernels' bindings -> largest index + 1 (ssm_vk/glsl/chunk_*.comp). Token indices are
+    """The chunked kernels' bindings -> largest index + 1 (ssm_vk/chunked/glsl/chunk_*.comp). Token indices are
     tok(i, c, t) = i*T + c*CL + t < S*T (loads clamp t to the chunk's last token), head matrices
     head_mat(i, c, h) < S*NCH*H, group matrices < S*NCH*G."""
     S, T, H, G, NCH = v["S"], v["T"], v["H"], v["G"], v["NCH"]
@@ -199,7 +209,7 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
 
 
 def _m1_bounds(spec, v: dict, D: dict, bindings) -> dict[int, int]:
-    """The Mamba-1 kernels with time in threads (ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp): token
+    """The Mamba-1 kernels with time in threads (ssm_vk/m1/glsl/m1_scan.comp, m1_scan_back.comp): token
     arrays [o + (it*H + h)] and [o + (it*G + g)*N + n] for tokens it < S*T (a slice past T reads
     nothing), per-chunk tables [((i*NCH + c)*H + h)*N + n], the slices' table
     [((wg*NW + slice)*(N + 1) + n)*RW + lane] for the S*NCH*NRB workgroups (MODE 0 and 1; the one

@@ -1,4 +1,4 @@
-"""The packaged SPIR-V matrix (ssm_vk.kernels.matrix, what ``ssm-scan build-shaders`` puts into a
+"""The packaged SPIR-V matrix (ssm_vk.families.matrix, what ``ssm-scan build-shaders`` puts into a
 wheel) holds every token-sequential kernel a plan dispatches, for the d_state values it was built
 for: a wheel without glslc must run every such shape on the GPU, not refuse it. Pure Python: the
 plans of many shapes on the H200's and lavapipe's limits against the matrix's specs."""
@@ -10,7 +10,9 @@ import itertools
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import config, kernels, plan
+from ssm_vk import config, families
+from ssm_vk.chunked.kernels import chunk_kernels
+from ssm_vk.m1.kernels import M1_PACKAGED_N, m1_kernels
 from ssm_vk.plan import Limits
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -30,7 +32,7 @@ N_VALUES = [1, 5, 16, 64, 128]
 @pytest.mark.parametrize("device", PROFILES)
 def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
     lim = PROFILES[device]
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], N_VALUES,
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], N_VALUES,
                                                                                 knobs=config.DEFAULTS)}
     seen = 0
     shapes = itertools.product((1, 3), (1, 2, 64, 2048), ((8, 1, 1), (1536, 1, 1), (20, 1, 1), (2, 4, 1),
@@ -38,11 +40,11 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
                                N_VALUES, (False, True), (False, True))
     for S, T, (H, P, G), N, mamba1, backward in shapes:
         d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
-        pl = plan.plan(d, lim, backward, config.DEFAULTS)
-        for spec in kernels.kernels_needed(d, pl, backward):
+        pl = families.plan(d, lim, backward, config.DEFAULTS)
+        for spec in families.kernels_needed(d, pl, backward):
             if spec.name.startswith("chunk_"):
                 continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
-            if spec.name.startswith("m1_") and N not in kernels.M1_PACKAGED_N:
+            if spec.name.startswith("m1_") and N not in M1_PACKAGED_N:
                 continue     # Mamba-1's time-in-threads kernels: N = 16 only (the others fall back; test_m1_vk)
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
@@ -52,14 +54,14 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
 
 def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():
     lim = PROFILES["h200"]
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], N_VALUES,
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], N_VALUES,
                                                                                 knobs=config.DEFAULTS)}
     seen = set()
     for S, T, H, backward in itertools.product((1, 8), (2, 64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
-        pl = plan.plan(d, lim, backward, config.DEFAULTS)
+        pl = families.plan(d, lim, backward, config.DEFAULTS)
         assert pl.m1 is not None
-        for spec in kernels.kernels_needed(d, pl, backward):
+        for spec in families.kernels_needed(d, pl, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (d, backward, spec)
             seen.add(spec.name)
@@ -75,8 +77,8 @@ def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
     # (T = 512 with one sequence: the forward's subgroups take two slices each)
     for S, T, H, backward in itertools.product((1, 8), (64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
-        pl = plan.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
-        for spec in kernels.m1_kernels(d, pl.m1, backward):
+        pl = families.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
+        for spec in m1_kernels(d, pl.m1, backward):
             assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, backward, spec)
 
 
@@ -85,18 +87,18 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
     # wheel is built for: one head per group or several (the d_B / d_C products over the chunk's
     # own tokens then once per group), per head or per group
     device, lim = "h200", PROFILES["h200"]
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in kernels.matrix([lim], [16, 128], (16, 64), [16, 128],
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], [16, 128], (16, 64), [16, 128],
                                                                                 knobs=config.DEFAULTS)}
     seen, folds = 0, set()
     for (S, T), (H, G), (P, N), backward in itertools.product(((1, 256), (8, 2048), (1, 16384)),
                                                               ((24, 1), (8, 8), (12, 4)), ((64, 128), (16, 16)),
                                                               (False, True)):
         d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=False, a_shape=(H,))
-        pl = plan.plan(d, lim, backward, config.DEFAULTS)
+        pl = families.plan(d, lim, backward, config.DEFAULTS)
         if pl.chunked is None:
             continue
         folds.add((pl.chunked.fold, pl.chunked.headloop) if backward else None)
-        for spec in kernels.chunk_kernels(d, pl.chunked, backward):
+        for spec in chunk_kernels(d, pl.chunked, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
             seen += 1

@@ -1,17 +1,18 @@
 """Nothing after planning reads a knob, read from the code (no module is run).
 
-The planner (ssm_vk/plan/) reads the knobs (ssm_vk.config) once, when the support decision plans a
-shape, and resolves into the plan what its kernels and their recording need of them (for the
-chunked kernels: ChunkPlan's GEMM tiles and threads, 16-byte loads and stores, the pass's batch).
+The planner (each family's plan.py, combined by ssm_vk.families.plan) reads the knobs
+(ssm_vk.config) once, when the support decision plans a shape, and resolves into the plan what
+its kernels and their recording need of them (for the chunked kernels: ChunkPlan's GEMM tiles and
+threads, 16-byte loads and stores, the pass's batch).
 Held here, for the kernel table, the decision and every module that runs a call:
 
 1. no ``<anything>.knob(...)`` call (Settings.knob, the one way a knob is read);
-2. no use of the plan-time resolvers of ssm_vk.plan.chunked (gemm_tile, gemm_threads, vec_in,
+2. no use of the plan-time resolvers of ssm_vk.chunked.plan (gemm_tile, gemm_threads, vec_in,
    vec_out, slice_len, pass_batch of the knobs);
 3. a Settings object (a name or attribute called ``knobs``) is only passed on, or read for its
    ``key`` (what caches are keyed by) and ``no_subgroup`` (the subgroup switch that makes the
-   planner's Limits, an input of planning); ssm_vk.kernels.matrix, which plans every variant
-   ``ssm-scan build-shaders`` packages, aside;
+   planner's Limits, an input of planning); the functions that plan (ssm_vk.families.plan, and
+   the packaged matrix, which plans every variant ``ssm-scan build-shaders`` packages) aside;
 4. ``config.settings()`` -- the settings a call is decided and planned with -- is taken by the
    entry points only (api.py, prepared.py).
 """
@@ -24,20 +25,27 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "ssm_vk"
+FAMILIES = ("sequential", "chunked", "m1")
+# Each family's kernel specs and recording (not its plan.py: its planner), what the families share
+# after planning, and what runs a call.
 AFTER_PLANNING = sorted([*PKG.glob("record/*.py"),
-                         *(PKG / f"{m}.py" for m in ("kernels", "decision", "workspace", "run", "engine", "lanes",
-                                                      "prepared", "api"))])
+                         *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if p.name not in ("plan.py",)),
+                         *(PKG / f"{m}.py" for m in ("kernels", "families", "decision", "workspace", "run", "engine",
+                                                      "lanes", "prepared", "api"))])
+# The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.families.plan (a call's plan,
+# which the decision makes) and the packaged matrix, which plans every variant it packages.
+PLANNING = {"families.py": {"plan", "matrix"}, **{f"{f}/kernels.py": {"matrix"} for f in FAMILIES}}
 RESOLVERS = {"gemm_tile", "gemm_threads", "vec_in", "vec_out", "slice_len"}
 SETTINGS_READS = {"key", "no_subgroup"}
 ENTRY_POINTS = {"api.py", "prepared.py"}
 
 
 def _planning_functions(tree: ast.Module, name: str) -> set[int]:
-    """The ids of the nodes inside the functions that plan (kernels.matrix)."""
+    """The ids of the nodes inside the functions that plan (PLANNING)."""
     inside: set[int] = set()
-    if name == "kernels.py":
+    if name in PLANNING:
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == "matrix":
+            if isinstance(node, ast.FunctionDef) and node.name in PLANNING[name]:
                 inside |= {id(n) for n in ast.walk(node)}
     return inside
 
@@ -59,7 +67,7 @@ def knob_reads(source: str, name: str) -> list[str]:
             if isinstance(f, ast.Attribute) and f.attr == "knob":
                 bad.append(f"{where}: reads a knob (.knob(...))")
             called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if called == "settings" and Path(name).name not in ENTRY_POINTS:
+            if called == "settings" and Path(name).name not in ENTRY_POINTS and id(node) not in planning:
                 bad.append(f"{where}: takes the settings of now (config.settings())")
             if isinstance(f, ast.Attribute) and f.attr in RESOLVERS:   # (a plan's resolved fields share names)
                 bad.append(f"{where}: resolves from the knobs (.{f.attr}(...))")
@@ -80,12 +88,12 @@ def test_nothing_after_planning_reads_a_knob(path):
 
 
 def test_the_check_finds_each_kind_of_read():
-    sample = ("from .plan.chunked import gemm_tile\n"
+    sample = ("from .plan import gemm_tile\n"
               "def f(cp, knobs):\n"
               "    a = cp.knobs.knob('GWG')\n"
               "    b = knobs.with_knobs(KS=8)\n"
               "    return chunked.vec_in('Y', 4, 4, 16, 8, cp.knobs), config.settings(), knobs.key\n")
-    bad = knob_reads(sample, "record/sample.py")
+    bad = knob_reads(sample, "chunked/record.py")
     kinds = ["imports a resolver of the knobs (gemm_tile)", "reads a knob (.knob(...))",
              "reads the settings' .knob", "reads the settings' .with_knobs", "resolves from the knobs (.vec_in(...))",
              "takes the settings of now"]

@@ -28,11 +28,18 @@ LAYERS = (
     ("ssm_vk.runtime.commands",),
     ("ssm_vk.runtime.transfer",),
     ("ssm_vk.runtime",),
+    # what the kernel families share: the planners' limits and sizes, the kernel table, the
+    # recordings' helpers
     ("ssm_vk.arrays", "ssm_vk.plan"),
     ("ssm_vk.validate",),
     ("ssm_vk.kernels",),
-    ("ssm_vk.decision",),
     ("ssm_vk.record",),
+    # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);
+    # none imports another
+    ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),
+    # what composes them: the registry (plan, kernels needed, recording, packaged matrix), the budget
+    ("ssm_vk.families", "ssm_vk.budget"),
+    ("ssm_vk.decision",),
     ("ssm_vk.workspace",),
     ("ssm_vk.engine",),
     ("ssm_vk.run",),
@@ -108,6 +115,21 @@ def test_imports_go_one_way_down(module):
     for target, _, line in EDGES[module]:
         assert _layer(target) <= here, (f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}, "
                                         f"a layer above it")
+
+
+FAMILIES = ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1")
+
+
+def _family(module: str) -> str | None:
+    return next((f for f in FAMILIES if module == f or module.startswith(f + ".")), None)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _family(m)))
+def test_a_family_imports_no_other_family(module):
+    # the families share a layer; what they share lies below them, what composes them above
+    for target, _, line in EDGES[module]:
+        assert _family(target) in (None, _family(module)), (
+            f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}, of another kernel family")
 
 
 def test_no_import_cycles():
@@ -187,12 +209,13 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert _context_privates(ast.parse("a = ctx._kernels\nb = self.ctx._staging\nc = ctx.lock\n")) == [
         (1, "_kernels"), (2, "_staging")]
     # The three checks above fail on code that breaks them (the checker is not vacuous).
-    assert _layer("ssm_vk.plan.chunked") < _layer("ssm_vk.engine")
+    assert _layer("ssm_vk.plan.limits") < _layer("ssm_vk.chunked.plan") < _layer("ssm_vk.families") \
+        < _layer("ssm_vk.engine")
     assert _layer("ssm_vk.runtime.seams") < _layer("ssm_vk.runtime.context") < _layer("ssm_vk.runtime") \
         < _layer("ssm_vk.arrays")
     edges = _imports("ssm_vk.run")
-    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t.startswith("ssm_vk.record") for t, _, _ in edges)
-    assert _resolve("ssm_vk.plan.chunked", False, 2, "config") == "ssm_vk.config"
+    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t == "ssm_vk.families" for t, _, _ in edges)
+    assert _resolve("ssm_vk.chunked.plan", False, 2, "config") == "ssm_vk.config"
     assert _resolve("ssm_vk.plan", True, 1, "limits") == "ssm_vk.plan.limits"
 
 

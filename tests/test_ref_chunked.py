@@ -1,4 +1,4 @@
-"""ssm_ref.chunked (the matrix form of the Mamba-2 scan, the spec of ssm_vk/glsl/chunk_*.comp) against
+"""ssm_ref.chunked (the matrix form of the Mamba-2 scan, the spec of ssm_vk/chunked/glsl/chunk_*.comp) against
 ssm_ref.scan (the token-sequential definition), both in float64: every output of the forward and
 the backward within 1e-12 relative, over drawn shapes whose T is not a multiple of the chunk
 length, with several groups, permuted and repeated ids and cache rows nobody reads; and the decay

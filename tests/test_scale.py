@@ -5,7 +5,7 @@ overflows on the way there (docs/RELIABILITY.md, "Limits").
   backend's workspace (ssm_ref's backward: T+1 states) must fit the host memory limit, else
   ValueError before anything is allocated.
 - ssm_vk: windows within maxStorageBufferRange (plan.py), every buffer within
-  maxMemoryAllocationSize and all of them within the device-local heap (ssm_vk/plan/budget.py), else the
+  maxMemoryAllocationSize and all of them within the device-local heap (ssm_vk/budget.py), else the
   CPU fallback with the reason. Indices in the shaders are uint32 relative to a window's binding:
   tested below over a grid of huge shapes with H200 and lavapipe limits.
 - CPU backends: numpy and numba index with intp (int64); an array of more than 2^31 elements is

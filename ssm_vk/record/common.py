@@ -1,21 +1,39 @@
-"""What the recordings (token-sequential, parallel over time, chunked) share: kernels by spec,
-bindings of the per-token arrays of a window, zeroing, the gather of the cache rows, the
-fixed-order reductions of partial sums, the d_s scatter and the non-finite flag."""
+"""What the kernel families' recordings share: a context's kernel by spec, bindings of the
+per-token arrays of a window, zeroing, the gather of the cache rows, the fixed-order reductions
+of partial sums, the d_s scatter, the carry over time chunks and the non-finite flag."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import kernels as specs
-from ..kernels import kernel
+from .. import runtime as rt
+from ..kernels import KernelSpec
 from ..plan import Window, binding_cap, grid
 from ..plan.limits import rows_in_place
 from ..plan.sizes import FLAG_ELEMS
 
-__all__ = ["F32", "kernel", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials", "reduce_dA",
-           "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]
+__all__ = ["F32", "kernel", "kernel_cached", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials",
+           "reduce_dA", "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]
 
 F32 = 4
+
+
+# -- kernels of a context, by spec (a pipeline of the context, made on first use) -------------
+
+def _kernel_args(spec: KernelSpec) -> dict:
+    return dict(bindings=spec.n_bindings, push_size=spec.push_size, local_size=(spec.wg, 1, 1),
+                spec=spec.constants, defines=dict(spec.defines))
+
+
+def kernel_cached(ctx, spec: KernelSpec) -> bool:
+    """Whether ``ctx`` holds the kernel of ``spec`` already."""
+    return rt.Kernel.cached(ctx, spec.name, **_kernel_args(spec)) is not None
+
+
+def kernel(ctx, spec: KernelSpec) -> rt.Kernel:
+    return rt.Kernel.get(ctx, spec.name, **_kernel_args(spec))
+
 
 
 def zero(seq, buf, n_elems: int) -> None:

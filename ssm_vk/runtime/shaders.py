@@ -18,8 +18,9 @@ whether it would succeed, by doing the same work):
 3. **glslc** ``--target-env=vulkan1.1 -O`` (SPIR-V 1.3, the first with subgroup operations),
    about 0.1 s a call; its output goes into the disk cache.
 
-The GLSL sources are package data of ``ssm_vk`` (``ssm_vk/glsl/``), so an installed package
-compiles any variant when glslc is on PATH.
+The GLSL sources are package data of ``ssm_vk`` (the shared ``ssm_vk/glsl/`` and each kernel
+family's ``ssm_vk/<family>/glsl/``), so an installed package compiles any variant when glslc is on
+PATH.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ from .spirv import module_problem
 
 TARGET_ENV = "vulkan1.1"
 CACHE_ENV = "SSM_SCAN_CACHE"
-PACKAGE_GLSL = Path(__file__).resolve().parents[1] / "glsl"    # ssm_vk/glsl/, package data
+PACKAGE_GLSL = Path(__file__).resolve().parents[1] / "glsl"    # ssm_vk/glsl/: the shared kernels and includes
+# The default search path, which is also the -I list: the shared glsl/, then each kernel family's
+# (ssm_vk/<family>/glsl/: found by the folder, so a new family's shaders need no entry here).
+# Package data, like the SPIR-V below.
+PACKAGE_GLSL_DIRS = (PACKAGE_GLSL, *sorted(PACKAGE_GLSL.parent.glob("*/glsl")))
 PACKAGED_SPIRV = Path(__file__).resolve().parents[1] / "spirv"  # ssm_vk/spirv/, package data
 GLSLC_TIMEOUT_S = 300
 
@@ -106,16 +111,17 @@ def normalize_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, 
 
 
 def search_dirs(search_path) -> list[Path]:
-    """``search_path`` (None, a dir, or dirs) as a list of Paths; None means the package's glsl/."""
+    """``search_path`` (None, a dir, or dirs) as a list of Paths; None means the package's shared
+    glsl/ and every family's (PACKAGE_GLSL_DIRS)."""
     if search_path is None:
-        return [PACKAGE_GLSL]
+        return list(PACKAGE_GLSL_DIRS)
     if isinstance(search_path, str | os.PathLike):
         search_path = [search_path]
     return [Path(p) for p in search_path]
 
 
 def find_source(name: str, search_path=None) -> Path | None:
-    """``<dir>/<name>.comp`` for the first search dir that has it (default: the package's glsl/)."""
+    """``<dir>/<name>.comp`` for the first search dir that has it (default: PACKAGE_GLSL_DIRS)."""
     for d in search_dirs(search_path):
         path = d / f"{name}.comp"
         if path.is_file():

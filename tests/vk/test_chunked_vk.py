@@ -1,4 +1,4 @@
-"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp, ssm_vk/record/chunked.py)
+"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py)
 against the float64 oracle on lavapipe, under the validation layer (tests/conftest.py).
 
 The ``chunked`` fixture forces them on small problems (knobs CHUNK_MIN_T=1 and CHUNK) and every
@@ -29,13 +29,12 @@ import ssm_ref
 import ssm_vk
 from ssm_ref.testing.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
-from ssm_vk import config
+from ssm_vk import config, families
 from ssm_vk import engine as vk_engine
-from ssm_vk import kernels as specs
-from ssm_vk import plan as vplan
 from ssm_vk import runtime as rt
+from ssm_vk.chunked import kernels as specs
+from ssm_vk.chunked.plan import scratch_elems
 from ssm_vk.plan import Limits
-from ssm_vk.plan.chunked import scratch_elems
 from ssm_vk.workspace import Workspace
 
 pytestmark = pytest.mark.vulkan
@@ -79,7 +78,7 @@ def dims_of(case):
 
 def planned(case, backward: bool):
     """The plan ssm_vk makes for ``case`` on this device now (knobs and limits as they are)."""
-    return vplan.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
+    return families.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
 
 
 def ran_plan(case, backward: bool):

@@ -1,4 +1,4 @@
-"""The decode kernel (ssm_vk/glsl/ssm_decode.comp: one token, Mamba-2, the state in 16-byte loads,
+"""The decode kernel (ssm_vk/sequential/glsl/ssm_decode.comp: one token, Mamba-2, the state in 16-byte loads,
 a head's step, B and C shared by the rows its row slots walk) against the float64 oracle, under
 the validation layer: drawn shapes and both step forms, every number of channels a slot takes in
 turn (the same bits), the cache rows read and written in place, arrays whose windows do not start
@@ -18,7 +18,8 @@ import ssm_ref
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits, plan
+from ssm_vk.families import plan
+from ssm_vk.plan import Limits
 
 pytestmark = pytest.mark.vulkan
 

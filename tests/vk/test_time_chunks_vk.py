@@ -1,4 +1,4 @@
-"""The forward and backward parallel over time (ssm_vk/record/time_chunks.py) against the float64
+"""The forward and backward parallel over time (ssm_vk/sequential/time_chunks.py) against the float64
 oracle: time chunks of every size that divides T, both variants, every ids pattern, the cache rows
 read in place or copied, device-resident inputs; reruns bit for bit; inf and nan as the
 token-by-token scan gives them; and the planner's choice, which only a GPU device gets by default."""
@@ -14,10 +14,10 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
 from ssm_ref import GRAD_NAMES, Dims, check_backward, check_forward
-from ssm_vk import config, engine, plan
+from ssm_vk import budget, config, engine, families
 from ssm_vk import runtime as rt
-from ssm_vk.kernels import kernels_needed
-from ssm_vk.plan import Limits, budget
+from ssm_vk.families import kernels_needed
+from ssm_vk.plan import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -40,7 +40,7 @@ def drawn_tune(T: int, nch: int) -> dict:
 def ran_time_chunks(case, tune) -> bool:
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
-        return plan.plan(check_forward(**case.args()).dims, lim, False).tchunk > 0
+        return families.plan(check_forward(**case.args()).dims, lim, False).tchunk > 0
 
 
 @settings(max_examples=25, deadline=None)
@@ -81,7 +81,7 @@ def ran_time_chunks_back(case, tune) -> bool:
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
         d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
-        return plan.plan(d, lim, True).tchunk > 0
+        return families.plan(d, lim, True).tchunk > 0
 
 
 @settings(max_examples=25, deadline=None)
@@ -128,7 +128,7 @@ def test_mamba1_backward_over_time_with_one_group_matches_the_oracle(heads):
         with config.configure(tune=tune):
             g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
             d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
-            lay = plan.plan(d, lim, True).layout
+            lay = families.plan(d, lim, True).layout
         assert lay.HSUM == int(tune.get("HSUM", 1) == 1 and heads % lay.HB == 0 and lay.HB > 1)
         og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
         for k in GRAD_NAMES:
@@ -168,7 +168,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
     tune = chunked_by(32, 4)
     with config.configure(tune=tune):
         in_place = ssm_vk.ssm_scan(**case.args())
-        from ssm_vk.record import sequential
+        from ssm_vk.sequential import record as sequential
         monkeypatch.setattr(sequential, "cache_rows", lambda ws, p, s_at: None)
         engine.clear(rt.get_context())
         copied = ssm_vk.ssm_scan(**case.args())
@@ -212,9 +212,9 @@ def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
     ``want_nch`` chunks per sequence (1: none), and where it cuts, threads enough or the shortest
     chunks."""
     d = _dims(S, T, H, 1, 16)
-    pl = plan.plan(d, _limits("discrete"), backward, NO_M1)
+    pl = families.plan(d, _limits("discrete"), backward, NO_M1)
     assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
-    sq = plan.sequential
+    from ssm_vk.sequential import plan as sq
     enough, shortest = (sq.TCHUNK_BWD_THREADS, sq.TCHUNK_BWD_MIN) if backward else (sq.TCHUNK_THREADS, sq.TCHUNK_MIN)
     if pl.tchunk:
         assert S * H * pl.layout.LN * want_nch >= enough or pl.tchunk == shortest
@@ -267,12 +267,12 @@ def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
 ])
 def test_the_mamba1_layouts_on_a_gpu(S, T, H, fwd):
     d = _dims(S, T, H, 1, 16)
-    lay = plan.plan(d, _limits("discrete"), False, NO_M1).layout
+    lay = families.plan(d, _limits("discrete"), False, NO_M1).layout
     assert (lay.LN, lay.TB, lay.SPREAD) == (*fwd, 1)
-    back = plan.plan(d, _limits("discrete"), True, NO_M1).layout
+    back = families.plan(d, _limits("discrete"), True, NO_M1).layout
     assert (back.LN, back.K, back.TBR, back.SPREAD, back.HSUM) == (4, 4, 4, 1, 1)
     # a CPU device keeps the forward's two values per lane in blocks of four tokens
-    cpu = plan.plan(d, _limits("cpu"), False, config.DEFAULTS).layout
+    cpu = families.plan(d, _limits("cpu"), False, config.DEFAULTS).layout
     assert (cpu.LN, cpu.TB) == (8, 4)
 
 
@@ -296,11 +296,11 @@ def test_the_gpu_layouts_of_mamba1_match_the_oracle(tune, N):
 def test_not_on_a_cpu_device_nor_for_mamba2(device_type):
     d = _dims(1, 512, 1536, 1, 16)
     for backward in (False, True):
-        assert plan.plan(d, _limits(device_type), backward, config.DEFAULTS).tchunk == 0
+        assert families.plan(d, _limits(device_type), backward, config.DEFAULTS).tchunk == 0
         d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
-        assert plan.plan(d2, _limits("discrete"), backward, config.DEFAULTS).tchunk == 0
+        assert families.plan(d2, _limits("discrete"), backward, config.DEFAULTS).tchunk == 0
         # and the recompute of a non-finite result never takes them
-        assert plan.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, NO_M1,
+        assert families.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, NO_M1,
                          time_chunks=False).tchunk == 0
 
 

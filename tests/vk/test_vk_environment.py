@@ -69,7 +69,8 @@ def test_a_shader_that_fails_to_compile_falls_back_with_the_error_and_keeps_noth
     a = args(True)
     want = backward(a)[1]
     before = pool(ctx).in_use
-    monkeypatch.setattr(shaders, "PACKAGE_GLSL", broken)
+    # the shared glsl/ broken, every family's glsl/ as it is (they include math.glsl through the -I dirs)
+    monkeypatch.setattr(shaders, "PACKAGE_GLSL_DIRS", (broken, *shaders.PACKAGE_GLSL_DIRS[1:]))
     monkeypatch.setattr(shaders, "PACKAGED_SPIRV", tmp_path / "no-package")
     vk_engine.clear(ctx)      # else the call replays the sequence recorded above (same buffers)
     vk_engine.clear()

@@ -32,10 +32,12 @@ from problems import make_problem
 import ssm_ref
 import ssm_vk
 from ssm_ref import check_backward, check_forward
+from ssm_vk import budget
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
-from ssm_vk.plan import Limits, budget, plan
+from ssm_vk.families import plan
+from ssm_vk.plan import Limits
 
 
 @pytest.fixture(params=["mapped", "staged"])

@@ -1,6 +1,6 @@
-"""Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/glsl/chunk_*.comp): whether they
+"""Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
-the device. Pure Python, like ssm_vk.plan.sequential. The knobs (ssm_vk.config) are read once,
+the device. Pure Python, like ssm_vk.sequential.plan. The knobs (ssm_vk.config) are read once,
 when the plan is made: what its kernels and their recording need of them (the GEMM tiles and
 threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkPlan then, so that
 nothing after planning reads a knob.
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
-from .limits import F32, Limits, TooLarge, Window, binding_cap, grid
+from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
-__all__ = ["ChunkPlan", "chunk_plan", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
+__all__ = ["ChunkPlan", "chunk_plan", "chunked_scratch", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in", "pass_batch", "PASS_BATCH", "PASS_BATCHES"]
 
@@ -37,12 +37,12 @@ CHUNK_MIN_T = {False: 64, True: 32}
 # sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
 CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
-N_BINDINGS = 19    # storage buffers every chunked kernel declares (ssm_vk/glsl/chunk_common.glsl)
-NSM = 12           # per-token scalars of the backward (ssm_vk/glsl/chunk_common.glsl)
+N_BINDINGS = 19    # storage buffers every chunked kernel declares (ssm_vk/chunked/glsl/chunk_common.glsl)
+NSM = 12           # per-token scalars of the backward (ssm_vk/chunked/glsl/chunk_common.glsl)
 HEADLOOP_MIN_GROUPS = 1024  # DB/DC workgroups per window below which they run per head
 SCRATCH_BUDGET = 2 << 30   # bytes of chunk scratch per window (windows of fewer sequences beyond)
 
-# the matrix products, each its kernel glsl/chunk_gemm_<name>.comp (ssm_vk/glsl/chunk_gemm.glsl)
+# the matrix products, each its kernel glsl/chunk_gemm_<name>.comp (ssm_vk/chunked/glsl/chunk_gemm.glsl)
 MODES = ("CB", "GU", "ZF", "ZB", "Y", "GAM", "DB", "DC")
 PER_GROUP = ("CB", "DB", "DC")   # modes with a workgroup per (sequence, chunk, group)
 
@@ -163,7 +163,7 @@ class ChunkPlan:
     P: int = 1               # head_dim and d_state: the sizes of the GEMM products
     N: int = 1
     # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
-    # (ssm_vk.kernels) and the recording (ssm_vk.record.chunked) read instead of the knobs.
+    # (ssm_vk.kernels) and the recording (ssm_vk.chunked.record) read instead of the knobs.
     tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
     threads: tuple = field(init=False)      # (threads, row groups) of the GEMM kernels (GWG, ROWG)
     vec_in: frozenset = field(init=False)   # the modes that stage their operands with 16-byte loads
@@ -294,3 +294,13 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N)
+
+
+def chunked_scratch(d: Dims, pl, backward: bool) -> dict[str, int]:
+    """The chunked kernels' scratch, as their recording requests it (``pl.chunked``: the ChunkPlan)."""
+    cp = pl.chunked
+    e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
+    out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
+    if backward:
+        out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
+    return out

@@ -1,5 +1,5 @@
 """Recording the Mamba-1 kernels with time in a workgroup's threads (plan.m1 set; the kernels:
-ssm_vk/glsl/m1_scan.comp and m1_scan_back.comp).
+ssm_vk/m1/glsl/m1_scan.comp and m1_scan_back.comp).
 
 The forward: the summary pass (each slice's part of the state, composed in the workgroup into
 what the final pass starts each slice from); over time chunks (NCH > 1) the carry
@@ -22,8 +22,8 @@ from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import Window, grid
-from ..plan.sizes import FLAG_ELEMS, m1_scratch
-from .common import (
+from ..plan.sizes import FLAG_ELEMS
+from ..record.common import (
     F32,
     cache_rows,
     carry,
@@ -35,6 +35,8 @@ from .common import (
     reduce_partials,
     scatter_rows,
 )
+from . import kernels as m1k
+from .plan import m1_scratch
 
 __all__ = ["record_forward", "record_backward"]
 
@@ -58,12 +60,12 @@ def _scan(seq, ws, spec, d, mp, ti: int, o: dict, bindings: dict, **push) -> Non
     (SCAN_BINDINGS), ``o`` the inputs' offsets, ``push`` the rest of its push constants (0 unless
     given)."""
     gx, gy = grid(mp.groups(d), ws.limits)
-    values = dict.fromkeys(specs.M1_PUSH, 0)
+    values = dict.fromkeys(m1k.M1_PUSH, 0)
     values.update(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, TI=ti,
                   **{f"o_{k}": o[k] for k in ("x", "dt", "A", "B", "C")}, **push)
     dummy = ws.bind(None, 0, 0, 0)[0]
     seq.dispatch(kernel(ws.ctx, spec), [bindings.get(k, dummy) for k in SCAN_BINDINGS],
-                 specs.pack_push(specs.M1_PUSH, values), (gx, gy, 1))
+                 specs.pack_push(m1k.M1_PUSH, values), (gx, gy, 1))
 
 
 def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
@@ -93,13 +95,13 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         if rows is not None:
             (b["s"], final["o_s"]), ids_buf = rows
             b["ids"], final["gather"] = (ids_buf, 0, ids_buf.size), 1
-        _scan(seq, ws, specs.m1_spec(d, mp, 2, softplus=sp), d, mp, mp.TI, o, b, **final)
+        _scan(seq, ws, m1k.m1_spec(d, mp, 2, softplus=sp), d, mp, mp.TI, o, b, **final)
         flag_end(seq, ws, flag)
         return
     b["agg"] = ws.bind(agg, 0, 0, sizes["agg"])[0]
     summary = {k: b[k] for k in ("x", "dt", "A", "B", "C", "gy", "agg", "flag") if k in b}
     summary.update(cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0])
-    _scan(seq, ws, specs.m1_spec(d, mp, 0, softplus=sp), d, mp, mp.TI, o, summary, **keep)
+    _scan(seq, ws, m1k.m1_spec(d, mp, 0, softplus=sp), d, mp, mp.TI, o, summary, **keep)
     seq.barrier()
     if ws.profile and ws.ctx.info.timestamps:
         seq.timestamp("summary")
@@ -108,7 +110,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     if ws.profile and ws.ctx.info.timestamps:
         seq.timestamp("carry")
     b["init"], final["o_init"] = ws.bind(cb, 0, 0, chunks)
-    _scan(seq, ws, specs.m1_spec(d, mp, 1, softplus=sp), d, mp, mp.TI, o, b, **final)
+    _scan(seq, ws, m1k.m1_spec(d, mp, 1, softplus=sp), d, mp, mp.TI, o, b, **final)
     flag_end(seq, ws, flag)
 
 
@@ -143,7 +145,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         summary = {k: b[k] for k in ("x", "dt", "A", "B", "C")}
         summary.update(gy=b["g_y"], cb=ws.bind(cb, 0, 0, chunks)[0], cdec=ws.bind(cdec, 0, 0, chunks)[0],
                        cbl=ws.bind(cbl, 0, 0, chunks)[0], flag=b_flag)
-        _scan(seq, ws, specs.m1_spec(d, sp_plan, 0, adjoint=True, softplus=sp), d, mp, sp_plan.TI, o, summary,
+        _scan(seq, ws, m1k.m1_spec(d, sp_plan, 0, adjoint=True, softplus=sp), d, mp, sp_plan.TI, o, summary,
               o_gy=o["g_y"])
         seq.barrier()
         if profile:
@@ -165,10 +167,10 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     push = dict(S=d.S, T=d.T, H=d.H, G=d.G, NCH=mp.NCH, NRB=mp.NRB, gx=gx, o_x=o["x"], o_dt=o["dt"], o_A=o["A"],
                 o_B=o["B"], o_C=o["C"], o_gy=o["g_y"], o_init=o_init, o_adj=o_adj, o_dx=o["d_x"], o_ddt=o["d_dt"],
                 gather=gather, o_s=o_s, o_ids=0)
-    seq.dispatch(kernel(ws.ctx, specs.m1_back_spec(d, mp, sp)),
+    seq.dispatch(kernel(ws.ctx, m1k.m1_back_spec(d, mp, sp)),
                  [b["x"], b["dt"], b["A"], b["B"], b["C"], b["g_y"], b_init, b_adj, b_s, b_ids, b["d_x"], b["d_dt"],
                   *parts, ws.bind(dAp, 0, 0, sizes["dAp"])[0], b_flag],
-                 specs.pack_push(specs.M1_BACK_PUSH, push), (gx, gy, 1))
+                 specs.pack_push(m1k.M1_BACK_PUSH, push), (gx, gy, 1))
     seq.barrier()
     if profile:
         seq.timestamp("back")

@@ -5,7 +5,7 @@ A call acquires these buffers through the context's pool (each rounded up by
 
 - one upload buffer per host input (device-resident inputs are bound where they are),
 - one buffer per output,
-- the scratch of the recording (plan/sizes.py: the one size table the recordings request by;
+- the scratch of the recording (each family's, in its plan.py: the table its recording requests by;
   the chunked kernels' and the time chunks' add a host-visible flag and, for the recompute of a
   call with inf or nan, a second set of outputs),
 - small constant buffers (the row pairs of the d_s scatter, sized for the worst ids, so that
@@ -27,11 +27,12 @@ from math import prod
 
 from ssm_ref import Dims
 
-from ..runtime.pool import BufferPool
-from . import sizes as table
-from .limits import F32, Limits, rows_in_place
-from .sequential import Plan
-from .sizes import DUMMY_BYTES, FLAG_ELEMS, chunked_scratch, input_shapes, output_shapes, sequential_scratch
+from .chunked.plan import chunked_scratch
+from .m1.plan import m1_scratch
+from .plan.limits import F32, Limits, rows_in_place
+from .plan.sizes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
+from .runtime.pool import BufferPool
+from .sequential.plan import Plan, sequential_scratch, time_chunk_scratch
 
 __all__ = ["buffers", "check", "allocations"]
 
@@ -53,13 +54,13 @@ def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()
     if pl.m1 is not None:
         # the time-in-threads kernels' scratch, and a second set of outputs for the token-sequential
         # recompute of a call that turns out inf or nan
-        sizes.update({f"scratch:m1:{k}": n * F32 for k, n in table.m1_scratch(d, pl.m1, backward, pl.softplus).items()})
+        sizes.update({f"scratch:m1:{k}": n * F32 for k, n in m1_scratch(d, pl.m1, backward, pl.softplus).items()})
         sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if pl.tchunk:
         # the chunk tables, and a second set of outputs for the token-sequential recompute of a
         # call that turns out inf or nan
-        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in table.time_chunk_scratch(d, pl, backward).items()})
+        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in time_chunk_scratch(d, pl, backward).items()})
         sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
     if backward:

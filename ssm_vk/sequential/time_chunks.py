@@ -13,7 +13,7 @@ The forward, three passes:
    (written over b) and the final state; it flags any value that is not finite;
 3. ssm_scan.comp: each chunk again from its initial state, writing y.
 
-The backward (:func:`record_adjoints`, then record.sequential's windows on the chunks): the
+The backward (:func:`record_adjoints`, then sequential.record's windows on the chunks): the
 forward's first two passes give every chunk's initial state; ssm_scan_back.comp with BSUM walks
 every chunk back from a zero adjoint (what the chunk adds to the adjoint it hands on -- its decay
 is the forward's), and the carry in reverse gives the adjoint every chunk starts its walk back
@@ -31,9 +31,10 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import chunk_dims, grid
-from ..plan.sizes import time_chunk_scratch
-from .common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
+from ..plan import grid
+from ..record.common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
+from . import kernels as seqk
+from .plan import chunk_dims, time_chunk_scratch
 
 __all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
 
@@ -63,7 +64,7 @@ def _chunk_pass(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
         push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB,
                     NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, scatter=0, **o)
         seq.dispatch(k, [bnd["x"], bnd["dt"], bnd["A"], bnd["B"], bnd["C"], bnd["y"], bnd["st"], bnd["ck"],
-                         dummy, dummy], specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
+                         dummy, dummy], specs.pack_push(seqk.FWD_PUSH, push), (gx, gy, 1))
 
 
 def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
@@ -72,7 +73,7 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
     lay = pl.layout
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
-    k = kernel(ws.ctx, specs.bwd_spec(cd, lay, pl.softplus, summary=True))
+    k = kernel(ws.ctx, seqk.bwd_spec(cd, lay, pl.softplus, summary=True))
     x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
     dummy = ws.bind(None, 0, 0, 0)[0]
     for w in pl.windows:
@@ -85,7 +86,7 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
         push = dict(S=w.S, T=w.T, H=d.H, P=d.P, N=d.N, G=d.G, HB=lay.HB, PB=lay.PB, NHB=lay.NHB, NPB=lay.NPB,
                     gx=gx, NC=1, c0=0, **o, o_lam=o_lam, o_ck=0, o_dx=0, o_dA=0)
         seq.dispatch(k, [bnd["x"], bnd["dt"], bA, bnd["B"], bnd["C"], bnd["gy"], blam, dummy, dummy, dummy, dummy,
-                         dummy, dummy], specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
+                         dummy, dummy], specs.pack_push(seqk.BWD_PUSH, push), (gx, gyy, 1))
 
 
 def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
@@ -114,7 +115,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     if profile:
         seq.timestamp("gather")
     lay = pl.layout
-    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, seqk.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
                                                                 summary=True)), b, dec)
     seq.barrier()
     if profile:
@@ -123,7 +124,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     seq.barrier()
     if profile:
         seq.timestamp("carry")
-    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)),
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, seqk.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus)),
              b, None)
     seq.barrier()
     flag_end(seq, ws, flag)
@@ -133,7 +134,7 @@ def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
     """Record what the backward over time chunks needs before its walk back: every chunk's initial
     state and initial adjoint. ``lam`` holds g_states and ends as d_s0. Returns (the chunks as a
     problem's dims, their initial states, their initial adjoints, the non-finite flag): the
-    token-sequential backward then runs on those (record.sequential) and the flag is read after."""
+    token-sequential backward then runs on those (sequential.record) and the flag is read after."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)
@@ -150,7 +151,7 @@ def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     seq.barrier()
     # the two summaries read only the inputs: one after the other without a barrier
-    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, specs.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
+    _chunk_pass(seq, ws, d, cd, bufs, kernel(ctx, seqk.fwd_spec(cd, lay, checkpoint=False, softplus=pl.softplus,
                                                                 summary=True)), b, dec)
     _adjoint_summary(seq, ws, d, cd, bufs, bl)
     seq.barrier()

@@ -18,9 +18,11 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from .limits import F32, Limits, TooLarge, Window, binding_cap
+from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap
+from ..plan.sizes import FLAG_ELEMS
 
-__all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "time_chunk_plan", "chunk_dims", "SCRATCH_BUDGET",
+__all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
+           "time_chunk_scratch", "SCRATCH_BUDGET",
            "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN", "TCHUNK_BWD_BELOW", "TCHUNK_BWD_THREADS",
            "TCHUNK_BWD_MIN", "m1_forward_two_per_lane_from"]
 
@@ -59,10 +61,10 @@ TCHUNK_BWD_MIN = 32
 
 @dataclass(frozen=True)
 class Layout:
-    """How state rows map onto lanes and workgroups (see ssm_vk/glsl/common.glsl)."""
+    """How state rows map onto lanes and workgroups (see ssm_vk/sequential/glsl/common.glsl)."""
 
     LN: int      # lanes per row (power of two)
-    ROW_SUM: int  # how a row is summed (ssm_vk/glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
+    ROW_SUM: int  # how a row is summed (glsl/common.glsl): 0 shared, 1 clustered, 2 xor, 3 subgroupAdd
     NPL: int     # state values per lane
     WG: int      # threads per workgroup
     K: int       # checkpoint interval of the backward
@@ -91,11 +93,11 @@ class Plan:
     layout: Layout
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
-    chunked: object = None   # a plan.chunked.ChunkPlan when the chunked kernels run this shape
+    chunked: object = None   # a chunked.plan.ChunkPlan when the chunked kernels run this shape
     softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     tchunk: int = 0          # parallel over time: tokens per chunk (0: not); the windows and
                              # layout are then those of the chunks as sequences (time_chunk_plan)
-    m1: object = None        # a plan.m1.M1Plan when the Mamba-1 kernels with time in threads run the
+    m1: object = None        # a m1.plan.M1Plan when the Mamba-1 kernels with time in threads run the
                              # shape (the windows and layout are then the recompute's)
 
     @property
@@ -374,3 +376,41 @@ def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     if pl.time_split:
         return None
     return replace(pl, tchunk=L)
+
+
+def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
+    """The token-sequential backward's scratch, as its recording requests it."""
+    if not (pl.windows and d.H * d.P > 0):
+        return {}
+    lay = pl.layout
+    row = d.H * d.P * d.N
+    wmax = max(pl.windows, key=lambda w: w.S * w.T)
+    nc_max = max(-(-w.T // lay.K) for w in pl.windows)
+    sw_max = max(w.S for w in pl.windows)
+    out = {"st": d.S * row, "dAp": d.S * d.H * d.P * (d.N if d.mamba1 else 1),
+           "part_B": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
+           "part_C": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
+           "part_dt": wmax.S * wmax.T * d.H * lay.NPB}
+    n_ck = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
+    for k in range(n_ck):
+        out[f"ck{k}"] = sw_max * row * nc_max
+    return out
+
+
+def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, int]:
+    """The scratch of the forward parallel over time, in the order its recording requests it:
+    every chunk's contribution (then its initial state), every chunk's decay, the non-finite flag.
+    The backward's: the chunks' initial states (b: also the running states of the checkpoint
+    pass), their decays, their adjoint contributions (then the adjoint each starts from), the
+    sequences' initial states, the flag, and then the token-sequential backward's of the chunks
+    as sequences (but its running states, which are b)."""
+    nch = d.T // pl.tchunk
+    chunks = d.S * nch * d.H * d.P * d.N
+    out = {"b": chunks, "dec": d.S * nch * d.H * (d.N if d.mamba1 else 1)}
+    if backward:
+        out.update(lam=chunks, st=d.S * d.H * d.P * d.N)
+    out["flag"] = FLAG_ELEMS
+    if backward:
+        seq = sequential_scratch(chunk_dims(d, pl.tchunk), pl)
+        out.update({f"seq:{k}": v for k, v in seq.items() if k != "st"})
+    return out

@@ -1,5 +1,5 @@
 """Planning of the Mamba-1 kernels that spread time over a workgroup's threads
-(ssm_vk/glsl/m1_scan.comp, m1_scan_back.comp; the layout is described in m1_common.glsl).
+(ssm_vk/m1/glsl/m1_scan.comp, m1_scan_back.comp; the layout is described in m1_common.glsl).
 
 A workgroup holds CW channels and one time chunk of NW * SPS slices x TI tokens: each of its NW
 subgroups (RW lanes, the subgroup size) holds SPS slices of CW = RW / SPS lanes, one channel per
@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from .limits import F32, Limits, binding_cap
+from ..plan.limits import F32, Limits, binding_cap
+from ..plan.sizes import FLAG_ELEMS
 
-__all__ = ["M1Plan", "m1_plan", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_NB", "M1_NW",
+__all__ = ["M1Plan", "m1_plan", "m1_scratch", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_NB", "M1_NW",
            "M1_FWD_NW", "M1_ONE_NW", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
@@ -203,3 +204,27 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
     if plan.groups(d) > mx * my:
         return None
     return plan
+
+
+def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[str, int]:
+    """The scratch of the Mamba-1 kernels with time in threads (m1/record.py), in the order its
+    recording requests it. Forward: the flag, over time chunks the slices' parts (agg) and each
+    chunk's contribution and decay (one chunk, one pass: none of them), and with the accurate step
+    (``softplus`` 1) the steps the first walk keeps for the second. Backward: the flag, the
+    sequences' initial states (when the cache rows are copied), over time chunks each chunk's
+    contribution, decay and adjoint contribution, then the d_B / d_C partials per channel block
+    and d_A's per chunk."""
+    chunks = d.S * mp.NCH * d.H * d.N
+    out = {"flag": FLAG_ELEMS}
+    if not backward:
+        if mp.NCH > 1:
+            out.update(agg=mp.agg_elems(d), cb=chunks, cdec=chunks)
+        if softplus == 1:
+            out["step"] = d.S * d.T * d.H
+        return out
+    out["st"] = d.S * d.H * d.N
+    if mp.NCH > 1:
+        out.update(cb=chunks, cdec=chunks, cbl=chunks)
+    part = d.S * d.T * mp.NRB * d.N
+    out.update(part_B=part, part_C=part, dAp=chunks)
+    return out

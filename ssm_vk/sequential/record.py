@@ -12,9 +12,8 @@ from ssm_ref import Problem
 
 from .. import kernels as specs
 from ..plan import Window, grid
-from . import common as rc
-from . import time_chunks
-from .common import (
+from ..record import common as rc
+from ..record.common import (
     F32,
     cache_rows,
     gather_rows,
@@ -26,6 +25,8 @@ from .common import (
     zero,
     zero_at,
 )
+from . import kernels as seqk
+from . import time_chunks
 
 __all__ = ["record_forward", "record_backward", "scatters_in_place"]  # of the token-sequential kernels
 
@@ -59,7 +60,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
     if not scan:
         return
     x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
-    k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus))
+    k = kernel(ctx, seqk.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus))
     for w in pl.windows:
         gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
         tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
@@ -71,7 +72,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
         b_s, b_ids, o_rows = _rows_binding(ws, rows, w)
         push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o, **o_rows, "scatter": int(scatter)}
         seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"], b_s, b_ids],
-                     specs.pack_push(specs.FWD_PUSH, push), (gx, gy, 1))
+                     specs.pack_push(seqk.FWD_PUSH, push), (gx, gy, 1))
         seq.barrier()
 
 
@@ -146,8 +147,8 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
     hp = lay.partial_heads(d.H)
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
-    fwd_k = kernel(ctx, specs.fwd_spec(d, lay, checkpoint=True, softplus=pl.softplus))
-    bwd_k = kernel(ctx, specs.bwd_spec(d, lay, pl.softplus))
+    fwd_k = kernel(ctx, seqk.fwd_spec(d, lay, checkpoint=True, softplus=pl.softplus))
+    bwd_k = kernel(ctx, seqk.bwd_spec(d, lay, pl.softplus))
     x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
     wmax = max(pl.windows, key=lambda w: w.S * w.T)
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)
@@ -187,7 +188,7 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
                 "o_A": o["o_A"]}
         dum = call.bind(None, 0, 0, 0)[0]
         seq.dispatch(fwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], dum, bst, bck, b_s, b_ids],
-                     specs.pack_push(specs.FWD_PUSH, push), (gx, gyy, 1))
+                     specs.pack_push(seqk.FWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
         stamp(w, "checkpoints")
 
@@ -201,7 +202,7 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
         seq.dispatch(bwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
                              call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],
                              call.bind(partT, 0, 0, n_part)[0], bdA],
-                     specs.pack_push(specs.BWD_PUSH, push), (gx, gyy, 1))
+                     specs.pack_push(seqk.BWD_PUSH, push), (gx, gyy, 1))
         seq.barrier()
         stamp(w, "back")
         reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],

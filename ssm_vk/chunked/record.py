@@ -17,18 +17,19 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
-from ..plan import ChunkPlan, grid
-from ..plan.chunked import PER_GROUP, scratch_elems
+from ..plan import grid
 from ..plan.sizes import FLAG_ELEMS
-from . import common
-from .common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
+from ..record import common
+from ..record.common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
+from . import kernels as chk
+from .kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
+from .plan import PER_GROUP, ChunkPlan, scratch_elems
 
 __all__ = ["record_forward", "record_backward"]  # of the chunked kernels
 
 
 class _Chunked:
-    """Dispatch helper for one window: the binding table of ssm_vk/glsl/chunk_common.glsl."""
+    """Dispatch helper for one window: the binding table of ssm_vk/chunked/glsl/chunk_common.glsl."""
 
     def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
         self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w
@@ -55,8 +56,8 @@ class _Chunked:
                     o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0, o_A=0)
         push.update(self.offs)
         push.update({k: v for k, v in extra.items() if k.startswith("o_")})
-        self.seq.dispatch(kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in specs.CHUNK_BINDINGS],
-                          specs.pack_push(specs.CHUNK_PUSH, push), (gx, gy, 1))
+        self.seq.dispatch(kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in chk.CHUNK_BINDINGS],
+                          specs.pack_push(chk.CHUNK_PUSH, push), (gx, gy, 1))
 
     def gemm(self, mode: str, **extra) -> None:
         d, cp = self.d, self.cp

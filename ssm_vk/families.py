@@ -1,0 +1,145 @@
+"""The kernel families and what composes them: each family keeps its planner, its kernel specs,
+its recording and its shaders in one folder (``ssm_vk/sequential/``, ``ssm_vk/chunked/``,
+``ssm_vk/m1/``); this module lists them behind one small interface (:class:`Family`) and holds
+what the rest of ssm_vk asks of them together:
+
+- :func:`plan`: a call's plan, trying the families in the order of :data:`FAMILIES`;
+- :func:`family_of`: the family whose kernels run a plan;
+- :func:`kernels_needed`: every kernel a plan's recording may dispatch (the support decision's
+  list);
+- :func:`record_forward`, :func:`record_backward`: the recording of the family a plan names;
+- :func:`matrix`: every variant ``ssm-scan build-shaders`` packages.
+
+Adding a family: a folder like the three (``plan.py``, ``kernels.py``, ``record.py``,
+``glsl/``), a :class:`Family` entry here and its place in :func:`plan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ssm_ref import Dims, Problem
+
+from .chunked import kernels as chunked_kernels
+from .chunked import record as chunked_record
+from .chunked.plan import chunk_plan
+from .config import DEFAULTS, Settings, settings
+from .kernels import KernelSpec, reduce_spec, rows_spec
+from .m1 import kernels as m1_kernels
+from .m1 import record as m1_record
+from .m1.plan import m1_plan
+from .plan import Limits
+from .sequential import kernels as sequential_kernels
+from .sequential import record as sequential_record
+from .sequential.plan import Plan, sequential_plan, time_chunk_plan
+from .sequential.record import scatters_in_place
+
+__all__ = ["Family", "FAMILIES", "SEQUENTIAL", "CHUNKED", "M1", "plan", "family_of", "kernels_needed",
+           "record_forward", "record_backward", "scatters_in_place", "matrix"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family, as the planner, the support decision and the recording see it."""
+    name: str
+    takes: Callable[[Plan], bool]                    # whether a plan runs on this family's kernels
+    kernels: Callable[[Dims, Plan, bool], list]      # (d, plan, backward) -> the KernelSpecs it dispatches
+    record_forward: Callable[..., None]              # (seq, ws, p, bufs, scatter)
+    record_backward: Callable[..., None]             # (seq, ws, p, bufs, kept)
+
+
+CHUNKED = Family(
+    "chunked", lambda pl: pl.chunked is not None,
+    lambda d, pl, backward: chunked_kernels.chunk_kernels(d, pl.chunked, backward),
+    lambda seq, ws, p, bufs, scatter: chunked_record.record_forward(seq, ws, p, bufs),
+    chunked_record.record_backward)
+M1 = Family(
+    "m1", lambda pl: pl.m1 is not None,
+    lambda d, pl, backward: m1_kernels.m1_kernels(d, pl.m1, backward, pl.softplus),
+    lambda seq, ws, p, bufs, scatter: m1_record.record_forward(seq, ws, p, bufs),
+    lambda seq, ws, p, bufs, kept: m1_record.record_backward(seq, ws, p, bufs))
+SEQUENTIAL = Family(
+    "sequential", lambda pl: True,
+    sequential_kernels.sequential_kernels,
+    sequential_record.record_forward,
+    lambda seq, ws, p, bufs, kept: sequential_record.record_backward(seq, ws, p, bufs))
+
+# In the order the planner tries them; the token-sequential kernels take every shape (and
+# recompute a call of another family that turns out inf or nan).
+FAMILIES = (CHUNKED, M1, SEQUENTIAL)
+
+
+def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, softplus: int = 0,
+         time_chunks: bool = True, m1: bool = True) -> Plan:
+    """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
+    plan carries the chunked kernels' plan (chunked.plan) where they take the shape, else the
+    Mamba-1 kernels' with time in threads (m1.plan) where they take it, else, for a forward or
+    backward that the token-sequential scan would leave the device mostly idle on, the plan
+    parallel over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's
+    settings (default: those of now). ``softplus``: the step's form, which the plan hands to its
+    kernels (it changes no size or window). ``m1`` False: not the Mamba-1 kernels with time in
+    threads (their SPIR-V cannot be had)."""
+    knobs = settings() if knobs is None else knobs
+    cp = chunk_plan(d, lim, backward, knobs)
+    if cp is not None and softplus:
+        cp = replace(cp, softplus=softplus)
+    mp = m1_plan(d, lim, backward, knobs) if time_chunks and m1 and cp is None else None
+    if mp is not None:   # (the token-sequential plan beside it recomputes a call with inf or nan)
+        return replace(sequential_plan(d, lim, backward, knobs), m1=mp, softplus=softplus)
+    tp = time_chunk_plan(d, lim, backward, knobs) if time_chunks and cp is None else None
+    if tp is not None:
+        return replace(tp, softplus=softplus)
+    return replace(sequential_plan(d, lim, backward, knobs), chunked=cp, softplus=softplus)
+
+
+def family_of(pl: Plan) -> Family:
+    """The family whose kernels run plan ``pl``."""
+    return next(f for f in FAMILIES if f.takes(pl))
+
+
+def kernels_needed(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
+    """The kernels the recording of a problem of dims ``d`` under plan ``pl`` may dispatch (the
+    d_s scatter's counted whenever ids could repeat), so that the support decision can tell,
+    before any work, whether their SPIR-V can be had and the device takes them: the family's,
+    and for another family than the token-sequential one also the token-sequential kernels that
+    recompute a call with inf or nan."""
+    fam = family_of(pl)
+    if fam is SEQUENTIAL:
+        return SEQUENTIAL.kernels(d, pl, backward)
+    return fam.kernels(d, pl, backward) + SEQUENTIAL.kernels(d, pl, backward)
+
+
+def record_forward(seq, ws, p: Problem, bufs: dict, kept=None, scatter: bool = False) -> None:
+    """Record the forward of ``p`` in workspace ``ws``; ``bufs`` maps s, x, dt, A, B, C, y, states
+    to (buffer or None, element offset). ``scatter``: the final states into s[ids] instead
+    (sequential.record.scatters_in_place)."""
+    family_of(ws.plan).record_forward(seq, ws, p, bufs, scatter)
+
+
+def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
+    """Record the backward; ``bufs`` maps the inputs (s .. g_states) and the outputs (d_s .. d_C).
+    ``kept``: the tables its chunked forward left (engine.KeptForward), bound instead of a
+    recompute; None to recompute them."""
+    family_of(ws.plan).record_backward(seq, ws, p, bufs, kept)
+
+
+def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
+           knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
+    """Every (shader, defines) the forward and backward request for these device profiles and
+    d_state values, for both Mamba variants, and the chunked kernels for every head_dim of
+    ``p_values`` x d_state of ``chunked_n`` (default ``n_values``) and chunk length, in a stable
+    order without duplicates: what ``ssm-scan build-shaders`` packages. Each family lists its
+    part (``<family>/kernels.py``: matrix); the shared kernels are added here."""
+    seen: dict = {}
+
+    def add(specs) -> None:
+        for spec in specs:
+            seen.setdefault((spec.name, spec.defines), None)
+
+    for lim in limits_list:
+        add(sequential_kernels.matrix(lim, n_values, knobs))
+        add(m1_kernels.matrix(lim, n_values, knobs))
+    add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
+    add(chunked_kernels.matrix(p_values, n_values if chunked_n is None else chunked_n, knobs))
+    return [(name, dict(defines)) for name, defines in seen]

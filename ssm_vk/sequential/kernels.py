@@ -1,0 +1,125 @@
+"""The token-sequential kernels' specs (glsl/ssm_scan.comp, ssm_scan_back.comp, ssm_decode.comp):
+their push-constant layouts, the variant a layout dispatches, every kernel a token-sequential plan
+dispatches (also over time chunks) and this family's part of the packaged matrix."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import product
+
+from ssm_ref import Dims
+
+from ..config import Settings
+from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
+from ..plan import Limits
+from .plan import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
+
+__all__ = ["FWD_PUSH", "BWD_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "matrix"]
+
+# Push-constant fields, in the order of the PC block of each shader (all uint32).
+FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
+            "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids", "scatter", "o_A")
+BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
+            "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA", "o_A")
+
+
+def _common(d: Dims, lay: Layout) -> dict:
+    return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
+
+
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False) -> KernelSpec:
+    """ssm_scan.comp: the forward (y and final states), the backward's checkpoint pass
+    (``checkpoint``) or the first pass of the forward parallel over time (``summary``);
+    ssm_decode.comp for a layout of the decode kernel (``lay.DEC``: one token), same bindings and
+    push constants."""
+    defs = _common(d, lay)
+    if lay.DEC and not checkpoint and not summary:   # one token: the decode kernel
+        return KernelSpec("ssm_decode", defines_of(**defs), 10, FWD_PUSH, lay.WG, softplus_constants(softplus))
+    defs.update(CKPT=int(checkpoint), K=lay.K, TB=lay.TB)
+    if lay.SPREAD:
+        defs.update(SPREAD=1)
+    if summary:
+        defs.update(SUMMARY=1)
+    return KernelSpec("ssm_scan", defines_of(**defs), 10, FWD_PUSH, lay.WG, softplus_constants(softplus))
+
+
+def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> KernelSpec:
+    """ssm_scan_back.comp: the backward pass, or (``summary``) the first backward pass over time
+    chunks."""
+    defs = _common(d, lay)
+    defs.update(K=lay.K, TBR=lay.TBR)
+    if lay.SPREAD:
+        defs.update(SPREAD=1)
+    if summary:
+        defs.update(BSUM=1, TB=lay.TB)
+    elif lay.HSUM:
+        defs.update(HSUM=1)
+    return KernelSpec("ssm_scan_back", defines_of(**defs), 13, BWD_PUSH, lay.WG, softplus_constants(softplus))
+
+
+
+
+def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
+    """Every kernel the token-sequential recording of ``d`` under ``pl`` may dispatch, also over
+    time chunks (``pl.tchunk``; the d_s scatter's counted whenever ids could repeat)."""
+    if not (pl.windows and d.H * d.P > 0):
+        kernels = []
+    elif not backward and pl.tchunk:
+        # the three passes over time chunks; the plain forward also recomputes a call with inf or nan
+        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True), carry_spec(d),
+                fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
+    elif not backward:
+        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
+    else:
+        kernels = [fwd_spec(d, pl.layout, checkpoint=True, softplus=pl.softplus),
+                   bwd_spec(d, pl.layout, pl.softplus), reduce_spec(0)]
+        if pl.tchunk:
+            # the summaries and carries over time chunks before the same walk back (which also
+            # recomputes a call with inf or nan)
+            kernels += [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True),
+                        bwd_spec(d, pl.layout, pl.softplus, summary=True), carry_spec(d), carry_spec(d, reverse=True)]
+        if d.H * d.P * (d.N if d.mamba1 else 1):
+            kernels.append(reduce_spec(1))
+    if backward and d.R * d.H * d.P * d.N and d.S > 1:
+        kernels.append(rows_spec())  # ids may repeat: rows added by the scatter kernel
+    return kernels
+
+
+def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
+    """The token-sequential variants the forward and backward request on a device of limits
+    ``lim`` for these d_state values, both Mamba variants, in a stable order (the packaged
+    matrix's part: ssm_vk.families.matrix)."""
+    out = []
+    add = out.append
+    for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
+        # H and P mostly set how rows are spread over workgroups (push constants), not the
+        # defines; T whether it is a decode step (one token: TB = 1) or not. Mamba-1's forward
+        # on a GPU takes one of two layouts by its number of rows: both are here.
+        d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
+                 a_shape=(8, N) if mamba1 else (8,))
+        fwds = [d]
+        if T == 1 and not mamba1:   # the ordinary kernel where P is too small for the decode kernel
+            fwds.append(replace(d, P=1))
+        if mamba1 and T > 1:
+            H = max(8, m1_forward_two_per_lane_from(N))
+            fwds.append(replace(d, H=H, a_shape=(H, N)))
+        if not mamba1 and T > 1:   # Mamba-2 token by token: few threads (blocks of eight tokens) and many
+            fwds.append(replace(d, H=TCHUNK_BELOW, a_shape=(TCHUNK_BELOW,)))
+        for df in fwds:
+            fwd = layout_for(df, lim, False, knobs)
+            add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan (or ssm_decode)
+            if T == 1 and not mamba1:                  # the decode kernel of a step with more sequences
+                add(fwd_spec(df, layout_for(df, lim, False, knobs.with_knobs(DEC=1)), checkpoint=False))
+            if T > 1:                                  # parallel over time: first and middle pass
+                add(fwd_spec(df, fwd, checkpoint=False, summary=True))
+                add(carry_spec(df))
+        bwd = layout_for(d, lim, True, knobs)
+        add(fwd_spec(d, bwd, checkpoint=True))         # ssm_scan_back: checkpoint pass
+        add(bwd_spec(d, bwd))                          # ssm_scan_back: backward pass
+        if mamba1:   # with and without the heads' shared partials: which one depends on H and G
+            add(bwd_spec(d, replace(bwd, HSUM=1 - bwd.HSUM)))
+        if T > 1 and mamba1:                           # the backward parallel over time (Mamba-1's
+            add(fwd_spec(d, bwd, checkpoint=False, summary=True))   # plans; TCHUNK forces it for both)
+            add(bwd_spec(d, bwd, summary=True))
+            add(carry_spec(d, reverse=True))
+    return out
