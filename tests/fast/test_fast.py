@@ -36,7 +36,7 @@ import ssm_fast
 import ssm_ref
 from ssm_ref.tolerance import F32_TOL, compare, scaled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ABS_FLOOR = 2e-6
 RATIO = 8.0
 OUTPUTS_FWD = ("y", "states")
