@@ -5,5 +5,5 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export SSM_REQUIRE_VULKAN=1 SSM_VK_VALIDATION=${SSM_VK_VALIDATION:-1} SSM_FAST_QUIET=1
-FILES="tests/vk tests/test_threads.py tests/test_device_checks.py tests/test_resources.py tests/test_layers.py"
+FILES="tests/vk tests/api/test_threads.py tests/api/test_device_checks.py tests/api/test_resources.py tests/test_layers.py"
 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 -rfE $FILES "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40

@@ -4,7 +4,7 @@ numba lowers ``math.exp`` to a call of the C library's scalar ``expf`` (no vecto
 configured unless Intel SVML is installed), so a loop over n with an exp inside runs one element at
 a time. These helpers use only arithmetic, rounding and bit casts, which LLVM vectorises.
 
-Accuracy (tests/test_fast_math.py): ``exp_f32`` within 3 ulp of numpy's float32 exp over
+Accuracy (tests/fast/test_fast_math.py): ``exp_f32`` within 3 ulp of numpy's float32 exp over
 [-110, 92]; ``softplus_f32`` within 1.4e-7 absolute of the exact log(1 + e^z) (numpy's float32
 evaluation of that formula: 2.1e-7). Semantics match docs/SPEC.md and numpy: exp overflows to inf above
 ~88.72, gives subnormals and then 0 below ~-87.3, nan stays nan; softplus is z above 20 and

@@ -9,7 +9,7 @@ overrides the environment for tests and sweeps.
 The environment variables are declared in :data:`ENV` and the knobs in :data:`KNOBS`, each once:
 name, default, legal values and meaning. docs/API.md's table of ssm_vk's environment variables
 and docs/KERNELS.md's table of the knobs are made from them (``python tools/settings_tables.py``;
-tests/test_settings_tables.py checks that the docs hold what it writes).
+tests/docs/test_settings_tables.py checks that the docs hold what it writes).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Python blocks of the Markdown docs, and how one is run as a user pastes it: shared by
-tests/test_doc_snippets.py (the checkout) and tests/install/smoke.py (an installed package).
+tests/docs/test_doc_snippets.py (the checkout) and tests/install/smoke.py (an installed package).
 Standard library only: the smoke suite imports it beside an installed ssm-scan."""
 
 from __future__ import annotations

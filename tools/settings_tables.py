@@ -5,7 +5,7 @@ variables (``ENV``) into docs/API.md, each between its two marker comments.
     python tools/settings_tables.py           rewrite the tables
     python tools/settings_tables.py --check   exit 1 if a table differs from what would be written
 
-tests/test_settings_tables.py runs the check.
+tests/docs/test_settings_tables.py runs the check.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ kernels, the forward's tables a backward takes, the repeat-call lanes, the works
 fallback. Every kernel takes the form as a specialisation constant (ssm_vk/glsl/math.glsl), so a
 call of one form must never run a pipeline, a recording or a table made for another.
 
-The values of each form are checked on every backend in tests/test_dt_softplus_backends.py;
+The values of each form are checked on every backend in tests/ref/test_dt_softplus_backends.py;
 here the results of each call are compared with the float64 oracle of its form, or bit for bit
 with a host call of the same form (same kernels, same order of operations).
 """

@@ -22,7 +22,7 @@ from ssm_cli.main import COMMANDS
 from ssm_vk import runtime as rt
 from ssm_vk.plan import Limits
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VULKAN, NO_VULKAN_REASON = rt.available()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

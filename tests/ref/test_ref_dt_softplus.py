@@ -24,7 +24,7 @@ REF = next(b for b in BACKENDS if b.name == "ssm_ref")
 
 
 def via_scan(dts, form, dtype=np.float64):
-    """y = d and d_dt = d'(dt) of the probe problem (tests/test_softplus.py) under ``form``."""
+    """y = d and d_dt = d'(dt) of the probe problem (tests/ref/test_softplus.py) under ``form``."""
     H = len(dts)
     inp = probe(dts, dtype)
     y = ssm_ref.ssm_scan(**inp, dtype=dtype, dt_softplus=form).y.reshape(H)

@@ -13,7 +13,7 @@ import pytest
 
 from ssm_vk import config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import settings_tables  # noqa: E402
 

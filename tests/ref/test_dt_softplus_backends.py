@@ -2,7 +2,7 @@
 (the default), "log1p" (accurate far down the log branch: what mamba_ssm and PyTorch compute) and
 None (dt is the step itself).
 
-Values come from Python's math on the probe problem of tests/test_softplus.py (y = the step,
+Values come from Python's math on the probe problem of tests/ref/test_softplus.py (y = the step,
 d_dt = its derivative); whole scans are judged against the float64 oracle of the same form.
 """
 

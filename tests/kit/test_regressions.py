@@ -10,7 +10,7 @@ from registry import BACKENDS
 from ssm_ref.testing.properties import PROPERTIES
 from ssm_ref.testing.regressions import load_all
 
-SAVED = load_all(Path(__file__).parent / "regressions")
+SAVED = load_all(Path(__file__).resolve().parents[1] / "regressions")
 
 
 def test_there_are_saved_cases_and_each_names_a_known_property():

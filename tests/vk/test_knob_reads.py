@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "ssm_vk"
+PKG = Path(__file__).resolve().parents[2] / "ssm_vk"
 FAMILIES = ("sequential", "chunked", "m1")
 # Each family's kernel specs and recording (not its plan.py: its planner), what the families share
 # after planning, and what runs a call.

@@ -22,7 +22,7 @@ import ssm_ref.testing
 from ssm_ref.testing import ports
 from ssm_ref.tolerance import Tol, compare, share_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A correct port whose results are plain tuples and dicts (no result types, no where/backend).
 GOOD = '''

@@ -36,7 +36,7 @@ import ssm_fast
 import ssm_ref
 from ssm_ref.tolerance import F32_TOL, compare, scaled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ABS_FLOOR = 2e-6
 RATIO = 8.0
 OUTPUTS_FWD = ("y", "states")
@@ -343,7 +343,7 @@ def test_bit_identical_run_to_run_and_for_any_alignment():
 
 def test_bit_identical_for_any_thread_count():
     """The same outputs, bit for bit, with NUMBA_NUM_THREADS = 1, 2 and 4 (fresh processes)."""
-    code = ("import json, tests.test_fast as t, ssm_fast, numba; "
+    code = ("import json, tests.fast.test_fast as t, ssm_fast, numba; "
             "print(json.dumps([numba.get_num_threads(), t._digests_here()]))")
     results = {}
     for n in (1, 2, 4):
@@ -448,7 +448,7 @@ def test_d_s_is_the_reference_scatter_bit_for_bit():
 def test_numba_disable_jit_falls_back_to_the_reference_visibly():
     """NUMBA_DISABLE_JIT=1: ssm_fast (and ssm_vk's CPU fallback through it) compute with ssm_ref,
     log why once, and say so in ``backend``."""
-    code = ("import json, logging, numpy as np, tests.test_fast as t, ssm_fast, ssm_ref\n"
+    code = ("import json, logging, numpy as np, tests.fast.test_fast as t, ssm_fast, ssm_ref\n"
             "logging.basicConfig(level=logging.WARNING)\n"
             "p, gy, gs = t.make_problem(np.random.default_rng(1), S=2, T=5, H=2, P=3, N=4, G=1)\n"
             "r, g = ssm_fast.ssm_scan(**p), ssm_fast.ssm_scan_back(**p, g_y=gy, g_states=gs)\n"

@@ -30,7 +30,7 @@ from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 from ssm_vk.plan import Limits
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 THREADS = 8
 REPEATS = 3
 

@@ -24,7 +24,7 @@ import pytest
 from children import child_env
 from registry import BACKENDS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODES = [(b.name, "host") for b in BACKENDS] + [("ssm_vk", "device") for b in BACKENDS if b.name == "ssm_vk"]
 
 LOOP = textwrap.dedent(r"""
