@@ -1,5 +1,5 @@
-# The two entry points of the README. Both set themselves up on a fresh Debian 12 (root: apt;
-# otherwise they expect the apt packages to be there) and are safe to run again.
+# The two entry points of the README. Both set themselves up on a fresh Debian 12 (apt, through sudo
+# when not root) and are safe to run again (docs/INSTALL.md, "What `make` installs").
 PY       ?= python3
 VENV     := .venv
 VPY      := $(VENV)/bin/python

@@ -1,8 +1,8 @@
 """A one-line note on stderr when ssm_fast's kernels are compiled, and where numba caches them.
 
 numba compiles a kernel the first time a process needs it and no usable copy is in its on-disk
-cache; that takes seconds (all kernels: about 18 s on two cores), during which a first call looks
-like a hang. numba announces every compilation that is not a cache hit through its event API
+cache; that takes seconds (all kernels: about :data:`FIRST_COMPILE_S` s on two cores), during which
+a first call looks like a hang. numba announces every compilation that is not a cache hit through its event API
 (``numba:compile``); :func:`install` listens, and on the first such event of an ssm_fast function
 in the process prints one line to stderr. Set ``SSM_FAST_QUIET=1`` to silence it; call
 ``ssm_fast.warmup()`` to compile everything at a time of your choosing.
@@ -17,7 +17,12 @@ from pathlib import Path
 
 from numba.core import event
 
-__all__ = ["cache_dir", "install"]
+__all__ = ["FIRST_COMPILE_S", "cache_dir", "install"]
+
+# Seconds to compile every kernel in a cold process on two cores: docs/FAST.md, "Compile cost"
+# (14.9 s, measured by benchmarks/compile_time.py). The message below and the docs quote this figure
+# (tests/docs/test_docs_figures.py holds them to it); measure again and change it here when the kernels change.
+FIRST_COMPILE_S = 15
 
 _said = False
 
@@ -61,7 +66,8 @@ class _Listener(event.Listener):
         _said = True
         where = cache_dir()
         note = f"cached in {where}" if writable(where) else f"NOT cached: {where} is not writable, set NUMBA_CACHE_DIR"
-        print(f"compiling ssm_fast kernels (first use, about 20 s; {note}) ...", file=sys.stderr, flush=True)
+        print(f"compiling ssm_fast kernels (first use, about {FIRST_COMPILE_S} s; {note}) ...",
+              file=sys.stderr, flush=True)
 
     def on_end(self, ev):
         pass

@@ -86,7 +86,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
     enabled and every float input is float64). Returns (y (S,T,H,P) in x's dtype, states
     (S,H,P,N) in s's dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus:
-    "ggml" (default), "log1p" or None (ssm_ref and ssm_fast; ssm_vk ggml's only: NotImplementedError).
+    "ggml" (default), "log1p" or None (docs/SPEC.md section 3), on every backend.
     """
     _module(backend)
     ssm_ref.check_dt_softplus(dt_softplus)

@@ -56,8 +56,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     B and C (S,T,G,N), of any float dtype (float16, bfloat16, float32, float64), on the CPU;
     ids (S,) integers in [0, R) or None (arange(S)). backend: "ssm_fast" (numba, the default),
     "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default), "log1p" or None
-    (docs/SPEC.md section 3); ssm_ref and ssm_fast take every form, ssm_vk ggml's only
-    (NotImplementedError naming the backend otherwise).
+    (docs/SPEC.md section 3), on every backend.
 
     Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
     Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype). Raises the backends'

@@ -25,7 +25,7 @@ from children import REPO, child_env
 from snippets import python_blocks, run_block
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # not docs/archive/
-TIMEOUT_S = 240  # a cold numba cache compiles ssm_fast's kernels (~40 s on 2 cores) in the first block
+TIMEOUT_S = 240  # a cold numba cache compiles ssm_fast's kernels first (ssm_fast.compiling.FIRST_COMPILE_S)
 
 
 BLOCKS = [(p, line, code) for p in DOCS for line, code in python_blocks(p)]

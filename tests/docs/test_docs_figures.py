@@ -29,3 +29,22 @@ def test_install_quotes_the_packaged_variant_count():
     count = len(build.variants(profiles, n_values, p_values, chunked_n))
     quoted = _quoted("docs/INSTALL.md", r"`ssm_vk/spirv/`: ([\d,]+) variants for the GPU profiles")
     assert quoted == count, f"docs/INSTALL.md quotes {quoted} packaged variants; the matrix has {count}"
+
+
+
+def test_the_docs_quote_ssm_fasts_first_compile_time():
+    # One figure for the first compile of ssm_fast's kernels: the constant its stderr note prints,
+    # measured in docs/FAST.md ("Compile cost"); every page that gives that time quotes the same one.
+    from ssm_fast.compiling import FIRST_COMPILE_S
+
+    measured = float(_quoted_text("docs/FAST.md", r"\| total \| ([\d.]+) "))
+    assert round(measured) == FIRST_COMPILE_S, f"docs/FAST.md measured {measured} s; ssm_fast says {FIRST_COMPILE_S}"
+    for page in ("README.md", "docs/FAST.md", "docs/TORCH.md"):
+        quoted = {int(v) for v in re.findall(r"first use,? \(?about (\d+) s", (REPO / page).read_text())}
+        assert quoted == {FIRST_COMPILE_S}, f"{page} quotes {sorted(quoted)} s for ssm_fast's first compile"
+
+
+def _quoted_text(page: str, pattern: str) -> str:
+    found = re.findall(pattern, (REPO / page).read_text())
+    assert len(found) == 1, f"{page}: expected one match of {pattern!r}, found {len(found)}"
+    return found[0]
