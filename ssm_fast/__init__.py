@@ -75,7 +75,8 @@ def _steps(dt, form):
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
-    Args: s (R,H,P,N) or None (zero start states (S,H,P,N); ids then None), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
+    Args: s (R,H,P,N) or None (zero start states (S,H,P,N); ids then None), x (S,T,H,P), dt (S,T,H),
+    A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
     ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype are
     converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
     where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
@@ -157,7 +158,8 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     g_y (S,T,H,P) and g_states (S,H,P,N), each None for zeros, or g_y as the packed 1-D forward
     layout with g_states=None; s=None, ids and dt_softplus as in :func:`ssm_scan`. Returns
     ScanGrads in float32 (a mapping by name): d_s (R,H,P,N) (d_s0 scatter-added into rows
-    ids[i]; for s=None the gradient of the zero start states, (S,H,P,N)), d_s0 (S,H,P,N), d_x, d_dt, d_A (A's shape as given), d_B, d_C; where="CPU",
+    ids[i]; for s=None the gradient of the zero start states, (S,H,P,N)), d_s0 (S,H,P,N), d_x, d_dt,
+    d_A (A's shape as given), d_B, d_C; where="CPU",
     backend="ssm_fast". Raises as ssm_ref. Bit-identical for any thread count (docs/FAST.md).
     Same function: ssm_ref.ssm_scan_back, ssm_vk.ssm_scan_back.
     """

@@ -431,7 +431,8 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
 
     x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
     those. ``s=None`` means zero start states, one per sequence: s = zeros (S, H, P, N) (R = S, N
-    from B's last axis), and ``ids`` must be None (ValueError naming ids). Raises TypeError (dtypes) or ValueError (shapes, ids, groups; a problem beyond the host
+    from B's last axis), and ``ids`` must be None (ValueError naming ids). Raises TypeError (dtypes)
+    or ValueError (shapes, ids, groups; a problem beyond the host
     memory limit, see ssm_ref.memory) before any work or allocation. ``workspace(dims, dtype)``:
     the bytes the calling backend needs besides the converted inputs and the outputs.
     Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``

@@ -37,7 +37,8 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
 
     Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``),
     or ``s=None``: zero start states (ids None), kept on the device by the prepared call.
-    ``dt_softplus`` as ssm_scan takes it (mamba_ssm's booleans included). ``update_cache=True``: each run writes the new states into the cache rows s[ids] (``states``
+    ``dt_softplus`` as ssm_scan takes it (mamba_ssm's booleans included). ``update_cache=True``:
+    each run writes the new states into the cache rows s[ids] (``states``
     None), as ssm_scan(update_cache=True) does. Raises as ssm_scan for bad input; TypeError
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
     (the reason; ssm_vk.ssm_scan would compute it on the CPU).

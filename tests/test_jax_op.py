@@ -63,7 +63,7 @@ def test_jit_grad_in_float64_equals_the_oracle_and_finite_differences(x64, varia
         np.testing.assert_allclose(np.asarray(got), getattr(g, "d_" + k), rtol=1e-13, atol=1e-15, err_msg=k)
     check_grads(loss_fn(case, ids, backend="ssm_ref", dt_softplus="log1p"), a, order=1, modes=["rev"],
                 atol=1e-7, rtol=1e-7)
-    assert ssm_jax.last_where()["dtype"] == "float64"
+    assert ssm_jax.last_where().dtype == "float64"
 
 
 @pytest.mark.parametrize("backend", ["ssm_ref", "ssm_fast"])
@@ -83,7 +83,7 @@ def test_float32_under_jit_within_the_tolerance_table(backend):
     for k, got in zip(NAMES, grads, strict=True):
         assert_close(entry, "d_" + k, np.asarray(got), getattr(g, "d_" + k))
     w = ssm_jax.last_where()
-    assert (w["op"], w["backend"], w["dtype"]) == ("ssm_scan_back", backend, "float32")
+    assert (w.op, w.backend, w.dtype) == ("ssm_scan_back", backend, "float32")
 
 
 def test_vmap_of_the_scan_and_of_its_gradient(x64):
@@ -123,7 +123,7 @@ def test_errors_name_the_argument_also_while_tracing():
         jax.jit(lambda *v: ssm_jax.ssm_scan(*v))(*a[:4], a[4][:, :, 0], a[5])
     with pytest.raises(ValueError, match=r"^backend: expected one of"):
         ssm_jax.ssm_scan(*a, backend="torch")
-    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p' or None"):
+    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, True .* or False"):
         ssm_jax.ssm_scan(*a, backend="ssm_ref", dt_softplus="exp")
 
 
