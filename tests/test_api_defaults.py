@@ -48,7 +48,7 @@ def case_and_zeros(variant: str, seed: int = 0):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_s_none_is_zero_start_states(backend, variant):
-    case, inp, zeros = case_and_zeros(variant)
+    _case, inp, zeros = case_and_zeros(variant)
     m = backend.module
     got = m.ssm_scan(None, **inp)
     want = m.ssm_scan(zeros, **inp)
@@ -89,7 +89,7 @@ def test_ids_with_s_none_is_a_value_error_naming_ids(backend, op):
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_update_cache_with_s_none_is_a_value_error_naming_s(backend):
-    case, inp, _ = case_and_zeros("mamba2")
+    _case, inp, _ = case_and_zeros("mamba2")
     with pytest.raises(ValueError, match=r"^s: update_cache=True writes the new states into s, got None"):
         backend.module.ssm_scan(None, **inp, update_cache=True)
     with pytest.raises(ValueError, match=r"^s: update_cache=True"):
@@ -161,7 +161,7 @@ def test_dt_softplus_booleans_are_mamba_ssms_forms(backend, flag, form):
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_supports_takes_the_calls_keywords(backend):
-    case, inp, _ = case_and_zeros("mamba2")
+    _case, inp, _ = case_and_zeros("mamba2")
     m = backend.module
     for form in ("ggml", "log1p", None, True, False):
         for op in ("ssm_scan", "ssm_scan_back"):
@@ -178,7 +178,7 @@ def test_supports_takes_the_calls_keywords(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=repr)
 def test_scan_result_unpacks_as_y_and_states(backend):
-    case, inp, zeros = case_and_zeros("mamba2")
+    _case, inp, zeros = case_and_zeros("mamba2")
     r = backend.module.ssm_scan(zeros, **inp)
     y, states = r
     assert y is r.y and states is r.states and len(r) == 2 and list(r) == [r.y, r.states]
@@ -257,7 +257,7 @@ def test_where_is_one_type_for_both_bridges():
     torch_bridge, jax_bridge = _package("ssm_torch"), _package("ssm_jax")
     assert torch_bridge.Where is jax_bridge.Where is ssm_ref.Where
     import torch
-    case, inp, zeros = case_and_zeros("mamba2")
+    _case, inp, zeros = case_and_zeros("mamba2")
     torch_bridge.ssm_scan(*(torch.from_numpy(v) for v in (zeros, *inp.values())), backend="ssm_ref")
     jax_bridge.ssm_scan(zeros, *inp.values(), backend="ssm_ref")
     wt, wj = torch_bridge.last_where(), jax_bridge.last_where()
