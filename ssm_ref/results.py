@@ -3,7 +3,6 @@ and Where (what ssm_torch.last_where / ssm_jax.last_where report)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,10 +53,12 @@ class ScanGrads:
     d_s0: (S, H, P, N), the gradient of each sequence's initial state, at position i
     d_x (S, T, H, P), d_dt (S, T, H), d_A (shape of A as given), d_B and d_C (S, T, G, N)
 
-    A read-only mapping of the seven gradients by name, in the order of GRAD_NAMES (d_s, d_s0,
-    d_x, d_dt, d_A, d_B, d_C): ``g["d_x"]``, ``keys()``, ``values()``, ``items()``, ``len(g)`` (7),
-    ``"d_x" in g``, ``dict(g)``, ``f(**g)``; iteration yields the names, as a dict's does. The
-    attributes (``g.d_x``) are the same arrays. Frozen: nothing can be reassigned.
+    Read-only mapping access to the seven gradients by name, in the order of GRAD_NAMES (d_s,
+    d_s0, d_x, d_dt, d_A, d_B, d_C): ``g["d_x"]``, ``keys()``, ``values()``, ``items()``, ``get()``,
+    ``len(g)`` (7), ``"d_x" in g``, ``dict(g)``, ``f(**g)``; iteration yields the names, as a
+    dict's does. The attributes (``g.d_x``) are the same arrays. Not registered as a
+    collections.abc.Mapping: code that tells results from mappings (ssm_ref.testing.ports) reads
+    it by its attributes, ``where`` and ``backend`` included. Frozen: nothing can be reassigned.
     """
 
     d_s: np.ndarray
@@ -112,10 +113,6 @@ class ScanGrads:
 
 
 GRAD_NAMES = ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
-
-# A Mapping for isinstance; not a subclass, whose __eq__ would compare the arrays (a ScanGrads
-# compares by identity, as ScanResult does).
-Mapping.register(ScanGrads)
 
 
 @dataclass(frozen=True)
