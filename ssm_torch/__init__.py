@@ -78,9 +78,11 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
-    if s is None:   # the shared checker's zero start states (it raises for ids given with them)
-        d = _op.check_shapes(None, x, dt, A, B, C, ids)
-        s = x.new_zeros((d.S, d.H, d.P, d.N))
+    if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
+        if ids is not None or x.dim() != 4 or B.dim() != 4:
+            _op.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
+        # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
+        s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
     return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus))
 
 

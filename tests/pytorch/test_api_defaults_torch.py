@@ -74,3 +74,13 @@ def test_ids_with_s_none_is_a_value_error_naming_ids():
     with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, True"):
         ssm_torch.ssm_scan(None, *t, dt_softplus="softplus")
     assert ssm_torch.Where is ssm_ref.Where
+
+
+def test_s_none_compiles_without_a_graph_break():
+    case, zeros = _problem(2)
+    t = [torch.from_numpy(case.inputs[k]) for k in FLOATS]
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a: ssm_torch.ssm_scan(None, *a, backend="ssm_ref", dt_softplus=True), fullgraph=True)
+    y, states = f(*t)
+    y0, states0 = ssm_torch.ssm_scan(torch.from_numpy(zeros), *t, backend="ssm_ref", dt_softplus="log1p")
+    assert torch.equal(y, y0) and torch.equal(states, states0)
