@@ -76,11 +76,12 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
-    for a in arrays:
+    for i, a in enumerate(arrays):
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
-            # g_states may be None beside a packed (1-D) g_y; every other None (s, g_y, g_states
-            # beside a structured g_y: zeros the validator makes) takes the full path
-            if a is None and a is arrays[-1] and backward and len(arrays[6].shape) == 1:
+            # g_states (i == 7) may be None beside a packed (1-D) g_y, a DeviceArray checked at
+            # i == 6; every other None (s, g_y, g_states beside a structured g_y: zeros the
+            # validator makes) takes the full path
+            if a is None and i == 7 and len(arrays[6].shape) == 1:
                 sig.append(None)
                 continue
             return None

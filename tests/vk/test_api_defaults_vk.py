@@ -59,6 +59,14 @@ def test_device_calls_with_defaults_repeat_bit_for_bit(variant):
         gs = ssm_vk.ssm_scan_back(z, *dev, None, g_y, None)
         for k in ssm_ref.GRAD_NAMES:
             assert _same(gp[k], want_b[k]) and _same(gs[k], want_b[k]), k
+    # g_y None beside a device g_states, and neither: zeros
+    g_states = ssm_vk.to_device(case.g_states)
+    want_s = ssm_vk.ssm_scan_back(z, *dev, None, ssm_vk.to_device(np.zeros_like(case.g_y)), g_states)
+    for _ in range(2):
+        gn = ssm_vk.ssm_scan_back(z, *dev, g_states=g_states)
+        zero = ssm_vk.ssm_scan_back(z, *dev)
+        for k in ssm_ref.GRAD_NAMES:
+            assert _same(gn[k], want_s[k]) and not np.any(zero[k].numpy()), k
 
 
 def test_prepared_calls_take_the_defaults():
