@@ -1,12 +1,12 @@
 """ssm_fast: the selective scan (ggml SSM_SCAN) and its backward as numba-parallel CPU kernels.
 
     import ssm_fast
-    r = ssm_fast.ssm_scan(s, x, dt, A, B, C, ids)                # ScanResult, float32
+    y, states = ssm_fast.ssm_scan(s, x, dt, A, B, C, ids)        # ScanResult, float32
     g = ssm_fast.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
 
 Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
 s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
-B and C (S,T,G,N), ids (S,) integers in [0, R) or None. The same functions, with the same
+B and C (S,T,G,N), ids (S,) integers in [0, R) or None; s=None for zero start states. The same functions, with the same
 arguments, results and errors, are ``ssm_ref.ssm_scan`` (numpy reference) and ``ssm_vk.ssm_scan``.
 
 Numerics: float32 storage and float32 arithmetic (docs/SPEC.md's contract); multiply-adds may be fused
@@ -51,6 +51,12 @@ __all__ = ["NAME", "__version__", "get_num_threads", "set_num_threads", "ssm_sca
 get_num_threads = threads.get_num_threads
 set_num_threads = threads.set_num_threads
 
+
+def __dir__():
+    # The public names only; the kernels' modules (config, threads, pool, ...) are imported by
+    # their path, e.g. ``import ssm_fast.config``.
+    return sorted(__all__)
+
 _F32 = np.float32
 compiling.install()
 
@@ -69,16 +75,18 @@ def _steps(dt, form):
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
-    Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
+    Args: s (R,H,P,N) or None (zero start states (S,H,P,N); ids then None), x (S,T,H,P), dt (S,T,H),
+    A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
     ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype are
     converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
     where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
     (the checks of ssm_ref). Inputs are never written, unless ``update_cache=True`` asks for the
     final states in the cache rows s[ids] (as ssm_ref.ssm_scan; ``states`` is then None).
-    ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
+    ``dt_softplus``: "ggml" (default), "log1p" or True (mamba_ssm's), None or False, as in
+    ssm_ref.ssm_scan. The result unpacks as ``y, states``.
     Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
     """
-    check_dt_softplus(dt_softplus)
+    dt_softplus = check_dt_softplus(dt_softplus)
     if guard.unusable():
         return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus, update_cache=update_cache)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
@@ -144,16 +152,18 @@ def _segment(d, lanes: int) -> int:
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
 
-    g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
-    g_states=None. Returns ScanGrads in float32: d_s (R,H,P,N) (d_s0 scatter-added into rows
-    ids[i]), d_s0 (S,H,P,N), d_x, d_dt, d_A (A's shape as given), d_B, d_C; where="CPU",
+    g_y (S,T,H,P) and g_states (S,H,P,N), each None for zeros, or g_y as the packed 1-D forward
+    layout with g_states=None; s=None, ids and dt_softplus as in :func:`ssm_scan`. Returns
+    ScanGrads in float32 (a mapping by name): d_s (R,H,P,N) (d_s0 scatter-added into rows
+    ids[i]; for s=None the gradient of the zero start states, (S,H,P,N)), d_s0 (S,H,P,N), d_x, d_dt,
+    d_A (A's shape as given), d_B, d_C; where="CPU",
     backend="ssm_fast". Raises as ssm_ref. Bit-identical for any thread count (docs/FAST.md).
     Same function: ssm_ref.ssm_scan_back, ssm_vk.ssm_scan_back.
     """
-    check_dt_softplus(dt_softplus)
+    dt_softplus = check_dt_softplus(dt_softplus)
     if guard.unusable():
         return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, dt_softplus=dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace)
@@ -195,9 +205,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") 
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
-    """ssm_fast runs every shape the reference accepts. Bad input raises as in ssm_scan."""
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
+    """ssm_fast runs every shape the reference accepts, in every dt_softplus form. Takes the
+    arguments of ssm_scan; bad input raises as there."""
     check_op(op)
+    check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids)
     check_update_cache(update_cache, s, p.ids, op=op)
     return Support(True, "numba CPU kernels run every shape")

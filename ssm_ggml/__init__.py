@@ -256,7 +256,7 @@ def _oracle_note(p, packed: np.ndarray) -> str:
     return "; ".join(parts)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
     """Backward of :func:`ssm_scan`, where the build has one (ggmlR's ``ggml_ssm_scan_back``):
     ScanGrads as ssm_ref.ssm_scan_back, with d_s the scatter-add of ggml's d_s0 by ids (computed
     here; ggmlR returns d_s0 only). Raises NotImplementedError for a build without it (upstream

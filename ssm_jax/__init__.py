@@ -3,9 +3,13 @@
     import ssm_jax
     y, states = ssm_jax.ssm_scan(s, x, dt, A, B, C)                  # ssm_fast, ggml's softplus
     jax.grad(lambda x: ssm_jax.ssm_scan(s, x, dt, A, B, C)[0].sum())(x)
+    y, states = ssm_jax.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
+    ssm_jax.last_where()          # Where(op='ssm_scan', where='CPU', backend='ssm_fast', dtype='float32')
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
-A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None. A ``jax.custom_vjp`` whose forward
+A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero start states.
+``last_where()`` returns an ``ssm_ref.Where`` (the type ssm_torch.last_where returns).
+A ``jax.custom_vjp`` whose forward
 and backward are ``jax.pure_callback`` calls of a numpy backend on the host, so it works under
 ``jax.jit``, ``jax.grad`` / ``jax.vjp`` and ``jax.vmap`` (a vmapped call runs the backend once per
 batch element). docs/JAX.md is the user's guide.
@@ -23,20 +27,28 @@ import numpy as np
 
 import ssm_ref
 import ssm_ref.checks
+from ssm_ref.results import Where
 
-__all__ = ["BACKENDS", "last_where", "ssm_scan"]
+__all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
+
+
+def __dir__():
+    # The public names only; jax, numpy and the helpers are not the API.
+    return sorted(__all__)
+
 
 BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 
 _LOCK = threading.Lock()
-_LAST: dict = {}
+_LAST: list = [None]   # the Where of the last call (one slot: replaced whole, read under the lock)
 
 
-def last_where() -> dict | None:
-    """The last call of a backend in this process (callbacks may run on another thread):
-    {"op", "where", "backend", "dtype"}, or None before the first."""
+def last_where() -> Where | None:
+    """The :class:`ssm_ref.Where` (op, where, backend, dtype) of the last call of a backend in
+    this process (callbacks may run on another thread), or None before the first. The type
+    ssm_torch.last_where returns."""
     with _LOCK:
-        return dict(_LAST) if _LAST else None
+        return _LAST[0]
 
 
 def _module(backend: str):
@@ -55,8 +67,9 @@ def _kwargs(backend: str, dt_softplus, work) -> dict:
 
 
 def _record(op: str, r, work) -> None:
+    w = Where(op=op, where=r.where, backend=r.backend, dtype=np.dtype(work).name)
     with _LOCK:
-        _LAST.update(op=op, where=r.where, backend=r.backend, dtype=np.dtype(work).name)
+        _LAST[0] = w
 
 
 def _standin(shape, dtype) -> np.ndarray:
@@ -77,19 +90,26 @@ def _check(arrays, ids) -> ssm_ref.Dims:
             ids_ = np.asarray(ids)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
             ids_ = _standin(jnp.shape(ids), jnp.result_type(ids))  # values checked when the call runs
-    return ssm_ref.checks.check_shapes(*(_standin(jnp.shape(a), jnp.result_type(a)) for a in arrays), ids_)
+    return ssm_ref.checks.check_shapes(*(None if a is None else _standin(jnp.shape(a), jnp.result_type(a))
+                                         for a in arrays), ids_)
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
-    enabled and every float input is float64). Returns (y (S,T,H,P) in x's dtype, states
-    (S,H,P,N) in s's dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus:
-    "ggml" (default), "log1p" or None (docs/SPEC.md section 3), on every backend.
+    enabled and every float input is float64). ``s=None``: zero start states (S,H,P,N) in x's
+    dtype (ids must then be None). Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's
+    dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus: "ggml" (default,
+    ggml's form), "log1p" or True (mamba_ssm's softplus), None or False (dt is the step); every
+    backend takes every form.
     """
     _module(backend)
-    ssm_ref.check_dt_softplus(dt_softplus)
+    dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
+    if s is None:   # the shared checker's zero start states (it raises for ids given with them)
+        x_ = jnp.asarray(x)
+        d = _check((None, x_, *(jnp.asarray(a) for a in (dt, A, B, C))), ids)
+        s = jnp.zeros((d.S, d.H, d.P, d.N), x_.dtype)
     arrays = tuple(jnp.asarray(a) for a in (s, x, dt, A, B, C))
     d = _check(arrays, ids)
     f64 = backend == "ssm_ref" and all(a.dtype == jnp.float64 for a in arrays)

@@ -2,13 +2,17 @@
 (ggmlR SSM_SCAN_BACK) -- the executable spec every other backend is tested against.
 
     import ssm_ref
-    r = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids)             # float32, the contract
+    y, states = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids)     # float32, the contract
     o = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids, dtype=np.float64)   # the oracle
     g = ssm_ref.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+    g = ssm_ref.ssm_scan_back(None, x, dt, A, B, C, g_y=g_y)  # zero start states, g_states zeros
+    g["d_x"]                                                 # ScanGrads: a mapping by name
 
 Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
 s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
-B and C (S,T,G,N), ids (S,) integer in [0, R). See docs/SPEC.md.
+B and C (S,T,G,N), ids (S,) integer in [0, R). ``s=None``: zero start states (S,H,P,N), ids None.
+``dt_softplus``: "ggml" (the default, ggml's form), "log1p" or True (mamba_ssm's), None or False.
+See docs/SPEC.md and docs/API.md.
 
 The same names exist in ``ssm_fast`` (numba, CPU) and ``ssm_vk`` (Vulkan).
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jvp, packing, tolerance
+from . import chunked, jvp, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
@@ -41,7 +45,7 @@ from .checks import (
 )
 from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
-from .results import GRAD_NAMES, ScanGrads, ScanResult, Support
+from .results import GRAD_NAMES, ScanGrads, ScanResult, Support, Where
 from .scan import backward as _backward
 from .scan import backward_workspace, forward_workspace, scatter_rows
 from .scan import forward as _forward
@@ -54,19 +58,24 @@ __all__ = [
     "DT_SOFTPLUS",
     "GRAD_NAMES",
     "NAME",
+    "OPS",
+    "WHERE",
     "Dims",
     "Problem",
     "ScanGrads",
     "ScanResult",
     "Support",
+    "Where",
     "__version__",
     "check_backward",
     "check_dt_softplus",
     "check_dtype",
     "check_forward",
+    "check_op",
     "check_update_cache",
     "pack_backward",
     "pack_forward",
+    "chunked",
     "packing",
     "jvp",
     "tolerance",
@@ -79,29 +88,40 @@ __all__ = [
     "unpack_forward",
 ]
 
+
+
+def __dir__():
+    # The public names only (its public submodules: chunked, jvp, packing, tolerance). The
+    # submodules that imports attach (checks, scan, results, memory, environ, testing) and numpy
+    # stay importable by their path, e.g. ``import ssm_ref.checks``, but are not the API.
+    return sorted(__all__)
+
 OPS = ("ssm_scan", "ssm_scan_back")
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False) -> ScanResult:
     """Forward selective scan.
 
-    Args: s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
-    ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype.
+    Args: s (R,H,P,N) or None (zero start states (S,H,P,N), one per sequence; ``ids`` must then be
+    None), x (S,T,H,P), dt (S,T,H), A (H,)|(H,1)|(H,N), B and C (S,T,G,N), ids (S,) integers in
+    [0, R) or None for arange(S); float inputs of any float dtype.
     dtype: np.float32 (the contract: float32 storage and arithmetic) or np.float64 (the oracle).
     dt_softplus: how dt becomes the step d (docs/SPEC.md section 3): "ggml" (the default,
-    log(1 + exp(dt)) as ggml computes it), "log1p" (log1p(exp(dt)), accurate far down the
-    negative side), or None (d = dt); both softplus forms are the identity above 20.
+    log(1 + exp(dt)) as ggml computes it), "log1p" or True (log1p(exp(dt)), accurate far down the
+    negative side: PyTorch's and mamba_ssm's softplus), or None or False (d = dt); both softplus
+    forms are the identity above 20.
 
     update_cache: False (default: inputs are never written) or True: sequence i's final state is
-    written into row ids[i] of s (a writeable numpy float array; the ids distinct), and the
-    result's ``states`` is None -- the decode loop's cache update without a copy of its own.
+    written into row ids[i] of s (a writeable numpy float array, not None; the ids distinct), and
+    the result's ``states`` is None -- the decode loop's cache update without a copy of its own.
 
-    Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU".
-    Raises TypeError / ValueError for bad input before any work, ValueError for a problem beyond
-    the host memory limit (ssm_ref.memory) before any allocation.
+    Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU"; it unpacks as
+    ``y, states = ssm_scan(...)``.
+    Raises TypeError / ValueError for bad input before any work (a message naming the argument),
+    ValueError for a problem beyond the host memory limit (ssm_ref.memory) before any allocation.
     Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan (every dt_softplus form on each).
     """
-    check_dt_softplus(dt_softplus)
+    dt_softplus = check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
     update = check_update_cache(update_cache, s, p.ids)
     y, states = _forward(p, dt_softplus)
@@ -111,18 +131,23 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
+                  dt_softplus="ggml") -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
 
-    g_y (S,T,H,P) and g_states (S,H,P,N), or g_y as the packed 1-D forward layout with
-    g_states=None. Returns ScanGrads: d_s (R,H,P,N) (scatter-added by ids), d_s0 (S,H,P,N),
-    d_x, d_dt, d_A (A's shape), d_B, d_C, in ``dtype``. ``dt_softplus`` as in :func:`ssm_scan`
-    (d_dt is the derivative through that form: sigmoid(dt) for both softplus forms, 1 above 20
-    and for None). Raises as :func:`ssm_scan`; the host memory it needs includes the T+1 states
-    of the recompute.
+    s, x, dt, A, B, C, ids as in :func:`ssm_scan` (``s=None``: zero start states, ids None).
+    g_y (S,T,H,P) and g_states (S,H,P,N); either may be None for zeros of its shape (both None:
+    every gradient is zero), so ``ssm_scan_back(s, x, dt, A, B, C, g_y=g_y)`` is the backward of
+    a loss on y alone. g_y may also be the packed 1-D forward layout with g_states=None.
+    Returns ScanGrads: d_s (R,H,P,N) (d_s0 scatter-added by ids; for ``s=None`` the gradient of
+    the zero start states, (S,H,P,N), equal to d_s0), d_s0 (S,H,P,N), d_x, d_dt, d_A (A's shape),
+    d_B, d_C, in ``dtype``; a mapping by name (``g["d_x"]``). ``dt_softplus`` as in
+    :func:`ssm_scan` (d_dt is the derivative through that form: sigmoid(dt) for both softplus
+    forms, 1 above 20 and for None). Raises as :func:`ssm_scan`; the host memory it needs
+    includes the T+1 states of the recompute.
     Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back (every form on each).
     """
-    check_dt_softplus(dt_softplus)
+    dt_softplus = check_dt_softplus(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace)
     g = _backward(p, dt_softplus)
     return ScanGrads(**g, where=WHERE, backend=NAME)
@@ -135,12 +160,14 @@ def check_op(op: str) -> str:
     return op
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
     """The reference runs every valid case that fits the host memory limit (ssm_ref.memory).
-    Bad input raises as in ssm_scan (a forward beyond the limit too; ``update_cache`` checked as
-    there); a backward beyond it -- the T+1 states -- is answered ``Support(False, reason)``
-    (ssm_scan_back would raise)."""
+    Takes the arguments of ssm_scan (``s=None`` and every ``dt_softplus`` form included).
+    Bad input raises as in ssm_scan (a forward beyond the limit too; ``dt_softplus`` and
+    ``update_cache`` checked as there); a backward beyond it -- the T+1 states -- is answered
+    ``Support(False, reason)`` (ssm_scan_back would raise)."""
     check_op(op)
+    check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, workspace=forward_workspace)
     check_update_cache(update_cache, s, p.ids, op=op)
     if op == "ssm_scan_back":

@@ -117,13 +117,21 @@ def check_dtype(dtype) -> np.dtype:
 # log(1 + exp(z)) (the default), the accurate log1p(exp(z)), or none (dt is the step itself).
 DT_SOFTPLUS = ("ggml", "log1p", None)
 
+# mamba_ssm's booleans (its ``delta_softplus`` / ``dt_softplus``): True is its softplus, PyTorch's
+# F.softplus = log1p(exp(z)); False is no softplus.
+_BOOL_FORMS = {True: "log1p", False: None}
+
 
 def check_dt_softplus(dt_softplus):
-    """``dt_softplus`` must be "ggml", "log1p" or None; returned as given. Any other value (another
-    string, a bool, a number) is a ValueError naming the argument."""
+    """``dt_softplus`` checked and returned as one of DT_SOFTPLUS: "ggml", "log1p" or None as given,
+    mamba_ssm's True as "log1p" and False as None. Any other value (another string, a number) is a
+    ValueError naming the argument and every accepted value."""
     if dt_softplus is None or (isinstance(dt_softplus, str) and dt_softplus in DT_SOFTPLUS):
         return dt_softplus
-    raise ValueError(f"dt_softplus: expected 'ggml', 'log1p' or None, got {dt_softplus!r}")
+    if isinstance(dt_softplus, (bool, np.bool_)):
+        return _BOOL_FORMS[bool(dt_softplus)]
+    raise ValueError(f"dt_softplus: expected 'ggml', 'log1p', None, True (the same as 'log1p') or False (the same "
+                     f"as None), got {dt_softplus!r}")
 
 
 def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool = False, op: str = "ssm_scan") -> bool:
@@ -137,6 +145,9 @@ def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool 
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     if not update_cache:
         return False
+    if s is None:
+        raise ValueError("s: update_cache=True writes the new states into s, got None (zero start states, no "
+                         "cache): pass the cache")
     if op != "ssm_scan":
         raise ValueError(f"update_cache: only ssm_scan writes into the cache, expected False for {op}")
     what = "a writeable numpy float array" + (" or an ssm_vk.DeviceArray" if device_arrays else "")
@@ -312,6 +323,25 @@ def arange_ids(S: int) -> np.ndarray:
     return out
 
 
+def _zeros(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """Zeros of ``shape`` as a zero-stride stand-in: nothing allocated until the Problem is made
+    (_finish's contiguous copy, which the host memory rule counts as a copy)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np.ndarray:
+    """The start states of ``s=None``: zeros (S, H, P, N), one row per sequence (R = S), N from B's
+    last axis. ``ids`` must then be None (the rows are the sequences' own)."""
+    if ids is not None:
+        got = f"an array of shape {tuple(np.shape(ids))}" if hasattr(ids, "shape") else type(ids).__name__
+        raise ValueError(f"ids: s is None (zero start states, one per sequence), so ids must be None, got {got}")
+    S, T, H, P = (int(v) for v in x_.shape)
+    B_ = _float_array("B", B, work, keep_device)
+    if B_.ndim != 4:
+        raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, N), got {tuple(B_.shape)}")
+    return _zeros((S, H, P, int(B_.shape[3])), work)
+
+
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:
     """The forward's argument checks (docs/SPEC.md shapes): (dims, the float arrays as given -- not yet
     converted --, the checked ids or None)."""
@@ -321,7 +351,10 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> 
     if S < 1:
         raise ValueError(f"x: S (the number of sequences) must be >= 1, got shape {tuple(x_.shape)}")
 
-    s_ = _float_array("s", s, work, keep_device)
+    if s is None:
+        s_ = _zero_start(x_, B, ids, work, keep_device)
+    else:
+        s_ = _float_array("s", s, work, keep_device)
     _expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
     R, N = int(s_.shape[0]), int(s_.shape[3])
     _expect_shape("s", s_, "(R, H, P, N)", (R, H, P, N))
@@ -397,7 +430,9 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     """Check the forward's arguments (docs/SPEC.md shapes) and return a :class:`Problem`.
 
     x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
-    those. Raises TypeError (dtypes) or ValueError (shapes, ids, groups; a problem beyond the host
+    those. ``s=None`` means zero start states, one per sequence: s = zeros (S, H, P, N) (R = S, N
+    from B's last axis), and ``ids`` must be None (ValueError naming ids). Raises TypeError (dtypes)
+    or ValueError (shapes, ids, groups; a problem beyond the host
     memory limit, see ssm_ref.memory) before any work or allocation. ``workspace(dims, dtype)``:
     the bytes the calling backend needs besides the converted inputs and the outputs.
     Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
@@ -419,26 +454,31 @@ def check_shapes(s, x, dt, A, B, C, ids=None) -> Dims:
     return dims
 
 
-def check_backward(s, x, dt, A, B, C, ids, g_y, g_states, *, dtype=np.float32,
+def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
                    keep_device: bool = False, workspace=None) -> Problem:
-    """Check the backward's arguments; ``g_y`` may be the packed 1-D forward layout with
-    ``g_states=None``. Returns a :class:`Problem` with structured g_y (S,T,H,P) and
-    g_states (S,H,P,N). Raises as :func:`check_forward`."""
+    """Check the backward's arguments. ``g_y`` (S,T,H,P) and ``g_states`` (S,H,P,N); either may be
+    None for zeros of its shape (both None: every gradient is zero); ``g_y`` may also be the packed
+    1-D forward layout with ``g_states=None``. Returns a :class:`Problem` with structured g_y
+    (S,T,H,P) and g_states (S,H,P,N). ``s=None`` as in :func:`check_forward`. Raises as
+    :func:`check_forward`."""
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
     d, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
-    gy = _float_array("g_y", g_y, work, keep_device)
-    if g_states is None:
-        if gy.ndim != 1:
-            raise ValueError(
-                "g_states: is None, so g_y must be the packed 1-D layout of length "
-                f"S*T*H*P + S*H*P*N = {d.forward_size}, got g_y of shape {tuple(gy.shape)}")
+    y_shape, states_shape = (d.S, d.T, d.H, d.P), (d.S, d.H, d.P, d.N)
+    gy = None if g_y is None else _float_array("g_y", g_y, work, keep_device)
+    if gy is not None and g_states is None and gy.ndim == 1:   # the packed layout
         _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
         gy_s, gs_s = split_g_y(gy, d)
     else:
-        _expect_shape("g_y", gy, "(S, T, H, P)", (d.S, d.T, d.H, d.P))
-        gs = _float_array("g_states", g_states, work, keep_device)
-        _expect_shape("g_states", gs, "(S, H, P, N)", (d.S, d.H, d.P, d.N))
-        gy_s, gs_s = gy, gs
+        if gy is None:
+            gy_s = _zeros(y_shape, work)
+        else:
+            _expect_shape("g_y", gy, "(S, T, H, P)", y_shape)
+            gy_s = gy
+        if g_states is None:
+            gs_s = _zeros(states_shape, work)
+        else:
+            gs_s = _float_array("g_states", g_states, work, keep_device)
+            _expect_shape("g_states", gs_s, "(S, H, P, N)", states_shape)
     raw.update(g_y=gy_s, g_states=gs_s)
     _check_memory(d, raw, work, keep_device, True, workspace)
     return _problem(d, raw, ids_, work)

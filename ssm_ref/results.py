@@ -1,4 +1,5 @@
-"""Result types shared by every backend (docs/API.md): ScanResult, ScanGrads, Support."""
+"""Result types shared by every backend and bridge (docs/API.md): ScanResult, ScanGrads, Support,
+and Where (what ssm_torch.last_where / ssm_jax.last_where report)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ScanGrads", "ScanResult", "Support"]
+__all__ = ["GRAD_NAMES", "ScanGrads", "ScanResult", "Support", "Where"]
 
 
 def _host(a) -> np.ndarray:
@@ -20,12 +21,22 @@ class ScanResult:
 
     y: (S, T, H, P)   states: (S, H, P, N) (the final state of sequence i at position i)
     where: the device it ran on ("CPU", "Vulkan0", ...)   backend: the package that computed it
+
+    Unpacks as a pair: ``y, states = ssm_scan(...)`` (iteration yields y then states; len 2).
+    Frozen: its fields cannot be reassigned.
     """
 
     y: np.ndarray
     states: np.ndarray
     where: str
     backend: str
+
+    def __iter__(self):
+        yield self.y
+        yield self.states
+
+    def __len__(self) -> int:
+        return 2
 
     def packed(self) -> np.ndarray:
         """1-D float32 in ggml's SSM_SCAN layout: y.ravel() then states.ravel()."""
@@ -41,6 +52,13 @@ class ScanGrads:
     d_s: (R, H, P, N), d_s0 scatter-added into rows ids[i] (the true gradient of the cache s)
     d_s0: (S, H, P, N), the gradient of each sequence's initial state, at position i
     d_x (S, T, H, P), d_dt (S, T, H), d_A (shape of A as given), d_B and d_C (S, T, G, N)
+
+    Read-only mapping access to the seven gradients by name, in the order of GRAD_NAMES (d_s,
+    d_s0, d_x, d_dt, d_A, d_B, d_C): ``g["d_x"]``, ``keys()``, ``values()``, ``items()``, ``get()``,
+    ``len(g)`` (7), ``"d_x" in g``, ``dict(g)``, ``f(**g)``; iteration yields the names, as a
+    dict's does. The attributes (``g.d_x``) are the same arrays. Not registered as a
+    collections.abc.Mapping: code that tells results from mappings (ssm_ref.testing.ports) reads
+    it by its attributes, ``where`` and ``backend`` included. Frozen: nothing can be reassigned.
     """
 
     d_s: np.ndarray
@@ -64,6 +82,35 @@ class ScanGrads:
         """The seven gradient arrays by name (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C)."""
         return {k: getattr(self, k) for k in GRAD_NAMES}
 
+    def __getitem__(self, name: str):
+        if name not in GRAD_NAMES:
+            raise KeyError(f"{name!r}: a ScanGrads holds {', '.join(GRAD_NAMES)}")
+        return getattr(self, name)
+
+    def keys(self) -> tuple:
+        """The gradients' names, GRAD_NAMES."""
+        return GRAD_NAMES
+
+    def values(self) -> tuple:
+        """The gradient arrays, in the order of :meth:`keys`."""
+        return tuple(getattr(self, k) for k in GRAD_NAMES)
+
+    def items(self) -> tuple:
+        """(name, array) pairs, in the order of :meth:`keys`."""
+        return tuple((k, getattr(self, k)) for k in GRAD_NAMES)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name) if name in GRAD_NAMES else default
+
+    def __iter__(self):
+        return iter(GRAD_NAMES)
+
+    def __len__(self) -> int:
+        return len(GRAD_NAMES)
+
+    def __contains__(self, name) -> bool:
+        return name in GRAD_NAMES
+
 
 GRAD_NAMES = ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 
@@ -78,3 +125,16 @@ class Support:
 
     def __bool__(self) -> bool:
         return self.ok
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a bridge's last computation ran (ssm_torch.last_where, ssm_jax.last_where): ``op``
+    ("ssm_scan" or "ssm_scan_back"), ``where`` ("CPU", "Vulkan0", ...), ``backend`` (the module
+    that did the arithmetic: "ssm_fast", "ssm_vk" or "ssm_ref"; after a fallback not the one asked
+    for), ``dtype`` (its working precision, "float32" or "float64")."""
+
+    op: str
+    where: str
+    backend: str
+    dtype: str

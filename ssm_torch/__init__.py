@@ -3,10 +3,12 @@
     import ssm_torch
     y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C)                 # ssm_fast, ggml's softplus
     y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C, backend="ssm_ref", dt_softplus=None)
+    y, states = ssm_torch.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
     ssm_torch.last_where()         # Where(op='ssm_scan', where='CPU', backend='ssm_ref', dtype='float32')
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
-A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None. Differentiable in s, x, dt, A, B
+A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero start states.
+``last_where()`` returns an ``ssm_ref.Where`` (the type ssm_jax.last_where returns). Differentiable in s, x, dt, A, B
 and C; registered with torch.library (``torch.ops.ssm_scan.scan``), so torch.compile traces it
 without a graph break. The drop-ins for mamba_ssm's functions are in :mod:`ssm_torch.mamba`.
 docs/TORCH.md is the user's guide.
@@ -22,6 +24,11 @@ from . import _op
 from ._op import BACKENDS, Where, last_where
 
 __all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
+
+
+def __dir__():
+    # The public names only (its public submodule: mamba); _op is internal.
+    return sorted(__all__)
 
 _ARRAYS = ("s", "x", "dt", "A", "B", "C")
 
@@ -52,23 +59,30 @@ def _as_ids(ids):
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
-    Args: tensors s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
+    Args: tensors s (R,H,P,N) or None (zero start states (S,H,P,N) in x's dtype; ids must then
+    be None), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
     B and C (S,T,G,N), of any float dtype (float16, bfloat16, float32, float64), on the CPU;
     ids (S,) integers in [0, R) or None (arange(S)). backend: "ssm_fast" (numba, the default),
-    "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default), "log1p" or None
-    (docs/SPEC.md section 3), on every backend.
+    "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default, ggml's form), "log1p"
+    or True (PyTorch's F.softplus, mamba_ssm's), None or False (dt is the step) (docs/SPEC.md
+    section 3); every backend takes every form.
 
     Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
     Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype). Raises the backends'
     TypeError / ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
-    _check_tensors(dict(zip(_ARRAYS, (s, x, dt, A, B, C), strict=True)))
+    _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)})
     ids = _as_ids(ids)
     if ids is not None:
         _check_tensors({"ids": ids})
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
-    ssm_ref.check_dt_softplus(dt_softplus)
+    dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
+    if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
+        if ids is not None or x.dim() != 4 or B.dim() != 4:
+            _op.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
+        # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
+        s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
     return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus))
 
 

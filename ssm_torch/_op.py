@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 import ssm_ref
 import ssm_ref.checks
+from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
 __all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back"]
 
@@ -28,19 +28,6 @@ BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 
 # The custom op's schema has no Optional[str]: None travels as this name.
 _NONE = "none"
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where the last call of this thread ran: ``op`` ("ssm_scan" or "ssm_scan_back"), ``where``
-    ("CPU", "Vulkan0", ...), ``backend`` (the module that did the arithmetic: "ssm_fast",
-    "ssm_vk" or "ssm_ref"; after a fallback not the one asked for), ``dtype`` (its working
-    precision, "float32" or "float64")."""
-
-    op: str
-    where: str
-    backend: str
-    dtype: str
 
 
 _LAST = threading.local()
@@ -102,14 +89,15 @@ def _standin(t: torch.Tensor) -> np.ndarray:
 
 def check_shapes(s, x, dt, A, B, C, ids) -> ssm_ref.Dims:
     """The shared checker on the tensors' shapes and dtypes (and the ids' values when they are
-    real): the backends' errors, before any data is touched."""
+    real): the backends' errors, before any data is touched. ``s`` None: zero start states, as
+    the backends take it (ids must then be None)."""
     if ids is None:
         ids_ = None
     elif isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
         ids_ = np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))  # values unknown until run
     else:
         ids_ = ids.detach().cpu().numpy()
-    return ssm_ref.checks.check_shapes(*(_standin(t) for t in (s, x, dt, A, B, C)), ids_)
+    return ssm_ref.checks.check_shapes(*(None if t is None else _standin(t) for t in (s, x, dt, A, B, C)), ids_)
 
 
 def _host(t: torch.Tensor, work: torch.dtype) -> np.ndarray:

@@ -141,9 +141,9 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
     steps = _dt_steps(delta, None if delta_bias is None else delta_bias[:, None], delta_softplus, None, work)
     uw = u.to(work)
-    # ssm-scan's layout: H = d_inner heads of P = 1 channel, Mamba-1 A (H, N), S = batch
-    s0 = uw.new_zeros((batch, dim, 1, dstate))
-    y, last = _ssm_scan(s0, uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2), A.to(work), Bg, Cg,
+    # ssm-scan's layout: H = d_inner heads of P = 1 channel, Mamba-1 A (H, N), S = batch; s=None:
+    # the zero start state
+    y, last = _ssm_scan(None, uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2), A.to(work), Bg, Cg,
                         backend=be, dt_softplus=None)
     out = y.squeeze(-1).transpose(1, 2)                      # (batch, d_inner, L)
     if D is not None:
@@ -269,8 +269,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     s0 = initial_states.to(work) if initial_states is not None else xw.new_zeros((batch, H, P, N))
 
     varlen = None
-    if seq_idx is None:
-        y, final = _ssm_scan(s0, xw, steps, Aw, Bw, Cw, backend=be, dt_softplus=None)
+    if seq_idx is None:   # (s=None without initial_states: the zero start state)
+        y, final = _ssm_scan(None if initial_states is None else s0, xw, steps, Aw, Bw, Cw, backend=be,
+                             dt_softplus=None)
     else:
         segs = _segments(_tensor("seq_idx", seq_idx), batch, L)
         y, seg_states, last_of_row = _scan_segments(segs, batch, L, s0, initial_states is not None, xw, steps, Aw,

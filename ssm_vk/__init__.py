@@ -30,5 +30,11 @@ def devices() -> list[DeviceInfo]:
     return runtime.list_devices() if ok else []
 
 
+def __dir__():
+    # The public names only: the modules that imports attach (api, engine, lanes, workspace, ...)
+    # are internals, imported by their path (``import ssm_vk.engine``).
+    return sorted(__all__)
+
+
 __all__ = ["NAME", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
            "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan", "ssm_scan_back", "supports", "to_device"]

@@ -19,6 +19,7 @@ from .kernels import SOFTPLUS
 from .validate import check_backward, check_forward, frozen_result
 
 NAME = "ssm_vk"
+_FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 log = logging.getLogger("ssm_vk")
 _logged: set[str] = set()
 _unopenable: dict[int, str] = {}   # pid -> why the driver would not open the device in it
@@ -77,12 +78,13 @@ class _Decided:
 
 
 def form_code(dt_softplus) -> int:
-    """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS); ValueError for another value."""
-    try:
-        return SOFTPLUS[dt_softplus]
-    except (KeyError, TypeError):   # (an unhashable value)
-        check_dt_softplus(dt_softplus)
-        raise
+    """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS), mamba_ssm's booleans
+    included; ValueError for another value (ssm_ref.check_dt_softplus)."""
+    if dt_softplus.__class__ is str or dt_softplus is None:
+        code = SOFTPLUS.get(dt_softplus)
+        if code is not None:
+            return code
+    return SOFTPLUS[check_dt_softplus(dt_softplus)]
 
 
 def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
@@ -115,16 +117,19 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> _Decided:
     return out
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, update_cache=False) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
-    the call takes. Bad input raises as in ssm_ref.ssm_scan (``update_cache`` checked as
-    there); an illegal setting (ssm_vk.config) raises ValueError naming it."""
+    the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
+    (``s=None`` included); bad input raises as in ssm_ref.ssm_scan (``dt_softplus`` and
+    ``update_cache`` checked as there); an illegal setting (ssm_vk.config) raises ValueError
+    naming it."""
     ssm_ref.check_op(op)
+    sp = form_code(dt_softplus)
     knobs = config.settings()
     p = check_forward(s, x, dt, A, B, C, ids)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
-    return decision(op, p, knobs).sup
+    return decision(op, p, knobs, sp).sup
 
 
 def _host(p):
@@ -158,11 +163,14 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
     when the call falls back); otherwise numpy arrays. A case the device cannot run is computed
     by ssm_fast on the CPU (``where == "CPU"``, ``backend == "ssm_fast"``), logged once per reason.
-    ``dt_softplus``: "ggml" (default), "log1p" or None, as in ssm_ref.ssm_scan.
+    ``s=None``: zero start states (S,H,P,N), ids None, as in ssm_ref.ssm_scan.
+    ``dt_softplus``: "ggml" (default), "log1p" or True (mamba_ssm's), None or False, as in
+    ssm_ref.ssm_scan. The result unpacks as ``y, states``.
     ``update_cache``: as in ssm_ref.ssm_scan; ``s`` a writeable numpy array or a DeviceArray, whose
     rows ids[i] the call writes on the device (by the scan itself in a decode step).
     """
     sp = form_code(dt_softplus)
+    dt_softplus = _FORMS[sp]
     if update_cache is not False:
         return _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp, update_cache)
     knobs = config.settings()
@@ -234,10 +242,12 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
     return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> ScanGrads:
-    """Backward of ssm_scan (see ssm_ref.ssm_scan_back), on the Vulkan device; device-resident
-    and fallback behaviour and ``dt_softplus`` as :func:`ssm_scan`."""
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
+    """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
+    g_y, s=None), on the Vulkan device; device-resident and fallback behaviour and
+    ``dt_softplus`` as :func:`ssm_scan`. Returns ScanGrads, a mapping by name."""
     sp = form_code(dt_softplus)
+    dt_softplus = _FORMS[sp]
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)

@@ -72,13 +72,16 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
     and for the backward (g_y, g_states) -- the step's form ``softplus`` and ``update`` (a forward
     with update_cache), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
-    may be None: the packed g_y). Liveness is not part of it: a call through a lane checks its
+    may be None beside a packed g_y). Liveness is not part of it: a call through a lane checks its
     inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
-    for a in arrays:
+    for i, a in enumerate(arrays):
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
-            if a is None:  # (only a packed g_y's g_states can be: the validator rejects any other)
+            # g_states (i == 7) may be None beside a packed (1-D) g_y, a DeviceArray checked at
+            # i == 6; every other None (s, g_y, g_states beside a structured g_y: zeros the
+            # validator makes) takes the full path
+            if a is None and i == 7 and len(arrays[6].shape) == 1:
                 sig.append(None)
                 continue
             return None

@@ -15,6 +15,7 @@ when it is prepared.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import ssm_ref
@@ -23,7 +24,7 @@ from ssm_ref import ScanGrads, ScanResult, check_update_cache
 from . import config, run
 from . import runtime as rt
 from .api import NAME, decision, form_code
-from .arrays import DeviceArray, check_live, pool
+from .arrays import DeviceArray, check_live, pool, upload_to
 from .families import scatters_in_place
 from .validate import check_backward, check_forward, frozen_result
 from .workspace import Workspace, release_all
@@ -34,8 +35,10 @@ __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
 def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> PreparedCall:
     """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
 
-    Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``).
-    ``update_cache=True``: each run writes the new states into the cache rows s[ids] (``states``
+    Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``),
+    or ``s=None``: zero start states (ids None), kept on the device by the prepared call.
+    ``dt_softplus`` as ssm_scan takes it (mamba_ssm's booleans included). ``update_cache=True``:
+    each run writes the new states into the cache rows s[ids] (``states``
     None), as ssm_scan(update_cache=True) does. Raises as ssm_scan for bad input; TypeError
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
     (the reason; ssm_vk.ssm_scan would compute it on the CPU).
@@ -44,20 +47,38 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     p = check_forward(s, x, dt, A, B, C, ids)
-    _check_resident("prepare_scan", p, ("s", "x", "dt", "A", "B", "C"))
+    defaults = ("s",) if s is None else ()
+    _check_resident("prepare_scan", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C") if k not in defaults))
     if update_cache:
         check_update_cache(True, s, p.ids, device_arrays=True)
-    return PreparedCall(False, p, sp, update_cache)
+    p, zeros = _zeros_on_device(p, defaults)
+    return PreparedCall(False, p, sp, update_cache, zeros)
 
 
-def prepare_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, *, dt_softplus="ggml") -> PreparedCall:
+def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> PreparedCall:
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
-    then. Inputs and errors as :func:`prepare_scan` (``g_states`` may be None where ssm_scan_back
-    takes the packed g_y)."""
+    then. Inputs and errors as :func:`prepare_scan`; ``s``, ``g_y`` and ``g_states`` may be None
+    as in ssm_scan_back (zeros, kept on the device by the prepared call; ``g_states`` None beside
+    a 1-D ``g_y``: the packed g_y)."""
     sp = form_code(dt_softplus)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
-    _check_resident("prepare_scan_back", p, ("s", "x", "dt", "A", "B", "C", "g_y", "g_states"))
-    return PreparedCall(True, p, sp, False)
+    packed = g_y is not None and g_states is None and len(getattr(g_y, "shape", ())) == 1
+    defaults = tuple(k for k, v in (("s", s), ("g_y", g_y), ("g_states", g_states))
+                     if v is None and not (packed and k == "g_states"))
+    _check_resident("prepare_scan_back", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+                                                  if k not in defaults))
+    p, zeros = _zeros_on_device(p, defaults)
+    return PreparedCall(True, p, sp, False, zeros)
+
+
+def _zeros_on_device(p, names: tuple):
+    """The problem with the validator's zeros for the inputs ``names`` (given as None) uploaded to
+    the open context, and those DeviceArrays (the prepared call owns them)."""
+    if not names:
+        return p, ()
+    ctx = p.x.ctx
+    zeros = {k: upload_to(ctx, getattr(p, k)) for k in names}
+    return dataclasses.replace(p, **zeros), tuple(zeros.values())
 
 
 def _check_resident(fn: str, p, names: tuple) -> None:
@@ -83,11 +104,14 @@ class PreparedCall:
     shapes, and ordinary calls, may run from other threads meanwhile.
     """
 
-    def __init__(self, backward: bool, p, softplus: int, update: bool):
+    def __init__(self, backward: bool, p, softplus: int, update: bool, zeros: tuple = ()):
         op = "ssm_scan_back" if backward else "ssm_scan"
         knobs = config.settings()
+        self._zeros = zeros   # the zeros of inputs given as None: this call's own
         dec = decision(op, p, knobs, softplus)
         if not dec.sup:
+            for a in zeros:
+                a.release()
             raise ValueError(f"prepare: the Vulkan device cannot run this {op} ({dec.sup.reason}); "
                              f"ssm_vk.{op} computes it on the CPU")
         self.op, self.dims, self.where = op, p.dims, dec.info.where
@@ -199,6 +223,9 @@ class PreparedCall:
                 return
             self.closed = True
             self._release()
+            if not self._ctx.closed:
+                for a in self._zeros:
+                    a.release()
 
     def _release(self) -> None:
         ws = self._ws

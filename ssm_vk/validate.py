@@ -69,11 +69,16 @@ def check_forward(s, x, dt, A, B, C, ids=None) -> Problem:
     return p
 
 
-def check_backward(s, x, dt, A, B, C, ids, g_y, g_states) -> Problem:
+def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None) -> Problem:
     """``ssm_ref.check_backward(..., keep_device=True)``, through the shortcut above (``g_states``
-    None: ``g_y`` packed)."""
+    None beside a 1-D ``g_y``: ``g_y`` packed; any other None: the validator's zeros)."""
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    key = _key(_BACKWARD_PACKED, arrays[:7]) if g_states is None else _key(_BACKWARD, arrays)
+    if g_states is not None:
+        key = _key(_BACKWARD, arrays)
+    elif type(g_y) is DeviceArray and len(g_y.shape) == 1:   # the packed g_y
+        key = _key(_BACKWARD_PACKED, arrays[:7])
+    else:   # zeros for a None (the validator makes them)
+        key = None
     if key is not None:
         dims = _PASSED.get(key)
         if dims is not None:

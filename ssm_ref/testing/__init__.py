@@ -73,4 +73,5 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*globals(), *__all__})
+    # The public names only (the lazily loaded ones included); helpers are not the API.
+    return sorted(__all__)

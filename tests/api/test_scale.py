@@ -28,6 +28,7 @@ from problems import make_problem
 from registry import BACKENDS
 
 import ssm_ref
+import ssm_ref.checks
 from ssm_ref import memory
 from ssm_ref.scan import backward_workspace, forward_workspace
 

@@ -287,7 +287,7 @@ FAST_THREADS = textwrap.dedent(r"""
     import numpy as np
     sys.path.insert(0, {tests!r})
     from problems import make_problem
-    import numba, ssm_fast
+    import numba, ssm_fast, ssm_fast.config, ssm_fast.pool
     ssm_fast.config.SERIAL_BELOW_S = 0.0  # every call of more than one task on ssm_fast's helper threads
     cases = [make_problem(np.random.default_rng(k), S=2, T=12, H=4, P=8, N=16, G=2, variant=("mamba1", "mamba2")[k % 2])
              for k in range(8)]
@@ -338,7 +338,7 @@ FAST_FORK = textwrap.dedent(r"""
     import numpy as np
     sys.path.insert(0, {tests!r})
     from problems import make_problem
-    import ssm_fast, ssm_ref
+    import ssm_fast, ssm_fast.config, ssm_fast.pool, ssm_ref
     signal.alarm(300)
 
     @numba.njit(parallel=True)

@@ -33,6 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ssm_fast
+import ssm_fast.config
 import ssm_ref
 from ssm_ref.tolerance import F32_TOL, compare, scaled
 

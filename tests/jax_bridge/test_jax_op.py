@@ -63,7 +63,7 @@ def test_jit_grad_in_float64_equals_the_oracle_and_finite_differences(x64, varia
         np.testing.assert_allclose(np.asarray(got), getattr(g, "d_" + k), rtol=1e-13, atol=1e-15, err_msg=k)
     check_grads(loss_fn(case, ids, backend="ssm_ref", dt_softplus="log1p"), a, order=1, modes=["rev"],
                 atol=1e-7, rtol=1e-7)
-    assert ssm_jax.last_where()["dtype"] == "float64"
+    assert ssm_jax.last_where().dtype == "float64"
 
 
 @pytest.mark.parametrize("backend", ["ssm_ref", "ssm_fast"])
@@ -83,7 +83,7 @@ def test_float32_under_jit_within_the_tolerance_table(backend):
     for k, got in zip(NAMES, grads, strict=True):
         assert_close(entry, "d_" + k, np.asarray(got), getattr(g, "d_" + k))
     w = ssm_jax.last_where()
-    assert (w["op"], w["backend"], w["dtype"]) == ("ssm_scan_back", backend, "float32")
+    assert (w.op, w.backend, w.dtype) == ("ssm_scan_back", backend, "float32")
 
 
 def test_vmap_of_the_scan_and_of_its_gradient(x64):
@@ -123,7 +123,7 @@ def test_errors_name_the_argument_also_while_tracing():
         jax.jit(lambda *v: ssm_jax.ssm_scan(*v))(*a[:4], a[4][:, :, 0], a[5])
     with pytest.raises(ValueError, match=r"^backend: expected one of"):
         ssm_jax.ssm_scan(*a, backend="torch")
-    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p' or None"):
+    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, True .* or False"):
         ssm_jax.ssm_scan(*a, backend="ssm_ref", dt_softplus="exp")
 
 
@@ -135,3 +135,34 @@ def test_ids_traced_under_jit_are_checked_when_the_call_runs():
     np.testing.assert_array_equal(np.asarray(y), ssm_ref.ssm_scan(*(np.asarray(v) for v in a), [2, 0]).y)
     with pytest.raises(Exception, match=r"ids: every id must be in \[0, R\) = \[0, 3\)"):
         jax.block_until_ready(f(jnp.asarray([3, 0]), *a))
+
+
+@pytest.mark.parametrize("backend", ["ssm_ref", "ssm_fast"])
+def test_defaults_s_none_and_the_dt_softplus_booleans(backend):
+    """s=None is zero start states and dt_softplus True / False are "log1p" / None: bit for bit
+    the calls that pass them, forward and gradients; the float64 oracle; last_where's ssm_ref.Where."""
+    if backend == "ssm_fast" and FAST is None:
+        pytest.skip("ssm_fast does not expose the interface")
+    case = make_problem(7, S=2, T=5, H=4, P=3, N=4, G=2, ids="none", dt_range=(-12.0, 2.0))
+    (s, *a), _ = arrays(case, jnp.float32)
+    zeros = jnp.zeros_like(s)
+
+    def run(s0, **kw):
+        def loss(*v):
+            y, states = ssm_jax.ssm_scan(s0, *v, backend=backend, **kw)
+            return (y * case.g_y).sum() + (states * case.g_states).sum(), (y, states)
+        (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(5)), has_aux=True)(*a)
+        return [np.asarray(v) for v in (*out, *grads)]
+
+    for got, want in ((run(None), run(zeros)), (run(zeros, dt_softplus=True), run(zeros, dt_softplus="log1p")),
+                      (run(zeros, dt_softplus=False), run(zeros, dt_softplus=None))):
+        for g, w in zip(got, want, strict=True):
+            assert g.tobytes() == w.tobytes()
+    inp = {k: case.inputs[k] for k in NAMES[1:]}
+    oracle = ssm_ref.ssm_scan(np.zeros(s.shape), **inp, dtype=np.float64, dt_softplus="log1p")
+    entry = REF if backend == "ssm_ref" else FAST
+    assert_close(entry, "y", run(None, dt_softplus=True)[0], oracle.y)
+    w = ssm_jax.last_where()
+    assert type(w) is ssm_ref.Where is ssm_jax.Where and (w.op, w.backend) == ("ssm_scan_back", backend)
+    with pytest.raises(ValueError, match=r"^ids: s is None \(zero start states, one per sequence\), so ids must"):
+        ssm_jax.ssm_scan(None, *a, [1, 0])

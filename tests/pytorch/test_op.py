@@ -223,7 +223,8 @@ def test_errors_name_the_argument():
         ssm_torch.ssm_scan(*a, [0, 2], backend="ssm_ref")
     with pytest.raises(ValueError, match=r"^backend: expected one of 'ssm_fast', 'ssm_vk', 'ssm_ref', got 'numpy'$"):
         ssm_torch.ssm_scan(*a, backend="numpy")
-    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p' or None, got 'softplus'$"):
+    with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, "
+                       r"True \(.*\) or False \(.*\), got 'softplus'$"):
         ssm_torch.ssm_scan(*a, backend="ssm_ref", dt_softplus="softplus")
     with pytest.raises(ValueError, match=r"^C: on meta, the other tensors on cpu$"):
         ssm_torch.ssm_scan(*a[:5], a[5].to("meta"))

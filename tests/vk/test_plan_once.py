@@ -20,6 +20,7 @@ from problems import make_problem
 
 import ssm_ref
 import ssm_vk
+import ssm_vk.api
 from ssm_vk import config
 from ssm_vk import decision as vk_decision
 from ssm_vk import engine as vk_engine
