@@ -22,12 +22,12 @@ from .table import sci, table
 HELP = "check every backend against the float64 reference; exit 1 on any result out of tolerance"
 DESCRIPTION = """Check every backend against the float64 reference, with the tests' tolerance table.
 
-Runs the forward and backward of a set of problems on every backend available here (or
-those named by --backend), compares every output with the float64 reference (ssm_ref with
-dtype=float64, itself checked against finite differences first) and prints, per backend and problem,
-where it ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
-ssm_ref/tolerance.py (the one the tests, ssm_ref.testing.verify and the fuzzer use; bounds grow as T/16
-beyond 16 tokens). Run it after installing a new driver.
+Runs the forward and backward of a set of problems on every backend available here (or those
+named by --backend), compares every output with the float64 reference (ssm_ref with dtype=float64,
+itself checked against finite differences first) and prints, per backend and problem, where it
+ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
+ssm_ref/tolerance.py (the one the tests, ssm_ref.testing.verify and the fuzzer use; bounds grow as
+T/16 beyond 16 tokens). Run it after installing a new driver.
 
 Exit code 1 when a result is out of tolerance or a backend raises; 2 when a backend named by
 --backend cannot run here (no Vulkan device, no ggml build, ...): the message says why.
