@@ -167,6 +167,16 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Back
     return Backend(label, mod, "", requested)
 
 
+def require(backs: list[Backend]) -> list[Backend]:
+    """``backs`` unchanged, or UsageError (exit code 2) for the first one named by ``--backend``
+    that cannot run here, with the reason: a machine without that backend is an environment the
+    request does not fit, not a failed check."""
+    for b in backs:
+        if b.requested and not b.available:
+            raise UsageError(f"--backend {b.name}: not available here: {b.reason}")
+    return backs
+
+
 def resolve(names: list[str] | None, device: str | None = None, ggml_isolate: bool = False) -> list[Backend]:
     """The backends of ``--backend`` (every known one when None: ssm_ggml only when named), in
     order. ``device`` sets SSM_VK_DEVICE first (before any Vulkan context exists);

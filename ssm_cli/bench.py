@@ -11,27 +11,31 @@ import time
 from . import backends as bk
 from . import common, machine
 from .progress import Progress
-from .shapes import SHAPES, Shape, default_sweep, make_inputs, parse_shapes, parse_sweep, swept
+from .shapes import CUSTOM_HELP, SHAPES, Shape, default_sweep, make_inputs, parse_shapes, parse_sweep, swept
 from .table import flops, rate, seconds, table
 
-HELP = "time the forward and backward on each backend (GPU time for Vulkan), optionally plot them"
+HELP = "time the forward and the backward on each backend (GPU time for Vulkan), optionally plot them"
 
 # Above these many state updates a run is refused unless --force: ssm_ref keeps all T+1 states
 # of the backward (4 bytes each: 1.2 GB at 3e8) and runs at ~40 ns per update on one core (12 s a
 # call at 3e8); lavapipe runs the backward at ~140 ns per update on 2 cores (15 s a call at 1.1e8).
 SLOW_LIMITS = {"ssm_ref": 3e8, "cpu-device": 1.1e8}
 
-_SHAPE_LINES = "\n".join(f"  {s.name:8s} {f'{s.N},{s.P},{s.H},{s.G},{s.T},{s.S}':20s} {s.note}"
+_SHAPE_LINES = "\n".join(f"  {s.name:8s} {f'{s.S},{s.T},{s.H},{s.P},{s.N},{s.G}':20s} {s.note}"
                          for s in SHAPES.values())
-DESCRIPTION = f"""Time ssm_scan (fwd) and ssm_scan_back (bwd) per backend and shape: median wall time with
+DESCRIPTION = f"""Time the forward and the backward per backend and shape, and optionally plot the times.
+
+Times ssm_scan (fwd) and ssm_scan_back (bwd) per backend and shape: median wall time with
 its min-max spread over the repetitions, for Vulkan also the GPU time from timestamps (inputs are
 uploaded once, device-resident, as in a training loop), throughput in state updates per second
 (S*T*H*P*N per call, for both ops) and the float32 FLOP floor (FLOPs / the machine's float32 peak,
 where that peak is known: a measured GPU, or an estimate for the CPU from /proc/cpuinfo).
 
-shapes (N,P,H,G,T,S):
+shapes (S,T,H,P,N,G: sequences, tokens, heads, head_dim, d_state, groups; the Python API's order):
 {_SHAPE_LINES}
-  custom N,P,H,G,T,S[,mamba1]
+  {CUSTOM_HELP}
+    G defaults to 1; ",mamba1" makes A of shape (H, N) (Mamba-1, with P = 1). ggml's order
+    N,P,H,G,T,S (the former "custom N,P,H,G,T,S") is refused, with its translation.
 
 On a machine without a GPU the big shapes are slow: ssm_ref (numpy, one core, every state of a
 sequence in memory) is refused above {SLOW_LIMITS["ssm_ref"]:.2g} state updates and ssm_vk on a CPU
@@ -39,15 +43,16 @@ device (lavapipe) above {SLOW_LIMITS["cpu-device"]:.2g}, unless --force.
 
   ssm-scan bench                                  the demo shape, every backend
   ssm-scan bench --shape prefill --backend vk --op fwd
+  ssm-scan bench --shape custom:1,64,16,64,128 --backend fast   S=1 T=64 H=16 P=64 N=128 (G=1)
   ssm-scan bench --shape demo --sweep T=16,64,256 --plot bench.png --json bench.json"""
 MIN_SAMPLES = 3
 
 
 def add_arguments(p) -> None:
     p.add_argument("--shape", action="extend", nargs="+", metavar="SHAPE",
-                   help=f"one or more of {', '.join(SHAPES)}, or custom N,P,H,G,T,S[,mamba1] (default: demo)")
+                   help=f"one or more of {', '.join(SHAPES)}, or {CUSTOM_HELP} (default: demo)")
     p.add_argument("--sweep", metavar="AXIS=V1,V2,...",
-                   help="run each shape at these values of one axis (N, P, H, G, T or S), e.g. T=16,64,256")
+                   help="run each shape at these values of one axis (S, T, H, P, N or G), e.g. T=16,64,256")
     common.add_backend(p, "time")
     common.add_device(p)
     p.add_argument("--op", choices=("fwd", "bwd", "both"), default="both", help="which op to time (default both)")
@@ -204,11 +209,7 @@ def run(args) -> int:
     else:
         points = [s for shape in shapes for s in swept(shape, sweep)]
     names = common.split_list(args.backend, "--backend")
-    backs = bk.resolve(names or None, args.device)
-    for b in backs:
-        if b.requested and not b.available:
-            raise common.UsageError(f"--backend {b.name}: not available here: {b.reason}")
-    backs = [b for b in backs if b.available]
+    backs = [b for b in bk.require(bk.resolve(names or None, args.device)) if b.available]
     ops = ("fwd", "bwd") if args.op == "both" else (args.op,)
     hw = hardware(backs)
     report = {"hardware": hw, "sweep": {"axis": sweep[0], "values": sweep[1]} if sweep else None,

@@ -11,7 +11,8 @@ Mamba-2 kernels (ssm_vk/chunked/plan.py) are compiled per head_dim P, d_state N 
 instead (the support decision says so). ``ssm_vk.runtime.shaders`` looks the variants up in
 ``ssm_vk/spirv/index.json`` first, which the package ships (pyproject: package data), so a wheel
 built after this runs those shapes without glslc. The default matrix is what ``make dist`` ships
-(docs/INSTALL.md).
+(docs/INSTALL.md). The command's help (:data:`DESCRIPTION`) says what a user needs; this docstring
+is how it works.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from . import common
 from .table import bytes_
 
 HELP = "precompile the SPIR-V kernel variants for common shapes (package data for wheels)"
-DESCRIPTION = __doc__.split("\n\n", 1)[1].strip() + """
+DESCRIPTION = """Precompile the SPIR-V kernel variants ssm_vk uses for common shapes, for wheels to ship.
+
+ssm_vk looks a kernel up in its packaged SPIR-V first, so a wheel built after this runs those shapes
+without glslc; any other shape is compiled with glslc on first use (and cached), or, for the chunked
+Mamba-2 kernels, runs on the token-sequential ones. The default builds this device's variants for
+every d_state N from 1 to 256, and the chunked ones for head_dim P in 32, 64, 128 and N in 64, 128,
+256: what make dist ships (docs/INSTALL.md). Needs glslc; "local" needs a Vulkan device.
 
   ssm-scan build-shaders                       this device's variants into ssm_vk/spirv/
   ssm-scan build-shaders --subgroup-sizes local,8,16,32,64   also the common GPU profiles (a wheel)
@@ -119,12 +126,13 @@ def _ranges(values: list[int]) -> str:
 def run(args) -> int:
     from ssm_vk.runtime import shaders
 
+    out = Path(args.out) if args.out else shaders.PACKAGED_SPIRV
+    common.writable_dir(out, "--out")       # before minutes of glslc
     n_values = n_list(args.n, "--n")
     chunked_n = n_list(args.chunked_n, "--chunked-n")
     p_values = common.int_list(args.p, "--p", minimum=1)
     profs = profiles(args.subgroup_sizes)
     todo = variants([lim for _, lim in profs], n_values, tuple(p_values), chunked_n)
-    out = Path(args.out) if args.out else shaders.PACKAGED_SPIRV
     written = shaders.build_all(todo, out)
     total = sum(p.stat().st_size for p in written)
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")

@@ -1,9 +1,10 @@
 """What every command shares: exit codes, the parser class, -v/--json options, logging, JSON output.
 
-Exit codes (all commands): 0 success; 1 a check failed (a wrong result, a port that raised, or a
-backend asked for by name that could not run); 2 a usage error (bad arguments, or a request this
-machine cannot serve: no Vulkan device, no glslc, no matplotlib for --plot); 3 an I/O error (an
-output file or folder that cannot be written, an input that cannot be read); 130 interrupted.
+Exit codes (all commands): 0 success; 1 a check failed (a wrong result, a port that raised); 2 a
+usage error (bad arguments, or a request this machine cannot serve: a backend named by --backend
+that cannot run here, such as ssm_vk without a Vulkan device; no glslc; no matplotlib for --plot),
+one line on stderr; 3 an I/O error (an output file or folder that cannot be written, an input that
+cannot be read); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 EXIT_OK = 0
@@ -23,9 +25,11 @@ EXIT_USAGE = 2
 EXIT_IO = 3
 EXIT_INTERRUPTED = 130
 
-EXIT_CODES_HELP = ("exit codes: 0 success, 1 a check failed, 2 usage error (bad arguments, or a request this "
-                   "machine cannot serve), 3 I/O error (a file or folder that cannot be written or read), "
-                   "130 interrupted")
+# Wrapped here: every command's help is shown verbatim (RawDescriptionHelpFormatter).
+EXIT_CODES_HELP = textwrap.fill(
+    "exit codes: 0 success, 1 a check failed, 2 usage error (bad arguments, or a request this machine cannot "
+    "serve, such as a --backend that cannot run here), 3 I/O error (a file or folder that cannot be written or "
+    "read), 130 interrupted", 100)
 
 
 class UsageError(ValueError):
@@ -57,12 +61,13 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def add_backend(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--backend", action="append", metavar="NAME",
-                   help=f"backend(s) to {what}: ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk), or your own "
-                        "port: a module with NAME, ssm_scan, ssm_scan_back and supports, named as a module "
-                        "(importable, or in the current directory) or as a .py file path "
-                        "(docs/PORTING.md, \"The port interface\"), or ggml's own op: ssm_ggml:DEVICE "
-                        "(ssm_ggml:CPU, ssm_ggml:Vulkan0; the build from SSM_GGML_LIB); repeat or separate by "
-                        "commas (default: every backend of this package available here)")
+                   help=f"backend(s) to {what}: the built-in ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk); "
+                        "ggml's own op, ssm_ggml:DEVICE (ssm_ggml:CPU, ssm_ggml:Vulkan0; the build from "
+                        "SSM_GGML_LIB); or your own port: a module with NAME, ssm_scan, ssm_scan_back and "
+                        "supports, named by its dotted module path (importable, or in the current directory) "
+                        "or as a .py file (docs/PORTING.md, \"The port interface\"). Repeat or separate by "
+                        "commas (default: every built-in backend available here). A backend named here that "
+                        "cannot run here is exit code 2")
 
 
 def add_isolate(p: argparse.ArgumentParser) -> None:

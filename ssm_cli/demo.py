@@ -10,8 +10,10 @@ from . import common
 PLOT_NAME = "ssm-scan-demo.png"
 JSON_NAME = "ssm-scan-demo.json"
 
-HELP = "the main job: info, a quick check, a small bench with a plot (what make demo runs)"
-DESCRIPTION = f"""Run, in order:
+HELP = "info, a quick check and a small bench with a plot (what make demo runs)"
+DESCRIPTION = f"""Run info, a quick check and a small bench with a plot: what make demo runs.
+
+In order:
   ssm-scan info
   ssm-scan check --quick          (includes the oracle's finite-difference check)
   ssm-scan bench --shape demo --sweep T=16,64,256 --reps 3 --plot OUT/{PLOT_NAME} --json OUT/{JSON_NAME}
@@ -21,10 +23,11 @@ Files written (OUT is --out, default out/, created when missing):
   OUT/{PLOT_NAME}   the bench plot (skipped, with a one-line note, when matplotlib is not installed)
   OUT/{JSON_NAME}  the bench results as JSON
 
-Exit code 1 when the check fails (the bench still runs)."""
+Exit code 1 when the check fails (the bench still runs); 2 when a backend named by --backend
+cannot run here."""
 
 DEMO_BENCH = ["--shape", "demo", "--sweep", "T=16,64,256", "--reps", "3"]
-QUICK_BENCH = ["--shape", "custom", "16,8,4,1,16,1", "--sweep", "T=4,16", "--reps", "2"]
+QUICK_BENCH = ["--shape", "custom:1,16,4,8,16,1", "--sweep", "T=4,16", "--reps", "2"]
 
 
 def add_arguments(p) -> None:
@@ -45,10 +48,14 @@ def _have_matplotlib() -> bool:
 
 
 def run(args) -> int:
+    from . import backends as bk
     from .main import build_parser
 
     out = common.writable_dir(args.out, "--out")
-    backend = [f"--backend={b}" for b in common.split_list(args.backend, "--backend")]
+    names = common.split_list(args.backend, "--backend")
+    if names:  # a backend that cannot run here stops the demo before its first step (exit code 2)
+        bk.require(bk.resolve(names))
+    backend = [f"--backend={b}" for b in names]
     verbose = ["-v"] * args.verbose
     plot = out / PLOT_NAME
     plotting = _have_matplotlib()

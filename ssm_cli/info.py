@@ -12,7 +12,9 @@ from .shapes import SHAPES, Shape, empty_inputs
 from .table import bytes_, flops, table
 
 HELP = "versions, backends, Vulkan devices, and where each backend runs the benchmark shapes"
-DESCRIPTION = """Print what this installation runs on: package and library versions, glslc, the CPU,
+DESCRIPTION = """Print the versions, the backends and the Vulkan devices here, and where each backend runs.
+
+Shows what this installation runs on: package and library versions, glslc, the CPU,
 every backend (and why one is unavailable), every Vulkan device with the limits that matter, and
 for the benchmark shapes where each backend runs the forward and the backward (supports()), beside
 what ggml's Vulkan forward and ggmlR's Vulkan backward would do with them (their documented

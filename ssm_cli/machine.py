@@ -73,6 +73,22 @@ def versions() -> dict:
     return out
 
 
+def version_text() -> str:
+    """``ssm-scan --version``: one line per component, from package metadata (nothing imported
+    but what the command needs; torch and jax are named only when installed)."""
+    import importlib.util
+
+    v = versions()
+    lines = [f"ssm-scan {v['ssm-scan']}", f"Python {v['python']} ({platform.python_implementation()})"]
+    for name, key in (("numpy", "numpy"), ("numba", "numba"), ("vulkan (the Python binding)", "vulkan (binding)")):
+        lines.append(f"{name} {v[key] or 'not installed'}")
+    lines.append(f"glslc {v['glslc'] or 'not on PATH (the packaged SPIR-V is used)'}")
+    for dist in ("torch", "jax"):
+        if importlib.util.find_spec(dist) is not None:
+            lines.append(f"{dist} {version_of(dist) or '(version unknown)'}")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Cpu:
     model: str

@@ -2,13 +2,15 @@
 
 A command is a module of this package, in one of two forms:
 
-- ``HELP`` (one line), optionally ``DESCRIPTION``, ``add_arguments(parser)`` and
+- ``HELP`` (one line), ``DESCRIPTION`` (its first line a sentence of its own, then a blank line;
+  shown verbatim), ``add_arguments(parser)`` and
   ``run(args) -> exit code`` (info, check, bench, build-shaders, demo);
 - ``add_parser(subparsers)``, which registers the command itself with ``set_defaults(func=run)``
   (fuzz, vectors).
 
 Adding a command is one line in :data:`COMMANDS`. Modules import the heavy packages inside
-``run`` so that ``--help`` stays fast.
+``run`` so that ``--help`` and ``--version`` stay fast. The help is for users: what a command does
+and its options, in plain text; how it works belongs in its module's docstring and in docs/.
 """
 
 from __future__ import annotations
@@ -32,10 +34,32 @@ COMMANDS = (
 )
 
 
+DESCRIPTION = """Run, check and time the Mamba selective scan (ggml's SSM_SCAN) and its backward.
+
+Three backends compute it: ssm_ref (numpy, the reference), ssm_fast (numba) and ssm_vk (Vulkan
+compute shaders). Every command takes --help; ssm-scan --version prints the versions it runs on."""
+
+
+class _Version(argparse.Action):
+    """``--version``: versions of the package, Python and the backends' libraries, then exit 0.
+    Reads package metadata and runs ``glslc --version`` only: no Vulkan context, no compilation."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .machine import version_text
+
+        print(version_text())
+        parser.exit(common.EXIT_OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = common.Parser(prog="ssm-scan", description="The Mamba selective scan (ggml SSM_SCAN) and its backward "
-                                                    "on numpy, numba and Vulkan.",
-                       epilog=common.EXIT_CODES_HELP)
+    ap = common.Parser(prog="ssm-scan", description=DESCRIPTION, epilog=common.EXIT_CODES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=_Version,
+                    help="print the versions of ssm-scan, Python, numpy, numba, the vulkan binding, glslc "
+                         "(and torch, jax where installed), then exit")
     ap.add_argument("-v", "--verbose", action="count", default=0, dest="verbose_all",
                     help="log what happens (also accepted after the command)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -72,30 +72,75 @@ SHAPES = {s.name: s for s in (
     Shape("long", N=128, P=64, H=24, G=1, T=16384, S=1, note="one long sequence"),
 )}
 
-_NUMS = re.compile(r"\d+(,\d+){5}(,(mamba1|mamba2|m1|m2))?")
+# A custom shape is one word, ``custom:`` and the sizes in the Python API's order (ssm_ref.Dims:
+# S, T, H, P, N, then G, default 1) or by name in any order, optionally ``,mamba1``. The form
+# before -- ``custom N,P,H,G,T,S`` in ggml's order, as two words or the six numbers alone -- is
+# told apart by its syntax (not by its numbers, which can fit either order) and refused, with its
+# translation: read in the new order, it would silently run another shape.
+ORDER = ("S", "T", "H", "P", "N", "G")
+CUSTOM_HELP = "custom:S,T,H,P,N[,G][,mamba1] (the Python API's order; or by name: custom:S=1,T=64,H=16,P=64,N=128)"
+_VARIANT = {"mamba1": True, "m1": True, "mamba2": False, "m2": False}
+_GGML_ORDER = re.compile(r"(\d+(?:,\d+){5})(?:,(mamba1|mamba2|m1|m2))?")
 
 
 def parse_shapes(tokens: list[str] | None) -> list[Shape]:
-    """``--shape`` values: names of :data:`SHAPES`, or ``N,P,H,G,T,S`` (optionally ``,mamba1``),
-    optionally preceded by the word ``custom``. Raises UsageError."""
+    """``--shape`` values: names of :data:`SHAPES`, or ``custom:S,T,H,P,N[,G][,mamba1]`` (or the
+    sizes by name, ``custom:S=1,T=64,H=16,P=64,N=128``). Raises UsageError, also for ggml's order
+    of the former ``custom N,P,H,G,T,S`` (naming both orders and the translation)."""
     out: list[Shape] = []
     items = [item for tok in tokens or ["demo"] for item in tok.split()]
     for k, item in enumerate(items):
-        if item == "custom":
-            if k + 1 == len(items) or not _NUMS.fullmatch(items[k + 1]):
-                raise UsageError("--shape custom: expected N,P,H,G,T,S[,mamba1] after it (six integers)")
-            continue
         if item in SHAPES:
             out.append(SHAPES[item])
-        elif _NUMS.fullmatch(item):
-            parts = item.split(",")
-            N, P, H, G, T, S = (int(v) for v in parts[:6])
-            m1 = len(parts) == 7 and parts[6] in ("mamba1", "m1")
-            out.append(Shape(f"custom:{item}", N=N, P=P, H=H, G=G, T=T, S=S, mamba1=m1).check())
-        else:
-            raise UsageError(f"--shape {item}: expected one of {', '.join(SHAPES)} or custom "
-                             "N,P,H,G,T,S[,mamba1] (six integers)")
+        elif item.startswith("custom:"):
+            out.append(parse_custom(item))
+        elif item == "custom" and k + 1 < len(items) and _GGML_ORDER.fullmatch(items[k + 1]):
+            raise UsageError(_ggml_order_message(f"custom {items[k + 1]}", items[k + 1]))
+        elif item == "custom":
+            raise UsageError(f"--shape custom: expected the sizes in the same word, {CUSTOM_HELP}")
+        elif _GGML_ORDER.fullmatch(item) and not (k and items[k - 1] == "custom"):
+            raise UsageError(_ggml_order_message(item, item))
+        elif not (k and items[k - 1] == "custom"):
+            raise UsageError(f"--shape {item}: expected one of {', '.join(SHAPES)} or {CUSTOM_HELP}")
     return out
+
+
+def _ggml_order_message(shown: str, numbers: str) -> str:
+    parts = numbers.split(",")
+    N, P, H, G, T, S = parts[:6]
+    tail = f",{parts[6]}" if len(parts) == 7 else ""
+    return (f"--shape {shown}: a custom shape is written custom:S,T,H,P,N[,G] (the Python API's order), no "
+            f"longer N,P,H,G,T,S (ggml's order); read in ggml's order, this is custom:{S},{T},{H},{P},{N},{G}{tail}")
+
+
+def parse_custom(item: str) -> Shape:
+    """``custom:S,T,H,P,N[,G][,mamba1]`` or ``custom:S=..,T=..,H=..,P=..,N=..[,G=..][,mamba1]``."""
+    body = item.partition(":")[2]
+    parts = [x.strip() for x in body.split(",")] if body else []
+    mamba1 = False
+    if parts and parts[-1].lower() in _VARIANT:
+        mamba1 = _VARIANT[parts.pop().lower()]
+    bad = f"--shape {item}: expected {CUSTOM_HELP}"
+    named = [x for x in parts if "=" in x]
+    if named and len(named) != len(parts):
+        raise UsageError(f"{bad}: all sizes by position or all by name, not both")
+    if named:
+        sizes = {}
+        for x in named:
+            key, _, value = x.partition("=")
+            key = key.strip().upper()
+            if key not in ORDER or key in sizes or not value.strip().isdigit():
+                raise UsageError(f"{bad}: {x!r} is not one of S=, T=, H=, P=, N=, G= with an integer, each once")
+            sizes[key] = int(value)
+        missing = [a for a in ORDER[:5] if a not in sizes]
+        if missing:
+            raise UsageError(f"{bad}: {', '.join(missing)} missing (only G may be left out: 1)")
+    else:
+        if len(parts) not in (5, 6) or not all(x.isdigit() for x in parts):
+            raise UsageError(f"{bad}: five or six integers")
+        sizes = dict(zip(ORDER, map(int, parts), strict=False))
+    sizes.setdefault("G", 1)
+    return Shape(item, mamba1=mamba1, **sizes).check()
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
@@ -104,7 +149,7 @@ def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
         return None
     m = re.fullmatch(r"([A-Za-z])=(\d+(?:,\d+)*)", text.strip())
     if not m or m.group(1).upper() not in AXES:
-        raise UsageError(f"--sweep {text}: expected AXIS=v1,v2,... with AXIS one of {', '.join(AXES)}, "
+        raise UsageError(f"--sweep {text}: expected AXIS=v1,v2,... with AXIS one of {', '.join(ORDER)}, "
                          "e.g. T=16,64,256")
     values = sorted({int(v) for v in m.group(2).split(",")})
     return m.group(1).upper(), values

@@ -3,13 +3,27 @@ language: manifest.json plus one raw little-endian .bin and one .npz per case.""
 
 from __future__ import annotations
 
+import argparse
+
+HELP = "write the golden vectors (inputs, forward and backward outputs) for ports in any language"
+DESCRIPTION = """Write the golden vectors: inputs and float64-reference outputs for ports in any language.
+
+DIR gets manifest.json (the cases, their sizes and the files) plus, per case, one raw
+little-endian .bin and one .npz; docs/PORTING.md ("Golden vectors") describes the layout.
+
+  ssm-scan vectors --out golden
+  ssm-scan vectors --out golden --case tiny_mamba2 --case no_tokens"""
+
 
 def add_parser(sub) -> None:
     """Register the sub-command on ``sub`` (argparse sub-parsers)."""
-    p = sub.add_parser("vectors", help="write the golden vectors (inputs, forward and backward outputs)",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
-    p.add_argument("--case", action="append", metavar="NAME", help="write only this case (repeatable)")
+    from ssm_ref.testing.vectors import GOLDEN
+
+    p = sub.add_parser("vectors", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (created if missing)")
+    p.add_argument("--case", action="append", metavar="NAME",
+                   help=f"write only this case (repeatable; default all): {', '.join(GOLDEN)}")
     p.set_defaults(func=run)
 
 

@@ -188,13 +188,15 @@ def test_check_fails_with_exit_1_when_a_backend_is_wrong_or_crashes(tmp_path):
 NO_DRIVER = {"VK_DRIVER_FILES": "/nonexistent/icd.json", "VK_ICD_FILENAMES": "/nonexistent/icd.json"}
 
 
-def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_check_fails():
+def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_is_exit_2():
     p = ssm_scan("info", env_extra=NO_DRIVER)
     assert p.returncode == 0, p.stderr
     assert "Vulkan: not available" in p.stdout and "ssm_vk    not available: no Vulkan device" in p.stdout
-    p = ssm_scan("check", "--quick", "--backend", "vk", env_extra=NO_DRIVER)
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert "FAIL: not available: no Vulkan device" in p.stdout
+    # A backend that cannot run here is a request this machine cannot serve (2), not a failed check (1).
+    for command in (["check", "--quick"], ["fuzz", "--minutes", "0.01"]):
+        p = ssm_scan(*command, "--backend", "vk", env_extra=NO_DRIVER)
+        assert_one_line_error(p, "--backend ssm_vk: not available here: no Vulkan device")
+        assert p.stdout == ""
     assert_one_line_error(ssm_scan("bench", "--backend", "vk", env_extra=NO_DRIVER),
                           "--backend ssm_vk: not available here: no Vulkan device")
 
@@ -204,7 +206,7 @@ def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_check_fails():
     (["check", "--backend", "json"], ["--backend json: the module lacks NAME"]),
     (["check", "--device", "x"], ["--device x"]),
     (["bench", "--shape", "nonsense"], ["--shape nonsense"]),
-    (["bench", "--shape", "custom", "128,64,3,2,8,1"], ["H % G must be 0"]),
+    (["bench", "--shape", "custom:1,8,3,64,128,2"], ["H % G must be 0"]),
     (["bench", "--sweep", "Q=1,2"], ["--sweep Q=1,2"]),
     (["bench", "--op", "sideways"], ["invalid choice: 'sideways'"]),
     (["bench", "--reps", "0"], ["--reps must be >= 1"]),
@@ -303,7 +305,7 @@ def test_bench_plot_without_sweep_sweeps_each_shape_around_its_own_T(tmp_path):
 def test_bench_times_every_backend_and_draws_the_plot(tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     backends = "ssm_ref,ssm_fast,ssm_vk" if VULKAN else "ssm_ref,ssm_fast"
-    p = ssm_scan("bench", "--shape", "custom", "16,8,2,1,8,1", "--sweep", "T=4,8", "--reps", "2",
+    p = ssm_scan("bench", "--shape", "custom:1,8,2,8,16,1", "--sweep", "T=4,8", "--reps", "2",
                  "--backend", backends, "--json", out, "--plot", png, "-v")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[0/" in p.stderr  # -v shows progress when stderr is not a terminal
@@ -339,7 +341,7 @@ def test_bench_refuses_the_reference_only_where_it_would_take_minutes():
 
 
 def test_bench_json_on_stdout_is_only_json():
-    p = ssm_scan("bench", "--shape", "custom", "4,2,2,1,4,1", "--backend", "ssm_ref", "--reps", "1", "--op", "fwd",
+    p = ssm_scan("bench", "--shape", "custom:1,4,2,2,4,1", "--backend", "ssm_ref", "--reps", "1", "--op", "fwd",
                  "--json")
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
@@ -389,3 +391,203 @@ def test_demo_runs_info_check_and_bench_and_names_its_plot(tmp_path):
     assert plot.read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "ssm-scan-demo.json").read_text())["rows"]
 
+
+
+# --- --version ----------------------------------------------------------------------------------
+
+def test_version_names_the_package_python_and_the_backends_libraries_without_starting_vulkan():
+    import importlib.util
+    import platform
+
+    from ssm_cli.machine import version_of
+
+    code = ("import sys; from ssm_cli.main import main\n"
+            "try:\n    main(['--version'])\nexcept SystemExit as e:\n    code = e.code\n"
+            "loaded = [m for m in ('vulkan', 'ssm_vk', 'ssm_fast', 'numba', 'torch', 'jax') if m in sys.modules]\n"
+            "print('exit', code, 'loaded', loaded)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                       check=False, cwd=ROOT)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    *lines, last = p.stdout.strip().splitlines()
+    assert last == "exit 0 loaded []"     # read from package metadata: nothing imported, no context, no build
+    assert lines[0].startswith("ssm-scan ") and lines[1].startswith(f"Python {platform.python_version()}")
+    assert f"numpy {np.__version__}" in lines and any(x.startswith("numba ") for x in lines)
+    assert any(x.startswith("vulkan (the Python binding) ") for x in lines)
+    assert any(x.startswith("glslc ") for x in lines)
+    for dist in ("torch", "jax"):
+        if importlib.util.find_spec(dist) is not None:
+            assert f"{dist} {version_of(dist)}" in lines
+    q = ssm_scan("--version")
+    assert q.returncode == 0 and q.stdout.strip().splitlines() == lines
+
+
+# --- every help opens with a sentence of its own, in plain text ---------------------------------
+
+@pytest.mark.parametrize("command", ["", *[name for name, _ in COMMANDS]])
+def test_every_help_opens_with_one_complete_plain_sentence(command):
+    p = ssm_scan(*([command] if command else []), "--help", env_extra={"COLUMNS": "100"})
+    assert p.returncode == 0, p.stderr
+    text = p.stdout
+    assert "`" not in text                     # no reST markup
+    after_usage = text.split("\n\n", 1)[1].splitlines()
+    first = after_usage[0]
+    assert first[0].isupper() and first.endswith(".") and first.count(". ") == 0, first
+    assert len(first) <= 100 and after_usage[1] == "", after_usage[:2]    # not cut, not run on
+    if not command:
+        listed = text.split("COMMAND\n", 1)[1].split("\n\n", 1)[0]
+        assert "`" not in listed and "build-shaders" in listed
+
+
+def test_build_shaders_help_says_what_it_does_not_how():
+    p = ssm_scan("build-shaders", "--help")
+    description = p.stdout.split("\n\n")[1:3]
+    assert "packaged SPIR-V" in description[1] and "glslc" in description[1]
+    for internal in ("push constants", "plan.py", "kernels.py", "lanes"):
+        assert internal not in p.stdout
+
+
+# --- the choices are listed ---------------------------------------------------------------------
+
+def test_the_choices_of_property_case_regime_and_backend_are_listed():
+    from ssm_ref.testing.cases import REGIMES
+    from ssm_ref.testing.properties import PROPERTIES
+    from ssm_ref.testing.vectors import GOLDEN
+
+    fuzz = " ".join(ssm_scan("fuzz", "--help").stdout.split())
+    assert all(name in fuzz for name in PROPERTIES) and all(r in fuzz for r in REGIMES)
+    vectors = " ".join(ssm_scan("vectors", "--help").stdout.split())
+    assert all(name in vectors for name in GOLDEN)
+    for command in ("check", "bench", "fuzz", "demo"):
+        text = " ".join(ssm_scan(command, "--help").stdout.split())
+        assert "the built-in ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk)" in text
+        assert "ssm_ggml:DEVICE" in text and "dotted module path" in text and ".py file" in text
+
+
+def test_an_unknown_property_stops_fuzz_before_it_starts():
+    p = ssm_scan("fuzz", "--minutes", "0.01", "--backend", "ref", "--property", "nope")
+    assert_one_line_error(p, "--property nope: unknown", "oracle_forward", "deterministic")
+    assert p.stdout == ""                      # nothing printed, "fuzzing ..." included
+
+
+# --- --shape custom: the Python API's order -----------------------------------------------------
+
+def test_a_custom_shape_takes_the_python_api_order_or_names():
+    from ssm_cli.shapes import parse_shapes
+
+    (a,) = parse_shapes(["custom:2,64,16,32,128"])
+    assert (a.S, a.T, a.H, a.P, a.N, a.G, a.mamba1) == (2, 64, 16, 32, 128, 1, False)
+    (b,) = parse_shapes(["custom:N=128,P=32,H=16,T=64,S=2,G=4"])
+    assert (b.S, b.T, b.H, b.P, b.N, b.G) == (2, 64, 16, 32, 128, 4)
+    c, d = parse_shapes(["custom:1,8,4,1,16,1,mamba1 demo"])
+    assert c.mamba1 and (c.H, c.P, c.N) == (4, 1, 16) and d.name == "demo"
+
+
+@pytest.mark.parametrize("argv, translation", [
+    (["custom", "128,64,16,1,64,1"], "custom:1,64,16,64,128,1"),
+    (["128,64,16,2,64,4"], "custom:4,64,16,64,128,2"),
+    (["custom", "16,1,8,1,32,1,mamba1"], "custom:1,32,8,1,16,1,mamba1"),
+])
+def test_ggml_order_is_refused_naming_both_orders(argv, translation):
+    p = ssm_scan("bench", "--backend", "ref", "--shape", *argv)
+    assert_one_line_error(p, "custom:S,T,H,P,N[,G] (the Python API's order)", "N,P,H,G,T,S (ggml's order)",
+                          f"this is {translation}")
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("shape, fragment", [
+    ("custom:1,2", "five or six integers"),
+    ("custom:S=1,T=2", "H, P, N missing"),
+    ("custom:S=1,2,3,4,5", "all sizes by position or all by name"),
+    ("custom:1,8,3,64,128,2", "H % G must be 0"),
+])
+def test_a_malformed_custom_shape_is_exit_2(shape, fragment):
+    assert_one_line_error(ssm_scan("bench", "--backend", "ref", "--shape", shape), fragment)
+
+
+# --- each exit code of each command (0, 1, 2, 3 where a command can give it) --------------------
+# Elsewhere in this file: check 0 and 1, bench 0, demo 0, fuzz 0, info 0, vectors 2 and 3,
+# build-shaders 0 and 2; tests/test_port_tools.py: check, bench and fuzz 3 before any work.
+
+WRONG_FORWARD = '''
+"""A port with a bug: y is 1% too large."""
+import dataclasses
+
+import ssm_ref
+
+NAME = "wrong_forward"
+supports = ssm_ref.supports
+
+
+def ssm_scan(*args, **kw):
+    r = ssm_ref.ssm_scan(*args, **kw)
+    return dataclasses.replace(r, y=r.y * 1.01, backend=NAME)
+
+
+def ssm_scan_back(*args, **kw):
+    return dataclasses.replace(ssm_ref.ssm_scan_back(*args, **kw), backend=NAME)
+'''
+
+
+@pytest.fixture
+def wrong_package(tmp_path):
+    """tmp_path holding the package ``myports`` with the module ``wrong_forward`` (a dotted path)."""
+    (tmp_path / "myports").mkdir()
+    (tmp_path / "myports" / "__init__.py").write_text("")
+    (tmp_path / "myports" / "wrong_forward.py").write_text(WRONG_FORWARD)
+    return tmp_path
+
+
+def test_fuzz_exit_1_for_a_port_named_by_its_dotted_module_path(wrong_package):
+    p = ssm_scan("fuzz", "--minutes", "0.05", "--seed", "1", "--backend", "myports.wrong_forward",
+                 "--property", "oracle_forward", extra_path=wrong_package)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL wrong_forward oracle_forward" in p.stdout and "Traceback" not in p.stderr
+
+
+def test_demo_exit_1_when_its_check_fails(wrong_package, tmp_path):
+    p = ssm_scan("demo", "--quick", "--backend", "myports.wrong_forward", "--out", tmp_path / "out",
+                 extra_path=wrong_package, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "check: FAIL" in p.stdout and "=== ssm-scan bench" in p.stdout      # the bench still ran
+    assert p.stdout.rstrip().splitlines()[-1].startswith("demo finished") and "check FAIL" in p.stdout
+
+
+def test_vectors_exit_0_writes_the_cases_asked_for(tmp_path):
+    p = ssm_scan("vectors", "--out", tmp_path, "--case", "tiny_mamba2", "--case", "no_tokens")
+    assert p.returncode == 0, p.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert json.dumps(manifest).count("tiny_mamba2") >= 1 and (tmp_path / "no_tokens.npz").exists()
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["info", "--nope"], ["unrecognized arguments: --nope"]),
+    (["check", "--quick", "--seed", "x"], ["--seed: invalid int value"]),
+    (["demo", "--quick", "--backend", "no_such_module"], ["--backend no_such_module: no such module"]),
+    (["fuzz", "--minutes", "1", "--regime", "nope"], ["invalid choice: 'nope'"]),
+    (["vectors"], ["the following arguments are required: --out"]),
+    (["build-shaders", "--p", "0"], ["--p: values must be >= 1"]),
+])
+def test_exit_2_for_each_command(argv, fragments):
+    p = ssm_scan(*argv)
+    assert_one_line_error(p, *fragments)
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["info", "--json", "{bad}/info.json"], "--json"),
+    (["check", "--quick", "--backend", "ref", "--json", "{bad}/check.json"], "--json"),
+    (["bench", "--backend", "ref", "--json", "{bad}/bench.json"], "--json"),
+    (["build-shaders", "--subgroup-sizes", "32", "--n", "1", "--out", "{bad}/spirv"], "--out"),
+    (["demo", "--quick", "--out", "{bad}/out"], "--out"),
+    (["fuzz", "--minutes", "1", "--backend", "ref", "--save", "{bad}/regressions"], "--save"),
+    (["vectors", "--out", "{bad}/golden"], "--out"),
+])
+def test_exit_3_for_each_command_before_any_work(tmp_path, argv, flag):
+    bad = tmp_path / "a_file"
+    bad.write_text("")
+    p = ssm_scan(*[a.format(bad=bad) for a in argv])
+    assert p.returncode == 3, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"error: {flag} {bad}/" in lines[0] and "is a file, not a folder" in lines[0]
+    assert "Traceback" not in p.stderr and p.stdout == ""

@@ -295,7 +295,7 @@ def test_fuzz_reports_a_raising_port_with_its_traceback(port_dir, tmp_path):
 # --- bench, and outputs checked before any work -------------------------------------------------
 
 def test_bench_times_a_port_named_by_its_file(port_dir, tmp_path):
-    p = cli("bench", "--backend", port_dir / "good_port.py", "--shape", "custom", "4,2,2,1,4,1", "--reps", "1",
+    p = cli("bench", "--backend", port_dir / "good_port.py", "--shape", "custom:1,4,2,2,4,1", "--reps", "1",
             "--op", "fwd", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
@@ -304,8 +304,8 @@ def test_bench_times_a_port_named_by_its_file(port_dir, tmp_path):
 
 @pytest.mark.parametrize("argv, flag", [
     (["check", "--quick", "--json", "{bad}/out.json"], "--json"),
-    (["bench", "--shape", "custom", "4,2,2,1,4,1", "--json", "{bad}/out.json"], "--json"),
-    (["bench", "--shape", "custom", "4,2,2,1,4,1", "--plot", "{bad}/out.png"], "--plot"),
+    (["bench", "--shape", "custom:1,4,2,2,4,1", "--json", "{bad}/out.json"], "--json"),
+    (["bench", "--shape", "custom:1,4,2,2,4,1", "--plot", "{bad}/out.png"], "--plot"),
     (["fuzz", "--minutes", "5", "--save", "{bad}/regressions"], "--save"),
 ])
 def test_an_unwritable_output_is_exit_3_before_any_work(port_dir, tmp_path, argv, flag):
