@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The installed package, as a user gets it: build the sdist and the wheel (make dist), install each
 # into a fresh virtual environment outside the checkout, and from another directory run
-# tests/install/smoke.py -- for the wheel three times: with glslc on PATH, without glslc, without
-# the `vulkan` binding; for the sdist (which builds the same package) once, without glslc, so
+# tests/install/smoke.py -- for the wheel three times: with glslc on PATH (then the API's tests,
+# tests/api/test_api_defaults.py, on the installed package), without glslc, without the `vulkan`
+# binding; for the sdist (which builds the same package) once, without glslc, so
 # that its packaged SPIR-V is what runs. Usage: tests/install/run.sh [DIST_DIR]   (default dist/, as `make dist` leaves it)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,6 +36,18 @@ run() {  # run VENV MODE PATH
      "$venv/bin/python" "$smoke" --mode "$mode" --readme "$repo/README.md") || status=1
 }
 
+api_tests() {  # api_tests VENV: the API's tests (tests/api/test_api_defaults.py: every default on
+  # every backend against the float64 oracle) on the installed package, from a copy of tests/
+  # outside the checkout, so that nothing of the checkout can be imported
+  local venv=$1 copy=$work/tests-copy
+  echo "== $(basename "$venv"): the API's tests on the installed package"
+  rm -rf "$copy" && mkdir -p "$copy" && (cd "$repo/tests" && tar -c --exclude=__pycache__ .) | tar -x -C "$copy"
+  (cd "$work" && env -u PYTHONPATH SSM_SCAN_CACHE="$work/api-spirv-cache" "$venv/bin/python" -c \
+     "import ssm_ref, sys; sys.exit(0 if 'site-packages' in ssm_ref.__file__ else 'ssm_ref from ' + ssm_ref.__file__)" \
+   && env -u PYTHONPATH SSM_SCAN_CACHE="$work/api-spirv-cache" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+     --rootdir "$copy" "$copy/api/test_api_defaults.py") || status=1
+}
+
 for artifact in "$wheel" "$sdist"; do
   kind=$([[ $artifact == *.whl ]] && echo wheel || echo sdist)
   venv=$work/$kind
@@ -47,6 +60,7 @@ for artifact in "$wheel" "$sdist"; do
     continue
   fi
   run "$venv" glslc "$PATH"
+  api_tests "$venv"
   run "$venv" no-glslc "$nog"
   "$venv/bin/python" -m pip uninstall -q -y vulkan
   run "$venv" no-binding "$PATH"

@@ -153,6 +153,12 @@ def run_shapes(mode: str) -> None:
         print(f"ok   {label}: ssm_vk {r.where}", flush=True)
 
 
+# The installed command's exit codes as its help documents them (0 success, 2 a usage error, 3 an
+# output that cannot be written), and --version naming the installed version.
+_CLI_CODES = ((["--version"], 0), (["fuzz", "--minutes", "0.01", "--property", "nope"], 2),
+              (["vectors", "--out", "/proc/ssm-scan-cannot-write-here"], 3))
+
+
 def run_cli(mode: str) -> None:
     exe = Path(sys.executable).with_name("ssm-scan")
     for cmd in ([str(exe), "info"], [str(exe), "check", "--quick"]):
@@ -161,6 +167,15 @@ def run_cli(mode: str) -> None:
             fail(f"{' '.join(cmd[1:])} exited {run.returncode}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
         else:
             print(f"ok   ssm-scan {' '.join(cmd[1:])}", flush=True)
+    for args, code in _CLI_CODES:
+        run = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300, check=False)
+        if run.returncode != code or (code == 0 and ssm_vk.__version__ not in run.stdout):
+            fail(f"ssm-scan {' '.join(args)} exited {run.returncode} (expected {code}):\n{run.stdout[-2000:]}"
+                 f"\n{run.stderr[-2000:]}")
+        elif code == 2 and run.stdout.strip():
+            fail(f"ssm-scan {' '.join(args)} printed before failing:\n{run.stdout[-2000:]}")
+        else:
+            print(f"ok   ssm-scan {' '.join(args)}: exit {code}", flush=True)
 
 
 def run_readme(readme: Path) -> None:
