@@ -32,6 +32,9 @@ at a time (sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` row
 (N, lanes), so the per-state exp and the per-row sums run lane-wise. Backward walks are written as
 forward ``range`` loops with a computed index: numba's negative-step ``range`` kept LLVM from
 vectorising the loops over n inside it.
+
+One module of ~430 lines on purpose: the backward's kernels and the partition they share (below)
+are read together; numba compiles them as one unit.
 """
 
 from __future__ import annotations

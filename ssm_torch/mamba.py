@@ -16,6 +16,9 @@ as written. Each function takes one extra keyword, ``backend`` (None: the first 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P
 channels per head, N state size, G groups.
+
+One module of ~430 lines on purpose: the three drop-ins share the glue around the scan and
+mamba_ssm's argument conventions, which a reader compares side by side.
 """
 
 from __future__ import annotations

@@ -279,3 +279,16 @@ def test_the_kit_checker_sees_what_it_must():
     # ... and the spec's own imports are not.
     assert not _kit_imports("ssm_ref", "from . import jvp, packing\nfrom .checks import Dims\n", True)
     assert not _kit_imports("ssm_ref.scan", "from .checks import Problem\nimport numpy as np\n", False)
+
+
+def test_long_library_modules_say_why_they_are_one_module():
+    # A module of a library package above 400 lines says in its docstring why it stays one module
+    # ("... on purpose: ..."); anything else is split along a seam.
+    long = []
+    for path in sorted(ROOT.glob("ssm_*/**/*.py")):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "on purpose" not in doc:
+                long.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not long, "long modules whose header does not say why they stay one: " + ", ".join(long)

@@ -9,6 +9,9 @@ Windows: a problem is processed as a list of windows (i0, i1, t0, t1). Either a 
 whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone is too large for
 a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
 reads or writes is contiguous inside a window in both cases.
+
+One module of ~420 lines on purpose: the lane layout and the windows depend on each other (a
+window's size follows from the layout's grid and checkpoint interval).
 """
 
 from __future__ import annotations
