@@ -22,7 +22,7 @@ and python* split by stage, each stage timed alone with the same arguments (subm
     validate  ssm_vk.validate.check_forward / check_backward (ssm_ref's validator); for a call that takes a
               lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_vk.validate.problem: the
               ids and the host memory rule)
-    support   ssm_vk.api.decision (the cached support decision); for a lane's call, the lane
+    support   ssm_vk.support.decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
               shape checks, the workspace look-up and the input bindings
     launch    ssm_vk.run.forward / backward + drop (workspace, binding, key, outputs, and for
@@ -46,9 +46,10 @@ import time
 import numpy as np
 
 import ssm_vk
-from ssm_vk import api, config, lanes, validate
+from ssm_vk import config, lanes, validate
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
+from ssm_vk import support as vk_support
 
 
 def _inputs(S, T, H, P, N, G, seed=0):
@@ -126,13 +127,13 @@ class Case:
                 s[key].append(pc() - t0)
         run = vk_run.backward if self.backward else vk_run.forward
         p, dev, lane = self.p, self.device, self.lane
-        dec = api.decision(self.op, p, config.settings())
+        dec = vk_support.decision(self.op, p, config.settings())
 
         def launched():
             out = run(dec.engine, p, dec.planned, dev, lane)
             del out
 
-        support = self.find if lane is not None else lambda: api.decision(self.op, p, config.settings())
+        support = self.find if lane is not None else lambda: vk_support.decision(self.op, p, config.settings())
         with _stubbed_submit(True):
             for key, fn in (("validate", self.validate), ("support", support), ("launch", launched)):
                 for _ in range(n):

@@ -76,10 +76,10 @@ def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
     layout, how many windows the problem is cut into, and whether the chunked kernels run it."""
     from ssm_ref import check_forward
     from ssm_ref.testing import ports
-    from ssm_vk import api, config
+    from ssm_vk import config, support
 
     p = check_forward(*ports.args_of(empty_inputs(shape)), keep_device=True)
-    pl = api.decision(op, p, config.settings()).planned.first
+    pl = support.decision(op, p, config.settings()).planned.first
     windows = pl.chunked.windows if pl.chunked is not None else pl.windows
     return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
             "chunked": pl.chunked is not None}

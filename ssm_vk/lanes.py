@@ -34,7 +34,6 @@ from . import config, validate
 from . import runtime as rt
 from .arrays import DeviceArray
 from .engine import Engine
-from .run import bind_inputs
 
 __all__ = ["Lane", "find", "keep", "signature"]
 
@@ -46,7 +45,7 @@ class Lane:
     the context's ``info`` then, the ``dims`` of the validated Problem, the decision's plans
     ``planned`` (decision.Planned: limits, knobs, the step's form), the workspace ``ws``
     (chunked kernels allowed, as every call's first attempt),
-    ``bound`` (run.bind_inputs of the inputs, and their buffers) and ``where``."""
+    ``bound`` (Workspace.bind_inputs of the inputs, and their buffers) and ``where``."""
 
     __slots__ = ("bound", "ctx", "dims", "engine", "ids", "info", "planned", "where", "ws")
 
@@ -123,7 +122,7 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
     if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update) != sig:
         return
     try:
-        bufs, key = bind_inputs(ws, p, backward)  # device arrays: checked, nothing uploaded
+        bufs, key = ws.bind_inputs(p, backward)  # device arrays: checked, nothing uploaded
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
     bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy

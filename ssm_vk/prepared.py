@@ -23,11 +23,11 @@ from ssm_ref import ScanGrads, ScanResult, check_update_cache
 
 from . import config, run
 from . import runtime as rt
-from .api import NAME, decision, form_code
 from .arrays import DeviceArray, check_live, pool, upload_to
 from .families import scatters_in_place
+from .support import NAME, decision, form_code
 from .validate import check_backward, check_forward, frozen_result
-from .workspace import Workspace, release_all
+from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
 __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
 
@@ -120,7 +120,7 @@ class PreparedCall:
         self._p, self._backward, self._update = p, backward, update
         self._engine, self._planned = dec.engine, dec.planned
         ctx = self._ctx = dec.engine.ctx
-        names = run.BWD_IN if backward else run.FWD_IN
+        names = BWD_IN if backward else FWD_IN
         self._inputs = tuple(a for a in (getattr(p, k) for k in names) if a is not None)
         self._held = tuple(a.buffer for a in self._inputs if a.buffer is not None)
         token = ctx.enter()
@@ -160,7 +160,7 @@ class PreparedCall:
 
     def _record(self) -> None:
         ws, p, backward = self._ws, self._p, self._backward
-        bufs, _ = run.bind_inputs(ws, p, backward)
+        bufs, _ = ws.bind_inputs(p, backward)
         for k, a in self._outs.items():
             bufs[k] = (a.buffer, a.offset)
         scatter = self._update and scatters_in_place(ws, p, bufs["s"])

@@ -26,17 +26,15 @@ from .decision import Planned
 from .engine import Engine
 from .families import record_backward, record_forward, scatters_in_place
 from .record.common import put_rows
-from .workspace import Workspace, release_all
+from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
-__all__ = ["forward", "backward", "bind_inputs", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
-           "note_rerun", "recorded_sequence", "copy_rows", "FWD_IN", "BWD_IN"]
+__all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
+           "note_rerun", "recorded_sequence", "copy_rows"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
 _rerun_logged = False
 
-FWD_IN = ("s", "x", "dt", "A", "B", "C")
-BWD_IN = (*FWD_IN, "g_y", "g_states")
 
 
 def last_sequence():
@@ -154,18 +152,6 @@ def note_rerun(engine: Engine, dims) -> None:
                  dims)
 
 
-def bind_inputs(ws: Workspace, p: Problem, backward: bool) -> tuple[dict, list]:
-    """The inputs' bindings in ``ws``: {name: (buffer, element offset)}, and the start of the
-    sequence's key -- serial and offset of each, in the workspace's fixed order (inputs, then
-    outputs, then the ids). Host inputs are uploaded into the workspace's buffers."""
-    bufs: dict = {}
-    key: list = []
-    for k in BWD_IN if backward else FWD_IN:
-        b, off = bufs[k] = ws.input(k, getattr(p, k))
-        key += (None if b is None else b.serial, off)
-    return bufs, key
-
-
 def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, update: bool = False) -> dict | None:
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
     non-finite output (the caller recomputes with the sequential kernels)."""
@@ -174,12 +160,12 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
     # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
     # thread), they go back to the pool only then. Liveness is checked after they are marked
-    # (bind_inputs checks each DeviceArray).
+    # (Workspace.bind_inputs checks each DeviceArray).
     resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
     held = tuple(a.buffer for a in resident if a.buffer is not None)
     token = buffers.busy(held) if held else None
     try:
-        bufs, key = bind_inputs(ws, p, backward)
+        bufs, key = ws.bind_inputs(p, backward)
         return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
         if token is not None:

@@ -19,9 +19,11 @@ from .decision import Planned
 from .plan import F32
 from .plan.sizes import output_shapes
 
-__all__ = ["Workspace", "MAX_SEQUENCES", "release_all"]
+__all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
+FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
+BWD_IN = (*FWD_IN, "g_y", "g_states")
 
 
 class Workspace:
@@ -140,6 +142,17 @@ class Workspace:
             buf = self._uploads[name] = self._acquire(a.nbytes)
         rt.upload(buf, a)
         return buf, 0
+
+    def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
+        """The inputs' bindings: {name: (buffer, element offset)}, and the start of the sequence's
+        key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids).
+        Host inputs are uploaded into this workspace's buffers."""
+        bufs: dict = {}
+        key: list = []
+        for k in BWD_IN if backward else FWD_IN:
+            b, off = bufs[k] = self.input(k, getattr(p, k))
+            key += (None if b is None else b.serial, off)
+        return bufs, key
 
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""

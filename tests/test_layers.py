@@ -42,9 +42,11 @@ LAYERS = (
     ("ssm_vk.decision",),
     ("ssm_vk.workspace",),
     ("ssm_vk.engine",),
-    ("ssm_vk.run",),
-    ("ssm_vk.lanes",),
-    ("ssm_vk.api",),
+    # a call: run (workspace, bindings, the recorded sequence, submit), lanes (repeated calls),
+    # support (the context and the cached decision); none imports another
+    ("ssm_vk.run", "ssm_vk.lanes", "ssm_vk.support"),
+    # the API: the plain calls and the prepared ones, side by side
+    ("ssm_vk.api", "ssm_vk.prepared"),
     ("ssm_vk",),            # the package's __init__: the public names
 )
 

@@ -17,10 +17,10 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import api as vk_api
 from ssm_vk import config, lanes
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
+from ssm_vk import support as vk_support
 
 pytestmark = pytest.mark.vulkan
 
@@ -66,7 +66,7 @@ def _grads(g) -> dict:
 def _chunked_plans(case) -> bool:
     """Whether the support decisions of ``case``'s forward and backward plan the chunked kernels."""
     p = ssm_ref.check_forward(**case.args(), keep_device=True)
-    return all(vk_api.decision(op, p, config.settings()).planned.first.chunked is not None
+    return all(vk_support.decision(op, p, config.settings()).planned.first.chunked is not None
                for op in ("ssm_scan", "ssm_scan_back"))
 
 

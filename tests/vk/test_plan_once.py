@@ -20,7 +20,7 @@ from problems import make_problem
 
 import ssm_ref
 import ssm_vk
-import ssm_vk.api
+import ssm_vk.support
 from ssm_vk import config
 from ssm_vk import decision as vk_decision
 from ssm_vk import engine as vk_engine
@@ -102,7 +102,7 @@ def test_a_new_shape_plans_once_and_its_repeats_never(plans, kind, backward, res
             p, op = ssm_ref.check_backward(**args, **grads, keep_device=True), "ssm_scan_back"
         else:
             p, op = ssm_ref.check_forward(**args, keep_device=True), "ssm_scan"
-        planned = ssm_vk.api.decision(op, p, config.settings()).planned
+        planned = ssm_vk.support.decision(op, p, config.settings()).planned
         ctx = rt.get_context()
         ws = vk_engine.engine_of(ctx).find_workspace(planned.dims, backward, Limits.of(ctx.info), config.settings())
         assert ws is not None and ws.plan is planned.first
