@@ -75,9 +75,8 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     rows ids[i] the call writes on the device (by the scan itself in a decode step).
     """
     sp = form_code(dt_softplus)
-    dt_softplus = _FORMS[sp]
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp, update_cache)
+        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
@@ -88,7 +87,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
             return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
                                         "backend": NAME})
     p = check_forward(s, x, dt, A, B, C, ids)
-    return _forward_checked(p, knobs, sp, dt_softplus, sig, arrays)
+    return _forward_checked(p, knobs, sp, _FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
 
 
 def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
@@ -152,7 +151,6 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     g_y, s=None), on the Vulkan device; device-resident and fallback behaviour and
     ``dt_softplus`` as :func:`ssm_scan`. Returns ScanGrads, a mapping by name."""
     sp = form_code(dt_softplus)
-    dt_softplus = _FORMS[sp]
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)
@@ -168,7 +166,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
         return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
-                                           dt_softplus=dt_softplus), p, ssm_ref.GRAD_NAMES)
+                                           dt_softplus=_FORMS[sp]), p, ssm_ref.GRAD_NAMES)
     g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)

@@ -75,17 +75,19 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
-    for i, a in enumerate(arrays):
+    # g_states (the eighth) may be None beside a packed (1-D) g_y, a DeviceArray checked in the
+    # loop; every other None (s, g_y, g_states beside a structured g_y: zeros the validator
+    # makes) takes the full path. (Checked apart, so that the loop needs no index.)
+    packed = len(arrays) == 8 and arrays[7] is None
+    for a in arrays[:7] if packed else arrays:
         if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
-            # g_states (i == 7) may be None beside a packed (1-D) g_y, a DeviceArray checked at
-            # i == 6; every other None (s, g_y, g_states beside a structured g_y: zeros the
-            # validator makes) takes the full path
-            if a is None and i == 7 and len(arrays[6].shape) == 1:
-                sig.append(None)
-                continue
             return None
         b = a.buffer
         sig += (a.shape, None if b is None else b.serial, a.offset)  # serials are unique in the process
+    if packed:
+        if len(arrays[6].shape) != 1:
+            return None
+        sig.append(None)
     sig.append(knobs.key)
     return tuple(sig)
 

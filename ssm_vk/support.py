@@ -73,11 +73,10 @@ class Decided:
 def form_code(dt_softplus) -> int:
     """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS), mamba_ssm's booleans
     included; ValueError for another value (ssm_ref.check_dt_softplus)."""
-    if dt_softplus.__class__ is str or dt_softplus is None:
-        code = SOFTPLUS.get(dt_softplus)
-        if code is not None:
-            return code
-    return SOFTPLUS[check_dt_softplus(dt_softplus)]
+    try:   # the forms' own spellings: one look-up (True, False and the rest have no key)
+        return SOFTPLUS[dt_softplus]
+    except (KeyError, TypeError):   # (TypeError: an unhashable value)
+        return SOFTPLUS[check_dt_softplus(dt_softplus)]
 
 
 def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> Decided:
