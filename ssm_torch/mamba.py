@@ -11,13 +11,14 @@ Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (
 clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``
 called with ``dt_softplus=None`` (dt is the step), so autograd differentiates those parts exactly
 as written. Each function takes one extra keyword, ``backend`` (None: the first backend that takes
-``dt_softplus=None``: ssm_fast).
+``dt_softplus=None``: ssm_fast); :func:`selective_scan_fn` also takes Mamba-2's ``seq_idx`` /
+``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P
 channels per head, N state size, G groups.
 
-One module of ~430 lines on purpose: the three drop-ins share the glue around the scan and
+One module of ~470 lines on purpose: the three drop-ins share the glue around the scan and
 mamba_ssm's argument conventions, which a reader compares side by side.
 """
 
