@@ -24,6 +24,7 @@ torch = need_torch()
 
 from test_mamba import check  # noqa: E402
 
+import ssm_torch  # noqa: E402
 from ssm_torch import mamba  # noqa: E402
 
 D_INNER, N = 6, 3
@@ -201,7 +202,6 @@ def test_packed_on_the_vulkan_device_against_the_float64_reference(mamba_ref, ca
     runs = runs_of(seq_idx_of(lengths))
     packing = packing_of(lengths, False)
     out, last = mamba_call(p32, packing, backend="ssm_vk")
-    import ssm_torch
     w = ssm_torch.last_where()
     assert w.backend == "ssm_vk" and w.where.startswith("Vulkan"), w
     w_out, w_last = weights(case, out.shape, len(runs))
