@@ -11,13 +11,14 @@ Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (
 clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``
 called with ``dt_softplus=None`` (dt is the step), so autograd differentiates those parts exactly
 as written. Each function takes one extra keyword, ``backend`` (None: the first backend that takes
-``dt_softplus=None``: ssm_fast).
+``dt_softplus=None``: ssm_fast); :func:`selective_scan_fn` also takes Mamba-2's ``seq_idx`` /
+``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P
 channels per head, N state size, G groups.
 
-One module of ~430 lines on purpose: the three drop-ins share the glue around the scan and
+One module of ~470 lines on purpose: the three drop-ins share the glue around the scan and
 mamba_ssm's argument conventions, which a reader compares side by side.
 """
 
@@ -107,7 +108,7 @@ def _per_head(M, G: int, H: int):
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False, *, backend=None):
+                      return_last_state=False, seq_idx=None, cu_seqlens=None, *, backend=None):
     """mamba_ssm's Mamba-1 selective scan.
 
     u, delta (batch, d_inner, L); A (d_inner, dstate), real; B and C (batch, dstate, L), grouped
@@ -118,6 +119,13 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     (batch, d_inner, dstate) in the working dtype (float32; float64 on ssm_ref when every input is
     float64). Gradients for u, delta, A, B, C, D, z, delta_bias -- and, unlike mamba_ssm, through
     the last state too.
+
+    Packed sequences (not in mamba_ssm's Mamba-1, state-spaces/mamba#180), as
+    :func:`mamba_chunk_scan_combined` marks them: ``seq_idx`` (batch, L) integers, nondecreasing
+    along each row, or ``cu_seqlens`` (n_sequences + 1,) offsets along L (batch 1), one or the
+    other. The state restarts from zero at each change of index (each run is a sequence of its
+    own), and the last state is then that of each run, (n_sequences, d_inner, dstate), the runs in
+    order row by row.
     """
     u, delta, A, B, C = (_tensor(n, t) for n, t in zip(("u", "delta", "A", "B", "C"), (u, delta, A, B, C),
                                                             strict=True))
@@ -135,6 +143,7 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
                           ("z", z, f"(batch, d_inner, L) = ({batch}, {dim}, {L})")):
         if t is not None and tuple(t.shape) != ((dim,) if name != "z" else (batch, dim, L)):
             raise _shape_error(name, t, want)
+    segs = _packed_runs(seq_idx, cu_seqlens, batch, L)
     be = _backend(backend)
     work = _work(be, u, delta, A, B, C, D, z, delta_bias)
     Bg = _bc_groups("B", B, batch, dim, dstate, L, work)
@@ -144,10 +153,14 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
     steps = _dt_steps(delta, None if delta_bias is None else delta_bias[:, None], delta_softplus, None, work)
     uw = u.to(work)
-    # ssm-scan's layout: H = d_inner heads of P = 1 channel, Mamba-1 A (H, N), S = batch; s=None:
-    # the zero start state
-    y, last = _ssm_scan(None, uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2), A.to(work), Bg, Cg,
-                        backend=be, dt_softplus=None)
+    # ssm-scan's layout: H = d_inner heads of P = 1 channel, Mamba-1 A (H, N), S = batch (or the
+    # runs of seq_idx, through Mamba-2's path); s=None: the zero start state
+    x, dts = uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2)
+    if segs is None:
+        y, last = _ssm_scan(None, x, dts, A.to(work), Bg, Cg, backend=be, dt_softplus=None)
+    else:
+        y, last, _ = _scan_segments(segs, batch, L, x.new_zeros((batch, dim, 1, dstate)), False, x, dts, A.to(work),
+                                    Bg, Cg, be)
     out = y.squeeze(-1).transpose(1, 2)                      # (batch, d_inner, L)
     if D is not None:
         out = out + uw * D.to(work)[:, None]
@@ -198,6 +211,23 @@ def _check_cu_seqlens(cu_seqlens, L: int):
         raise ValueError(f"cu_seqlens: expected increasing offsets from 0 to seqlen = {L} (no empty sequence), "
                          f"got {cu.tolist()}")
     return cu.tolist()
+
+
+def _packed_runs(seq_idx, cu_seqlens, batch: int, L: int):
+    """selective_scan_fn's packing: the runs of seq_idx, or of cu_seqlens (batch 1); None for none."""
+    if seq_idx is not None and cu_seqlens is not None:
+        raise ValueError("seq_idx, cu_seqlens: give one or the other (both mark the packed sequences)")
+    if cu_seqlens is not None:
+        if batch != 1:
+            raise ValueError(f"cu_seqlens: expected batch 1 (the sequences packed along L), got batch {batch}; "
+                             "use seq_idx (batch, L) for several rows")
+        seq_idx = seq_idx_from_cu_seqlens(_check_cu_seqlens(cu_seqlens, L), L)
+    if seq_idx is None:
+        return None
+    segs = _segments(_tensor("seq_idx", seq_idx), batch, L)
+    if not segs:
+        raise ValueError("seq_idx: packed sequences need L >= 1")
+    return segs
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
