@@ -23,7 +23,7 @@ FLOPS_PER_UPDATE = {"fwd": 5, "bwd": 14}
 # float32 FMA peaks measured on devices we ran (docs/BENCHMARKS.md: 8 independent FMA chains an invocation,
 # timestamps). Matched against the Vulkan device name.
 MEASURED_GPU_PEAKS = {
-    "H200": (55.4e12, "measured on an NVIDIA H200 (docs/BENCHMARKS.md)"),
+    "H200": (56.6e12, "measured on an NVIDIA H200 (docs/BENCHMARKS.md, \"NVIDIA H200\")"),
 }
 
 

@@ -48,3 +48,12 @@ def _quoted_text(page: str, pattern: str) -> str:
     found = re.findall(pattern, (REPO / page).read_text())
     assert len(found) == 1, f"{page}: expected one match of {pattern!r}, found {len(found)}"
     return found[0]
+
+
+def test_benchmarks_quotes_the_h200_fma_peak_bench_uses():
+    # ssm-scan bench's float32 floor on an H200 divides by this peak; the page quotes the same one.
+    from ssm_cli.machine import MEASURED_GPU_PEAKS
+
+    text = (REPO / "docs/BENCHMARKS.md").read_text()
+    found = re.findall(r"Float32 FMA peak measured through that\s+stack ([\d.]+) TFLOP/s", text)
+    assert found == [f"{MEASURED_GPU_PEAKS['H200'][0] / 1e12:.1f}"], found
