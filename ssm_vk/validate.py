@@ -53,16 +53,20 @@ def _passed(key: tuple, dims: Dims) -> None:
     _PASSED[key] = dims
 
 
+def _known(key: tuple | None, arrays: tuple, ids) -> Problem | None:
+    """The Problem of a call whose shapes passed the validator before (``key``), or None: the
+    full path."""
+    dims = _PASSED.get(key) if key is not None else None
+    return None if dims is None else problem(dims, arrays, ids)
+
+
 def check_forward(s, x, dt, A, B, C, ids=None) -> Problem:
     """``ssm_ref.check_forward(s, x, dt, A, B, C, ids, keep_device=True)``, through the shortcut above."""
     arrays = (s, x, dt, A, B, C)
     key = _key(_FORWARD, arrays)
-    if key is not None:
-        dims = _PASSED.get(key)
-        if dims is not None:
-            p = problem(dims, arrays, ids)
-            if p is not None:
-                return p
+    p = _known(key, arrays, ids)
+    if p is not None:
+        return p
     p = ref_check_forward(s, x, dt, A, B, C, ids, keep_device=True)
     if key is not None:
         _passed(key, p.dims)
@@ -79,12 +83,9 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None) -> Prob
         key = _key(_BACKWARD_PACKED, arrays[:7])
     else:   # zeros for a None (the validator makes them)
         key = None
-    if key is not None:
-        dims = _PASSED.get(key)
-        if dims is not None:
-            p = problem(dims, arrays, ids)
-            if p is not None:
-                return p
+    p = _known(key, arrays, ids)
+    if p is not None:
+        return p
     p = ref_check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
     if key is not None:
         _passed(key, p.dims)
