@@ -67,7 +67,7 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
     return ""
 
 
-def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
+def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
                     softplus: int = 0) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
     in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
@@ -88,10 +88,10 @@ def choose_plan_why(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunke
     return pl, why
 
 
-def choose_plan(ctx, d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
+def choose_plan(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
                 softplus: int = 0) -> Plan:
     """The plan of :func:`choose_plan_why`."""
-    return choose_plan_why(ctx, d, lim, backward, knobs, chunked, softplus)[0]
+    return choose_plan_why(d, lim, backward, knobs, chunked, softplus)[0]
 
 
 class Planned:
@@ -120,7 +120,7 @@ class Planned:
             return self.first
         pl = self._rerun
         if pl is None:
-            pl = self._rerun = choose_plan(None, self.dims, self.lim, self.backward, self.knobs, chunked=False,
+            pl = self._rerun = choose_plan(self.dims, self.lim, self.backward, self.knobs, chunked=False,
                                            softplus=self.softplus)
         return pl
 
@@ -134,7 +134,7 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     be had: the plan without them)."""
     backward = op == "ssm_scan_back"
     try:
-        pl, dropped = choose_plan_why(ctx, p.dims, lim, backward, knobs, softplus=softplus)
+        pl, dropped = choose_plan_why(p.dims, lim, backward, knobs, softplus=softplus)
     except TooLarge as e:
         return Support(False, str(e)), True, None
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)
