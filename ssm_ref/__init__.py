@@ -6,6 +6,7 @@
     o = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids, dtype=np.float64)   # the oracle
     g = ssm_ref.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
     g = ssm_ref.ssm_scan_back(None, x, dt, A, B, C, g_y=g_y)  # zero start states, g_states zeros
+    r = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids, snapshots=4)  # r.snapshots[k]: after T - k tokens
     g["d_x"]                                                 # ScanGrads: a mapping by name
 
 Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
@@ -38,13 +39,14 @@ from .checks import (
     check_dt_softplus,
     check_dtype,
     check_forward,
+    check_snapshots,
     check_update_cache,
     is_device_array,
     output_elems,
     write_cache_rows,
 )
 from .memory import host_memory_bytes
-from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward
+from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward, unpack_snapshots
 from .results import GRAD_NAMES, ScanGrads, ScanResult, Support, Where
 from .scan import backward as _backward
 from .scan import backward_workspace, forward_workspace, scatter_rows
@@ -72,6 +74,7 @@ __all__ = [
     "check_dtype",
     "check_forward",
     "check_op",
+    "check_snapshots",
     "check_update_cache",
     "pack_backward",
     "pack_forward",
@@ -86,6 +89,7 @@ __all__ = [
     "host_memory_bytes",
     "unpack_backward",
     "unpack_forward",
+    "unpack_snapshots",
 ]
 
 
@@ -99,7 +103,8 @@ def __dir__():
 OPS = ("ssm_scan", "ssm_scan_back")
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False,
+             snapshots=1) -> ScanResult:
     """Forward selective scan.
 
     Args: s (R,H,P,N) or None (zero start states (S,H,P,N), one per sequence; ``ids`` must then be
@@ -115,30 +120,40 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     written into row ids[i] of s (a writeable numpy float array, not None; the ids distinct), and
     the result's ``states`` is None -- the decode loop's cache update without a copy of its own.
 
-    Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in ``dtype``, where="CPU"; it unpacks as
-    ``y, states = ssm_scan(...)``.
+    snapshots: K >= 1 (default 1), ggml's state slots for rollback: the result's ``snapshots``
+    (K,S,H,P,N) holds in slot k the state after T - k tokens (slot 0 = states, slot T the start
+    state, slots k > T NaN). With update_cache=True and K > 1 only the final state is written to
+    the cache; the K slots are returned.
+
+    Returns ScanResult(y (S,T,H,P), states (S,H,P,N), snapshots (K,S,H,P,N)) in ``dtype``,
+    where="CPU"; it unpacks as ``y, states = ssm_scan(...)``.
     Raises TypeError / ValueError for bad input before any work (a message naming the argument),
     ValueError for a problem beyond the host memory limit (ssm_ref.memory) before any allocation.
     Same function: ssm_fast.ssm_scan, ssm_vk.ssm_scan (every dt_softplus form on each).
     """
     dt_softplus = check_dt_softplus(dt_softplus)
-    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace)
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace, snapshots=snapshots)
     update = check_update_cache(update_cache, s, p.ids)
-    y, states = _forward(p, dt_softplus)
+    y, states, snaps = _forward(p, dt_softplus)
     if update:
         write_cache_rows(s, p.ids, states)
         states = None
-    return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
+        snaps = snaps if p.dims.K > 1 else None
+    return ScanResult(y=y, states=states, where=WHERE, backend=NAME, snapshots=snaps)
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
-                  dt_softplus="ggml") -> ScanGrads:
-    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
+                  dt_softplus="ggml", g_snapshots=None) -> ScanGrads:
+    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states)
+    + sum(snapshots * g_snapshots).
 
     s, x, dt, A, B, C, ids as in :func:`ssm_scan` (``s=None``: zero start states, ids None).
     g_y (S,T,H,P) and g_states (S,H,P,N); either may be None for zeros of its shape (both None:
     every gradient is zero), so ``ssm_scan_back(s, x, dt, A, B, C, g_y=g_y)`` is the backward of
-    a loss on y alone. g_y may also be the packed 1-D forward layout with g_states=None.
+    a loss on y alone. g_snapshots (K,S,H,P,N) or None: the gradient of the forward's K state
+    slots (``snapshots=K``); slot 0 adds to g_states, slot T to the start state, slots k > T are
+    ignored (the forward's NaN slots depend on nothing). g_y may also be the packed 1-D forward
+    layout (y, then K slots; K from its length) with g_states and g_snapshots None.
     Returns ScanGrads: d_s (R,H,P,N) (d_s0 scatter-added by ids; for ``s=None`` the gradient of
     the zero start states, (S,H,P,N), equal to d_s0), d_s0 (S,H,P,N), d_x, d_dt, d_A (A's shape),
     d_B, d_C, in ``dtype``; a mapping by name (``g["d_x"]``). ``dt_softplus`` as in
@@ -148,7 +163,8 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype
     Same function: ssm_fast.ssm_scan_back, ssm_vk.ssm_scan_back (every form on each).
     """
     dt_softplus = check_dt_softplus(dt_softplus)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=dtype, workspace=backward_workspace,
+                       g_snapshots=g_snapshots)
     g = _backward(p, dt_softplus)
     return ScanGrads(**g, where=WHERE, backend=NAME)
 
@@ -160,15 +176,15 @@ def check_op(op: str) -> str:
     return op
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
     """The reference runs every valid case that fits the host memory limit (ssm_ref.memory).
-    Takes the arguments of ssm_scan (``s=None`` and every ``dt_softplus`` form included).
+    Takes the arguments of ssm_scan (``s=None``, every ``dt_softplus`` form and every K included).
     Bad input raises as in ssm_scan (a forward beyond the limit too; ``dt_softplus`` and
     ``update_cache`` checked as there); a backward beyond it -- the T+1 states -- is answered
     ``Support(False, reason)`` (ssm_scan_back would raise)."""
     check_op(op)
     check_dt_softplus(dt_softplus)
-    p = check_forward(s, x, dt, A, B, C, ids, workspace=forward_workspace)
+    p = check_forward(s, x, dt, A, B, C, ids, workspace=forward_workspace, snapshots=snapshots)
     check_update_cache(update_cache, s, p.ids, op=op)
     if op == "ssm_scan_back":
         f32 = np.dtype(np.float32)

@@ -35,7 +35,7 @@ import numpy as np
 from .memory import check_host_memory, host_memory_bytes
 
 __all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
-           "check_forward", "check_ids", "check_shapes", "check_update_cache", "is_device_array", "output_elems",
+           "check_forward", "check_ids", "check_shapes", "check_snapshots", "check_update_cache", "is_device_array", "output_elems",
            "split_g_y", "write_cache_rows"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
@@ -56,6 +56,7 @@ class Dims:
     R: int
     mamba1: bool
     a_shape: tuple  # A's shape as the caller gave it: (H,), (H, 1) or (H, N)
+    K: int = 1      # state slots the forward writes (snapshots=K); in a backward, g_snapshots' K
 
     @property
     def heads_per_group(self) -> int:
@@ -67,8 +68,8 @@ class Dims:
 
     @property
     def forward_size(self) -> int:
-        """Length of the packed forward output (ggml SSM_SCAN layout)."""
-        return self.S * self.T * self.H * self.P + self.S * self.H * self.P * self.N
+        """Length of the packed forward output (ggml SSM_SCAN layout: y, then K state slots)."""
+        return self.S * self.T * self.H * self.P + self.K * self.S * self.H * self.P * self.N
 
     @property
     def backward_size(self) -> int:
@@ -88,7 +89,8 @@ class Problem:
 
     ``A`` is always 2-D here: (H, 1) for Mamba-2, (H, N) for Mamba-1 (``dims.a_shape`` keeps the
     caller's shape for d_A). ``ids`` is int64 (S,). ``g_y`` / ``g_states`` are set only by
-    ``check_backward`` and are always structured: (S, T, H, P) and (S, H, P, N).
+    ``check_backward`` and are always structured: (S, T, H, P) and (S, H, P, N). ``g_snapshots``
+    is (K, S, H, P, N) with K = ``dims.K`` when the backward was given one, else None.
     """
 
     dims: Dims
@@ -102,6 +104,7 @@ class Problem:
     g_y: np.ndarray | None = None
     g_states: np.ndarray | None = None
     dtype: np.dtype = _WORK_DTYPES[0]
+    g_snapshots: np.ndarray | None = None
 
 
 def check_dtype(dtype) -> np.dtype:
@@ -136,6 +139,16 @@ def check_dt_softplus(dt_softplus):
         return _BOOL_FORMS[bool(dt_softplus)]
     raise ValueError(f"dt_softplus: expected 'ggml', 'log1p', None, True (the same as 'log1p') or False (the same "
                      f"as None), got {dt_softplus!r}")
+
+
+def check_snapshots(snapshots) -> int:
+    """K, the number of state slots the forward writes (``snapshots=K``, docs/SPEC.md section 3):
+    an integer >= 1 (TypeError for anything else, a bool included; ValueError below 1)."""
+    if isinstance(snapshots, (bool, np.bool_)) or not isinstance(snapshots, (int, np.integer)):
+        raise TypeError(f"snapshots: expected an integer K >= 1 (the number of state slots), got {snapshots!r}")
+    if snapshots < 1:
+        raise ValueError(f"snapshots: expected K >= 1 (K = 1 is the final state alone), got {snapshots}")
+    return int(snapshots)
 
 
 def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool = False, op: str = "ssm_scan") -> bool:
@@ -234,14 +247,20 @@ def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def split_g_y(g_y, dims: Dims) -> tuple:
     """The backward's packed 1-D ``g_y`` (the forward's layout, ssm_ref.packing: the gradient of y,
-    then of the final states; its length ``dims.forward_size`` already checked) as (g_y
-    (S, T, H, P), g_states (S, H, P, N)): views, also of a device array (its ``view(start, shape)``)."""
+    then of the K state slots; its length ``dims.forward_size`` already checked) as (g_y
+    (S, T, H, P), g_states (S, H, P, N), g_snapshots (K, S, H, P, N) or None): views, also of a
+    device array (its ``view(start, shape)``). K = 1: the slot is g_states, g_snapshots None;
+    K > 1: the K slots are g_snapshots (slot 0 the final state's) and g_states is zeros."""
     d = dims
     n_y = d.S * d.T * d.H * d.P
     y_shape, states_shape = (d.S, d.T, d.H, d.P), (d.S, d.H, d.P, d.N)
-    if is_device_array(g_y):
-        return g_y.view(0, y_shape), g_y.view(n_y, states_shape)
-    return g_y[:n_y].reshape(y_shape), g_y[n_y:].reshape(states_shape)
+    dev = is_device_array(g_y)
+    gy = g_y.view(0, y_shape) if dev else g_y[:n_y].reshape(y_shape)
+    if d.K == 1:
+        return gy, g_y.view(n_y, states_shape) if dev else g_y[n_y:].reshape(states_shape), None
+    slots = (d.K, *states_shape)
+    gsn = g_y.view(n_y, slots) if dev else g_y[n_y:].reshape(slots)
+    return gy, _zeros(states_shape, np.dtype(np.float32) if dev else g_y.dtype), gsn
 
 
 def _fmt(symbols: str, numbers) -> str:
@@ -346,7 +365,8 @@ def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np
     return _zeros((S, H, P, int(B_.shape[3])), work)
 
 
-def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> tuple[Dims, dict, np.ndarray | None]:
+def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: int = 1
+                  ) -> tuple[Dims, dict, np.ndarray | None]:
     """The forward's argument checks (docs/SPEC.md shapes): (dims, the float arrays as given -- not yet
     converted --, the checked ids or None)."""
     x_ = _float_array("x", x, work, keep_device)
@@ -393,16 +413,17 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool) -> 
                          f"got H = {H}, G = {G}")
 
     ids_ = check_ids(ids, S, R)
-    dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape)
+    dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape, K=K)
     A2 = A_.reshape(H, N if mamba1 else 1)
     return dims, dict(s=s_, x=x_, dt=dt_, A=A2, B=B_, C=C_), ids_
 
 
 def output_elems(d: Dims, backward: bool) -> int:
-    """Elements of the results of one call: y and states, or the seven gradients."""
+    """Elements of the results of one call: y, states and (K > 1) the K snapshots, or the seven
+    gradients."""
     row = d.H * d.P * d.N
     if not backward:
-        return d.S * d.T * d.H * d.P + d.S * row
+        return d.S * d.T * d.H * d.P + (d.K + (d.K > 1)) * d.S * row
     return (d.R * row + d.S * row + d.S * d.T * d.H * d.P + d.S * d.T * d.H + d.H * (d.N if d.mamba1 else 1)
             + 2 * d.S * d.T * d.G * d.N)
 
@@ -430,7 +451,7 @@ def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> P
 
 
 def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device: bool = False,
-                  workspace=None) -> Problem:
+                  workspace=None, snapshots=1) -> Problem:
     """Check the forward's arguments (docs/SPEC.md shapes) and return a :class:`Problem`.
 
     x defines S, T, H, P; s defines R and N; B defines G. Every other shape is checked against
@@ -440,39 +461,57 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     memory limit, see ssm_ref.memory) before any work or allocation. ``workspace(dims, dtype)``:
     the bytes the calling backend needs besides the converted inputs and the outputs.
     Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
-    (the Vulkan backend binds them in place).
+    (the Vulkan backend binds them in place). ``snapshots``: K, checked by :func:`check_snapshots`
+    first and kept as ``dims.K``.
     """
+    K = 1 if snapshots == 1 and type(snapshots) is int else check_snapshots(snapshots)
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
-    dims, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
+    dims, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device, K)
     _check_memory(dims, raw, work, keep_device, False, workspace)
     return _problem(dims, raw, ids_, work)
 
 
-def check_shapes(s, x, dt, A, B, C, ids=None) -> Dims:
+def check_shapes(s, x, dt, A, B, C, ids=None, snapshots=1) -> Dims:
     """The checks of :func:`check_forward` that the arguments' shapes and dtypes settle (and the
     ids' values, when given), in its order and with its messages, without converting, copying or
     allocating the inputs; returns the :class:`Dims`. For a caller that has shapes but no data
     yet: ssm_torch checks its fake tensors under torch.compile with zero-stride stand-ins
     (``np.broadcast_to(np.zeros((), dtype), shape)``). The host memory rule is not applied."""
-    dims, _raw, _ids = _check_inputs(s, x, dt, A, B, C, ids, _F32, False)
+    K = check_snapshots(snapshots)
+    dims, _raw, _ids = _check_inputs(s, x, dt, A, B, C, ids, _F32, False, K)
     return dims
 
 
 def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
-                   keep_device: bool = False, workspace=None) -> Problem:
+                   keep_device: bool = False, workspace=None, g_snapshots=None) -> Problem:
     """Check the backward's arguments. ``g_y`` (S,T,H,P) and ``g_states`` (S,H,P,N); either may be
-    None for zeros of its shape (both None: every gradient is zero); ``g_y`` may also be the packed
-    1-D forward layout with ``g_states=None``. Returns a :class:`Problem` with structured g_y
-    (S,T,H,P) and g_states (S,H,P,N). ``s=None`` as in :func:`check_forward`. Raises as
-    :func:`check_forward`."""
+    None for zeros of its shape (both None: every gradient is zero); ``g_snapshots`` (K,S,H,P,N)
+    or None, the gradient of the forward's K state slots (its slot 0 adds to g_states). ``g_y``
+    may also be the packed 1-D forward layout (y, then K slots: K read from its length) with
+    ``g_states`` and ``g_snapshots`` None. Returns a :class:`Problem` with structured g_y
+    (S,T,H,P), g_states (S,H,P,N) and g_snapshots (K,S,H,P,N) or None; ``dims.K`` is that K (1
+    without one). ``s=None`` as in :func:`check_forward`. Raises as :func:`check_forward`."""
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
     d, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
     y_shape, states_shape = (d.S, d.T, d.H, d.P), (d.S, d.H, d.P, d.N)
     gy = None if g_y is None else _float_array("g_y", g_y, work, keep_device)
-    if gy is not None and g_states is None and gy.ndim == 1:   # the packed layout
-        _expect_shape("g_y", gy, "(S*T*H*P + S*H*P*N,)", (d.forward_size,))
-        gy_s, gs_s = split_g_y(gy, d)
+    gsn = None
+    if gy is not None and g_states is None and g_snapshots is None and gy.ndim == 1:   # the packed layout
+        n_y, row = d.S * d.T * d.H * d.P, d.S * d.H * d.P * d.N
+        n = int(gy.shape[0])
+        if n < n_y + row or (row and (n - n_y) % row) or (not row and n != n_y):
+            _expect_shape("g_y", gy, "(S*T*H*P + K*S*H*P*N,) with K >= 1", (n_y + row,))
+        d = _with_k(d, (n - n_y) // row if row else 1)
+        gy_s, gs_s, gsn = split_g_y(gy, d)
     else:
+        if g_snapshots is not None:
+            gsn = _float_array("g_snapshots", g_snapshots, work, keep_device)
+            if gsn.ndim != 5 or gsn.shape[0] < 1:
+                S_, H_, P_, N_ = states_shape
+                raise ValueError(f"g_snapshots: expected shape (K, S, H, P, N) = (K, {S_}, {H_}, {P_}, {N_}) "
+                                 f"with K >= 1, got {tuple(gsn.shape)}")
+            d = _with_k(d, int(gsn.shape[0]))
+            _expect_shape("g_snapshots", gsn, "(K, S, H, P, N)", (d.K, *states_shape))
         if gy is None:
             gy_s = _zeros(y_shape, work)
         else:
@@ -484,5 +523,11 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtyp
             gs_s = _float_array("g_states", g_states, work, keep_device)
             _expect_shape("g_states", gs_s, "(S, H, P, N)", states_shape)
     raw.update(g_y=gy_s, g_states=gs_s)
+    if gsn is not None:
+        raw["g_snapshots"] = gsn
     _check_memory(d, raw, work, keep_device, True, workspace)
     return _problem(d, raw, ids_, work)
+
+
+def _with_k(d: Dims, K: int) -> Dims:
+    return Dims(S=d.S, T=d.T, H=d.H, P=d.P, N=d.N, G=d.G, R=d.R, mamba1=d.mamba1, a_shape=d.a_shape, K=K)

@@ -76,6 +76,9 @@ def _check(p: Problem, L: int) -> None:
         raise ValueError("the chunked form needs Mamba-2 (A of shape (H,) or (H, 1))")
     if L < 1:
         raise ValueError(f"chunk length L must be >= 1, got {L}")
+    if p.dims.K != 1 or p.g_snapshots is not None:
+        raise ValueError("the chunked form computes y and the final states; the K state snapshots are "
+                         "ssm_ref.scan's")
 
 
 def _chunk_inputs(p: Problem, i: int, t0: int, t1: int, h: int):

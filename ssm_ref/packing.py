@@ -1,9 +1,9 @@
 """The ggml / ggmlR 1-D packed layouts (docs/SPEC.md section 7).
 
-Forward (SSM_SCAN):        y (S*T*H*P) | states (S*H*P*N)
+Forward (SSM_SCAN):        y (S*T*H*P) | K state slots (K*S*H*P*N), slot 0 the final states
 Backward (SSM_SCAN_BACK):  ds0 (S*H*P*N) | dx (S*T*H*P) | ddt (S*T*H) | dA (size of A)
                            | dB (S*T*G*N) | dC (S*T*G*N)
-The gradient input of the backward (g_y + g_states) uses the forward layout.
+The gradient input of the backward (g_y + g_states, or g_y + g_snapshots) uses the forward layout.
 Everything packed is float32, no padding, numpy C order (= ggml's ne order reversed).
 """
 
@@ -19,6 +19,7 @@ __all__ = [
     "pack_forward",
     "unpack_backward",
     "unpack_forward",
+    "unpack_snapshots",
 ]
 
 BACKWARD_BLOCKS = ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
@@ -29,7 +30,8 @@ def _cat(parts) -> np.ndarray:
 
 
 def pack_forward(y: np.ndarray, states: np.ndarray) -> np.ndarray:
-    """y (S,T,H,P) and states (S,H,P,N) -> 1-D float32 of length S*T*H*P + S*H*P*N."""
+    """y (S,T,H,P) and states (S,H,P,N), or the K slots (K,S,H,P,N) -> 1-D float32 of length
+    S*T*H*P + K*S*H*P*N."""
     return _cat((y, states))
 
 
@@ -41,12 +43,21 @@ def _check_len(what: str, packed: np.ndarray, n: int) -> np.ndarray:
 
 
 def unpack_forward(packed, dims: Dims) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`pack_forward`: (y (S,T,H,P), states (S,H,P,N)), copies."""
+    """Inverse of :func:`pack_forward`: (y (S,T,H,P), states (S,H,P,N): slot 0), copies; the
+    layout's K is ``dims.K``."""
+    d = dims
+    arr = _check_len("packed forward", packed, d.forward_size)
+    n_y, row = d.S * d.T * d.H * d.P, d.S * d.H * d.P * d.N
+    return (arr[:n_y].reshape(d.S, d.T, d.H, d.P).copy(),
+            arr[n_y:n_y + row].reshape(d.S, d.H, d.P, d.N).copy())
+
+
+def unpack_snapshots(packed, dims: Dims) -> np.ndarray:
+    """The K state slots of a packed forward (K = ``dims.K``): (K, S, H, P, N), a copy."""
     d = dims
     arr = _check_len("packed forward", packed, d.forward_size)
     n_y = d.S * d.T * d.H * d.P
-    return (arr[:n_y].reshape(d.S, d.T, d.H, d.P).copy(),
-            arr[n_y:].reshape(d.S, d.H, d.P, d.N).copy())
+    return arr[n_y:].reshape(d.K, d.S, d.H, d.P, d.N).copy()
 
 
 def pack_backward(d_s0, d_x, d_dt, d_A, d_B, d_C) -> np.ndarray:

@@ -21,6 +21,10 @@ class ScanResult:
 
     y: (S, T, H, P)   states: (S, H, P, N) (the final state of sequence i at position i)
     where: the device it ran on ("CPU", "Vulkan0", ...)   backend: the package that computed it
+    snapshots: (K, S, H, P, N) for ``snapshots=K`` (docs/SPEC.md section 3): slot k is the state
+    after T - k tokens; slot 0 equals ``states``, slot T is the start state, slots k > T are NaN.
+    With K = 1 it holds the one slot, ``states``; None when ``update_cache=True`` and K = 1 (the
+    final state went into the cache; with K > 1 the slots are returned, slot 0 included).
 
     Unpacks as a pair: ``y, states = ssm_scan(...)`` (iteration yields y then states; len 2).
     Frozen: its fields cannot be reassigned.
@@ -30,6 +34,7 @@ class ScanResult:
     states: np.ndarray
     where: str
     backend: str
+    snapshots: np.ndarray | None = None
 
     def __iter__(self):
         yield self.y
@@ -39,9 +44,14 @@ class ScanResult:
         return 2
 
     def packed(self) -> np.ndarray:
-        """1-D float32 in ggml's SSM_SCAN layout: y.ravel() then states.ravel()."""
+        """1-D float32 in ggml's SSM_SCAN layout: y.ravel(), then the K state slots (K = 1:
+        states.ravel())."""
         from .packing import pack_forward
 
+        if self.snapshots is not None:
+            return pack_forward(_host(self.y), _host(self.snapshots))
+        if self.states is None:
+            raise ValueError("packed: this result has no states (update_cache=True wrote them into the cache)")
         return pack_forward(_host(self.y), _host(self.states))
 
 

@@ -69,14 +69,19 @@ def _decay(p: Problem, d: np.ndarray) -> np.ndarray:
     return np.exp(d[:, :, None, None] * A[None, :, None, :])
 
 
-def forward(p: Problem, dt_softplus: str | None = "ggml") -> tuple[np.ndarray, np.ndarray]:
-    """The forward scan. Returns y (S, T, H, P) and states (S, H, P, N). ``dt_softplus``: the form
-    of :func:`softplus` (checked by the caller: ssm_ref.checks.check_dt_softplus)."""
+def forward(p: Problem, dt_softplus: str | None = "ggml") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The forward scan. Returns y (S, T, H, P), states (S, H, P, N) and the K = ``p.dims.K``
+    snapshots (K, S, H, P, N): slot k is the state after T - k tokens (slot 0 equals states, slot
+    T the start state), slots k > T are NaN (there is no such state). ``dt_softplus``: the form of
+    :func:`softplus` (checked by the caller: ssm_ref.checks.check_dt_softplus)."""
     dm = p.dims
-    S, T, H, P, _N = dm.S, dm.T, dm.H, dm.P, dm.N
+    S, T, H, P, N, K = dm.S, dm.T, dm.H, dm.P, dm.N, dm.K
     with np.errstate(over="ignore", invalid="ignore"):  # inf/nan follow docs/SPEC.md section 8
         st = p.s[p.ids].copy()                                # (S, H, P, N)
         y = np.empty((S, T, H, P), dtype=p.dtype)             # (S, T, H, P)
+        snaps = np.full((K, S, H, P, N), np.nan, dtype=p.dtype)  # (K, S, H, P, N)
+        if T < K:
+            snaps[T] = st                                     # slot T: the start state
         for t in range(T):
             d = softplus(p.dt[:, t], dt_softplus)             # (S, H)
             a = _decay(p, d)                                  # (S, H, 1, 1|N)
@@ -85,7 +90,9 @@ def forward(p: Problem, dt_softplus: str | None = "ggml") -> tuple[np.ndarray, n
             Ct = _per_head(p, p.C[:, t])                      # (S, H, N)
             st = st * a + Bt[:, :, None, :] * u[..., None]    # (S, H, P, N)
             y[:, t] = np.sum(st * Ct[:, :, None, :], axis=-1)  # (S, H, P)
-    return y, st
+            if T - 1 - t < K:
+                snaps[T - 1 - t] = st                         # the state after t + 1 tokens
+    return y, st, snaps
 
 
 def _group_sum(p: Problem, v: np.ndarray) -> np.ndarray:
@@ -106,10 +113,13 @@ def scatter_rows(d_s0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
 
 def backward(p: Problem, dt_softplus: str | None = "ggml") -> dict[str, np.ndarray]:
     """The backward scan. Returns the gradients d_s, d_s0, d_x, d_dt, d_A (shape of A as
-    given), d_B, d_C for the loss sum(y * g_y) + sum(states * g_states). ``dt_softplus`` as in
+    given), d_B, d_C for the loss sum(y * g_y) + sum(states * g_states) + sum(snapshots *
+    g_snapshots) (the last when ``p.g_snapshots`` is given: slot k adds to the gradient of the
+    state after T - k tokens; slots k > T are constants and add nothing). ``dt_softplus`` as in
     :func:`forward`."""
     dm = p.dims
-    S, T, H, P, N, G = dm.S, dm.T, dm.H, dm.P, dm.N, dm.G
+    S, T, H, P, N, G, K = dm.S, dm.T, dm.H, dm.P, dm.N, dm.G, dm.K
+    g_snap = p.g_snapshots                                    # (K, S, H, P, N) or None
     d_x = np.zeros((S, T, H, P), dtype=p.dtype)
     d_dt = np.zeros((S, T, H), dtype=p.dtype)
     d_A = np.zeros(p.A.shape, dtype=p.dtype)                  # (H, 1|N)
@@ -128,7 +138,11 @@ def backward(p: Problem, dt_softplus: str | None = "ggml") -> dict[str, np.ndarr
 
         # Walk back. carry = a_{t+1} * lam_{t+1} (g_states before the last token).
         carry = p.g_states.copy()                             # (S, H, P, N)
+        if g_snap is not None:
+            carry = carry + g_snap[0]                         # slot 0 is the final state too
         for t in reversed(range(T)):
+            if g_snap is not None and 0 < T - 1 - t < K:
+                carry = carry + g_snap[T - 1 - t]             # the snapshot of the state after t + 1 tokens
             d = softplus(p.dt[:, t], dt_softplus)             # (S, H)
             a = _decay(p, d)                                  # (S, H, 1, 1|N)
             u = p.x[:, t] * d[:, :, None]                     # (S, H, P)
@@ -151,6 +165,8 @@ def backward(p: Problem, dt_softplus: str | None = "ggml") -> dict[str, np.ndarr
             carry = a * lam                                   # (S, H, P, N)
 
         d_s0 = carry                                          # (S, H, P, N): a_0 * lam_0
+        if g_snap is not None and 0 < T < K:
+            d_s0 = d_s0 + g_snap[T]                           # slot T is the start state
     return {
         "d_s": scatter_rows(d_s0, p.ids, dm.R),
         "d_s0": d_s0,

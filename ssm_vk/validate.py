@@ -116,14 +116,14 @@ def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
         return None
     s, x, dt, A, B, C = arrays[:6]
     A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)  # a view, as the validator makes (even of (H, 1))
-    g_y = g_states = None
+    g_y = g_states = g_snapshots = None
     if len(arrays) == 8:
         g_y, g_states = arrays[6:]
         if g_states is None:
-            g_y, g_states = split_g_y(g_y, dims)
+            g_y, g_states, g_snapshots = split_g_y(g_y, dims)
     p = object.__new__(Problem)   # frozen_result(Problem, ...), one call less
     p.__dict__.update(dims=dims, s=s, x=x, dt=dt, A=A2, B=B, C=C, ids=arange_ids(dims.S) if ids_ is None else ids_,
-                      g_y=g_y, g_states=g_states, dtype=_F32)
+                      g_y=g_y, g_states=g_states, dtype=_F32, g_snapshots=g_snapshots)
     return p
 
 

@@ -32,7 +32,7 @@ def problem64(case):
 
 def assert_same(p, L: int, label: str) -> None:
     """chunked.forward/backward(p, L) == scan.forward/backward(p) to 1e-12, output by output."""
-    y, states = scan.forward(p)
+    y, states, _ = scan.forward(p)
     cy, cstates = chunked.forward(p, L)
     want = {"y": y, "states": states, **scan.backward(p)}
     got = {"y": cy, "states": cstates, **chunked.backward(p, L)}
@@ -104,7 +104,7 @@ def test_kept_chunk_states_are_the_scan_states_at_chunk_starts():
         head = case.args(np.float64)
         for k in ("x", "dt", "B", "C"):
             head[k] = head[k][:, : c * L]
-        _, want = scan.forward(ssm_ref.check_forward(**head, dtype=np.float64))
+        _, want, _ = scan.forward(ssm_ref.check_forward(**head, dtype=np.float64))
         assert rel_err(kept[:, c], want) < 1e-12, c
 
 
