@@ -35,8 +35,8 @@ import numpy as np
 from .memory import check_host_memory, host_memory_bytes
 
 __all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
-           "check_forward", "check_ids", "check_shapes", "check_snapshots", "check_update_cache", "is_device_array", "output_elems",
-           "split_g_y", "write_cache_rows"]
+           "check_forward", "check_ids", "check_shapes", "check_snapshots", "check_update_cache", "is_device_array",
+           "output_elems", "split_g_y", "write_cache_rows"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
