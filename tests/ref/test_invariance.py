@@ -141,3 +141,12 @@ def test_a_port_that_is_not_invariant_fails_with_the_outputs_and_the_difference(
     with pytest.raises(PropertyFailed, match=r"batch_invariant fails .*\n  y: \d+ of 36 entries differ, largest"):
         INVARIANCES["batch_invariant"].check(port, case, F32_TOL)
     assert INVARIANCES["split_invariant"].check(port, case, F32_TOL)
+
+
+def test_the_fuzzer_runs_the_invariances_only_when_named():
+    from ssm_ref.testing.fuzzing import fuzz
+
+    report = fuzz([ssm_ref], minutes=0.01, properties=list(INVARIANCES), seed=0, max_elements=400)
+    assert report.ok and {p for (_, p), n in report.checked.items() if n} == set(INVARIANCES)
+    default = fuzz([ssm_ref], minutes=0.001, seed=0, max_elements=100)
+    assert not {p for _, p in default.examples} & set(INVARIANCES)
