@@ -39,7 +39,13 @@ Exit code 1 when a result is out of tolerance or a backend raises; 2 when a back
   ssm-scan check --backend ssm_ggml:CPU   ggml's own SSM_SCAN (the build in SSM_GGML_LIB), in a worker process
 
 A port whose ssm_scan_back raises NotImplementedError (ggml: no SSM_SCAN_BACK) is checked on
-its forward; its gradients are reported as not checked."""
+its forward; its gradients are reported as not checked.
+
+Two more rows per backend say whether it is batch invariant and split invariant here, bit for bit
+(docs/SPEC.md section 3.2), on a few drawn arrangements: per output "=" (the same bits in every
+arrangement), "diff" (some entries differ), "-" (not compared: d_A is a sum over sequences and
+tokens). That is information, not part of the correctness contract: it never changes the exit
+code."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,14 @@ FULL = (
     Problem("many-groups", Shape("many-groups", N=64, P=32, H=8, G=4, T=33, S=3), R=5, ids="permutation",
             what="4 groups, 3 of 5 cache rows"),
     Problem("no-tokens", Shape("no-tokens", N=8, P=4, H=2, G=1, T=0, S=2), what="T = 0"),
+)
+# The drawn set of the invariance rows (ssm_ref.testing.cases.make_problem; the arrangements are
+# drawn from the case): a small Mamba-2 with groups and shuffled rows, a Mamba-1 with shared rows,
+# and a Mamba-2 of 64 tokens (long enough for a backend to choose another plan by batch size).
+INVARIANCE_CASES = (
+    dict(S=3, T=5, H=4, P=3, N=5, G=2, ids="permutation", variant="mamba2"),
+    dict(S=3, T=17, H=2, P=4, N=8, G=1, ids="duplicates", variant="mamba1"),
+    dict(S=4, T=64, H=4, P=16, N=16, G=1, ids="permutation", variant="mamba2"),
 )
 FD_PROBLEMS = ("mamba2", "mamba1")
 FD_SAMPLES = 4        # entries of each input's gradient checked
@@ -189,6 +203,35 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     return row
 
 
+def check_invariance(b: bk.Backend, seed: int) -> list[dict]:
+    """The invariance rows of one backend: for "batch" and "split", per output the number of
+    entries whose bits differed over :data:`INVARIANCE_CASES` (None: not compared), the largest
+    difference, whether every compared output was the same bits, or the error the backend raised."""
+    from ssm_ref.testing import ports
+    from ssm_ref.testing.cases import make_problem
+    from ssm_ref.testing.properties.invariance import batch_report, split_report
+
+    rows = []
+    for kind, report in (("batch", batch_report), ("split", split_report)):
+        row = {"backend": b.name, "kind": kind, "cases": len(INVARIANCE_CASES), "holds": None, "outputs": {},
+               "snapshots": None, "error": None}
+        try:
+            reps = [report(b.module, make_problem(seed + k, **c)) for k, c in enumerate(INVARIANCE_CASES)]
+        except Exception as e:  # information only: the correctness rows report a broken backend
+            row["error"] = ports.error_text(e)
+            rows.append(row)
+            continue
+        for rep in reps:
+            for name, d in rep.compared.items():
+                o = row["outputs"].setdefault(name, {"differ": 0, "size": 0, "max_abs": 0.0})
+                o["differ"] += d.differ
+                o["size"] += d.size
+                o["max_abs"] = max(o["max_abs"], d.max_abs)
+        row["holds"] = all(r.holds for r in reps)
+        rows.append(row)
+    return rows
+
+
 def run(args) -> int:
     import ssm_ref
     from ssm_ref.tolerance import F32_TOL, OUTPUTS
@@ -206,6 +249,8 @@ def run(args) -> int:
               "oracle": {}, "runs": []}
     runnable = [b for b in backs if b.available]
     steps = len(problems) * (1 + len(runnable)) + sum(1 for b in runnable if hasattr(b.module, "to_device"))
+    steps += len(runnable)
+    report["invariance"] = []
     prog = Progress(steps, args.verbose)
     inputs = {}
     try:
@@ -228,11 +273,14 @@ def run(args) -> int:
                     prog.update(f"{b.name} on {p.name}, device-resident inputs", advance=1)
                     report["runs"].append(check_backend(b, p, *inputs[p.name], device_resident=True))
                 prog.update(f"{b.name} on {p.name}", advance=1)
+            prog.update(f"{b.name}: batch and split invariance")
+            report["invariance"] += check_invariance(b, args.seed)
+            prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()
     fd_ok = all(v["ok"] for per in report["oracle"].values() for v in per.values())
     report["oracle_ok"] = fd_ok
-    report["ok"] = fd_ok and all(r["ok"] for r in report["runs"])
+    report["ok"] = fd_ok and all(r["ok"] for r in report["runs"])   # invariance: information only
     common.say(args, render(report))
     common.write_json(args, report)
     return common.EXIT_OK if report["ok"] else common.EXIT_FAIL
@@ -264,9 +312,32 @@ def render(rep: dict) -> str:
                       else "-" for o in OUTPUTS]
             cells.append("PASS" if r["ok"] else "FAIL")
         rows.append(cells)
+    inv = rep.get("invariance", [])
+    where = {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]}
+    for r in inv:
+        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"], "-")]
+        if r["error"]:
+            cells += [""] * len(OUTPUTS) + [f"(info) {r['error']}"]
+        else:
+            cells += [("-" if o not in r["outputs"] else "=" if not r["outputs"][o]["differ"] else "diff")
+                      for o in OUTPUTS]
+            cells.append("(info) " + ("bitwise" if r["holds"] else "not bitwise"))
+        rows.append(cells)
     if rows:
         out.append(table(["problem", "backend", "where", *OUTPUTS, "result"], rows,
                          right=set(range(3, 3 + len(OUTPUTS)))))
+    if inv:
+        n = inv[0]["cases"]
+        out.append(f"invariance rows (information, not part of PASS/FAIL; docs/SPEC.md section 3.2): on {n} drawn "
+                   "cases, = the same bits alone and anywhere in a batch (batch) or in one call and in calls "
+                   "carrying the state (split), diff some entries differ, - not compared (d_A: a sum over "
+                   "sequences and tokens)")
+        snaps = sorted({r["backend"] for r in inv if "snapshots" in r["outputs"]})
+        if snaps:
+            out.append(f"  snapshots compared too for {', '.join(snaps)}: "
+                       + ", ".join(f"{r['backend']} {r['kind']} "
+                                   + ("=" if not r["outputs"]["snapshots"]["differ"] else "diff")
+                                   for r in inv if "snapshots" in r["outputs"]))
     not_given = sorted({(r["backend"], o) for r in rep["runs"] for o in r.get("not_given", ())})
     for backend, o in not_given:
         out.append(f"{backend}: gives no {o} (-: not checked)")

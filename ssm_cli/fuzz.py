@@ -32,6 +32,10 @@ with a reproducer; with --save it is also written as a regression file and as go
   ssm-scan fuzz --minutes 5 --backend ssm_ggml:CPU    ggml's own SSM_SCAN (SSM_GGML_LIB), in a worker
   ssm-scan fuzz --minutes 5 --backend ssm_ggml:Vulkan0 --supported-only --min-N 256 --max-N 256 --variant mamba2
 
+The bit-for-bit invariances batch_invariant and split_invariant (docs/SPEC.md section 3.2) are no
+part of the correctness contract: they run only when named with --property, and a failure says
+which outputs differ and by how much.
+
 A port whose ssm_scan_back raises NotImplementedError (ggml has no SSM_SCAN_BACK) is fuzzed on
 its forward: the properties of the backward alone are reported as not applicable, the others
 check their forward half.
@@ -43,7 +47,7 @@ by --backend that cannot run here, 3 when the --save folder cannot be written.""
 def add_parser(sub) -> None:
     """Register the sub-command on ``sub`` (argparse sub-parsers)."""
     from ssm_ref.testing.cases import REGIMES
-    from ssm_ref.testing.properties import PROPERTIES
+    from ssm_ref.testing.properties import INVARIANCES, PROPERTIES
 
     p = sub.add_parser("fuzz", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=common.positive_float("--minutes"), required=True,
@@ -51,7 +55,8 @@ def add_parser(sub) -> None:
     common.add_backend(p, "fuzz")
     common.add_device(p)
     p.add_argument("--property", action="append", metavar="NAME",
-                   help=f"property to check (repeatable; default all): {', '.join(PROPERTIES)}")
+                   help=f"property to check (repeatable; default all): {', '.join(PROPERTIES)}; "
+                        f"bit-for-bit invariances, only when named: {', '.join(INVARIANCES)}")
     p.add_argument("--regime", action="append", choices=REGIMES, help="value regime to draw (repeatable; default all)")
     for flag, default, least, what in SIZES:
         p.add_argument(flag, type=common.int_at_least(least), default=default,
@@ -76,11 +81,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ssm_ref.testing.properties import PROPERTIES
+    from ssm_ref.testing.properties import known
 
-    unknown = [n for n in args.property or () if n not in PROPERTIES]
+    unknown = [n for n in args.property or () if n not in known()]
     if unknown:  # before anything runs or prints
-        raise common.UsageError(f"--property {unknown[0]}: unknown; the properties are: {', '.join(PROPERTIES)}")
+        raise common.UsageError(f"--property {unknown[0]}: unknown; the properties are: {', '.join(known())}")
     try:
         from ssm_ref.testing.fuzzing import fuzz
     except ImportError as e:  # hypothesis is an optional dependency

@@ -33,7 +33,7 @@ from ssm_ref.tolerance import F32_TOL
 
 from . import ports
 from .cases import REGIMES, Case
-from .properties import BACKWARD_ONLY, PROPERTIES, PropertyFailed
+from .properties import BACKWARD_ONLY, PROPERTIES, PropertyFailed, known
 from .regressions import save_case
 from .strategies import problems
 
@@ -151,7 +151,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     docs/PORTING.md, "The port interface") for ``minutes`` (every property checks one drawn problem
     at least, however short the time).
 
-    properties: names from ssm_ref.testing.properties.PROPERTIES (default: all). regimes: value regimes
+    properties: names from ssm_ref.testing.properties.PROPERTIES (default: all of them) or INVARIANCES
+    (``batch_invariant``, ``split_invariant``: bit-for-bit, run only when named). regimes: value regimes
     to draw (each property only gets the regimes it is claimed for). tol: output -> Tol table
     (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
     where failures are written as regression files. batch: examples per (backend, property)
@@ -165,10 +166,11 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     that are not a positive number. Returns a FuzzReport; a failure caused by an exception
     carries its traceback in its message.
     """
+    registry = known()
     names = list(PROPERTIES) if properties is None else list(properties)
-    unknown = [n for n in names if n not in PROPERTIES]
+    unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"properties: unknown {unknown}, expected names from {list(PROPERTIES)}")
+        raise ValueError(f"properties: unknown {unknown}, expected names from {list(registry)}")
     bad = [r for r in regimes if r not in REGIMES]
     if bad or not regimes:
         raise ValueError(f"regimes: expected a non-empty selection of {REGIMES}, got {tuple(regimes)}")
@@ -184,7 +186,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     report = FuzzReport()
     start = last_log = time.monotonic()
     deadline = start + 60.0 * minutes
-    pairs = [(b, n) for b in backends for n in names if set(PROPERTIES[n].regimes) & set(regimes)]
+    pairs = [(b, n) for b in backends for n in names if set(registry[n].regimes) & set(regimes)]
     for b in backends:
         why = _no_backward(b)
         if why:
@@ -201,7 +203,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             key = (_modname(module), name)
             if key in done or (not first and time.monotonic() >= deadline):
                 continue
-            prop = PROPERTIES[name]
+            prop = registry[name]
             strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes)
 
             found = []

@@ -183,6 +183,52 @@ def test_check_fails_with_exit_1_when_a_backend_is_wrong_or_crashes(tmp_path):
     assert all(r["error"] == "RuntimeError: boom" for r in rep["runs"] if r["backend"] == "raising_port")
 
 
+BATCH_DEPENDENT_PORT = '''
+"""A correct port whose y depends, in its last bits, on the batch size: not batch invariant."""
+import dataclasses
+
+import numpy as np
+
+import ssm_ref
+
+NAME = "batch_dependent_port"
+supports = ssm_ref.supports
+ssm_scan_back = ssm_ref.ssm_scan_back
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None):
+    r = ssm_ref.ssm_scan(s, x, dt, A, B, C, ids)
+    bump = np.float32(1) + np.float32(2.0 ** -22) * np.float32(np.shape(x)[0] > 1)
+    return dataclasses.replace(r, y=r.y * bump, backend=NAME)
+'''
+
+
+def test_check_reports_invariance_as_information_not_as_a_failure(tmp_path):
+    """The invariance rows (docs/SPEC.md section 3.2): ssm_ref's hold bit for bit; a port that is
+    correct but not batch invariant is reported so, with exit code 0 (not part of the contract)."""
+    (tmp_path / "batch_dependent_port.py").write_text(BATCH_DEPENDENT_PORT)
+    out = tmp_path / "check.json"
+    p = ssm_scan("check", "--quick", "--backend", "ref,batch_dependent_port", "--json", out, extra_path=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.rstrip().endswith("check: PASS")
+    rep = json.loads(out.read_text())
+    rows = {(r["backend"], r["kind"]): r for r in rep["invariance"]}
+    assert set(rows) == {(b, k) for b in ("ssm_ref", "batch_dependent_port") for k in ("batch", "split")}
+    for kind in ("batch", "split"):
+        ref = rows["ssm_ref", kind]
+        assert ref["holds"] and "d_A" not in ref["outputs"] and ref["outputs"]["snapshots"]["differ"] == 0
+        assert all(o["differ"] == 0 for o in ref["outputs"].values())
+    bad = rows["batch_dependent_port", "batch"]
+    assert bad["holds"] is False and bad["outputs"]["y"]["differ"] > 0
+    assert [k for k, o in bad["outputs"].items() if o["differ"]] == ["y"]
+    assert rows["batch_dependent_port", "split"]["holds"]        # the same S in every call of a split
+    lines = p.stdout.splitlines()
+    assert any(line.startswith("batch invariance") and "batch_dependent_port" in line
+               and line.rstrip().endswith("(info) not bitwise") for line in lines)
+    assert any(line.startswith("split invariance") and "ssm_ref" in line
+               and line.rstrip().endswith("(info) bitwise") for line in lines)
+
+
 # A loader pointed at a driver manifest that does not exist finds no driver: a machine whose
 # Vulkan driver is missing or broken.
 NO_DRIVER = {"VK_DRIVER_FILES": "/nonexistent/icd.json", "VK_ICD_FILENAMES": "/nonexistent/icd.json"}

@@ -11,6 +11,12 @@ not apply to the case (``group_broadcast`` with H/G == 1, ``mamba2_as_mamba1`` w
 and raises :class:`PropertyFailed` (an AssertionError) with a message naming the outputs and the
 case when the property does not hold. ``tol`` is an output -> Tol table (ssm_ref.tolerance).
 numpy only: no hypothesis needed.
+
+:data:`INVARIANCES` holds two more, ``batch_invariant`` and ``split_invariant``: bit-for-bit
+equalities that a backend may promise beyond the tolerance (docs/SPEC.md section 3.2). They are
+not part of the contract every port must meet, so they are kept apart from PROPERTIES: the fuzzer
+runs them when named (``ssm-scan fuzz --property batch_invariant``), ``ssm-scan check`` reports
+them as information. Their ``tol`` is not used.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from __future__ import annotations
 from ..cases import ORACLE_REGIMES, REGIMES
 from ._common import Property, PropertyFailed
 from .backward import deterministic, linear_backward, nonfinite_pattern
+from .invariance import batch_invariant, split_invariant
 from .oracle import adjoint, oracle_backward, oracle_forward
 from .structure import group_broadcast, mamba2_as_mamba1, permute_sequences, scatter_of_d_s0, split_tokens
 
-__all__ = ["BACKWARD_ONLY", "PROPERTIES", "Property", "PropertyFailed"]
+__all__ = ["BACKWARD_ONLY", "INVARIANCES", "PROPERTIES", "Property", "PropertyFailed", "known"]
 
 # Regimes whose values stay finite: the adjoint and linearity bounds are norms of finite arrays.
 FINITE = ("typical", "wide_dt", "small_A", "long_decay")
@@ -54,3 +61,17 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
 # Properties of the backward alone: not applicable to a port without one (its ssm_scan_back raises
 # NotImplementedError); the others then check the forward's half.
 BACKWARD_ONLY = ("oracle_backward", "adjoint", "scatter_of_d_s0", "linear_backward")
+
+# Bit-for-bit invariances (docs/SPEC.md section 3.2): claimed only by the backends that promise them,
+# checked in every regime (bits either match or they do not). Not in PROPERTIES.
+INVARIANCES: dict[str, Property] = {p.name: p for p in (
+    Property("batch_invariant", batch_invariant, REGIMES,
+             "a sequence's outputs and own gradients are the same bits alone and anywhere in any batch"),
+    Property("split_invariant", split_invariant, REGIMES,
+             "one call over [0, T) is the same bits as consecutive calls carrying the state"),
+)}
+
+
+def known() -> dict[str, Property]:
+    """Every property by name: PROPERTIES, then INVARIANCES (what the fuzzer accepts by name)."""
+    return {**PROPERTIES, **INVARIANCES}
