@@ -133,7 +133,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
         return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
-    lane, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every float input is a live DeviceArray
+    lane, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
         p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
