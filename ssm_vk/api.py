@@ -34,9 +34,6 @@ def _takes_snapshots(cpu) -> bool:
     return "snapshots" in inspect.signature(cpu.ssm_scan).parameters
 
 
-def _k(snapshots) -> int:
-    """K, checked as ssm_ref checks it (an int >= 1; the default's test first: one comparison)."""
-    return 1 if snapshots == 1 and type(snapshots) is int else check_snapshots(snapshots)
 
 
 def _one_slot(states):
@@ -52,9 +49,18 @@ def _scan_result(y, states, snapshots, where: str, backend: str = NAME) -> ScanR
 
 
 def _out_result(out: dict, where: str, K: int) -> ScanResult:
-    """The ScanResult of a device call's outputs (K > 1: their ``snapshots``)."""
+    """The ScanResult of a device call's outputs (K > 1: their ``snapshots``; K = 1 a view of
+    states). One call of Python: the per-call cost of a K = 1 call stays what it was."""
     states = out["states"]
-    return _scan_result(out["y"], states, out["snapshots"] if K > 1 else _one_slot(states), where)
+    if K > 1:
+        snaps = out["snapshots"]
+    elif type(states) is DeviceArray:
+        snaps = states._int_view((1, *states.shape), states.offset)
+    else:
+        snaps = states[None]
+    r = object.__new__(ScanResult)   # (validate.frozen_result, inlined)
+    r.__dict__.update(y=out["y"], states=states, where=where, backend=NAME, snapshots=snaps)
+    return r
 
 
 def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
@@ -67,7 +73,7 @@ def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     (ssm_vk.config) raises ValueError naming it."""
     ssm_ref.check_op(op)
     sp = form_code(dt_softplus)
-    K = _k(snapshots)
+    K = check_snapshots(snapshots)
     knobs = config.settings()
     p = check_forward(s, x, dt, A, B, C, ids, K)
     if op == "ssm_scan_back" and K > 1:   # the backward of such a forward: given g_snapshots (K slots)
@@ -128,7 +134,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     kernels; a fallback for K > 1 is computed by ssm_ref when ssm_fast takes no snapshots.
     """
     sp = form_code(dt_softplus)
-    K = _k(snapshots)
+    K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
     if update_cache is not False:
         return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K)
     knobs = config.settings()
