@@ -137,6 +137,19 @@ def test_token_windows():
         check_case(case, 4, label="token windows")
 
 
+def test_sequence_windows():
+    # A storage range that two sequences' tokens fit but not five: windows of sequences, each
+    # binding its rows of the K slots.
+    case = make_problem(np.random.default_rng(15), S=5, T=32, H=2, P=2, N=4, G=1, ids="permutation")
+    ctx = rt.get_context()
+    with ctx.seams.override_limits(max_storage_buffer_range=2048):
+        d = check_forward(**case.args(), snapshots=2).dims
+        for backward in (False, True):
+            pl = families.plan(d, Limits.of(ctx.info), backward, snap=True)
+            assert not pl.time_split and len(pl.windows) > 1 and pl.snap, backward
+        check_case(case, 2, label="sequence windows")
+
+
 @pytest.mark.parametrize("resident", [False, True])
 def test_a_decode_step_and_update_cache(resident):
     # T = 1 (the decode kernel writes no snapshots: the ordinary kernel runs K > 1), the cache
