@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, Support, check_update_cache
+from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
 from ssm_ref.checks import write_cache_rows
 
 from . import config, lanes, run
@@ -16,23 +16,68 @@ from .validate import check_backward, check_forward, frozen_result
 _FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
-def _fall_back(reason: str):
-    """The CPU backend that computes a case the device cannot run; the reason is logged once."""
+def _fall_back(reason: str, snap: bool = False):
+    """The CPU backend that computes a case the device cannot run; the reason is logged once.
+    ``snap``: the call has K > 1 snapshots or g_snapshots, which the CPU backend must take (else
+    ssm_ref computes it)."""
+    cpu = _fast()
+    if snap and not _takes_snapshots(cpu):
+        log_once(f"ssm_vk falls back to ssm_ref on the CPU (ssm_fast takes no snapshots): {reason}")
+        return ssm_ref
     log_once(f"ssm_vk falls back to ssm_fast on the CPU: {reason}")
-    return _fast()
+    return cpu
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
+def _takes_snapshots(cpu) -> bool:
+    import inspect
+
+    return "snapshots" in inspect.signature(cpu.ssm_scan).parameters
+
+
+
+
+def _one_slot(states):
+    """``snapshots`` of a call with K = 1: states as (1, S, H, P, N), a view (of a DeviceArray too)."""
+    if type(states) is DeviceArray:
+        return states._int_view((1, *states.shape), states.offset)
+    return states[None]
+
+
+def _scan_result(y, states, snapshots, where: str, backend: str = NAME) -> ScanResult:
+    return frozen_result(ScanResult, {"y": y, "states": states, "where": where, "backend": backend,
+                                      "snapshots": snapshots})
+
+
+def _out_result(out: dict, where: str, K: int) -> ScanResult:
+    """The ScanResult of a device call's outputs (K > 1: their ``snapshots``; K = 1 a view of
+    states). One call of Python: the per-call cost of a K = 1 call stays what it was."""
+    states = out["states"]
+    if K > 1:
+        snaps = out["snapshots"]
+    elif type(states) is DeviceArray:
+        snaps = states._int_view((1, *states.shape), states.offset)
+    else:
+        snaps = states[None]
+    r = object.__new__(ScanResult)   # (validate.frozen_result, inlined)
+    r.__dict__.update(y=out["y"], states=states, where=where, backend=NAME, snapshots=snaps)
+    return r
+
+
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
     the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
-    (``s=None`` included); bad input raises as in ssm_ref.ssm_scan (``dt_softplus`` and
-    ``update_cache`` checked as there); an illegal setting (ssm_vk.config) raises ValueError
-    naming it."""
+    (``s=None`` and ``snapshots=K`` included: for ``ssm_scan_back`` the answer for a backward
+    given g_snapshots of K slots when K > 1); bad input raises as in ssm_ref.ssm_scan
+    (``dt_softplus``, ``update_cache`` and ``snapshots`` checked as there); an illegal setting
+    (ssm_vk.config) raises ValueError naming it."""
     ssm_ref.check_op(op)
     sp = form_code(dt_softplus)
+    K = check_snapshots(snapshots)
     knobs = config.settings()
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, K)
+    if op == "ssm_scan_back" and K > 1:   # the backward of such a forward: given g_snapshots (K slots)
+        p = _with_g_snapshots(p)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
     return decision(op, p, knobs, sp).sup
 
@@ -45,6 +90,17 @@ def _host(p):
 
 
 _INTERFACE = ("ssm_scan", "ssm_scan_back", "supports")
+
+
+def _with_g_snapshots(p):
+    """Problem ``p`` as a backward given g_snapshots of its K slots sees it (for supports(); the
+    decision reads only that one is given)."""
+    import dataclasses
+
+    import numpy as np
+
+    return dataclasses.replace(p, g_snapshots=np.broadcast_to(np.float32(0), (p.dims.K, p.dims.S, p.dims.H,
+                                                                                p.dims.P, p.dims.N)))
 
 
 def _fast():
@@ -62,7 +118,7 @@ def _fast():
     return ssm_ref
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
@@ -73,56 +129,68 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     ssm_ref.ssm_scan. The result unpacks as ``y, states``.
     ``update_cache``: as in ssm_ref.ssm_scan; ``s`` a writeable numpy array or a DeviceArray, whose
     rows ids[i] the call writes on the device (by the scan itself in a decode step).
+    ``snapshots``: K >= 1, as in ssm_ref.ssm_scan: the result's ``snapshots`` (K,S,H,P,N), slot k
+    the state after T - k tokens (K = 1: a view of ``states``). K > 1 runs on the token-sequential
+    kernels; a fallback for K > 1 is computed by ssm_ref when ssm_fast takes no snapshots.
     """
     sp = form_code(dt_softplus)
+    K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache)
+        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
-    lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
+    lane, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
         p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
         if p is not None:
-            out = run.forward(lane.engine, p, lane.planned, True, lane)
-            return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": lane.where,
-                                        "backend": NAME})
-    p = check_forward(s, x, dt, A, B, C, ids)
+            return _out_result(run.forward(lane.engine, p, lane.planned, True, lane), lane.where, K)
+    p = check_forward(s, x, dt, A, B, C, ids, K)
     return _forward_checked(p, knobs, sp, _FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
+
+
+def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
+    """The CPU backend's ssm_scan of problem ``p`` (``h``: its host inputs), K passed when > 1."""
+    K = p.dims.K
+    extra = {"snapshots": K} if K > 1 else {}
+    return cpu.ssm_scan(h["s"] if s is None else s, h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids,
+                        dt_softplus=dt_softplus, update_cache=update_cache, **extra)
 
 
 def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
     """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
     with ``sig`` (lanes.find's), the call is kept as a lane for its repeats."""
+    K = p.dims.K
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
-        cpu = _fall_back(dec.sup.reason)
-        h = _host(p)
-        return _resident(cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids,
-                                      dt_softplus=dt_softplus), p, ("y", "states"))
+        cpu = _fall_back(dec.sup.reason, K > 1)
+        r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, ("y", "states", "snapshots") if K > 1
+                      else ("y", "states"))
+        return _scan_result(r.y, r.states, r.snapshots if K > 1 else _one_slot(r.states), r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
-    return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
+    return _out_result(out, dec.info.where, K)
 
 
-def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -> ScanResult:
+def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K: int = 1) -> ScanResult:
     """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
-    cache rows s[ids]; ``states`` None. A repeated device-resident call takes its lane, as
-    ssm_scan does (its ids checked distinct every call)."""
+    cache rows s[ids]; ``states`` None, ``snapshots`` the K slots when K > 1, else None. A
+    repeated device-resident call takes its lane, as ssm_scan does (its ids checked distinct every
+    call)."""
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
-        lane, sig = lanes.find(False, arrays, knobs, sp, update=True)
+        lane, sig = lanes.find(False, arrays, knobs, sp, True, K)
         if lane is not None:
             p = lane.problem(arrays, ids)
             if p is not None:
                 check_update_cache(True, s, p.ids, device_arrays=True)
                 out = run.forward(lane.engine, p, lane.planned, True, lane, update=True)
                 out["states"].release()
-                return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": lane.where, "backend": NAME})
+                return _scan_result(out["y"], None, out.get("snapshots"), lane.where)
     else:
         sig = None
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, K)
     check_update_cache(update_cache, s, p.ids, device_arrays=True)   # (not False: the caller's test)
     if not isinstance(s, DeviceArray):     # a host cache: the call as usual, the rows written here
         r = _forward_checked(p, knobs, sp, dt_softplus)
@@ -130,43 +198,51 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
         write_cache_rows(s, p.ids, states.numpy() if isinstance(states, DeviceArray) else states)
         if isinstance(states, DeviceArray):
             states.release()
-        return frozen_result(ScanResult, {"y": r.y, "states": None, "where": r.where, "backend": r.backend})
+        return _scan_result(r.y, None, r.snapshots if K > 1 else None, r.where, r.backend)
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:                        # on the CPU; the rows uploaded into the cache
-        cpu = _fall_back(dec.sup.reason)
+        cpu = _fall_back(dec.sup.reason, K > 1)
         h = _host(p)
-        r = cpu.ssm_scan(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, dt_softplus=dt_softplus)
+        r = _cpu_scan(cpu, h, p, dt_softplus)
         s._write_rows(p.ids, r.states)
-        return frozen_result(ScanResult, {"y": upload_to(s.ctx, r.y), "states": None, "where": r.where,
-                                    "backend": r.backend})
+        return _scan_result(upload_to(s.ctx, r.y), None, upload_to(s.ctx, r.snapshots) if K > 1 else None,
+                            r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=True, update=True)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays, update=True)
     out["states"].release()
-    return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
+    return _scan_result(out["y"], None, out.get("snapshots"), dec.info.where)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+                  g_snapshots=None) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
-    g_y, s=None), on the Vulkan device; device-resident and fallback behaviour and
-    ``dt_softplus`` as :func:`ssm_scan`. Returns ScanGrads, a mapping by name."""
+    g_y with K slots, s=None, ``g_snapshots`` (K,S,H,P,N), the gradient of the forward's K state
+    slots), on the Vulkan device; device-resident and fallback behaviour and ``dt_softplus`` as
+    :func:`ssm_scan` (g_snapshots or a packed g_y of K > 1 slots: the token-sequential kernels).
+    Returns ScanGrads, a mapping by name."""
     sp = form_code(dt_softplus)
     knobs = config.settings()
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    lane, sig = lanes.find(True, arrays, knobs, sp)
+    lane, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None else (None, None)
     if lane is not None:
         p = lane.problem(arrays, ids)
         if p is not None:
             return _grads(run.backward(lane.engine, p, lane.planned, True, lane), lane.where)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
-        cpu = _fall_back(dec.sup.reason)
+        snap = p.g_snapshots is not None
+        cpu = _fall_back(dec.sup.reason, snap)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
+        extra = {}
+        if snap:
+            gsn = p.g_snapshots
+            extra["g_snapshots"] = gsn.numpy() if isinstance(gsn, DeviceArray) else gsn
         return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
-                                           dt_softplus=_FORMS[sp]), p, ssm_ref.GRAD_NAMES)
+                                           dt_softplus=_FORMS[sp], **extra), p, ssm_ref.GRAD_NAMES)
     g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)
@@ -177,7 +253,8 @@ def _resident(result, p, names: tuple):
     """A CPU fallback's ``result`` as a device call would give it: when any input is a
     DeviceArray, its arrays uploaded to that input's device (so code written for the device path
     runs unchanged); ``where`` and ``backend`` still say the CPU computed it."""
-    ctx = next((getattr(p, k).ctx for k in INPUTS if isinstance(getattr(p, k), DeviceArray)), None)
+    ctx = next((getattr(p, k).ctx for k in (*INPUTS, "g_snapshots") if isinstance(getattr(p, k), DeviceArray)),
+               None)
     if ctx is None:
         return result
     return frozen_result(type(result), {**result.__dict__, **{k: upload_to(ctx, getattr(result, k)) for k in names}})

@@ -21,12 +21,12 @@ from . import budget
 from . import kernels as specs
 from .config import Settings
 from .families import CHUNKED, M1, kernels_needed, plan
-from .plan import Limits, TooLarge
+from .plan import Limits, TooLarge, binding_cap
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
 from .sequential.plan import Plan
 
-__all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem"]
+__all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
 
 _shared: dict = {}   # sha256 of a SPIR-V module -> bytes of shared memory it declares
 
@@ -68,13 +68,14 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
 
 
 def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
-                    softplus: int = 0) -> tuple[Plan, str]:
+                    softplus: int = 0, snap: bool = False) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
     in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
     device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
     the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
-    ``softplus``: the step's form (kernels.SOFTPLUS). Raises TooLarge when no plan fits."""
-    pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked)
+    ``softplus``: the step's form (kernels.SOFTPLUS). ``snap``: the K state snapshots (families.plan).
+    Raises TooLarge when no plan fits."""
+    pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked, snap=snap)
     if pl.m1 is not None:
         why = kernels_problem(lim, M1.kernels(d, pl, backward))
         if why:   # the plan the shape would have without them (time chunks, or token by token)
@@ -89,9 +90,9 @@ def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bo
 
 
 def choose_plan(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
-                softplus: int = 0) -> Plan:
+                softplus: int = 0, snap: bool = False) -> Plan:
     """The plan of :func:`choose_plan_why`."""
-    return choose_plan_why(d, lim, backward, knobs, chunked, softplus)[0]
+    return choose_plan_why(d, lim, backward, knobs, chunked, softplus, snap)[0]
 
 
 class Planned:
@@ -100,15 +101,19 @@ class Planned:
     :meth:`plan`, the token-sequential plan that recomputes a result the first one flagged as
     non-finite -- made the first time a call needs it, then kept here (with the cached decision),
     so no call plans. Also what the plans were made for: ``dims``, ``backward``, the planner's
-    ``lim`` and ``knobs``, the step's form ``softplus``; ``key`` (all of them) keys the workspace
-    of the shape (engine.Engine.workspace)."""
+    ``lim`` and ``knobs``, the step's form ``softplus``, ``snap`` (the K state snapshots:
+    families.plan); ``key`` (all of them; ``snap`` only when set) keys the workspace of the shape
+    (engine.Engine.workspace)."""
 
-    __slots__ = ("_rerun", "backward", "dims", "first", "key", "knobs", "lim", "softplus")
+    __slots__ = ("_rerun", "backward", "dims", "first", "key", "knobs", "lim", "snap", "softplus")
 
-    def __init__(self, first: Plan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0):
+    def __init__(self, first: Plan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0,
+                 snap: bool = False):
         self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
-        self.knobs, self.softplus = knobs, softplus
-        self.key = (dims, backward, lim, knobs.key, softplus)
+        self.knobs, self.softplus, self.snap = knobs, softplus, snap
+        # (a backward given g_snapshots of one slot has the Dims of one without: ``snap`` tells them apart)
+        self.key = (dims, backward, lim, knobs.key, softplus, "snap") if snap else (dims, backward, lim, knobs.key,
+                                                                                    softplus)
         # a plan that flags nothing is never recomputed, and without the chunked kernels, the time
         # chunks and the Mamba-1 kernels with time in threads it is its own recompute's plan
         self._rerun = None if first.flags_nonfinite else first
@@ -121,8 +126,14 @@ class Planned:
         pl = self._rerun
         if pl is None:
             pl = self._rerun = choose_plan(self.dims, self.lim, self.backward, self.knobs, chunked=False,
-                                           softplus=self.softplus)
+                                           softplus=self.softplus, snap=self.snap)
         return pl
+
+
+def snaps(p, backward: bool) -> bool:
+    """Whether a call of problem ``p`` takes the snapshot kernels: a forward of K > 1 state
+    snapshots, a backward given g_snapshots (of any K)."""
+    return p.g_snapshots is not None if backward else p.dims.K > 1
 
 
 def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
@@ -133,10 +144,18 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     the shape: plan.plan runs once (twice where the Mamba-1 kernels with time in threads cannot
     be had: the plan without them)."""
     backward = op == "ssm_scan_back"
+    snap = snaps(p, backward)
     try:
-        pl, dropped = choose_plan_why(p.dims, lim, backward, knobs, softplus=softplus)
+        pl, dropped = choose_plan_why(p.dims, lim, backward, knobs, softplus=softplus, snap=snap)
     except TooLarge as e:
         return Support(False, str(e)), True, None
+    if snap:
+        d = p.dims
+        # the recording binds the K slots of a window's sequences at once (slot-major: across all S)
+        n = d.K * d.S * d.H * d.P * d.N
+        if n > binding_cap(lim):
+            return Support(False, f"snapshots: the {d.K} state slots ({n * 4} bytes) exceed one storage-buffer "
+                                  f"binding of this device ({binding_cap(lim) * 4} bytes)"), True, None
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)
     why = budget.check(ctx.info, sizes, ctx.live_allocations.count)
     if why:   # (the allocations already made change: that refusal is decided anew)
@@ -144,7 +163,7 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     why = kernels_problem(lim, kernels_needed(p.dims, pl, backward))
     if why:
         return Support(False, why), False, None
-    planned = Planned(pl, p.dims, lim, backward, knobs, softplus)
+    planned = Planned(pl, p.dims, lim, backward, knobs, softplus, snap)
     where = f"runs on {ctx.info.where} ({ctx.info.name})"
     if dropped:
         which = "the Mamba-1 kernels with time in threads" if p.dims.mamba1 else "the chunked kernels"

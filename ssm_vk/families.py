@@ -71,7 +71,7 @@ FAMILIES = (CHUNKED, M1, SEQUENTIAL)
 
 
 def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, softplus: int = 0,
-         time_chunks: bool = True, m1: bool = True) -> Plan:
+         time_chunks: bool = True, m1: bool = True, snap: bool = False) -> Plan:
     """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
     plan carries the chunked kernels' plan (chunked.plan) where they take the shape, else the
     Mamba-1 kernels' with time in threads (m1.plan) where they take it, else, for a forward or
@@ -79,8 +79,12 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
     parallel over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's
     settings (default: those of now). ``softplus``: the step's form, which the plan hands to its
     kernels (it changes no size or window). ``m1`` False: not the Mamba-1 kernels with time in
-    threads (their SPIR-V cannot be had)."""
+    threads (their SPIR-V cannot be had). ``snap``: the call writes K > 1 state snapshots (a
+    forward) or adds g_snapshots (a backward): the token-sequential kernels run it, with SNAP
+    (the other families keep the states of chunk ends only)."""
     knobs = settings() if knobs is None else knobs
+    if snap:
+        return replace(sequential_plan(d, lim, backward, knobs), softplus=softplus, snap=True)
     cp = chunk_plan(d, lim, backward, knobs)
     if cp is not None and softplus:
         cp = replace(cp, softplus=softplus)

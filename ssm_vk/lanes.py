@@ -67,10 +67,11 @@ class Lane:
 
 
 def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
-              update: bool = False) -> tuple | None:
+              update: bool = False, K: int = 1) -> tuple | None:
     """The signature of a call on ``ctx`` with the float arguments ``arrays`` -- (s, x, dt, A, B, C),
     and for the backward (g_y, g_states) -- the step's form ``softplus`` and ``update`` (a forward
-    with update_cache), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
+    with update_cache) and ``K`` (a forward's snapshots, checked: part of the signature when not
+    1), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
     may be None beside a packed g_y). Liveness is not part of it: a call through a lane checks its
     inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
     full path does."""
@@ -89,11 +90,13 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
             return None
         sig.append(None)
     sig.append(knobs.key)
+    if K != 1:
+        sig.append(K)
     return tuple(sig)
 
 
 def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
-         update: bool = False) -> tuple[Lane | None, tuple | None]:
+         update: bool = False, K: int = 1) -> tuple[Lane | None, tuple | None]:
     """(the lane of this call or None, its signature or None)."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
@@ -101,7 +104,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     engine = ctx.owned.extension("engine")
     if engine is None:
         return None, None
-    sig = signature(ctx, backward, arrays, knobs, softplus, update)
+    sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
     if sig is None:
         return None, None
     lane = engine.lane(sig)
@@ -120,8 +123,11 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
     ctx = engine.ctx
     if ctx.info is not info:
         return
+    if backward and type(p.g_states) is not DeviceArray:
+        return   # (a packed g_y of K > 1 slots: the validator's host zeros for g_states, uploaded per call)
     ws = engine.workspace(planned)
-    if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update) != sig:
+    K = 1 if backward else p.dims.K
+    if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update, K) != sig:
         return
     try:
         bufs, key = ws.bind_inputs(p, backward)  # device arrays: checked, nothing uploaded

@@ -19,7 +19,7 @@ import dataclasses
 import threading
 
 import ssm_ref
-from ssm_ref import ScanGrads, ScanResult, check_update_cache
+from ssm_ref import ScanGrads, ScanResult, check_snapshots, check_update_cache
 
 from . import config, run
 from . import runtime as rt
@@ -32,21 +32,25 @@ from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
 
 
-def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> PreparedCall:
+def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False,
+                 snapshots=1) -> PreparedCall:
     """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
 
     Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``),
     or ``s=None``: zero start states (ids None), kept on the device by the prepared call.
     ``dt_softplus`` as ssm_scan takes it (mamba_ssm's booleans included). ``update_cache=True``:
     each run writes the new states into the cache rows s[ids] (``states``
-    None), as ssm_scan(update_cache=True) does. Raises as ssm_scan for bad input; TypeError
+    None), as ssm_scan(update_cache=True) does. ``snapshots=K`` as ssm_scan takes it (the
+    result's ``snapshots``: the K slots, overwritten by each run; K = 1 a view of ``states``).
+    Raises as ssm_scan for bad input; TypeError
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
     (the reason; ssm_vk.ssm_scan would compute it on the CPU).
     """
     sp = form_code(dt_softplus)
+    K = check_snapshots(snapshots)
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, K)
     defaults = ("s",) if s is None else ()
     _check_resident("prepare_scan", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C") if k not in defaults))
     if update_cache:
@@ -55,18 +59,23 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     return PreparedCall(False, p, sp, update_cache, zeros)
 
 
-def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> PreparedCall:
+def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+                      g_snapshots=None) -> PreparedCall:
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
     then. Inputs and errors as :func:`prepare_scan`; ``s``, ``g_y`` and ``g_states`` may be None
     as in ssm_scan_back (zeros, kept on the device by the prepared call; ``g_states`` None beside
-    a 1-D ``g_y``: the packed g_y)."""
+    a 1-D ``g_y``: the packed g_y, whose length gives K); ``g_snapshots`` (K,S,H,P,N) a DeviceArray
+    or None, as in ssm_scan_back."""
     sp = form_code(dt_softplus)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
     packed = g_y is not None and g_states is None and len(getattr(g_y, "shape", ())) == 1
     defaults = tuple(k for k, v in (("s", s), ("g_y", g_y), ("g_states", g_states))
                      if v is None and not (packed and k == "g_states"))
+    if packed and p.g_snapshots is not None:   # a packed g_y of K > 1 slots: g_states the validator's zeros
+        defaults += ("g_states",)
     _check_resident("prepare_scan_back", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
-                                                  if k not in defaults))
+                                                  if k not in defaults)
+                    + (("g_snapshots",) if g_snapshots is not None else ()))
     p, zeros = _zeros_on_device(p, defaults)
     return PreparedCall(True, p, sp, False, zeros)
 
@@ -121,7 +130,8 @@ class PreparedCall:
         self._engine, self._planned = dec.engine, dec.planned
         ctx = self._ctx = dec.engine.ctx
         names = BWD_IN if backward else FWD_IN
-        self._inputs = tuple(a for a in (getattr(p, k) for k in names) if a is not None)
+        self._inputs = tuple(a for a in (*(getattr(p, k) for k in names), p.g_snapshots if backward else None)
+                             if a is not None)
         self._held = tuple(a.buffer for a in self._inputs if a.buffer is not None)
         token = ctx.enter()
         try:
@@ -140,8 +150,13 @@ class PreparedCall:
             fields = {k: outs[k] for k in ssm_ref.GRAD_NAMES}
             self._result = frozen_result(ScanGrads, {**fields, "where": self.where, "backend": NAME})
         else:
-            self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else outs["states"],
-                                                "where": self.where, "backend": NAME})
+            states = outs["states"]
+            if self.dims.K > 1:
+                snaps = outs["snapshots"]
+            else:
+                snaps = None if update else states._int_view((1, *states.shape), states.offset)
+            self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else states,
+                                                      "where": self.where, "backend": NAME, "snapshots": snaps})
 
     def _build(self) -> None:
         """The call's own workspace, its outputs and its recorded sequence (all or nothing)."""

@@ -111,7 +111,7 @@ def _through_lane(engine: Engine, lane, p: Problem, backward: bool, update: bool
         # another thread), they go back to the pool only then. Liveness is checked after marking.
         token = buffers.busy(held) if held else None
         try:
-            check_live((p.s, p.x, p.dt, p.A, p.B, p.C, p.g_y, p.g_states) if backward
+            check_live((p.s, p.x, p.dt, p.A, p.B, p.C, p.g_y, p.g_states, p.g_snapshots) if backward
                        else (p.s, p.x, p.dt, p.A, p.B, p.C))
             out = _run_bound(engine, ws, p, backward, True, dict(bufs), list(key), update)
         finally:
@@ -162,6 +162,8 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     # thread), they go back to the pool only then. Liveness is checked after they are marked
     # (Workspace.bind_inputs checks each DeviceArray).
     resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
+    if backward and type(p.g_snapshots) is DeviceArray:
+        resident.append(p.g_snapshots)
     held = tuple(a.buffer for a in resident if a.buffer is not None)
     token = buffers.busy(held) if held else None
     try:

@@ -95,6 +95,8 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> Decided:
     # ``_ssm_device_array``): the key holds the types, the set is worked out on a miss.
     types = (type(p.s), type(p.x), type(p.dt), type(p.A), type(p.B), type(p.C), type(p.g_y), type(p.g_states))
     key = (id(info), op, p.dims, types, knobs.key, softplus)
+    if p.g_snapshots is not None:   # (a forward's K is in dims; a backward's g_snapshots of one slot is not)
+        key += (type(p.g_snapshots),)
     hit = engine.decision(key)
     if hit is not None and hit.info is info:   # the entry keeps ``info`` alive: its id is not reused
         return hit

@@ -35,6 +35,7 @@ _I64 = np.dtype(np.int64)
 _PASSED: dict[tuple, Dims] = {}   # (what, the float arguments' shapes) -> the Dims the validator gave them
 _PASSED_MAX = 256
 _FORWARD, _BACKWARD, _BACKWARD_PACKED = ("forward",), ("backward", False), ("backward", True)
+_BACKWARD_SNAPSHOTS = ("backward", "g_snapshots")   # g_snapshots' shape (its K) is in the key
 
 
 def _key(what: tuple, arrays: tuple) -> tuple | None:
@@ -60,24 +61,30 @@ def _known(key: tuple | None, arrays: tuple, ids) -> Problem | None:
     return None if dims is None else problem(dims, arrays, ids)
 
 
-def check_forward(s, x, dt, A, B, C, ids=None) -> Problem:
-    """``ssm_ref.check_forward(s, x, dt, A, B, C, ids, keep_device=True)``, through the shortcut above."""
+def check_forward(s, x, dt, A, B, C, ids=None, K: int = 1) -> Problem:
+    """``ssm_ref.check_forward(s, x, dt, A, B, C, ids, keep_device=True, snapshots=K)``, through the
+    shortcut above (K, already checked by ssm_ref.check_snapshots, is part of the key: the Dims
+    hold it)."""
     arrays = (s, x, dt, A, B, C)
-    key = _key(_FORWARD, arrays)
+    key = _key(_FORWARD if K == 1 else ("forward", K), arrays)
     p = _known(key, arrays, ids)
     if p is not None:
         return p
-    p = ref_check_forward(s, x, dt, A, B, C, ids, keep_device=True)
+    p = ref_check_forward(s, x, dt, A, B, C, ids, keep_device=True, snapshots=K)
     if key is not None:
         _passed(key, p.dims)
     return p
 
 
-def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None) -> Problem:
-    """``ssm_ref.check_backward(..., keep_device=True)``, through the shortcut above (``g_states``
-    None beside a 1-D ``g_y``: ``g_y`` packed; any other None: the validator's zeros)."""
+def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, g_snapshots=None) -> Problem:
+    """``ssm_ref.check_backward(..., keep_device=True, g_snapshots=g_snapshots)``, through the
+    shortcut above (``g_states`` None beside a 1-D ``g_y``: ``g_y`` packed, its length giving K;
+    any other None: the validator's zeros)."""
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    if g_states is not None:
+    if g_snapshots is not None:   # keyed by its shape too (K); None beside it: the validator's zeros
+        arrays = (*arrays, g_snapshots)
+        key = _key(_BACKWARD_SNAPSHOTS, arrays) if g_states is not None else None
+    elif g_states is not None:
         key = _key(_BACKWARD, arrays)
     elif type(g_y) is DeviceArray and len(g_y.shape) == 1:   # the packed g_y
         key = _key(_BACKWARD_PACKED, arrays[:7])
@@ -86,7 +93,7 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None) -> Prob
     p = _known(key, arrays, ids)
     if p is not None:
         return p
-    p = ref_check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True)
+    p = ref_check_backward(s, x, dt, A, B, C, ids, g_y, g_states, keep_device=True, g_snapshots=g_snapshots)
     if key is not None:
         _passed(key, p.dims)
     return p
@@ -94,7 +101,8 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None) -> Prob
 
 def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
     """The Problem the validator makes of a call whose float arguments ``arrays`` -- (s, x, dt, A,
-    B, C), and for the backward (g_y, g_states), g_states None for a packed g_y -- are float32
+    B, C), and for the backward (g_y, g_states) and maybe g_snapshots, g_states None for a packed
+    g_y -- are float32
     DeviceArrays of the shapes of an earlier call that passed it with ``dims``; or None: the
     caller then takes the validator, which raises what is wrong. Checks the ids (raising as the
     validator does) and the host memory rule, in the validator's order.
@@ -117,9 +125,11 @@ def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
     s, x, dt, A, B, C = arrays[:6]
     A2 = A.reshape(dims.H, dims.N if dims.mamba1 else 1)  # a view, as the validator makes (even of (H, 1))
     g_y = g_states = g_snapshots = None
-    if len(arrays) == 8:
-        g_y, g_states = arrays[6:]
-        if g_states is None:
+    if len(arrays) >= 8:
+        g_y, g_states = arrays[6:8]
+        if len(arrays) == 9:
+            g_snapshots = arrays[8]
+        elif g_states is None:
             g_y, g_states, g_snapshots = split_g_y(g_y, dims)
     p = object.__new__(Problem)   # frozen_result(Problem, ...), one call less
     p.__dict__.update(dims=dims, s=s, x=x, dt=dt, A=A2, B=B, C=C, ids=arange_ids(dims.S) if ids_ is None else ids_,

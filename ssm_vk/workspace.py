@@ -152,6 +152,9 @@ class Workspace:
         for k in BWD_IN if backward else FWD_IN:
             b, off = bufs[k] = self.input(k, getattr(p, k))
             key += (None if b is None else b.serial, off)
+        if backward and p.g_snapshots is not None:   # ssm_scan_back(g_snapshots=...)
+            b, off = bufs["g_snapshots"] = self.input("g_snapshots", p.g_snapshots)
+            key += (None if b is None else b.serial, off)
         return bufs, key
 
     def outputs(self, device_out: bool) -> dict:

@@ -14,24 +14,29 @@ from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec
 from ..plan import Limits
 from .plan import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
 
-__all__ = ["FWD_PUSH", "BWD_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "matrix"]
+__all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "matrix"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_y", "o_st", "o_ck", "gather", "o_s", "o_ids", "scatter", "o_A")
 BWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
             "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_lam", "o_ck", "o_dx", "o_dA", "o_A")
+# With SNAP (K state snapshots, K > 1, or a backward given g_snapshots) both kernels push three
+# more after those: the slots the window covers, their offset and the slot stride in rows.
+SNAP_PUSH = ("KS", "o_sn", "sst")
 
 
 def _common(d: Dims, lay: Layout) -> dict:
     return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
 
 
-def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False) -> KernelSpec:
+def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False,
+             snap: bool = False) -> KernelSpec:
     """ssm_scan.comp: the forward (y and final states), the backward's checkpoint pass
     (``checkpoint``) or the first pass of the forward parallel over time (``summary``);
     ssm_decode.comp for a layout of the decode kernel (``lay.DEC``: one token), same bindings and
-    push constants."""
+    push constants. ``snap``: the forward that also writes the K state snapshots (SNAP: one
+    binding and SNAP_PUSH more)."""
     defs = _common(d, lay)
     if lay.DEC and not checkpoint and not summary:   # one token: the decode kernel
         return KernelSpec("ssm_decode", defines_of(**defs), 10, FWD_PUSH, lay.WG, softplus_constants(softplus))
@@ -40,12 +45,17 @@ def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary:
         defs.update(SPREAD=1)
     if summary:
         defs.update(SUMMARY=1)
+    if snap:
+        defs.update(SNAP=1)
+        return KernelSpec("ssm_scan", defines_of(**defs), 11, FWD_PUSH + SNAP_PUSH, lay.WG,
+                          softplus_constants(softplus))
     return KernelSpec("ssm_scan", defines_of(**defs), 10, FWD_PUSH, lay.WG, softplus_constants(softplus))
 
 
-def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> KernelSpec:
+def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False, snap: bool = False) -> KernelSpec:
     """ssm_scan_back.comp: the backward pass, or (``summary``) the first backward pass over time
-    chunks."""
+    chunks. ``snap``: the backward pass that adds g_snapshots (SNAP: one binding and SNAP_PUSH
+    more)."""
     defs = _common(d, lay)
     defs.update(K=lay.K, TBR=lay.TBR)
     if lay.SPREAD:
@@ -54,6 +64,10 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False) -> 
         defs.update(BSUM=1, TB=lay.TB)
     elif lay.HSUM:
         defs.update(HSUM=1)
+    if snap:
+        defs.update(SNAP=1)
+        return KernelSpec("ssm_scan_back", defines_of(**defs), 14, BWD_PUSH + SNAP_PUSH, lay.WG,
+                          softplus_constants(softplus))
     return KernelSpec("ssm_scan_back", defines_of(**defs), 13, BWD_PUSH, lay.WG, softplus_constants(softplus))
 
 
@@ -69,10 +83,10 @@ def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
         return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True), carry_spec(d),
                 fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
     elif not backward:
-        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus)]
+        return [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, snap=pl.snap)]
     else:
         kernels = [fwd_spec(d, pl.layout, checkpoint=True, softplus=pl.softplus),
-                   bwd_spec(d, pl.layout, pl.softplus), reduce_spec(0)]
+                   bwd_spec(d, pl.layout, pl.softplus, snap=pl.snap), reduce_spec(0)]
         if pl.tchunk:
             # the summaries and carries over time chunks before the same walk back (which also
             # recomputes a call with inf or nan)
@@ -80,8 +94,8 @@ def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
                         bwd_spec(d, pl.layout, pl.softplus, summary=True), carry_spec(d), carry_spec(d, reverse=True)]
         if d.H * d.P * (d.N if d.mamba1 else 1):
             kernels.append(reduce_spec(1))
-    if backward and d.R * d.H * d.P * d.N and d.S > 1:
-        kernels.append(rows_spec())  # ids may repeat: rows added by the scatter kernel
+    if backward and d.R * d.H * d.P * d.N and (d.S > 1 or (pl.snap and d.T == 0)):
+        kernels.append(rows_spec())  # ids may repeat: rows added by the scatter kernel (and g_snapshots[0] at T = 0)
     return kernels
 
 

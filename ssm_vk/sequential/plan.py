@@ -102,6 +102,8 @@ class Plan:
                              # layout are then those of the chunks as sequences (time_chunk_plan)
     m1: object = None        # a m1.plan.M1Plan when the Mamba-1 kernels with time in threads run the
                              # shape (the windows and layout are then the recompute's)
+    snap: bool = False       # the K state snapshots (a forward with K > 1, a backward given g_snapshots):
+                             # the token-sequential kernels with SNAP, whole plan token by token
 
     @property
     def flags_nonfinite(self) -> bool:
@@ -171,7 +173,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
             # 45 at S = 16; within 1 us at S = 1).
             want //= 4
-    dec = not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and knob("DEC") != 0
+    # (the decode kernel writes no snapshots: a forward with K > 1 takes the ordinary one)
+    dec = (not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and knob("DEC") != 0
+           and d.K == 1)
     if dec:
         want = min(want, _pow2_at_most(d.N // 4))   # the decode kernel: four values per lane at least
     if knob("LN") is not None:

@@ -8,6 +8,8 @@ Recording happens once per shape and set of buffers; the sequence is then replay
 
 from __future__ import annotations
 
+import numpy as np
+
 from ssm_ref import Problem
 
 from .. import kernels as specs
@@ -27,6 +29,8 @@ from ..record.common import (
 )
 from . import kernels as seqk
 from . import time_chunks
+
+NAN_WORD = 0x7FC00000   # a quiet NaN: the snapshot slots past the start state (docs/SPEC.md 3.1)
 
 __all__ = ["record_forward", "record_backward", "scatters_in_place"]  # of the token-sequential kernels
 
@@ -58,9 +62,11 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
     if ws.profile and ctx.info.timestamps:  # SSM_VK_PROFILE: the gather's time apart from the scan's
         seq.timestamp("gather")
     if not scan:
+        if pl.snap:
+            _snapshots_unscanned(seq, d, bufs)
         return
     x, dt, A, B, C = (bufs[k] for k in ("x", "dt", "A", "B", "C"))
-    k = kernel(ctx, seqk.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus))
+    k = kernel(ctx, seqk.fwd_spec(d, lay, checkpoint=False, softplus=pl.softplus, snap=pl.snap))
     for w in pl.windows:
         gx, gy = grid(w.S * lay.NHB * lay.NPB, lim)
         tok = {"x": (*x, d.H * d.P), "dt": (*dt, d.H), "B": (*B, d.G * d.N), "C": (*C, d.G * d.N),
@@ -71,9 +77,53 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
         b["ck"], o["o_ck"] = ws.bind(None, 0, 0, 0)
         b_s, b_ids, o_rows = _rows_binding(ws, rows, w)
         push = {**_window_push(d, lay, w, gx), "NC": 1, "c0": 0, **o, **o_rows, "scatter": int(scatter)}
-        seq.dispatch(k, [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"], b_s, b_ids],
-                     specs.pack_push(seqk.FWD_PUSH, push), (gx, gy, 1))
+        bindings = [b["x"], b["dt"], b["A"], b["B"], b["C"], b["y"], b["st"], b["ck"], b_s, b_ids]
+        if pl.snap:
+            b_sn, snap_push = _snap_binding(ws, d, w, bufs["snapshots"])
+            bindings.append(b_sn)
+            push.update(snap_push)
+        seq.dispatch(k, bindings, specs.pack_push(_fwd_push(pl.snap), push), (gx, gy, 1))
         seq.barrier()
+
+
+def _fwd_push(snap: bool) -> tuple:
+    return seqk.FWD_PUSH + seqk.SNAP_PUSH if snap else seqk.FWD_PUSH
+
+
+def _bwd_push(snap: bool) -> tuple:
+    return seqk.BWD_PUSH + seqk.SNAP_PUSH if snap else seqk.BWD_PUSH
+
+
+def _snap_binding(ws, d, w: Window, at: tuple) -> tuple:
+    """The binding of the K snapshot slots (K = ``d.K``; ``at``: (buffer, element offset) of the
+    (K, S, H, P, N) array, slot-major) that window ``w`` writes or reads, and its push constants
+    KS, o_sn, sst. A token window (time_split) sees the slots from its own end: slot k of the
+    window is slot k + (T - w.t1) of the call, and a window that does not start the sequences
+    stops below its own T (its slot T, the state before it, is its predecessor's last)."""
+    row = d.H * d.P * d.N
+    shift = d.T - w.t1
+    KS = d.K - shift
+    if w.t0 > 0:
+        KS = min(KS, w.T)
+    if KS <= 0 or row == 0:
+        return ws.bind(None, 0, 0, 0)[0], {"KS": 0, "o_sn": 0, "sst": 0}
+    buf, base = at
+    b, o = ws.bind(buf, base, (shift * d.S + w.i0) * row, ((KS - 1) * d.S + w.S) * row)
+    return b, {"KS": KS, "o_sn": o, "sst": d.S * d.H * d.P}
+
+
+def _snapshots_unscanned(seq, d, bufs: dict) -> None:
+    """A forward with snapshots that runs no scan (T == 0, or no rows): slot 0 is the start
+    state (the states, gathered), the other slots NaN."""
+    row = d.S * d.H * d.P * d.N
+    sn, sn_off = bufs["snapshots"]
+    if sn is None or row == 0:
+        return
+    st, st_off = bufs["states"]
+    seq.copy(st, sn, row * F32, st_off * F32, sn_off * F32)
+    if d.T == 0:
+        seq.fill(sn, NAN_WORD, (sn_off + row) * F32, (d.K - 1) * row * F32)
+    seq.barrier()
 
 
 def scatters_in_place(ws, p: Problem, s_at: tuple) -> bool:
@@ -121,6 +171,9 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
     elif not (pl.windows and d.H * d.P > 0):
         for name in ("d_x", "d_dt", "d_A", "d_B", "d_C"):
             zero_at(seq, *bufs[name], ws.sizes[name])
+        if pl.snap and d.T == 0 and row:   # slot 0 is the start state: d_s0 = g_states + g_snapshots[0]
+            seq.barrier()
+            _add_rows(seq, ws, bufs["g_snapshots"], lam, d.S, row)
     else:
         st = ws.scratch(d.S * row)          # running state of the checkpoint pass
         rows = cache_rows(ws, p, bufs["s"])
@@ -133,6 +186,24 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         reduce_dA(seq, ws, d, dAp, bufs["d_A"], rows=d.P, KA=KA)
     seq.barrier()
     scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
+
+
+def _add_rows(seq, ws, src_at: tuple, dst, n_rows: int, row: int) -> None:
+    """dst[i] += src[i] for the first ``n_rows`` rows of ``row`` elements (the rows kernel, pairs
+    (i, i); one pair a dispatch where the rows do not fit one binding)."""
+    lim = ws.limits
+    src, src_base = src_at
+    k = kernel(ws.ctx, specs.rows_spec())
+    whole = n_rows * row <= rc.binding_cap(lim)
+    groups = [list(range(n_rows))] if whole else [[i] for i in range(n_rows)]
+    for grp in groups:
+        pairs = np.asarray([(j, j) for j in range(len(grp))], dtype=np.uint32).reshape(-1)
+        table = ws.constant(pairs)
+        b_src, o_src = ws.bind(src, src_base, grp[0] * row, len(grp) * row)
+        b_dst, o_dst = ws.bind(dst, 0, grp[0] * row, len(grp) * row)
+        gx, gy = grid(-(-len(grp) * row // specs.FLAT_WG), lim)
+        push = dict(L=row, n_pairs=len(grp), gx=gx, o_src=o_src, o_dst=o_dst)
+        seq.dispatch(k, [b_src, b_dst, (table, 0, pairs.nbytes)], specs.pack_push(specs.ROWS_PUSH, push), (gx, gy, 1))
 
 
 def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
@@ -148,7 +219,8 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
     row = d.H * d.P * d.N
     KA = d.N if d.mamba1 else 1
     fwd_k = kernel(ctx, seqk.fwd_spec(d, lay, checkpoint=True, softplus=pl.softplus))
-    bwd_k = kernel(ctx, seqk.bwd_spec(d, lay, pl.softplus))
+    snap = pl.snap and bufs.get("g_snapshots") is not None   # (time chunks' walk back: never)
+    bwd_k = kernel(ctx, seqk.bwd_spec(d, lay, pl.softplus, snap=snap))
     x, dt, A, B, C, gy = (bufs[k] for k in ("x", "dt", "A", "B", "C", "g_y"))
     wmax = max(pl.windows, key=lambda w: w.S * w.T)
     nc_max = max(-(-w.T // lay.K) for w in pl.windows)
@@ -199,10 +271,14 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
         n_bc = w.S * w.T * hp * lay.NPB * d.N
         bdA, o_dA = call.bind(dAp, 0, w.i0 * d.H * d.P * KA, w.S * d.H * d.P * KA)
         push = {**_window_push(d, lay, w, gx), "NC": nc, "c0": 0, **o, "o_lam": o_lam, "o_dA": o_dA}
-        seq.dispatch(bwd_k, [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
-                             call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],
-                             call.bind(partT, 0, 0, n_part)[0], bdA],
-                     specs.pack_push(seqk.BWD_PUSH, push), (gx, gyy, 1))
+        bindings = [b["x"], b["dt"], bA, b["B"], b["C"], b["gy"], blam, bck, b["dx"],
+                    call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],
+                    call.bind(partT, 0, 0, n_part)[0], bdA]
+        if snap:
+            b_gsn, snap_push = _snap_binding(call, d, w, bufs["g_snapshots"])
+            bindings.append(b_gsn)
+            push.update(snap_push)
+        seq.dispatch(bwd_k, bindings, specs.pack_push(_bwd_push(snap), push), (gx, gyy, 1))
         seq.barrier()
         stamp(w, "back")
         reduce_partials(seq, call, d, w, lay.NPB, (call.bind(part, 0, 0, n_bc)[0], call.bind(partC, 0, 0, n_bc)[0],

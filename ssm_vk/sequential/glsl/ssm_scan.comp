@@ -20,6 +20,11 @@
 //   8 s   (R, H, P, N)          the state cache, when pc.gather: read (initial states), and
 //                               written (the final states) when pc.scatter
 //   9 ids (S)  uint             readonly: its rows, when pc.gather
+//  10 snap (KS, ., H, P, N)     written when SNAP (ssm_scan(snapshots=K)): the state after token t
+//                               goes to slot T - 1 - t when that is below pc.KS, the start state to
+//                               slot T and NaN to the slots above it when T < pc.KS; slot k of
+//                               window row r at o_sn + (k * sst + r) * N (sst: the slot stride in
+//                               rows). The host shifts the slots of a token window to its own end.
 // With pc.gather = 1 the initial state of sequence i is row ids[o_ids + i] of s (a window that
 // starts the sequences: t0 = 0), read in place; otherwise st holds it (the host copied the rows,
 // or a previous token window of the same sequence left it). The final state goes to st, or with
@@ -32,6 +37,8 @@
 // it writes checkpoints and the final state, not y. With SUMMARY (time chunks, see
 // ssm_scan_carry.comp) it starts every row from zero and writes the final state and the decay,
 // not y: what the chunk adds to the state, and the factor it multiplies the incoming state by.
+// SNAP (0/1, with neither CKPT nor SUMMARY) adds binding 10 and the push constants KS, o_sn,
+// sst; without it the kernel is the same SPIR-V as before snapshots existed.
 
 #include "common.glsl"
 
@@ -41,6 +48,9 @@
 #ifndef SPREAD
 #define SPREAD 0
 #endif
+#ifndef SNAP
+#define SNAP 0
+#endif
 #define WANT_Y (!CKPT && !SUMMARY)
 
 layout(std430, binding = 5) writeonly buffer By { float y[]; };
@@ -48,6 +58,9 @@ layout(std430, binding = 6) buffer Bst { float st_buf[]; };
 layout(std430, binding = 7) writeonly buffer Bck { float ck[]; };
 layout(std430, binding = 8) buffer Bs { float s_in[]; };
 layout(std430, binding = 9) readonly buffer Bids { uint ids[]; };
+#if SNAP
+layout(std430, binding = 10) writeonly buffer Bsn { float snap[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint S, T, H, P, N, G;   // window sizes (S, T) and problem sizes
@@ -59,6 +72,9 @@ layout(push_constant) uniform PC {
     uint gather, o_s, o_ids;  // initial states from s[ids] (see above); offsets of s and ids
     uint scatter;             // final states into s[ids] instead of st (see above)
     uint o_A;                 // element offset of A in its binding
+#if SNAP
+    uint KS, o_sn, sst;       // slots this window writes, their offset, the slot stride in rows
+#endif
 } pc;
 
 void main() {
@@ -87,6 +103,18 @@ void main() {
     }
 #if !MAMBA1
     float Ah = live ? A[pc.o_A + h] : 0.0;
+#endif
+#if SNAP
+    if (live && pc.T < pc.KS) {                          // the start state, then NaN: no such state
+        [[unroll]] for (uint k = 0; k < NPL; ++k) {
+            uint n = lane + k * LN;
+            if (n < pc.N) {
+                snap[pc.o_sn + (pc.T * pc.sst + row) * pc.N + n] = st[k];
+                for (uint snk = pc.T + 1u; snk < pc.KS; ++snk)
+                    snap[pc.o_sn + (snk * pc.sst + row) * pc.N + n] = uintBitsToFloat(0x7fc00000u);
+            }
+        }
+    }
 #endif
 #if SUMMARY && MAMBA1
     float dec[NPL];
@@ -173,6 +201,15 @@ void main() {
 #endif
                     }
                 }
+#if SNAP
+                uint snk = pc.T - 1u - t;                    // the state after token t: slot T - 1 - t
+                if (live && snk < pc.KS) {
+                    [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                        uint n = lane + k * LN;
+                        if (n < pc.N) snap[pc.o_sn + (snk * pc.sst + row) * pc.N + n] = st[k];
+                    }
+                }
+#endif
             }
         }
 #if WANT_Y

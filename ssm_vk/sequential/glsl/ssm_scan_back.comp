@@ -30,6 +30,11 @@
 //        by the others through subgroupShuffle -- the same bits, a K-th of the work (needs rows
 //        inside subgroups: ROW_SUM 2 or 3; with BSUM, TB <= LN). The walk back also reuses the
 //        decay factors of the recompute instead of taking exp again (so in every layout).
+//   SNAP 1 (not with BSUM): binding 13 gsn, the gradient of ssm_scan's snapshots
+//        (ssm_scan_back(g_snapshots=...)), and the push constants KS, o_gsn, sst: slot
+//        T - 1 - t (below pc.KS) adds to the carry before token t, slot T (when T < pc.KS) to
+//        a_0 * lam_0; slot k of window row r at o_gsn + (k * sst + r) * N. Without it the kernel
+//        is the same SPIR-V as before snapshots existed.
 
 #include "common.glsl"
 
@@ -42,6 +47,9 @@
 #ifndef SPREAD
 #define SPREAD 0
 #endif
+#ifndef SNAP
+#define SNAP 0
+#endif
 
 layout(std430, binding = 5) readonly buffer Bgy { float gy[]; };
 layout(std430, binding = 6) buffer Blam { float lam_buf[]; };
@@ -51,6 +59,9 @@ layout(std430, binding = 9) writeonly buffer BdB { float dBp[]; };
 layout(std430, binding = 10) writeonly buffer BdC { float dCp[]; };
 layout(std430, binding = 11) writeonly buffer Bddt { float ddtp[]; };
 layout(std430, binding = 12) buffer BdA { float dAp[]; };
+#if SNAP
+layout(std430, binding = 13) readonly buffer Bgsn { float gsn[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint S, T, H, P, N, G;
@@ -58,6 +69,9 @@ layout(push_constant) uniform PC {
     uint NC, c0;
     uint o_x, o_dt, o_B, o_C, o_gy, o_lam, o_ck, o_dx, o_dA;
     uint o_A;
+#if SNAP
+    uint KS, o_gsn, sst;     // slots of g_snapshots this window adds, their offset, the slot stride in rows
+#endif
 } pc;
 
 const uint NMAX = LN * NPL;                 // n slots per row in shared memory
@@ -243,6 +257,15 @@ void main() {
 #if !MAMBA1
                         float a = ah[j];
 #endif
+#if SNAP
+                        uint snk = pc.T - 1u - (t0 + j);     // the state after this token: slot T - 1 - t
+                        if (snk < pc.KS) {                   // uniform
+                            [[unroll]] for (uint k = 0; k < NPL; ++k) {
+                                uint n = lane + k * LN;
+                                if (live && n < pc.N) lam_c[k] += gsn[pc.o_gsn + (snk * pc.sst + row) * pc.N + n];
+                            }
+                        }
+#endif
                         uint bc = (it * pc.G + g) * pc.N;
                         float gam = 0.0, qs = 0.0;
                         [[unroll]] for (uint k = 0; k < NPL; ++k) {
@@ -363,6 +386,14 @@ void main() {
         }
     }
 
+#if SNAP
+    if (pc.T < pc.KS) {                                  // uniform: slot T, the start state
+        [[unroll]] for (uint k = 0; k < NPL; ++k) {
+            uint n = lane + k * LN;
+            if (live && n < pc.N) lam_c[k] += gsn[pc.o_gsn + (pc.T * pc.sst + row) * pc.N + n];
+        }
+    }
+#endif
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
         if (live && n < pc.N) {
