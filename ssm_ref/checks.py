@@ -500,7 +500,8 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtyp
         n_y, row = d.S * d.T * d.H * d.P, d.S * d.H * d.P * d.N
         n = int(gy.shape[0])
         if n < n_y + row or (row and (n - n_y) % row) or (not row and n != n_y):
-            _expect_shape("g_y", gy, "(S*T*H*P + K*S*H*P*N,) with K >= 1", (n_y + row,))
+            raise ValueError(f"g_y: expected shape (S*T*H*P + K*S*H*P*N,) = ({n_y + row},) for K = 1 (and "
+                             f"{row} more per further slot), got {tuple(gy.shape)}")
         d = _with_k(d, (n - n_y) // row if row else 1)
         gy_s, gs_s, gsn = split_g_y(gy, d)
     else:

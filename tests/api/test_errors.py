@@ -148,7 +148,8 @@ BAD = [
     Bad("g_y-packed-but-g_states-given", {"g_y": z(N_FWD)}, ValueError,
         E("g_y: expected shape (S, T, H, P) = (2, 3, 4, 2), got (128,)"), back_only=True),
     Bad("g_y-packed-wrong-length", {"g_y": z(N_FWD - 1), "g_states": None}, ValueError,
-        E("g_y: expected shape (S*T*H*P + S*H*P*N,) = (128,), got (127,)"), back_only=True),
+        E("g_y: expected shape (S*T*H*P + K*S*H*P*N,) = (128,) for K = 1 (and 80 more per further slot), "
+          "got (127,)"), back_only=True),
     Bad("g_states-wrong-shape", {"g_states": z(S, H, P, 4)}, ValueError,
         E("g_states: expected shape (S, H, P, N) = (2, 4, 2, 5), got (2, 4, 2, 4)"), back_only=True),
     Bad("g_states-wrong-R-not-S", {"g_states": z(R, H, P, N)}, ValueError,
