@@ -15,6 +15,20 @@ def _host(a) -> np.ndarray:
     return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
+class _OneSlot:
+    """``ScanResult.snapshots`` of a result made without it (``snapshots=1``, the default): the
+    one slot, ``states`` as (1, S, H, P, N), a view made on first read and then kept (so a device
+    call's Python does not pay for a view nobody reads); None when ``states`` is None."""
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return None   # the dataclass's default: a ScanResult(...) without snapshots
+        st = obj.states
+        v = None if st is None else st[None] if isinstance(st, np.ndarray) else st.reshape((1, *st.shape))
+        obj.__dict__["snapshots"] = v   # frozen, so not through setattr; the next read finds it
+        return v
+
+
 @dataclass(frozen=True, eq=False)
 class ScanResult:
     """Forward outputs.
@@ -34,7 +48,7 @@ class ScanResult:
     states: np.ndarray
     where: str
     backend: str
-    snapshots: np.ndarray | None = None
+    snapshots: np.ndarray | None = _OneSlot()
 
     def __iter__(self):
         yield self.y

@@ -36,30 +36,23 @@ def _takes_snapshots(cpu) -> bool:
 
 
 
-def _one_slot(states):
-    """``snapshots`` of a call with K = 1: states as (1, S, H, P, N), a view (of a DeviceArray too)."""
-    if type(states) is DeviceArray:
-        return states._int_view((1, *states.shape), states.offset)
-    return states[None]
-
-
 def _scan_result(y, states, snapshots, where: str, backend: str = NAME) -> ScanResult:
-    return frozen_result(ScanResult, {"y": y, "states": states, "where": where, "backend": backend,
-                                      "snapshots": snapshots})
+    """A ScanResult; ``snapshots`` None with K = 1 (the one slot's view made when first read)."""
+    fields = {"y": y, "states": states, "where": where, "backend": backend}
+    if snapshots is not None:
+        fields["snapshots"] = snapshots
+    return frozen_result(ScanResult, fields)
 
 
 def _out_result(out: dict, where: str, K: int) -> ScanResult:
-    """The ScanResult of a device call's outputs (K > 1: their ``snapshots``; K = 1 a view of
-    states). One call of Python: the per-call cost of a K = 1 call stays what it was."""
-    states = out["states"]
-    if K > 1:
-        snaps = out["snapshots"]
-    elif type(states) is DeviceArray:
-        snaps = states._int_view((1, *states.shape), states.offset)
-    else:
-        snaps = states[None]
+    """The ScanResult of a device call's outputs (K > 1: their ``snapshots``; K = 1 left out:
+    ScanResult makes the one slot's view of states when it is first read). One call of Python:
+    the per-call cost of a K = 1 call stays what it was."""
     r = object.__new__(ScanResult)   # (validate.frozen_result, inlined)
-    r.__dict__.update(y=out["y"], states=states, where=where, backend=NAME, snapshots=snaps)
+    if K > 1:
+        r.__dict__.update(y=out["y"], states=out["states"], where=where, backend=NAME, snapshots=out["snapshots"])
+    else:
+        r.__dict__.update(y=out["y"], states=out["states"], where=where, backend=NAME)
     return r
 
 
@@ -165,7 +158,7 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
         cpu = _fall_back(dec.sup.reason, K > 1)
         r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, ("y", "states", "snapshots") if K > 1
                       else ("y", "states"))
-        return _scan_result(r.y, r.states, r.snapshots if K > 1 else _one_slot(r.states), r.where, r.backend)
+        return _scan_result(r.y, r.states, r.snapshots if K > 1 else None, r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
