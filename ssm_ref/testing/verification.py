@@ -20,8 +20,9 @@ inputs each call. The cases of state snapshots (``snapshots_*``: K in their dims
 port that declares SNAPSHOTS (or callables given ``snapshots="all"`` / ``"ggml"``): the forward
 is called with ``snapshots=K`` (K > 1) and its snapshots compared (a "ggml" port: the slots k < T),
 the backward with ``g_snapshots=``; the cases of K > 1 are left out for one that does not (an
-ERROR row when named in ``cases``), and the K = 1 case checks its y and states. ``verify`` never raises: bad arguments (neither callable, a missing vectors
-directory, unknown case names) and whatever the callables raise become ERROR rows.
+ERROR row when named in ``cases``), and the K = 1 case checks its y and states. ``verify`` never
+raises: bad arguments (neither callable, a missing vectors directory, unknown case names) and
+whatever the callables raise become ERROR rows.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import numpy as np
 
 from ssm_ref.tolerance import compare
 
-from ..cases import Case
 from .. import ports
+from ..cases import Case
 from ._common import case_rng, close, combo, expect, run, snapshot_args, tol_for
 
 __all__ = ["group_broadcast", "mamba2_as_mamba1", "permute_sequences", "scatter_of_d_s0", "split_tokens"]
