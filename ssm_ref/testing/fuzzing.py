@@ -64,7 +64,8 @@ class FuzzReport:
     ``unsupported`` (drawn problems the port's supports() declined, with ``supported_only``),
     every failure found (one per pair at most: a pair that failed is not fuzzed again), and
     ``not_applicable``: pairs not fuzzed, with the reason (a property of the backward, for a port
-    whose ssm_scan_back raises NotImplementedError)."""
+    whose ssm_scan_back raises NotImplementedError). ``snapshots``: per backend, the K it was
+    fuzzed with; ``with_k``: per (backend, property), the checks of a problem with K > 1."""
 
     seconds: float = 0.0
     examples: dict = field(default_factory=dict)
@@ -72,6 +73,8 @@ class FuzzReport:
     failures: list = field(default_factory=list)
     unsupported: dict = field(default_factory=dict)
     not_applicable: dict = field(default_factory=dict)
+    snapshots: dict = field(default_factory=dict)
+    with_k: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -83,8 +86,12 @@ class FuzzReport:
         for b, p in sorted(self.examples):
             bad = any(f.backend == b and f.property == p for f in self.failures)
             skipped = self.unsupported.get((b, p), 0)
+            with_k = self.with_k.get((b, p), 0)
             lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
+                         + (f"  ({with_k} with K > 1)" if with_k else "")
                          + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
+        for b, what in sorted(self.snapshots.items()):
+            lines.append(f"  {b:10s} state snapshots: {what}")
         by_reason: dict = {}
         for (b, p), why in sorted(self.not_applicable.items()):
             by_reason.setdefault((b, why), []).append(p)
@@ -196,6 +203,12 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     pairs = [(b, n) for b in backends for n in names if set(PROPERTIES[n].regimes) & set(regimes)]
     max_K = sizes.pop("max_K", MAX_K)
     for b in backends:
+        kind = ports.snapshot_kind(b)
+        report.snapshots[_modname(b)] = (
+            f"K in 1..{max_K}" + (", slots k < T compared (SNAPSHOTS 'ggml'), Mamba-1 with K = 1" if kind == "ggml"
+                                  else ", every slot compared") if kind and max_K > 1
+            else "K = 1 only (the port declares no SNAPSHOTS)" if not kind else "K = 1 only (max_K = 1)")
+    for b in backends:
         why = _no_backward(b)
         if why:
             for n in BACKWARD_ONLY:
@@ -231,6 +244,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
                     found.append(case)
                     return True
                 report.checked[key] = report.checked.get(key, 0) + int(bool(applied))
+                if applied and case.K > 1:
+                    report.with_k[key] = report.with_k.get(key, 0) + 1
                 return False
 
             try:
