@@ -91,7 +91,7 @@ class FuzzReport:
                          + (f"  ({with_k} with K > 1)" if with_k else "")
                          + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
         for b, what in sorted(self.snapshots.items()):
-            lines.append(f"  {b:10s} state snapshots: {what}")
+            lines.append(f"  state snapshots of {b}: {what}")
         by_reason: dict = {}
         for (b, p), why in sorted(self.not_applicable.items()):
             by_reason.setdefault((b, why), []).append(p)
