@@ -58,10 +58,11 @@ def ggml_k_lib() -> str:
 
 @pytest.fixture
 def ggml_k(ggml_k_lib):
-    """ssm_ggml on the K build's CPU device, calls in this process; reset afterwards."""
+    """ssm_ggml on the K build's CPU device, calls in a worker process (this one may hold the other
+    build already: one build per process, ssm_ggml.lib.load); reset afterwards."""
     import ssm_ggml
 
-    ssm_ggml.use("CPU", lib=ggml_k_lib)
+    ssm_ggml.use("CPU", lib=ggml_k_lib, isolate=True)
     yield ssm_ggml
     ssm_ggml.close()
 

@@ -65,18 +65,24 @@ def test_the_packed_layout_holds_y_then_the_k_slots(ggml_k):
     assert np.array_equal(got["snapshots"], r.snapshots) and np.array_equal(got["states"], r.states)
 
 
-def test_the_worker_process_gives_the_same_bits(ggml_k_lib):
-    import ssm_ggml
-
+def test_in_process_calls_give_the_bits_of_the_worker_and_one_build_is_loaded_per_process(ggml_k, ggml_k_lib,
+                                                                                         ggml_lib):
     case = _problem(4, 3)
-    ssm_ggml.use("CPU", lib=ggml_k_lib)
-    here = ssm_ggml.ssm_scan(**case.args(), snapshots=3)
-    ssm_ggml.use("CPU", lib=ggml_k_lib, isolate=True)
-    try:
-        there = ssm_ggml.ssm_scan(**case.args(), snapshots=3)
-    finally:
-        ssm_ggml.close()
-    assert here.snapshots.tobytes() == there.snapshots.tobytes() and here.y.tobytes() == there.y.tobytes()
+    there = ggml_k.ssm_scan(**case.args(), snapshots=3)
+    code = ("import sys, numpy as np, ssm_ggml\n"
+            "from ssm_ref.testing.cases import make_problem\n"
+            "from ssm_ggml.lib import GgmlNotFound, load\n"
+            f"case = make_problem({21 + 4 * 10 + 3}, S=2, H=4, P=3, N=5, G=2, R=3, ids='permutation', "
+            "variant='mamba2', a_form='h1', T=4, K=3)\n"
+            "ssm_ggml.use('CPU', lib=sys.argv[1])\n"
+            "r = ssm_ggml.ssm_scan(**case.args(), snapshots=3)\n"
+            "sys.stdout.buffer.write(r.y.tobytes() + r.snapshots.tobytes())\n"
+            "try:\n    load(sys.argv[2])\nexcept GgmlNotFound as e:\n    sys.stderr.write(str(e))\n")
+    r = subprocess.run([sys.executable, "-c", code, ggml_k_lib, ggml_lib], capture_output=True, cwd=REPO,
+                       env=child_env(), timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == there.y.tobytes() + there.snapshots.tobytes()
+    assert b"this process has loaded the ggml build at" in r.stderr and b"isolate=True" in r.stderr
 
 
 def test_mamba1_with_k_is_refused_as_ggml_asserts(ggml_k):
@@ -155,5 +161,6 @@ def test_a_build_without_k_refuses_k_and_runs_k_1(ggml):
     assert r.snapshots.shape == (1, *r.states.shape) and np.array_equal(r.snapshots[0], r.states)
     # the kit checks it with K = 1 only: the K > 1 golden cases are left out, K = 1 passes
     report = verify(ggml.ssm_scan)
-    assert report.ok, str(report)
-    assert not {r.case for r in report.rows} & {"snapshots_k2", "snapshots_k4", "snapshots_k4_short"}
+    # the one failure is ggml's known empty-scan defect (docs/PORTING.md section 5): no state written
+    assert [(r.case, r.output) for r in report.failures()] == [("no_tokens", "states")], str(report)
+    assert {r.case for r in report.rows} & set(SNAPSHOT_CASES) == {"snapshots_k1"}
