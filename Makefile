@@ -6,16 +6,23 @@ VPY      := $(VENV)/bin/python
 APT_PKGS := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers cmake g++
 STAMP    := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.test-extras
-# ggml's CPU backend, built from the sdist of ggml-python 0.0.45 (its vendored ggml), for ssm_ggml's
-# tests and the check and fuzz below; tools/build_ggml.sh does nothing when it is already built.
+# ggml's CPU backend, built from the sdist of ggml-python 0.0.45 (its vendored ggml 0.15.3, whose
+# ggml_ssm_scan has no K), for ssm_ggml's tests and the check and fuzz below; and from the sdist of
+# llama-cpp-python 0.3.36 (its vendored ggml 0.25.3: ggml_ssm_scan(..., K), the state snapshots),
+# for the tests and the check and fuzz of K. tools/build_ggml.sh does nothing when one is built.
 GGML_LIB := $(CURDIR)/build/ggml/sdist-0.0.45/lib
-GGML_ENV := SSM_GGML_LIB=$(GGML_LIB)
+GGML_K_SDIST := llama-cpp-python==0.3.36
+GGML_K_LIB := $(CURDIR)/build/ggml/sdist-llama-cpp-python-0.3.36/lib
+GGML_ENV := SSM_GGML_LIB=$(GGML_LIB) SSM_GGML_K_LIB=$(GGML_K_LIB)
 # The fuzz of ggml's CPU: the forward's properties, T >= 1. Left out: the empty scan (T = 0) and
 # split_tokens (it splits at t = 0 too), where ggml's CPU leaves the final states unwritten, a
 # known finding that tests/ggml asserts (docs/PORTING.md, "Testing ggml's SSM_SCAN").
-GGML_FUZZ := --minutes 0.5 --seed 0 --min-T 1 --property oracle_forward --property permute_sequences \
+GGML_PROPS := --min-T 1 --property oracle_forward --property permute_sequences \
              --property group_broadcast --property mamba2_as_mamba1 --property deterministic \
              --property nonfinite_pattern
+GGML_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
+# On the K build the fuzzer also draws K = 1..5 state snapshots (slots k < T compared: ggml's).
+GGML_K_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
 
 .PHONY: demo test setup apt lint dist wheel check-install clean ggml ggml-check
 
@@ -32,14 +39,19 @@ test: setup $(TEST_STAMP) ggml
 	$(MAKE) ggml-check
 	$(MAKE) check-install
 
-# ggml's shared libraries (CPU backend) in build/ggml/ (tools/build_ggml.sh --help: other sources, Vulkan).
+# ggml's shared libraries (CPU backend) in build/ggml/, both builds (tools/build_ggml.sh --help:
+# other sources, Vulkan).
 ggml: setup
 	PYTHON=$(VPY) bash tools/build_ggml.sh
+	PYTHON=$(VPY) bash tools/build_ggml.sh --sdist $(GGML_K_SDIST)
 
-# ggml's own SSM_SCAN against the float64 oracle: the quick check, then half a minute of fuzzing.
+# ggml's own SSM_SCAN against the float64 oracle, on each build: the quick check (K = 4 snapshots
+# too on the K build), then half a minute of fuzzing.
 ggml-check: ggml
-	$(GGML_ENV) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
-	$(GGML_ENV) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ)
+	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
+	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ)
+	SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
+	SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_K_FUZZ)
 
 setup: apt $(STAMP)
 

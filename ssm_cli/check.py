@@ -45,7 +45,13 @@ Two more rows per backend say whether it is batch invariant and split invariant 
 (docs/SPEC.md section 3.2), on a few drawn arrangements: per output "=" (the same bits in every
 arrangement), "diff" (some entries differ), "-" (not compared: d_A is a sum over sequences and
 tokens). That is information, not part of the correctness contract: it never changes the exit
-code."""
+code.
+
+The problems of K state snapshots (snapshots=K, docs/SPEC.md section 3.1) run on the backends
+that declare SNAPSHOTS (docs/PORTING.md, "The port interface"): their snapshot slots are checked
+too (ggml's: the slots k < T it writes), the backward with the snapshots' loss term. They are
+listed as not run on a backend that declares none, or whose supports() declines them (a ggml
+build without K)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class Problem:
     R: int | None = None     # rows of the state cache (default S)
     ids: str = "none"        # "none" | "permutation" | "duplicates"
     what: str = ""
+    K: int = 1               # state snapshots (snapshots=K)
 
 
 QUICK = (
@@ -66,6 +73,8 @@ QUICK = (
             what="3 sequences on 2 cache rows, N = 5 (no power of two)"),
     Problem("ggml", Shape("ggml", N=128, P=16, H=2, G=1, T=8, S=1),
             what="a layout ggml's Vulkan kernels take: d_state 128, head_dim 16"),
+    Problem("snapshots", Shape("snapshots", N=16, P=8, H=4, G=2, T=3, S=2), R=3, ids="permutation", K=4,
+            what="K = 4 state snapshots over T = 3 tokens: slot 3 the start state, ggml writes slots 0-2"),
 )
 FULL = (
     *QUICK,
@@ -78,6 +87,8 @@ FULL = (
     Problem("many-groups", Shape("many-groups", N=64, P=32, H=8, G=4, T=33, S=3), R=5, ids="permutation",
             what="4 groups, 3 of 5 cache rows"),
     Problem("no-tokens", Shape("no-tokens", N=8, P=4, H=2, G=1, T=0, S=2), what="T = 0"),
+    Problem("snapshots-long", Shape("snapshots-long", N=128, P=16, H=4, G=2, T=40, S=2), K=5,
+            what="K = 5 state snapshots of a 40-token scan, d_state 128"),
 )
 # The drawn set of the invariance rows (ssm_ref.testing.cases.make_problem; the arrangements are
 # drawn from the case): a small Mamba-2 with groups and shuffled rows, a Mamba-1 with shared rows,
@@ -136,10 +147,10 @@ def fd_check(kw: dict, g_y, g_states, rng) -> dict:
     return out
 
 
-def _run_one(mod, kw, g_y, g_states, device_resident: bool):
+def _run_one(mod, kw, g_y, g_states, device_resident: bool, K: int = 1, g_snapshots=None):
     """Forward and backward of ``mod`` through ssm_ref.testing.ports (the reading verify and the fuzzer
-    use): (forward PortResult, backward PortResult or the NotImplementedError of a port without
-    a backward, seconds)."""
+    use), with K state snapshots: (forward PortResult, backward PortResult or the
+    NotImplementedError of a port without a backward, seconds)."""
     from ssm_ref.testing import ports
 
     if device_resident:
@@ -148,9 +159,10 @@ def _run_one(mod, kw, g_y, g_states, device_resident: bool):
     name = ports.port_name(mod)
     pos = ports.args_of(kw)
     t0 = time.perf_counter()
-    r = ports.call(mod.ssm_scan, "ssm_scan", pos, backend=name)
+    r = ports.call(mod.ssm_scan, "ssm_scan", pos, backend=name, K=K)
     try:
-        g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+        g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name, K=K,
+                       g_snapshots=g_snapshots)
     except NotImplementedError as e:
         g = e
     return r, g, time.perf_counter() - t0
@@ -164,11 +176,30 @@ def output_record(c, label: str) -> dict:
             "message": "" if c.ok else c.message(label)}
 
 
-def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False) -> dict:
+def not_run(b: bk.Backend, prob: Problem, kw) -> str:
+    """Why ``b`` does not run ``prob`` ("" when it does): a problem of K > 1 state snapshots on a
+    backend that declares no SNAPSHOTS, or whose supports() declines them."""
+    from ssm_ref.testing import ports
+
+    if prob.K == 1:
+        return ""
+    try:
+        sup = ports.support(b.module.supports("ssm_scan", *ports.args_of(kw), snapshots=prob.K))
+    except Exception:  # no snapshots keyword, or a supports() that raises: the run reports it
+        sup = None
+    if not ports.snapshot_kind(b.module):   # its supports' reason says why, when it has one (ggml's)
+        return (sup.reason if sup is not None and not sup.ok and sup.reason
+                else "takes no snapshots=K (declares no SNAPSHOTS; docs/PORTING.md)")
+    return "" if sup is None or sup.ok else sup.reason or "its supports() declines it"
+
+
+def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False,
+                  g_snapshots=None) -> dict:
     """Run one backend on one problem and compare every output it gives with the oracle, with the
     tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled). An output the port
     does not give (d_s from a 6-tuple or the packed layout) is listed in ``not_given``; an
-    exception is recorded with its traceback."""
+    exception is recorded with its traceback. A problem of K > 1 state snapshots: the snapshot
+    slots the backend's SNAPSHOTS says it writes, against the states' bound."""
     from ssm_ref.testing import ports
     from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
 
@@ -176,7 +207,7 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
            "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
     try:
-        r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident)
+        r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident, prob.K, g_snapshots)
     except Exception as e:  # a broken backend is a failed check, reported, not a crash
         row["error"] = ports.error_text(e)
         row["traceback"] = ports.traceback_text(e) or None
@@ -199,6 +230,15 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
         c = compare(out, got[out], oracle[out], tol[out])
         row["outputs"][out] = output_record(c, f"{b.name} {label}")
         ok &= c.ok
+    if prob.K > 1:
+        n = ports.compared_slots(ports.snapshot_kind(b.module), prob.K, prob.shape.T)
+        if "snapshots" not in got:
+            row["not_given"].append("snapshots")
+            ok = False
+        else:
+            c = compare("snapshots", got["snapshots"][:n], oracle["snapshots"][:n], tol["states"])
+            row["outputs"]["snapshots"] = output_record(c, f"{b.name} {label}")
+            ok &= c.ok
     row["ok"] = ok
     return row
 
@@ -246,7 +286,7 @@ def run(args) -> int:
                             "R": p.R or p.shape.S, "ids": p.ids, "what": p.what} for p in problems],
               "backends": [{"name": b.name, "available": b.available, "reason": b.reason,
                             "where": b.where() if b.available else None} for b in backs],
-              "oracle": {}, "runs": []}
+              "oracle": {}, "runs": [], "not_run": []}
     runnable = [b for b in backs if b.available]
     steps = len(problems) * (1 + len(runnable)) + sum(1 for b in runnable if hasattr(b.module, "to_device"))
     steps += len(runnable)
@@ -257,10 +297,15 @@ def run(args) -> int:
         for k, p in enumerate(problems):
             prog.update(f"oracle (float64) on {p.name}")
             kw, g_y, g_states = make_inputs(p.shape, args.seed + k, R=p.R, ids=p.ids)
-            r64 = ssm_ref.ssm_scan(**kw, dtype=np.float64)
-            g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64)
-            oracle = {"y": r64.y, "states": r64.states, **{o: getattr(g64, o) for o in OUTPUTS[2:]}}
-            inputs[p.name] = (kw, g_y, g_states, oracle)
+            g_snap = None
+            if p.K > 1:   # the snapshots' loss term: the backward of a port with one is checked with it
+                g_snap = np.random.default_rng(args.seed + 200 + k).uniform(
+                    -1, 1, (p.K, p.shape.S, p.shape.H, p.shape.P, p.shape.N)).astype(np.float32)
+            r64 = ssm_ref.ssm_scan(**kw, dtype=np.float64, snapshots=p.K)
+            g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64, g_snapshots=g_snap)
+            oracle = {"y": r64.y, "states": r64.states, "snapshots": r64.snapshots,
+                      **{o: getattr(g64, o) for o in OUTPUTS[2:]}}
+            inputs[p.name] = (kw, g_y, g_states, oracle, g_snap)
             if p.name in FD_PROBLEMS:
                 fd = fd_check(kw, g_y, g_states, np.random.default_rng(args.seed + 100 + k))
                 report["oracle"][p.name] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
@@ -268,10 +313,16 @@ def run(args) -> int:
         for b in runnable:
             for k, p in enumerate(problems):
                 prog.update(f"{b.name} on {p.name}")
-                report["runs"].append(check_backend(b, p, *inputs[p.name]))
+                kw, g_y, g_states, oracle, g_snap = inputs[p.name]
+                why = not_run(b, p, kw)
+                if why:
+                    report["not_run"].append({"backend": b.name, "problem": p.name, "reason": why})
+                else:
+                    report["runs"].append(check_backend(b, p, kw, g_y, g_states, oracle, g_snapshots=g_snap))
                 if k == 0 and hasattr(b.module, "to_device"):
                     prog.update(f"{b.name} on {p.name}, device-resident inputs", advance=1)
-                    report["runs"].append(check_backend(b, p, *inputs[p.name], device_resident=True))
+                    report["runs"].append(check_backend(b, p, kw, g_y, g_states, oracle, device_resident=True,
+                                                        g_snapshots=g_snap))
                 prog.update(f"{b.name} on {p.name}", advance=1)
             prog.update(f"{b.name}: batch and split invariance")
             report["invariance"] += check_invariance(b, args.seed)
@@ -301,15 +352,16 @@ def render(rep: dict) -> str:
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")
     rows = []
+    cols = (*OUTPUTS, *(("snapshots",) if any("snapshots" in r["outputs"] for r in rep["runs"]) else ()))
     for r in rep["runs"]:
         cells = [r["problem"], r["backend"], r["where"]
                  + (f" by {r['computed_by']}" if r["computed_by"]
                     and r["computed_by"] not in (r["backend"], r["backend"].partition(":")[0]) else "")]
         if r["error"]:
-            cells += [""] * len(OUTPUTS) + [f"FAIL: {r['error']}"]
+            cells += [""] * len(cols) + [f"FAIL: {r['error']}"]
         else:
             cells += [sci(r["outputs"][o]["rel"]) + ("" if r["outputs"][o]["ok"] else "!") if o in r["outputs"]
-                      else "-" for o in OUTPUTS]
+                      else "-" for o in cols]
             cells.append("PASS" if r["ok"] else "FAIL")
         rows.append(cells)
     inv = rep.get("invariance", [])
@@ -317,15 +369,15 @@ def render(rep: dict) -> str:
     for r in inv:
         cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"], "-")]
         if r["error"]:
-            cells += [""] * len(OUTPUTS) + [f"(info) {r['error']}"]
+            cells += [""] * len(cols) + [f"(info) {r['error']}"]
         else:
             cells += [("-" if o not in r["outputs"] else "=" if not r["outputs"][o]["differ"] else "diff")
-                      for o in OUTPUTS]
+                      for o in cols]
             cells.append("(info) " + ("bitwise" if r["holds"] else "not bitwise"))
         rows.append(cells)
     if rows:
-        out.append(table(["problem", "backend", "where", *OUTPUTS, "result"], rows,
-                         right=set(range(3, 3 + len(OUTPUTS)))))
+        out.append(table(["problem", "backend", "where", *cols, "result"], rows,
+                         right=set(range(3, 3 + len(cols)))))
     if inv:
         n = inv[0]["cases"]
         out.append(f"invariance rows (information, not part of PASS/FAIL; docs/SPEC.md section 3.2): on {n} drawn "
@@ -344,6 +396,8 @@ def render(rep: dict) -> str:
     no_bwd = {r["backend"]: r["no_backward"] for r in rep["runs"] if r.get("no_backward")}
     for backend, why in no_bwd.items():
         out.append(f"{backend}: no backward ({why}); its gradients are not checked (-)")
+    for n in rep.get("not_run", ()):
+        out.append(f"{n['backend']}: {n['problem']} not run: {n['reason']}")
     for b in rep["backends"]:  # those asked for by name stopped the command before (exit code 2)
         if not b["available"]:
             out.append(f"{b['name']}: skipped, not available: {b['reason']}")

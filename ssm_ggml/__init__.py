@@ -12,6 +12,13 @@ ids (S,) integers in [0, R) or None -- those of ssm_ref.ssm_scan, mapped onto gg
 llama.cpp's Mamba-2 and Mamba-1 graphs build them (ssm_ggml.graph). Inputs are checked by
 ssm_ref's validator before ggml sees them and are never written.
 
+State snapshots (``snapshots=K``, docs/SPEC.md section 3.1) need a build whose ggml_ssm_scan takes
+K (ggml-org/ggml 66d09fae, 2026-08-14, on: ``build_info()["has_k"]``; ``tools/build_ggml.sh --sdist
+llama-cpp-python==0.3.36`` builds one); on an older build K > 1 is refused (supports gives the
+reason, ssm_scan raises ValueError), and so is K > 1 with a Mamba-1 A, which ggml asserts against.
+ggml writes the slots k < T; the slots k >= T it leaves unwritten hold NaN here. ``SNAPSHOTS``,
+the port interface's declaration (ssm_ref.testing.ports), is "ggml" on a build with K, else None.
+
 Where a device's ``supports_op`` declines a shape, the forward runs on ggml's CPU backend
 instead (as ggml's scheduler would place it); the result says ``where="CPU"`` and supports()
 gives the reason. ggml has no backward of the op: ssm_scan_back raises NotImplementedError,
@@ -31,21 +38,41 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ssm_ref import ScanGrads, ScanResult, Support, check_backward, check_dt_softplus, check_forward, check_op
-from ssm_ref.packing import pack_forward, unpack_backward, unpack_forward
+from ssm_ref import (
+    ScanGrads,
+    ScanResult,
+    Support,
+    check_backward,
+    check_dt_softplus,
+    check_forward,
+    check_op,
+    check_snapshots,
+)
+from ssm_ref.packing import pack_forward, unpack_backward, unpack_forward, unpack_snapshots
 
 from .graph import GgmlError, OutputOverrun
-from .lib import ENV, GgmlNotFound, missing_device
+from .lib import API_NO_K, ENV, GgmlNotFound, missing_device
 from .worker import GgmlAbort, Worker
 
 NAME = "ssm_ggml"
 
-__all__ = ["ENV", "NAME", "GgmlAbort", "GgmlError", "GgmlNotFound", "OutputOverrun", "Probe", "build_info",
-           "config", "devices", "probe", "ssm_scan", "ssm_scan_back", "supports", "use"]
+__all__ = ["ENV", "NAME", "SNAPSHOTS", "GgmlAbort", "GgmlError", "GgmlNotFound", "OutputOverrun", "Probe",
+           "build_info", "config", "devices", "probe", "ssm_scan", "ssm_scan_back", "supports", "use"]
 
 log = logging.getLogger(NAME)
 _F32 = np.float32
 _NO_BACKWARD = "ggml has no SSM_SCAN_BACK"
+K_BUILD_HINT = "tools/build_ggml.sh --sdist llama-cpp-python==0.3.36 builds one (ggml 0.25.3)"
+
+
+def __getattr__(name: str):
+    # SNAPSHOTS depends on the build in use, so it is asked of it on each read (build_info is cached).
+    if name == "SNAPSHOTS":
+        try:
+            return "ggml" if build_info()["has_k"] else None
+        except (GgmlNotFound, GgmlAbort, OSError):
+            return None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -151,23 +178,41 @@ def _softplus_reason(dt_softplus) -> str:
 def _placement(p, backward: bool) -> tuple[str, str]:
     """(device to run on, why not the chosen one: "" when it runs there)."""
     dev = _config.device
-    if _request({"kind": "supports", "shapes": _shapes(p), "backward": backward})["ok"]:
+    K = p.dims.K
+    if _request({"kind": "supports", "shapes": _shapes(p), "backward": backward, "K": K})["ok"]:
         return dev, ""
     why = f"ggml's {dev} declines this op for these shapes (its supports_op: false)"
     if dev == "CPU":
         return dev, why
-    ok_cpu = _request({"kind": "supports", "device": "CPU", "shapes": _shapes(p), "backward": backward})["ok"]
+    ok_cpu = _request({"kind": "supports", "device": "CPU", "shapes": _shapes(p), "backward": backward,
+                       "K": K})["ok"]
     return ("CPU" if ok_cpu else dev), why
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> Support:
+def _snapshots_reason(p) -> str:
+    """Why ggml cannot write this problem's K > 1 state slots ("" when it can, or K == 1)."""
+    if p.dims.K == 1:
+        return ""
+    info = build_info()
+    if not info["has_k"]:
+        return (f"snapshots={p.dims.K}: the ggml build at {info['build']['folder']} has {API_NO_K}, without K "
+                f"(ggml before ggml-org/ggml 66d09fae, 2026-08-14); state snapshots need a newer build: "
+                f"{K_BUILD_HINT}")
+    if p.dims.mamba1:
+        return (f"snapshots={p.dims.K}: ggml's ggml_ssm_scan asserts K == 1 for Mamba-1 (A of shape (H, N)); "
+                "it writes snapshots for Mamba-2 only")
+    return ""
+
+
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", snapshots=1) -> Support:
     """Whether ggml's chosen device runs this case: ssm_ref's validator (bad input raises as in
     ssm_scan), then ggml's own ``ggml_backend_dev_supports_op`` on the op built for these shapes.
     The backward: only where the build exports ggmlR's ggml_ssm_scan_back. A forward that the
-    device declines runs on ggml's CPU (the reason says so)."""
+    device declines runs on ggml's CPU (the reason says so). ``snapshots=K`` > 1: only on a build
+    whose ggml_ssm_scan takes K, and for Mamba-2 (the reason says which)."""
     check_op(op)
-    p = check_forward(s, x, dt, A, B, C, ids)
-    why = _softplus_reason(dt_softplus)
+    p = check_forward(s, x, dt, A, B, C, ids, snapshots=check_snapshots(snapshots))
+    why = _softplus_reason(dt_softplus) or _snapshots_reason(p)
     if why:
         return Support(False, why)
     if op == "ssm_scan_back" and not build_info()["build"]["backward"]:
@@ -191,41 +236,54 @@ def _run(p, backward: bool, extra: dict | None = None) -> tuple[np.ndarray, str]
             log.warning("ssm_ggml: %s; running on ggml's CPU", why)
     arrays = {**_arrays(p), **(extra or {})}
     out = _request({"kind": "run", "device": where, "shapes": _shapes(p), "backward": backward,
-                    "arrays": arrays})
+                    "K": 1 if backward else p.dims.K, "arrays": arrays})
     return out["packed"], where
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml") -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", snapshots=1) -> ScanResult:
     """Forward selective scan by ggml's SSM_SCAN on the device chosen with :func:`use`.
 
-    Arguments and result as ssm_ref.ssm_scan: float32 ScanResult(y (S,T,H,P), states (S,H,P,N)),
-    where = the ggml device that ran it ("CPU", "Vulkan0", ...), backend = "ssm_ggml". Raises
+    Arguments and result as ssm_ref.ssm_scan: float32 ScanResult(y (S,T,H,P), states (S,H,P,N),
+    snapshots (K,S,H,P,N)), where = the ggml device that ran it ("CPU", "Vulkan0", ...), backend =
+    "ssm_ggml". ``snapshots=K``: ggml's K state slots; it writes the slots k < T (slot 0 the
+    final states), the slots k >= T it leaves unwritten are NaN (docs/SPEC.md section 3.1). Raises
     TypeError / ValueError for bad input (ssm_ref's checks) before ggml is called; ValueError for
-    a dt_softplus other than "ggml"; OutputOverrun when ggml wrote past its output (the message
-    says how far its result is from ssm_ref's float64 one); GgmlAbort when ggml stopped the worker
+    a dt_softplus other than "ggml", and for K > 1 on a build without K or with a Mamba-1 A (the
+    message says which); OutputOverrun when ggml wrote past its output (the message says how far
+    its result is from ssm_ref's float64 one); GgmlAbort when ggml stopped the worker
     (isolate=True); GgmlError for a failed graph compute."""
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, snapshots=check_snapshots(snapshots))
     why = _softplus_reason(dt_softplus)
     if why:
         raise ValueError(f"dt_softplus: {why}")
+    why = _snapshots_reason(p)
+    if why:
+        raise ValueError(why)
     try:
         packed, where = _run(p, False)
     except OutputOverrun as e:
         raise OutputOverrun(e.device, e.packed, e.changed, e.first, _oracle_note(p, e.packed)) from None
     _note_unwritten(packed, p.dims, where)
     y, states = unpack_forward(packed, p.dims)
-    return ScanResult(y=y.copy(), states=states.copy(), where=where, backend=NAME)
+    snaps = unpack_snapshots(packed, p.dims) if p.dims.K > 1 else states[None].copy()
+    return ScanResult(y=y.copy(), states=states.copy(), where=where, backend=NAME, snapshots=snaps)
 
 
 def _note_unwritten(packed: np.ndarray, dims, where: str) -> None:
-    """Log (once per device and output) that ggml left output floats unwritten: they are NaN."""
+    """Log (once per device and output) that ggml left output floats unwritten: they are NaN. The
+    snapshot slots k >= T are not counted: ggml never writes them (docs/SPEC.md section 3.1)."""
     from .graph import unwritten
 
     mask = unwritten(packed)
     if not mask.any():
         return
     n_y = dims.S * dims.T * dims.H * dims.P
-    for name, part in (("y", mask[:n_y]), ("states", mask[n_y:])):
+    row = dims.S * dims.H * dims.P * dims.N
+    written = min(dims.K, dims.T) if dims.K > 1 else 1
+    parts = [("y", mask[:n_y]), ("states", mask[n_y:n_y + row])]
+    if written > 1:
+        parts.append(("snapshots", mask[n_y + row:n_y + written * row]))
+    for name, part in parts:
         key = (where, name)
         if part.any() and key not in _logged:
             _logged.add(key)
@@ -256,18 +314,23 @@ def _oracle_note(p, packed: np.ndarray) -> str:
     return "; ".join(parts)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+                  g_snapshots=None) -> ScanGrads:
     """Backward of :func:`ssm_scan`, where the build has one (ggmlR's ``ggml_ssm_scan_back``):
     ScanGrads as ssm_ref.ssm_scan_back, with d_s the scatter-add of ggml's d_s0 by ids (computed
     here; ggmlR returns d_s0 only). Raises NotImplementedError for a build without it (upstream
-    ggml: it has no SSM_SCAN_BACK), after the checks of ssm_ref."""
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states)
+    ggml: it has no SSM_SCAN_BACK), and for ``g_snapshots`` (or a packed g_y with K > 1 slots):
+    no ggml has a backward of the snapshots; after the checks of ssm_ref."""
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots=g_snapshots)
     why = _softplus_reason(dt_softplus)
     if why:
         raise ValueError(f"dt_softplus: {why}")
     info = build_info()["build"]
     if not info["backward"]:
         raise NotImplementedError(f"{_NO_BACKWARD} (the build at {info['folder']} exports no ggml_ssm_scan_back)")
+    if p.g_snapshots is not None:
+        raise NotImplementedError(f"{_NO_BACKWARD} of the state snapshots (g_snapshots): ggmlR's "
+                                  "ggml_ssm_scan_back takes the final states' gradient alone")
     g = pack_forward(p.g_y, p.g_states)
     packed, where = _run(p, True, {"g": g})
     grads = {k: v.copy() for k, v in unpack_backward(packed, p.dims).items()}

@@ -9,9 +9,11 @@ Our shapes (numpy C order) and ggml's (``ne``, fastest axis first) are the same 
          (H, N)         ne (N, H)         F32   Mamba-1
     B, C (S, T, G, N)   ne (N, G, T, S)   F32
     ids  (S,)           ne (S,)           I32
-    out  1-D, S*T*H*P + S*H*P*N floats: y (ne (P, H, T, S)) then the final states (ne (N, P, H, S))
+    out  1-D, S*T*H*P + K*S*H*P*N floats: y (ne (P, H, T, S)) then K state slots (ne (N, P, H, S)
+         each, slot-major), slot 0 the final states; K = 1 on a build without K (lib.GgmlLibrary.has_k)
 
-Snapshots whose ggml_ssm_scan takes K get K = 1 (one final state per sequence: the layout above).
+The K snapshot slots (ggml_ssm_scan's trailing K, docs/SPEC.md section 3.1): ggml writes slot k
+(the state after T - k tokens) for k < T only; the others keep the output's fill below.
 
 The output tensor is filled with a NaN of a payload of its own (UNWRITTEN_BITS) before every
 compute, so an entry ggml leaves unwritten reads as NaN (not as whatever the buffer held) and is
@@ -90,6 +92,10 @@ class ScanGraph:
     def __init__(self, device: Device, shapes: dict, backward: bool = False, K: int = 1):
         self.device, self.lib = device, device.lib
         self.backward = backward
+        if K > 1 and (backward or not self.lib.has_k):
+            # an older ggml_ssm_scan ignores the trailing K: its output would have one slot
+            raise GgmlError(f"K = {K}: the build at {self.lib.folder} has no K in ggml_ssm_scan"
+                            if not backward else f"K = {K}: the backward has no snapshots")
         fn = self.lib.fn
         self.ctx = self.lib.context(12, graph=True)
         self.buffer = None

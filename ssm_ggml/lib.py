@@ -269,8 +269,17 @@ _loaded: dict[Path, GgmlLibrary] = {}
 
 
 def load(lib: str | os.PathLike | None = None) -> GgmlLibrary:
-    """The ggml build (see the module docstring for where it is looked for), loaded once per folder."""
+    """The ggml build (see the module docstring for where it is looked for), loaded once. One build
+    per process: every ggml build names its libraries alike (libggml-base.so.0, ...), and the
+    dynamic loader resolves a second build's against the first one's, so the second would run the
+    first's code; GgmlNotFound says so (a worker process, ``use(..., isolate=True)``, loads its own)."""
     folder, how = find(lib)
+    if folder not in _loaded and _loaded:
+        (held,) = _loaded
+        raise GgmlNotFound(f"{folder}: this process has loaded the ggml build at {held}, and ggml's libraries "
+                           "of every build share their names (libggml-base.so.0, ...): a second build would run "
+                           "the first one's code. Use ssm_ggml.use(..., isolate=True) (each build in a worker "
+                           "process of its own), or another process")
     if folder not in _loaded:
         _loaded[folder] = GgmlLibrary(folder, how)
     return _loaded[folder]

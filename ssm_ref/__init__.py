@@ -54,12 +54,15 @@ from .scan import forward as _forward
 
 NAME = "ssm_ref"
 WHERE = "CPU"
+# The port interface's declaration (ssm_ref.testing.ports): snapshots=K, every slot as docs/SPEC.md 3.1.
+SNAPSHOTS = "all"
 
 __all__ = [
     "is_device_array",
     "DT_SOFTPLUS",
     "GRAD_NAMES",
     "NAME",
+    "SNAPSHOTS",
     "OPS",
     "WHERE",
     "Dims",

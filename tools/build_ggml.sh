@@ -2,15 +2,21 @@
 # Build ggml's shared libraries for ssm_ggml (docs/PORTING.md, "Testing ggml's SSM_SCAN").
 #
 #   tools/build_ggml.sh                          # ggml as vendored by the ggml-python 0.0.45 sdist, CPU backend
-#   tools/build_ggml.sh --source ~/src/ggml      # a ggml checkout of yours (or an unpacked sdist)
+#   tools/build_ggml.sh --sdist llama-cpp-python==0.3.36   # the ggml llama-cpp-python vendors (has K)
+#   tools/build_ggml.sh --tree ~/src/ggml        # a ggml checkout of yours (or an unpacked sdist)
 #   tools/build_ggml.sh --source ~/src/ggml --vulkan --vulkan-headers ~/src/Vulkan-Headers --name vulkan
 #
 # Builds into build/ggml/<name>/ (default name: sdist-<version> or the source folder's name) and
 # prints the folder that holds libggml*.so as its last line: export SSM_GGML_LIB=<that folder>.
 # Running it again with the same source and options does nothing (stamp: ggml-build.json).
 # Options:
-#   --source DIR          ggml sources: a folder with include/ggml.h, or one with vendor/ggml
-#   --sdist VERSION       ggml-python's source distribution to download with pip (default 0.0.45)
+#   --tree DIR            ggml sources: a folder with include/ggml.h, or one with vendor/ggml or
+#                         vendor/llama.cpp/ggml (--source DIR: the same)
+#   --sdist SPEC          a source distribution from PyPI that vendors ggml, downloaded with pip:
+#                         VERSION for ggml-python's (vendor/ggml; default 0.0.45, ggml 0.15.3, whose
+#                         ggml_ssm_scan has no K), or llama-cpp-python==VERSION (vendor/llama.cpp/ggml;
+#                         0.3.36 vendors ggml 0.25.3, with ggml_ssm_scan(..., K)). Only the ggml
+#                         folder is unpacked.
 #   --out DIR             where builds go (default build/ggml, in the checkout)
 #   --name NAME           the build's folder under --out
 #   --vulkan              also build ggml's Vulkan backend (needs glslc, libvulkan, Vulkan-Hpp headers)
@@ -33,7 +39,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 source_dir="" sdist="0.0.45" out="$here/build/ggml" name="" vulkan=0 vk_headers="" native=OFF jobs=2 origin_text="" spirv_headers=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --source) source_dir="$2"; shift 2 ;;
+    --source|--tree) source_dir="$2"; shift 2 ;;
     --sdist) sdist="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --name) name="$2"; shift 2 ;;
@@ -56,20 +62,32 @@ out="$(cd "$out" && pwd)"
 
 origin=""
 if [ -z "$source_dir" ]; then
-  # ggml-python's sdist vendors a whole ggml tree (vendor/ggml); pip fetches it from PyPI.
-  name="${name:-sdist-$sdist}"
-  src_root="$out/src/ggml_python-$sdist"
-  if [ ! -f "$src_root/vendor/ggml/include/ggml.h" ]; then
+  # A PyPI sdist that vendors a whole ggml tree; pip fetches it, only the ggml folder is unpacked.
+  case "$sdist" in
+    llama-cpp-python==*|llama_cpp_python==*)
+      pkg="llama-cpp-python" ver="${sdist#*==}" vendored="vendor/llama.cpp/ggml" ;;
+    ggml-python==*) pkg="ggml-python" ver="${sdist#*==}" vendored="vendor/ggml" ;;
+    *==*) echo "build_ggml.sh: --sdist $sdist: expected VERSION (ggml-python), ggml-python==VERSION or llama-cpp-python==VERSION" >&2; exit 2 ;;
+    *) pkg="ggml-python" ver="$sdist" vendored="vendor/ggml" ;;
+  esac
+  dist="${pkg//-/_}-$ver"
+  if [ "$pkg" = ggml-python ]; then name="${name:-sdist-$ver}"; else name="${name:-sdist-$pkg-$ver}"; fi
+  src_root="$out/src/$dist"
+  if [ ! -f "$src_root/$vendored/include/ggml.h" ]; then
     py="${PYTHON:-python3}"
     mkdir -p "$out/src"
-    "$py" -m pip download -q --no-deps --no-binary :all: "ggml-python==$sdist" -d "$out/src"
-    tar -xzf "$out/src/ggml_python-$sdist.tar.gz" -C "$out/src"
+    [ -f "$out/src/$dist.tar.gz" ] || "$py" -m pip download -q --no-deps --no-binary :all: "$pkg==$ver" -d "$out/src"
+    tar -xzf "$out/src/$dist.tar.gz" -C "$out/src" "$dist/$vendored"
   fi
-  source_dir="$src_root/vendor/ggml"
-  origin="ggml-python $sdist sdist (vendor/ggml)"
+  # llama-cpp-python's sdist leaves out ggml.pc.in, the pkg-config template a standalone ggml
+  # configures (and installs, unused here): an empty one lets cmake configure.
+  source_dir="$src_root/$vendored"
+  [ -f "$source_dir/ggml.pc.in" ] || : >"$source_dir/ggml.pc.in"
+  origin="$pkg $ver sdist ($vendored)"
 else
   source_dir="$(cd "$source_dir" && pwd)"
   [ -f "$source_dir/vendor/ggml/include/ggml.h" ] && source_dir="$source_dir/vendor/ggml"
+  [ -f "$source_dir/vendor/llama.cpp/ggml/include/ggml.h" ] && source_dir="$source_dir/vendor/llama.cpp/ggml"
   name="${name:-$(basename "$source_dir")}"
   origin="$source_dir"
   if [ -e "$source_dir/.git" ]; then

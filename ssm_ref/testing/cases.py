@@ -65,6 +65,9 @@ ORACLE_REGIMES = ("typical", "wide_dt", "small_A", "long_decay", "overflow")
 class Case:
     """One problem: dims, float32 inputs (ids int64 or None) and the loss gradients.
 
+    ``K``: the state snapshots the forward is asked for (``snapshots=K``, docs/SPEC.md section
+    3.1; 1: the final states alone, as every port computes); ``g_snapshots`` (K, S, H, P, N)
+    float32, the loss gradient of the K slots when K > 1, else None.
     ``recipe`` holds the keyword arguments that rebuild this Case with :func:`make_problem`
     (seed included) when it was made from an integer seed; None otherwise.
     """
@@ -77,6 +80,8 @@ class Case:
     g_states: np.ndarray = field(repr=False)  # (S, H, P, N) float32
     regime: str = "typical"
     recipe: dict | None = None
+    K: int = 1
+    g_snapshots: np.ndarray | None = field(default=None, repr=False)
 
     def args(self, dtype=None) -> dict:
         """Fresh copies of the inputs (widened to ``dtype`` if given) as keyword arguments."""
@@ -100,12 +105,12 @@ class Case:
         seed = f" seed={self.recipe['seed']}" if self.recipe else ""
         return (f"S={d['S']} T={d['T']} H={d['H']} P={d['P']} N={d['N']} G={d['G']} R={d['R']} "
                 f"{self.variant} A{self.inputs['A'].shape} ids={self.ids_pattern} "
-                f"regime={self.regime}{seed}")
+                f"regime={self.regime}{f' K={self.K}' if self.K != 1 else ''}{seed}")
 
     def size(self) -> int:
         """Elements in all inputs and loss gradients together."""
         n = sum(v.size for k, v in self.inputs.items() if v is not None and k != "ids")
-        return n + self.g_y.size + self.g_states.size
+        return n + self.g_y.size + self.g_states.size + (0 if self.g_snapshots is None else self.g_snapshots.size)
 
 
 def _ids(rng, pattern: str, S: int, R: int):
@@ -169,19 +174,28 @@ def _poison(rng, arrays: dict) -> None:
 
 
 def make_problem(rng, *, S=2, T=3, H=4, P=2, N=3, G=2, R=None, ids="permutation",
-                 variant="mamba2", a_form="h", dt_range=(-0.5, 0.5), regime="typical") -> Case:
+                 variant="mamba2", a_form="h", dt_range=(-0.5, 0.5), regime="typical", K=1) -> Case:
     """Build one Case.
 
     rng: an int seed (the Case then carries a ``recipe`` that rebuilds it) or a numpy Generator.
     ids: a pattern name from IDS_PATTERNS or an explicit sequence of ints (R defaults to
     max + 1). a_form picks Mamba-2's A shape: "h" -> (H,), "h1" -> (H, 1); Mamba-1's is (H, N).
-    dt_range: the typical dt range (typical regime only). regime: one of REGIMES.
-    Raises ValueError for an unknown pattern, variant or regime, or a pattern the sizes forbid.
+    dt_range: the typical dt range (typical regime only). regime: one of REGIMES. K: the state
+    snapshots (>= 1); K > 1 draws g_snapshots (K, S, H, P, N) ~ U(-1, 1) after every other
+    array, so the inputs, g_y and g_states are those of the same seed with K = 1 (a recipe
+    names K only when it is not 1).
+    Raises ValueError for an unknown pattern, variant or regime, a pattern the sizes forbid, or
+    K < 1.
     """
+    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise ValueError(f"K: expected an integer >= 1 (the state snapshots), got {K!r}")
+    K = int(K)
     recipe = None
     if isinstance(rng, (int, np.integer)):
         recipe = dict(seed=int(rng), S=S, T=T, H=H, P=P, N=N, G=G, R=R, ids=ids, variant=variant,
                       a_form=a_form, regime=regime)
+        if K != 1:
+            recipe["K"] = K
         if not isinstance(ids, str):
             recipe["ids"] = [int(i) for i in ids]
         rng = np.random.default_rng(int(rng))
@@ -231,5 +245,7 @@ def make_problem(rng, *, S=2, T=3, H=4, P=2, N=3, G=2, R=None, ids="permutation"
         _overflow(rng, inputs, S, T, H)
     elif regime == "nonfinite":
         _poison(rng, {**{k: inputs[k] for k in INPUT_NAMES}, "g_y": g_y, "g_states": g_states})
+    g_snapshots = _u(rng, -1.0, 1.0, (K, S, H, P, N)) if K > 1 else None
     return Case(dims=dict(S=S, T=T, H=H, P=P, N=N, G=G, R=R), variant=variant, ids_pattern=pattern,
-                inputs=inputs, g_y=g_y, g_states=g_states, regime=regime, recipe=recipe)
+                inputs=inputs, g_y=g_y, g_states=g_states, regime=regime, recipe=recipe, K=K,
+                g_snapshots=g_snapshots)

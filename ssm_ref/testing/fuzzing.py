@@ -37,7 +37,11 @@ from .properties import BACKWARD_ONLY, PROPERTIES, PropertyFailed, known
 from .regressions import save_case
 from .strategies import problems
 
-__all__ = ["Failure", "FuzzReport", "fuzz", "reproducer"]
+__all__ = ["MAX_K", "Failure", "FuzzReport", "fuzz", "reproducer"]
+
+# The state snapshots drawn for a port that declares SNAPSHOTS (docs/PORTING.md): K in 1..MAX_K,
+# small, so that T < K (the start-state slot, the NaN slots) comes up often.
+MAX_K = 5
 
 
 class _TimeUp(Exception):
@@ -60,7 +64,8 @@ class FuzzReport:
     ``unsupported`` (drawn problems the port's supports() declined, with ``supported_only``),
     every failure found (one per pair at most: a pair that failed is not fuzzed again), and
     ``not_applicable``: pairs not fuzzed, with the reason (a property of the backward, for a port
-    whose ssm_scan_back raises NotImplementedError)."""
+    whose ssm_scan_back raises NotImplementedError). ``snapshots``: per backend, the K it was
+    fuzzed with; ``with_k``: per (backend, property), the checks of a problem with K > 1."""
 
     seconds: float = 0.0
     examples: dict = field(default_factory=dict)
@@ -68,6 +73,8 @@ class FuzzReport:
     failures: list = field(default_factory=list)
     unsupported: dict = field(default_factory=dict)
     not_applicable: dict = field(default_factory=dict)
+    snapshots: dict = field(default_factory=dict)
+    with_k: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -79,8 +86,12 @@ class FuzzReport:
         for b, p in sorted(self.examples):
             bad = any(f.backend == b and f.property == p for f in self.failures)
             skipped = self.unsupported.get((b, p), 0)
+            with_k = self.with_k.get((b, p), 0)
             lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
+                         + (f"  ({with_k} with K > 1)" if with_k else "")
                          + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
+        for b, what in sorted(self.snapshots.items()):
+            lines.append(f"  state snapshots of {b}: {what}")
         by_reason: dict = {}
         for (b, p), why in sorted(self.not_applicable.items()):
             by_reason.setdefault((b, why), []).append(p)
@@ -114,7 +125,8 @@ def ggml_shapes(case: Case) -> str:
     a = f"({N}, {H})" if case.variant == "mamba1" else f"(1, {H})"
     ids = np.asarray(case.ids).tolist()
     return (f"s ne (d_state, head_dim, n_head, rows) = ({N}, {P}, {H}, {R}), x ({P}, {H}, {T}, {S}), "
-            f"dt ({H}, {T}, {S}), A {a}, B and C ({N}, {G}, {T}, {S}), ids I32 {ids}")
+            f"dt ({H}, {T}, {S}), A {a}, B and C ({N}, {G}, {T}, {S}), ids I32 {ids}"
+            + (f", K = {case.K}" if case.K != 1 else ""))
 
 
 def _modname(module) -> str:
@@ -157,7 +169,11 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     (default ssm_ref.tolerance.F32_TOL). seed: makes the sequence of draws repeatable. save_dir:
     where failures are written as regression files. batch: examples per (backend, property)
     per round (small, so that every property gets its turn early). sizes: size limits passed to
-    ssm_ref.testing.strategies.problems (max_elements=...). supported_only: a drawn problem that the port's
+    ssm_ref.testing.strategies.problems (max_elements=..., max_K=...). K, the state snapshots: a
+    port that declares SNAPSHOTS (docs/PORTING.md, "The port interface") is fuzzed with K in
+    1..``max_K`` (default :data:`MAX_K`; a "ggml" port with K = 1 for Mamba-1, which ggml
+    refuses), every property comparing the snapshot slots it compares; a port that does not, with
+    K = 1 only, as before. supported_only: a drawn problem that the port's
     ``supports("ssm_scan", ...)`` declines is not checked (counted in ``unsupported``): for a port
     that runs some shapes on another device (ssm_ggml on a GPU), to fuzz the device itself.
     A port whose ssm_scan_back raises NotImplementedError is fuzzed on its forward: the
@@ -187,6 +203,13 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     start = last_log = time.monotonic()
     deadline = start + 60.0 * minutes
     pairs = [(b, n) for b in backends for n in names if set(registry[n].regimes) & set(regimes)]
+    max_K = sizes.pop("max_K", MAX_K)
+    for b in backends:
+        kind = ports.snapshot_kind(b)
+        report.snapshots[_modname(b)] = (
+            f"K in 1..{max_K}" + (", slots k < T compared (SNAPSHOTS 'ggml'), Mamba-1 with K = 1" if kind == "ggml"
+                                  else ", every slot compared") if kind and max_K > 1
+            else "K = 1 only (the port declares no SNAPSHOTS)" if not kind else "K = 1 only (max_K = 1)")
     for b in backends:
         why = _no_backward(b)
         if why:
@@ -204,7 +227,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             if key in done or (not first and time.monotonic() >= deadline):
                 continue
             prop = registry[name]
-            strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes)
+            strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes,
+                                **_snapshot_sizes(module, max_K))
 
             found = []
 
@@ -222,6 +246,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
                     found.append(case)
                     return True
                 report.checked[key] = report.checked.get(key, 0) + int(bool(applied))
+                if applied and case.K > 1:
+                    report.with_k[key] = report.with_k.get(key, 0) + 1
                 return False
 
             try:
@@ -252,9 +278,18 @@ def _time_up(exc: BaseException) -> bool:
     return isinstance(exc, _TimeUp) or any(_time_up(e) for e in getattr(exc, "exceptions", ()))
 
 
+def _snapshot_sizes(module, max_K: int) -> dict:
+    """The strategies' K arguments for ``module``: K > 1 only where it declares SNAPSHOTS."""
+    kind = ports.snapshot_kind(module)
+    if not kind:
+        return {"max_K": 1}
+    return {"max_K": max_K, "snapshots_mamba1": kind != "ggml"}
+
+
 def _supported(module, case: Case) -> bool:
+    kw = {"snapshots": case.K} if case.K > 1 and ports.snapshot_kind(module) else {}
     try:
-        return ports.support(module.supports("ssm_scan", *ports.args_of(case.args()))).ok
+        return ports.support(module.supports("ssm_scan", *ports.args_of(case.args()), **kw)).ok
     except Exception:  # a supports() that raises: let the property run and report the port
         return True
 

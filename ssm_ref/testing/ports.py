@@ -12,9 +12,21 @@ A port is a module (or any object) with four names::
     ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)  the backward
     supports(op, s, x, dt, A, B, C, ids)                  whether it runs a case on its device
 
-The functions are called positionally. Results, forward: ``ssm_ref.ScanResult`` or any object with
-``.y`` and ``.states``; a mapping with keys "y" and "states"; a tuple or list ``(y, states)``; the
-packed 1-D array of ggml's SSM_SCAN (y then states). Backward: ``ssm_ref.ScanGrads`` or any object
+and, optionally, ``SNAPSHOTS``: whether it takes K state snapshots (docs/SPEC.md section 3.1),
+one of :data:`SNAPSHOT_KINDS`::
+
+    absent, None, False   it takes no K: called exactly as above, checked with K = 1 only
+    "all" (or True)       ssm_scan and supports take the keyword snapshots=K, ssm_scan_back takes
+                          g_snapshots= (K, S, H, P, N) (it may raise NotImplementedError: no
+                          backward of K); every slot is compared (slots k > T are NaN)
+    "ggml"                as "all", but the slots k >= T are ggml's: unwritten, anything; only
+                          the slots k < T are compared
+
+The keywords are passed only when K > 1 (a K = 1 call is the call above). The functions are called
+positionally. Results, forward: ``ssm_ref.ScanResult`` or any object with ``.y`` and ``.states``
+(``.snapshots`` (K, S, H, P, N) read when it is not None); a mapping with keys "y" and "states"
+("snapshots" optional); a tuple or list ``(y, states)`` or ``(y, states, snapshots)``; the packed
+1-D array of ggml's SSM_SCAN (y then the K state slots: states is slot 0). Backward: ``ssm_ref.ScanGrads`` or any object
 with the attributes d_s0, d_x, d_dt, d_A, d_B, d_C (d_s optional); a mapping with those keys (d_s
 optional); a 7-tuple in ScanGrads' field order (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C); a 6-tuple in
 ggmlR's SSM_SCAN_BACK order (d_s0, d_x, d_dt, d_A, d_B, d_C: d_s not given); the packed 1-D array
@@ -34,16 +46,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ssm_ref.checks import Dims
-from ssm_ref.packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward
+from ssm_ref.packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward, unpack_snapshots
 from ssm_ref.results import GRAD_NAMES, Support
 
 __all__ = [
     "BACKWARD",
     "FORWARD",
     "INTERFACE",
+    "SNAPSHOT_KINDS",
     "UNKNOWN",
     "PortResult",
     "call",
+    "compared_slots",
     "dims_of",
     "error_text",
     "host",
@@ -51,6 +65,7 @@ __all__ = [
     "normalise",
     "origin",
     "port_name",
+    "snapshot_kind",
     "support",
     "traceback_text",
 ]
@@ -58,14 +73,17 @@ __all__ = [
 INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
 OPS = ("ssm_scan", "ssm_scan_back")
 FORWARD = ("y", "states")
+FORWARD_WITH_SNAPSHOTS = ("y", "states", "snapshots")
+SNAPSHOT_KINDS = ("all", "ggml")
 BACKWARD = GRAD_NAMES                       # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: a 7-tuple's order
 BACKWARD_WITHOUT_D_S = BACKWARD_BLOCKS      # d_s0, d_x, d_dt, d_A, d_B, d_C: a 6-tuple's order
 INPUTS = ("s", "x", "dt", "A", "B", "C", "ids")
 UNKNOWN = "unknown"
 _META = ("where", "backend")
 
-_FORWARD_FORMS = "an object with .y and .states (ssm_ref.ScanResult), a mapping with keys 'y' and " \
-                 "'states', a tuple (y, states), or the packed 1-D array (y then states)"
+_FORWARD_FORMS = "an object with .y and .states (.snapshots optional; ssm_ref.ScanResult), a mapping with " \
+                 "keys 'y' and 'states' ('snapshots' optional), a tuple (y, states) or (y, states, snapshots), " \
+                 "or the packed 1-D array (y then the K state slots)"
 _BACKWARD_FORMS = "an object with .d_s0 .d_x .d_dt .d_A .d_B .d_C (.d_s optional; ssm_ref.ScanGrads), a " \
                   "mapping with those keys, a 7-tuple (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C), a 6-tuple " \
                   "(d_s0, d_x, d_dt, d_A, d_B, d_C), or the packed 1-D array of SSM_SCAN_BACK"
@@ -74,7 +92,8 @@ _BACKWARD_FORMS = "an object with .d_s0 .d_x .d_dt .d_A .d_B .d_C (.d_s optional
 @dataclass(frozen=True)
 class PortResult:
     """A port's result, normalised: ``arrays`` holds the outputs it gave (host numpy arrays, by
-    name: y, states; or d_s, d_s0, d_x, d_dt, d_A, d_B, d_C, where d_s may be missing), ``where``
+    name: y, states and, when given, snapshots; or d_s, d_s0, d_x, d_dt, d_A, d_B, d_C, where d_s
+    may be missing), ``where``
     the device it says it ran on ("unknown" when the result does not say), ``backend`` what computed
     it (the port's NAME when the result does not say)."""
 
@@ -98,10 +117,37 @@ def port_name(port) -> str:
     return getattr(port, "__name__", type(port).__name__)
 
 
+def snapshot_kind(port) -> str:
+    """What the port declares of K (its ``SNAPSHOTS``, module docstring): "all", "ggml", or ""
+    (it takes no K). Raises TypeError for a value of no such meaning."""
+    value = getattr(port, "SNAPSHOTS", None)
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return "all"
+    if isinstance(value, str) and value in SNAPSHOT_KINDS:
+        return value
+    raise TypeError(f"SNAPSHOTS of {port_name(port)} is {value!r}: expected None, False, True, 'all' or 'ggml'")
+
+
+def compared_slots(kind: str, K: int, T: int) -> int:
+    """How many leading snapshot slots are compared for a port of SNAPSHOTS ``kind``: all K
+    ("all"), the k < T that ggml writes ("ggml"); 0 for a port that takes no K."""
+    if kind == "all":
+        return K
+    if kind == "ggml":
+        return min(K, T)
+    return 0
+
+
 def interface_problems(port) -> list[str]:
-    """What keeps ``port`` from being a port: "lacks supports", "ssm_scan is not callable", ...
-    (empty when it has the four names)."""
+    """What keeps ``port`` from being a port: "lacks supports", "ssm_scan is not callable", a
+    SNAPSHOTS of no meaning, ... (empty when it has the four names)."""
     out = []
+    try:
+        snapshot_kind(port)
+    except TypeError as e:
+        out.append(str(e))
     for attr in INTERFACE:
         if not hasattr(port, attr):
             out.append(f"lacks {attr}")
@@ -125,9 +171,9 @@ def _shape(a) -> tuple:
     return tuple(int(v) for v in (s if s is not None else np.shape(a)))
 
 
-def dims_of(args: Sequence) -> Dims | None:
-    """The Dims of positional inputs (s, x, dt, A, B, C, ids, ...), or None when their shapes do
-    not make a problem (then a packed result cannot be unpacked)."""
+def dims_of(args: Sequence, K: int = 1) -> Dims | None:
+    """The Dims of positional inputs (s, x, dt, A, B, C, ids, ...) with K state slots, or None
+    when their shapes do not make a problem (then a packed result cannot be unpacked)."""
     try:
         s, x, _dt, A, B = args[:5]
         R, H, P, N = _shape(s)
@@ -136,7 +182,7 @@ def dims_of(args: Sequence) -> Dims | None:
         a_shape = _shape(A)
     except (ValueError, TypeError, IndexError):
         return None
-    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=a_shape == (H, N) and N > 1, a_shape=a_shape)
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=a_shape == (H, N) and N > 1, a_shape=a_shape, K=K)
 
 
 def _array(op: str, name: str, v) -> np.ndarray:
@@ -164,13 +210,14 @@ def origin(out, backend: str = "") -> tuple[str, str]:
 
 def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResult:
     """The one reading of a port's result (the module docstring lists the forms). ``op`` is
-    "ssm_scan" or "ssm_scan_back"; ``dims`` is needed only for packed 1-D results. Raises
-    TypeError naming what was returned and what was expected."""
+    "ssm_scan" or "ssm_scan_back"; ``dims`` is needed only for packed 1-D results (its K: the
+    slots of a packed forward; K > 1 unpacks them as "snapshots"). Raises TypeError naming what
+    was returned and what was expected."""
     if op not in OPS:
         raise ValueError(f"op: expected 'ssm_scan' or 'ssm_scan_back', got {op!r}")
     forward = op == "ssm_scan"
     required = FORWARD if forward else BACKWARD_WITHOUT_D_S
-    known = FORWARD if forward else BACKWARD
+    known = FORWARD_WITH_SNAPSHOTS if forward else BACKWARD
     forms = _FORWARD_FORMS if forward else _BACKWARD_FORMS
     kind = type(out).__name__
     if isinstance(out, Mapping):
@@ -180,11 +227,11 @@ def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResu
             what = "; ".join(([f"without {missing}"] if missing else []) + ([f"with unknown keys {unknown}"]
                                                                              if unknown else []))
             raise TypeError(f"{op} returned a mapping {what}: expected {forms}")
-        got = {k: out[k] for k in known if k in out}
+        got = {k: out[k] for k in known if k in out and not (k == "snapshots" and out[k] is None)}
     elif all(hasattr(out, k) for k in required) and not isinstance(out, np.ndarray):
-        got = {k: getattr(out, k) for k in known if hasattr(out, k)}
+        got = {k: getattr(out, k) for k in known if getattr(out, k, None) is not None or k in required}
     elif isinstance(out, tuple | list):
-        orders = (FORWARD,) if forward else (BACKWARD, BACKWARD_WITHOUT_D_S)
+        orders = (FORWARD, FORWARD_WITH_SNAPSHOTS) if forward else (BACKWARD, BACKWARD_WITHOUT_D_S)
         order = next((o for o in orders if len(o) == len(out)), None)
         if order is None:
             raise TypeError(f"{op} returned a {kind} of {len(out)} items: expected {forms}")
@@ -196,7 +243,12 @@ def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResu
         if dims is None:
             raise TypeError(f"{op} returned a 1-D array, but the inputs' shapes do not say how to unpack it")
         try:
-            got = dict(zip(FORWARD, unpack_forward(a, dims), strict=True)) if forward else unpack_backward(a, dims)
+            if forward:
+                got = dict(zip(FORWARD, unpack_forward(a, dims), strict=True))
+                if dims.K > 1:
+                    got["snapshots"] = unpack_snapshots(a, dims)
+            else:
+                got = unpack_backward(a, dims)
         except ValueError as e:
             raise TypeError(f"{op} returned a packed 1-D array: {e}") from None
     else:
@@ -205,12 +257,19 @@ def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResu
     return PortResult(op, arrays, *origin(out, backend))
 
 
-def call(fn, op: str, args: Sequence, *, backend: str = "") -> PortResult:
+def call(fn, op: str, args: Sequence, *, backend: str = "", K: int = 1, g_snapshots=None) -> PortResult:
     """``fn(*args)`` normalised (:func:`normalise`); ``args`` are the positional inputs (s, x, dt,
-    A, B, C, ids, and g_y, g_states for the backward). Whatever ``fn`` raises propagates; a result
-    of no accepted form raises TypeError."""
-    out = fn(*args)
-    return normalise(op, out, dims_of(args), backend=backend)
+    A, B, C, ids, and g_y, g_states for the backward). K > 1 (a port that declares SNAPSHOTS):
+    the forward is called with ``snapshots=K``, the backward, given ``g_snapshots``, with
+    ``g_snapshots=``; K = 1 calls ``fn(*args)`` alone, as for a port that takes no K.
+    Whatever ``fn`` raises propagates; a result of no accepted form raises TypeError."""
+    kw = {}
+    if K > 1 and op == "ssm_scan":
+        kw["snapshots"] = K
+    elif K > 1 and g_snapshots is not None:
+        kw["g_snapshots"] = g_snapshots
+    out = fn(*args, **kw)
+    return normalise(op, out, dims_of(args, K), backend=backend)
 
 
 def args_of(kwargs: Mapping, *extra) -> tuple:

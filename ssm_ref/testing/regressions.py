@@ -9,7 +9,7 @@ readable reproducer), the property that failed, the backend it failed on and the
      "regime": "nonfinite", "ids_pattern": "permutation",
      "recipe": {"seed": 1321529464, "S": 1, "T": 3, ...} or null,
      "arrays": {"s": {"dtype": "<f4", "shape": [2, 3, 3, 3], "base64": "..."}, ..., "ids": ... or null,
-                "g_y": {...}, "g_states": {...}}}
+                "g_y": {...}, "g_states": {...}, "g_snapshots": {...} (K > 1 only: its K is the case's)}}
 
 Arrays are raw little-endian bytes in base64 (float32 ``<f4``, ids ``<i8``), C order.
 """
@@ -78,6 +78,8 @@ def save_case(case: Case, directory, *, prop: str, found_on: str, message: str =
     d.mkdir(parents=True, exist_ok=True)
     arrays = {k: (None if case.inputs[k] is None else _encode(case.inputs[k])) for k in (*INPUT_NAMES, "ids")}
     arrays["g_y"], arrays["g_states"] = _encode(case.g_y), _encode(case.g_states)
+    if case.g_snapshots is not None:
+        arrays["g_snapshots"] = _encode(case.g_snapshots)
     doc = {"format": FORMAT, "property": prop, "found_on": found_on, "message": message, "note": note,
            "regime": case.regime, "ids_pattern": case.ids_pattern, "variant": case.variant,
            "recipe": case.recipe, "arrays": arrays}
@@ -109,10 +111,12 @@ def load_case(path) -> Regression:
     S, T, H, P = inputs["x"].shape
     R, N = inputs["s"].shape[0], inputs["s"].shape[3]
     G = inputs["B"].shape[2]
+    g_snapshots = _decode("g_snapshots", arr["g_snapshots"]) if arr.get("g_snapshots") is not None else None
+    K = 1 if g_snapshots is None else int(g_snapshots.shape[0])
     variant = "mamba1" if inputs["A"].shape == (H, N) and N != 1 else doc.get("variant", "mamba2")
     case = Case(dims=dict(S=S, T=T, H=H, P=P, N=N, G=G, R=R), variant=variant,
                 ids_pattern=doc.get("ids_pattern", "explicit"), inputs=inputs, g_y=g_y, g_states=g_states,
-                regime=doc.get("regime", "typical"), recipe=doc.get("recipe"))
+                regime=doc.get("regime", "typical"), recipe=doc.get("recipe"), K=K, g_snapshots=g_snapshots)
     return Regression(path=p, case=case, property=doc["property"], found_on=doc.get("found_on", ""),
                       message=doc.get("message", ""), note=doc.get("note", ""))
 

@@ -15,6 +15,14 @@ byte count, plus the tolerance table. Arrays of a case:
     expected  y states d_s d_s0 d_x d_dt d_A d_B d_C (float64: the oracle),
               fwd_packed (float32: y | states, ggml SSM_SCAN),
               bwd_packed (float32: d_s0 | d_x | d_dt | d_A | d_B | d_C, ggmlR SSM_SCAN_BACK)
+
+The cases of state snapshots (``snapshots_*``, docs/SPEC.md section 3.1) have ``K`` in their dims
+and, besides, ``snapshots`` (float64, (K, S, H, P, N): slot k the state after T - k tokens, slot
+T the start state, slots k > T NaN) among the expected arrays; with K > 1 also ``g_snapshots``
+(float32, (K, S, H, P, N)) after g_packed among the inputs, g_states all zeros (slot 0 of
+g_snapshots is the final state's gradient), g_packed and fwd_packed in the layout with K slots
+(g_y | g_snapshots, y | snapshots), and the gradients those of sum(y * g_y) + sum(snapshots *
+g_snapshots). ggml writes only the slots k < T (ssm_ref.testing.ports, "ggml").
 """
 
 from __future__ import annotations
@@ -58,13 +66,24 @@ GOLDEN = {
     "overflow": ("heads 0, 1: A > 0 large, exp overflows (head 0 only in sequence 0); head 2 typical: "
                  "outputs hold inf and nan at defined places",
                  dict(seed=110, S=2, T=3, H=3, P=2, N=3, G=1, ids="identity", regime="overflow")),
+    # State snapshots (snapshots=K): Mamba-2 only, as ggml defines them.
+    "snapshots_k1": ("K = 1: the one snapshot slot is the final states",
+                     dict(seed=111, S=2, T=3, H=2, P=2, N=3, G=1, R=3, ids="permutation", K=1)),
+    "snapshots_k2": ("K = 2: the final states and the state one token before, two groups",
+                     dict(seed=112, S=2, T=5, H=4, P=2, N=4, G=2, R=3, ids="permutation", K=2)),
+    "snapshots_k4": ("K = 4 over T = 6 tokens, two sequences on one cache row, A of shape (H, 1)",
+                     dict(seed=113, S=3, T=6, H=2, P=3, N=5, G=1, R=3, ids=[1, 0, 1], a_form="h1", K=4)),
+    "snapshots_k4_short": ("K = 4 over T = 2 tokens (T < K): slot 2 is the start state s[ids], slot 3 NaN "
+                           "(ggml leaves slots 2 and 3 unwritten)",
+                           dict(seed=114, S=2, T=2, H=2, P=2, N=4, G=2, R=4, ids="unused", K=4)),
 }
 
 
 @dataclass(frozen=True)
 class Golden:
     """One golden case: ``inputs`` and ``expected`` arrays by name (see the module docstring),
-    its dims (S T H P N G R), the case it was made from, and the tolerance table for its T."""
+    its dims (S T H P N G R, and K for a case of snapshots), the case it was made from, and the
+    tolerance table for its T."""
 
     name: str
     description: str
@@ -80,19 +99,34 @@ class Golden:
 
         return scaled(F32_TOL, self.dims["T"])
 
+    @property
+    def K(self) -> int:
+        """The state snapshots the case asks for (1 for the cases without snapshots)."""
+        return int(self.dims.get("K", 1))
 
-def _golden(name: str, description: str, case: Case) -> Golden:
+
+def _golden(name: str, description: str, case: Case, snapshots: bool = False) -> Golden:
+    """One golden case; ``snapshots``: a case of state snapshots (always when case.K > 1)."""
     import ssm_ref
 
     a = case.args()
     ids = np.asarray(case.ids, dtype=np.int32)                # explicit, ggml's id type
-    r = ssm_ref.ssm_scan(**{**a, "ids": ids}, dtype=np.float64)
-    g = ssm_ref.ssm_scan_back(**{**a, "ids": ids}, g_y=case.g_y, g_states=case.g_states, dtype=np.float64)
+    K = case.K
+    g_states = case.g_states if K == 1 else np.zeros_like(case.g_states)   # slot 0 of g_snapshots is its
+    r = ssm_ref.ssm_scan(**{**a, "ids": ids}, dtype=np.float64, snapshots=K)
+    g = ssm_ref.ssm_scan_back(**{**a, "ids": ids}, g_y=case.g_y, g_states=g_states, dtype=np.float64,
+                              g_snapshots=case.g_snapshots if K > 1 else None)
     inputs = {k: a[k] for k in ("s", "x", "dt", "A", "B", "C")}
-    inputs.update(ids=ids, g_y=case.g_y, g_states=case.g_states,
-                  g_packed=ssm_ref.pack_forward(case.g_y, case.g_states))
-    expected = {"y": r.y, "states": r.states, **g.as_dict(), "fwd_packed": r.packed(), "bwd_packed": g.packed()}
-    return Golden(name=name, description=description, dims=dict(case.dims), variant=case.variant,
+    inputs.update(ids=ids, g_y=case.g_y, g_states=g_states,
+                  g_packed=ssm_ref.pack_forward(case.g_y, g_states if K == 1 else case.g_snapshots))
+    if K > 1:
+        inputs["g_snapshots"] = case.g_snapshots
+    expected = {"y": r.y, "states": r.states, **({"snapshots": r.snapshots} if snapshots or K > 1 else {}),
+                **g.as_dict(), "fwd_packed": r.packed(), "bwd_packed": g.packed()}
+    dims = dict(case.dims)
+    if snapshots or K > 1:
+        dims["K"] = K
+    return Golden(name=name, description=description, dims=dims, variant=case.variant,
                   regime=case.regime, inputs=inputs, expected=expected)
 
 
@@ -103,7 +137,7 @@ def golden_cases(names=None) -> list[Golden]:
     for name in (GOLDEN if names is None else names):
         description, recipe = GOLDEN[name]
         kw = dict(recipe)
-        out.append(_golden(name, description, make_problem(kw.pop("seed"), **kw)))
+        out.append(_golden(name, description, make_problem(kw.pop("seed"), **kw), snapshots="K" in recipe))
     return out
 
 

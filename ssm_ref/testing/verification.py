@@ -16,8 +16,13 @@ the reading ``ssm-scan check`` and ``ssm-scan fuzz`` use too).
   g_states (S,H,P,N). A result without d_s (a 6-tuple, a packed array) leaves d_s unchecked.
 
 Either callable may be None (not checked). Both are called positionally, with fresh copies of the
-inputs each call. ``verify`` never raises: bad arguments (neither callable, a missing vectors
-directory, unknown case names) and whatever the callables raise become ERROR rows.
+inputs each call. The cases of state snapshots (``snapshots_*``: K in their dims) are checked on a
+port that declares SNAPSHOTS (or callables given ``snapshots="all"`` / ``"ggml"``): the forward
+is called with ``snapshots=K`` (K > 1) and its snapshots compared (a "ggml" port: the slots k < T),
+the backward with ``g_snapshots=``; the cases of K > 1 are left out for one that does not (an
+ERROR row when named in ``cases``), and the K = 1 case checks its y and states. ``verify`` never
+raises: bad arguments (neither callable, a missing vectors directory, unknown case names) and
+whatever the callables raise become ERROR rows.
 """
 
 from __future__ import annotations
@@ -109,19 +114,32 @@ def _args(g, *extra) -> tuple:
     return tuple(np.array(g.inputs[k]) for k in ("s", "x", "dt", "A", "B", "C", "ids", *extra))
 
 
-def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dict, backend: str) -> None:
+def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dict, backend: str,
+           kind: str = "") -> None:
+    K = g.K if kind else 1
     try:
-        got = ports.call(fn, op, _args(g, *extra), backend=backend)
+        got = ports.call(fn, op, _args(g, *extra), backend=backend, K=K,
+                         g_snapshots=g.inputs.get("g_snapshots") if op == "ssm_scan_back" else None)
     except Exception as e:  # the port's own error: reported, not raised
         rows.append(VerifyRow(g.name, label, None, ports.error_text(e), ports.traceback_text(e)))
         return
     for k in names:
         if k in got:
             rows.append(VerifyRow(g.name, k, compare(k, got[k], g.expected[k], tol[k])))
+    if op == "ssm_scan" and kind and "snapshots" in g.expected:
+        n = ports.compared_slots(kind, K, g.dims["T"])
+        snaps = got["snapshots"] if "snapshots" in got else got["states"][None] if K == 1 and "states" in got \
+            else None                           # K = 1: the one slot is the states (y | states packed)
+        if snaps is None:
+            rows.append(VerifyRow(g.name, "snapshots", None, f"TypeError: {op} returned no snapshots (K = {K})"))
+        else:
+            c = compare("snapshots", snaps[:n], g.expected["snapshots"][:n], tol["states"])
+            rows.append(VerifyRow(g.name, "snapshots" if n == K else f"snapshots[:{n}]", c))
 
 
 def _callables(fn_forward, fn_backward) -> tuple:
-    """(forward, backward, name, problems): a port module becomes its two functions."""
+    """(forward, backward, name, problems, kind): a port module becomes its two functions and its
+    SNAPSHOTS kind ("" for callables)."""
     if fn_forward is not None and not callable(fn_forward) and hasattr(fn_forward, "ssm_scan"):
         port = fn_forward
         problems = [f"fn_forward: the port {ports.port_name(port)} {p}" for p in ports.interface_problems(port)]
@@ -129,8 +147,8 @@ def _callables(fn_forward, fn_backward) -> tuple:
             problems.append("fn_backward: give a port module alone (its ssm_scan_back is used), not with "
                             "fn_backward")
         if problems:
-            return None, None, "", problems
-        return port.ssm_scan, port.ssm_scan_back, ports.port_name(port), []
+            return None, None, "", problems, ""
+        return port.ssm_scan, port.ssm_scan_back, ports.port_name(port), [], ports.snapshot_kind(port)
     problems = []
     if fn_forward is None and fn_backward is None:
         problems.append("give fn_forward, fn_backward or both (or a port module as fn_forward)")
@@ -138,7 +156,7 @@ def _callables(fn_forward, fn_backward) -> tuple:
         if fn is not None and not callable(fn):
             problems.append(f"{what}: expected a callable (or None), got {type(fn).__name__}")
     name = getattr(fn_forward if fn_forward is not None else fn_backward, "__module__", "") or ""
-    return fn_forward, fn_backward, name, problems
+    return fn_forward, fn_backward, name, problems, ""
 
 
 def _tol_problem(tol) -> str:
@@ -170,7 +188,7 @@ def _case_names(cases) -> tuple[list | None, str]:
     return names, ""
 
 
-def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) -> VerifyReport:
+def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, snapshots=None) -> VerifyReport:
     """Check ``fn_forward`` / ``fn_backward`` against the golden vectors; returns a VerifyReport.
 
     fn_forward may also be a port module (NAME, ssm_scan, ssm_scan_back, supports; docs/PORTING.md,
@@ -180,7 +198,9 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) 
     see ssm_ref.testing.vectors.GOLDEN; one name as a str is fine). Each output passes when
     ||got - want|| <= rtol * ||want|| + atol * sqrt(size) (non-finite entries must match exactly),
     with ``tol`` (an output -> Tol table; default ssm_ref.tolerance.F32_TOL, F64_TOL for a
-    float64 implementation) scaled for the case's T.
+    float64 implementation) scaled for the case's T. snapshots: what the callables take of K
+    (a port's SNAPSHOTS: None, "all" or "ggml"; module docstring); default: the port module's
+    own declaration, none for callables.
     Never raises: an exception from a callable becomes an ERROR row of that case (with its
     traceback), a bad argument an ERROR row of case "-"; either makes the report not ok.
     """
@@ -191,9 +211,14 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) 
     def arg_error(output: str, message: str) -> None:
         report.rows.append(VerifyRow("-", output, None, message))
 
-    fwd, back, name, problems = _callables(fn_forward, fn_backward)
+    fwd, back, name, problems, kind = _callables(fn_forward, fn_backward)
     for msg in problems:
         arg_error("arguments", msg)
+    if snapshots is not None:
+        try:
+            kind = ports.snapshot_kind(type("Port", (), {"SNAPSHOTS": snapshots}))
+        except TypeError:
+            arg_error("snapshots", f"snapshots: expected None, 'all' or 'ggml', got {snapshots!r}")
     why = _tol_problem(tol)
     if why:
         arg_error("tol", why)
@@ -220,9 +245,15 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None) 
     else:
         goldens = [g for g in goldens if g.name in set(wanted)]
     for g in goldens:
+        if g.K > 1 and not kind:
+            if names is not None and g.name in names:
+                arg_error("cases", f"cases: {g.name} asks for K = {g.K} state snapshots; this port takes no "
+                                   "snapshots=K (declare SNAPSHOTS, docs/PORTING.md)")
+            continue
         t = scaled(F32_TOL if tol is None else tol, g.dims["T"])
         if fwd is not None:
-            _check(report.rows, g, "forward", fwd, "ssm_scan", (), ("y", "states"), t, name)
+            _check(report.rows, g, "forward", fwd, "ssm_scan", (), ("y", "states"), t, name, kind)
         if back is not None:
-            _check(report.rows, g, "backward", back, "ssm_scan_back", ("g_y", "g_states"), ("d_s", *BLOCKS), t, name)
+            _check(report.rows, g, "backward", back, "ssm_scan_back", ("g_y", "g_states"), ("d_s", *BLOCKS), t, name,
+                   kind)
     return report

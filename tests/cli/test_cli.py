@@ -123,10 +123,15 @@ def test_check_quick_passes_on_every_available_backend(tmp_path):
     assert {"ssm_ref", "ssm_fast"} <= ran  # numba is a dependency: ssm_fast always runs
     assert ("ssm_vk" in ran) == VULKAN
     for r in rep["runs"]:
-        assert r["ok"] and set(r["outputs"]) == {"y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"}
+        snaps = {"snapshots"} if r["problem"] == "snapshots" else set()     # K = 4 state snapshots
+        assert r["ok"] and set(r["outputs"]) == {"y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C",
+                                                 *snaps}
         assert all(0 <= o["rel"] < 1e-5 for o in r["outputs"].values())
         if r["backend"] == "ssm_vk":
             assert r["where"].startswith("Vulkan")
+    # the snapshot problem runs on the backends that declare SNAPSHOTS, the others say why not
+    snap_ran = {r["backend"] for r in rep["runs"] if r["problem"] == "snapshots"}
+    assert "ssm_ref" in snap_ran and snap_ran | {n["backend"] for n in rep["not_run"]} == ran
     if VULKAN:
         assert any(r["problem"].endswith("(device)") for r in rep["runs"])  # device-resident inputs too
 

@@ -17,7 +17,8 @@ from ssm_ref.tolerance import Comparison, Tol, compare, scaled
 from .. import ports
 from ..cases import Case
 
-__all__ = ["Outputs", "Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run", "tol_for"]
+__all__ = ["Outputs", "Property", "PropertyFailed", "case_rng", "close", "combo", "expect", "oracle", "run",
+           "snapshot_args", "tol_for"]
 
 
 class PropertyFailed(AssertionError):
@@ -66,18 +67,44 @@ def _scatter(d_s0: np.ndarray, s, ids) -> np.ndarray:
     return out
 
 
-def run(module, args: dict, g_y, g_states, backward: bool = True) -> Outputs:
+def snapshot_args(module, case: Case) -> dict:
+    """The K arguments of :func:`run` and :func:`oracle` for ``case`` on the port ``module``:
+    {"K": the case's K, "g_snapshots": its g_snapshots, "slots": the slots compared} for a port
+    that declares SNAPSHOTS (ssm_ref.testing.ports: all K, or the k < T of a "ggml" port);
+    K = 1 and no slots for one that does not (a case of K > 1 is run as K = 1 there)."""
+    kind = ports.snapshot_kind(module)
+    if not kind or case.K == 1:
+        return {"K": 1, "g_snapshots": None, "slots": ports.compared_slots(kind, 1, case.dims["T"])}
+    return {"K": case.K, "g_snapshots": case.g_snapshots, "slots": ports.compared_slots(kind, case.K, case.dims["T"])}
+
+
+def _slots(out: dict, slots: int) -> None:
+    """Keep the first ``slots`` snapshot slots (none: no "snapshots" entry)."""
+    if "snapshots" in out:
+        if slots:
+            out["snapshots"] = out["snapshots"][:slots]
+        else:
+            del out["snapshots"]
+
+
+def run(module, args: dict, g_y, g_states, backward: bool = True, *, K: int = 1, g_snapshots=None,
+        slots: int = 0) -> Outputs:
     """Forward (and backward) of the port ``module`` (docs/PORTING.md, "The port interface") on
     keyword ``args``, through ssm_ref.testing.ports (the reading verify and ``ssm-scan check`` use):
-    outputs by name (y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays. A backward
-    result without d_s gets the scatter-add of its d_s0 (named in ``derived``). A backward that
-    raises NotImplementedError leaves the forward's outputs only (``no_backward``)."""
+    outputs by name (y, states, snapshots, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) as host arrays.
+    K > 1: the forward asks for K state snapshots, the backward gets ``g_snapshots``; "snapshots"
+    holds the first ``slots`` slots the port returned (none: left out; :func:`snapshot_args` gives
+    all three for a case). A backward result without d_s gets the scatter-add of its d_s0 (named
+    in ``derived``). A backward that raises NotImplementedError leaves the forward's outputs only
+    (``no_backward``)."""
     name = ports.port_name(module)
     pos = ports.args_of(args)
-    out = Outputs(ports.call(module.ssm_scan, "ssm_scan", pos, backend=name).arrays)
+    out = Outputs(ports.call(module.ssm_scan, "ssm_scan", pos, backend=name, K=K).arrays)
+    _slots(out, slots)
     if backward:
         try:
-            g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name)
+            g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name, K=K,
+                           g_snapshots=g_snapshots)
         except NotImplementedError as e:  # a port without a backward: its forward is still checked
             out.no_backward = ports.error_text(e)
             return out
@@ -88,14 +115,18 @@ def run(module, args: dict, g_y, g_states, backward: bool = True) -> Outputs:
     return out
 
 
-def oracle(args: dict, g_y, g_states, backward: bool = True) -> dict:
-    """The float64 oracle's outputs (ssm_ref with dtype=np.float64)."""
+def oracle(args: dict, g_y, g_states, backward: bool = True, *, K: int = 1, g_snapshots=None,
+           slots: int = 0) -> dict:
+    """The float64 oracle's outputs (ssm_ref with dtype=np.float64): K and ``g_snapshots`` as
+    :func:`run`, "snapshots" its first ``slots`` slots (none: left out)."""
     import ssm_ref
 
-    r = ssm_ref.ssm_scan(**args, dtype=np.float64)
-    out = {"y": r.y, "states": r.states}
+    r = ssm_ref.ssm_scan(**args, dtype=np.float64, snapshots=K)
+    out = {"y": r.y, "states": r.states, "snapshots": r.snapshots}
+    _slots(out, slots)
     if backward:
-        g = ssm_ref.ssm_scan_back(**args, g_y=g_y, g_states=g_states, dtype=np.float64)
+        g = ssm_ref.ssm_scan_back(**args, g_y=g_y, g_states=g_states, dtype=np.float64,
+                                  g_snapshots=g_snapshots if K > 1 else None)
         out.update(g.as_dict())
     return out
 
@@ -117,6 +148,7 @@ def tol_for(tol: dict, case: Case, k: float = 1.0) -> dict:
     step = max(1.0, float(d.max())) if d.size else 1.0
     if step > 1.0:
         t = {name: Tol(v.rtol, v.atol * step) for name, v in t.items()}
+    t["snapshots"] = t["states"]          # each slot is a state: the states' bound
     return t if k == 1.0 else {name: v.times(k) for name, v in t.items()}
 
 

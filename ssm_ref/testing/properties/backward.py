@@ -11,7 +11,7 @@ from ssm_ref.results import GRAD_NAMES
 from ssm_ref.tolerance import OUTPUTS, nonfinite_mismatch
 
 from ..cases import Case
-from ._common import PropertyFailed, case_rng, combo, expect, run, tol_for
+from ._common import PropertyFailed, case_rng, combo, expect, run, snapshot_args, tol_for
 
 __all__ = ["deterministic", "linear_backward", "nonfinite_pattern"]
 
@@ -44,10 +44,11 @@ def linear_backward(module, case: Case, tol: dict) -> bool:
 
 def deterministic(module, case: Case, tol: dict) -> bool:
     """Two runs of forward and backward on the same input give the same bytes in every output
-    (the forward's only, for a port without a backward)."""
-    first = run(module, case.args(), case.g_y, case.g_states)
-    second = run(module, case.args(), case.g_y, case.g_states)
-    differ = [k for k in first.having(OUTPUTS) if first[k].tobytes() != second[k].tobytes()]
+    (the forward's only, for a port without a backward), the compared snapshot slots included."""
+    snap = snapshot_args(module, case)
+    first = run(module, case.args(), case.g_y, case.g_states, **snap)
+    second = run(module, case.args(), case.g_y, case.g_states, **snap)
+    differ = [k for k in first.having((*OUTPUTS, "snapshots")) if first[k].tobytes() != second[k].tobytes()]
     if differ:
         raise PropertyFailed(f"deterministic: a second run changed the bytes of {differ} for {case.label}")
     return True
@@ -57,18 +58,21 @@ def nonfinite_pattern(module, case: Case, tol: dict) -> bool:
     """Every output has the non-finite pattern of ssm_ref's float32 result: np.isnan,
     np.isposinf and np.isneginf masks equal (so finite masks equal and infinities of the same
     sign). Nothing raises and no RuntimeWarning is emitted (docs/SPEC.md section 8). A port
-    without a backward: its forward's outputs."""
+    without a backward: its forward's outputs. K > 1: the compared snapshot slots too, and the
+    gradients of the loss with g_snapshots."""
     import ssm_ref
 
     a = case.args()
+    snap = snapshot_args(module, case)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         try:
-            got = run(module, a, case.g_y, case.g_states)
+            got = run(module, a, case.g_y, case.g_states, **snap)
         except (RuntimeWarning, FloatingPointError, ArithmeticError) as e:
             raise PropertyFailed(f"nonfinite_pattern: {type(e).__name__}: {e} for {case.label}") from e
-    want = run(ssm_ref, case.args(), case.g_y, case.g_states)
-    bad = [f"{k}: {why}" for k in got.having(OUTPUTS) if (why := nonfinite_mismatch(got[k], want[k]))]
+    want = run(ssm_ref, case.args(), case.g_y, case.g_states, **snap)
+    bad = [f"{k}: {why}" for k in got.having((*OUTPUTS, "snapshots"))
+           if (why := nonfinite_mismatch(got[k], want[k]))]
     if bad:
         raise PropertyFailed(f"nonfinite_pattern fails against the float32 reference for {case.label}:\n  "
                              + "\n  ".join(bad))

@@ -10,7 +10,7 @@ import numpy as np
 from ssm_ref.jvp import ssm_scan_jvp
 
 from ..cases import INPUT_NAMES, Case
-from ._common import PropertyFailed, case_rng, close, expect, oracle, run, tol_for
+from ._common import PropertyFailed, case_rng, close, expect, oracle, run, snapshot_args, tol_for
 
 __all__ = ["adjoint", "oracle_backward", "oracle_forward"]
 
@@ -25,23 +25,42 @@ def _dtypes(prop: str, got: dict, case: Case) -> None:
         raise PropertyFailed(f"{prop}: outputs must be float32, got {wrong} for {case.label}")
 
 
+def _missing(prop: str, got: dict, names, case: Case) -> None:
+    lacking = [k for k in names if k not in got]
+    if lacking:
+        raise PropertyFailed(f"{prop}: the port returned no {lacking} for {case.label}")
+
+
+def forward_names(case: Case, got: dict, snap: dict) -> tuple:
+    """The forward outputs compared: y, states and, for a port that declares SNAPSHOTS, the
+    snapshots (required when K > 1; at K = 1 when the port returns them)."""
+    wants = snap["slots"] and (case.K > 1 or "snapshots" in got)
+    return (*FORWARD, "snapshots") if wants else FORWARD
+
+
 def oracle_forward(module, case: Case, tol: dict) -> bool:
-    """y and states within the tolerance of the float64 oracle (non-finite entries at the same
-    places with the same values)."""
-    got = run(module, case.args(), case.g_y, case.g_states, backward=False)
-    want = oracle(case.args(), case.g_y, case.g_states, backward=False)
+    """y, states and the K snapshot slots (a port that declares SNAPSHOTS; a "ggml" one: the
+    slots k < T) within the tolerance of the float64 oracle (non-finite entries at the same
+    places with the same values: the NaN of the slots k > T included)."""
+    snap = snapshot_args(module, case)
+    got = run(module, case.args(), case.g_y, case.g_states, backward=False, **snap)
+    want = oracle(case.args(), case.g_y, case.g_states, backward=False, **snap)
+    names = forward_names(case, got, snap)
+    _missing("oracle_forward", got, names, case)
     _dtypes("oracle_forward", got, case)
     t = tol_for(tol, case)
-    expect("oracle_forward", [close(k, got[k], want[k], t) for k in FORWARD], case)
+    expect("oracle_forward", [close(k, got[k], want[k], t) for k in names], case)
     return True
 
 
 def oracle_backward(module, case: Case, tol: dict) -> bool:
-    """Every gradient (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) within the tolerance of the oracle."""
-    got = run(module, case.args(), case.g_y, case.g_states)
+    """Every gradient (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) within the tolerance of the oracle;
+    with K > 1 (a port that declares SNAPSHOTS) the loss has the snapshots' term, g_snapshots."""
+    snap = snapshot_args(module, case)
+    got = run(module, case.args(), case.g_y, case.g_states, **snap)
     if got.no_backward:
         return False
-    want = oracle(case.args(), case.g_y, case.g_states)
+    want = oracle(case.args(), case.g_y, case.g_states, **snap)
     _dtypes("oracle_backward", got, case)
     t = tol_for(tol, case)
     expect("oracle_backward", [close(k, got[k], want[k], t) for k in BACKWARD], case)
