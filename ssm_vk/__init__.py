@@ -22,6 +22,9 @@ from .arrays import DeviceArray, to_device
 from .prepared import PreparedCall, prepare_scan, prepare_scan_back
 from .runtime import DeviceInfo
 
+# K state snapshots (docs/SPEC.md section 3.1): every slot written, as ssm_ref's (docs/PORTING.md).
+SNAPSHOTS = "all"
+
 
 def devices() -> list[DeviceInfo]:
     """Every Vulkan device of this machine (index, name, type, subgroup size, memory, limits);
@@ -36,5 +39,5 @@ def __dir__():
     return sorted(__all__)
 
 
-__all__ = ["NAME", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
+__all__ = ["NAME", "SNAPSHOTS", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
            "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan", "ssm_scan_back", "supports", "to_device"]
