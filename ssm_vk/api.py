@@ -22,16 +22,17 @@ def _fall_back(reason: str):
     return _fast()
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False,
+             invariant=False) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
     the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
     (``s=None`` included); bad input raises as in ssm_ref.ssm_scan (``dt_softplus`` and
     ``update_cache`` checked as there); an illegal setting (ssm_vk.config) raises ValueError
-    naming it."""
+    naming it. ``invariant``: the decision of the invariant mode (:func:`ssm_scan`)."""
     ssm_ref.check_op(op)
     sp = form_code(dt_softplus)
-    knobs = config.settings()
+    knobs = config.invariant_mode(config.settings(), invariant)
     p = check_forward(s, x, dt, A, B, C, ids)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
     return decision(op, p, knobs, sp).sup
@@ -62,7 +63,8 @@ def _fast():
     return ssm_ref
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False,
+             invariant=False) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
@@ -73,11 +75,17 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     ssm_ref.ssm_scan. The result unpacks as ``y, states``.
     ``update_cache``: as in ssm_ref.ssm_scan; ``s`` a writeable numpy array or a DeviceArray, whose
     rows ids[i] the call writes on the device (by the scan itself in a decode step).
+    ``invariant``: True for the invariant mode (docs/SPEC.md section 3.2): a sequence's results
+    the same bits whatever S, its companions, its position and the split of its tokens into calls
+    (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
+    (ssm_vk.families.plan). False (default): the fastest plan of the shape, deterministic only.
     """
     sp = form_code(dt_softplus)
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache)
+        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, invariant)
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp)  # sig: None unless every float input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
@@ -105,11 +113,13 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
     return frozen_result(ScanResult, {"y": out["y"], "states": out["states"], "where": dec.info.where, "backend": NAME})
 
 
-def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -> ScanResult:
+def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, invariant=False) -> ScanResult:
     """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
     cache rows s[ids]; ``states`` None. A repeated device-resident call takes its lane, as
     ssm_scan does (its ids checked distinct every call)."""
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
         lane, sig = lanes.find(False, arrays, knobs, sp, update=True)
@@ -146,12 +156,17 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache) -
     return frozen_result(ScanResult, {"y": out["y"], "states": None, "where": dec.info.where, "backend": NAME})
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+                  invariant=False) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
     g_y, s=None), on the Vulkan device; device-resident and fallback behaviour and
-    ``dt_softplus`` as :func:`ssm_scan`. Returns ScanGrads, a mapping by name."""
+    ``dt_softplus`` as :func:`ssm_scan`. Returns ScanGrads, a mapping by name. ``invariant``: as
+    :func:`ssm_scan` (a sequence's own gradients; d_A the sum of the sequences' own, in sequence
+    order; docs/SPEC.md section 3.2)."""
     sp = form_code(dt_softplus)
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp)
     if lane is not None:

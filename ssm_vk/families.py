@@ -81,6 +81,11 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
     kernels (it changes no size or window). ``m1`` False: not the Mamba-1 kernels with time in
     threads (their SPIR-V cannot be had)."""
     knobs = settings() if knobs is None else knobs
+    if knobs.invariant:
+        # The invariant mode (docs/SPEC.md section 3.2): the token-sequential kernels alone, in the
+        # layout of the per-sequence problem -- no chunked matrix form, no Mamba-1 kernels with
+        # time in threads, no time chunks: each rounds otherwise, and is chosen by S and T.
+        return replace(sequential_plan(d, lim, backward, knobs), softplus=softplus)
     cp = chunk_plan(d, lim, backward, knobs)
     if cp is not None and softplus:
         cp = replace(cp, softplus=softplus)
