@@ -258,3 +258,45 @@ def test_the_default_is_not_batch_invariant_where_spec_says():
     case = make_problem(np.random.default_rng(0), S=4, T=64, H=4, P=16, N=16, G=1, variant="mamba2", ids="none")
     rep = batch_report(ssm_vk, case, members=[0, 1, 2, 3], target=0, backward=False)
     assert "y" in rep.differing()
+
+
+def test_the_bridges_pass_the_mode_through():
+    """ssm_torch.ssm_scan and ssm_jax.ssm_scan (forward and gradient) with invariant=True give
+    ssm_vk's invariant bits; ssm_ref takes the keyword (invariant anyway), ssm_fast refuses it; the
+    mamba drop-ins take it."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    import ssm_jax
+    import ssm_torch
+    from ssm_torch.mamba import mamba_chunk_scan_combined
+
+    case = make_problem(np.random.default_rng(6), S=3, T=64, H=4, P=16, N=16, G=1, variant="mamba2", ids="none")
+    a = case.args()
+    want = ssm_vk.ssm_scan(**a, invariant=True)
+    g1 = ssm_vk.ssm_scan_back(**a, g_y=np.ones_like(a["x"]), g_states=np.zeros_like(a["s"]), invariant=True)
+    names = ("s", "x", "dt", "A", "B", "C")
+    t = [torch.tensor(a[k], requires_grad=True) for k in names]
+    y, _ = ssm_torch.ssm_scan(*t, backend="ssm_vk", invariant=True)
+    y.sum().backward()
+    assert y.detach().numpy().tobytes() == want.y.tobytes()
+    assert t[1].grad.numpy().tobytes() == g1.d_x.tobytes()
+    j = [jax.numpy.asarray(a[k]) for k in names]
+    yj, _ = ssm_jax.ssm_scan(*j, backend="ssm_vk", invariant=True)
+    assert np.asarray(yj).tobytes() == want.y.tobytes()
+    gx = jax.grad(lambda x: ssm_jax.ssm_scan(j[0], x, *j[2:], backend="ssm_vk", invariant=True)[0].sum())(j[1])
+    assert np.asarray(gx).tobytes() == g1.d_x.tobytes()
+    ssm_torch.ssm_scan(*(v.detach() for v in t), backend="ssm_ref", invariant=True)
+    ssm_jax.ssm_scan(*j, backend="ssm_ref", invariant=True)
+    for fn, arrs in ((ssm_torch.ssm_scan, [v.detach() for v in t]), (ssm_jax.ssm_scan, j)):
+        with pytest.raises(ValueError, match="invariant"):
+            fn(*arrs, backend="ssm_fast", invariant=True)
+        with pytest.raises(ValueError, match="invariant"):
+            fn(*arrs, backend="ssm_vk", invariant=1)
+    x = torch.tensor(a["x"][:1]).float()
+    dt = torch.tensor(a["dt"][:1]).float()
+    B, C = (torch.tensor(a[k][:1]) for k in ("B", "C"))
+    A = torch.tensor(a["A"]).reshape(-1)
+    out = mamba_chunk_scan_combined(x, dt, A, B, C, 16, backend="ssm_vk", invariant=True)
+    batch = mamba_chunk_scan_combined(torch.tensor(a["x"]), torch.tensor(a["dt"]), A, torch.tensor(a["B"]),
+                                      torch.tensor(a["C"]), 16, backend="ssm_vk", invariant=True)
+    assert out.numpy().tobytes() == batch[:1].numpy().tobytes()
