@@ -42,7 +42,8 @@ A port whose ssm_scan_back raises NotImplementedError (ggml: no SSM_SCAN_BACK) i
 its forward; its gradients are reported as not checked.
 
 Two more rows per backend say whether it is batch invariant and split invariant here, bit for bit
-(docs/SPEC.md section 3.2), on a few drawn arrangements: per output "=" (the same bits in every
+(docs/SPEC.md section 3.2), on a few drawn arrangements (for ssm_vk also two of its invariant mode,
+"ssm_vk invariant=True"): per output "=" (the same bits in every
 arrangement), "diff" (some entries differ), "-" (not compared: d_A is a sum over sequences and
 tokens). That is information, not part of the correctness contract: it never changes the exit
 code."""
@@ -203,6 +204,24 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     return row
 
 
+def invariant_backend(b: bk.Backend):
+    """``b`` in its invariant mode (a backend whose ssm_scan takes ``invariant``: ssm_vk), as a
+    backend named "<name> invariant=True" whose calls pass invariant=True; None for another."""
+    import functools
+    import types
+
+    from ssm_ref.testing.properties.invariance import takes_keyword
+
+    m = b.module
+    if not (takes_keyword(m.ssm_scan, "invariant") and takes_keyword(m.ssm_scan_back, "invariant")):
+        return None
+    port = types.SimpleNamespace(NAME=getattr(m, "NAME", b.name),
+                                 ssm_scan=functools.partial(m.ssm_scan, invariant=True),
+                                 ssm_scan_back=functools.partial(m.ssm_scan_back, invariant=True),
+                                 supports=functools.partial(m.supports, invariant=True))
+    return types.SimpleNamespace(name=f"{b.name} invariant=True", module=port)
+
+
 def check_invariance(b: bk.Backend, seed: int) -> list[dict]:
     """The invariance rows of one backend: for "batch" and "split", per output the number of
     entries whose bits differed over :data:`INVARIANCE_CASES` (None: not compared), the largest
@@ -275,6 +294,9 @@ def run(args) -> int:
                 prog.update(f"{b.name} on {p.name}", advance=1)
             prog.update(f"{b.name}: batch and split invariance")
             report["invariance"] += check_invariance(b, args.seed)
+            inv = invariant_backend(b)
+            if inv is not None:   # ssm_vk: its invariant mode's rows too
+                report["invariance"] += check_invariance(inv, args.seed)
             prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()
@@ -315,7 +337,7 @@ def render(rep: dict) -> str:
     inv = rep.get("invariance", [])
     where = {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]}
     for r in inv:
-        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"], "-")]
+        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"].split()[0], "-")]
         if r["error"]:
             cells += [""] * len(OUTPUTS) + [f"(info) {r['error']}"]
         else:
