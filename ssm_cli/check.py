@@ -9,7 +9,7 @@ output is judged against the oracle with ``ssm_ref.tolerance`` -- the table the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -204,24 +204,6 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     return row
 
 
-def invariant_backend(b: bk.Backend):
-    """``b`` in its invariant mode (a backend whose ssm_scan takes ``invariant``: ssm_vk), as a
-    backend named "<name> invariant=True" whose calls pass invariant=True; None for another."""
-    import functools
-    import types
-
-    from ssm_ref.testing.properties.invariance import takes_keyword
-
-    m = b.module
-    if not (takes_keyword(m.ssm_scan, "invariant") and takes_keyword(m.ssm_scan_back, "invariant")):
-        return None
-    port = types.SimpleNamespace(NAME=getattr(m, "NAME", b.name),
-                                 ssm_scan=functools.partial(m.ssm_scan, invariant=True),
-                                 ssm_scan_back=functools.partial(m.ssm_scan_back, invariant=True),
-                                 supports=functools.partial(m.supports, invariant=True))
-    return types.SimpleNamespace(name=f"{b.name} invariant=True", module=port)
-
-
 def check_invariance(b: bk.Backend, seed: int) -> list[dict]:
     """The invariance rows of one backend: for "batch" and "split", per output the number of
     entries whose bits differed over :data:`INVARIANCE_CASES` (None: not compared), the largest
@@ -294,9 +276,12 @@ def run(args) -> int:
                 prog.update(f"{b.name} on {p.name}", advance=1)
             prog.update(f"{b.name}: batch and split invariance")
             report["invariance"] += check_invariance(b, args.seed)
-            inv = invariant_backend(b)
+            from ssm_ref.testing.properties.invariance import invariant_port
+
+            inv = invariant_port(b.module)
             if inv is not None:   # ssm_vk: its invariant mode's rows too
-                report["invariance"] += check_invariance(inv, args.seed)
+                report["invariance"] += check_invariance(replace(b, name=f"{b.name} invariant=True", module=inv),
+                                                         args.seed)
             prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()

@@ -8,9 +8,6 @@ oracle. The default's non-guarantee (SPEC 3.2's table) is shown on the shape it 
 
 from __future__ import annotations
 
-import functools
-import types
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,7 +17,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_backward, check_forward
-from ssm_ref.testing.properties.invariance import batch_report, split_report
+from ssm_ref.testing.properties.invariance import batch_report, invariant_port, split_report
 from ssm_vk import config, families
 from ssm_vk import runtime as rt
 from ssm_vk.plan import Limits
@@ -35,15 +32,7 @@ VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 FORCED = {"CHUNK": 16, "CHUNK_MIN_T": 16, "M1": 1}
 
 
-def invariant_port(module=ssm_vk):
-    """ssm_vk as a port whose calls pass invariant=True (the signatures stay ssm_vk's, so the
-    properties see which keywords it takes)."""
-    return types.SimpleNamespace(NAME="ssm_vk", ssm_scan=functools.partial(module.ssm_scan, invariant=True),
-                                 ssm_scan_back=functools.partial(module.ssm_scan_back, invariant=True),
-                                 supports=functools.partial(module.supports, invariant=True))
-
-
-PORT = invariant_port()
+PORT = invariant_port(ssm_vk)
 
 
 def _lim():
