@@ -9,7 +9,7 @@ output is judged against the oracle with ``ssm_ref.tolerance`` -- the table the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,7 +42,8 @@ A port whose ssm_scan_back raises NotImplementedError (ggml: no SSM_SCAN_BACK) i
 its forward; its gradients are reported as not checked.
 
 Two more rows per backend say whether it is batch invariant and split invariant here, bit for bit
-(docs/SPEC.md section 3.2), on a few drawn arrangements: per output "=" (the same bits in every
+(docs/SPEC.md section 3.2), on a few drawn arrangements (for ssm_vk also two of its invariant mode,
+"ssm_vk invariant=True"): per output "=" (the same bits in every
 arrangement), "diff" (some entries differ), "-" (not compared: d_A is a sum over sequences and
 tokens). That is information, not part of the correctness contract: it never changes the exit
 code.
@@ -326,6 +327,12 @@ def run(args) -> int:
                 prog.update(f"{b.name} on {p.name}", advance=1)
             prog.update(f"{b.name}: batch and split invariance")
             report["invariance"] += check_invariance(b, args.seed)
+            from ssm_ref.testing.properties.invariance import invariant_port
+
+            inv = invariant_port(b.module)
+            if inv is not None:   # ssm_vk: its invariant mode's rows too
+                report["invariance"] += check_invariance(replace(b, name=f"{b.name} invariant=True", module=inv),
+                                                         args.seed)
             prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()
@@ -367,7 +374,7 @@ def render(rep: dict) -> str:
     inv = rep.get("invariance", [])
     where = {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]}
     for r in inv:
-        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"], "-")]
+        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"].split()[0], "-")]
         if r["error"]:
             cells += [""] * len(cols) + [f"(info) {r['error']}"]
         else:

@@ -57,10 +57,28 @@ def _module(backend: str):
     return importlib.import_module(backend)
 
 
-def _kwargs(backend: str, dt_softplus, work) -> dict:
-    """The backend call's keywords: the form, checked (every backend takes the three), and
+def check_invariant(invariant, backend: str) -> bool:
+    """``invariant`` checked for ``backend`` (docs/SPEC.md section 3.2): True is taken by ssm_vk
+    (its invariant mode) and ssm_ref (invariant always); ssm_fast, which is not invariant in every
+    case, refuses it. ValueError naming invariant."""
+    if invariant is False:
+        return False
+    if invariant is not True:
+        raise ValueError(f"invariant: expected True or False, got {invariant!r}")
+    if backend == "ssm_fast":
+        raise ValueError("invariant=True: ssm_fast is not batch and split invariant in every case (docs/SPEC.md "
+                         "section 3.2); use backend='ssm_vk' or 'ssm_ref'")
+    return True
+
+
+def _kwargs(backend: str, mode, work) -> dict:
+    """The backend call's keywords for ``mode`` = (dt_softplus, invariant): the form, checked
+    (every backend takes the three), ssm_vk's invariant mode when asked for, and
     ssm_ref's working dtype."""
+    dt_softplus, invariant = mode
     kw = {"dt_softplus": ssm_ref.check_dt_softplus(dt_softplus)}
+    if invariant and backend == "ssm_vk":
+        kw["invariant"] = True
     if backend == "ssm_ref":
         kw["dtype"] = work
     return kw
@@ -94,7 +112,7 @@ def _check(arrays, ids) -> ssm_ref.Dims:
                                          for a in arrays), ids_)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
@@ -102,10 +120,13 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     dtype (ids must then be None). Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's
     dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus: "ggml" (default,
     ggml's form), "log1p" or True (mamba_ssm's softplus), None or False (dt is the step); every
-    backend takes every form.
+    backend takes every form. invariant: True for batch- and split-invariant results
+    (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway; ssm_fast
+    refuses it (ValueError).
     """
     _module(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
+    mode = (dt_softplus, check_invariant(invariant, backend))
     if s is None:   # the shared checker's zero start states (it raises for ids given with them)
         x_ = jnp.asarray(x)
         d = _check((None, x_, *(jnp.asarray(a) for a in (dt, A, B, C))), ids)
@@ -114,10 +135,10 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     d = _check(arrays, ids)
     f64 = backend == "ssm_ref" and all(a.dtype == jnp.float64 for a in arrays)
     work = np.dtype(np.float64 if f64 else np.float32)
-    _kwargs(backend, dt_softplus, work)  # a bad form raises here, not inside the callback
+    _kwargs(backend, mode, work)  # a bad form raises here, not inside the callback
     ids_ = jnp.arange(d.S, dtype=jnp.int32) if ids is None else jnp.asarray(ids, dtype=jnp.int32)
     out_dtypes = (arrays[1].dtype, arrays[0].dtype)
-    y, states = _scan(backend, dt_softplus, work.name, *(a.astype(work) for a in arrays), ids_)
+    y, states = _scan(backend, mode, work.name, *(a.astype(work) for a in arrays), ids_)
     return y.astype(out_dtypes[0]), states.astype(out_dtypes[1])
 
 

@@ -56,7 +56,7 @@ def _as_ids(ids):
     return torch.as_tensor(list(ids), dtype=torch.int64)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml"):
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Args: tensors s (R,H,P,N) or None (zero start states (S,H,P,N) in x's dtype; ids must then
@@ -65,7 +65,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     ids (S,) integers in [0, R) or None (arange(S)). backend: "ssm_fast" (numba, the default),
     "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default, ggml's form), "log1p"
     or True (PyTorch's F.softplus, mamba_ssm's), None or False (dt is the step) (docs/SPEC.md
-    section 3); every backend takes every form.
+    section 3); every backend takes every form. invariant: True for batch- and split-invariant
+    results (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway;
+    ssm_fast refuses it (ValueError).
 
     Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
     Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype). Raises the backends'
@@ -78,12 +80,13 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
+    invariant = _op.check_invariant(invariant, backend)
     if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
         if ids is not None or x.dim() != 4 or B.dim() != 4:
             _op.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
         # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
         s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
-    return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus))
+    return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant))
 
 
 from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)

@@ -40,12 +40,31 @@ def last_where() -> Where | None:
     return getattr(_LAST, "value", None)
 
 
-def _encode(dt_softplus) -> str:
-    return _NONE if dt_softplus is None else dt_softplus
+_INVARIANT = "+invariant"   # the invariant mode rides on the form's string (the ops' schemas stay as they are)
+
+
+def _encode(dt_softplus, invariant: bool = False) -> str:
+    form = _NONE if dt_softplus is None else dt_softplus
+    return form + _INVARIANT if invariant else form
 
 
 def _decode(dt_softplus: str):
-    return None if dt_softplus == _NONE else dt_softplus
+    form = dt_softplus.removesuffix(_INVARIANT)
+    return None if form == _NONE else form
+
+
+def check_invariant(invariant, backend: str) -> bool:
+    """``invariant`` checked for ``backend`` (docs/SPEC.md section 3.2): True is taken by ssm_vk
+    (its invariant mode) and ssm_ref (invariant always); ssm_fast, which is not invariant in every
+    case, refuses it. ValueError naming invariant."""
+    if invariant is False:
+        return False
+    if invariant is not True:
+        raise ValueError(f"invariant: expected True or False, got {invariant!r}")
+    if backend == "ssm_fast":
+        raise ValueError("invariant=True: ssm_fast is not batch and split invariant in every case (docs/SPEC.md "
+                         "section 3.2); use backend='ssm_vk' or 'ssm_ref'")
+    return True
 
 
 def backend_module(backend: str):
@@ -55,10 +74,13 @@ def backend_module(backend: str):
     return importlib.import_module(backend)
 
 
-def _backend_kwargs(backend: str, dt_softplus, work: torch.dtype) -> dict:
-    """The keywords of a backend call: the form, checked (every backend takes the three), and
-    ssm_ref's working dtype."""
-    kw = {"dt_softplus": ssm_ref.check_dt_softplus(dt_softplus)}
+def _backend_kwargs(backend: str, code: str, work: torch.dtype) -> dict:
+    """The keywords of a backend call of the encoded form ``code``: the form, checked (every
+    backend takes the three), ssm_vk's invariant mode when asked for, and ssm_ref's working
+    dtype."""
+    kw = {"dt_softplus": ssm_ref.check_dt_softplus(_decode(code))}
+    if backend == "ssm_vk" and code.endswith(_INVARIANT):
+        kw["invariant"] = True
     if backend == "ssm_ref":
         kw["dtype"] = np.float64 if work == torch.float64 else np.float32
     return kw
@@ -127,7 +149,7 @@ def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B:
     """The forward: (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype)."""
     mod = backend_module(backend)
     work = work_dtype(backend, (s, x, dt, A, B, C))
-    kw = _backend_kwargs(backend, _decode(dt_softplus), work)
+    kw = _backend_kwargs(backend, dt_softplus, work)
     ids_ = None if ids is None else ids.detach().cpu().numpy()
     r = mod.ssm_scan(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, **kw)
     _record("ssm_scan", r, work)
@@ -149,7 +171,7 @@ def scan_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     """The backward: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
     mod = backend_module(backend)
     work = work_dtype(backend, (s, x, dt, A, B, C))
-    kw = _backend_kwargs(backend, _decode(dt_softplus), work)
+    kw = _backend_kwargs(backend, dt_softplus, work)
     ids_ = None if ids is None else ids.detach().cpu().numpy()
     g = mod.ssm_scan_back(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, _host(g_y, work),
                           _host(g_states, work), **kw)

@@ -10,9 +10,10 @@ Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (
 ``F.softplus``: log1p(exp(z)), identity above 20, as mamba_ssm's kernels), Mamba-2's ``dt_limit``
 clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``
 called with ``dt_softplus=None`` (dt is the step), so autograd differentiates those parts exactly
-as written. Each function takes one extra keyword, ``backend`` (None: the first backend that takes
-``dt_softplus=None``: ssm_fast); :func:`selective_scan_fn` also takes Mamba-2's ``seq_idx`` /
-``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
+as written. Each function takes two extra keywords, ``backend`` (None: the first backend that takes
+``dt_softplus=None``: ssm_fast) and ``invariant`` (ssm_torch.ssm_scan's: True for batch- and
+split-invariant scans, ssm_vk's invariant mode; docs/SPEC.md section 3.2); :func:`selective_scan_fn`
+also takes Mamba-2's ``seq_idx`` / ``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P
@@ -108,7 +109,7 @@ def _per_head(M, G: int, H: int):
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False, seq_idx=None, cu_seqlens=None, *, backend=None):
+                      return_last_state=False, seq_idx=None, cu_seqlens=None, *, backend=None, invariant=False):
     """mamba_ssm's Mamba-1 selective scan.
 
     u, delta (batch, d_inner, L); A (d_inner, dstate), real; B and C (batch, dstate, L), grouped
@@ -157,10 +158,10 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     # runs of seq_idx, through Mamba-2's path); s=None: the zero start state
     x, dts = uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2)
     if segs is None:
-        y, last = _ssm_scan(None, x, dts, A.to(work), Bg, Cg, backend=be, dt_softplus=None)
+        y, last = _ssm_scan(None, x, dts, A.to(work), Bg, Cg, backend=be, dt_softplus=None, invariant=invariant)
     else:
         y, last, _ = _scan_segments(segs, batch, L, x.new_zeros((batch, dim, 1, dstate)), False, x, dts, A.to(work),
-                                    Bg, Cg, be)
+                                    Bg, Cg, be, invariant)
     out = y.squeeze(-1).transpose(1, 2)                      # (batch, d_inner, L)
     if D is not None:
         out = out + uw * D.to(work)[:, None]
@@ -232,7 +233,8 @@ def _packed_runs(seq_idx, cu_seqlens, batch: int, L: int):
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
-                              return_final_states=False, return_varlen_states=False, *, backend=None):
+                              return_final_states=False, return_varlen_states=False, *, backend=None,
+                              invariant=False):
     """mamba_ssm's Mamba-2 scan (``mamba_chunk_scan_combined``), token by token.
 
     x (batch, seqlen, nheads, headdim); dt (batch, seqlen, nheads); A (nheads,); B and C (batch,
@@ -304,11 +306,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     varlen = None
     if seq_idx is None:   # (s=None without initial_states: the zero start state)
         y, final = _ssm_scan(None if initial_states is None else s0, xw, steps, Aw, Bw, Cw, backend=be,
-                             dt_softplus=None)
+                             dt_softplus=None, invariant=invariant)
     else:
         segs = _segments(_tensor("seq_idx", seq_idx), batch, L)
         y, seg_states, last_of_row = _scan_segments(segs, batch, L, s0, initial_states is not None, xw, steps, Aw,
-                                                    Bw, Cw, be)
+                                                    Bw, Cw, be, invariant)
         final = seg_states[last_of_row]
         if return_varlen_states:
             cu = _check_cu_seqlens(cu_seqlens, L)
@@ -332,7 +334,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     return res[0] if len(res) == 1 else res
 
 
-def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend):
+def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend, invariant=False):
     """Each run of seq_idx as its own sequence of the scan, padded at its end to the longest run
     (padding: zero step, input and B, C -- the state passes through unchanged). Returns y
     (batch, L, H, P), the state each run ends with (n_runs, H, P, N), and the index of each row's
@@ -361,7 +363,7 @@ def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend):
     G = B.shape[2]
     cache = torch.cat([s0, s0.new_zeros((1, H, P, N))])       # (batch + 1, H, P, N)
     y, states = _ssm_scan(cache, runs(x, H, P), runs(steps, H), A, runs(B, G, N), runs(C, G, N), ids,
-                          backend=backend, dt_softplus=None)
+                          backend=backend, dt_softplus=None, invariant=invariant)
     y = y.reshape(n * Lmax, H, P)[scatter].reshape(batch, L, H, P)
     return y, states, torch.tensor(last_of_row)
 
@@ -371,7 +373,7 @@ def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend):
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, *, backend=None):
+                           state_batch_indices=None, *, backend=None, invariant=False):
     """mamba_ssm's decoding step: advances ``state`` by one token in place and returns the output.
 
     With heads: state (rows, nheads, headdim, dstate); x, dt, z (batch, nheads, headdim); A
@@ -450,7 +452,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     s0 = s_in.to(work).reshape(batch, H * P, 1, N)
     y, new = _ssm_scan(s0, xh.to(work).reshape(batch, 1, H * P, 1), steps.reshape(batch, 1, H * P),
                        Ah.to(work).reshape(H * P, N), Bh.to(work)[:, None], Ch.to(work)[:, None],
-                       backend=be, dt_softplus=None)
+                       backend=be, dt_softplus=None, invariant=invariant)
     with torch.no_grad():
         new = new.reshape(batch, H, P, N).to(state.dtype)
         if rows is None:

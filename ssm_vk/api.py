@@ -56,18 +56,20 @@ def _out_result(out: dict, where: str, K: int) -> ScanResult:
     return r
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
+             invariant=False) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
     the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
     (``s=None`` and ``snapshots=K`` included: for ``ssm_scan_back`` the answer for a backward
     given g_snapshots of K slots when K > 1); bad input raises as in ssm_ref.ssm_scan
     (``dt_softplus``, ``update_cache`` and ``snapshots`` checked as there); an illegal setting
-    (ssm_vk.config) raises ValueError naming it."""
+    (ssm_vk.config) raises ValueError naming it. ``invariant``: the decision of the invariant mode
+    (:func:`ssm_scan`)."""
     ssm_ref.check_op(op)
     sp = form_code(dt_softplus)
     K = check_snapshots(snapshots)
-    knobs = config.settings()
+    knobs = config.invariant_mode(config.settings(), invariant)
     p = check_forward(s, x, dt, A, B, C, ids, K)
     if op == "ssm_scan_back" and K > 1:   # the backward of such a forward: given g_snapshots (K slots)
         p = _with_g_snapshots(p)
@@ -111,7 +113,8 @@ def _fast():
     return ssm_ref
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
+             invariant=False) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
@@ -125,12 +128,18 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     ``snapshots``: K >= 1, as in ssm_ref.ssm_scan: the result's ``snapshots`` (K,S,H,P,N), slot k
     the state after T - k tokens (K = 1: a view of ``states``). K > 1 runs on the token-sequential
     kernels; a fallback for K > 1 is computed by ssm_ref when ssm_fast takes no snapshots.
+    ``invariant``: True for the invariant mode (docs/SPEC.md section 3.2): a sequence's results
+    the same bits whatever S, its companions, its position and the split of its tokens into calls
+    (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
+    (ssm_vk.families.plan). False (default): the fastest plan of the shape, deterministic only.
     """
     sp = form_code(dt_softplus)
     K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K)
+        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K, invariant)
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
     lane, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
     if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
@@ -165,12 +174,15 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
     return _out_result(out, dec.info.where, K)
 
 
-def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K: int = 1) -> ScanResult:
+def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K: int = 1,
+                   invariant=False) -> ScanResult:
     """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
     cache rows s[ids]; ``states`` None, ``snapshots`` the K slots when K > 1, else None. A
     repeated device-resident call takes its lane, as ssm_scan does (its ids checked distinct every
     call)."""
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
         lane, sig = lanes.find(False, arrays, knobs, sp, True, K)
@@ -208,14 +220,17 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
-                  g_snapshots=None) -> ScanGrads:
+                  g_snapshots=None, invariant=False) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
     g_y with K slots, s=None, ``g_snapshots`` (K,S,H,P,N), the gradient of the forward's K state
     slots), on the Vulkan device; device-resident and fallback behaviour and ``dt_softplus`` as
     :func:`ssm_scan` (g_snapshots or a packed g_y of K > 1 slots: the token-sequential kernels).
-    Returns ScanGrads, a mapping by name."""
+    Returns ScanGrads, a mapping by name. ``invariant``: as :func:`ssm_scan` (a sequence's own
+    gradients; d_A the sum of the sequences' own, in sequence order; docs/SPEC.md section 3.2)."""
     sp = form_code(dt_softplus)
     knobs = config.settings()
+    if invariant is not False:
+        knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C, g_y, g_states)
     lane, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None else (None, None)
     if lane is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from ssm_ref.environ import EnvVar
 
 __all__ = ["DEFAULTS", "ENV", "EnvSetting", "KNOBS", "Knob", "Settings", "env_table_markdown", "knob_table_markdown",
-           "cache_dir", "configure", "profile", "settings", "spin_us",
+           "invariant_mode", "cache_dir", "configure", "profile", "settings", "spin_us",
            "timeout_s", "validation", "device_env", "check_environment", "pipeline_stats"]
 
 
@@ -139,15 +139,20 @@ KNOBS: dict[str, Knob] = {
 
 @dataclass(frozen=True)
 class Settings:
-    """What the planner and the caches depend on: the knobs set (name -> int) and the subgroup
-    switch. ``key`` identifies them (part of every cache key that depends on a plan)."""
+    """What the planner and the caches depend on: the knobs set (name -> int), the subgroup
+    switch and the mode (``invariant``: the calls of ``invariant=True``, whose plans
+    ssm_vk.families.plan makes from the per-sequence problem alone). ``key`` identifies them (part
+    of every cache key that depends on a plan: the decisions, the lanes, the workspaces), so an
+    invariant call never takes a default call's plan."""
 
     tune: tuple          # sorted (name, value) pairs
     no_subgroup: bool
-    key: tuple = field(init=False, repr=False, compare=False)   # (tune, no_subgroup), made once
+    invariant: bool = False
+    key: tuple = field(init=False, repr=False, compare=False)   # (tune, no_subgroup, invariant), made once
 
     def __post_init__(self):
-        object.__setattr__(self, "key", (self.tune, self.no_subgroup))
+        object.__setattr__(self, "key", (self.tune, self.no_subgroup, self.invariant))
+        object.__setattr__(self, "_twin", None)
 
     def knob(self, name: str) -> int | None:
         """The knob's value: as set, else its declared default (:data:`KNOBS`; None: the planner
@@ -162,7 +167,25 @@ class Settings:
 
     def with_knobs(self, **tune) -> Settings:
         """These settings with the given knobs set too (replacing any set before)."""
-        return Settings(tuple(sorted({**dict(self.tune), **tune}.items())), self.no_subgroup)
+        return Settings(tuple(sorted({**dict(self.tune), **tune}.items())), self.no_subgroup, self.invariant)
+
+    def invariant_twin(self) -> Settings:
+        """These settings in the invariant mode (made once, then kept beside them)."""
+        twin = self._twin
+        if twin is None:
+            twin = Settings(self.tune, self.no_subgroup, True)
+            object.__setattr__(self, "_twin", twin)
+        return twin
+
+
+def invariant_mode(knobs: Settings, invariant) -> Settings:
+    """The settings of a call given ``invariant`` (True: the invariant mode, docs/SPEC.md section
+    3.2; False: ``knobs`` as they are); ValueError naming ``invariant`` for any other value."""
+    if invariant is True:
+        return knobs.invariant_twin()
+    if invariant is False:
+        return knobs
+    raise ValueError(f"invariant: expected True or False, got {invariant!r}")
 
 
 DEFAULTS = Settings((), False)   # no knob set, subgroups on

@@ -83,8 +83,12 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
     forward) or adds g_snapshots (a backward): the token-sequential kernels run it, with SNAP
     (the other families keep the states of chunk ends only)."""
     knobs = settings() if knobs is None else knobs
-    if snap:
-        return replace(sequential_plan(d, lim, backward, knobs), softplus=softplus, snap=True)
+    if snap or knobs.invariant:
+        # K > 1 snapshots: the token-sequential kernels with SNAP. The invariant mode (docs/SPEC.md
+        # section 3.2): the token-sequential kernels alone, in the layout of the per-sequence
+        # problem -- no chunked matrix form, no Mamba-1 kernels with time in threads, no time
+        # chunks: each rounds otherwise, and is chosen by S and T.
+        return replace(sequential_plan(d, lim, backward, knobs), softplus=softplus, snap=bool(snap))
     cp = chunk_plan(d, lim, backward, knobs)
     if cp is not None and softplus:
         cp = replace(cp, softplus=softplus)

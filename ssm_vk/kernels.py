@@ -64,12 +64,16 @@ def carry_spec(d: Dims, reverse: bool = False) -> KernelSpec:
     return KernelSpec("ssm_scan_carry", defines_of(**defs), 6, CARRY_PUSH, FLAT_WG)
 
 
-def reduce_spec(mode: int, no_dt: bool = False) -> KernelSpec:
+def reduce_spec(mode: int, no_dt: bool = False, per_sequence: bool = False) -> KernelSpec:
     """ssm_scan_reduce.comp: MODE 0 sums the d_B / d_C (and, unless ``no_dt``, d_dt) partials,
-    MODE 1 d_A's, MODE 2 the chunked backward's M o GU over each group's heads (in place)."""
+    MODE 1 d_A's, MODE 2 the chunked backward's M o GU over each group's heads (in place).
+    ``per_sequence`` (MODE 1, the invariant mode): d_A the sum of per-sequence sums, in sequence
+    order."""
     defs = dict(WG=FLAT_WG, MODE=mode)
     if no_dt:
         defs.update(NODT=1)
+    if per_sequence:
+        defs.update(SEQSUM=1)
     return KernelSpec("ssm_scan_reduce", defines_of(**defs), 6, RED_PUSH, FLAT_WG)
 
 

@@ -33,7 +33,7 @@ __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
 
 
 def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False,
-                 snapshots=1) -> PreparedCall:
+                 snapshots=1, invariant=False) -> PreparedCall:
     """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
 
     Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``),
@@ -44,10 +44,12 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     result's ``snapshots``: the K slots, overwritten by each run; K = 1 a view of ``states``).
     Raises as ssm_scan for bad input; TypeError
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
-    (the reason; ssm_vk.ssm_scan would compute it on the CPU).
+    (the reason; ssm_vk.ssm_scan would compute it on the CPU). ``invariant`` as ssm_scan: the
+    invariant mode's plan, never a default call's.
     """
     sp = form_code(dt_softplus)
     K = check_snapshots(snapshots)
+    knobs = config.invariant_mode(config.settings(), invariant)
     if type(update_cache) is not bool:
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     p = check_forward(s, x, dt, A, B, C, ids, K)
@@ -56,17 +58,18 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     if update_cache:
         check_update_cache(True, s, p.ids, device_arrays=True)
     p, zeros = _zeros_on_device(p, defaults)
-    return PreparedCall(False, p, sp, update_cache, zeros)
+    return PreparedCall(False, p, sp, update_cache, zeros, knobs)
 
 
 def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
-                      g_snapshots=None) -> PreparedCall:
+                      g_snapshots=None, invariant=False) -> PreparedCall:
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
     then. Inputs and errors as :func:`prepare_scan`; ``s``, ``g_y`` and ``g_states`` may be None
     as in ssm_scan_back (zeros, kept on the device by the prepared call; ``g_states`` None beside
     a 1-D ``g_y``: the packed g_y, whose length gives K); ``g_snapshots`` (K,S,H,P,N) a DeviceArray
-    or None, as in ssm_scan_back."""
+    or None, as in ssm_scan_back; ``invariant`` as :func:`prepare_scan`."""
     sp = form_code(dt_softplus)
+    knobs = config.invariant_mode(config.settings(), invariant)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
     packed = g_y is not None and g_states is None and len(getattr(g_y, "shape", ())) == 1
     defaults = tuple(k for k, v in (("s", s), ("g_y", g_y), ("g_states", g_states))
@@ -77,7 +80,7 @@ def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, d
                                                   if k not in defaults)
                     + (("g_snapshots",) if g_snapshots is not None else ()))
     p, zeros = _zeros_on_device(p, defaults)
-    return PreparedCall(True, p, sp, False, zeros)
+    return PreparedCall(True, p, sp, False, zeros, knobs)
 
 
 def _zeros_on_device(p, names: tuple):
@@ -113,9 +116,9 @@ class PreparedCall:
     shapes, and ordinary calls, may run from other threads meanwhile.
     """
 
-    def __init__(self, backward: bool, p, softplus: int, update: bool, zeros: tuple = ()):
+    def __init__(self, backward: bool, p, softplus: int, update: bool, zeros: tuple = (), knobs=None):
         op = "ssm_scan_back" if backward else "ssm_scan"
-        knobs = config.settings()
+        knobs = config.settings() if knobs is None else knobs
         self._zeros = zeros   # the zeros of inputs given as None: this call's own
         dec = decision(op, p, knobs, softplus)
         if not dec.sup:

@@ -11,6 +11,9 @@
 // MODE 1 (once per window of sequences, in order): d_A (H, KA) (+)= sum over the window's
 //   sequences i (outer) and channels p (inner) of dAp (S, H, P, KA); ``acc`` = 0 for the first
 //   window (assign), 1 after (add).   Bindings: 0 dAp (the window's rows)  3 dA
+//   With SEQSUM (the invariant mode): each sequence's channels summed on their own (from 0), and
+//   those sums added to d_A one sequence at a time (the first window's first taken as it is), so
+//   d_A is the sequences' own d_A added in sequence order, whatever the windows.
 // MODE 2 (the chunked backward's fold, before d_B and d_C): M o GU (S, T, H, N) -- T the chunks,
 //   N = CL * CL -- summed over each group's heads, in head order, into the slot of the group's
 //   first head, in place (that head's d_B / d_C then take the chunk's own tokens once for the
@@ -104,11 +107,22 @@ void main() {
     uint n_a = pc.H * pc.KA;
     if (e < n_a) {
         uint k = e % pc.KA, h = e / pc.KA;
+#ifdef SEQSUM
+        float s = pc.acc != 0 ? dB[pc.o_3 + e] : 0.0;
+        for (uint i = 0; i < pc.S; ++i) {
+            float si = 0.0;
+            for (uint p = 0; p < pc.P; ++p)
+                si += dBp[pc.o_0 + ((i * pc.H + h) * pc.P + p) * pc.KA + k];
+            s = (pc.acc == 0 && i == 0) ? si : s + si;
+        }
+        dB[pc.o_3 + e] = s;
+#else
         float s = 0.0;
         for (uint i = 0; i < pc.S; ++i)
             for (uint p = 0; p < pc.P; ++p)
                 s += dBp[pc.o_0 + ((i * pc.H + h) * pc.P + p) * pc.KA + k];
         dB[pc.o_3 + e] = pc.acc != 0 ? dB[pc.o_3 + e] + s : s;
+#endif
     }
 #endif
 }

@@ -118,17 +118,20 @@ def reduce_partials(seq, call, d, w: Window, npb: int, parts: tuple, bufs: dict,
                  specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
 
 
-def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int) -> None:
+def reduce_dA(seq, call, d, dAp, dA_at, rows: int, KA: int, per_sequence: bool = False) -> None:
     """d_A (H, KA) = the accumulators dAp (S, H, rows, KA) summed over sequences (outer) and rows
     (channels for the sequential kernels, chunks for the chunked ones), in windows of sequences
-    that fit a binding (added in sequence order); ``d``: the problem's dims. No barrier after the
-    last dispatch: what reads d_A next records one."""
+    that fit a binding (added in sequence order); ``d``: the problem's dims. ``per_sequence`` (the
+    invariant mode): each sequence's rows summed first (0 + row 0 + row 1 + ...), then those sums
+    in sequence order, sequence 0's taken as it is: d_A is the float32 sum of the sequences' own
+    d_A, from first to last, whatever the windows. No barrier after the last dispatch: what reads
+    d_A next records one."""
     per_seq = d.H * rows * KA
     dA, dA_off = dA_at
     if per_seq == 0:
         zero_at(seq, dA, dA_off, d.H * KA)
         return
-    k = kernel(call.ctx, specs.reduce_spec(1))
+    k = kernel(call.ctx, specs.reduce_spec(1, per_sequence=per_sequence))
     step = max(1, binding_cap(call.limits) // per_seq)
     gx, gy = grid(-(-(d.H * KA) // specs.FLAT_WG), call.limits)
     dum = call.bind(None, 0, 0, 0)[0]

@@ -27,7 +27,10 @@ SNAP_PUSH = ("KS", "o_sn", "sst")
 
 
 def _common(d: Dims, lay: Layout) -> dict:
-    return dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
+    defs = dict(WG=lay.WG, LN=lay.LN, NPL=lay.NPL, ROW_SUM=lay.ROW_SUM, MAMBA1=int(d.mamba1))
+    if lay.EXACT:   # the invariant mode's variants (the default's defines stay as they were)
+        defs.update(EXACT=1)
+    return defs
 
 
 def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary: bool = False,
@@ -93,7 +96,7 @@ def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
             kernels += [fwd_spec(d, pl.layout, checkpoint=False, softplus=pl.softplus, summary=True),
                         bwd_spec(d, pl.layout, pl.softplus, summary=True), carry_spec(d), carry_spec(d, reverse=True)]
         if d.H * d.P * (d.N if d.mamba1 else 1):
-            kernels.append(reduce_spec(1))
+            kernels.append(reduce_spec(1, per_sequence=bool(pl.layout.EXACT)))
     if backward and d.R * d.H * d.P * d.N and (d.S > 1 or (pl.snap and d.T == 0)):
         kernels.append(rows_spec())  # ids may repeat: rows added by the scatter kernel (and g_snapshots[0] at T = 0)
     return kernels

@@ -24,7 +24,8 @@ from ..config import Settings, settings
 from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap
 from ..plan.sizes import FLAG_ELEMS
 
-__all__ = ["Layout", "Plan", "layout_for", "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
+__all__ = ["Layout", "Plan", "layout_for", "invariant_layout", "INVARIANT_T",
+           "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
            "time_chunk_scratch", "SCRATCH_BUDGET",
            "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN", "TCHUNK_BWD_BELOW", "TCHUNK_BWD_THREADS",
            "TCHUNK_BWD_MIN", "m1_forward_two_per_lane_from"]
@@ -81,6 +82,8 @@ class Layout:
     HSUM: int = 0    # backward: 1 when a workgroup's HB heads (all of one group) share their d_B / d_C partials
     DEC: int = 0     # forward of one token: 1 for the decode kernel (ssm_decode.comp; HB = 1, its row
                      # slots walk the PB channels of a head, NPL a multiple of 4)
+    EXACT: int = 0   # 1: the invariant mode's kernels (their state updates and sums `precise`: no
+                     # contraction into fma, the same roundings in every kernel and unrolled copy)
 
     def partial_heads(self, H: int) -> int:
         """Heads of the backward's d_B / d_C partials per token: H, or H / HB with HSUM."""
@@ -266,6 +269,31 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                   SPREAD=spread, HSUM=hsum)
 
 
+# The invariant mode (ssm_scan(..., invariant=True); docs/SPEC.md section 3.2) plans its layout for
+# one sequence of INVARIANT_T tokens, whatever S and T the call has: every choice of layout_for that
+# reads S or T (a decode step's lanes and kernel, Mamba-2's load blocks of few threads, Mamba-1's
+# lanes by its rows) is then a function of (H, P, N, G, the variant) and the device alone. Two
+# tokens: not a decode step (whose kernel rounds otherwise), and blocks of at most four tokens,
+# which a decode step of the same kernel does not pay much for.
+INVARIANT_T = 2
+
+
+def invariant_layout(d: Dims, lim: Limits, backward: bool, knobs: Settings) -> Layout:
+    """The invariant mode's layout for problems of ``d``'s (H, P, N, G, variant): that of one
+    sequence of INVARIANT_T tokens, its kernels ``precise`` (Layout.EXACT), with as many lanes per
+    row forward as backward (the fewer of the two directions' choices). The same lanes: the
+    backward's checkpoint pass then holds a row's state as the forward does, so that a call
+    starting from the forward's ``states`` starts from the bits the one long call's checkpoint
+    holds (lavapipe, Mamba-1 at N = 8: four lanes forward and two backward gave a checkpoint one
+    ulp off the forward's state in 1 of 8 rows, though both kernels are ``precise``)."""
+    canon = replace(d, S=1, T=INVARIANT_T, R=1)
+    ln_f = layout_for(canon, lim, False, knobs).LN
+    ln_b = layout_for(canon, lim, True, knobs).LN
+    if ln_f != ln_b:
+        knobs = knobs.with_knobs(LN=min(ln_f, ln_b))
+    return replace(layout_for(canon, lim, backward, knobs), EXACT=1)
+
+
 def _per_window_elems(d: Dims, lay: Layout, Sw: int, Tw: int, backward: bool) -> dict:
     """Elements of every windowed binding for a window of Sw sequences x Tw tokens."""
     KA = d.N if d.mamba1 else 1
@@ -300,8 +328,12 @@ def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
 
 def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan:
     """The token-sequential kernels' plan: layout and windows; TooLarge when even one token of
-    one sequence cannot fit."""
-    lay = layout_for(d, lim, backward, knobs)
+    one sequence cannot fit. In the invariant mode (``knobs.invariant``) the layout is
+    :func:`invariant_layout`'s; the windows hold whole sequences unless one sequence alone is too
+    large for a binding (a function of T and the row's sizes, never of S), and a token window
+    carries its state and adjoint in float32 buffers, as the registers hold them."""
+    knobs = settings() if knobs is None else knobs
+    lay = invariant_layout(d, lim, backward, knobs) if knobs.invariant else layout_for(d, lim, backward, knobs)
     if d.T == 0:
         return Plan(lay, (), False)
     # Whole sequences: as many per window as fit.

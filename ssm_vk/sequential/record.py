@@ -183,7 +183,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
         zero(seq, dAp, d.S * d.H * d.P * KA)
         seq.barrier()
         backward_windows(seq, ws, d, st, lam, dAp, bufs, rows)
-        reduce_dA(seq, ws, d, dAp, bufs["d_A"], rows=d.P, KA=KA)
+        reduce_dA(seq, ws, d, dAp, bufs["d_A"], rows=d.P, KA=KA, per_sequence=bool(pl.layout.EXACT))
     seq.barrier()
     scatter_rows(ctx, seq, ws, lim, lam, bufs["d_s"], p.ids, row, d.R)
 

@@ -35,7 +35,7 @@ from .. import ports
 from ..cases import Case
 from ._common import PropertyFailed, case_rng
 
-__all__ = ["Difference", "InvarianceReport", "batch_invariant", "batch_report", "split_invariant",
+__all__ = ["Difference", "InvarianceReport", "batch_invariant", "batch_report", "invariant_port", "split_invariant",
            "split_report", "takes_keyword"]
 
 PER_TOKEN = ("x", "dt", "B", "C")
@@ -332,3 +332,18 @@ def split_invariant(module, case: Case, tol: dict) -> bool:
     ``tol`` is not used: invariance is exact."""
     _raise("split_invariant", split_report(module, case), case)
     return True
+
+
+def invariant_port(module):
+    """``module`` in its invariant mode (ssm_vk's ``invariant=True``): a port whose ssm_scan,
+    ssm_scan_back and supports pass invariant=True (their signatures stay the module's, so the
+    properties see which other keywords it takes); None for a port whose functions do not take
+    the keyword."""
+    import functools
+    import types
+
+    names = ("ssm_scan", "ssm_scan_back", "supports")
+    if not all(takes_keyword(getattr(module, f, None), "invariant") for f in names):
+        return None
+    return types.SimpleNamespace(NAME=ports.port_name(module),
+                                 **{f: functools.partial(getattr(module, f), invariant=True) for f in names})

@@ -14,6 +14,11 @@
 //                 1 subgroupClusteredAdd, 2 subgroupShuffleXor butterfly, 3 subgroupAdd (LN equal
 //                 to the subgroup size); ssm_vk/plan.py picks by what the device offers
 //   MAMBA1        1: A is (H, N); 0: A is (H, 1)
+//   EXACT         1: the invariant mode's kernels: the values declared XF (the state, its updates,
+//                 the carried adjoint, the sums of a token) are `precise`, so no compiler contracts
+//                 their multiplies and adds into fma -- every kernel and every unrolled copy of a
+//                 token's step rounds them alike (the checkpoint pass and the backward's recompute
+//                 give the forward's states bit for bit). 0 (default): plain floats.
 
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -22,6 +27,15 @@
 #extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = WG, local_size_y = 1, local_size_z = 1) in;
+
+#ifndef EXACT
+#define EXACT 0
+#endif
+#if EXACT
+#define XF precise float
+#else
+#define XF float
+#endif
 
 const uint ROWS = WG / LN;
 

@@ -82,7 +82,7 @@ void main() {
     uint i = r.i, h = r.h, p = r.p, g = r.g, lane = r.lane, row = r.row;
     bool live = r.live;
 
-    float st[NPL];
+    XF st[NPL];
 #if MAMBA1
     float Ar[NPL];
 #endif
@@ -127,7 +127,7 @@ void main() {
     // issued together and their latencies overlap; then the block's state updates run in order,
     // then its TB row sums (independent of each other).
     for (uint t0 = 0; t0 < pc.T; t0 += TB) {
-        float dv[TB], uv[TB];
+        XF dv[TB], uv[TB];
         float Bv[TB][NPL];
 #if WANT_Y
         float Cv[TB][NPL];
@@ -164,7 +164,7 @@ void main() {
             }
         }
 #if WANT_Y
-        float acc[TB];
+        XF acc[TB];
 #endif
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             uint t = t0 + j;
@@ -215,7 +215,7 @@ void main() {
 #if WANT_Y
         [[unroll]] for (uint j = 0; j < TB; ++j) {
             if (t0 + j < pc.T) {                             // uniform
-                float yv = row_sum(acc[j]);
+                XF yv = row_sum(acc[j]);
                 uint it = i * pc.T + t0 + j;
                 if (live && lane == 0) y[pc.o_y + (it * pc.H + h) * pc.P + p] = yv;
             }

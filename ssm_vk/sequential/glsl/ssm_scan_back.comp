@@ -149,13 +149,13 @@ void main() {
     bool live = r.live;
     uint slot = r.slot, hbk = r.hbk, pbk = r.pbk, tid = gl_LocalInvocationIndex;
 
-    float lam_c[NPL];                        // a_{t+1} * lam_{t+1}, carried backwards
+    XF lam_c[NPL];                           // a_{t+1} * lam_{t+1}, carried backwards
 #if MAMBA1
     float Ar[NPL];
-    float dA_acc[NPL];
+    XF dA_acc[NPL];
 #else
     float Ah = live ? A[pc.o_A + h] : 0.0;
-    float dA_acc = 0.0;
+    XF dA_acc = 0.0;
 #endif
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
@@ -189,7 +189,7 @@ void main() {
 #endif
         // Recompute the chunk's states from its checkpoint; keep each token's decay factors.
         float s0[NPL];
-        float hist[K][NPL];
+        XF hist[K][NPL];
 #if MAMBA1
         float ah[K][NPL];
 #else
@@ -202,7 +202,7 @@ void main() {
         [[unroll]] for (uint j = 0; j < K; ++j) {
             if (j < nt) {
                 uint it = i * pc.T + t0 + j;
-                float d = 0.0, u = 0.0;
+                XF d = 0.0, u = 0.0;
 #if SPREAD
                 d = subgroupShuffle(spv[j / LN], first + j % LN);
                 if (live) u = x[pc.o_x + (it * pc.H + h) * pc.P + p] * d;
@@ -253,7 +253,7 @@ void main() {
 #else
                         float d = live ? softplus(dtv) : 0.0;
 #endif
-                        float u = xv * d;
+                        XF u = xv * d;
 #if !MAMBA1
                         float a = ah[j];
 #endif
@@ -267,7 +267,7 @@ void main() {
                         }
 #endif
                         uint bc = (it * pc.G + g) * pc.N;
-                        float gam = 0.0, qs = 0.0;
+                        XF gam = 0.0, qs = 0.0;
                         [[unroll]] for (uint k = 0; k < NPL; ++k) {
                             uint n = lane + k * LN;
                             bool on = live && n < pc.N;
@@ -277,11 +277,11 @@ void main() {
 #if MAMBA1
                             float a = ah[j][k];
 #endif
-                            float lam = lam_c[k] + gyv * Cn;
+                            XF lam = lam_c[k] + gyv * Cn;
                             red[sl + slot * NMAX + n] = on ? gyv * hist[j][k] : 0.0;
                             red[sl + ROWS * NMAX + slot * NMAX + n] = on ? lam * u : 0.0;
                             gam += on ? lam * Bn : 0.0;   // an idle lane's lam is inf * 0 = nan when g_y is inf
-                            float qv = on ? lam * prev * a : 0.0;
+                            XF qv = on ? lam * prev * a : 0.0;
 #if MAMBA1
                             qs += qv * Ar[k];
                             dA_acc[k] += qv * d;
@@ -290,12 +290,12 @@ void main() {
 #endif
                             lam_c[k] = on ? a * lam : 0.0;
                         }
-                        float gamma = row_sum(gam);
-                        float qsum = row_sum(qs);
+                        XF gamma = row_sum(gam);
+                        XF qsum = row_sum(qs);
 #if MAMBA1
-                        float dd = gamma * xv + qsum;
+                        XF dd = gamma * xv + qsum;
 #else
-                        float dd = gamma * xv + qsum * Ah;
+                        XF dd = gamma * xv + qsum * Ah;
                         dA_acc += qsum * d;
 #endif
                         if (lane == 0) {
