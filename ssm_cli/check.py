@@ -9,12 +9,12 @@ output is judged against the oracle with ``ssm_ref.tolerance`` -- the table the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import backends as bk
-from . import common
+from . import check_invariance, common
 from .progress import Progress
 from .shapes import SHAPES, Shape, make_inputs
 from .table import sci, table
@@ -90,14 +90,6 @@ FULL = (
     Problem("no-tokens", Shape("no-tokens", N=8, P=4, H=2, G=1, T=0, S=2), what="T = 0"),
     Problem("snapshots-long", Shape("snapshots-long", N=128, P=16, H=4, G=2, T=40, S=2), K=5,
             what="K = 5 state snapshots of a 40-token scan, d_state 128"),
-)
-# The drawn set of the invariance rows (ssm_ref.testing.cases.make_problem; the arrangements are
-# drawn from the case): a small Mamba-2 with groups and shuffled rows, a Mamba-1 with shared rows,
-# and a Mamba-2 of 64 tokens (long enough for a backend to choose another plan by batch size).
-INVARIANCE_CASES = (
-    dict(S=3, T=5, H=4, P=3, N=5, G=2, ids="permutation", variant="mamba2"),
-    dict(S=3, T=17, H=2, P=4, N=8, G=1, ids="duplicates", variant="mamba1"),
-    dict(S=4, T=64, H=4, P=16, N=16, G=1, ids="permutation", variant="mamba2"),
 )
 FD_PROBLEMS = ("mamba2", "mamba1")
 FD_SAMPLES = 4        # entries of each input's gradient checked
@@ -244,35 +236,6 @@ def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, devic
     return row
 
 
-def check_invariance(b: bk.Backend, seed: int) -> list[dict]:
-    """The invariance rows of one backend: for "batch" and "split", per output the number of
-    entries whose bits differed over :data:`INVARIANCE_CASES` (None: not compared), the largest
-    difference, whether every compared output was the same bits, or the error the backend raised."""
-    from ssm_ref.testing import ports
-    from ssm_ref.testing.cases import make_problem
-    from ssm_ref.testing.properties.invariance import batch_report, split_report
-
-    rows = []
-    for kind, report in (("batch", batch_report), ("split", split_report)):
-        row = {"backend": b.name, "kind": kind, "cases": len(INVARIANCE_CASES), "holds": None, "outputs": {},
-               "snapshots": None, "error": None}
-        try:
-            reps = [report(b.module, make_problem(seed + k, **c)) for k, c in enumerate(INVARIANCE_CASES)]
-        except Exception as e:  # information only: the correctness rows report a broken backend
-            row["error"] = ports.error_text(e)
-            rows.append(row)
-            continue
-        for rep in reps:
-            for name, d in rep.compared.items():
-                o = row["outputs"].setdefault(name, {"differ": 0, "size": 0, "max_abs": 0.0})
-                o["differ"] += d.differ
-                o["size"] += d.size
-                o["max_abs"] = max(o["max_abs"], d.max_abs)
-        row["holds"] = all(r.holds for r in reps)
-        rows.append(row)
-    return rows
-
-
 def run(args) -> int:
     import ssm_ref
     from ssm_ref.tolerance import F32_TOL, OUTPUTS
@@ -326,13 +289,7 @@ def run(args) -> int:
                                                         g_snapshots=g_snap))
                 prog.update(f"{b.name} on {p.name}", advance=1)
             prog.update(f"{b.name}: batch and split invariance")
-            report["invariance"] += check_invariance(b, args.seed)
-            from ssm_ref.testing.properties.invariance import invariant_port
-
-            inv = invariant_port(b.module)
-            if inv is not None:   # ssm_vk: its invariant mode's rows too
-                report["invariance"] += check_invariance(replace(b, name=f"{b.name} invariant=True", module=inv),
-                                                         args.seed)
+            report["invariance"] += check_invariance.rows(b, args.seed)
             prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()
@@ -372,31 +329,11 @@ def render(rep: dict) -> str:
             cells.append("PASS" if r["ok"] else "FAIL")
         rows.append(cells)
     inv = rep.get("invariance", [])
-    where = {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]}
-    for r in inv:
-        cells = [f"{r['kind']} invariance", r["backend"], where.get(r["backend"].split()[0], "-")]
-        if r["error"]:
-            cells += [""] * len(cols) + [f"(info) {r['error']}"]
-        else:
-            cells += [("-" if o not in r["outputs"] else "=" if not r["outputs"][o]["differ"] else "diff")
-                      for o in cols]
-            cells.append("(info) " + ("bitwise" if r["holds"] else "not bitwise"))
-        rows.append(cells)
+    rows += check_invariance.table_rows(inv, cols, {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]})
     if rows:
         out.append(table(["problem", "backend", "where", *cols, "result"], rows,
                          right=set(range(3, 3 + len(cols)))))
-    if inv:
-        n = inv[0]["cases"]
-        out.append(f"invariance rows (information, not part of PASS/FAIL; docs/SPEC.md section 3.2): on {n} drawn "
-                   "cases, = the same bits alone and anywhere in a batch (batch) or in one call and in calls "
-                   "carrying the state (split), diff some entries differ, - not compared (d_A: a sum over "
-                   "sequences and tokens)")
-        snaps = sorted({r["backend"] for r in inv if "snapshots" in r["outputs"]})
-        if snaps:
-            out.append(f"  snapshots compared too for {', '.join(snaps)}: "
-                       + ", ".join(f"{r['backend']} {r['kind']} "
-                                   + ("=" if not r["outputs"]["snapshots"]["differ"] else "diff")
-                                   for r in inv if "snapshots" in r["outputs"]))
+    out += check_invariance.notes(inv)
     not_given = sorted({(r["backend"], o) for r in rep["runs"] for o in r.get("not_given", ())})
     for backend, o in not_given:
         out.append(f"{backend}: gives no {o} (-: not checked)")
