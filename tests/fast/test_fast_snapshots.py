@@ -4,10 +4,11 @@ NaN, T = 0, T < K, T = K, T > K), update_cache, the backward's g_snapshots term,
 gradient with K slots, errors and supports(); and ssm_fast.oracle64's float64 slots.
 
 Expected values come from ssm_ref (float32 and the float64 oracle) or from finite differences of
-the float64 path, never from ssm_fast itself. The bounds are test_fast's (``assert_close_to_oracle``:
-the contract's table, ssm_ref.tolerance, plus the norm-relative bound against the float32
-reference's own error); a slot is a state after fewer tokens, so the slots are held to the
-``states`` row of the table.
+the float64 path. The one comparison of ssm_fast with itself is the contract's: a K call's y and
+states are the default call's bits (docs/SPEC.md 3.1), whose accuracy test_fast checks. The
+bounds are test_fast's (``assert_close_to_oracle``: the contract's table, ssm_ref.tolerance, plus
+the norm-relative bound against the float32 reference's own error); a slot is a state after fewer
+tokens, so the slots are held to the ``states`` row of the table.
 """
 
 from __future__ import annotations
