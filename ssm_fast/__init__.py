@@ -3,6 +3,7 @@
     import ssm_fast
     y, states = ssm_fast.ssm_scan(s, x, dt, A, B, C, ids)        # ScanResult, float32
     g = ssm_fast.ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)
+    r = ssm_fast.ssm_scan(s, x, dt, A, B, C, ids, snapshots=4)   # r.snapshots (4,S,H,P,N)
 
 Shapes (N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows):
 s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
@@ -72,29 +73,38 @@ def _steps(dt, form):
     return softplus(dt, "log1p"), True
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
     Args: s (R,H,P,N) or None (zero start states (S,H,P,N); ids then None), x (S,T,H,P), dt (S,T,H),
     A (H,)|(H,1)|(H,N), B and C (S,T,G,N),
     ids (S,) integers in [0, R) or None for arange(S); float inputs of any float dtype are
-    converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N)) in float32,
-    where="CPU", backend="ssm_fast". Raises TypeError / ValueError for bad input before any work
-    (the checks of ssm_ref). Inputs are never written, unless ``update_cache=True`` asks for the
-    final states in the cache rows s[ids] (as ssm_ref.ssm_scan; ``states`` is then None).
+    converted to float32. Returns ScanResult(y (S,T,H,P), states (S,H,P,N), snapshots
+    (K,S,H,P,N)) in float32, where="CPU", backend="ssm_fast". Raises TypeError / ValueError for
+    bad input before any work (the checks of ssm_ref). Inputs are never written, unless
+    ``update_cache=True`` asks for the final states in the cache rows s[ids] (as
+    ssm_ref.ssm_scan; ``states`` is then None, and ``snapshots`` too when K = 1).
     ``dt_softplus``: "ggml" (default), "log1p" or True (mamba_ssm's), None or False, as in
-    ssm_ref.ssm_scan. The result unpacks as ``y, states``.
+    ssm_ref.ssm_scan. ``snapshots``: K >= 1 state slots as in ssm_ref.ssm_scan (slot k the state
+    after T - k tokens, written by the kernels during the scan; slot T the start state, slots
+    k > T NaN); with K = 1 the one slot is ``states[None]``, a view of ``states``. The result
+    unpacks as ``y, states``.
     Same function: ssm_ref.ssm_scan, ssm_vk.ssm_scan.
     """
     dt_softplus = check_dt_softplus(dt_softplus)
     if guard.unusable():
-        return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus, update_cache=update_cache)
-    p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32)
+        return _reference().ssm_scan(s, x, dt, A, B, C, ids, dt_softplus=dt_softplus, update_cache=update_cache,
+                                     snapshots=snapshots)
+    p = check_forward(s, x, dt, A, B, C, ids, dtype=_F32, snapshots=snapshots)
     update = check_update_cache(update_cache, s, p.ids)
     steps, identity = _steps(p.dt, dt_softplus)
     d = p.dims
     y = np.empty((d.S, d.T, d.H, d.P), dtype=_F32)
     states = np.empty((d.S, d.H, d.P, d.N), dtype=_F32)
+    # The slots the kernels write (k <= T); none for K = 1, whose one slot is states itself.
+    snaps = np.empty((d.K if d.K > 1 else 0, d.S, d.H, d.P, d.N), dtype=_F32)
+    if d.K > d.T + 1:
+        snaps[d.T + 1:] = np.nan                             # no state after a negative count of tokens
     if d.mamba1:
         size = config.LANES
         n_tasks = _kf.tasks_mamba1(p.x, d.G, size)
@@ -105,15 +115,18 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
         kernel = _kf.forward_mamba2
     counter = np.zeros(1, dtype=np.int64)
     if d.mamba1:
-        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, y, states)
+        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, y, states, snaps)
     else:
         direct = d.S * d.H * d.P * d.N * 4 <= config.DECODE_DIRECT_BYTES
-        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states)
+        args = (counter, p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, size, n_tasks, direct, y, states, snaps)
     pool.run(kernel, args, threads.count(d, "fwd", n_tasks))
+    if d.K == 1:
+        snaps = states[None]
     if update:
         write_cache_rows(s, p.ids, states)
         states = None
-    return ScanResult(y=y, states=states, where=WHERE, backend=NAME)
+        snaps = snaps if d.K > 1 else None
+    return ScanResult(y=y, states=states, where=WHERE, backend=NAME, snapshots=snaps)
 
 
 _warned: set[str] = set()
@@ -152,11 +165,16 @@ def _segment(d, lanes: int) -> int:
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml") -> ScanGrads:
-    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states).
+def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+                  g_snapshots=None) -> ScanGrads:
+    """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states)
+    + sum(snapshots * g_snapshots).
 
-    g_y (S,T,H,P) and g_states (S,H,P,N), each None for zeros, or g_y as the packed 1-D forward
-    layout with g_states=None; s=None, ids and dt_softplus as in :func:`ssm_scan`. Returns
+    g_y (S,T,H,P) and g_states (S,H,P,N), each None for zeros; g_snapshots (K,S,H,P,N) or None,
+    the gradient of the forward's K state slots (slot k < T joins the kernels' carry at the state
+    after T - k tokens, slot 0 with g_states, slot T adds to d_s0, slots k > T are ignored); or
+    g_y as the packed 1-D forward layout (y, then K slots) with g_states and g_snapshots None;
+    s=None, ids and dt_softplus as in :func:`ssm_scan`. Returns
     ScanGrads in float32 (a mapping by name): d_s (R,H,P,N) (d_s0 scatter-added into rows
     ids[i]; for s=None the gradient of the zero start states, (S,H,P,N)), d_s0 (S,H,P,N), d_x, d_dt,
     d_A (A's shape as given), d_B, d_C; where="CPU",
@@ -165,8 +183,10 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     """
     dt_softplus = check_dt_softplus(dt_softplus)
     if guard.unusable():
-        return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, dt_softplus=dt_softplus)
-    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace)
+        return _reference().ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states, dt_softplus=dt_softplus,
+                                          g_snapshots=g_snapshots)
+    p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=_F32, workspace=backward_workspace,
+                       g_snapshots=g_snapshots)
     steps, identity = _steps(p.dt, dt_softplus)
     d = p.dims
     S, T, H, P, N, G = d.S, d.T, d.H, d.P, d.N, d.G
@@ -185,7 +205,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     else:
         part_B = np.zeros((S, chunks, T, G, N), dtype=_F32)
         part_C = np.zeros((S, chunks, T, G, N), dtype=_F32)
-    args = (p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, seg, chunks)
+    g_snap = p.g_snapshots                                   # (K, S, H, P, N), read-only
+    if g_snap is None:                                       # none: zero slots, of the same numba type
+        g_snap = np.empty((0, S, H, P, N), dtype=_F32)
+        g_snap.flags.writeable = False
+    args = (p.s, p.x, steps, identity, p.A, p.B, p.C, p.ids, p.g_y, p.g_states, g_snap, seg, chunks)
     outs = (d_s0, d_x, dd, dA_rows, part_B, part_C)
     d_dt = np.empty((S, T, H), dtype=_F32)
     d_A = np.empty(p.A.shape, dtype=_F32)
@@ -205,12 +229,12 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False) -> Support:
-    """ssm_fast runs every shape the reference accepts, in every dt_softplus form. Takes the
-    arguments of ssm_scan; bad input raises as there."""
+def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
+    """ssm_fast runs every shape the reference accepts, in every dt_softplus form and for every
+    K (``snapshots``). Takes the arguments of ssm_scan; bad input raises as there."""
     check_op(op)
     check_dt_softplus(dt_softplus)
-    p = check_forward(s, x, dt, A, B, C, ids)
+    p = check_forward(s, x, dt, A, B, C, ids, snapshots=snapshots)
     check_update_cache(update_cache, s, p.ids, op=op)
     return Support(True, "numba CPU kernels run every shape")
 

@@ -33,7 +33,13 @@ at a time (sums over n vectorised with ``reassoc``); Mamba-1 keeps ``lanes`` row
 forward ``range`` loops with a computed index: numba's negative-step ``range`` kept LLVM from
 vectorising the loops over n inside it.
 
-One module of ~430 lines on purpose: the backward's kernels and the partition they share (below)
+State snapshots: ``g_snap`` (Kw, S, H, P, N) is the gradient of the forward's K state slots (Kw = 0
+for none). Slot k < T is the gradient of the state after T - k tokens, so it joins the carry (the
+``lam`` buffer, a_{t+1} lam_{t+1}) just before token t = T - 1 - k is walked: slot 0 with
+g_states at the start, the others in the walk; slot T (T < Kw) adds to d_s0; slots k > T are
+ignored. The same additions in the same order as ssm_ref.scan.backward.
+
+One module of ~460 lines on purpose: the backward's kernels and the partition they share (below)
 are read together; numba compiles them as one unit.
 """
 
@@ -114,11 +120,12 @@ def _finish_row(r, ids, d_s0, d_s):
 
 
 @njit(**DRIVER)
-def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, seg, chunks, n_tasks,
+def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, g_snap, seg, chunks, n_tasks,
                     d_s0, d_x, dd, dA_rows, part_B, part_C):
     """Mamba-2 backward, rows layout. Inputs as the forward plus g_y (S,T,H,P), g_states
-    (S,H,P,N). Fills d_s0 (S,H,P,N), d_x (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and
-    adds into part_B / part_C (S, chunks, T, G, N), which must be zero on entry."""
+    (S,H,P,N) and g_snap (Kw,S,H,P,N) (see the module's notes). Fills d_s0 (S,H,P,N), d_x
+    (S,T,H,P), dd (S,T,H,P), dA_rows (S,H,P,1) float64, and adds into part_B / part_C
+    (S, chunks, T, G, N), which must be zero on entry."""
     prefer_vector_width()
     restrict_arrays()
     T, H, P = x.shape[1], x.shape[2], x.shape[3]
@@ -127,6 +134,7 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
     hpg = H // G
     RG = hpg * P
     nseg = (T + seg - 1) // seg
+    Kw = g_snap.shape[0]
     while True:
         task = fetch_add(counter, 1)
         if task >= n_tasks:
@@ -158,6 +166,10 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                 for n in range(N):
                     cps[0, q, n] = s[j, h, p + q, n]
                     lam[q, n] = g_states[i, h, p + q, n]
+            if Kw > 0:                                      # slot 0: the final state too
+                for q in range(nr):
+                    for n in range(N):
+                        lam[q, n] += g_snap[0, i, h, p + q, n]
             if nseg > 1:                                    # checkpoints
                 for q in range(nr):
                     for n in range(N):
@@ -206,6 +218,11 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                 for k_back in range(t1 - t0):               # tokens, last first
                     k = t1 - t0 - 1 - k_back
                     t = t0 + k
+                    ks = T - 1 - t
+                    if 0 < ks < Kw:                         # the snapshot of the state after t + 1 tokens
+                        for q in range(nr):
+                            for n in range(N):
+                                lam[q, n] += g_snap[ks, i, h, p + q, n]
                     d = d_t[t]
                     a = a_t[t]
                     if nr == 2 and a <= F32_MAX:
@@ -273,6 +290,10 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                                 dA0 += np.float64(d * w)
                             else:
                                 dA1 += np.float64(d * w)
+            if 0 < T < Kw:                                  # slot T: the start state
+                for q in range(nr):
+                    for n in range(N):
+                        lam[q, n] += g_snap[T, i, h, p + q, n]
             for q in range(nr):
                 for n in range(N):
                     d_s0[i, h, p + q, n] = lam[q, n]
@@ -282,8 +303,8 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
             r += nr
 
 @njit(**DRIVER)
-def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, seg, chunks, lanes, n_tasks,
-                    d_s0, d_x, dd, dA_rows, part_B, part_C):
+def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, g_snap, seg, chunks, lanes,
+                    n_tasks, d_s0, d_x, dd, dA_rows, part_B, part_C):
     """Mamba-1 backward, lanes layout. As :func:`backward_mamba2` with A (H,N) and dA_rows
     (S,H,P,N) float64; ``lanes``: rows walked side by side."""
     prefer_vector_width()
@@ -294,6 +315,7 @@ def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
     hpg = H // G
     RG = hpg * P
     nseg = (T + seg - 1) // seg
+    Kw = g_snap.shape[0]
     x2 = x.reshape(S, T, H * P)                              # row r = h*P + p
     gy2 = g_y.reshape(S, T, H * P)
     dx2 = d_x.reshape(S, T, H * P)
@@ -321,6 +343,7 @@ def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
         g_l = np.empty(L, dtype=np.float32)
         gam = np.empty(L, dtype=np.float32)
         qa = np.empty(L, dtype=np.float32)
+        p_l = np.empty(L, dtype=np.int64)                    # channel of each lane
         r0 = ra
         while r0 < rb:
             nl = min(L, rb - r0)
@@ -328,11 +351,15 @@ def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                 h = (r0 + l) // P
                 p = r0 + l - h * P
                 h_l[l] = h
+                p_l[l] = p
                 for n in range(N):
                     cps[0, n, l] = s[j, h, p, n]
                     lam[n, l] = g_states[i, h, p, n]
                     A_t[n, l] = A[h, n]
                     dA1[n, l] = ZERO
+                if Kw > 0:                                  # slot 0: the final state too
+                    for n in range(N):
+                        lam[n, l] += g_snap[0, i, h, p, n]
             for t in range(T):
                 for l in range(nl):
                     d_tl[t, l] = dt[i, t, h_l[l]] if identity else softplus_f32(dt[i, t, h_l[l]])
@@ -372,6 +399,11 @@ def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                 for k_back in range(t1 - t0):               # tokens, last first
                     k = t1 - t0 - 1 - k_back
                     t = t0 + k
+                    ks = T - 1 - t
+                    if 0 < ks < Kw:                         # the snapshot of the state after t + 1 tokens
+                        for l in range(nl):
+                            for n in range(N):
+                                lam[n, l] += g_snap[ks, i, h_l[l], p_l[l], n]
                     for l in range(nl):
                         u_l[l] = x2[i, t, r0 + l] * d_tl[t, l]
                         g_l[l] = gy2[i, t, r0 + l]
@@ -397,6 +429,10 @@ def backward_mamba1(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, se
                     for l in range(nl):
                         dx2[i, t, r0 + l] = gam[l] * d_tl[t, l]
                         dd2[i, t, r0 + l] = gam[l] * x2[i, t, r0 + l] + qa[l]
+            if 0 < T < Kw:                                  # slot T: the start state
+                for l in range(nl):
+                    for n in range(N):
+                        lam[n, l] += g_snap[T, i, h_l[l], p_l[l], n]
             for l in range(nl):
                 h = h_l[l]
                 p = r0 + l - h * P

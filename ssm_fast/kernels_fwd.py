@@ -14,8 +14,14 @@ Two layouts, one per variant, chosen for what each variant's decay shares:
   transposed, (N, lanes), so the inner loop runs over rows: the exp, the update and y accumulate
   lane-wise with no horizontal sum (y's sum over n runs in plain order n = 0..N-1).
 
-Tasks share nothing but read-only inputs and write disjoint slices of y and states, so results do
-not depend on the thread count or on which thread runs which task.
+State snapshots (``snapshots=K``, docs/SPEC.md section 3.1): both kernels take ``snaps``
+(Kw, S, H, P, N). A task writes its rows of slot T - 1 - t right after token t for the last Kw
+tokens, and of slot T (the start state) when T < Kw, from the state rows it holds; the slots
+beyond T are the caller's. Kw = 0 (K = 1: the one slot is ``states``) writes nothing and runs the
+same arithmetic as without snapshots.
+
+Tasks share nothing but read-only inputs and write disjoint slices of y, states and snaps, so
+results do not depend on the thread count or on which thread runs which task.
 """
 
 from __future__ import annotations
@@ -48,9 +54,10 @@ def tasks_mamba1(x, G, lanes):
 
 
 @njit(**DRIVER)
-def forward_mamba2(counter, s, x, dt, identity, A, B, C, ids, rows, n_tasks, direct, y, states):
+def forward_mamba2(counter, s, x, dt, identity, A, B, C, ids, rows, n_tasks, direct, y, states, snaps):
     """Mamba-2 forward. s (R,H,P,N), x (S,T,H,P), dt (S,T,H), A (H,1), B/C (S,T,G,N),
-    ids (S,) in [0, R); fills y (S,T,H,P) and states (S,H,P,N). ``rows``: channels per task;
+    ids (S,) in [0, R); fills y (S,T,H,P), states (S,H,P,N) and the slots k <= T of snaps
+    (Kw,S,H,P,N) (slot k: the state after T - k tokens; Kw = 0 for none). ``rows``: channels per task;
     ``n_tasks``: :func:`tasks_mamba2`; ``counter``: (1,) int64, the next task (0 on entry);
     ``direct``: with T = 1, update s into states directly (no scratch rows), a function of the
     shape only (config.DECODE_DIRECT_BYTES)."""
@@ -59,6 +66,7 @@ def forward_mamba2(counter, s, x, dt, identity, A, B, C, ids, rows, n_tasks, dir
     T, H, P = x.shape[1], x.shape[2], x.shape[3]
     N = s.shape[3]
     G = B.shape[2]
+    Kw = snaps.shape[0]
     hpg = H // G
     blocks = (P + rows - 1) // rows
     while True:
@@ -117,11 +125,23 @@ def forward_mamba2(counter, s, x, dt, identity, A, B, C, ids, rows, n_tasks, dir
                     y0 += v0 * C[i, 0, g, n]
                 y[i, 0, h, p] = y0
                 q += 1
+            if Kw > 0:                                       # slot 0, and slot 1 = s[ids[i]]
+                for q in range(nr):
+                    for n in range(N):
+                        snaps[0, i, h, p0 + q, n] = states[i, h, p0 + q, n]
+                if Kw > 1:
+                    for q in range(nr):
+                        for n in range(N):
+                            snaps[1, i, h, p0 + q, n] = s[j, h, p0 + q, n]
             continue
         st = np.empty((nr, N), dtype=np.float32)            # state rows p0 .. p0+nr-1
         for q in range(nr):
             for n in range(N):
                 st[q, n] = s[j, h, p0 + q, n]
+        if T < Kw:                                           # slot T: the start state
+            for q in range(nr):
+                for n in range(N):
+                    snaps[T, i, h, p0 + q, n] = st[q, n]
         d_t = np.empty(T, dtype=np.float32)                  # softplus(dt[i, :, h])
         a_t = np.empty(T, dtype=np.float32)                  # exp(d * A[h]): one exp per (i, t, h)
         for t in range(T):
@@ -171,12 +191,17 @@ def forward_mamba2(counter, s, x, dt, identity, A, B, C, ids, rows, n_tasks, dir
                     y0 += v0 * C[i, t, g, n]
                 y[i, t, h, p0 + q] = y0
                 q += 1
+            k = T - 1 - t
+            if k < Kw:                                       # the state after t + 1 tokens
+                for q in range(nr):
+                    for n in range(N):
+                        snaps[k, i, h, p0 + q, n] = st[q, n]
         for q in range(nr):
             for n in range(N):
                 states[i, h, p0 + q, n] = st[q, n]
 
 @njit(**DRIVER)
-def forward_mamba1(counter, s, x, dt, identity, A, B, C, ids, lanes, n_tasks, y, states):
+def forward_mamba1(counter, s, x, dt, identity, A, B, C, ids, lanes, n_tasks, y, states, snaps):
     """Mamba-1 forward. Same arguments as :func:`forward_mamba2` with A (H,N); ``lanes``: rows
     (h, p) per task; ``n_tasks``: :func:`tasks_mamba1`."""
     prefer_vector_width()
@@ -184,6 +209,7 @@ def forward_mamba1(counter, s, x, dt, identity, A, B, C, ids, lanes, n_tasks, y,
     S, T, H, P = x.shape
     N = s.shape[3]
     G = B.shape[2]
+    Kw = snaps.shape[0]
     hpg = H // G
     RG = hpg * P                                             # rows (h, p) per group
     blocks = (RG + lanes - 1) // lanes
@@ -208,6 +234,8 @@ def forward_mamba1(counter, s, x, dt, identity, A, B, C, ids, lanes, n_tasks, y,
             for n in range(N):
                 st[n, l] = s[j, h, p, n]
                 A_t[n, l] = A[h, n]
+                if T < Kw:                                   # slot T: the start state
+                    snaps[T, i, h, p, n] = st[n, l]
         d_l = np.empty(nl, dtype=np.float32)
         u_l = np.empty(nl, dtype=np.float32)
         y_l = np.empty(nl, dtype=np.float32)
@@ -226,6 +254,13 @@ def forward_mamba1(counter, s, x, dt, identity, A, B, C, ids, lanes, n_tasks, y,
                     y_l[l] += v * c
             for l in range(nl):
                 y2[i, t, r0 + l] = y_l[l]
+            k = T - 1 - t
+            if k < Kw:                                       # the state after t + 1 tokens
+                for l in range(nl):
+                    h = h_l[l]
+                    p = r0 + l - h * P
+                    for n in range(N):
+                        snaps[k, i, h, p, n] = st[n, l]
         for l in range(nl):
             h = h_l[l]
             p = r0 + l - h * P

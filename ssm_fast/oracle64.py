@@ -3,7 +3,8 @@
 
 Same equations and results as ``ssm_ref.ssm_scan(..., dtype=np.float64)`` and
 ``ssm_ref.ssm_scan_back(..., dtype=np.float64)`` (tested against them), parallel over
-(sequence, head) with numba. Memory: one row's T+1 states per thread, plus per-head partial sums
+(sequence, head) with numba; the K state snapshots (``snapshots=K``, ``g_snapshots``) included.
+Memory: one row's T+1 states per thread, plus per-head partial sums
 of d_B and d_C (S, H, T, N) that are added over the heads of each group in order afterwards.
 """
 
@@ -28,16 +29,19 @@ def _softplus_grad(z):
 
 
 @nb.njit(parallel=True, cache=True)
-def _forward(s0, x, dt, A, B, C, y, states):
+def _forward(s0, x, dt, A, B, C, y, states, snaps):
     S, T, H, P = x.shape
     N = s0.shape[3]
     G = B.shape[2]
+    K = snaps.shape[0]
     hpg = H // G
     for ih in nb.prange(S * H):
         i, h = ih // H, ih % H
         g = h // hpg
         for p in range(P):
             st = s0[i, h, p].copy()
+            if T < K:
+                snaps[T, i, h, p] = st                      # slot T: the start state
             for t in range(T):
                 d = _softplus(dt[i, t, h])
                 u = x[i, t, h, p] * d
@@ -47,15 +51,18 @@ def _forward(s0, x, dt, A, B, C, y, states):
                     st[n] = st[n] * a + B[i, t, g, n] * u
                     acc += st[n] * C[i, t, g, n]
                 y[i, t, h, p] = acc
+                if T - 1 - t < K:
+                    snaps[T - 1 - t, i, h, p] = st          # the state after t + 1 tokens
             states[i, h, p] = st
 
 
 @nb.njit(parallel=True, cache=True)
-def _backward(s0, x, dt, A, B, C, gy, gs, d_s0, d_x, d_dt, dA_h, dB_h, dC_h):
+def _backward(s0, x, dt, A, B, C, gy, gs, gsn, d_s0, d_x, d_dt, dA_h, dB_h, dC_h):
     S, T, H, P = x.shape
     N = s0.shape[3]
     G = B.shape[2]
     KA = A.shape[1]
+    K = gsn.shape[0]
     hpg = H // G
     for ih in nb.prange(S * H):
         i, h = ih // H, ih % H
@@ -70,7 +77,11 @@ def _backward(s0, x, dt, A, B, C, gy, gs, d_s0, d_x, d_dt, dA_h, dB_h, dC_h):
                     a = np.exp(d * A[h, n if KA > 1 else 0])
                     sts[t + 1, n] = sts[t, n] * a + B[i, t, g, n] * u
             carry = gs[i, h, p].copy()
+            if K > 0:
+                carry += gsn[0, i, h, p]                    # slot 0 is the final state too
             for t in range(T - 1, -1, -1):
+                if 0 < T - 1 - t < K:
+                    carry += gsn[T - 1 - t, i, h, p]        # the state after t + 1 tokens
                 d = _softplus(dt[i, t, h])
                 u = x[i, t, h, p] * d
                 gyv = gy[i, t, h, p]
@@ -88,6 +99,8 @@ def _backward(s0, x, dt, A, B, C, gy, gs, d_s0, d_x, d_dt, dA_h, dB_h, dC_h):
                     carry[n] = a * lam
                 d_x[i, t, h, p] = gam * d
                 d_dt[i, t, h] += (gam * x[i, t, h, p] + qa) * _softplus_grad(dt[i, t, h])
+            if 0 < T < K:
+                carry += gsn[T, i, h, p]                    # slot T: the start state
             d_s0[i, h, p] = carry
 
 
@@ -97,32 +110,39 @@ def _arrays(p):
     return d, s0, *(np.ascontiguousarray(a, dtype=np.float64) for a in (p.x, p.dt, p.A, p.B, p.C))
 
 
-def scan64(s, x, dt, A, B, C, ids=None) -> ssm_ref.ScanResult:
-    """float64 forward; same result as ssm_ref.ssm_scan(..., dtype=np.float64)."""
-    p = ssm_ref.check_forward(s, x, dt, A, B, C, ids, dtype=np.float64)
+def scan64(s, x, dt, A, B, C, ids=None, *, snapshots=1) -> ssm_ref.ScanResult:
+    """float64 forward; same result as ssm_ref.ssm_scan(..., dtype=np.float64, snapshots=K),
+    the K slots included."""
+    p = ssm_ref.check_forward(s, x, dt, A, B, C, ids, dtype=np.float64, snapshots=snapshots)
     d, s0, x_, dt_, A_, B_, C_ = _arrays(p)
     y = np.zeros((d.S, d.T, d.H, d.P))
     states = s0.copy()
+    snaps = np.full((d.K, d.S, d.H, d.P, d.N), np.nan)     # slots k > T stay NaN
+    if d.T < d.K:
+        snaps[d.T] = s0
     if d.T and d.H * d.P:
-        _forward(s0, x_, dt_, A_, B_, C_, y, states)
-    return ssm_ref.ScanResult(y=y, states=states, where="CPU", backend="ssm_fast.oracle64")
+        _forward(s0, x_, dt_, A_, B_, C_, y, states, snaps)
+    return ssm_ref.ScanResult(y=y, states=states, where="CPU", backend="ssm_fast.oracle64", snapshots=snaps)
 
 
-def scan_back64(s, x, dt, A, B, C, ids, g_y, g_states) -> ssm_ref.ScanGrads:
-    """float64 backward; same result as ssm_ref.ssm_scan_back(..., dtype=np.float64)."""
-    p = ssm_ref.check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=np.float64)
+def scan_back64(s, x, dt, A, B, C, ids, g_y, g_states, *, g_snapshots=None) -> ssm_ref.ScanGrads:
+    """float64 backward; same result as ssm_ref.ssm_scan_back(..., dtype=np.float64), g_snapshots
+    (K,S,H,P,N) or the packed g_y with K slots included."""
+    p = ssm_ref.check_backward(s, x, dt, A, B, C, ids, g_y, g_states, dtype=np.float64, g_snapshots=g_snapshots)
     d, s0, x_, dt_, A_, B_, C_ = _arrays(p)
     gy = np.ascontiguousarray(p.g_y, dtype=np.float64)
     gs = np.ascontiguousarray(p.g_states, dtype=np.float64)
+    gsn = (np.zeros((0, d.S, d.H, d.P, d.N)) if p.g_snapshots is None
+           else np.ascontiguousarray(p.g_snapshots, dtype=np.float64))
     KA = A_.shape[1]
-    d_s0 = gs.copy()
+    d_s0 = gs + gsn[0] if gsn.shape[0] else gs.copy()       # T = 0: slot 0 is the start state
     d_x = np.zeros((d.S, d.T, d.H, d.P))
     d_dt = np.zeros((d.S, d.T, d.H))
     dA_h = np.zeros((d.S, d.H, KA))
     dB_h = np.zeros((d.S, d.H, d.T, d.N))
     dC_h = np.zeros((d.S, d.H, d.T, d.N))
     if d.T and d.H * d.P:
-        _backward(s0, x_, dt_, A_, B_, C_, gy, gs, d_s0, d_x, d_dt, dA_h, dB_h, dC_h)
+        _backward(s0, x_, dt_, A_, B_, C_, gy, gs, gsn, d_s0, d_x, d_dt, dA_h, dB_h, dC_h)
     hpg = max(d.heads_per_group, 1)
     d_B = dB_h.reshape(d.S, d.G, hpg, d.T, d.N).sum(axis=2).transpose(0, 2, 1, 3).copy()
     d_C = dC_h.reshape(d.S, d.G, hpg, d.T, d.N).sum(axis=2).transpose(0, 2, 1, 3).copy()
