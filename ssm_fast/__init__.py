@@ -45,9 +45,11 @@ from . import kernels_fwd as _kf
 
 NAME = "ssm_fast"
 WHERE = "CPU"
+# K state snapshots (docs/SPEC.md section 3.1): every slot written, as ssm_ref's (docs/PORTING.md).
+SNAPSHOTS = "all"
 
-__all__ = ["NAME", "__version__", "get_num_threads", "set_num_threads", "ssm_scan", "ssm_scan_back", "supports",
-           "warmup"]
+__all__ = ["NAME", "SNAPSHOTS", "__version__", "get_num_threads", "set_num_threads", "ssm_scan", "ssm_scan_back",
+           "supports", "warmup"]
 
 get_num_threads = threads.get_num_threads
 set_num_threads = threads.set_num_threads

@@ -4,6 +4,7 @@
     y, states = ssm_jax.ssm_scan(s, x, dt, A, B, C)                  # ssm_fast, ggml's softplus
     jax.grad(lambda x: ssm_jax.ssm_scan(s, x, dt, A, B, C)[0].sum())(x)
     y, states = ssm_jax.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
+    y, states, snaps = ssm_jax.ssm_scan(s, x, dt, A, B, C, snapshots=4)   # snaps[k]: after T - k tokens
     ssm_jax.last_where()          # Where(op='ssm_scan', where='CPU', backend='ssm_fast', dtype='float32')
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
@@ -99,8 +100,9 @@ def _standin(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dt), tuple(shape))
 
 
-def _check(arrays, ids) -> ssm_ref.Dims:
-    """The shared checker on shapes and dtypes (and ids' values when they are concrete)."""
+def _check(arrays, ids, snapshots=1) -> ssm_ref.Dims:
+    """The shared checker on shapes and dtypes (and ids' values when they are concrete); K as
+    ``snapshots``."""
     if ids is None:
         ids_ = None
     else:
@@ -109,10 +111,11 @@ def _check(arrays, ids) -> ssm_ref.Dims:
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
             ids_ = _standin(jnp.shape(ids), jnp.result_type(ids))  # values checked when the call runs
     return ssm_ref.checks.check_shapes(*(None if a is None else _standin(jnp.shape(a), jnp.result_type(a))
-                                         for a in arrays), ids_)
+                                         for a in arrays), ids_, snapshots=snapshots)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False):
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
+             snapshots=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
@@ -123,60 +126,75 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     backend takes every form. invariant: True for batch- and split-invariant results
     (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway; ssm_fast
     refuses it (ValueError).
+
+    snapshots: None (default) or K, an integer >= 1 (docs/SPEC.md section 3.1), passed to the
+    backend as ``snapshots=K``: a third output, snapshots (K,S,H,P,N) in s's dtype, slot k the
+    state after T - k tokens (slot 0 equals states, slot T the start state, slots k > T NaN),
+    differentiable as the other outputs (a NaN slot's cotangent is ignored).
     """
     _module(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
     mode = (dt_softplus, check_invariant(invariant, backend))
+    K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # the shared checker's zero start states (it raises for ids given with them)
         x_ = jnp.asarray(x)
         d = _check((None, x_, *(jnp.asarray(a) for a in (dt, A, B, C))), ids)
         s = jnp.zeros((d.S, d.H, d.P, d.N), x_.dtype)
     arrays = tuple(jnp.asarray(a) for a in (s, x, dt, A, B, C))
-    d = _check(arrays, ids)
+    d = _check(arrays, ids, 1 if K is None else K)
     f64 = backend == "ssm_ref" and all(a.dtype == jnp.float64 for a in arrays)
     work = np.dtype(np.float64 if f64 else np.float32)
     _kwargs(backend, mode, work)  # a bad form raises here, not inside the callback
     ids_ = jnp.arange(d.S, dtype=jnp.int32) if ids is None else jnp.asarray(ids, dtype=jnp.int32)
-    out_dtypes = (arrays[1].dtype, arrays[0].dtype)
-    y, states = _scan(backend, mode, work.name, *(a.astype(work) for a in arrays), ids_)
-    return y.astype(out_dtypes[0]), states.astype(out_dtypes[1])
+    out = _scan(backend, mode, work.name, K, *(a.astype(work) for a in arrays), ids_)
+    # y in x's dtype, the states (and the snapshots) in s's
+    return tuple(o.astype(arrays[1].dtype if i == 0 else arrays[0].dtype) for i, o in enumerate(out))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
-    return _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids)
+# K (static, like the backend and the form): None, the two outputs (y, states) and no
+# ``snapshots`` keyword for the backend; an int, the three outputs (y, states, snapshots).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _scan(backend, dt_softplus, work, K, s, x, dt, A, B, C, ids):
+    return _forward(backend, dt_softplus, work, K, s, x, dt, A, B, C, ids)
 
 
-def _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
+def _forward(backend, dt_softplus, work, K, s, x, dt, A, B, C, ids):
     S, T, H, P = x.shape
     N = s.shape[3]
     shapes = (jax.ShapeDtypeStruct((S, T, H, P), work), jax.ShapeDtypeStruct((S, H, P, N), work))
+    kw = _kwargs(backend, dt_softplus, work)
+    if K is not None:
+        shapes += (jax.ShapeDtypeStruct((K, S, H, P, N), work),)
+        kw["snapshots"] = K
 
     def host(*arrays):
         *floats, ids_ = (np.asarray(a) for a in arrays)
-        r = _module(backend).ssm_scan(*floats, ids_, **_kwargs(backend, dt_softplus, work))
+        r = _module(backend).ssm_scan(*floats, ids_, **kw)
         _record("ssm_scan", r, work)
-        return np.asarray(r.y, work), np.asarray(r.states, work)
+        out = (r.y, r.states) if K is None else (r.y, r.states, r.snapshots)
+        return tuple(np.asarray(o, work) for o in out)
 
     return jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, vmap_method="sequential")
 
 
-def _fwd(backend, dt_softplus, work, s, x, dt, A, B, C, ids):
-    return _forward(backend, dt_softplus, work, s, x, dt, A, B, C, ids), (s, x, dt, A, B, C, ids)
+def _fwd(backend, dt_softplus, work, K, s, x, dt, A, B, C, ids):
+    return _forward(backend, dt_softplus, work, K, s, x, dt, A, B, C, ids), (s, x, dt, A, B, C, ids)
 
 
-def _bwd(backend, dt_softplus, work, res, cotangents):
+def _bwd(backend, dt_softplus, work, K, res, cotangents):
     s, x, dt, A, B, C, ids = res
-    g_y, g_states = cotangents
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, work) for a in (s, x, dt, A, B, C))
+    kw = _kwargs(backend, dt_softplus, work)
 
     def host(*arrays):
-        *floats, ids_, gy, gs = (np.asarray(a) for a in arrays)
-        g = _module(backend).ssm_scan_back(*floats, ids_, gy, gs, **_kwargs(backend, dt_softplus, work))
+        *floats, ids_, gy, gs = (np.asarray(a) for a in arrays[:9])
+        # the snapshots' cotangent, when there are snapshots (the backend ignores its slots k > T)
+        g_snap = {} if K is None else {"g_snapshots": np.asarray(arrays[9])}
+        g = _module(backend).ssm_scan_back(*floats, ids_, gy, gs, **kw, **g_snap)
         _record("ssm_scan_back", g, work)
         return tuple(np.asarray(getattr(g, "d_" + n), work) for n in ("s", "x", "dt", "A", "B", "C"))
 
-    grads = jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, g_y.astype(work), g_states.astype(work),
+    grads = jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, *(c.astype(work) for c in cotangents),
                               vmap_method="sequential")
     return (*grads, None)
 

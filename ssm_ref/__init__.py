@@ -138,6 +138,8 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     p = check_forward(s, x, dt, A, B, C, ids, dtype=dtype, workspace=forward_workspace, snapshots=snapshots)
     update = check_update_cache(update_cache, s, p.ids)
     y, states, snaps = _forward(p, dt_softplus)
+    if p.dims.K == 1:
+        snaps = states[None]   # the one slot is states, as on every backend (a view)
     if update:
         write_cache_rows(s, p.ids, states)
         states = None

@@ -4,12 +4,14 @@
     y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C)                 # ssm_fast, ggml's softplus
     y, states = ssm_torch.ssm_scan(s, x, dt, A, B, C, backend="ssm_ref", dt_softplus=None)
     y, states = ssm_torch.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
+    y, states, snaps = ssm_torch.ssm_scan(s, x, dt, A, B, C, snapshots=4)  # snaps[k]: after T - k tokens
     ssm_torch.last_where()         # Where(op='ssm_scan', where='CPU', backend='ssm_ref', dtype='float32')
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
 A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero start states.
 ``last_where()`` returns an ``ssm_ref.Where`` (the type ssm_jax.last_where returns). Differentiable in s, x, dt, A, B
-and C; registered with torch.library (``torch.ops.ssm_scan.scan``), so torch.compile traces it
+and C, through every output (the snapshots too); registered with torch.library
+(``torch.ops.ssm_scan.scan``, ``torch.ops.ssm_scan.scan_snapshots``), so torch.compile traces it
 without a graph break. The drop-ins for mamba_ssm's functions are in :mod:`ssm_torch.mamba`.
 docs/TORCH.md is the user's guide.
 """
@@ -56,7 +58,8 @@ def _as_ids(ids):
     return torch.as_tensor(list(ids), dtype=torch.int64)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False):
+def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
+             snapshots=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Args: tensors s (R,H,P,N) or None (zero start states (S,H,P,N) in x's dtype; ids must then
@@ -69,9 +72,15 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     results (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway;
     ssm_fast refuses it (ValueError).
 
+    snapshots: None (default) or K, an integer >= 1: ggml's K state slots (docs/SPEC.md section
+    3.1), passed to the backend as ``snapshots=K``.
+
     Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
-    Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype). Raises the backends'
-    TypeError / ValueError for bad arguments before any work (docs/SPEC.md section 9).
+    Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype); with ``snapshots=K`` a
+    third tensor, snapshots (K,S,H,P,N) in s's dtype: slot k is the state after T - k tokens
+    (slot 0 equals states, slot T is the start state, slots k > T are NaN), differentiable as
+    the other outputs (a NaN slot's gradient is ignored). Raises the backends' TypeError /
+    ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
     _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)})
     ids = _as_ids(ids)
@@ -81,12 +90,15 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
     invariant = _op.check_invariant(invariant, backend)
+    K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
         if ids is not None or x.dim() != 4 or B.dim() != 4:
             _op.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
         # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
         s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
-    return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant))
+    if K is None:   # the two outputs of every caller that does not ask for snapshots
+        return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant))
+    return _op.scan_snapshots(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant), K)
 
 
 from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)

@@ -1,6 +1,10 @@
 """The scan as PyTorch custom operators: ``ssm_scan::scan`` (forward) and ``ssm_scan::scan_back``
-(its backward), registered with ``torch.library`` -- a fake implementation each, for
-torch.compile and meta tensors, and autograd for the forward through the backward.
+(its backward), and ``ssm_scan::scan_snapshots`` / ``ssm_scan::scan_snapshots_back``, the same
+with K state snapshots (``snapshots=K``, docs/SPEC.md section 3.1), registered with
+``torch.library`` -- a fake implementation each, for torch.compile and meta tensors, and autograd
+for each forward through its backward. The snapshot pair is a pair of its own because an operator's
+schema fixes the number of its outputs: the pair without snapshots stays the two outputs it always
+had, and never passes ``snapshots`` to a backend.
 
 Glossary: N d_state · P head_dim · H n_head · G n_group · T tokens · S sequences · R cache rows.
 
@@ -22,7 +26,8 @@ import ssm_ref
 import ssm_ref.checks
 from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
-__all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back"]
+__all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back", "scan_snapshots",
+           "scan_snapshots_back"]
 
 BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 
@@ -109,17 +114,18 @@ def _standin(t: torch.Tensor) -> np.ndarray:
     return np.broadcast_to(np.zeros((), _NP_OF.get(t.dtype, np.object_)), tuple(t.shape))
 
 
-def check_shapes(s, x, dt, A, B, C, ids) -> ssm_ref.Dims:
+def check_shapes(s, x, dt, A, B, C, ids, snapshots=1) -> ssm_ref.Dims:
     """The shared checker on the tensors' shapes and dtypes (and the ids' values when they are
     real): the backends' errors, before any data is touched. ``s`` None: zero start states, as
-    the backends take it (ids must then be None)."""
+    the backends take it (ids must then be None). ``snapshots``: K, checked and kept as dims.K."""
     if ids is None:
         ids_ = None
     elif isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
         ids_ = np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))  # values unknown until run
     else:
         ids_ = ids.detach().cpu().numpy()
-    return ssm_ref.checks.check_shapes(*(None if t is None else _standin(t) for t in (s, x, dt, A, B, C)), ids_)
+    return ssm_ref.checks.check_shapes(*(None if t is None else _standin(t) for t in (s, x, dt, A, B, C)), ids_,
+                                       snapshots=snapshots)
 
 
 def _host(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
@@ -143,16 +149,41 @@ def _record(op: str, r, work: torch.dtype) -> None:
     _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
 
 
+def _forward(s, x, dt, A, B, C, ids, backend: str, dt_softplus: str, K: int | None):
+    """The backend's forward on the tensors: its ScanResult. ``K`` None: no ``snapshots`` keyword
+    (the call of the operator without snapshots); else ``snapshots=K``."""
+    mod = backend_module(backend)
+    work = work_dtype(backend, (s, x, dt, A, B, C))
+    kw = _backend_kwargs(backend, dt_softplus, work)
+    if K is not None:
+        kw["snapshots"] = K
+    ids_ = None if ids is None else ids.detach().cpu().numpy()
+    r = mod.ssm_scan(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, **kw)
+    _record("ssm_scan", r, work)
+    return r
+
+
+def _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, backend: str, dt_softplus: str):
+    """The backend's backward on the tensors: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's
+    dtype. ``g_snapshots`` None: no ``g_snapshots`` keyword."""
+    mod = backend_module(backend)
+    work = work_dtype(backend, (s, x, dt, A, B, C))
+    kw = _backend_kwargs(backend, dt_softplus, work)
+    if g_snapshots is not None:
+        kw["g_snapshots"] = _host(g_snapshots, work)
+    ids_ = None if ids is None else ids.detach().cpu().numpy()
+    g = mod.ssm_scan_back(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, _host(g_y, work),
+                          _host(g_states, work), **kw)
+    _record("ssm_scan_back", g, work)
+    return tuple(_tensor(getattr(g, "d_" + n), t.dtype) for n, t in zip("s x dt A B C".split(), (s, x, dt, A, B, C),
+                                                                          strict=True))
+
+
 @torch.library.custom_op("ssm_scan::scan", mutates_args=())
 def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
          ids: torch.Tensor | None, backend: str, dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward: (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype)."""
-    mod = backend_module(backend)
-    work = work_dtype(backend, (s, x, dt, A, B, C))
-    kw = _backend_kwargs(backend, dt_softplus, work)
-    ids_ = None if ids is None else ids.detach().cpu().numpy()
-    r = mod.ssm_scan(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, **kw)
-    _record("ssm_scan", r, work)
+    r = _forward(s, x, dt, A, B, C, ids, backend, dt_softplus, None)
     return _tensor(r.y, x.dtype), _tensor(r.states, s.dtype)
 
 
@@ -169,15 +200,7 @@ def scan_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
               dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                          torch.Tensor]:
     """The backward: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
-    mod = backend_module(backend)
-    work = work_dtype(backend, (s, x, dt, A, B, C))
-    kw = _backend_kwargs(backend, dt_softplus, work)
-    ids_ = None if ids is None else ids.detach().cpu().numpy()
-    g = mod.ssm_scan_back(*(_host(t, work) for t in (s, x, dt, A, B, C)), ids_, _host(g_y, work),
-                          _host(g_states, work), **kw)
-    _record("ssm_scan_back", g, work)
-    return tuple(_tensor(getattr(g, "d_" + n), t.dtype) for n, t in zip("s x dt A B C".split(), (s, x, dt, A, B, C),
-                                                                          strict=True))
+    return _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, None, backend, dt_softplus)
 
 
 @scan_back.register_fake
@@ -185,23 +208,73 @@ def _scan_back_fake(s, x, dt, A, B, C, ids, g_y, g_states, backend, dt_softplus)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (s, x, dt, A, B, C))
 
 
+@torch.library.custom_op("ssm_scan::scan_snapshots", mutates_args=())
+def scan_snapshots(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, ids: torch.Tensor | None, backend: str, dt_softplus: str,
+                   K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward with K state snapshots: (y (S,T,H,P) in x's dtype, states (S,H,P,N) and
+    snapshots (K,S,H,P,N) in s's dtype; slot k the state after T - k tokens, slots k > T NaN)."""
+    r = _forward(s, x, dt, A, B, C, ids, backend, dt_softplus, K)
+    return _tensor(r.y, x.dtype), _tensor(r.states, s.dtype), _tensor(r.snapshots, s.dtype)
+
+
+@scan_snapshots.register_fake
+def _scan_snapshots_fake(s, x, dt, A, B, C, ids, backend, dt_softplus, K):
+    ssm_ref.check_dt_softplus(_decode(dt_softplus))
+    d = check_shapes(s, x, dt, A, B, C, ids, snapshots=K)
+    return (x.new_empty((d.S, d.T, d.H, d.P)), s.new_empty((d.S, d.H, d.P, d.N)),
+            s.new_empty((d.K, d.S, d.H, d.P, d.N)))
+
+
+@torch.library.custom_op("ssm_scan::scan_snapshots_back", mutates_args=())
+def scan_snapshots_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                        C: torch.Tensor, ids: torch.Tensor | None, g_y: torch.Tensor, g_states: torch.Tensor,
+                        g_snapshots: torch.Tensor, backend: str, dt_softplus: str
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of :func:`scan_snapshots` (g_snapshots (K,S,H,P,N); its slots k > T are
+    ignored by the backend): (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
+    return _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, backend, dt_softplus)
+
+
+@scan_snapshots_back.register_fake
+def _scan_snapshots_back_fake(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, backend, dt_softplus):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (s, x, dt, A, B, C))
+
+
 def _setup_context(ctx, inputs, output):
-    s, x, dt, A, B, C, ids, backend, dt_softplus = inputs
+    s, x, dt, A, B, C, ids, backend, dt_softplus, *K = inputs
     ctx.save_for_backward(s, x, dt, A, B, C, ids)
     ctx.backend, ctx.dt_softplus = backend, dt_softplus
+    ctx.K = K[0] if K else None
 
 
-def _backward(ctx, g_y, g_states):
+def _zeros_for(ctx, g_y, g_states):
+    """The saved inputs and the outputs' gradients, None made zeros: autograd hands zeros for an
+    output the loss does not use (materialized grads); None is handled the same way should that
+    ever change."""
     s, x, dt, A, B, C, ids = ctx.saved_tensors
     S, T, H, P = x.shape
-    # autograd hands zeros for an output the loss does not use (materialized grads); None is
-    # handled the same way should that ever change
     if g_y is None:
         g_y = x.new_zeros((S, T, H, P))
     if g_states is None:
         g_states = s.new_zeros((S, H, P, s.shape[3]))
-    grads = scan_back(s, x, dt, A, B, C, ids, g_y, g_states, ctx.backend, ctx.dt_softplus)
+    return (s, x, dt, A, B, C, ids), g_y, g_states
+
+
+def _backward(ctx, g_y, g_states):
+    inputs, g_y, g_states = _zeros_for(ctx, g_y, g_states)
+    grads = scan_back(*inputs, g_y, g_states, ctx.backend, ctx.dt_softplus)
     return (*grads, None, None, None)
 
 
+def _backward_snapshots(ctx, g_y, g_states, g_snapshots):
+    inputs, g_y, g_states = _zeros_for(ctx, g_y, g_states)
+    if g_snapshots is None:
+        s, x = inputs[0], inputs[1]
+        g_snapshots = s.new_zeros((ctx.K, x.shape[0], x.shape[2], x.shape[3], s.shape[3]))
+    grads = scan_snapshots_back(*inputs, g_y, g_states, g_snapshots, ctx.backend, ctx.dt_softplus)
+    return (*grads, None, None, None, None)
+
+
 scan.register_autograd(_backward, setup_context=_setup_context)
+scan_snapshots.register_autograd(_backward_snapshots, setup_context=_setup_context)

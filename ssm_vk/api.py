@@ -16,24 +16,10 @@ from .validate import check_backward, check_forward, frozen_result
 _FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
-def _fall_back(reason: str, snap: bool = False):
-    """The CPU backend that computes a case the device cannot run; the reason is logged once.
-    ``snap``: the call has K > 1 snapshots or g_snapshots, which the CPU backend must take (else
-    ssm_ref computes it)."""
-    cpu = _fast()
-    if snap and not _takes_snapshots(cpu):
-        log_once(f"ssm_vk falls back to ssm_ref on the CPU (ssm_fast takes no snapshots): {reason}")
-        return ssm_ref
+def _fall_back(reason: str):
+    """The CPU backend that computes a case the device cannot run; the reason is logged once."""
     log_once(f"ssm_vk falls back to ssm_fast on the CPU: {reason}")
-    return cpu
-
-
-def _takes_snapshots(cpu) -> bool:
-    import inspect
-
-    return "snapshots" in inspect.signature(cpu.ssm_scan).parameters
-
-
+    return _fast()
 
 
 def _scan_result(y, states, snapshots, where: str, backend: str = NAME) -> ScanResult:
@@ -164,7 +150,7 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> Sca
     K = p.dims.K
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
-        cpu = _fall_back(dec.sup.reason, K > 1)
+        cpu = _fall_back(dec.sup.reason)
         r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, ("y", "states", "snapshots") if K > 1
                       else ("y", "states"))
         return _scan_result(r.y, r.states, r.snapshots if K > 1 else None, r.where, r.backend)
@@ -206,7 +192,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K
         return _scan_result(r.y, None, r.snapshots if K > 1 else None, r.where, r.backend)
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:                        # on the CPU; the rows uploaded into the cache
-        cpu = _fall_back(dec.sup.reason, K > 1)
+        cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         r = _cpu_scan(cpu, h, p, dt_softplus)
         s._write_rows(p.ids, r.states)
@@ -241,7 +227,7 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
         snap = p.g_snapshots is not None
-        cpu = _fall_back(dec.sup.reason, snap)
+        cpu = _fall_back(dec.sup.reason)
         h = _host(p)
         gy = p.g_y.numpy() if isinstance(p.g_y, DeviceArray) else p.g_y
         gs = p.g_states.numpy() if isinstance(p.g_states, DeviceArray) else p.g_states
