@@ -237,3 +237,15 @@ def test_the_vectors_on_disk_carry_k(tmp_path):
     assert not short.inputs["g_states"].any() and short.inputs["g_snapshots"].shape == (4, 2, 2, 2, 4)
     assert goldens["snapshots_k1"].K == 1 and "g_snapshots" not in goldens["snapshots_k1"].inputs
     assert verify(ssm_ref, vectors=tmp_path).ok
+
+
+def test_the_snapshots_bound_leaves_the_shared_table_alone():
+    """tol_for adds the snapshots' bound to its own copy: ssm_ref.tolerance's tables keep their nine
+    outputs whatever T and steps the case has (a short case once wrote into F32_TOL itself)."""
+    from ssm_ref.testing.properties._common import tol_for
+    from ssm_ref.tolerance import OUTPUTS
+
+    for T in (3, 40):
+        t = tol_for(F32_TOL, make_problem(np.random.default_rng(T), S=1, T=T, H=2, P=2, N=3, G=1))
+        assert t["snapshots"] == t["states"]
+    assert set(F32_TOL) == set(OUTPUTS)
