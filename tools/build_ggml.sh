@@ -5,6 +5,7 @@
 #   tools/build_ggml.sh --sdist llama-cpp-python==0.3.36   # the ggml llama-cpp-python vendors (has K)
 #   tools/build_ggml.sh --tree ~/src/ggml        # a ggml checkout of yours (or an unpacked sdist)
 #   tools/build_ggml.sh --source ~/src/ggml --vulkan --vulkan-headers ~/src/Vulkan-Headers --name vulkan
+#   tools/build_ggml.sh --tree ~/src/ggml --cuda --name cuda   # CPU + CUDA backends (needs nvcc)
 #
 # Builds into build/ggml/<name>/ (default name: sdist-<version> or the source folder's name) and
 # prints the folder that holds libggml*.so as its last line: export SSM_GGML_LIB=<that folder>.
@@ -21,6 +22,10 @@
 #   --name NAME           the build's folder under --out
 #   --vulkan              also build ggml's Vulkan backend (needs glslc, libvulkan, Vulkan-Hpp headers)
 #   --vulkan-headers DIR  a Vulkan-Headers checkout (DIR/include), newer than your distribution's
+#   --cuda                also build ggml's CUDA backend (needs the CUDA toolkit: nvcc on PATH or
+#                         CUDACXX); its device is "CUDA0" (ssm-scan check --backend ssm_ggml:CUDA0)
+#   --cuda-arch LIST      CMAKE_CUDA_ARCHITECTURES (default "native": the GPUs of this machine; e.g.
+#                         90 for H100/H200)
 #   --origin TEXT         what the sources are, for ggml-build.json (e.g. "ggml-org/ggml d99724f2"
 #                         for an unpacked git archive, which has no .git to ask)
 #   --spirv-headers DIR   a SPIRV-Headers checkout, for ggml versions whose Vulkan backend asks
@@ -37,6 +42,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
 source_dir="" sdist="0.0.45" out="$here/build/ggml" name="" vulkan=0 vk_headers="" native=OFF jobs=2 origin_text="" spirv_headers=""
+cuda=0 cuda_arch=native
 while [ $# -gt 0 ]; do
   case "$1" in
     --source|--tree) source_dir="$2"; shift 2 ;;
@@ -44,6 +50,8 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --name) name="$2"; shift 2 ;;
     --vulkan) vulkan=1; shift ;;
+    --cuda) cuda=1; shift ;;
+    --cuda-arch) cuda_arch="$2"; shift 2 ;;
     --vulkan-headers) vk_headers="$2"; shift 2 ;;
     --spirv-headers) spirv_headers="$2"; shift 2 ;;
     --native) native=ON; shift ;;
@@ -123,6 +131,12 @@ if [ "$vulkan" = 1 ]; then
     fi
     flags+=("-DCMAKE_PREFIX_PATH=$spirv_prefix")
   fi
+fi
+
+if [ "$cuda" = 1 ]; then
+  command -v "${CUDACXX:-nvcc}" >/dev/null || [ -x "${CUDACXX:-/usr/local/cuda/bin/nvcc}" ] || {
+    echo "build_ggml.sh: --cuda needs the CUDA toolkit's nvcc (on PATH, or CUDACXX=/path/to/nvcc)" >&2; exit 1; }
+  flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$cuda_arch")
 fi
 
 version="$(sed -n 's/^set(GGML_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$source_dir/CMakeLists.txt" | paste -sd.)"
