@@ -1,7 +1,23 @@
 """The Workspace of one problem shape on one context: its plan, scratch and upload buffers,
-output buffers (pooled DeviceArrays, or its own for host calls) and the command sequences recorded
-for sets of buffers -- nothing else. The context's Engine keeps workspaces in a bounded cache and
-ssm_vk.run runs calls in them.
+output buffers (pooled DeviceArrays, or its own for host calls), the staging slots of host data
+and the command sequences recorded for sets of buffers -- nothing else. The context's Engine keeps
+workspaces in a bounded cache and ssm_vk.run runs calls in them.
+
+Host data moves with the call, never one array at a time. Where the device's memory is mapped
+(lavapipe, integrated GPUs) host inputs are written straight into their buffers and outputs read
+straight out of theirs: no submission, nothing waits. Elsewhere (a discrete GPU; the
+``force_staging`` seam) the host inputs are copied into the workspace's staging slots
+(runtime.Stage) and the recorded sequence itself begins with the copies into the upload buffers
+and ends with the copies of host outputs into their slots: one submission per call.
+
+A backward given the host arrays its forward just staged binds the forward workspace's upload
+buffers instead of staging them again (:meth:`Workspace.holding`): the rule is that those buffers
+hold exactly the bytes of the array as the call would upload them (float32, C order), compared
+in full (memcmp) against the forward's staging slot, which keeps those bytes. So an array written
+in place between the calls, or another array, is staged again; the object's identity does not
+matter (a torch tensor's numpy view is a new object each call). The compare costs what copying the
+bytes into the slot would (memcmp and memcpy run at the same speed on the host) and saves the
+device copy. Mapped memory is written again instead: there a write costs what the compare would.
 """
 
 from __future__ import annotations
@@ -17,7 +33,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import Planned
 from .plan import F32
-from .plan.sizes import output_shapes
+from .plan.sizes import input_shapes, output_shapes
 
 __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 
@@ -57,6 +73,13 @@ class Workspace:
         self._scratch: list = []          # by request order while recording
         self._k = 0
         self._uploads: dict = {}          # input name -> Buffer
+        self._stage = None                # rt.Stage: staging slots of host inputs and outputs (made on first use)
+        self._stage_bytes = None          # what the stage of every input and output needs
+        self._staged: tuple | list = ()   # the call's inputs staged: (name, upload Buffer, nbytes)
+        self._staged_out: tuple | list = ()  # the call's outputs staged: (name, Buffer, nbytes)
+        self._held: dict = {}             # name -> (upload Buffer, nbytes): a finished call copied the
+                                          # stage's slot into that buffer, and neither changed since
+        self.lent = False                 # a call that bound _held buffers failed, maybe still running
         self._host_out: dict = {}         # output name -> Buffer
         self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
         self._dummy = None
@@ -126,9 +149,11 @@ class Workspace:
         resid = (byte0 - aligned) // F32
         return (buf, aligned, (resid + count) * F32), resid
 
-    def input(self, name: str, arr) -> tuple:
-        """(buffer, element offset) of input ``arr``: DeviceArrays in place, host arrays
-        uploaded into this workspace's buffer for ``name``."""
+    def input(self, name: str, arr, donor: Workspace | None = None) -> tuple:
+        """(buffer, element offset) of input ``arr``: DeviceArrays in place; host arrays in the
+        upload buffer of ``donor`` (a forward's workspace, its lock held) that holds exactly their
+        bytes, else written into this workspace's buffer for ``name`` -- straight through its
+        mapping, or into the staging slot the call's sequence copies from."""
         if isinstance(arr, DeviceArray):
             arr._check_live()
             if arr.ctx is not self.ctx:
@@ -137,22 +162,100 @@ class Workspace:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0
+        if donor is not None:
+            buf = donor.holding(name, a)
+            if buf is not None:
+                return buf, 0
         buf = self._uploads.get(name)
         if buf is None or buf.size < a.nbytes:
             buf = self._uploads[name] = self._acquire(a.nbytes)
+        self._held.pop(name, None)   # written now: its slot no longer tells what it holds
+        if not rt.direct(buf):
+            stage = self.stage()
+            if stage is not None and stage.fits(name, a.nbytes):
+                stage.put(name, a)
+                self._staged.append((name, buf, a.nbytes))
+                return buf, 0
         rt.upload(buf, a)
         return buf, 0
 
-    def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
+    def bind_inputs(self, p, backward: bool, donor: Workspace | None = None) -> tuple[dict, list]:
         """The inputs' bindings: {name: (buffer, element offset)}, and the start of the sequence's
-        key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids).
-        Host inputs are uploaded into this workspace's buffers."""
+        key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids;
+        then, when host inputs were staged, which: the sequence copies them in). Host inputs are
+        written into this workspace's buffers, or bound in ``donor``'s (:meth:`input`)."""
         bufs: dict = {}
         key: list = []
+        self._staged = []
+        self._staged_out = ()
         for k in BWD_IN if backward else FWD_IN:
-            b, off = bufs[k] = self.input(k, getattr(p, k))
+            b, off = bufs[k] = self.input(k, getattr(p, k), donor)
             key += (None if b is None else b.serial, off)
+        if self._staged:
+            key.append(("staged", self._stage.buffer.serial, *(n for n, _, _ in self._staged)))
         return bufs, key
+
+    # -- host data: staging -------------------------------------------------------------------
+    def stage(self):
+        """The workspace's staging slots (rt.Stage: every input and output of the shape), made on
+        first use; None when they would exceed ``ctx.staging_chunk_bytes`` (the data then moves
+        one array at a time, through the context's staging buffer: at that size the submissions
+        cost nothing beside the copies)."""
+        stage = self._stage
+        if stage is not None and not stage.closed:
+            return stage
+        if self._stage_bytes is None:
+            sizes = {k: math.prod(v) * F32 for k, v in input_shapes(self.dims, self.backward).items()}
+            sizes.update({"out:" + k: n * F32 for k, n in self.sizes.items()})
+            self._stage_bytes = {k: n for k, n in sizes.items() if n}
+        if sum(self._stage_bytes.values()) > self.ctx.staging_chunk_bytes:
+            return None
+        self._stage = rt.Stage(self.ctx, self._stage_bytes)
+        return self._stage
+
+    def holding(self, name: str, a: np.ndarray):
+        """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
+        order), else None. Compared in full with the staging slot the buffer was filled from."""
+        held = self._held.get(name)
+        if held is None or held[1] != a.nbytes or held[0].closed or not self._stage.holds(name, a):
+            return None
+        return held[0]
+
+    def stage_outputs(self) -> tuple:
+        """For a call with host outputs: which outputs its sequence copies into the staging slots
+        (those whose buffers are not mapped), as the marker its key ends with."""
+        outs = self.outputs(False)
+        staged = []
+        stage = None
+        for k, a in outs.items():
+            if a.buffer is not None and not rt.direct(a.buffer):
+                stage = stage or self.stage()
+                if stage is None:
+                    break
+                staged.append((k, a.buffer, a.nbytes))
+        else:
+            self._staged_out = staged
+            return ("out", stage.buffer.serial, *(k for k, _, _ in staged)) if staged else ()
+        self._staged_out = ()
+        return ()
+
+    def results(self, outs: dict) -> dict:
+        """The host results of a finished call: new numpy arrays, read from the staging slots
+        (outputs the sequence copied there) or the buffers' mapping."""
+        staged = {k for k, _, _ in self._staged_out}
+        if not staged:
+            return {k: a.numpy() for k, a in outs.items()}
+        stage = self._stage
+        return {k: stage.take("out:" + k, a.shape) if k in staged else a.numpy() for k, a in outs.items()}
+
+    def staged_done(self) -> None:
+        """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
+        for name, buf, nbytes in self._staged:
+            self._held[name] = (buf, nbytes)
+
+    def unstage(self) -> None:
+        """End the call's staging (what the next recording copies is the next call's)."""
+        self._staged = self._staged_out = ()
 
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
@@ -208,11 +311,21 @@ class Workspace:
         self._constants = []
         seq = rt.Sequence(self.ctx)
         try:
+            # Staged host data moves in this very submission: copied in before the work (outside
+            # its timestamps), the host outputs copied out after it.
+            for name, buf, nbytes in self._staged:
+                self._stage.copy_in(seq, name, buf, nbytes)
+            if self._staged:
+                seq.barrier()
             if self.ctx.info.timestamps:
                 seq.timestamp("start")
             record(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("end")
+            if self._staged_out:
+                seq.barrier()
+                for name, buf, nbytes in self._staged_out:
+                    self._stage.copy_out(seq, "out:" + name, buf, nbytes)
             seq.finish()
         except BaseException:
             seq.close()
@@ -236,6 +349,9 @@ class Workspace:
         (raises VulkanTimeout again if it still has not)."""
         if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
             return
+        if self.lent:   # a call that read this workspace's upload buffers failed: it may still run
+            self.ctx.wait_idle()
+            self.lent = False
         for seq, _ in self.sequences.values():
             if seq.pending:
                 seq.wait()
@@ -255,6 +371,10 @@ class Workspace:
         if self._flag_host is not None and not self.ctx.closed:
             self._flag_host.close()
         self._flag_host = None
+        if self._stage is not None and not self.ctx.closed:
+            self._stage.close()
+        self._stage = None
+        self._held.clear()
         if not self.ctx.closed and not self.pool.closed:
             for bufs in self._out_sets:
                 self.pool.unreserve(bufs)
