@@ -1,5 +1,5 @@
-"""CPU instructions of ssm_vk's Python per steady-state device-resident call, counted by valgrind's
-callgrind: the figure of docs/BENCHMARKS.md, "Python per call".
+"""CPU instructions of ssm_vk's Python per steady-state call (device-resident by default), counted
+by valgrind's callgrind: the figure of docs/BENCHMARKS.md, "Python per call".
 
     python benchmarks/vk_call_instructions.py [--calls 2000] [--modes fwd,bwd] [--tree DIR]
 

@@ -169,9 +169,14 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     token = buffers.busy(held) if held else None
     try:
         bufs, key = ws.bind_inputs(p, backward)
+        if ws.host.staged:   # host inputs beside device ones, staged: the sequence copies them in
+            try:
+                key.append(ws.staged_key())
+                return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+            finally:
+                ws.unstage()
         return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
-        ws.unstage()   # (host inputs beside device ones: staged for this call only)
         if token is not None:
             buffers.idle(token)
 
@@ -180,18 +185,18 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
     """_run_in's call on host inputs with host results: a backward binds the upload buffers of
     the forward of its shape where they hold these very bytes (engine.lend_uploads); a forward
     that staged inputs offers its own for the backward to come."""
-    donor = engine.lend_uploads(ws) if backward else None
+    donor = ws.host.donor = engine.lend_uploads(ws) if backward else None
     try:
-        bufs, key = ws.bind_inputs(p, backward, donor)
-        key.append(ws.stage_outputs())
+        bufs, key = ws.bind_inputs(p, backward)
+        key += (ws.staged_key(), ws.stage_outputs())
         out = _run_bound(engine, ws, p, backward, False, bufs, key, update)
         ws.staged_done()   # (the submission ran, whatever its flag said)
-        if not backward and ws._staged:
+        if not backward and ws.host.staged:
             engine.offer_uploads(ws)
         return out
     except BaseException:
         if donor is not None:
-            donor.lent = True   # the failed call may still read its buffers: its next call waits
+            donor.host.lent = True   # the failed call may still read its buffers: its next call waits
         raise
     finally:
         ws.unstage()

@@ -42,6 +42,36 @@ FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in 
 BWD_IN = (*FWD_IN, "g_y", "g_states")
 
 
+class HostData:
+    """A workspace's buffers and staging of host data: the upload buffers of host inputs
+    (``uploads``: name -> Buffer), the output buffers of host calls (``out``: name -> Buffer) and
+    the DeviceArrays over them (``views``), the staging slots (``stage``, an rt.Stage made on
+    first use, and ``stage_bytes``, their sizes), what the call being run staged (``staged``:
+    (name, upload Buffer, nbytes) each; ``staged_out``: (name, output Buffer, nbytes) each; both
+    empty outside a call, which run.py ends with ``Workspace.unstage``), which upload buffers hold
+    their slot's bytes since a finished call (``held``: name -> (Buffer, nbytes)) and whether a
+    call that bound them failed and may still run (``lent``); the forward workspace whose upload
+    buffers the call being run may bind (``donor``, its lock held; None outside a call).
+
+    One attribute of the Workspace, on purpose: an instance of 30 attributes or more loses
+    CPython 3.11's shared-key dict, and each attribute load of the device-resident path's Python
+    with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py)."""
+
+    __slots__ = ("donor", "held", "lent", "out", "stage", "stage_bytes", "staged", "staged_out", "uploads", "views")
+
+    def __init__(self):
+        self.uploads: dict = {}
+        self.out: dict = {}
+        self.views: dict | None = None
+        self.stage = None
+        self.stage_bytes = None
+        self.staged: tuple = ()
+        self.staged_out: tuple | list = ()
+        self.held: dict = {}
+        self.lent = False
+        self.donor = None
+
+
 class Workspace:
     """Everything one problem shape needs on one context, kept between calls: the plan, upload
     buffers for host inputs, output buffers for host calls, scratch, recorded sequences.
@@ -72,16 +102,7 @@ class Workspace:
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
-        self._uploads: dict = {}          # input name -> Buffer
-        self._stage = None                # rt.Stage: staging slots of host inputs and outputs (made on first use)
-        self._stage_bytes = None          # what the stage of every input and output needs
-        self._staged: tuple | list = ()   # the call's inputs staged: (name, upload Buffer, nbytes)
-        self._staged_out: tuple | list = ()  # the call's outputs staged: (name, Buffer, nbytes)
-        self._held: dict = {}             # name -> (upload Buffer, nbytes): a finished call copied the
-                                          # stage's slot into that buffer, and neither changed since
-        self.lent = False                 # a call that bound _held buffers failed, maybe still running
-        self._host_out: dict = {}         # output name -> Buffer
-        self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
+        self.host = HostData()            # the buffers and staging of host inputs and outputs
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
@@ -149,11 +170,11 @@ class Workspace:
         resid = (byte0 - aligned) // F32
         return (buf, aligned, (resid + count) * F32), resid
 
-    def input(self, name: str, arr, donor: Workspace | None = None) -> tuple:
+    def input(self, name: str, arr) -> tuple:
         """(buffer, element offset) of input ``arr``: DeviceArrays in place; host arrays in the
-        upload buffer of ``donor`` (a forward's workspace, its lock held) that holds exactly their
-        bytes, else written into this workspace's buffer for ``name`` -- straight through its
-        mapping, or into the staging slot the call's sequence copies from."""
+        upload buffer of the call's donor (``host.donor``: a forward's workspace, its lock held)
+        that holds exactly their bytes, else written into this workspace's buffer for ``name`` --
+        straight through its mapping, or into the staging slot the call's sequence copies from."""
         if isinstance(arr, DeviceArray):
             arr._check_live()
             if arr.ctx is not self.ctx:
@@ -162,38 +183,46 @@ class Workspace:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0
+        donor = self.host.donor
         if donor is not None:
             buf = donor.holding(name, a)
             if buf is not None:
                 return buf, 0
-        buf = self._uploads.get(name)
+        buf = self.host.uploads.get(name)
         if buf is None or buf.size < a.nbytes:
-            buf = self._uploads[name] = self._acquire(a.nbytes)
-        self._held.pop(name, None)   # written now: its slot no longer tells what it holds
+            buf = self.host.uploads[name] = self._acquire(a.nbytes)
+        self.host.held.pop(name, None)   # written now: its slot no longer tells what it holds
         if not rt.direct(buf):
             stage = self.stage()
             if stage is not None and stage.fits(name, a.nbytes):
                 stage.put(name, a)
-                self._staged.append((name, buf, a.nbytes))
+                self.host.staged += ((name, buf, a.nbytes),)
                 return buf, 0
         rt.upload(buf, a)
         return buf, 0
 
-    def bind_inputs(self, p, backward: bool, donor: Workspace | None = None) -> tuple[dict, list]:
+    def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
         """The inputs' bindings: {name: (buffer, element offset)}, and the start of the sequence's
-        key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids;
-        then, when host inputs were staged, which: the sequence copies them in). Host inputs are
-        written into this workspace's buffers, or bound in ``donor``'s (:meth:`input`)."""
+        key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids).
+        Host inputs are written into this workspace's buffers or its staging slots, or bound in
+        the donor's (:meth:`input`); when any was staged, the caller appends :meth:`staged_key`."""
         bufs: dict = {}
         key: list = []
-        self._staged = []
-        self._staged_out = ()
-        for k in BWD_IN if backward else FWD_IN:
-            b, off = bufs[k] = self.input(k, getattr(p, k), donor)
-            key += (None if b is None else b.serial, off)
-        if self._staged:
-            key.append(("staged", self._stage.buffer.serial, *(n for n, _, _ in self._staged)))
+        try:
+            for k in BWD_IN if backward else FWD_IN:
+                b, off = bufs[k] = self.input(k, getattr(p, k))
+                key += (None if b is None else b.serial, off)
+        except BaseException:
+            if self.host.staged:
+                self.unstage()
+            raise
         return bufs, key
+
+    def staged_key(self) -> tuple:
+        """The part of the sequence's key that says which host inputs the call staged (its
+        recording copies them in), () when none."""
+        staged = self.host.staged
+        return ("staged", self.host.stage.buffer.serial, *(n for n, _, _ in staged)) if staged else ()
 
     # -- host data: staging -------------------------------------------------------------------
     def stage(self):
@@ -201,23 +230,23 @@ class Workspace:
         first use; None when they would exceed ``ctx.staging_chunk_bytes`` (the data then moves
         one array at a time, through the context's staging buffer: at that size the submissions
         cost nothing beside the copies)."""
-        stage = self._stage
+        stage = self.host.stage
         if stage is not None and not stage.closed:
             return stage
-        if self._stage_bytes is None:
+        if self.host.stage_bytes is None:
             sizes = {k: math.prod(v) * F32 for k, v in input_shapes(self.dims, self.backward).items()}
             sizes.update({"out:" + k: n * F32 for k, n in self.sizes.items()})
-            self._stage_bytes = {k: n for k, n in sizes.items() if n}
-        if sum(self._stage_bytes.values()) > self.ctx.staging_chunk_bytes:
+            self.host.stage_bytes = {k: n for k, n in sizes.items() if n}
+        if sum(self.host.stage_bytes.values()) > self.ctx.staging_chunk_bytes:
             return None
-        self._stage = rt.Stage(self.ctx, self._stage_bytes)
-        return self._stage
+        self.host.stage = rt.Stage(self.ctx, self.host.stage_bytes)
+        return self.host.stage
 
     def holding(self, name: str, a: np.ndarray):
         """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
         order), else None. Compared in full with the staging slot the buffer was filled from."""
-        held = self._held.get(name)
-        if held is None or held[1] != a.nbytes or held[0].closed or not self._stage.holds(name, a):
+        held = self.host.held.get(name)
+        if held is None or held[1] != a.nbytes or held[0].closed or not self.host.stage.holds(name, a):
             return None
         return held[0]
 
@@ -234,28 +263,30 @@ class Workspace:
                     break
                 staged.append((k, a.buffer, a.nbytes))
         else:
-            self._staged_out = staged
+            self.host.staged_out = staged
             return ("out", stage.buffer.serial, *(k for k, _, _ in staged)) if staged else ()
-        self._staged_out = ()
+        self.host.staged_out = ()
         return ()
 
     def results(self, outs: dict) -> dict:
         """The host results of a finished call: new numpy arrays, read from the staging slots
         (outputs the sequence copied there) or the buffers' mapping."""
-        staged = {k for k, _, _ in self._staged_out}
+        staged = {k for k, _, _ in self.host.staged_out}
         if not staged:
             return {k: a.numpy() for k, a in outs.items()}
-        stage = self._stage
+        stage = self.host.stage
         return {k: stage.take("out:" + k, a.shape) if k in staged else a.numpy() for k, a in outs.items()}
 
     def staged_done(self) -> None:
         """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
-        for name, buf, nbytes in self._staged:
-            self._held[name] = (buf, nbytes)
+        for name, buf, nbytes in self.host.staged:
+            self.host.held[name] = (buf, nbytes)
 
     def unstage(self) -> None:
         """End the call's staging (what the next recording copies is the next call's)."""
-        self._staged = self._staged_out = ()
+        host = self.host
+        host.staged = host.staged_out = ()
+        host.donor = None
 
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
@@ -290,15 +321,16 @@ class Workspace:
                     p.release(b)
                 raise
             return out
-        if self._host_views is None:  # made once: they never leave the workspace (results are copies)
+        host = self.host
+        if host.views is None:  # made once: they never leave the workspace (results are copies)
             out = {}
             for k, shape in self.shapes.items():
                 n = self.sizes[k] * F32
-                if n and k not in self._host_out:
-                    self._host_out[k] = self._acquire(n)
-                out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
-            self._host_views = out
-        return self._host_views
+                if n and k not in host.out:
+                    host.out[k] = self._acquire(n)
+                out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
+            host.views = out
+        return host.views
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):
@@ -313,19 +345,19 @@ class Workspace:
         try:
             # Staged host data moves in this very submission: copied in before the work (outside
             # its timestamps), the host outputs copied out after it.
-            for name, buf, nbytes in self._staged:
-                self._stage.copy_in(seq, name, buf, nbytes)
-            if self._staged:
+            for name, buf, nbytes in self.host.staged:
+                self.host.stage.copy_in(seq, name, buf, nbytes)
+            if self.host.staged:
                 seq.barrier()
             if self.ctx.info.timestamps:
                 seq.timestamp("start")
             record(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("end")
-            if self._staged_out:
+            if self.host.staged_out:
                 seq.barrier()
-                for name, buf, nbytes in self._staged_out:
-                    self._stage.copy_out(seq, "out:" + name, buf, nbytes)
+                for name, buf, nbytes in self.host.staged_out:
+                    self.host.stage.copy_out(seq, "out:" + name, buf, nbytes)
             seq.finish()
         except BaseException:
             seq.close()
@@ -349,9 +381,9 @@ class Workspace:
         (raises VulkanTimeout again if it still has not)."""
         if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
             return
-        if self.lent:   # a call that read this workspace's upload buffers failed: it may still run
+        if self.host.lent:   # a call that read this workspace's upload buffers failed: it may still run
             self.ctx.wait_idle()
-            self.lent = False
+            self.host.lent = False
         for seq, _ in self.sequences.values():
             if seq.pending:
                 seq.wait()
@@ -371,10 +403,10 @@ class Workspace:
         if self._flag_host is not None and not self.ctx.closed:
             self._flag_host.close()
         self._flag_host = None
-        if self._stage is not None and not self.ctx.closed:
-            self._stage.close()
-        self._stage = None
-        self._held.clear()
+        if self.host.stage is not None and not self.ctx.closed:
+            self.host.stage.close()
+        self.host.stage = None
+        self.host.held.clear()
         if not self.ctx.closed and not self.pool.closed:
             for bufs in self._out_sets:
                 self.pool.unreserve(bufs)
