@@ -9,8 +9,8 @@ It owns:
 - the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
-  share); by the same key, the forward workspace whose upload buffers hold its last staged host
-  inputs (``lend_uploads``: workspace.py says when a backward binds them);
+  share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
+  last staged host inputs (``lend_uploads``: workspace.py says when a backward binds them);
 - the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
 - counters (``reruns``, ``states_reused``) for tests and benchmarks.
 
@@ -78,7 +78,8 @@ class Engine:
         self.decisions: dict = {}
         self.lanes: dict = {}
         self.kept: dict = {}                 # kept_key -> KeptForward
-        self.uploads: dict = {}              # kept_key -> the forward Workspace that staged host inputs last
+        self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
+                                             # staged host inputs last
         self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
         self.reruns = 0                      # chunked results recomputed for inf/nan
         self.states_reused = 0               # backwards that took their forward's tables
@@ -189,13 +190,13 @@ class Engine:
 
     def offer_uploads(self, ws: Workspace) -> None:
         """Forward workspace ``ws`` (its lock held) staged host inputs: its upload buffers hold them."""
-        self.uploads[ws.kept_key] = ws
+        self.uploads[ws.host.pair] = ws
 
     def lend_uploads(self, ws: Workspace) -> Workspace | None:
         """The forward workspace of backward workspace ``ws``'s shape whose upload buffers hold
         staged host inputs, locked (the caller releases its lock once its call is over); None
         when there is none, or it is busy (never waits: a forward running now rewrites them)."""
-        donor = self.uploads.get(ws.kept_key)
+        donor = self.uploads.get(ws.host.pair)
         if donor is None or donor is ws or not donor.lock.acquire(blocking=False):
             return None
         if donor.closed:

@@ -188,11 +188,13 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
     donor = ws.host.donor = engine.lend_uploads(ws) if backward else None
     try:
         bufs, key = ws.bind_inputs(p, backward)
-        key += (ws.staged_key(), ws.stage_outputs())
+        staged = ws.host.staged
+        key += (ws.staged_key() if staged else (), ws.stage_outputs())
         out = _run_bound(engine, ws, p, backward, False, bufs, key, update)
-        ws.staged_done()   # (the submission ran, whatever its flag said)
-        if not backward and ws.host.staged:
-            engine.offer_uploads(ws)
+        if staged:
+            ws.staged_done()   # (the submission ran, whatever its flag said)
+            if not backward:
+                engine.offer_uploads(ws)
         return out
     except BaseException:
         if donor is not None:

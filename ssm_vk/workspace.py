@@ -51,15 +51,20 @@ class HostData:
     empty outside a call, which run.py ends with ``Workspace.unstage``), which upload buffers hold
     their slot's bytes since a finished call (``held``: name -> (Buffer, nbytes)) and whether a
     call that bound them failed and may still run (``lent``); the forward workspace whose upload
-    buffers the call being run may bind (``donor``, its lock held; None outside a call).
+    buffers the call being run may bind (``donor``, its lock held; None outside a call); and
+    ``pair``, the hash of the workspace's ``kept_key``, by which a backward finds the forward of
+    its shape (engine.lend_uploads) without hashing the key's dataclasses each call (a wrong
+    pair could only bind buffers that hold exactly the bytes asked for: still right).
 
     One attribute of the Workspace, on purpose: an instance of 30 attributes or more loses
     CPython 3.11's shared-key dict, and each attribute load of the device-resident path's Python
     with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py)."""
 
-    __slots__ = ("donor", "held", "lent", "out", "stage", "stage_bytes", "staged", "staged_out", "uploads", "views")
+    __slots__ = ("donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out", "uploads",
+                 "views")
 
-    def __init__(self):
+    def __init__(self, pair: int):
+        self.pair = pair
         self.uploads: dict = {}
         self.out: dict = {}
         self.views: dict | None = None
@@ -102,7 +107,7 @@ class Workspace:
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
-        self.host = HostData()            # the buffers and staging of host inputs and outputs
+        self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
@@ -183,20 +188,22 @@ class Workspace:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0
-        donor = self.host.donor
+        host = self.host
+        donor = host.donor
         if donor is not None:
             buf = donor.holding(name, a)
             if buf is not None:
                 return buf, 0
-        buf = self.host.uploads.get(name)
+        buf = host.uploads.get(name)
         if buf is None or buf.size < a.nbytes:
-            buf = self.host.uploads[name] = self._acquire(a.nbytes)
-        self.host.held.pop(name, None)   # written now: its slot no longer tells what it holds
-        if not rt.direct(buf):
+            buf = host.uploads[name] = self._acquire(a.nbytes)
+        if host.held:
+            host.held.pop(name, None)   # written now: its slot no longer tells what it holds
+        if not buf.mappable or self.ctx.seams.force_staging:   # (not rt.direct(buf), inlined: each input)
             stage = self.stage()
             if stage is not None and stage.fits(name, a.nbytes):
                 stage.put(name, a)
-                self.host.staged += ((name, buf, a.nbytes),)
+                host.staged += ((name, buf, a.nbytes),)
                 return buf, 0
         rt.upload(buf, a)
         return buf, 0
@@ -254,28 +261,21 @@ class Workspace:
         """For a call with host outputs: which outputs its sequence copies into the staging slots
         (those whose buffers are not mapped), as the marker its key ends with."""
         outs = self.outputs(False)
-        staged = []
-        stage = None
-        for k, a in outs.items():
-            if a.buffer is not None and not rt.direct(a.buffer):
-                stage = stage or self.stage()
-                if stage is None:
-                    break
-                staged.append((k, a.buffer, a.nbytes))
-        else:
-            self.host.staged_out = staged
-            return ("out", stage.buffer.serial, *(k for k, _, _ in staged)) if staged else ()
-        self.host.staged_out = ()
-        return ()
+        # the buffers are all of one memory type (the pool's): mapped, or staged every one
+        first = next((a.buffer for a in outs.values() if a.buffer is not None), None)
+        stage = None if first is None or rt.direct(first) else self.stage()
+        if stage is None:
+            return ()
+        staged = self.host.staged_out = [(k, a.buffer, a.nbytes) for k, a in outs.items() if a.buffer is not None]
+        return ("out", stage.buffer.serial, *(k for k, _, _ in staged))
 
     def results(self, outs: dict) -> dict:
         """The host results of a finished call: new numpy arrays, read from the staging slots
         (outputs the sequence copied there) or the buffers' mapping."""
-        staged = {k for k, _, _ in self.host.staged_out}
-        if not staged:
+        if not self.host.staged_out:
             return {k: a.numpy() for k, a in outs.items()}
         stage = self.host.stage
-        return {k: stage.take("out:" + k, a.shape) if k in staged else a.numpy() for k, a in outs.items()}
+        return {k: stage.take("out:" + k, a.shape) if a.buffer is not None else a.numpy() for k, a in outs.items()}
 
     def staged_done(self) -> None:
         """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
@@ -400,10 +400,13 @@ class Workspace:
                 except ValueError:
                     pass
         self._owned.clear()
-        if self._flag_host is not None and not self.ctx.closed:
+        # Buffers of its own, not the pool's: closed here, unless the context is lost -- work that
+        # timed out may still read them, and the context's close frees them after its wait.
+        live = not (self.ctx.closed or self.ctx.lost)
+        if self._flag_host is not None and live:
             self._flag_host.close()
         self._flag_host = None
-        if self.host.stage is not None and not self.ctx.closed:
+        if self.host.stage is not None and live:
             self.host.stage.close()
         self.host.stage = None
         self.host.held.clear()
