@@ -10,7 +10,7 @@ It owns:
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
   share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
-  last staged host inputs (``lend_uploads``: workspace.py says when a backward binds them);
+  last staged host inputs (``lend_uploads``: hostdata.py says when a backward binds them);
 - the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
 - counters (``reruns``, ``states_reused``) for tests and benchmarks.
 

@@ -171,10 +171,10 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
         bufs, key = ws.bind_inputs(p, backward)
         if ws.host.staged:   # host inputs beside device ones, staged: the sequence copies them in
             try:
-                key.append(ws.staged_key())
+                key.append(ws.host.staged_key())
                 return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
             finally:
-                ws.unstage()
+                ws.host.unstage()
         return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
         if token is not None:
@@ -189,10 +189,10 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
     try:
         bufs, key = ws.bind_inputs(p, backward)
         staged = ws.host.staged
-        key += (ws.staged_key() if staged else (), ws.stage_outputs())
+        key += (ws.host.staged_key() if staged else (), ws.host.stage_outputs(ws))
         out = _run_bound(engine, ws, p, backward, False, bufs, key, update)
         if staged:
-            ws.staged_done()   # (the submission ran, whatever its flag said)
+            ws.host.staged_done()   # (the submission ran, whatever its flag said)
             if not backward:
                 engine.offer_uploads(ws)
         return out
@@ -201,7 +201,7 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
             donor.host.lent = True   # the failed call may still read its buffers: its next call waits
         raise
     finally:
-        ws.unstage()
+        ws.host.unstage()
         if donor is not None:
             donor.lock.release()
 
@@ -252,7 +252,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
                 engine.keep(kept_key, ws, arrays, ids)
         if device_out:
             return outs
-        return ws.results(outs)
+        return ws.host.results(outs)
     except BaseException:
         if device_out:
             release_all(outs)

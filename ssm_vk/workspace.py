@@ -3,21 +3,7 @@ output buffers (pooled DeviceArrays, or its own for host calls), the staging slo
 and the command sequences recorded for sets of buffers -- nothing else. The context's Engine keeps
 workspaces in a bounded cache and ssm_vk.run runs calls in them.
 
-Host data moves with the call, never one array at a time. Where the device's memory is mapped
-(lavapipe, integrated GPUs) host inputs are written straight into their buffers and outputs read
-straight out of theirs: no submission, nothing waits. Elsewhere (a discrete GPU; the
-``force_staging`` seam) the host inputs are copied into the workspace's staging slots
-(runtime.Stage) and the recorded sequence itself begins with the copies into the upload buffers
-and ends with the copies of host outputs into their slots: one submission per call.
-
-A backward given the host arrays its forward just staged binds the forward workspace's upload
-buffers instead of staging them again (:meth:`Workspace.holding`): the rule is that those buffers
-hold exactly the bytes of the array as the call would upload them (float32, C order), compared
-in full (memcmp) against the forward's staging slot, which keeps those bytes. So an array written
-in place between the calls, or another array, is staged again; the object's identity does not
-matter (a torch tensor's numpy view is a new object each call). The compare costs what copying the
-bytes into the slot would (memcmp and memcpy run at the same speed on the host) and saves the
-device copy. Mapped memory is written again instead: there a write costs what the compare would.
+Host data moves with the call, in its one submission: hostdata.py.
 """
 
 from __future__ import annotations
@@ -32,49 +18,15 @@ from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import Planned
+from .hostdata import HostData
 from .plan import F32
-from .plan.sizes import input_shapes, output_shapes
+from .plan.sizes import output_shapes
 
 __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
 BWD_IN = (*FWD_IN, "g_y", "g_states")
-
-
-class HostData:
-    """A workspace's buffers and staging of host data: the upload buffers of host inputs
-    (``uploads``: name -> Buffer), the output buffers of host calls (``out``: name -> Buffer) and
-    the DeviceArrays over them (``views``), the staging slots (``stage``, an rt.Stage made on
-    first use, and ``stage_bytes``, their sizes), what the call being run staged (``staged``:
-    (name, upload Buffer, nbytes) each; ``staged_out``: (name, output Buffer, nbytes) each; both
-    empty outside a call, which run.py ends with ``Workspace.unstage``), which upload buffers hold
-    their slot's bytes since a finished call (``held``: name -> (Buffer, nbytes)) and whether a
-    call that bound them failed and may still run (``lent``); the forward workspace whose upload
-    buffers the call being run may bind (``donor``, its lock held; None outside a call); and
-    ``pair``, the hash of the workspace's ``kept_key``, by which a backward finds the forward of
-    its shape (engine.lend_uploads) without hashing the key's dataclasses each call (a wrong
-    pair could only bind buffers that hold exactly the bytes asked for: still right).
-
-    One attribute of the Workspace, on purpose: an instance of 30 attributes or more loses
-    CPython 3.11's shared-key dict, and each attribute load of the device-resident path's Python
-    with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py)."""
-
-    __slots__ = ("donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out", "uploads",
-                 "views")
-
-    def __init__(self, pair: int):
-        self.pair = pair
-        self.uploads: dict = {}
-        self.out: dict = {}
-        self.views: dict | None = None
-        self.stage = None
-        self.stage_bytes = None
-        self.staged: tuple = ()
-        self.staged_out: tuple | list = ()
-        self.held: dict = {}
-        self.lent = False
-        self.donor = None
 
 
 class Workspace:
@@ -108,6 +60,7 @@ class Workspace:
         self._scratch: list = []          # by request order while recording
         self._k = 0
         self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
+                                                    # (one attribute: hostdata.HostData says why)
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
@@ -121,7 +74,8 @@ class Workspace:
         self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
-    def _acquire(self, nbytes: int):
+    def acquire(self, nbytes: int):
+        """A buffer of the pool that this workspace holds until it closes."""
         buf = self.pool.acquire(nbytes)
         self._owned.append(buf)
         return buf
@@ -134,21 +88,21 @@ class Workspace:
             buf = self._scratch[self._k]
             assert buf.size >= n_elems * F32
         else:
-            buf = self._acquire(n_elems * F32)
+            buf = self.acquire(n_elems * F32)
             self._scratch.append(buf)
         self._k += 1
         return buf
 
     def constant(self, arr: np.ndarray):
         """A small buffer holding ``arr``, kept with the sequence being recorded."""
-        buf = self._acquire(arr.nbytes)
+        buf = self.acquire(arr.nbytes)
         rt.upload(buf, arr)
         self._constants.append(buf)
         return buf
 
     def dummy(self):
         if self._dummy is None:
-            self._dummy = self._acquire(16)
+            self._dummy = self.acquire(16)
         return self._dummy
 
     def flag_host(self):
@@ -179,7 +133,8 @@ class Workspace:
         """(buffer, element offset) of input ``arr``: DeviceArrays in place; host arrays in the
         upload buffer of the call's donor (``host.donor``: a forward's workspace, its lock held)
         that holds exactly their bytes, else written into this workspace's buffer for ``name`` --
-        straight through its mapping, or into the staging slot the call's sequence copies from."""
+        straight through its mapping, or into the staging slot the call's sequence copies from
+        (hostdata.HostData.write)."""
         if isinstance(arr, DeviceArray):
             arr._check_live()
             if arr.ctx is not self.ctx:
@@ -188,31 +143,13 @@ class Workspace:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0
-        host = self.host
-        donor = host.donor
-        if donor is not None:
-            buf = donor.holding(name, a)
-            if buf is not None:
-                return buf, 0
-        buf = host.uploads.get(name)
-        if buf is None or buf.size < a.nbytes:
-            buf = host.uploads[name] = self._acquire(a.nbytes)
-        if host.held:
-            host.held.pop(name, None)   # written now: its slot no longer tells what it holds
-        if not buf.mappable or self.ctx.seams.force_staging:   # (not rt.direct(buf), inlined: each input)
-            stage = self.stage()
-            if stage is not None and stage.fits(name, a.nbytes):
-                stage.put(name, a)
-                host.staged += ((name, buf, a.nbytes),)
-                return buf, 0
-        rt.upload(buf, a)
-        return buf, 0
+        return self.host.write(self, name, a)
 
     def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
         """The inputs' bindings: {name: (buffer, element offset)}, and the start of the sequence's
         key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids).
         Host inputs are written into this workspace's buffers or its staging slots, or bound in
-        the donor's (:meth:`input`); when any was staged, the caller appends :meth:`staged_key`."""
+        the donor's (:meth:`input`); when any was staged, the caller appends ``host.staged_key()``."""
         bufs: dict = {}
         key: list = []
         try:
@@ -221,72 +158,9 @@ class Workspace:
                 key += (None if b is None else b.serial, off)
         except BaseException:
             if self.host.staged:
-                self.unstage()
+                self.host.unstage()
             raise
         return bufs, key
-
-    def staged_key(self) -> tuple:
-        """The part of the sequence's key that says which host inputs the call staged (its
-        recording copies them in), () when none."""
-        staged = self.host.staged
-        return ("staged", self.host.stage.buffer.serial, *(n for n, _, _ in staged)) if staged else ()
-
-    # -- host data: staging -------------------------------------------------------------------
-    def stage(self):
-        """The workspace's staging slots (rt.Stage: every input and output of the shape), made on
-        first use; None when they would exceed ``ctx.staging_chunk_bytes`` (the data then moves
-        one array at a time, through the context's staging buffer: at that size the submissions
-        cost nothing beside the copies)."""
-        stage = self.host.stage
-        if stage is not None and not stage.closed:
-            return stage
-        if self.host.stage_bytes is None:
-            sizes = {k: math.prod(v) * F32 for k, v in input_shapes(self.dims, self.backward).items()}
-            sizes.update({"out:" + k: n * F32 for k, n in self.sizes.items()})
-            self.host.stage_bytes = {k: n for k, n in sizes.items() if n}
-        if sum(self.host.stage_bytes.values()) > self.ctx.staging_chunk_bytes:
-            return None
-        self.host.stage = rt.Stage(self.ctx, self.host.stage_bytes)
-        return self.host.stage
-
-    def holding(self, name: str, a: np.ndarray):
-        """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
-        order), else None. Compared in full with the staging slot the buffer was filled from."""
-        held = self.host.held.get(name)
-        if held is None or held[1] != a.nbytes or held[0].closed or not self.host.stage.holds(name, a):
-            return None
-        return held[0]
-
-    def stage_outputs(self) -> tuple:
-        """For a call with host outputs: which outputs its sequence copies into the staging slots
-        (those whose buffers are not mapped), as the marker its key ends with."""
-        outs = self.outputs(False)
-        # the buffers are all of one memory type (the pool's): mapped, or staged every one
-        first = next((a.buffer for a in outs.values() if a.buffer is not None), None)
-        stage = None if first is None or rt.direct(first) else self.stage()
-        if stage is None:
-            return ()
-        staged = self.host.staged_out = [(k, a.buffer, a.nbytes) for k, a in outs.items() if a.buffer is not None]
-        return ("out", stage.buffer.serial, *(k for k, _, _ in staged))
-
-    def results(self, outs: dict) -> dict:
-        """The host results of a finished call: new numpy arrays, read from the staging slots
-        (outputs the sequence copied there) or the buffers' mapping."""
-        if not self.host.staged_out:
-            return {k: a.numpy() for k, a in outs.items()}
-        stage = self.host.stage
-        return {k: stage.take("out:" + k, a.shape) if a.buffer is not None else a.numpy() for k, a in outs.items()}
-
-    def staged_done(self) -> None:
-        """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
-        for name, buf, nbytes in self.host.staged:
-            self.host.held[name] = (buf, nbytes)
-
-    def unstage(self) -> None:
-        """End the call's staging (what the next recording copies is the next call's)."""
-        host = self.host
-        host.staged = host.staged_out = ()
-        host.donor = None
 
     def outputs(self, device_out: bool) -> dict:
         """Output arrays: fresh DeviceArrays from the pool, or this workspace's host buffers."""
@@ -327,7 +201,7 @@ class Workspace:
             for k, shape in self.shapes.items():
                 n = self.sizes[k] * F32
                 if n and k not in host.out:
-                    host.out[k] = self._acquire(n)
+                    host.out[k] = self.acquire(n)
                 out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
             host.views = out
         return host.views
@@ -345,19 +219,13 @@ class Workspace:
         try:
             # Staged host data moves in this very submission: copied in before the work (outside
             # its timestamps), the host outputs copied out after it.
-            for name, buf, nbytes in self.host.staged:
-                self.host.stage.copy_in(seq, name, buf, nbytes)
-            if self.host.staged:
-                seq.barrier()
+            self.host.copy_in(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("start")
             record(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("end")
-            if self.host.staged_out:
-                seq.barrier()
-                for name, buf, nbytes in self.host.staged_out:
-                    self.host.stage.copy_out(seq, "out:" + name, buf, nbytes)
+            self.host.copy_out(seq)
             seq.finish()
         except BaseException:
             seq.close()
@@ -406,10 +274,7 @@ class Workspace:
         if self._flag_host is not None and live:
             self._flag_host.close()
         self._flag_host = None
-        if self.host.stage is not None and live:
-            self.host.stage.close()
-        self.host.stage = None
-        self.host.held.clear()
+        self.host.close(live)
         if not self.ctx.closed and not self.pool.closed:
             for bufs in self._out_sets:
                 self.pool.unreserve(bufs)
