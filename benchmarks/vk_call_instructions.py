@@ -1,5 +1,5 @@
-"""CPU instructions of ssm_vk's Python per steady-state device-resident call, counted by valgrind's
-callgrind: the figure of docs/BENCHMARKS.md, "Python per call".
+"""CPU instructions of ssm_vk's Python per steady-state call (device-resident by default), counted
+by valgrind's callgrind: the figure of docs/BENCHMARKS.md, "Python per call".
 
     python benchmarks/vk_call_instructions.py [--calls 2000] [--modes fwd,bwd] [--tree DIR]
 
@@ -11,7 +11,10 @@ runs 50 more, then counts exactly ``--calls`` calls between two client requests 
 built here into a temporary folder) and prints instructions per call. ``--tree`` counts another
 checkout (e.g. an older commit's ``git worktree``), imported through PYTHONPATH, so two versions can
 be counted one after the other on one machine. Modes: ``fwd`` / ``bwd`` (device inputs, the lane's
-path), ``fwd-miss`` / ``bwd-miss`` (the lanes cleared before each call: the full path).
+path), ``fwd-miss`` / ``bwd-miss`` (the lanes cleared before each call: the full path), ``fwd-host``
+/ ``bwd-host`` / ``step-host`` (host arrays and host results; ``step`` is a forward and its backward
+on the same arrays, counted as one call), each also with ``-staged`` (the ``force_staging`` seam: a
+discrete GPU's path, its staging slots written and compared, the copies recorded).
 The shape is tiny, (S, T, H, P, N, G) = (1, 4, 2, 4, 8, 1): the count is Python's, not the scan's.
 """
 
@@ -48,10 +51,18 @@ a = dict(s=rng.uniform(-0.5, 0.5, (S, H, P, N)).astype(f), x=rng.uniform(-1, 1, 
          B=rng.uniform(-0.5, 0.5, (S, T, G, N)).astype(f), C=rng.uniform(-0.5, 0.5, (S, T, G, N)).astype(f),
          ids=np.arange(S), g_y=rng.uniform(-1, 1, (S, T, H, P)).astype(f),
          g_states=rng.uniform(-1, 1, (S, H, P, N)).astype(f))
-back = mode.startswith("bwd")
+back = mode.startswith(("bwd", "step"))
+host = "-host" in mode
+rt.get_context().seams.force_staging = mode.endswith("-staged")
 names = ("s", "x", "dt", "A", "B", "C", "ids") + (("g_y", "g_states") if back else ())
-args = {k: (v if k == "ids" else ssm_vk.to_device(v)) for k, v in a.items() if k in names}
+args = {k: (v if k == "ids" or host else ssm_vk.to_device(v)) for k, v in a.items() if k in names}
 entry = ssm_vk.ssm_scan_back if back else ssm_vk.ssm_scan
+if mode.startswith("step"):
+    fwd_args = {k: v for k, v in args.items() if k not in ("g_y", "g_states")}
+
+    def entry(**kw):
+        ssm_vk.ssm_scan(**fwd_args)
+        return ssm_vk.ssm_scan_back(**kw)
 for _ in range(5):
     entry(**args)
 rt.Sequence.submit = lambda self, wait=True, timeout_s=None: None

@@ -9,7 +9,8 @@ It owns:
 - the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
-  share);
+  share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
+  last staged host inputs (``lend_uploads``: hostdata.py says when a backward binds them);
 - the planner Limits of each DeviceInfo the context had (``override_limits`` swaps them);
 - counters (``reruns``, ``states_reused``) for tests and benchmarks.
 
@@ -77,6 +78,8 @@ class Engine:
         self.decisions: dict = {}
         self.lanes: dict = {}
         self.kept: dict = {}                 # kept_key -> KeptForward
+        self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
+                                             # staged host inputs last
         self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
         self.reruns = 0                      # chunked results recomputed for inf/nan
         self.states_reused = 0               # backwards that took their forward's tables
@@ -134,6 +137,7 @@ class Engine:
             self.workspaces.clear()
         with self._kept_lock:
             self.kept.clear()
+        self.uploads.clear()
         for ws in spaces:
             with ws.lock:
                 ws.close()
@@ -181,6 +185,24 @@ class Engine:
             raise
         kept.ws.lock.release()
         return None
+
+    # -- a forward's host inputs for the backward -------------------------------------------------
+
+    def offer_uploads(self, ws: Workspace) -> None:
+        """Forward workspace ``ws`` (its lock held) staged host inputs: its upload buffers hold them."""
+        self.uploads[ws.host.pair] = ws
+
+    def lend_uploads(self, ws: Workspace) -> Workspace | None:
+        """The forward workspace of backward workspace ``ws``'s shape whose upload buffers hold
+        staged host inputs, locked (the caller releases its lock once its call is over); None
+        when there is none, or it is busy (never waits: a forward running now rewrites them)."""
+        donor = self.uploads.get(ws.host.pair)
+        if donor is None or donor is ws or not donor.lock.acquire(blocking=False):
+            return None
+        if donor.closed:
+            donor.lock.release()
+            return None
+        return donor
 
     # -- decisions and lanes --------------------------------------------------------------------
     def decision(self, key: tuple):

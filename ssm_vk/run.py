@@ -2,11 +2,12 @@
 sequence replayed (or recorded), submit and wait, the results; the recompute of a chunked result
 that held inf or nan; the forward's tables taken by its backward.
 
-A call goes: look up the Workspace of its shape in the context's Engine -> upload host inputs
-into the workspace's buffers (device-resident inputs are bound in place) -> find the Sequence
-recorded for exactly these buffers, or record it (its family's recording: ssm_vk.families) -> submit and
-wait -> download
-(host calls) or hand out DeviceArrays.
+A call goes: look up the Workspace of its shape in the context's Engine -> write host inputs
+into the workspace's buffers or its staging slots (device-resident inputs are bound in place; a
+backward binds the buffers its forward filled with the same host bytes) -> find the Sequence
+recorded for exactly these buffers, or record it (its family's recording: ssm_vk.families, between
+the copies of staged host data in and out) -> submit and wait -> read host results (host calls)
+or hand out DeviceArrays.
 
 Replay is what makes small calls cheap: a training loop that passes the same shapes each step
 (host arrays, or device arrays whose buffers the pool hands back) records once and then pays one
@@ -156,6 +157,8 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
     non-finite output (the caller recomputes with the sequential kernels)."""
     ws.settle()
+    if not device_out:   # every input on the host
+        return _run_host(engine, ws, p, backward, update)
     names = BWD_IN if backward else FWD_IN
     buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
     # The inputs' buffers are busy until this call's work is done: released meanwhile (by another
@@ -168,10 +171,41 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     token = buffers.busy(held) if held else None
     try:
         bufs, key = ws.bind_inputs(p, backward)
+        if ws.host.staged:   # host inputs beside device ones, staged: the sequence copies them in
+            try:
+                key.append(ws.host.staged_key())
+                return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+            finally:
+                ws.host.unstage()
         return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
         if token is not None:
             buffers.idle(token)
+
+
+def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -> dict | None:
+    """_run_in's call on host inputs with host results: a backward binds the upload buffers of
+    the forward of its shape where they hold these very bytes (engine.lend_uploads); a forward
+    that staged inputs offers its own for the backward to come."""
+    donor = ws.host.donor = engine.lend_uploads(ws) if backward else None
+    try:
+        bufs, key = ws.bind_inputs(p, backward)
+        staged = ws.host.staged
+        key += (ws.host.staged_key() if staged else (), ws.host.stage_outputs(ws))
+        out = _run_bound(engine, ws, p, backward, False, bufs, key, update)
+        if staged:
+            ws.host.staged_done()   # (the submission ran, whatever its flag said)
+            if not backward:
+                engine.offer_uploads(ws)
+        return out
+    except BaseException:
+        if donor is not None:
+            donor.host.lent = True   # the failed call may still read its buffers: its next call waits
+        raise
+    finally:
+        ws.host.unstage()
+        if donor is not None:
+            donor.lock.release()
 
 
 def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list,
@@ -220,7 +254,7 @@ def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bo
                 engine.keep(kept_key, ws, arrays, ids)
         if device_out:
             return outs
-        return {k: a.numpy() for k, a in outs.items()}
+        return ws.host.results(outs)
     except BaseException:
         if device_out:
             release_all(outs)

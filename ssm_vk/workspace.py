@@ -1,7 +1,9 @@
 """The Workspace of one problem shape on one context: its plan, scratch and upload buffers,
-output buffers (pooled DeviceArrays, or its own for host calls) and the command sequences recorded
-for sets of buffers -- nothing else. The context's Engine keeps workspaces in a bounded cache and
-ssm_vk.run runs calls in them.
+output buffers (pooled DeviceArrays, or its own for host calls), the staging slots of host data
+and the command sequences recorded for sets of buffers -- nothing else. The context's Engine keeps
+workspaces in a bounded cache and ssm_vk.run runs calls in them.
+
+Host data moves with the call, in its one submission: hostdata.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import Planned
+from .hostdata import HostData
 from .plan import F32
 from .plan.sizes import output_shapes
 
@@ -56,9 +59,8 @@ class Workspace:
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
-        self._uploads: dict = {}          # input name -> Buffer
-        self._host_out: dict = {}         # output name -> Buffer
-        self._host_views: dict | None = None  # output name -> DeviceArray over _host_out's buffer
+        self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
+                                                    # (one attribute: hostdata.HostData says why)
         self._dummy = None
         self._flag_host = None            # host-visible copy of the chunked kernels' flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
@@ -72,7 +74,8 @@ class Workspace:
         self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
-    def _acquire(self, nbytes: int):
+    def acquire(self, nbytes: int):
+        """A buffer of the pool that this workspace holds until it closes."""
         buf = self.pool.acquire(nbytes)
         self._owned.append(buf)
         return buf
@@ -85,21 +88,21 @@ class Workspace:
             buf = self._scratch[self._k]
             assert buf.size >= n_elems * F32
         else:
-            buf = self._acquire(n_elems * F32)
+            buf = self.acquire(n_elems * F32)
             self._scratch.append(buf)
         self._k += 1
         return buf
 
     def constant(self, arr: np.ndarray):
         """A small buffer holding ``arr``, kept with the sequence being recorded."""
-        buf = self._acquire(arr.nbytes)
+        buf = self.acquire(arr.nbytes)
         rt.upload(buf, arr)
         self._constants.append(buf)
         return buf
 
     def dummy(self):
         if self._dummy is None:
-            self._dummy = self._acquire(16)
+            self._dummy = self.acquire(16)
         return self._dummy
 
     def flag_host(self):
@@ -127,8 +130,11 @@ class Workspace:
         return (buf, aligned, (resid + count) * F32), resid
 
     def input(self, name: str, arr) -> tuple:
-        """(buffer, element offset) of input ``arr``: DeviceArrays in place, host arrays
-        uploaded into this workspace's buffer for ``name``."""
+        """(buffer, element offset) of input ``arr``: DeviceArrays in place; host arrays in the
+        upload buffer of the call's donor (``host.donor``: a forward's workspace, its lock held)
+        that holds exactly their bytes, else written into this workspace's buffer for ``name`` --
+        straight through its mapping, or into the staging slot the call's sequence copies from
+        (hostdata.HostData.write)."""
         if isinstance(arr, DeviceArray):
             arr._check_live()
             if arr.ctx is not self.ctx:
@@ -137,24 +143,26 @@ class Workspace:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0
-        buf = self._uploads.get(name)
-        if buf is None or buf.size < a.nbytes:
-            buf = self._uploads[name] = self._acquire(a.nbytes)
-        rt.upload(buf, a)
-        return buf, 0
+        return self.host.write(self, name, a)
 
     def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
         """The inputs' bindings: {name: (buffer, element offset)}, and the start of the sequence's
         key -- serial and offset of each, in the fixed order (inputs, then outputs, then the ids).
-        Host inputs are uploaded into this workspace's buffers."""
+        Host inputs are written into this workspace's buffers or its staging slots, or bound in
+        the donor's (:meth:`input`); when any was staged, the caller appends ``host.staged_key()``."""
         bufs: dict = {}
         key: list = []
-        for k in BWD_IN if backward else FWD_IN:
-            b, off = bufs[k] = self.input(k, getattr(p, k))
-            key += (None if b is None else b.serial, off)
-        if backward and p.g_snapshots is not None:   # ssm_scan_back(g_snapshots=...)
-            b, off = bufs["g_snapshots"] = self.input("g_snapshots", p.g_snapshots)
-            key += (None if b is None else b.serial, off)
+        try:
+            for k in BWD_IN if backward else FWD_IN:
+                b, off = bufs[k] = self.input(k, getattr(p, k))
+                key += (None if b is None else b.serial, off)
+            if backward and p.g_snapshots is not None:   # ssm_scan_back(g_snapshots=...)
+                b, off = bufs["g_snapshots"] = self.input("g_snapshots", p.g_snapshots)
+                key += (None if b is None else b.serial, off)
+        except BaseException:
+            if self.host.staged:
+                self.host.unstage()
+            raise
         return bufs, key
 
     def outputs(self, device_out: bool) -> dict:
@@ -190,15 +198,16 @@ class Workspace:
                     p.release(b)
                 raise
             return out
-        if self._host_views is None:  # made once: they never leave the workspace (results are copies)
+        host = self.host
+        if host.views is None:  # made once: they never leave the workspace (results are copies)
             out = {}
             for k, shape in self.shapes.items():
                 n = self.sizes[k] * F32
-                if n and k not in self._host_out:
-                    self._host_out[k] = self._acquire(n)
-                out[k] = DeviceArray(self.ctx, self._host_out.get(k), shape, owned=False)
-            self._host_views = out
-        return self._host_views
+                if n and k not in host.out:
+                    host.out[k] = self.acquire(n)
+                out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
+            host.views = out
+        return host.views
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):
@@ -211,11 +220,15 @@ class Workspace:
         self._constants = []
         seq = rt.Sequence(self.ctx)
         try:
+            # Staged host data moves in this very submission: copied in before the work (outside
+            # its timestamps), the host outputs copied out after it.
+            self.host.copy_in(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("start")
             record(seq)
             if self.ctx.info.timestamps:
                 seq.timestamp("end")
+            self.host.copy_out(seq)
             seq.finish()
         except BaseException:
             seq.close()
@@ -239,6 +252,9 @@ class Workspace:
         (raises VulkanTimeout again if it still has not)."""
         if not self.ctx.pending:  # no sequence of the context is pending (the per-call case)
             return
+        if self.host.lent:   # a call that read this workspace's upload buffers failed: it may still run
+            self.ctx.wait_idle()
+            self.host.lent = False
         for seq, _ in self.sequences.values():
             if seq.pending:
                 seq.wait()
@@ -255,9 +271,13 @@ class Workspace:
                 except ValueError:
                     pass
         self._owned.clear()
-        if self._flag_host is not None and not self.ctx.closed:
+        # Buffers of its own, not the pool's: closed here, unless the context is lost -- work that
+        # timed out may still read them, and the context's close frees them after its wait.
+        live = not (self.ctx.closed or self.ctx.lost)
+        if self._flag_host is not None and live:
             self._flag_host.close()
         self._flag_host = None
+        self.host.close(live)
         if not self.ctx.closed and not self.pool.closed:
             for bufs in self._out_sets:
                 self.pool.unreserve(bufs)

@@ -40,6 +40,7 @@ LAYERS = (
     # what composes them: the registry (plan, kernels needed, recording, packaged matrix), the budget
     ("ssm_vk.families", "ssm_vk.budget"),
     ("ssm_vk.decision",),
+    ("ssm_vk.hostdata",),
     ("ssm_vk.workspace",),
     ("ssm_vk.engine",),
     # a call: run (workspace, bindings, the recorded sequence, submit), lanes (repeated calls),

@@ -21,10 +21,11 @@ from .kernels import Kernel
 from .memory import Buffer
 from .pool import BufferPool
 from .shaders import GlslcMissing, ShaderBuildError, compile_shader
-from .transfer import download, fill, upload
+from .transfer import Stage, direct, download, fill, upload
 
 __all__ = [
     "Buffer", "BufferPool", "Context", "DeviceInfo", "DeviceLost", "GlslcMissing", "Kernel", "OutOfDeviceMemory",
-    "Sequence", "ShaderBuildError", "VulkanError", "VulkanTimeout", "VulkanUnavailable", "available", "close",
-    "compile_shader", "current_context", "download", "fill", "get_context", "list_devices", "oneshot", "upload",
+    "Sequence", "ShaderBuildError", "Stage", "VulkanError", "VulkanTimeout", "VulkanUnavailable", "available",
+    "close", "compile_shader", "current_context", "direct", "download", "fill", "get_context", "list_devices",
+    "oneshot", "upload",
 ]

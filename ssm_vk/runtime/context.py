@@ -41,6 +41,8 @@ class Stats:
     descriptor_sets: int = 0         # descriptor sets allocated
     pipelines: int = 0               # compute pipelines created
     submits: int = 0                 # vkQueueSubmit calls
+    uploads: int = 0                 # host arrays written toward device buffers (upload, Stage.put)
+    uploaded_bytes: int = 0          # their bytes
 
 
 @dataclass(frozen=True)

@@ -102,10 +102,11 @@ class Buffer:
     def peek(self, nbytes: int, offset: int = 0) -> bytes | None:
         """``nbytes`` read straight from the mapping of a host-visible buffer (no copy command: for
         a few bytes the GPU wrote before a wait, such as a flag); None when the buffer is not
-        mapped (read it with transfer.download). Raises RuntimeError when it is closed."""
+        mapped (read it with transfer.download). A staging buffer is host memory on every device,
+        so the ``force_staging`` seam leaves it mapped. Raises RuntimeError when it is closed."""
         if self.closed:
             raise RuntimeError("this Buffer is closed")
-        if self._mapped is None or self.ctx.seams.force_staging:
+        if self._mapped is None or (self.ctx.seams.force_staging and not self.staging):
             return None
         return bytes(self._mapped[offset:offset + nbytes])
 

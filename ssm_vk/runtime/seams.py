@@ -17,8 +17,9 @@ from .device import DeviceInfo
 
 class Seams:
     """The seams of one context (``ctx.seams``). Attributes: ``submit_fault`` (the error armed by
-    :meth:`fail_next_submit`, or None), ``force_staging`` (True: transfers and ``Buffer.peek`` go
-    through the staging path even when the memory is mappable, as on a discrete GPU)."""
+    :meth:`fail_next_submit`, or None), ``force_staging`` (True: transfers and ``Buffer.peek`` of
+    device buffers go through the staging path even when the memory is mappable, as on a
+    discrete GPU; staging buffers stay mapped, as they are there)."""
 
     def __init__(self, ctx):
         self._ctx = ctx

@@ -1,12 +1,16 @@
 """Moving data between the host and device buffers: :func:`upload`, :func:`download` and
 :func:`fill`, straight through the mapping of a host-visible buffer or through a staging buffer
-and the context's one-shot command sequence (device-local memory of a discrete GPU).
+and the context's one-shot command sequence (device-local memory of a discrete GPU); and
+:class:`Stage`, the staging slots of recorded work whose host inputs and outputs move in the
+same submission as the work itself (:func:`direct` says which buffers need none).
 
 Transfers are synchronous. They do not wait for sequences submitted with ``wait=False``: do not
 transfer into or out of a buffer that pending work uses.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 
@@ -16,7 +20,14 @@ from .context import Context
 from .memory import Buffer, check_range, fill_range
 from .owned import Slot
 
-__all__ = ["upload", "download", "fill", "release_staging"]
+__all__ = ["upload", "download", "fill", "release_staging", "direct", "Stage"]
+
+
+def direct(buffer: Buffer) -> bool:
+    """Whether host transfers of ``buffer`` copy straight through its mapping (device-local memory
+    the host can map: lavapipe, integrated GPUs), not through staging copies (a discrete GPU, or
+    the ``force_staging`` seam)."""
+    return buffer.mappable and not buffer.ctx.seams.force_staging
 
 
 def upload(buffer: Buffer, array, offset: int = 0) -> None:
@@ -31,6 +42,9 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     offset = check_range(buffer, offset, data.nbytes, "upload")
     if data.nbytes == 0:
         return
+    stats = buffer.ctx.stats
+    stats.uploads += 1
+    stats.uploaded_bytes += data.nbytes
     raw = data.reshape(-1).view(np.uint8)
     if buffer.mappable and not buffer.ctx.seams.force_staging:
         memoryview(buffer.mapping)[offset:offset + raw.size] = raw
@@ -116,3 +130,94 @@ def release_staging(ctx: Context) -> None:
     if slot is not None:
         with ctx.lock:
             slot.clear()
+
+
+def _libc_memcmp():
+    """libc's memcmp through ctypes, or None where there is no C library to load."""
+    try:
+        fn = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_memcmp = _libc_memcmp()
+_SLOT_ALIGN = 64   # a cache line: each slot starts on its own
+
+
+class Stage:
+    """Named slots of one host-visible staging buffer (``staging=True``: cached where the device
+    offers it), for recorded work that moves its host data in the same submission as its compute:
+    :meth:`put` copies an input's bytes into its slot on the host, :meth:`copy_in` records the copy
+    from the slot into a device buffer, :meth:`copy_out` the copy of an output into its slot, and
+    :meth:`take` reads it back after the wait -- nothing in between waits, and one submission
+    carries the data both ways. :meth:`holds` compares host bytes with a slot's (memcmp), so a
+    caller can tell that a device buffer filled from the slot still holds those very bytes.
+
+    ``sizes``: {name: bytes}. Lives until ``close()`` or the close of its context. Raises what
+    :class:`Buffer` raises.
+    """
+
+    def __init__(self, ctx: Context, sizes: dict):
+        offsets, total = {}, 0
+        for name, n in sizes.items():
+            offsets[name] = (total, int(n))
+            total += -(-int(n) // _SLOT_ALIGN) * _SLOT_ALIGN
+        self.slots = offsets
+        self.buffer = Buffer(ctx, max(total, 16), staging=True)
+        # the mapping's address, for memcmp (read only while the buffer is open: _window checks)
+        self._base = np.frombuffer(self.buffer.mapping, np.uint8, 1).ctypes.data
+
+    @property
+    def closed(self) -> bool:
+        return self.buffer.closed
+
+    def _window(self, name: str, nbytes: int) -> int:
+        """The byte offset of slot ``name``; raises ValueError when ``nbytes`` exceeds it,
+        RuntimeError when the stage is closed."""
+        if self.buffer.closed:
+            raise RuntimeError("this Stage is closed")
+        offset, size = self.slots[name]
+        if nbytes > size:
+            raise ValueError(f"Stage: {nbytes} bytes do not fit the {size} bytes of slot {name!r}")
+        return offset
+
+    def fits(self, name: str, nbytes: int) -> bool:
+        slot = self.slots.get(name)
+        return slot is not None and nbytes <= slot[1]
+
+    def put(self, name: str, data: np.ndarray) -> None:
+        """Copy the bytes of C-contiguous ``data`` into slot ``name`` (host only)."""
+        offset = self._window(name, data.nbytes)
+        memoryview(self.buffer.mapping)[offset:offset + data.nbytes] = data.reshape(-1).view(np.uint8)
+        stats = self.buffer.ctx.stats
+        stats.uploads += 1
+        stats.uploaded_bytes += data.nbytes
+
+    def holds(self, name: str, data: np.ndarray) -> bool:
+        """Whether slot ``name`` starts with exactly the bytes of C-contiguous ``data``."""
+        offset = self._window(name, data.nbytes)
+        if _memcmp is not None:
+            return _memcmp(self._base + offset, data.ctypes.data, data.nbytes) == 0
+        mine = np.frombuffer(self.buffer.mapping, np.uint8, data.nbytes, offset)
+        return bool(np.array_equal(mine, data.reshape(-1).view(np.uint8)))
+
+    def take(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+        """A new array of ``shape`` and ``dtype`` with the bytes at the start of slot ``name``."""
+        out = np.empty(shape, dtype)
+        offset = self._window(name, out.nbytes)
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(self.buffer.mapping, np.uint8, out.nbytes, offset)
+        return out
+
+    def copy_in(self, seq, name: str, dst: Buffer, nbytes: int, dst_offset: int = 0) -> None:
+        """Record the copy of ``nbytes`` from slot ``name`` into ``dst`` at ``dst_offset``."""
+        seq.copy(self.buffer, dst, nbytes, src_offset=self._window(name, nbytes), dst_offset=dst_offset)
+
+    def copy_out(self, seq, name: str, src: Buffer, nbytes: int, src_offset: int = 0) -> None:
+        """Record the copy of ``nbytes`` of ``src`` from ``src_offset`` into slot ``name``."""
+        seq.copy(src, self.buffer, nbytes, src_offset=src_offset, dst_offset=self._window(name, nbytes))
+
+    def close(self) -> None:
+        self.buffer.close()

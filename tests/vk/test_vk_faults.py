@@ -120,13 +120,18 @@ def test_after_a_timeout_no_buffer_of_the_pending_work_is_written(transfers, mon
                if seq.pending]
     assert pending
     writes = []
-    upload = rt.upload
+    upload, put = rt.upload, rt.Stage.put
 
     def watched(buf, arr, *rest):
         writes.append(any(seq.pending for seq in pending))
         upload(buf, arr, *rest)
 
+    def watched_put(stage, name, arr):   # the staged path's write: the slot the call's copies read
+        writes.append(any(seq.pending for seq in pending))
+        put(stage, name, arr)
+
     monkeypatch.setattr(rt, "upload", watched)
+    monkeypatch.setattr(rt.Stage, "put", watched_put)
     same(backward(a)[1], want)
     assert writes and not any(writes), "an input was uploaded while the timed-out work was pending"
 

@@ -1,0 +1,179 @@
+"""The host arrays of a workspace's calls: :class:`HostData`, the buffers and staging slots a
+Workspace keeps for host inputs and host results, and how a call's host data moves.
+
+Host data moves with the call, never one array at a time. Where the device's memory is mapped
+(lavapipe, integrated GPUs: the memory type runtime/memory.py picks there) host inputs are written
+straight into their buffers and results read straight out of theirs: no submission, nothing
+waits. Elsewhere (a discrete GPU; the ``force_staging`` seam) the host inputs are copied into the
+workspace's staging slots (runtime.Stage) and the call's recorded sequence itself begins with the
+copies into the upload buffers and ends with the copies of the results into their slots: one
+submission per call. Workspaces whose slots would pass ``ctx.staging_chunk_bytes`` move their
+arrays one at a time through the context's staging buffer (runtime.upload), where the copies
+dwarf the submissions.
+
+A backward given the host arrays its forward just staged binds the forward workspace's upload
+buffers instead of staging them again (:meth:`HostData.holding`). The rule: a buffer is bound
+when it holds exactly the bytes of the array as the call would upload them (float32, C order),
+compared in full (memcmp) with the forward's staging slot, which keeps those bytes until that
+workspace's next call. So an array written in place between the calls, even one element, is
+staged again, and a stale result cannot come out; the object's identity plays no part (PyTorch's
+bridge hands new numpy views of the same tensors to each call). The compare costs what copying
+the bytes into the slot would (memcmp and memcpy run at the same speed on the host) and saves the
+device copy. Mapped memory is written again instead: there a write costs what the compare would,
+and reading device memory through a mapping may be uncached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import runtime as rt
+from .plan import F32
+from .plan.sizes import input_shapes
+
+__all__ = ["HostData"]
+
+
+class HostData:
+    """A workspace's buffers and staging of host data: the upload buffers of host inputs
+    (``uploads``: name -> Buffer), the output buffers of host calls (``out``: name -> Buffer) and
+    the DeviceArrays over them (``views``), the staging slots (``stage``, an rt.Stage made on
+    first use, and ``stage_bytes``, their sizes), what the call being run staged (``staged``:
+    (name, upload Buffer, nbytes) each; ``staged_out``: (name, output Buffer, nbytes) each; both
+    empty outside a call, which run.py ends with :meth:`unstage`), which upload buffers hold
+    their slot's bytes since a finished call (``held``: name -> (Buffer, nbytes)) and whether a
+    call that bound them failed and may still run (``lent``); the forward workspace whose upload
+    buffers the call being run may bind (``donor``, its lock held; None outside a call); and
+    ``pair``, the hash of the workspace's ``kept_key``, by which a backward finds the forward of
+    its shape (engine.lend_uploads) without hashing the key's dataclasses each call (a wrong
+    pair could only bind buffers that hold exactly the bytes asked for: still right).
+
+    One attribute of the Workspace, on purpose: an instance of 30 attributes or more loses
+    CPython 3.11's shared-key dict, and each attribute load of the device-resident path's Python
+    with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py). Used under the
+    workspace's lock."""
+
+    __slots__ = ("donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out", "uploads",
+                 "views")
+
+    def __init__(self, pair: int):
+        self.pair = pair
+        self.uploads: dict = {}
+        self.out: dict = {}
+        self.views: dict | None = None
+        self.stage = None
+        self.stage_bytes = None
+        self.staged: tuple = ()
+        self.staged_out: tuple | list = ()
+        self.held: dict = {}
+        self.lent = False
+        self.donor = None
+
+    # -- inputs -------------------------------------------------------------------------------
+    def write(self, ws, name: str, a: np.ndarray) -> tuple:
+        """(buffer, 0) of host input ``name`` (``a``: float32, C order, not empty) of workspace
+        ``ws``: the donor's upload buffer that holds exactly these bytes, else ``ws``'s own,
+        written straight through its mapping or staged into its slot."""
+        donor = self.donor
+        if donor is not None:
+            buf = donor.host.holding(name, a)
+            if buf is not None:
+                return buf, 0
+        buf = self.uploads.get(name)
+        if buf is None or buf.size < a.nbytes:
+            buf = self.uploads[name] = ws.acquire(a.nbytes)
+        if self.held:
+            self.held.pop(name, None)   # written now: its slot no longer tells what it holds
+        if not buf.mappable or ws.ctx.seams.force_staging:   # (not rt.direct(buf), inlined: each input)
+            stage = self.slots(ws)
+            if stage is not None and stage.fits(name, a.nbytes):
+                stage.put(name, a)
+                self.staged += ((name, buf, a.nbytes),)
+                return buf, 0
+        rt.upload(buf, a)
+        return buf, 0
+
+    def staged_key(self) -> tuple:
+        """The part of the sequence's key that says which host inputs the call staged (its
+        recording copies them in), () when none."""
+        staged = self.staged
+        return ("staged", self.stage.buffer.serial, *(n for n, _, _ in staged)) if staged else ()
+
+    def holding(self, name: str, a: np.ndarray):
+        """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
+        order), else None. Compared in full with the staging slot the buffer was filled from."""
+        held = self.held.get(name)
+        if held is None or held[1] != a.nbytes or held[0].closed or not self.stage.holds(name, a):
+            return None
+        return held[0]
+
+    def slots(self, ws):
+        """``ws``'s staging slots (rt.Stage: every input and output of the shape), made on first
+        use; None when they would exceed ``ctx.staging_chunk_bytes``."""
+        stage = self.stage
+        if stage is not None and not stage.closed:
+            return stage
+        if self.stage_bytes is None:
+            sizes = {k: math.prod(v) * F32 for k, v in input_shapes(ws.dims, ws.backward).items()}
+            sizes.update({"out:" + k: n * F32 for k, n in ws.sizes.items()})
+            self.stage_bytes = {k: n for k, n in sizes.items() if n}
+        if sum(self.stage_bytes.values()) > ws.ctx.staging_chunk_bytes:
+            return None
+        self.stage = rt.Stage(ws.ctx, self.stage_bytes)
+        return self.stage
+
+    # -- outputs ------------------------------------------------------------------------------
+    def stage_outputs(self, ws) -> tuple:
+        """For a call of ``ws`` with host outputs: which outputs its sequence copies into the
+        staging slots (all, where their buffers are not mapped), as the part its key ends with."""
+        outs = ws.outputs(False)
+        # the buffers are all of one memory type (the pool's): mapped, or staged every one
+        first = next((a.buffer for a in outs.values() if a.buffer is not None), None)
+        stage = None if first is None or rt.direct(first) else self.slots(ws)
+        if stage is None:
+            return ()
+        staged = self.staged_out = [(k, a.buffer, a.nbytes) for k, a in outs.items() if a.buffer is not None]
+        return ("out", stage.buffer.serial, *(k for k, _, _ in staged))
+
+    def results(self, outs: dict) -> dict:
+        """The host results of a finished call: new numpy arrays, read from the staging slots
+        (outputs the sequence copied there) or the buffers' mapping."""
+        if not self.staged_out:
+            return {k: a.numpy() for k, a in outs.items()}
+        stage = self.stage
+        return {k: stage.take("out:" + k, a.shape) if a.buffer is not None else a.numpy() for k, a in outs.items()}
+
+    # -- the recording, the call's end, the workspace's ---------------------------------------
+    def copy_in(self, seq) -> None:
+        """Record the copies of the staged inputs into their upload buffers (before the work)."""
+        for name, buf, nbytes in self.staged:
+            self.stage.copy_in(seq, name, buf, nbytes)
+        if self.staged:
+            seq.barrier()
+
+    def copy_out(self, seq) -> None:
+        """Record the copies of the staged outputs into their slots (after the work)."""
+        if self.staged_out:
+            seq.barrier()
+            for name, buf, nbytes in self.staged_out:
+                self.stage.copy_out(seq, "out:" + name, buf, nbytes)
+
+    def staged_done(self) -> None:
+        """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
+        for name, buf, nbytes in self.staged:
+            self.held[name] = (buf, nbytes)
+
+    def unstage(self) -> None:
+        """End the call's staging (what the next recording copies is the next call's)."""
+        self.staged = self.staged_out = ()
+        self.donor = None
+
+    def close(self, live: bool) -> None:
+        """The workspace closes: the slots are freed (``live``: the context is neither closed nor
+        lost; else its own close frees them, after its wait)."""
+        if self.stage is not None and live:
+            self.stage.close()
+        self.stage = None
+        self.held.clear()
