@@ -91,6 +91,21 @@ def test_every_edge_of_T_against_K(variant, T):
     check_case(case, 3, resident=True, label=f"{variant} T={T} device")
 
 
+@pytest.mark.parametrize("variant", ["mamba2", "mamba1"])
+def test_host_arrays_through_staging_copies(ctx, variant):
+    # A discrete GPU's path (staging forced): the snapshots come back through the call's own
+    # staging slots and g_snapshots goes in through one; twice, the second reusing the workspace.
+    case = make_problem(np.random.default_rng(5), S=2, T=7, H=4, P=3, N=16, G=1, variant=variant,
+                        ids="permutation")
+    ctx.seams.force_staging = True
+    try:
+        for rep in range(2):
+            check_case(case, 4, label=f"{variant} staged, call {rep}")
+    finally:
+        for c in {ctx, rt.current_context()} - {None}:
+            c.seams.force_staging = False
+
+
 def k1_plan(case, backward: bool, tune: dict):
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
