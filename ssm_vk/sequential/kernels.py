@@ -132,8 +132,8 @@ def sample_dims(n_values) -> list[Dims]:
     run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.families.matrix)."""
     out = []
     for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
-        d, fwds = samples(N, T, mamba1)
-        out += [*fwds, *([] if d in fwds else [d])]
+        d, fwds = samples(N, T, mamba1)   # (the backward's is the first of the forwards')
+        out += fwds
         if mamba1:
             out.append(replace(d, G=d.H))
     return out
