@@ -4,7 +4,9 @@ ssm_vk picks a token-sequential kernel variant (glsl file + defines) per problem
 subgroup size and operations, its shared memory and workgroup limits, d_state N and the Mamba
 variant (ssm_vk/sequential/: plan.py, kernels.py); head count, head_dim, T and S only change push
 constants and grids, and N enters only through how many lanes share a state row and how many
-values each lane holds, so every N from 1 to 256 takes a few hundred variants in all. The chunked
+values each lane holds, so every N from 1 to 256 takes a few hundred variants in all; as many
+again are those of K > 1 state snapshots and of the invariant mode, which run on these kernels
+alone (ssm_vk.families.modes_matrix plans them with the planner itself). The chunked
 Mamba-2 kernels (ssm_vk/chunked/plan.py) are compiled per head_dim P, d_state N and chunk length
 (32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
 ``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
@@ -28,8 +30,9 @@ DESCRIPTION = """Precompile the SPIR-V kernel variants ssm_vk uses for common sh
 ssm_vk looks a kernel up in its packaged SPIR-V first, so a wheel built after this runs those shapes
 without glslc; any other shape is compiled with glslc on first use (and cached), or, for the chunked
 Mamba-2 kernels, runs on the token-sequential ones. The default builds this device's variants for
-every d_state N from 1 to 256, and the chunked ones for head_dim P in 32, 64, 128 and N in 64, 128,
-256: what make dist ships (docs/INSTALL.md). Needs glslc; "local" needs a Vulkan device.
+every d_state N from 1 to 256 (also those of snapshots=K and invariant=True), and the chunked ones
+for head_dim P in 32, 64, 128 and N in 64, 128, 256: what make dist ships (docs/INSTALL.md). Needs
+glslc; "local" needs a Vulkan device.
 
   ssm-scan build-shaders                       this device's variants into ssm_vk/spirv/
   ssm-scan build-shaders --subgroup-sizes local,8,16,32,64   also the common GPU profiles (a wheel)
@@ -136,7 +139,8 @@ def run(args) -> int:
     written = shaders.build_all(todo, out)
     total = sum(p.stat().st_size for p in written)
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
-    print(f"  token-sequential kernels (Mamba-1 and Mamba-2, forward and backward) for N = {_ranges(n_values)}; "
+    print(f"  token-sequential kernels (Mamba-1 and Mamba-2, forward and backward; also with state snapshots and in "
+          f"the invariant mode) for N = {_ranges(n_values)}; "
           f"chunked Mamba-2 kernels for P = {_ranges(p_values)} x N = {_ranges(chunked_n)}")
     for label, _ in profs:
         if label.startswith("local"):

@@ -8,7 +8,9 @@ what the rest of ssm_vk asks of them together:
 - :func:`kernels_needed`: every kernel a plan's recording may dispatch (the support decision's
   list);
 - :func:`record_forward`, :func:`record_backward`: the recording of the family a plan names;
-- :func:`matrix`: every variant ``ssm-scan build-shaders`` packages.
+- :func:`matrix`: every variant ``ssm-scan build-shaders`` packages (:func:`modes_matrix`: those
+  of K > 1 snapshots and of the invariant mode, which the planner gives the token-sequential
+  kernels alone).
 
 Adding a family: a folder like the three (``plan.py``, ``kernels.py``, ``record.py``,
 ``glsl/``), a :class:`Family` entry here and its place in :func:`plan`.
@@ -36,7 +38,7 @@ from .sequential.plan import Plan, sequential_plan, time_chunk_plan
 from .sequential.record import scatters_in_place
 
 __all__ = ["Family", "FAMILIES", "SEQUENTIAL", "CHUNKED", "M1", "plan", "family_of", "kernels_needed",
-           "record_forward", "record_backward", "scatters_in_place", "matrix"]
+           "record_forward", "record_backward", "scatters_in_place", "matrix", "MODES", "modes_matrix"]
 
 
 @dataclass(frozen=True)
@@ -150,4 +152,26 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
         add(m1_kernels.matrix(lim, n_values, knobs))
     add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
     add(chunked_kernels.matrix(p_values, n_values if chunked_n is None else chunked_n, knobs))
+    for lim in limits_list:   # (after the rest: the default's variants keep their order)
+        add(modes_matrix(lim, n_values, knobs))
     return [(name, dict(defines)) for name, defines in seen]
+
+
+# The modes whose plans only the token-sequential kernels run (:func:`plan`), as (invariant, snap):
+# K > 1 snapshots (SNAP), the invariant mode (EXACT, the per-sequence sum of d_A) and both.
+MODES = ((False, True), (True, False), (True, True))
+
+
+def modes_matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
+    """The kernels :func:`plan` requests in :data:`MODES` on a device of limits ``lim``, forward
+    and backward, for the token-sequential part's problems at these d_state values
+    (sequential.kernels.sample_dims; K = 2 where the mode writes snapshots): planned here by
+    plan and kernels_needed themselves, so that the packaged matrix follows the planner."""
+    out = []
+    for d in sequential_kernels.sample_dims(n_values):
+        for invariant, snap in MODES:
+            mode = knobs.invariant_twin() if invariant else knobs
+            dm = replace(d, K=2) if snap else d
+            for backward in (False, True):
+                out += kernels_needed(dm, plan(dm, lim, backward, mode, snap=snap), backward)
+    return out

@@ -1,6 +1,7 @@
 """The token-sequential kernels' specs (glsl/ssm_scan.comp, ssm_scan_back.comp, ssm_decode.comp):
 their push-constant layouts, the variant a layout dispatches, every kernel a token-sequential plan
-dispatches (also over time chunks) and this family's part of the packaged matrix."""
+dispatches (also over time chunks) and this family's part of the packaged matrix, with the problems
+it is planned for (which ssm_vk.families.matrix also plans in the modes only these kernels run)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec
 from ..plan import Limits
 from .plan import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
 
-__all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "matrix"]
+__all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "samples",
+           "sample_dims", "matrix"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -102,26 +104,50 @@ def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
     return kernels
 
 
+def samples(N: int, T: int, mamba1: bool) -> tuple[Dims, list[Dims]]:
+    """The problems the packaged matrix plans at d_state ``N``, ``T`` tokens and this Mamba variant:
+    (the backward's, the forwards'). H and P mostly set how rows are spread over workgroups (push
+    constants), not the defines; T whether it is a decode step (one token: TB = 1) or not. Beside
+    the backward's problem the forwards' hold one of P = 1 at one token (where P is too small for
+    the decode kernel), Mamba-1's of rows enough for its other forward layout on a GPU, and
+    Mamba-2's of threads enough for its other load blocks."""
+    d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
+             a_shape=(8, N) if mamba1 else (8,))
+    fwds = [d]
+    if T == 1 and not mamba1:   # the ordinary kernel where P is too small for the decode kernel
+        fwds.append(replace(d, P=1))
+    if mamba1 and T > 1:        # Mamba-1's forward on a GPU takes one of two layouts by its rows
+        H = max(8, m1_forward_two_per_lane_from(N))
+        fwds.append(replace(d, H=H, a_shape=(H, N)))
+    if not mamba1 and T > 1:    # Mamba-2 token by token: few threads (blocks of eight tokens) and many
+        H = TCHUNK_BELOW // d.P     # (the fewest heads of many at one lane a row: a problem that fits)
+        fwds.append(replace(d, H=H, a_shape=(H,)))
+    return d, fwds
+
+
+def sample_dims(n_values) -> list[Dims]:
+    """Every problem :func:`samples` gives for these d_state values, one and 64 tokens, both Mamba
+    variants, and for Mamba-1 also one of a group per head (its backward without the heads' shared
+    partials, HSUM = 0): the shapes whose plans in the modes only the token-sequential kernels
+    run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.families.matrix)."""
+    out = []
+    for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
+        d, fwds = samples(N, T, mamba1)   # (the backward's is the first of the forwards')
+        out += fwds
+        if mamba1:
+            out.append(replace(d, G=d.H))
+    return out
+
+
 def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The token-sequential variants the forward and backward request on a device of limits
     ``lim`` for these d_state values, both Mamba variants, in a stable order (the packaged
-    matrix's part: ssm_vk.families.matrix)."""
+    matrix's part: ssm_vk.families.matrix; the modes' variants, planned by families.plan, are
+    added there)."""
     out = []
     add = out.append
     for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
-        # H and P mostly set how rows are spread over workgroups (push constants), not the
-        # defines; T whether it is a decode step (one token: TB = 1) or not. Mamba-1's forward
-        # on a GPU takes one of two layouts by its number of rows: both are here.
-        d = Dims(S=1, T=T, H=8, P=1 if mamba1 else 64, N=N, G=1, R=1, mamba1=mamba1,
-                 a_shape=(8, N) if mamba1 else (8,))
-        fwds = [d]
-        if T == 1 and not mamba1:   # the ordinary kernel where P is too small for the decode kernel
-            fwds.append(replace(d, P=1))
-        if mamba1 and T > 1:
-            H = max(8, m1_forward_two_per_lane_from(N))
-            fwds.append(replace(d, H=H, a_shape=(H, N)))
-        if not mamba1 and T > 1:   # Mamba-2 token by token: few threads (blocks of eight tokens) and many
-            fwds.append(replace(d, H=TCHUNK_BELOW, a_shape=(TCHUNK_BELOW,)))
+        d, fwds = samples(N, T, mamba1)
         for df in fwds:
             fwd = layout_for(df, lim, False, knobs)
             add(fwd_spec(df, fwd, checkpoint=False))   # ssm_scan (or ssm_decode)

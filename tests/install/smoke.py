@@ -5,8 +5,8 @@ environment that holds only a built wheel or sdist (``tests/install/run.sh`` mak
 
 Every backend runs the forward and backward of a handful of shapes (d_state 5, 16, 24, 128;
 Mamba-1 and Mamba-2; one that the chunked Mamba-2 kernels take, one whose chunked variant no wheel
-packages), each result is held to the tolerance table against the float64 oracle, and for
-``ssm_vk``:
+packages), ``ssm_vk`` also with state snapshots (K = 3) and in the invariant mode; each result is
+held to the tolerance table against the float64 oracle, and for ``ssm_vk``:
 
 - ``supports()`` is the call's own answer: ok means the result says it ran on the device, a
   refusal means it ran on the CPU, and the refusal's reason was logged;
@@ -135,6 +135,7 @@ def run_shapes(mode: str) -> None:
                 if mode == "no-glslc" and "P=48" in label and "token-sequential" not in sup.reason:
                     fail(f"{label}: the chunked kernels are not packaged; supports() should say the "
                          f"token-sequential kernels run it: {sup.reason!r}")
+        run_modes(label, a, gr, T, logged, mode, packaged, seed=i)
         if have_device:  # device-resident inputs: DeviceArrays out, on the device or not
             dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
             dgr = {k: ssm_vk.to_device(v) for k, v in gr.items()}
@@ -151,6 +152,36 @@ def run_shapes(mode: str) -> None:
             judge(label, "ssm_vk (device arrays)", r, want, ("y", "states"), T)
             judge(label, "ssm_vk (device arrays)", g, want_g, ssm_ref.GRAD_NAMES, T)
         print(f"ok   {label}: ssm_vk {r.where}", flush=True)
+
+
+def run_modes(label, a, gr, T, logged: Logged, mode: str, packaged: bool, seed: int, K: int = 3) -> None:
+    """ssm_vk with K state snapshots (forward, and the backward given g_snapshots) and in the
+    invariant mode: the packaged matrix holds their variants as it holds the default's, so the
+    mode implies the same device-or-fallback answer for them (every shape has T >= K: all K
+    slots are states)."""
+    S, H, P, N = a["s"].shape
+    gsn = np.random.default_rng(seed).uniform(-1, 1, (K, S, H, P, N)).astype(np.float32)
+    want = ssm_ref.ssm_scan(**a, snapshots=K, dtype=np.float64)
+    want_g = ssm_ref.ssm_scan_back(**a, ids=None, **gr, g_snapshots=gsn, dtype=np.float64)
+    plain = ssm_ref.ssm_scan_back(**a, ids=None, **gr, dtype=np.float64)
+    for name, fwd_kw, bwd_kw, wg in ((f"snapshots={K}", {"snapshots": K}, {"g_snapshots": gsn}, want_g),
+                                     ("invariant", {"invariant": True}, {"invariant": True}, plain)):
+        try:
+            r = ssm_vk.ssm_scan(**a, **fwd_kw)
+            g = ssm_vk.ssm_scan_back(**a, ids=None, **gr, **bwd_kw)
+        except Exception as exc:  # what the smoke suite is for
+            fail(f"{label} {name}: ssm_vk raised {type(exc).__name__}: {exc}")
+            continue
+        judge(f"{label} {name}", "ssm_vk", r, want, ("y", "states"), T)
+        judge(f"{label} {name}", "ssm_vk", g, wg, ssm_ref.GRAD_NAMES, T)
+        if "snapshots" in fwd_kw:
+            c = compare("states", host(r.snapshots), want.snapshots, scaled(F32_TOL, T)["states"])
+            if not c.ok:
+                fail(f"{label} {name}: ssm_vk snapshots: {c}")
+        back_kw = {"snapshots": K} if "snapshots" in fwd_kw else bwd_kw
+        check_vk(f"{label} forward {name}", ssm_vk.supports("ssm_scan", **a, **fwd_kw), r, logged, mode, packaged)
+        check_vk(f"{label} backward {name}", ssm_vk.supports("ssm_scan_back", **a, **back_kw), g, logged, mode,
+                 packaged)
 
 
 # The installed command's exit codes as its help documents them (0 success, 2 a usage error, 3 an

@@ -34,3 +34,32 @@ def spirv_cache(tmp_path, monkeypatch):
     cache = tmp_path / "spirv-cache"
     monkeypatch.setenv("SSM_SCAN_CACHE", str(cache))
     return cache
+
+
+@pytest.fixture
+def packaged_only(glslc, tmp_path, monkeypatch):
+    """A wheel without glslc: ``packaged_only(n_values)`` builds the packaged matrix of this
+    device for those d_state values (``ssm-scan build-shaders``' variants, no chunked ones) into
+    a fresh package folder, then takes glslc off PATH, empties the disk cache and starts a fresh
+    context, so that every kernel a call gets is the package's. Clears the engine's decisions
+    before and after."""
+    from faultcase import fresh_context
+
+    from ssm_cli.build import variants
+    from ssm_vk import engine
+    from ssm_vk.plan import Limits
+    from ssm_vk.runtime import shaders
+
+    def make(n_values):
+        pkg = tmp_path / "pkg"
+        monkeypatch.delenv("SSM_VK_TUNE", raising=False)
+        shaders.build_all(variants([Limits.of(rt.get_context().info)], list(n_values), ()), pkg)
+        monkeypatch.setenv("PATH", str(tmp_path))                          # no glslc
+        monkeypatch.setenv("SSM_SCAN_CACHE", str(tmp_path / "empty-cache"))
+        monkeypatch.setattr(shaders, "PACKAGED_SPIRV", pkg)
+        engine.clear()
+        assert fresh_context().validation                                  # nothing built
+        return pkg
+
+    yield make
+    engine.clear()

@@ -231,6 +231,29 @@ def test_invariant_results_match_the_oracle(variant):
         assert_close(VK, k, g[k], og[k], label=variant)
 
 
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+def test_a_wheel_without_glslc_runs_the_mode_on_the_device(packaged_only, variant):
+    # The packaged matrix holds the invariant mode's variants (EXACT, the per-sequence sum of
+    # d_A): with only a wheel's SPIR-V (no glslc, no cache) the mode runs on the device, a
+    # decode step too.
+    packaged_only([16])
+    for T in (1, 40):
+        case = make_problem(np.random.default_rng(9 + T), S=3, T=T, H=4, P=8, N=16,
+                            G=2 if variant == "mamba2" else 1, variant=variant, ids="duplicates")
+        for op in ("ssm_scan", "ssm_scan_back"):
+            sup = ssm_vk.supports(op, **case.args(), invariant=True)
+            assert sup and "Vulkan" in sup.reason, (op, T, sup)
+        r = ssm_vk.ssm_scan(**case.args(), invariant=True)
+        g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states, invariant=True)
+        assert r.where.startswith("Vulkan") and g.where.startswith("Vulkan"), (r.where, g.where)
+        o = oracle_scan(**case.args())
+        og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+        assert_close(VK, "y", r.y, o.y, label=f"packaged {variant} T={T}")
+        assert_close(VK, "states", r.states, o.states, label=f"packaged {variant} T={T}")
+        for k in GRAD_NAMES:
+            assert_close(VK, k, g[k], og[k], label=f"packaged {variant} T={T}")
+
+
 def test_invariant_takes_only_booleans():
     case = make_problem(np.random.default_rng(1), S=1, T=3, H=2, P=2, N=4, G=1)
     for bad in (1, "yes", None):

@@ -29,27 +29,62 @@ PROFILES = {
 N_VALUES = [1, 5, 16, 64, 128]
 
 
+# The calls' modes (docs/SPEC.md sections 3.1, 3.2), as (invariant, K): the default; K > 1 state
+# snapshots (the forward with SNAP, the backward given g_snapshots); the invariant mode (EXACT);
+# both at once.
+CALL_MODES = {"default": (False, 1), "snapshots": (False, 3), "invariant": (True, 1),
+              "invariant+snapshots": (True, 4)}
+
+
+@pytest.mark.parametrize("mode", CALL_MODES)
 @pytest.mark.parametrize("device", PROFILES)
-def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device):
+def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device, mode):
     lim = PROFILES[device]
+    invariant, K = CALL_MODES[mode]
+    knobs = config.invariant_mode(config.DEFAULTS, invariant)
     packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], N_VALUES,
                                                                                 knobs=config.DEFAULTS)}
-    seen = 0
+    seen, names = 0, set()
     shapes = itertools.product((1, 3), (1, 2, 64, 2048), ((8, 1, 1), (1536, 1, 1), (20, 1, 1), (2, 4, 1),
                                                           (24, 64, 1), (12, 8, 4), (6, 3, 2)),
                                N_VALUES, (False, True), (False, True))
     for S, T, (H, P, G), N, mamba1, backward in shapes:
-        d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,))
-        pl = families.plan(d, lim, backward, config.DEFAULTS)
+        d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,), K=K)
+        pl = families.plan(d, lim, backward, knobs, snap=K > 1)
         for spec in families.kernels_needed(d, pl, backward):
             if spec.name.startswith("chunk_"):
                 continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
             if spec.name.startswith("m1_") and N not in M1_PACKAGED_N:
                 continue     # Mamba-1's time-in-threads kernels: N = 16 only (the others fall back; test_m1_vk)
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
-            assert key in packaged, (device, d, backward, spec)
+            assert key in packaged, (device, mode, d, backward, spec)
             seen += 1
+            names.add((spec.name, *(k for k in ("SNAP", "EXACT", "SEQSUM") if dict(spec.defines).get(k))))
     assert seen > 500
+    # what the mode's plans ask for: SNAP forward and backward with K > 1 (a decode step of K > 1
+    # on the ordinary kernel, never the decode kernel), EXACT throughout in the invariant mode
+    # with the per-sequence sum of d_A, the decode kernel in no mode but the default
+    exact = ("EXACT",) if invariant else ()
+    want = {("ssm_scan", "SNAP", *exact), ("ssm_scan", *exact), ("ssm_scan_back", "SNAP", *exact)} if K > 1 else \
+        {("ssm_scan", *exact), ("ssm_scan_back", *exact)}
+    if invariant:
+        want.add(("ssm_scan_reduce", "SEQSUM"))
+    assert want <= names, want - names
+    assert any("SNAP" in n for n in names) == (K > 1)
+    assert any("EXACT" in n for n in names) == invariant
+    assert all("EXACT" in n for n in names if n[0] in ("ssm_scan", "ssm_scan_back")) == invariant
+    assert mode == "default" or not any(n[0] == "ssm_decode" for n in names)
+
+
+def test_the_modes_add_only_their_own_variants_after_the_defaults():
+    # the snapshots' and the invariant mode's variants (SNAP, EXACT, the per-sequence sum of d_A)
+    # come after the default's, whose defines and order they leave as they were: every other
+    # kernel their plans ask for is one of the default's already
+    for lim in PROFILES.values():
+        full = families.matrix([lim], N_VALUES, knobs=config.DEFAULTS)
+        own = [any(k in d for k in ("SNAP", "EXACT", "SEQSUM")) for _, d in full]
+        first = own.index(True)
+        assert not any(own[:first]) and all(own[first:])
 
 
 def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():

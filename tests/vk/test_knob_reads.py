@@ -12,7 +12,8 @@ Held here, for the kernel table, the decision and every module that runs a call:
 3. a Settings object (a name or attribute called ``knobs``) is only passed on, or read for its
    ``key`` (what caches are keyed by) and ``no_subgroup`` (the subgroup switch that makes the
    planner's Limits, an input of planning); the functions that plan (ssm_vk.families.plan, and
-   the packaged matrix, which plans every variant ``ssm-scan build-shaders`` packages) aside;
+   the packaged matrix, which plans every variant ``ssm-scan build-shaders`` packages, its modes'
+   part included) aside;
 4. ``config.settings()`` -- the settings a call is decided and planned with -- is taken by the
    entry points only (api.py, prepared.py).
 """
@@ -33,8 +34,9 @@ AFTER_PLANNING = sorted([*PKG.glob("record/*.py"),
                          *(PKG / f"{m}.py" for m in ("kernels", "families", "decision", "workspace", "run", "engine",
                                                       "lanes", "prepared", "api"))])
 # The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.families.plan (a call's plan,
-# which the decision makes) and the packaged matrix, which plans every variant it packages.
-PLANNING = {"families.py": {"plan", "matrix"}, **{f"{f}/kernels.py": {"matrix"} for f in FAMILIES}}
+# which the decision makes) and the packaged matrix, which plans every variant it packages (its
+# modes' part, modes_matrix, through families.plan).
+PLANNING = {"families.py": {"plan", "matrix", "modes_matrix"}, **{f"{f}/kernels.py": {"matrix"} for f in FAMILIES}}
 RESOLVERS = {"gemm_tile", "gemm_threads", "vec_in", "vec_out", "slice_len"}
 SETTINGS_READS = {"key", "no_subgroup"}
 ENTRY_POINTS = {"api.py", "prepared.py"}

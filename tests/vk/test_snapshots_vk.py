@@ -274,6 +274,32 @@ def test_supports_and_bad_k():
             ssm_vk.supports("ssm_scan", **case.args(), snapshots=bad)
 
 
+@pytest.mark.parametrize("variant", ["mamba2", "mamba1"])
+def test_a_wheel_without_glslc_runs_the_snapshots_on_the_device(packaged_only, variant):
+    # The packaged matrix holds the SNAP variants the planner picks: with only a wheel's SPIR-V
+    # (no glslc, no cache) K > 1 runs on the device, a decode-shaped step (T = 1, which takes
+    # the ordinary kernel with K > 1) too, and so does the invariant mode with snapshots.
+    packaged_only([8])
+    for T in (1, 6):
+        case = make_problem(np.random.default_rng(20 + T), S=3, T=T, H=2, P=4, N=8, G=1, variant=variant,
+                            ids="duplicates")
+        for op in ("ssm_scan", "ssm_scan_back"):
+            sup = ssm_vk.supports(op, **case.args(), snapshots=3)
+            assert sup and "Vulkan" in sup.reason, (op, T, sup)
+        check_case(case, 3, label=f"packaged {variant} T={T}")
+        r = ssm_vk.ssm_scan(**case.args(), snapshots=3, invariant=True)
+        gsn = g_snapshots_for(case, 3)
+        g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states, g_snapshots=gsn,
+                                 invariant=True)
+        assert r.where.startswith("Vulkan") and g.where.startswith("Vulkan"), (r.where, g.where)
+        o = oracle_scan(**case.args(), snapshots=3)
+        assert_close(vk(T), "y", r.y, o.y, label=f"packaged invariant {variant} T={T}")
+        assert_snapshots(r.snapshots, o.snapshots, T, f"packaged invariant {variant} T={T}")
+        og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states, g_snapshots=gsn)
+        for k in GRAD_NAMES:
+            assert_close(vk(T), k, getattr(g, k), getattr(og, k), label=f"packaged invariant {variant} T={T}")
+
+
 def test_the_cpu_fallback_computes_the_snapshots():
     # K slots beyond one binding: refused with a reason naming snapshots, computed on the CPU.
     case = make_problem(np.random.default_rng(11), S=2, T=5, H=2, P=2, N=8, G=1)
