@@ -21,7 +21,7 @@ are one more kind of array-like: a host backend gets a host copy (``numpy()``); 
 between calls; a backend that makes its repeated calls cheaper does so itself, with the public
 pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`.
 
-One module of ~480 lines on purpose: the one validator every backend calls, whose checks share
+One module of ~530 lines on purpose: the one validator every backend calls, whose checks share
 one shape table and one style of message; split, its order of checks (which error a bad call gets
 first) would be spread over files.
 """

@@ -11,7 +11,7 @@ name, default, legal values and meaning. docs/API.md's table of ssm_vk's environ
 and docs/KERNELS.md's table of the knobs are made from them (``python tools/settings_tables.py``;
 tests/docs/test_settings_tables.py checks that the docs hold what it writes).
 
-One module of ~420 lines on purpose: every setting in one place is the point of it.
+One module of ~440 lines on purpose: every setting in one place is the point of it.
 """
 
 from __future__ import annotations
