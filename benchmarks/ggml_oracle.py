@@ -292,8 +292,9 @@ def markdown(report: dict) -> str:
               f"{report['crosscheck_updates']:.2g} updates (S*T*H*P*N): {report['crosscheck']}",
               "- cell: norm-relative error vs float64 (share of ssm_ref.tolerance's bound, scaled by T as "
               "the testing kit does); FAIL beyond the bound; [CPU] when the device declined the shape and "
-              "ggml ran it on its CPU", ""]
-    head = "| problem | path | S T H P N G K | output | bound (rel) | " + " | ".join(names) + " |"
+              "it ran on the CPU (ggml's CPU backend; ssm_fast for ssm_vk); CUDA path: the path ggml's CUDA "
+              "source picks for the shape", ""]
+    head = "| problem | CUDA path | S T H P N G K | output | bound (rel) | " + " | ".join(names) + " |"
     lines += [head, "|" + "---|" * (5 + len(names))]
     rows = sorted(report["rows"], key=lambda r: r["index"])       # the problems' order, grouped by path
     for row in rows:
@@ -301,8 +302,9 @@ def markdown(report: dict) -> str:
         dims = f"{d['S']} {d['T']} {d['H']} {d['P']} {d['N']} {d['G']} {d['K']}"
         label = row["name"] + (" (long_decay)" if row["regime"] == "long_decay" else "")
         if row.get("skipped"):
-            lines.append(f"| {label} | {row['path']} | {dims} | - | - | " + " | ".join("not run" for _ in names)
-                         + f" |  <!-- {row['skipped']} -->")
+            why = row["skipped"].splitlines()[0]
+            lines.append(f"| {label} | {row['path']} | {dims} | ({why}) | - | " + " | ".join("not run" for _ in names)
+                         + " |")
             continue
         for out, rb in row["rel_bound"].items():
             cells = [_cell(row["columns"].get(n), out) for n in names]
@@ -311,7 +313,7 @@ def markdown(report: dict) -> str:
     dev = names[0]
     extra = names[1:]
     has_cpu = "ggml CPU" in extra          # the device's NMSE against ggml's CPU, test-backend-ops' comparison
-    head = (["problem", "path", "ggml's bound"] + [f"{n} vs float64" for n in names]
+    head = (["problem", "CUDA path", "ggml's bound"] + [f"{n} vs float64" for n in names]
             + ([f"{dev} vs ggml CPU"] if has_cpu else [])
             + [f"{dev} within ggml's bound ({'vs CPU / ' if has_cpu else ''}vs float64)", f"{dev} within ours"])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -342,8 +344,9 @@ def markdown(report: dict) -> str:
         lines += [f"- {p} {k} on {n}: {d}" for p, n, k, d in fails]
     for f in report.get("fuzz", []):
         lines += ["", f"## ssm-scan fuzz: {f['what']}", "", f"`{' '.join(f['command'])}`", "",
-                  f"exit code {f['returncode']}{' (timed out)' if f.get('timed_out') else ''}; "
-                  f"{f['seconds']:.0f} s; output in {f['log']}", "", "```", *f["tail"], "```"]
+                  (f"exit code {f['returncode']}{' (timed out)' if f.get('timed_out') else ''}; "
+                   f"{f['seconds']:.0f} s; " if f["returncode"] is not None else "stopped before it ended; ")
+                  + f"output in {f['log']}", "", "```", *f["tail"], "```"]
     for n in report.get("notes", []):
         lines += ["", n]
     return "\n".join(lines) + "\n"
@@ -403,22 +406,26 @@ def fuzz_runs(device: str, out: Path, minutes: float) -> list[dict]:
 
 
 def run_fuzz(spec: dict, out: Path, env: dict) -> dict:
+    """One fuzz command, its output in DIR/fuzz-TAG.log, stopped a while after its minutes. It runs
+    in a process group of its own (the same session, so the command that started this script
+    still ends it), killed whole, ggml's worker included, when this script stops it or is stopped."""
     log = out / f"fuzz-{spec['tag']}.log"
     t0 = time.monotonic()
     timed_out = False
     with open(log, "w") as f:
-        p = subprocess.Popen(spec["command"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                             start_new_session=True)
+        p = subprocess.Popen(spec["command"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, process_group=0)
         try:
-            rc = p.wait(timeout=spec["minutes"] * 60 + 120)       # shrinking a failure takes a while
+            rc = p.wait(timeout=spec["minutes"] * 60 + 45)        # shrinking a failure takes a while
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                rc = p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                rc = p.wait()
             timed_out = True
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+            rc = p.wait()
     text = log.read_text(errors="replace").splitlines()
     return dict(spec, returncode=rc, timed_out=timed_out, seconds=time.monotonic() - t0,
                 log=log.name, tail=text[-60:])
@@ -466,7 +473,9 @@ def measure(prob: Problem, ggml: GgmlColumns, columns: list[dict], vk, crosschec
             else:
                 r = ggml.run(col["device"], args, K)
             got = outputs_of(r, K, T)
-            res = {"where": str(r.where), "where_ok": col["kind"] != "ggml" or str(r.where) == col["device"],
+            # a declined shape runs on the CPU: ggml's CPU backend, or ssm_fast for ssm_vk (where "CPU")
+            where_ok = str(r.where) == col["device"] if col["kind"] == "ggml" else str(r.where) != "CPU"
+            res = {"where": str(r.where), "where_ok": where_ok,
                    "outputs": judge(got, want, tol), "nmse": nmse(got, want)}
             res["ok"] = all(o["ok"] for o in res["outputs"].values())
             gots[col["label"]] = got
@@ -499,6 +508,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cpu", action="store_true", help="leave out ggml's CPU column")
     ap.add_argument("--no-vk", action="store_true", help="leave out ssm_vk")
     a = ap.parse_args(argv)
+    # a SIGTERM (the time limit of gpu_ggml_cuda.sh) ends this process through its finally blocks,
+    # so that a running fuzz is stopped with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
 
     t_start = time.monotonic()
     probs = quick_problems() if a.quick else full_problems()
@@ -603,8 +615,12 @@ def main(argv=None) -> int:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         for spec in fuzz_runs(device, out.resolve(), a.fuzz_minutes):
             print(f"fuzz ({spec['tag']}, {spec['minutes']:.2f} min): {' '.join(spec['command'][1:])}", flush=True)
+            # listed before it runs: a run stopped by the time limit still names its log
+            report["fuzz"].append(dict(spec, returncode=None, timed_out=False, seconds=0.0,
+                                       log=f"fuzz-{spec['tag']}.log", tail=["(stopped before it ended: see the log)"]))
+            write()
             res = run_fuzz(spec, out, env)
-            report["fuzz"].append(res)
+            report["fuzz"][-1] = res
             print("\n".join(res["tail"][-25:]), flush=True)
             write()
     fuzz_refused = [f["tag"] for f in report["fuzz"] if f["returncode"] in (2, 3)]
