@@ -8,7 +8,7 @@ optionally, ``ssm-scan fuzz`` of that device (docs/PORTING.md, "ggml's CUDA back
 
 On the GPU host, benchmarks/gpu_ggml_cuda.sh builds ggml with CUDA and runs this.
 
-The paths (ggml-org/ggml src/ggml-cuda/ssm-scan.cu and supports_op, as of 2026-08), the ``path``
+The paths (ggml-org/ggml src/ggml-cuda/ssm-scan.cu and supports_op, as of 2026-08), the ``CUDA path``
 column being what that source would choose for the shape (read from the shape, not observed):
 
 - ``scan``: the token-sequential Mamba-2 kernel (d_state 128 or 256, head_dim % 16 == 0): every
