@@ -4,7 +4,7 @@ against the float64 oracle.
 
     python benchmarks/vs_mamba_ssm.py --mamba-src PATH [--workloads m2-train,dec-16] [--rounds 5]
         [--reps 20] [--json out.json] [--md out.md] [--build-dir DIR] [--budget-s 480] [--no-peer]
-        [--build-only] [--small] [--clocks CLOCKS.csv]
+        [--build-only] [--small] [--clocks CLOCKS.csv] [--invariant]
 
 On the GPU host: ``. benchmarks/gpu_env.sh`` first (Vulkan loader, wheels, the clock log).
 
@@ -47,6 +47,10 @@ Accuracy, once per workload (after the timing): the norm-relative error of y, th
 
 Shapes: S sequences, T tokens, H heads (Mamba-1: channels), P head dim, N state size, G groups
 (1 here), R cache rows.
+
+``--invariant`` times a third side in the same rounds: ssm_vk with ``invariant=True`` (docs/SPEC.md
+section 3.2), its GPU (wall) time, its cost against the default (invariant / default) and its
+error against the oracle (docs/BENCHMARKS.md's table of what the invariant mode costs).
 
 Every workload runs in its own try block; workloads left when ``--budget-s`` has passed are
 skipped with a note. ``--no-peer`` runs the ssm_vk side alone (no torch needed); ``--small``
@@ -174,10 +178,11 @@ def oracle(p: dict, backward: bool) -> dict:
 
 # -- ssm_vk -----------------------------------------------------------------------------------------
 
-def ours_side(p: dict) -> dict:
+def ours_side(p: dict, invariant: bool = False) -> dict:
     """Timed calls of ssm_vk on device-resident inputs: {"fwd", "fwd+bwd" (not for decode): () ->
     (GPU us, wall us), "outputs": () -> numpy dict, "where": () -> str, "close"}. ids stay a numpy
-    array (as an engine passes them per token; a DeviceArray of ids is read back for the range check)."""
+    array (as an engine passes them per token; a DeviceArray of ids is read back for the range check).
+    ``invariant``: every call in ssm_vk's invariant mode."""
     dev = {k: ssm_vk.to_device(v) for k, v in p["a"].items()}
     ids = p["ids"]
     back = p["g_y"] is not None
@@ -187,7 +192,7 @@ def ours_side(p: dict) -> dict:
 
     def fwd():
         t0 = time.perf_counter()
-        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM)
+        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
         w = time.perf_counter() - t0
         if not where:
             where.append(r.where)
@@ -195,11 +200,11 @@ def ours_side(p: dict) -> dict:
 
     def step():
         t0 = time.perf_counter()
-        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM)
+        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
         t1 = time.perf_counter()
         gf = vk_run.last_gpu_ns() or math.nan           # read between the calls, outside the wall time
         t2 = time.perf_counter()
-        ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM)
+        ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM, invariant=invariant)
         t3 = time.perf_counter()
         del r
         return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
@@ -209,10 +214,11 @@ def ours_side(p: dict) -> dict:
     def prepare(kind: str) -> tuple:
         """(forward, backward or None) prepared once (ssm_vk.prepare_scan / prepare_scan_back)."""
         if "fwd" not in prepared:
-            prepared["fwd"] = (ssm_vk.prepare_scan(**dev, ids=ids, dt_softplus=FORM), None)
+            prepared["fwd"] = (ssm_vk.prepare_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant), None)
         if kind == "step" and "step" not in prepared:
             prepared["step"] = (prepared["fwd"][0],
-                                ssm_vk.prepare_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM))
+                                ssm_vk.prepare_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM,
+                                                         invariant=invariant))
         return prepared[kind]
 
     def fwd_prepared():
@@ -234,11 +240,11 @@ def ours_side(p: dict) -> dict:
         return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
 
     def outputs():
-        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM)
+        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
         where.append(r.where)
         out = {"y": r.y.numpy(), "states": r.states.numpy()}
         if back:
-            g = ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM)
+            g = ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM, invariant=invariant)
             where.append(g.where)
             out.update({k: getattr(g, k).numpy() for k in GRADS})
         return out
@@ -625,6 +631,7 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
     base = dict(workload=name, family=family, shape=shape, dims=dims)
     peer_why = ops.get("why", {}).get(family)
     ours = ours_side(p)
+    inv = ours_side(p, invariant=True) if args.invariant else None
     peer = None
     if peer_why is None:
         try:
@@ -648,8 +655,14 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
                 except Exception as e:
                     row["peer_note"] = f"{op} failed: {type(e).__name__}: {e}"
                     traceback.print_exc()
+            if inv is not None:
+                row["inv_first_s"] = first_call(inv[op])
+                sides["inv"] = inv[op]
             res = interleave(sides, args.rounds, args.reps, args.warm_s)
-            row.update(ours=res["ours"], peer=res.get("peer"))
+            row.update(ours=res["ours"], peer=res.get("peer"), inv=res.get("inv"))
+            if row["inv"]:
+                row["inv_cost_gpu"] = row["inv"]["gpu_med_us"] / row["ours"]["gpu_med_us"]
+                row["inv_cost_wall"] = row["inv"]["wall_med_us"] / row["ours"]["wall_med_us"]
             if row["peer"]:
                 row["ratio_gpu"] = row["peer"]["gpu_med_us"] / row["ours"]["gpu_med_us"]
                 row["ratio_wall"] = row["peer"]["wall_med_us"] / row["ours"]["wall_med_us"]
@@ -659,12 +672,14 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
             print(f"  {name} {op}: " + line(row) + f"; {first}", flush=True)
         for row in rows:
             row["ours_where"] = ours["where"]()
+            if inv is not None:
+                row["inv_where"] = inv["where"]()
         if not rows or out_of_time():
             if rows:
                 notes.append(f"{name}: accuracy not checked, over the time budget")
             return rows
         try:
-            acc = accuracy(p, peer is not None, ops, args.check_updates)
+            acc = accuracy(p, peer is not None, ops, args.check_updates, args.invariant)
         except Exception as e:   # the timings stay
             traceback.print_exc()
             notes.append(f"{name}: accuracy check failed: {type(e).__name__}: {e}")
@@ -675,10 +690,12 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
               f": ssm_vk " + fmt_errs(acc["ours_err"]) + " | mamba_ssm " + fmt_errs(acc.get("peer_err")), flush=True)
     finally:
         ours["close"]()
+        if inv is not None:
+            inv["close"]()
     return rows
 
 
-def accuracy(p: dict, with_peer: bool, ops: dict, cap: float) -> dict:
+def accuracy(p: dict, with_peer: bool, ops: dict, cap: float, invariant: bool = False) -> dict:
     q, note = check_slice(p, cap)
     back = q["g_y"] is not None
     t0 = time.perf_counter()
@@ -690,6 +707,12 @@ def accuracy(p: dict, with_peer: bool, ops: dict, cap: float) -> dict:
         res["check_where"] = ours["where"]()
     finally:
         ours["close"]()
+    if invariant:
+        inv = ours_side(q, invariant=True)
+        try:
+            res["inv_err"] = errors(inv["outputs"](), want)
+        finally:
+            inv["close"]()
     if with_peer:
         try:
             got = peer_side(q, ops)["outputs"]()
@@ -726,10 +749,38 @@ def line(row: dict) -> str:
     if q:
         s = (f"mamba_ssm {us(q['gpu_med_us'])} ({us(q['wall_med_us'])}) us, " + s
              + f", ratio {row['ratio_gpu']:.2f} ({row['ratio_wall']:.2f})")
+    v = row.get("inv")
+    if v:
+        s += (f"; invariant {us(v['gpu_med_us'])} ({us(v['wall_med_us'])}) us, "
+              f"{row['inv_cost_gpu']:.2f}x ({row['inv_cost_wall']:.2f}x) the default")
     return s
 
 
 def table(rows: list[dict], clk) -> list[str]:
+    if any(r.get("inv") for r in rows):
+        return [*inv_table(rows), "", *_table(rows, clk)]
+    return _table(rows, clk)
+
+
+def inv_table(rows: list[dict]) -> list[str]:
+    """What the invariant mode costs, per workload and op: its GPU (wall) time, that over the
+    default's, mamba_ssm over it, and both errors against the float64 oracle."""
+    out = ["| workload | shape | op | default GPU (wall) us | invariant GPU (wall) us | invariant / default GPU (wall) "
+           "| mamba_ssm / invariant GPU | err default | err invariant |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o, v, q = r.get("ours"), r.get("inv"), r.get("peer")
+        if "error" in r or not v:
+            continue
+        vs = f"{q['gpu_med_us'] / v['gpu_med_us']:.2f}" if q else "-"
+        out.append(f"| {r['workload']} | {r['shape']} | {r['op']} | {us(o['gpu_med_us'])} ({us(o['wall_med_us'])}) "
+                   f"| {us(v['gpu_med_us'])} ({us(v['wall_med_us'])}) "
+                   f"| {r['inv_cost_gpu']:.2f} ({r['inv_cost_wall']:.2f}) "
+                   f"| {vs} | {row_err(r, 'ours')} | {row_err(r, 'inv')} |")
+    return out
+
+
+def _table(rows: list[dict], clk) -> list[str]:
     out = ["| workload | shape | op | mamba_ssm GPU (wall) us | ssm_vk GPU (wall) us | ratio GPU (wall) "
            "| err mamba_ssm | err ssm_vk | SM MHz mamba_ssm; ssm_vk |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -876,6 +927,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clocks", default=None, help="nvidia-smi log of gpu_env.sh (default $OUT/clocks.csv if present)")
     ap.add_argument("--no-peer", action="store_true", help="ssm_vk alone (no torch, no mamba_ssm)")
     ap.add_argument("--small", action="store_true", help="T and H / 8: a quick run on a CPU Vulkan device")
+    ap.add_argument("--invariant", action="store_true",
+                    help="time ssm_vk's invariant mode (invariant=True) beside the default, in the same rounds")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
 
