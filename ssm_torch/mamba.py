@@ -8,12 +8,18 @@ backends (docs/TORCH.md has the argument mapping):
 
 Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (PyTorch's
 ``F.softplus``: log1p(exp(z)), identity above 20, as mamba_ssm's kernels), Mamba-2's ``dt_limit``
-clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``
-called with ``dt_softplus=None`` (dt is the step), so autograd differentiates those parts exactly
-as written. Each function takes two extra keywords, ``backend`` (None: the first backend that takes
-``dt_softplus=None``: ssm_fast) and ``invariant`` (ssm_torch.ssm_scan's: True for batch- and
-split-invariant scans, ssm_vk's invariant mode; docs/SPEC.md section 3.2); :func:`selective_scan_fn`
-also takes Mamba-2's ``seq_idx`` / ``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
+clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``, so
+autograd differentiates those parts exactly as written; the softplus alone is left to the backend
+(``dt_softplus="log1p"``: the same function and derivative) wherever no clamp after it could bind
+and no padded packed run needs a zero step, which saves its forward and backward passes. The glue
+is the fewest torch ops the math allows: each tensor the scan takes is made contiguous once, in
+the forward (the operator would copy a strided one in the forward and again in the backward),
+and no zero start state is made where the scan's ``s=None`` will do.
+
+Each function takes two extra keywords, ``backend`` (None: ssm_fast, the CPU backend) and
+``invariant`` (ssm_torch.ssm_scan's: True for batch- and split-invariant scans, ssm_vk's invariant
+mode; docs/SPEC.md section 3.2); :func:`selective_scan_fn` also takes Mamba-2's ``seq_idx`` /
+``cu_seqlens`` (packed sequences, which mamba_ssm's Mamba-1 lacks).
 
 Glossary (mamba_ssm's names): batch, seqlen L, d_inner (Mamba-1 channels), nheads, headdim,
 ngroups, dstate. In ssm-scan's letters: S batch rows (or sequences), T tokens, H heads, P
@@ -65,16 +71,22 @@ def _real(name: str, t) -> None:
         raise NotImplementedError(f"{name}: complex tensors (mamba_ssm's complex S4D variant) are not supported")
 
 
-def _dt_steps(dt, bias, softplus: bool, limit, work):
-    """mamba_ssm's step: dt (+ bias), softplus (F.softplus: identity above 20), clamped to limit."""
+def _dt_steps(dt, bias, softplus: bool, limit, work, fuse: bool = False):
+    """mamba_ssm's step: dt (+ bias), softplus (F.softplus: identity above 20), clamped to limit.
+    Returns (steps, the scan's ``dt_softplus``). ``fuse``: the scan may apply the softplus itself
+    (no padding, which needs a zero step, and nothing else reads the steps); it does when the clamp
+    after it is the identity (limit None, or (lo <= 0, inf): a softplus is never negative), handing
+    back the biased dt and "log1p", F.softplus's form."""
     dt = dt.to(work)
     if bias is not None:
         dt = dt + bias.to(work)
+    if softplus and fuse and (limit is None or (limit[0] <= 0 and limit[1] == float("inf"))):
+        return dt, "log1p"
     if softplus:
         dt = F.softplus(dt)
     if limit is not None:
         dt = dt.clamp(min=limit[0], max=limit[1])
-    return dt
+    return dt, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,22 +164,24 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     if Bg.shape[2] != Cg.shape[2]:  # e.g. a constant B beside a time-varying C: both per channel
         Bg, Cg = _per_head(Bg, Bg.shape[2], dim), _per_head(Cg, Cg.shape[2], dim)
 
-    steps = _dt_steps(delta, None if delta_bias is None else delta_bias[:, None], delta_softplus, None, work)
-    uw = u.to(work)
     # ssm-scan's layout: H = d_inner heads of P = 1 channel, Mamba-1 A (H, N), S = batch (or the
-    # runs of seq_idx, through Mamba-2's path); s=None: the zero start state
-    x, dts = uw.transpose(1, 2).unsqueeze(-1), steps.transpose(1, 2)
+    # runs of seq_idx, through Mamba-2's path); s=None: the zero start state. Each input of the
+    # scan contiguous in that layout (one copy, in the forward; none where the caller's tensor is
+    # already laid out so, as transformers' delta), the bias added after the copy
+    dts, form = _dt_steps(delta.to(work).transpose(1, 2).contiguous(), delta_bias, delta_softplus, None, work,
+                          fuse=_unpadded(segs))                          # (batch, L, d_inner)
+    x = u.to(work).transpose(1, 2).unsqueeze(-1).contiguous()            # (batch, L, d_inner, 1)
+    Bg, Cg, Aw = Bg.contiguous(), Cg.contiguous(), A.to(work)
     if segs is None:
-        y, last = _ssm_scan(None, x, dts, A.to(work), Bg, Cg, backend=be, dt_softplus=None, invariant=invariant)
+        y, last = _ssm_scan(None, x, dts, Aw, Bg, Cg, backend=be, dt_softplus=form, invariant=invariant)
     else:
-        y, last, _ = _scan_segments(segs, batch, L, x.new_zeros((batch, dim, 1, dstate)), False, x, dts, A.to(work),
-                                    Bg, Cg, be, invariant)
-    out = y.squeeze(-1).transpose(1, 2)                      # (batch, d_inner, L)
+        y, last, _ = _scan_segments(segs, batch, L, None, x, dts, form, Aw, Bg, Cg, be, invariant)
+    # the skip and the gate in the scan's layout, on views of u and z (out a view in mamba_ssm's)
     if D is not None:
-        out = out + uw * D.to(work)[:, None]
+        y = y + x * D.to(work)[:, None]
     if z is not None:
-        out = out * F.silu(z.to(work))
-    out = out.to(u.dtype)
+        y = y * F.silu(z.to(work).transpose(1, 2).unsqueeze(-1))
+    out = y.squeeze(-1).transpose(1, 2).to(u.dtype)                     # (batch, d_inner, L)
     return (out, last.squeeze(2)) if return_last_state else out
 
 
@@ -299,18 +313,18 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
     be = _backend(backend)
     work = _work(be, x, dt, A, B, C, D, z, dt_bias, initial_states)
-    steps = _dt_steps(dt, dt_bias, dt_softplus, (lo, hi), work)           # (batch, L, H)
-    xw, Bw, Cw, Aw = x.to(work), B.to(work), C.to(work), A.to(work)
-    s0 = initial_states.to(work) if initial_states is not None else xw.new_zeros((batch, H, P, N))
+    segs = None if seq_idx is None else _segments(_tensor("seq_idx", seq_idx), batch, L)
+    steps, form = _dt_steps(dt, dt_bias, dt_softplus, (lo, hi), work, fuse=_unpadded(segs))   # (batch, L, H)
+    # contiguous once here (x, B, C split from one projection, as transformers' are, are strided)
+    xw, Bw, Cw, Aw = x.to(work).contiguous(), B.to(work).contiguous(), C.to(work).contiguous(), A.to(work)
+    s0 = initial_states.to(work) if initial_states is not None else None
 
     varlen = None
-    if seq_idx is None:   # (s=None without initial_states: the zero start state)
-        y, final = _ssm_scan(None if initial_states is None else s0, xw, steps, Aw, Bw, Cw, backend=be,
-                             dt_softplus=None, invariant=invariant)
+    if segs is None:   # (s=None without initial_states: the zero start state)
+        y, final = _ssm_scan(s0, xw, steps.contiguous(), Aw, Bw, Cw, backend=be, dt_softplus=form,
+                             invariant=invariant)
     else:
-        segs = _segments(_tensor("seq_idx", seq_idx), batch, L)
-        y, seg_states, last_of_row = _scan_segments(segs, batch, L, s0, initial_states is not None, xw, steps, Aw,
-                                                    Bw, Cw, be, invariant)
+        y, seg_states, last_of_row = _scan_segments(segs, batch, L, s0, xw, steps, form, Aw, Bw, Cw, be, invariant)
         final = seg_states[last_of_row]
         if return_varlen_states:
             cu = _check_cu_seqlens(cu_seqlens, L)
@@ -334,24 +348,33 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     return res[0] if len(res) == 1 else res
 
 
-def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend, invariant=False):
+def _unpadded(segs) -> bool:
+    """Whether the scan's steps need no padding: one call over the rows (``segs`` None), or runs of
+    one length. Padding must give the step 0, which only an unsoftplussed step of 0 does; the
+    backend applies the softplus (``_dt_steps``'s fuse) only then."""
+    return segs is None or len({t1 - t0 for _, t0, t1, _ in segs}) == 1
+
+
+def _scan_segments(segs, batch, L, s0, x, steps, form, A, B, C, backend, invariant=False):
     """Each run of seq_idx as its own sequence of the scan, padded at its end to the longest run
-    (padding: zero step, input and B, C -- the state passes through unchanged). Returns y
-    (batch, L, H, P), the state each run ends with (n_runs, H, P, N), and the index of each row's
-    last run."""
-    H, P, N = s0.shape[1], s0.shape[2], s0.shape[3]
+    (padding: zero step, input and B, C -- the state passes through unchanged; ``form`` the scan's
+    dt_softplus, "log1p" only where there is no padding). ``s0``: the rows' start states
+    (batch, H, P, N), or None for zeros. Returns y (batch, L, H, P), the state each run ends with
+    (n_runs, H, P, N), and the index of each row's last run."""
+    H, P, N = x.shape[2], x.shape[3], B.shape[3]
     n, Lmax = len(segs), max(t1 - t0 for _, t0, t1, _ in segs)
     pad = batch * L                                            # the index of the zero row
     gather = torch.full((n, Lmax), pad, dtype=torch.int64)     # run token -> flat (row, t)
     scatter = torch.empty(batch * L, dtype=torch.int64)        # flat (row, t) -> run token
-    ids = torch.full((n,), batch, dtype=torch.int64)           # start state: row b of s0 or zeros
+    zero_row = batch if s0 is not None else 0
+    ids = torch.full((n,), zero_row, dtype=torch.int64)        # start state: row b of s0 or zeros
     last_of_row = [0] * batch
     first = [True] * batch
     for k, (b, t0, t1, v) in enumerate(segs):
         flat = torch.arange(b * L + t0, b * L + t1)
         gather[k, : t1 - t0] = flat
         scatter[flat] = k * Lmax + torch.arange(t1 - t0)
-        if first[b] and v == 0 and has_initial:  # mamba_ssm: initial_states feed the run of index 0
+        if first[b] and v == 0 and s0 is not None:  # mamba_ssm: initial_states feed the run of index 0
             ids[k] = b
         first[b] = False
         last_of_row[b] = k
@@ -361,9 +384,10 @@ def _scan_segments(segs, batch, L, s0, has_initial, x, steps, A, B, C, backend, 
         return flat[gather]                                    # (n, Lmax, *inner)
 
     G = B.shape[2]
-    cache = torch.cat([s0, s0.new_zeros((1, H, P, N))])       # (batch + 1, H, P, N)
+    zeros = x.new_zeros((1, H, P, N))
+    cache = zeros if s0 is None else torch.cat([s0, zeros])   # (batch + 1, H, P, N), or the zero row alone
     y, states = _ssm_scan(cache, runs(x, H, P), runs(steps, H), A, runs(B, G, N), runs(C, G, N), ids,
-                          backend=backend, dt_softplus=None, invariant=invariant)
+                          backend=backend, dt_softplus=form, invariant=invariant)
     y = y.reshape(n * Lmax, H, P)[scatter].reshape(batch, L, H, P)
     return y, states, torch.tensor(last_of_row)
 
@@ -444,15 +468,17 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
     be = _backend(backend)
     work = _work(be, st, xh, dth, Ah, Bh, Ch, Dh, zh, bh)
-    steps = _dt_steps(dth, bh, dt_softplus, None, work)                    # (batch, H, P)
-    # a copy of the rows read (never a view of state: the op keeps its inputs for the backward, and
-    # state is written below)
-    s_in = st.clone() if rows is None else st.index_select(0, rows.to(st.device))
+    steps, form = _dt_steps(dth, bh, dt_softplus, None, work, fuse=True)   # (batch, H, P)
+    # the rows read: a copy where autograd keeps the op's inputs for the backward (state is written
+    # below), else state itself (the op has read it by then)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (st, xh, dth, Ah, Bh, Ch, Dh, zh, bh))
+    s_in = (st.clone() if grad else st) if rows is None else st.index_select(0, rows.to(st.device))
     # ssm-scan's layout: H*P heads of one channel, Mamba-1 A (H*P, N), one token
     s0 = s_in.to(work).reshape(batch, H * P, 1, N)
     y, new = _ssm_scan(s0, xh.to(work).reshape(batch, 1, H * P, 1), steps.reshape(batch, 1, H * P),
                        Ah.to(work).reshape(H * P, N), Bh.to(work)[:, None], Ch.to(work)[:, None],
-                       backend=be, dt_softplus=None, invariant=invariant)
+                       backend=be, dt_softplus=form, invariant=invariant)
     with torch.no_grad():
         new = new.reshape(batch, H, P, N).to(state.dtype)
         if rows is None:
