@@ -26,6 +26,7 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
 }
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 PIPELINE_STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"   # Kernel.statistics()
+EXTERNAL_MEMORY_FD_EXTENSION = "VK_KHR_external_memory_fd"          # external.py: memory CUDA can import
 # Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
 # Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
 CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
