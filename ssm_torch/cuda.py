@@ -38,7 +38,7 @@ from ssm_vk.runtime import external
 
 from . import _op
 
-__all__ = ["available", "forward", "backward", "release_memory", "require"]
+__all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
 
 _F32 = 4
 _FWD = ("s", "x", "dt", "A", "B", "C")
@@ -226,29 +226,16 @@ class CudaSide:
         self._checked = None   # the Vulkan context found to be this GPU
 
     def check(self, ctx, named: dict) -> None:
-        """ValueError naming the first tensor when ``ctx``'s device is not this GPU."""
+        """RuntimeError when CUDA or the memory sharing is not available; ValueError naming the
+        first tensor when ``ctx``'s device is not this GPU. Checked once per context."""
         if self._checked is ctx:
             return
-        problem = _problem(self.device)
-        if problem:
-            raise RuntimeError(f"CUDA tensors with backend='ssm_vk': {problem}")
-        ok, why = external.export_support(ctx)
-        if not ok:
-            raise RuntimeError(f"CUDA tensors with backend='ssm_vk': {ctx.info.where} ({ctx.info.name}) cannot share "
-                               f"memory with CUDA: {why}")
-        mine = _the_driver().uuid(self.ordinal)
-        theirs = external.device_uuid(ctx)
-        if mine != theirs:
-            name = next(iter(named))
-            try:
-                same = [i for i, u in enumerate(external.device_uuids()) if u == mine]
-            except rt.VulkanUnavailable:
-                same = []
-            hint = (f"; that GPU is Vulkan device {same[0]}: set SSM_VK_DEVICE={same[0]} before ssm_vk's first call"
-                    if same else "; no Vulkan device of this machine has that UUID")
-            raise ValueError(f"{name}: on {self.device} ({torch.cuda.get_device_name(self.ordinal)}, UUID "
-                             f"{_uuid_text(mine)}), but ssm_vk computes on {ctx.info.where} ({ctx.info.name}, UUID "
-                             f"{_uuid_text(theirs)}): the tensors must be on the Vulkan device's GPU{hint}")
+        why = _unusable(ctx, self.device)
+        if why:
+            raise RuntimeError(f"CUDA tensors with backend='ssm_vk': {why}")
+        other = _other_gpu(ctx, self.ordinal)
+        if other:
+            raise ValueError(f"{next(iter(named))}: {other}")
         self._checked = ctx
 
     def attach(self, buffer: external.ExportableBuffer) -> _Import:
@@ -281,6 +268,47 @@ class CudaSide:
         """The host waits for the last reads of the arena (before its memory is freed)."""
         if arena.event is not None:
             arena.event.synchronize()
+
+
+def _unusable(ctx, device: torch.device) -> str:
+    """Why CUDA and ``ctx``'s Vulkan device cannot share memory at all ("" when they can)."""
+    problem = _problem(device)
+    if problem:
+        return problem
+    ok, why = external.export_support(ctx)
+    if not ok:
+        return f"{ctx.info.where} ({ctx.info.name}) cannot share memory with CUDA: {why}"
+    return ""
+
+
+def _other_gpu(ctx, ordinal: int) -> str:
+    """"" when CUDA device ``ordinal`` is ``ctx``'s Vulkan device (the same UUID), else what differs."""
+    mine = _the_driver().uuid(ordinal)
+    theirs = external.device_uuid(ctx)
+    if mine == theirs:
+        return ""
+    try:
+        same = [i for i, u in enumerate(external.device_uuids()) if u == mine]
+    except rt.VulkanUnavailable:
+        same = []
+    hint = (f"; that GPU is Vulkan device {same[0]}: set SSM_VK_DEVICE={same[0]} before ssm_vk's first call"
+            if same else "; no Vulkan device of this machine has that UUID")
+    return (f"on cuda:{ordinal} ({torch.cuda.get_device_name(ordinal)}, UUID {_uuid_text(mine)}), but ssm_vk "
+            f"computes on {ctx.info.where} ({ctx.info.name}, UUID {_uuid_text(theirs)}): the tensors must be on "
+            f"the Vulkan device's GPU{hint}")
+
+
+def shares_memory(ctx, device="cuda") -> tuple[bool, str]:
+    """(True, "") when CUDA tensors on ``device`` can go through ssm_vk on the Vulkan context
+    ``ctx``: CUDA usable, ``ctx``'s device exports memory, and it is that GPU (their UUIDs);
+    else (False, the reason)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False, f"{dev}: not a CUDA device"
+    why = _unusable(ctx, dev)
+    if not why:
+        why = _other_gpu(ctx, dev.index if dev.index is not None else torch.cuda.current_device())
+    return (not why), why
 
 
 def _uuid_text(u: bytes) -> str:

@@ -119,7 +119,8 @@ class ExportableBuffer(Buffer):
 
     A dedicated allocation when the driver asks for one (``dedicated``; an importer must be told,
     e.g. CUDA_EXTERNAL_MEMORY_DEDICATED). ``alloc_size``: the size of the memory object, the size
-    an importer maps. Never goes to a BufferPool (it is not one of the pool's size classes).
+    an importer gives; ``memory_type``: its memory type index (a Vulkan importer's). Never goes
+    to a BufferPool (it is not one of the pool's size classes).
 
     Raises ValueError when the device cannot export (:func:`export_support` says why) or for a
     size above its limits; OutOfDeviceMemory when the allocation fails; as Buffer otherwise.
@@ -146,6 +147,7 @@ class ExportableBuffer(Buffer):
         self.closed = False
         self.mappable = False
         self.dedicated = False
+        self.memory_type = -1
         self._buffer = self._memory = self._mapped = None
         device_ = ctx.handle
         external = ffi.new("VkExternalMemoryBufferCreateInfo*", {
@@ -167,6 +169,7 @@ class ExportableBuffer(Buffer):
             self.dedicated = bool(sup.dedicated_only or dedicated_req.requiresDedicatedAllocation
                                   or dedicated_req.prefersDedicatedAllocation)
             type_index, self.mappable = _memory_type(ctx, type_bits, False)
+            self.memory_type = type_index   # an importer of the same device allocates this type
             heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
             if self._alloc_size > min(limit, heap_size):
                 raise ValueError(f"ExportableBuffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
