@@ -26,8 +26,6 @@ in the call (step 2 and 3) as it does for ssm_vk's own calls. ROCm builds of tor
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import threading
 
 import torch
@@ -36,129 +34,12 @@ from ssm_vk import runtime as rt
 from ssm_vk.arrays import DeviceArray
 from ssm_vk.runtime import external
 
-from . import _op
+from . import _driver, _op
 
 __all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
 
 _F32 = 4
 _FWD = ("s", "x", "dt", "A", "B", "C")
-
-
-# ---------------------------------------------------------------------------------------------
-# CUDA's driver API (ctypes)
-
-_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1
-_CUDA_EXTERNAL_MEMORY_DEDICATED = 0x1
-
-
-class _Win32(ctypes.Structure):
-    _fields_ = [("handle", ctypes.c_void_p), ("name", ctypes.c_void_p)]
-
-
-class _Handle(ctypes.Union):
-    _fields_ = [("fd", ctypes.c_int), ("win32", _Win32), ("nvSciBufObject", ctypes.c_void_p)]
-
-
-class _MemoryHandleDesc(ctypes.Structure):   # CUDA_EXTERNAL_MEMORY_HANDLE_DESC (104 bytes)
-    _fields_ = [("type", ctypes.c_int), ("handle", _Handle), ("size", ctypes.c_ulonglong),
-                ("flags", ctypes.c_uint), ("reserved", ctypes.c_uint * 16)]
-
-
-class _BufferDesc(ctypes.Structure):         # CUDA_EXTERNAL_MEMORY_BUFFER_DESC (88 bytes)
-    _fields_ = [("offset", ctypes.c_ulonglong), ("size", ctypes.c_ulonglong), ("flags", ctypes.c_uint),
-                ("reserved", ctypes.c_uint * 16)]
-
-
-class _Driver:
-    """The few driver-API functions the import needs. Each runs with the device's primary context
-    current (the one torch's runtime uses), pushed and popped around it."""
-
-    def __init__(self):
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise RuntimeError(f"CUDA's driver library could not be loaded (libcuda.so.1: {exc})") from None
-        self.lib = lib
-        for name in ("cuInit", "cuDeviceGet", "cuDeviceGetUuid", "cuDevicePrimaryCtxRetain",
-                     "cuDevicePrimaryCtxRelease_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
-                     "cuImportExternalMemory", "cuExternalMemoryGetMappedBuffer", "cuDestroyExternalMemory",
-                     "cuMemFree_v2", "cuGetErrorName"):
-            getattr(lib, name).restype = ctypes.c_int
-        lib.cuDeviceGetUuid.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        lib.cuExternalMemoryGetMappedBuffer.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p,
-                                                        ctypes.POINTER(_BufferDesc)]
-        lib.cuDestroyExternalMemory.argtypes = [ctypes.c_void_p]
-        lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-        lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
-        self.check(lib.cuInit(0), "cuInit")
-
-    def check(self, rc: int, what: str) -> None:
-        if rc != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise RuntimeError(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
-
-    def device(self, ordinal: int) -> int:
-        dev = ctypes.c_int()
-        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), f"cuDeviceGet({ordinal})")
-        return dev.value
-
-    def uuid(self, ordinal: int) -> bytes:
-        out = ctypes.create_string_buffer(16)
-        self.check(self.lib.cuDeviceGetUuid(out, self.device(ordinal)), "cuDeviceGetUuid")
-        return out.raw
-
-    @contextlib.contextmanager
-    def current(self, ordinal: int):
-        dev = self.device(ordinal)
-        ctx = ctypes.c_void_p()
-        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        try:
-            self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-            try:
-                yield
-            finally:
-                self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        finally:
-            self.lib.cuDevicePrimaryCtxRelease_v2(dev)
-
-    def import_buffer(self, ordinal: int, buffer: external.ExportableBuffer) -> tuple[int, int]:
-        """(external memory handle, device pointer) of ``buffer``'s memory imported into CUDA."""
-        fd = buffer.export_fd()
-        desc = _MemoryHandleDesc(type=_CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, size=buffer.alloc_size,
-                                 flags=_CUDA_EXTERNAL_MEMORY_DEDICATED if buffer.dedicated else 0)
-        desc.handle.fd = fd
-        ext = ctypes.c_void_p()
-        with self.current(ordinal):
-            rc = self.lib.cuImportExternalMemory(ctypes.byref(ext), ctypes.byref(desc))
-            if rc != 0:
-                os.close(fd)   # CUDA owns the descriptor only once the import succeeded
-                self.check(rc, f"cuImportExternalMemory ({buffer.alloc_size} bytes)")
-            ptr = ctypes.c_uint64()
-            rc = self.lib.cuExternalMemoryGetMappedBuffer(ctypes.byref(ptr), ext, ctypes.byref(
-                _BufferDesc(offset=0, size=buffer.size, flags=0)))
-            if rc != 0:
-                self.lib.cuDestroyExternalMemory(ext)
-                self.check(rc, "cuExternalMemoryGetMappedBuffer")
-        return ext.value, ptr.value
-
-    def release(self, ordinal: int, ext: int, ptr: int) -> None:
-        """Unmap and destroy an import (errors ignored: this runs at close, maybe at exit)."""
-        with contextlib.suppress(RuntimeError), self.current(ordinal):
-            self.lib.cuMemFree_v2(ptr)
-            self.lib.cuDestroyExternalMemory(ext)
-
-
-_driver_lock = threading.Lock()
-_driver: _Driver | None = None
-
-
-def _the_driver() -> _Driver:
-    global _driver
-    with _driver_lock:
-        if _driver is None:
-            _driver = _Driver()
-        return _driver
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,10 +120,10 @@ class CudaSide:
         self._checked = ctx
 
     def attach(self, buffer: external.ExportableBuffer) -> _Import:
-        return _Import(*_the_driver().import_buffer(self.ordinal, buffer))
+        return _Import(*_driver.the_driver().import_buffer(self.ordinal, buffer))
 
     def detach(self, imported: _Import) -> None:
-        _the_driver().release(self.ordinal, imported.ext, imported.ptr)
+        _driver.the_driver().release(self.ordinal, imported.ext, imported.ptr)
 
     def view(self, imported: _Import, shape: tuple) -> torch.Tensor:
         return torch.as_tensor(_Span(imported.ptr, tuple(shape)), device=self.device)
@@ -283,7 +164,7 @@ def _unusable(ctx, device: torch.device) -> str:
 
 def _other_gpu(ctx, ordinal: int) -> str:
     """"" when CUDA device ``ordinal`` is ``ctx``'s Vulkan device (the same UUID), else what differs."""
-    mine = _the_driver().uuid(ordinal)
+    mine = _driver.the_driver().uuid(ordinal)
     theirs = external.device_uuid(ctx)
     if mine == theirs:
         return ""
@@ -293,8 +174,8 @@ def _other_gpu(ctx, ordinal: int) -> str:
         same = []
     hint = (f"; that GPU is Vulkan device {same[0]}: set SSM_VK_DEVICE={same[0]} before ssm_vk's first call"
             if same else "; no Vulkan device of this machine has that UUID")
-    return (f"on cuda:{ordinal} ({torch.cuda.get_device_name(ordinal)}, UUID {_uuid_text(mine)}), but ssm_vk "
-            f"computes on {ctx.info.where} ({ctx.info.name}, UUID {_uuid_text(theirs)}): the tensors must be on "
+    return (f"on cuda:{ordinal} ({torch.cuda.get_device_name(ordinal)}, UUID {_driver.uuid_text(mine)}), but ssm_vk "
+            f"computes on {ctx.info.where} ({ctx.info.name}, UUID {_driver.uuid_text(theirs)}): the tensors must be on "
             f"the Vulkan device's GPU{hint}")
 
 
@@ -309,11 +190,6 @@ def shares_memory(ctx, device="cuda") -> tuple[bool, str]:
     if not why:
         why = _other_gpu(ctx, dev.index if dev.index is not None else torch.cuda.current_device())
     return (not why), why
-
-
-def _uuid_text(u: bytes) -> str:
-    h = u.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 _sides: dict[int, CudaSide] = {}

@@ -117,8 +117,6 @@ class Context:
         self.handle = None                       # the VkDevice; callers check_usable() before new work
         self.calibration: str | None = None      # the calibrated-timestamps extension enabled, if any
                                                  # (commands.Sequence.host_times)
-        self.extensions: frozenset[str] = frozenset()   # the device extensions enabled (external.py
-                                                 # reads whether memory can be exported)
         # Compile statistics (Kernel.statistics): asked for by SSM_VK_PIPELINE_STATS, read before
         # any Vulkan call; kept when the device offers them, else why not.
         self.pipeline_stats = False
@@ -157,17 +155,13 @@ class Context:
         wanted.features.shaderFloat64 = feats.features.shaderFloat64
         wanted.features.shaderInt64 = feats.features.shaderInt64
         wanted.features.shaderInt16 = feats.features.shaderInt16
-        device_extensions = [self.calibration] if self.calibration else []
+        device_extensions = device.base_extensions(self.calibration, extensions)
         if atomic is not None and atomic.shaderBufferFloat32AtomicAdd:
             want_atomic = ffi.new("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT*", {
                 "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT,
                 "shaderBufferFloat32Atomics": 1, "shaderBufferFloat32AtomicAdd": 1})
             wanted.pNext = want_atomic
             device_extensions.append(device.ATOMIC_FLOAT_EXTENSION)
-        if device.EXTERNAL_MEMORY_FD_EXTENSION in extensions:
-            # Memory exportable as a file descriptor, for CUDA (runtime/external.py). Enabled when
-            # offered: it changes nothing for memory allocated without an export request.
-            device_extensions.append(device.EXTERNAL_MEMORY_FD_EXTENSION)
         if not self.pipeline_stats_missing:
             stats_feature = device.pipeline_stats_feature(physical, extensions)
             if stats_feature is None:
@@ -183,7 +177,6 @@ class Context:
                                      ppEnabledExtensionNames=device_extensions or None)
         with binding.translated("vkCreateDevice"):
             self.handle = vk.vkCreateDevice(physical, info, None)
-        self.extensions = frozenset(device_extensions)
         self.queue_family = family
         self.queue = vk.vkGetDeviceQueue(self.handle, family, 0)
         mem = vk.vkGetPhysicalDeviceMemoryProperties(physical)

@@ -193,6 +193,17 @@ def calibration_extension(instance, physical_device, extensions) -> str | None:
     return None
 
 
+def base_extensions(calibration: str | None, extensions) -> list[str]:
+    """The device extensions a context enables before the optional features: the calibration
+    extension chosen (or none), and VK_KHR_external_memory_fd whenever the device offers it --
+    inert unless an ExportableBuffer asks for exportable memory (external.py, which relies on
+    "offered" meaning "enabled")."""
+    out = [calibration] if calibration else []
+    if EXTERNAL_MEMORY_FD_EXTENSION in extensions:
+        out.append(EXTERNAL_MEMORY_FD_EXTENSION)
+    return out
+
+
 def compute_queue_family(physical_device) -> tuple[int, int]:
     """(family index, timestamp valid bits) of the queue family we use for compute.
 

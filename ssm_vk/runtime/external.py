@@ -5,7 +5,7 @@ file descriptor (VK_KHR_external_memory_fd, handle type OPAQUE_FD), and the devi
 This is what CUDA's ``cuImportExternalMemory`` takes (ssm_torch/cuda.py imports these buffers so
 torch's CUDA tensors reach ssm_vk without a trip through host memory). Nothing here runs for a
 call that does not ask for it: the context enables the extension when the device offers it
-(context.py), and only an :class:`ExportableBuffer` allocates memory with an export request.
+(device.base_extensions), and only an :class:`ExportableBuffer` allocates memory with an export request.
 
     ok, why = export_support(ctx)          # (False, the reason) without the extension or the handle type
     uuid = device_uuid(ctx)                # 16 bytes; device_uuids() for every listed device
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from . import binding, device, instance
 from .checks import check_int
 from .context import Context
-from .memory import Buffer, _memory_type, _serials
+from .memory import Buffer, memory_type, serials
 
 EXTENSION = device.EXTERNAL_MEMORY_FD_EXTENSION
 OPAQUE_FD = 0x1            # VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
@@ -39,7 +39,7 @@ class ExportSupport:
     uuid: bytes                # the device's UUID (16 bytes)
 
 
-def _physical(ctx: Context):
+def physical_device(ctx: Context):
     """The VkPhysicalDevice of ``ctx`` (the context keeps only its logical device)."""
     return device.physical_devices(instance.process_instance(ctx.validation))[ctx.info.index]
 
@@ -62,9 +62,9 @@ def _usage(vk) -> int:
 def _support(ctx: Context) -> ExportSupport:
     vk = binding.require()
     ffi = vk.ffi
-    physical = _physical(ctx)
+    physical = physical_device(ctx)
     uuid = _uuid_of(physical)
-    if EXTENSION not in ctx.extensions:
+    if EXTENSION not in device.device_extensions(physical):   # offered means enabled (device.base_extensions)
         return ExportSupport(False, f"{ctx.info.name} does not offer {EXTENSION}", False, uuid)
     query = ffi.new("VkPhysicalDeviceExternalBufferInfo*", {
         "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_BUFFER_INFO, "usage": _usage(vk),
@@ -142,7 +142,7 @@ class ExportableBuffer(Buffer):
         lib = vk.lib
         self.ctx = ctx
         self.size = nbytes
-        self.serial = next(_serials)   # the process's one counter: cache keys never repeat
+        self.serial = next(serials)   # the process's one counter: cache keys never repeat
         self.staging = False
         self.closed = False
         self.mappable = False
@@ -168,7 +168,7 @@ class ExportableBuffer(Buffer):
             type_bits = int(req.memoryRequirements.memoryTypeBits)
             self.dedicated = bool(sup.dedicated_only or dedicated_req.requiresDedicatedAllocation
                                   or dedicated_req.prefersDedicatedAllocation)
-            type_index, self.mappable = _memory_type(ctx, type_bits, False)
+            type_index, self.mappable = memory_type(ctx, type_bits, False)
             self.memory_type = type_index   # an importer of the same device allocates this type
             heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
             if self._alloc_size > min(limit, heap_size):

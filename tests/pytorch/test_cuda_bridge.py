@@ -20,7 +20,7 @@ from bridgecheck import NAMES, assert_close_as, leaves, oracle, rounded  # noqa:
 from problems import make_problem  # noqa: E402
 
 import ssm_torch  # noqa: E402
-from ssm_torch import _op, cuda  # noqa: E402
+from ssm_torch import _driver, _op, cuda  # noqa: E402
 from ssm_vk import runtime as rt  # noqa: E402
 from ssm_vk.runtime import external  # noqa: E402
 
@@ -224,7 +224,7 @@ def fake_cuda(monkeypatch, ctx_mapped):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda ordinal=None: "Fake GPU")
 
     def use(uuid, listed=None):
-        monkeypatch.setattr(cuda, "_the_driver", lambda: FakeDriver(uuid))
+        monkeypatch.setattr(_driver, "the_driver", lambda: FakeDriver(uuid))
         if listed is not None:
             monkeypatch.setattr(external, "device_uuids", lambda: listed)
     return use

@@ -20,7 +20,7 @@ from problems import make_problem  # noqa: E402
 
 import ssm_ref  # noqa: E402
 import ssm_torch  # noqa: E402
-from ssm_torch import cuda, mamba  # noqa: E402
+from ssm_torch import _driver, cuda, mamba  # noqa: E402
 from ssm_vk import runtime as rt  # noqa: E402
 from ssm_vk.runtime import external  # noqa: E402
 
@@ -47,7 +47,7 @@ def test_the_gpu_is_the_vulkan_device():
     ctx = rt.get_context()
     assert cuda.shares_memory(ctx, "cuda") == (True, "")
     assert cuda.available("cuda") == (True, "")
-    assert external.device_uuid(ctx) == cuda._the_driver().uuid(torch.cuda.current_device())
+    assert external.device_uuid(ctx) == _driver.the_driver().uuid(torch.cuda.current_device())
 
 
 @pytest.mark.parametrize(("variant", "ids"), [("mamba2", "permutation"), ("mamba1", "duplicates"),
