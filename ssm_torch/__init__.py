@@ -35,20 +35,31 @@ def __dir__():
 _ARRAYS = ("s", "x", "dt", "A", "B", "C")
 
 
-def _check_tensors(named: dict) -> None:
-    """Every array a tensor, all on the CPU (or all meta)."""
+def _check_tensors(named: dict, backend=None) -> None:
+    """Every array a tensor, all on the CPU (or all meta), or -- with backend="ssm_vk" -- all on
+    one CUDA device (ssm_torch/cuda.py)."""
     device = None
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         kind = t.device.type
-        if kind not in ("cpu", "meta"):
-            raise ValueError(f"{name}: expected a CPU tensor (ssm-scan's backends compute from host memory), "
+        if kind not in ("cpu", "meta") and not (kind == "cuda" and backend == "ssm_vk"):
+            cuda = " (CUDA tensors: with backend='ssm_vk')" if kind == "cuda" else ""
+            raise ValueError(f"{name}: expected a CPU tensor (ssm-scan's backends compute from host memory){cuda}, "
                              f"got one on {t.device}: move it with .cpu()")
         if device is None:
-            device = kind
-        elif kind != device:
+            device = t.device
+        elif t.device != device:
             raise ValueError(f"{name}: on {t.device}, the other tensors on {device}")
+
+
+def _check_ids(ids, device) -> None:
+    """ids: a tensor on the CPU or on the other tensors' device."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids: expected a torch.Tensor, got {type(ids).__name__}")
+    if ids.device.type != "cpu" and ids.device != device:
+        raise ValueError(f"ids: on {ids.device}, the other tensors on {device}; ids may be on the CPU or on "
+                         f"{device}")
 
 
 def _as_ids(ids):
@@ -64,8 +75,10 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
 
     Args: tensors s (R,H,P,N) or None (zero start states (S,H,P,N) in x's dtype; ids must then
     be None), x (S,T,H,P), dt (S,T,H), A (H,) | (H,1) Mamba-2 or (H,N) Mamba-1,
-    B and C (S,T,G,N), of any float dtype (float16, bfloat16, float32, float64), on the CPU;
-    ids (S,) integers in [0, R) or None (arange(S)). backend: "ssm_fast" (numba, the default),
+    B and C (S,T,G,N), of any float dtype (float16, bfloat16, float32, float64), on the CPU --
+    or, with backend="ssm_vk", all on the CUDA device that is the Vulkan device's GPU (no copy
+    through the host: ssm_torch/cuda.py; a ValueError names a tensor on another GPU); ids (S,)
+    integers in [0, R) or None (arange(S)), on the CPU or the tensors' device. backend: "ssm_fast" (numba, the default),
     "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default, ggml's form), "log1p"
     or True (PyTorch's F.softplus, mamba_ssm's), None or False (dt is the step) (docs/SPEC.md
     section 3); every backend takes every form. invariant: True for batch- and split-invariant
@@ -82,10 +95,14 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     the other outputs (a NaN slot's gradient is ignored). Raises the backends' TypeError /
     ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
-    _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)})
+    _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)},
+                   backend)
     ids = _as_ids(ids)
     if ids is not None:
-        _check_tensors({"ids": ids})
+        if x.device.type == "cuda":
+            _check_ids(ids, x.device)
+        else:
+            _check_tensors({"ids": ids})
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)

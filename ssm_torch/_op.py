@@ -12,6 +12,8 @@ The implementations hand CPU tensors to a numpy backend (ssm_fast, ssm_vk or ssm
 views without copying when they are contiguous and of the working dtype (float32; float64 on
 ssm_ref when every float input is float64), and wrap the backend's fresh result arrays as tensors
 without copying. The backends never write their inputs, so the caller's tensors are never written.
+CUDA tensors (backend="ssm_vk" only) go to ssm_torch/cuda.py: memory shared with the Vulkan device
+on the GPU, no copy through the host.
 """
 
 from __future__ import annotations
@@ -145,6 +147,17 @@ def _tensor(a, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _cuda(backend: str):
+    """ssm_torch.cuda, which runs the operators on CUDA tensors (backend="ssm_vk" only: the other
+    backends compute from host memory)."""
+    if backend != "ssm_vk":
+        raise ValueError(f"CUDA tensors: backend={backend!r} computes from host memory; use backend='ssm_vk' "
+                         "(docs/TORCH.md) or move the tensors with .cpu()")
+    from . import cuda
+
+    return cuda
+
+
 def _record(op: str, r, work: torch.dtype) -> None:
     _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
 
@@ -183,6 +196,8 @@ def _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, backend:
 def scan(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
          ids: torch.Tensor | None, backend: str, dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward: (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype)."""
+    if x.device.type == "cuda":
+        return _cuda(backend).forward(s, x, dt, A, B, C, ids, dt_softplus, None)
     r = _forward(s, x, dt, A, B, C, ids, backend, dt_softplus, None)
     return _tensor(r.y, x.dtype), _tensor(r.states, s.dtype)
 
@@ -200,6 +215,8 @@ def scan_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
               dt_softplus: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                          torch.Tensor]:
     """The backward: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
+    if x.device.type == "cuda":
+        return _cuda(backend).backward(s, x, dt, A, B, C, ids, g_y, g_states, None, dt_softplus)
     return _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, None, backend, dt_softplus)
 
 
@@ -214,6 +231,8 @@ def scan_snapshots(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
                    K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward with K state snapshots: (y (S,T,H,P) in x's dtype, states (S,H,P,N) and
     snapshots (K,S,H,P,N) in s's dtype; slot k the state after T - k tokens, slots k > T NaN)."""
+    if x.device.type == "cuda":
+        return _cuda(backend).forward(s, x, dt, A, B, C, ids, dt_softplus, K)
     r = _forward(s, x, dt, A, B, C, ids, backend, dt_softplus, K)
     return _tensor(r.y, x.dtype), _tensor(r.states, s.dtype), _tensor(r.snapshots, s.dtype)
 
@@ -233,6 +252,8 @@ def scan_snapshots_back(s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of :func:`scan_snapshots` (g_snapshots (K,S,H,P,N); its slots k > T are
     ignored by the backend): (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's dtype and shape."""
+    if x.device.type == "cuda":
+        return _cuda(backend).backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus)
     return _backward_grads(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, backend, dt_softplus)
 
 

@@ -5,6 +5,9 @@
   message it reports fails the test that caused it (every test, not only those under tests/vk:
   the backend registry runs ssm_vk everywhere). Tests marked ``vulkan`` are skipped without a
   Vulkan device, or fail when SSM_REQUIRE_VULKAN=1 (CI).
+- Tests marked ``cuda`` (CUDA tensors through ssm_vk) are skipped unless torch has a CUDA device
+  whose GPU is the Vulkan device and shares memory with it, or fail when SSM_REQUIRE_CUDA=1 (the
+  GPU runs: benchmarks/gpu_tests.sh).
 - SPIR-V compiled by the tests goes to a cache of the test runs, not the user's: kept across runs
   in pytest's cache of the checkout (or $SSM_TEST_CACHE/spirv), so a second run compiles only the
   shaders whose source or glslc changed; one of the session's own with ``-p no:cacheprovider``.
@@ -35,6 +38,23 @@ settings.register_profile("fuzz", max_examples=5000, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SOAK_ENV = "SSM_SOAK"
+CUDA_ENV = "SSM_REQUIRE_CUDA"
+
+
+def _cuda_problem() -> str:
+    """Why the tests of CUDA tensors through ssm_vk cannot run here ("" when they can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    from ssm_torch import cuda
+
+    ok, why = cuda.available("cuda")
+    if not ok:
+        return why
+    ctx = rt.get_context()
+    ok, why = cuda.shares_memory(ctx, torch.device("cuda", torch.cuda.current_device()))
+    return "" if ok else why
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +75,12 @@ def _vulkan_checked(request):
         ok, reason = rt.available()
         if not ok:
             missing(f"no Vulkan device: {reason}")
+    if request.node.get_closest_marker("cuda") is not None:
+        reason = _cuda_problem()
+        if reason:
+            if os.environ.get(CUDA_ENV, "").strip() == "1":
+                pytest.fail(f"{CUDA_ENV}=1 but {reason}", pytrace=False)
+            pytest.skip(reason)
     before = rt.current_context()
     yield
     messages = []

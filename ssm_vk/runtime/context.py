@@ -155,7 +155,7 @@ class Context:
         wanted.features.shaderFloat64 = feats.features.shaderFloat64
         wanted.features.shaderInt64 = feats.features.shaderInt64
         wanted.features.shaderInt16 = feats.features.shaderInt16
-        device_extensions = [self.calibration] if self.calibration else []
+        device_extensions = device.base_extensions(self.calibration, extensions)
         if atomic is not None and atomic.shaderBufferFloat32AtomicAdd:
             want_atomic = ffi.new("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT*", {
                 "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT,

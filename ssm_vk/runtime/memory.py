@@ -20,7 +20,7 @@ from . import binding
 from .checks import check_int
 from .context import Context
 
-_serials = itertools.count(1)  # unique per process: cache keys must not reuse a freed handle's value
+serials = itertools.count(1)  # unique per process: cache keys must not reuse a freed handle's value
 
 
 class Buffer:
@@ -49,7 +49,7 @@ class Buffer:
         vk = binding.require()
         self.ctx = ctx
         self.size = nbytes
-        self.serial = next(_serials)
+        self.serial = next(serials)
         self.staging = staging
         self.closed = False
         self.mappable = False
@@ -64,7 +64,7 @@ class Buffer:
         try:
             req = vk.vkGetBufferMemoryRequirements(device, self._buffer)
             self._alloc_size, type_bits = int(req.size), int(req.memoryTypeBits)
-            type_index, self.mappable = _memory_type(ctx, type_bits, staging)
+            type_index, self.mappable = memory_type(ctx, type_bits, staging)
             heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
             if self._alloc_size > min(limit, heap_size):
                 raise ValueError(f"Buffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
@@ -147,7 +147,7 @@ class Buffer:
         return f"<Buffer #{self.serial} {self.size} B {kind}{' closed' if self.closed else ''}>"
 
 
-def _memory_type(ctx: Context, type_bits: int, staging: bool) -> tuple[int, bool]:
+def memory_type(ctx: Context, type_bits: int, staging: bool) -> tuple[int, bool]:
     """(memory type index, map it directly?) for a buffer whose requirements allow ``type_bits``.
 
     Raises OutOfDeviceMemory when no allowed type fits (a driver bug rather than a user error).

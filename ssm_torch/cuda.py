@@ -1,0 +1,394 @@
+"""CUDA tensors through ``backend="ssm_vk"`` without a trip through host memory.
+
+ssm_vk computes on a Vulkan device; torch's CUDA tensors live in CUDA's memory of a GPU. When the
+two are the same GPU, this module moves the data between them on the GPU. Its arena is Vulkan
+memory exported as a file descriptor (ssm_vk.runtime.external) and imported into CUDA
+(``cuImportExternalMemory``, CUDA's driver API through ctypes on ``libcuda.so.1``, which every
+CUDA install has: no package is needed), so that torch tensors can be views of it (through
+``__cuda_array_interface__``). One call (:func:`forward`, :func:`backward`; ssm_torch's operators
+call them for CUDA tensors):
+
+1. checks that the tensors' GPU is the Vulkan device: the CUDA device's UUID against the Vulkan
+   device's (VkPhysicalDeviceIDProperties.deviceUUID) -- ValueError naming both otherwise;
+2. has torch copy each input into its slot of the arena as float32, on torch's current stream
+   (any float dtype, any strides: the copy converts), then waits for that stream, so the Vulkan
+   work reads the inputs after torch's writes and everything queued before them;
+3. runs ssm_vk on DeviceArrays that are the arena's slots, and copies its outputs into their
+   slots (a Vulkan copy; ssm_vk's calls and the copy return once the GPU is done);
+4. has torch copy the outputs into new tensors of the inputs' dtypes, on the current stream, and
+   records an event there: the next call's writes into the arena wait for those reads.
+
+So the call returns tensors allocated by torch, ordered on torch's current stream; the host waits
+in the call (step 2 and 3) as it does for ssm_vk's own calls. ROCm builds of torch are refused
+(HIP has the matching import function, not built here); see docs/TORCH.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from ssm_vk import runtime as rt
+from ssm_vk.arrays import DeviceArray
+from ssm_vk.runtime import external
+
+from . import _driver, _op
+
+__all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
+
+_F32 = 4
+_FWD = ("s", "x", "dt", "A", "B", "C")
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability
+
+def _problem(device: torch.device | None) -> str:
+    """Why CUDA tensors on ``device`` cannot go through ssm_vk here ("" when they can)."""
+    if torch.version.hip is not None:
+        return ("this torch is a ROCm build: CUDA tensors through ssm_vk need CUDA's external-memory import "
+                "(HIP's hipImportExternalMemory is not wired up; docs/TORCH.md)")
+    if not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        return f"torch {torch.__version__} ({built}) has no usable CUDA device here"
+    if device is not None and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"{device}: torch sees {torch.cuda.device_count()} CUDA device(s)"
+    ok, why = rt.available()
+    if not ok:
+        return f"ssm_vk cannot run here: {why}"
+    return ""
+
+
+def available(device="cuda") -> tuple[bool, str]:
+    """(True, "") when CUDA tensors on ``device`` (a torch.device or its string) can be given to
+    ssm_torch with backend="ssm_vk" here, else (False, the reason). Creates no Vulkan context, so
+    the check of the GPU's identity (its UUID against the Vulkan device's) is left to the call.
+    Never raises for a device string torch accepts."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False, f"{dev}: not a CUDA device"
+    why = _problem(dev)
+    return (not why), why
+
+
+def require(device="cuda") -> None:
+    """Raise RuntimeError saying why when :func:`available` is False for ``device``."""
+    ok, why = available(device)
+    if not ok:
+        raise RuntimeError(f"CUDA tensors with backend='ssm_vk': {why}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The two sides of the arena: CUDA (the product) -- tests plug in a host stand-in
+
+class _Span:
+    """The ``__cuda_array_interface__`` of float32 memory at ``ptr`` (torch.as_tensor makes a view)."""
+
+    def __init__(self, ptr: int, shape: tuple):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (ptr, False), "version": 3,
+                                         "strides": None}
+
+
+class _Import:
+    def __init__(self, ext: int, ptr: int):
+        self.ext, self.ptr = ext, ptr
+
+
+class CudaSide:
+    """How the arena meets torch on CUDA device ``ordinal``: the import, the views, the ordering
+    on torch's current stream, and the check that the Vulkan device is this GPU."""
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self.device = torch.device("cuda", ordinal)
+        self.key = f"cuda:{ordinal}"
+        self._checked = None   # the Vulkan context found to be this GPU
+
+    def check(self, ctx, named: dict) -> None:
+        """RuntimeError when CUDA or the memory sharing is not available; ValueError naming the
+        first tensor when ``ctx``'s device is not this GPU. Checked once per context."""
+        if self._checked is ctx:
+            return
+        why = _unusable(ctx, self.device)
+        if why:
+            raise RuntimeError(f"CUDA tensors with backend='ssm_vk': {why}")
+        other = _other_gpu(ctx, self.ordinal)
+        if other:
+            raise ValueError(f"{next(iter(named))}: {other}")
+        self._checked = ctx
+
+    def attach(self, buffer: external.ExportableBuffer) -> _Import:
+        return _Import(*_driver.the_driver().import_buffer(self.ordinal, buffer))
+
+    def detach(self, imported: _Import) -> None:
+        _driver.the_driver().release(self.ordinal, imported.ext, imported.ptr)
+
+    def view(self, imported: _Import, shape: tuple) -> torch.Tensor:
+        return torch.as_tensor(_Span(imported.ptr, tuple(shape)), device=self.device)
+
+    def stream(self):
+        return torch.cuda.current_stream(self.device)
+
+    def before_writes(self, arena) -> None:
+        """torch's current stream waits for the last call's reads of the arena."""
+        if arena.event is not None:
+            self.stream().wait_event(arena.event)
+
+    def before_vulkan(self) -> None:
+        """The host waits for torch's current stream: its writes into the arena are done."""
+        self.stream().synchronize()
+
+    def after_reads(self, arena) -> None:
+        event = torch.cuda.Event()
+        event.record(self.stream())
+        arena.event = event
+
+    def drain(self, arena) -> None:
+        """The host waits for the last reads of the arena (before its memory is freed)."""
+        if arena.event is not None:
+            arena.event.synchronize()
+
+
+def _unusable(ctx, device: torch.device) -> str:
+    """Why CUDA and ``ctx``'s Vulkan device cannot share memory at all ("" when they can)."""
+    problem = _problem(device)
+    if problem:
+        return problem
+    ok, why = external.export_support(ctx)
+    if not ok:
+        return f"{ctx.info.where} ({ctx.info.name}) cannot share memory with CUDA: {why}"
+    return ""
+
+
+def _other_gpu(ctx, ordinal: int) -> str:
+    """"" when CUDA device ``ordinal`` is ``ctx``'s Vulkan device (the same UUID), else what differs."""
+    mine = _driver.the_driver().uuid(ordinal)
+    theirs = external.device_uuid(ctx)
+    if mine == theirs:
+        return ""
+    try:
+        same = [i for i, u in enumerate(external.device_uuids()) if u == mine]
+    except rt.VulkanUnavailable:
+        same = []
+    hint = (f"; that GPU is Vulkan device {same[0]}: set SSM_VK_DEVICE={same[0]} before ssm_vk's first call"
+            if same else "; no Vulkan device of this machine has that UUID")
+    return (f"on cuda:{ordinal} ({torch.cuda.get_device_name(ordinal)}, UUID {_driver.uuid_text(mine)}), but ssm_vk "
+            f"computes on {ctx.info.where} ({ctx.info.name}, UUID {_driver.uuid_text(theirs)}): the tensors must be on "
+            f"the Vulkan device's GPU{hint}")
+
+
+def shares_memory(ctx, device="cuda") -> tuple[bool, str]:
+    """(True, "") when CUDA tensors on ``device`` can go through ssm_vk on the Vulkan context
+    ``ctx``: CUDA usable, ``ctx``'s device exports memory, and it is that GPU (their UUIDs);
+    else (False, the reason)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False, f"{dev}: not a CUDA device"
+    why = _unusable(ctx, dev)
+    if not why:
+        why = _other_gpu(ctx, dev.index if dev.index is not None else torch.cuda.current_device())
+    return (not why), why
+
+
+_sides: dict[int, CudaSide] = {}
+
+
+def _side_for(device: torch.device) -> CudaSide:
+    ordinal = device.index if device.index is not None else torch.cuda.current_device()
+    side = _sides.get(ordinal)
+    if side is None:
+        side = _sides.setdefault(ordinal, CudaSide(ordinal))
+    return side
+
+
+# ---------------------------------------------------------------------------------------------
+# The arena
+
+class _Slot:
+    def __init__(self, buffer, imported):
+        self.buffer, self.imported = buffer, imported
+
+
+class Arena:
+    """The exported buffers one side uses with one Vulkan context: a slot per role (each input,
+    each output), grown when a call needs more, imported once per growth. ``lock`` serialises the
+    calls that use it; ``event`` marks the last reads of its memory by the other side. Closed with
+    the context (or by :func:`release_memory`)."""
+
+    _MIN = 1 << 16
+
+    def __init__(self, ctx, side):
+        self.ctx, self.side = ctx, side
+        self.lock = threading.Lock()
+        self.slots: dict[str, _Slot] = {}
+        self.event = None
+        self.closed = False
+        ctx.owned.adopt(self)
+
+    def slot(self, role: str, nbytes: int) -> _Slot:
+        """The slot of ``role``, at least ``nbytes`` big (a bigger one made when it is not; the
+        caller holds ``lock`` and has passed ``side.before_writes``)."""
+        s = self.slots.get(role)
+        if s is not None and s.buffer.size >= nbytes:
+            return s
+        if s is not None:
+            self.side.drain(self)
+            self._free(self.slots.pop(role))
+        size = max(self._MIN, nbytes + nbytes // 4) if s is not None else max(self._MIN, nbytes)
+        size = min(size, max(nbytes, self.ctx.info.max_memory_allocation_size))
+        buffer = external.ExportableBuffer(self.ctx, size)
+        try:
+            imported = self.side.attach(buffer)
+        except BaseException:
+            buffer.close()
+            raise
+        s = self.slots[role] = _Slot(buffer, imported)
+        return s
+
+    def _free(self, s: _Slot) -> None:
+        self.side.detach(s.imported)
+        s.buffer.close()
+
+    def trim(self) -> None:
+        """Free every slot (the caller holds ``lock``); the next call makes them again."""
+        with contextlib.suppress(Exception):
+            self.side.drain(self)
+        slots, self.slots = list(self.slots.values()), {}
+        for s in slots:
+            self._free(s)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.trim()
+        self.ctx.owned.forget(self)
+
+
+def _arena(ctx, side) -> Arena:
+    return ctx.owned.extension(f"torch-arena:{side.key}", lambda c: Arena(c, side))
+
+
+def release_memory() -> None:
+    """Free the arenas' memory (Vulkan's, and CUDA's imports of it); the next call makes it again."""
+    ctx = rt.current_context()
+    if ctx is None:
+        return
+    for side in list(_sides.values()):
+        arena = ctx.owned.extension(f"torch-arena:{side.key}")
+        if arena is not None:
+            with arena.lock:
+                arena.trim()
+
+
+# ---------------------------------------------------------------------------------------------
+# The calls
+
+def _run(ctx, side, inputs: dict, outs: dict, call):
+    """Inputs into the arena, ``call(arrays)`` (ssm_vk's), its outputs ``outs`` ({name: (shape,
+    dtype)}) out of the arena as new tensors. Returns (the backend's result, the tensors)."""
+    arena = _arena(ctx, side)
+    with arena.lock:
+        side.before_writes(arena)
+        arrays = []
+        for name, t in inputs.items():
+            shape = tuple(t.shape)
+            if t.numel() == 0:
+                arrays.append(DeviceArray(ctx, None, shape, owned=False))
+                continue
+            slot = arena.slot(name, t.numel() * _F32)
+            side.view(slot.imported, shape).copy_(t.detach())
+            arrays.append(DeviceArray(ctx, slot.buffer, shape, owned=False))
+        side.before_vulkan()
+        r = call(arrays)
+        try:
+            results = [getattr(r, name) for name in outs]
+            targets = []
+            for (name, (shape, _)), a in zip(outs.items(), results, strict=True):
+                if a.size != _numel(shape):
+                    raise RuntimeError(f"ssm_vk's {name} has {a.size} elements, expected shape {shape}")
+                targets.append(arena.slot("out:" + name, a.size * _F32) if a.size else None)
+            token = ctx.enter()
+            try:
+                with rt.oneshot(ctx) as seq:
+                    seq.barrier()   # the scan's writes (an earlier submission) before the copies read
+                    for a, slot in zip(results, targets, strict=True):
+                        if slot is not None:
+                            seq.copy(a.buffer, slot.buffer, a.nbytes, a.offset * _F32, 0)
+            finally:
+                ctx.leave(token)
+        finally:
+            for a in vars(r).values():
+                if isinstance(a, DeviceArray):
+                    a.release()
+        tensors = []
+        for (shape, dtype), slot in zip(outs.values(), targets, strict=True):
+            if slot is None:
+                tensors.append(torch.zeros(shape, dtype=dtype, device=side.device))
+            else:
+                tensors.append(side.view(slot.imported, shape).to(dtype, copy=True))
+        side.after_reads(arena)
+    return r, tuple(tensors)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _ids(ids):
+    return None if ids is None else ids.detach().cpu().numpy()
+
+
+def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) -> tuple:
+    """ssm_torch's forward operator on CUDA tensors: (y, states) or, with ``K``, (y, states,
+    snapshots), in the dtypes the CPU path gives (y in x's, the states in s's). ``dt_softplus``:
+    the operator's encoded form. Raises ValueError when the tensors' GPU is not the Vulkan
+    device's, RuntimeError when CUDA or the memory sharing is not available."""
+    import ssm_vk
+
+    side = side if side is not None else _side_for(x.device)
+    named = dict(zip(_FWD, (s, x, dt, A, B, C), strict=True))
+    d = _op.check_shapes(s, x, dt, A, B, C, ids, snapshots=1 if K is None else K)
+    ctx = rt.get_context()
+    side.check(ctx, named)
+    kw = _op._backend_kwargs("ssm_vk", dt_softplus, torch.float32)
+    if K is not None:
+        kw["snapshots"] = K
+    ids_ = _ids(ids)
+    outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
+    if K is not None:
+        outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
+    r, tensors = _run(ctx, side, named, outs, lambda a: ssm_vk.ssm_scan(*a, ids_, **kw))
+    _op._record("ssm_scan", r, torch.float32)
+    return tensors
+
+
+def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: str, side=None) -> tuple:
+    """ssm_torch's backward operators on CUDA tensors: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its
+    input's dtype and shape. ``g_snapshots`` None: no ``g_snapshots`` keyword. Raises as
+    :func:`forward`."""
+    import ssm_vk
+
+    side = side if side is not None else _side_for(x.device)
+    named = dict(zip(_FWD, (s, x, dt, A, B, C), strict=True))
+    named["g_y"], named["g_states"] = g_y, g_states
+    if g_snapshots is not None:
+        named["g_snapshots"] = g_snapshots
+    ctx = rt.get_context()
+    side.check(ctx, named)
+    kw = _op._backend_kwargs("ssm_vk", dt_softplus, torch.float32)
+    ids_ = _ids(ids)
+    outs = {f"d_{n}": (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
+
+    def call(a):
+        extra = {"g_snapshots": a[8]} if g_snapshots is not None else {}
+        return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra)
+
+    g, tensors = _run(ctx, side, named, outs, call)
+    _op._record("ssm_scan_back", g, torch.float32)
+    return tensors

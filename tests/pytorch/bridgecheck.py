@@ -1,0 +1,64 @@
+"""Helpers of the tests of CUDA tensors through ssm_vk (test_cuda_tensors.py on a GPU, its stand-in
+test_cuda_bridge.py on the host): a case's tensors, the float64 oracle of exactly those numbers,
+and the comparison of outputs that were rounded to a narrower dtype once."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from registry import BACKENDS, Backend, assert_close
+
+import ssm_ref
+from ssm_ref.tolerance import Tol
+
+NAMES = ("s", "x", "dt", "A", "B", "C")
+VK = next(b for b in BACKENDS if b.name == "ssm_vk")
+
+# The unit roundoff of each dtype the outputs may be returned in: the float32 result rounded once
+# to it adds at most u * |value| per element, so u * ||want|| (a hair more) to the norm of the error.
+UNIT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0, torch.float64: 0.0}
+
+
+def leaves(case, dtype=torch.float32, device="cpu", requires_grad=True, dtypes=None):
+    """The case's arrays as tensors of ``dtype`` (or ``dtypes[name]``) on ``device``, and its ids."""
+    args = case.args()
+    dtypes = dtypes or {}
+    out = {k: torch.tensor(np.asarray(args[k], np.float64), dtype=dtypes.get(k, dtype), device=device,
+                           requires_grad=requires_grad) for k in NAMES}
+    ids = None if args["ids"] is None else torch.tensor(np.asarray(args["ids"]), device=device)
+    return out, ids
+
+
+def host64(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().double().numpy()
+
+
+def oracle(t: dict, ids, g_y, g_states, K=None, g_snapshots=None, form="ggml"):
+    """The float64 oracle on the numbers the tensors hold (rounded inputs included): the forward
+    (with K slots when given) and the backward of the given output gradients."""
+    args = {k: host64(t[k]) for k in NAMES}
+    ids_ = None if ids is None else ids.detach().cpu().numpy()
+    extra = {} if K is None else {"snapshots": K}
+    r = ssm_ref.ssm_scan(*args.values(), ids_, dtype=np.float64, dt_softplus=form, **extra)
+    gx = {} if g_snapshots is None else {"g_snapshots": g_snapshots}
+    g = ssm_ref.ssm_scan_back(*args.values(), ids_, g_y, g_states, dtype=np.float64, dt_softplus=form, **gx)
+    return r, g
+
+
+def assert_close_as(dtype, output: str, got, want, label: str = "") -> None:
+    """assert_close of ssm_vk's float32 ``output``, returned in ``dtype``: its tolerance plus one
+    rounding to ``dtype``."""
+    u = UNIT[dtype]
+    entry = VK
+    if u:
+        tol = VK.tol[output]
+        entry = Backend(name=VK.name, module=VK.module, where=VK.where,
+                        tol={output: Tol(rtol=tol.rtol + u * (1 + tol.rtol) * 1.001, atol=tol.atol)})
+    got = host64(got) if isinstance(got, torch.Tensor) else got
+    assert_close(entry, output, got, want, label=label or str(dtype))
+
+
+def rounded(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` rounded to ``dtype`` and back to float64 (an output gradient a loss in that dtype hands back)."""
+    return torch.from_numpy(np.asarray(a, np.float64)).to(dtype).double().numpy()
+
