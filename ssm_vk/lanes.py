@@ -1,4 +1,5 @@
-"""Lanes: the prepared calls (prepared.Replay) that plain calls keep for their repeats, by signature.
+"""Lanes: the prepared calls (prepared.Replay) that plain calls keep for their repeats, by signature
+(a lane: the Replay kept for one signature).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
@@ -9,8 +10,8 @@ the forward writes the cache (update_cache), K (a forward's snapshots) and the p
 (ssm_vk.config, SSM_VK_TUNE, the subgroup switch); with the context and its limits
 (``ctx.info``) checked on the replay. After the full path ran a call on the device, :func:`keep`
 prepares it -- a Replay of the decision's plans, in the engine's workspace of the shape, its
-inputs bound -- under its signature; a call with that signature :func:`find` s it in one look-up
-and runs it (~15 us of Python less per call on lavapipe's VM than the full path).
+inputs bound -- under its signature; a call with that signature finds it in one look-up
+(:func:`find`) and runs it (~15 us of Python less per call on lavapipe's VM than the full path).
 
 Every call still pays for what can change under the same signature (prepared.Replay):
 - each input is live (an array released, or whose buffer or context was closed, raises as on
