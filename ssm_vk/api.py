@@ -213,7 +213,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K
         s._write_rows(p.ids, r.states)
         return _scan_result(upload_to(s.ctx, r.y), None, upload_to(s.ctx, r.snapshots) if K > 1 else None,
                             r.where, r.backend)
-    out = run.forward(dec.engine, p, dec.planned, True, update=True)
+    out = run.forward(dec.engine, p, dec.planned, device_out=True, update=True)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays, update=True)
     out["states"].release()
