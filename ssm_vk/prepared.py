@@ -14,7 +14,8 @@ then replayed -- the one mechanism for calls that repeat. Two hold one:
   (their sequence looked up by them and the ids, as the general path does: run.run_bound), the
   ids checked each call, the result a new object each call.
 
-Either way a run (:meth:`Replay.run`) marks its inputs' buffers busy (another thread's release
+Either way a run (:meth:`Replay.run`) takes the workspace's lock (a prepared call's runs, and a
+shape's plain calls, one at a time), marks its inputs' buffers busy (another thread's release
 waits for the run), checks that its inputs (and a prepared call's outputs) are live, submits and
 waits; a result the chunked kernels flag as non-finite is computed again token by token (as every
 call is) -- into a prepared call's own outputs.
