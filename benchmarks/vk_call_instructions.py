@@ -14,7 +14,8 @@ be counted one after the other on one machine. Modes: ``fwd`` / ``bwd`` (device 
 path), ``fwd-miss`` / ``bwd-miss`` (the lanes cleared before each call: the full path), ``fwd-host``
 / ``bwd-host`` / ``step-host`` (host arrays and host results; ``step`` is a forward and its backward
 on the same arrays, counted as one call), each also with ``-staged`` (the ``force_staging`` seam: a
-discrete GPU's path, its staging slots written and compared, the copies recorded).
+discrete GPU's path, its staging slots written and compared, the copies recorded);
+``fwd-prepared`` / ``bwd-prepared`` (``run()`` of a prepared call of the device inputs).
 The shape is tiny, (S, T, H, P, N, G) = (1, 4, 2, 4, 8, 1): the count is Python's, not the scan's.
 """
 
@@ -63,6 +64,11 @@ if mode.startswith("step"):
     def entry(**kw):
         ssm_vk.ssm_scan(**fwd_args)
         return ssm_vk.ssm_scan_back(**kw)
+elif mode.endswith("-prepared"):
+    prepared = (ssm_vk.prepare_scan_back if back else ssm_vk.prepare_scan)(**args)
+
+    def entry(**kw):
+        return prepared.run()
 for _ in range(5):
     entry(**args)
 rt.Sequence.submit = lambda self, wait=True, timeout_s=None: None

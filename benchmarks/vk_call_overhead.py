@@ -20,13 +20,13 @@ pays beyond that replay is Python. For the forward and the backward, with device
 and python* split by stage, each stage timed alone with the same arguments (submit stubbed):
 
     validate  ssm_vk.validate.check_forward / check_backward (ssm_ref's validator); for a call that takes a
-              lane (ssm_vk/lanes.py: device inputs, repeated), Lane.problem (ssm_vk.validate.problem: the
-              ids and the host memory rule)
+              lane (ssm_vk/lanes.py: device inputs, repeated: the prepared call kept for it),
+              Replay.problem (ssm_vk.validate.problem: the ids and the host memory rule)
     support   ssm_vk.support.decision (the cached support decision); for a lane's call, the lane
               look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
               shape checks, the workspace look-up and the input bindings
     launch    ssm_vk.run.forward / backward + drop (workspace, binding, key, outputs, and for
-              host inputs upload + download; a lane's call: outputs, key, submit)
+              host inputs upload + download; a lane's call: Replay.run -- outputs, key, submit)
     glue      python* - validate - support - launch (result object, the rest of api.py)
 
 The default shape is tiny, so that lavapipe's own execution stays small next to the Python;
@@ -93,7 +93,7 @@ class Case:
         for _ in range(5):  # record, warm the pool and the caches
             self.entry(**args)
         self.seq = vk_run.last_sequence()
-        floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
+        floats = self.floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
         self.find = lambda: lanes.find(backward, floats, config.settings())
         self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
         if self.lane is not None:
@@ -126,11 +126,11 @@ class Case:
                 fn()
                 s[key].append(pc() - t0)
         run = vk_run.backward if self.backward else vk_run.forward
-        p, dev, lane = self.p, self.device, self.lane
+        p, dev, lane, floats = self.p, self.device, self.lane, self.floats
         dec = vk_support.decision(self.op, p, config.settings())
 
         def launched():
-            out = run(dec.engine, p, dec.planned, dev, lane)
+            out = lane.run(p, floats) if lane is not None else run(dec.engine, p, dec.planned, dev)
             del out
 
         support = self.find if lane is not None else lambda: vk_support.decision(self.op, p, config.settings())

@@ -99,6 +99,24 @@ def _fast():
     return ssm_ref
 
 
+def _repeat(replay, arrays: tuple, ids):
+    """The result of a device-resident call that repeats one that ran on the device, through the
+    prepared call kept for its signature (``replay``: lanes.find's) on these arrays and ids, a new
+    result object; None: the full path (its ids or the host memory rule fail: the validator says
+    what)."""
+    p = replay.problem(arrays, ids)
+    if p is None:
+        return None
+    if replay.backward:
+        return _grads(replay.run(p, arrays), replay.where)
+    if not replay.update:
+        return _out_result(replay.run(p, arrays), replay.where, replay.dims.K)
+    check_update_cache(True, arrays[0], p.ids, device_arrays=True)
+    out = replay.run(p, arrays)
+    out["states"].release()
+    return _scan_result(out["y"], None, out.get("snapshots"), replay.where)
+
+
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
              invariant=False) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
@@ -127,11 +145,11 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
-    lane, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
-    if lane is not None:  # a repeat of a call that ran on the device (lanes.py)
-        p = lane.problem(arrays, ids)  # the ids and the host memory rule; None: full path
-        if p is not None:
-            return _out_result(run.forward(lane.engine, p, lane.planned, True, lane), lane.where, K)
+    replay, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
+    if replay is not None:   # a repeat of a call that ran on the device: the prepared call kept for it
+        r = _repeat(replay, arrays, ids)
+        if r is not None:
+            return r
     p = check_forward(s, x, dt, A, B, C, ids, K)
     return _forward_checked(p, knobs, sp, _FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
 
@@ -146,7 +164,7 @@ def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
 
 def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
     """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
-    with ``sig`` (lanes.find's), the call is kept as a lane for its repeats."""
+    with ``sig`` (lanes.find's), the call is kept for its repeats (lanes.keep)."""
     K = p.dims.K
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
@@ -164,21 +182,18 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K
                    invariant=False) -> ScanResult:
     """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
     cache rows s[ids]; ``states`` None, ``snapshots`` the K slots when K > 1, else None. A
-    repeated device-resident call takes its lane, as ssm_scan does (its ids checked distinct every
-    call)."""
+    repeated device-resident call runs the prepared call kept for it, as ssm_scan does (its ids
+    checked distinct every call)."""
     knobs = config.settings()
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
-        lane, sig = lanes.find(False, arrays, knobs, sp, True, K)
-        if lane is not None:
-            p = lane.problem(arrays, ids)
-            if p is not None:
-                check_update_cache(True, s, p.ids, device_arrays=True)
-                out = run.forward(lane.engine, p, lane.planned, True, lane, update=True)
-                out["states"].release()
-                return _scan_result(out["y"], None, out.get("snapshots"), lane.where)
+        replay, sig = lanes.find(False, arrays, knobs, sp, True, K)
+        if replay is not None:
+            r = _repeat(replay, arrays, ids)
+            if r is not None:
+                return r
     else:
         sig = None
     p = check_forward(s, x, dt, A, B, C, ids, K)
@@ -218,11 +233,11 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    lane, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None else (None, None)
-    if lane is not None:
-        p = lane.problem(arrays, ids)
-        if p is not None:
-            return _grads(run.backward(lane.engine, p, lane.planned, True, lane), lane.where)
+    replay, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None else (None, None)
+    if replay is not None:
+        r = _repeat(replay, arrays, ids)
+        if r is not None:
+            return r
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:

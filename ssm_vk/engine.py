@@ -6,7 +6,8 @@ It owns:
 
 - the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
 - the support decisions (decision.decide), by problem signature;
-- the lanes (lanes.py): repeat-call shortcuts of device-resident calls;
+- the lanes (lanes.py): the prepared calls (prepared.Replay) that plain device-resident calls
+  keep for their repeats, by signature;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
   share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
@@ -114,7 +115,7 @@ class Engine:
                 ws = self.workspaces[key] = Workspace(self.ctx, planned, chunked)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
-                    if old.recent:  # used through a lane since it came to the front: not the least recent
+                    if old.recent:  # replayed (lanes.py) since it came to the front: not the least recent
                         old.recent = False
                         self.workspaces.move_to_end(k)
                         continue

@@ -1,26 +1,28 @@
-"""Lanes: what a device-resident call looked up, kept for the calls that repeat it.
+"""Lanes: the prepared calls (prepared.Replay) that plain calls keep for their repeats, by signature
+(a lane: the Replay kept for one signature).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
 call works out before it replays its recorded sequence -- the validator's shape checks, the
 support decision, the workspace, the input bindings -- is a function of its *signature*: the op,
 each input's type, dtype, shape, buffer and offset, the step's form (dt_softplus), whether
-the forward writes the cache (update_cache) and the planner's knobs (ssm_vk.config,
-SSM_VK_TUNE, the subgroup switch); with the context and its limits (``ctx.info``) checked on the
-lane. A :class:`Lane` keeps those answers for a signature
-that ran on the device; a call with that signature takes them in one look-up (~15 us of Python
-less per call on lavapipe's VM).
+the forward writes the cache (update_cache), K (a forward's snapshots) and the planner's knobs
+(ssm_vk.config, SSM_VK_TUNE, the subgroup switch); with the context and its limits
+(``ctx.info``) checked on the replay. After the full path ran a call on the device, :func:`keep`
+prepares it -- a Replay of the decision's plans, in the engine's workspace of the shape, its
+inputs bound -- under its signature; a call with that signature finds it in one look-up
+(:func:`find`) and runs it (~15 us of Python less per call on lavapipe's VM than the full path).
 
-Every call still pays for what can change under the same signature:
+Every call still pays for what can change under the same signature (prepared.Replay):
 - each input is live (an array released, or whose buffer or context was closed, raises as on
   the full path: checked once its buffers are marked busy);
 - the ids' values and the host memory rule, by ``validate.problem``, which raises exactly as
-  ssm_ref's check_forward / check_backward do (ids whose bytes equal the lane's last call's take
+  ssm_ref's check_forward / check_backward do (ids whose bytes equal the replay's last call's take
   that call's checked copy);
 - the context is the open one, not lost, with the same ``info``; the workspace is not closed
   (evicted, or cleared by Engine.clear): else the full path.
-A lane is made only after the full path ran the call on the device (an accepted decision; the
-decisions that refuse are never laned), with the decision's plans (their knobs those its signature
+A call is kept only after the full path ran it on the device (an accepted decision; the
+decisions that refuse are never kept), with the decision's plans (their knobs those its signature
 records).
 """
 
@@ -30,40 +32,15 @@ import numpy as np
 
 from ssm_ref.checks import Problem
 
-from . import config, validate
+from . import config
 from . import runtime as rt
 from .arrays import DeviceArray
 from .engine import Engine
+from .prepared import Replay
 
-__all__ = ["Lane", "find", "keep", "signature"]
+__all__ = ["find", "keep", "signature"]
 
 _F32 = np.dtype(np.float32)
-
-
-class Lane:
-    """The answers of the full path for one signature: the ``engine`` (and so the context) and
-    the context's ``info`` then, the ``dims`` of the validated Problem, the decision's plans
-    ``planned`` (decision.Planned: limits, knobs, the step's form), the workspace ``ws``
-    (chunked kernels allowed, as every call's first attempt),
-    ``bound`` (Workspace.bind_inputs of the inputs, and their buffers) and ``where``."""
-
-    __slots__ = ("bound", "ctx", "dims", "engine", "ids", "info", "planned", "where", "ws")
-
-    def __init__(self, engine, info, dims, planned, ws, bound):
-        self.engine, self.ctx, self.info, self.dims, self.ws, self.bound = engine, engine.ctx, info, dims, ws, bound
-        self.planned = planned
-        self.where = info.where
-        self.ids = None   # (bytes, checked copy) of the last ids a call of this lane passed
-
-    def problem(self, arrays: tuple, ids):
-        """validate.problem of a call of this lane: its ids checked (or known from the lane's
-        last call: the same bytes), the host memory rule; None: the full path."""
-        p = validate.problem(self.dims, arrays, ids, known_ids=self.ids)
-        if p is not None and type(ids) is np.ndarray:
-            known = self.ids
-            if known is None or known[1] is not p.ids:
-                self.ids = (p.ids.tobytes(), p.ids)   # one tuple: a reader sees the old or the new
-        return p
 
 
 def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
@@ -72,8 +49,8 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     and for the backward (g_y, g_states) -- the step's form ``softplus`` and ``update`` (a forward
     with update_cache) and ``K`` (a forward's snapshots, checked: part of the signature when not
     1), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
-    may be None beside a packed g_y). Liveness is not part of it: a call through a lane checks its
-    inputs live after marking their buffers busy (run.py), as it must anyway, and raises as the
+    may be None beside a packed g_y). Liveness is not part of it: a replay checks its inputs live
+    after marking their buffers busy (prepared.Replay.run), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
     # g_states (the eighth) may be None beside a packed (1-D) g_y, a DeviceArray checked in the
@@ -96,8 +73,8 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
 
 
 def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
-         update: bool = False, K: int = 1) -> tuple[Lane | None, tuple | None]:
-    """(the lane of this call or None, its signature or None)."""
+         update: bool = False, K: int = 1) -> tuple[Replay | None, tuple | None]:
+    """(the Replay kept for this call or None, its signature or None)."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
         return None, None
@@ -107,19 +84,18 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
     if sig is None:
         return None, None
-    lane = engine.lane(sig)
-    if lane is None or lane.info is not ctx.info or lane.ws.closed:
+    replay = engine.lane(sig)
+    if replay is None or replay.info is not ctx.info or replay.ws.closed:
         return None, sig
-    return lane, sig
+    return replay, sig
 
 
 def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, arrays: tuple,
          update: bool = False) -> None:
-    """Make the lane of signature ``sig``, after the full path ran ``p`` (of the float arguments
-    ``arrays``) on the device on ``ctx``, whose support decision was taken with ``info`` and
-    planned ``planned`` (decision.Planned). Nothing
-    is kept when the signature moved meanwhile (the knobs changed, an input was released: another
-    thread) or the limits did."""
+    """Keep the Replay of signature ``sig``, after the full path ran ``p`` (of the float arguments
+    ``arrays``) on the device of ``engine``, whose support decision was taken with ``info`` and
+    planned ``planned`` (decision.Planned). Nothing is kept when the signature moved meanwhile
+    (the knobs changed, an input was released: another thread) or the limits did."""
     ctx = engine.ctx
     if ctx.info is not info:
         return
@@ -130,10 +106,9 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
     if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update, K) != sig:
         return
     try:
-        bufs, key = ws.bind_inputs(p, backward)  # device arrays: checked, nothing uploaded
+        replay = Replay(engine, info, planned, p, ws, backward, update)
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
-    bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy
     if ctx.info is not info:
         return
-    engine.add_lane(sig, Lane(engine, info, p.dims, planned, ws, bound))
+    engine.add_lane(sig, replay)

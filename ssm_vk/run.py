@@ -11,7 +11,9 @@ or hand out DeviceArrays.
 
 Replay is what makes small calls cheap: a training loop that passes the same shapes each step
 (host arrays, or device arrays whose buffers the pool hands back) records once and then pays one
-submit + wait per call.
+submit + wait per call. A device-resident call that repeats one that ran skips the look-ups before
+that too: the prepared call kept for it (prepared.Replay, lanes.py) runs it through
+:func:`run_bound`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ import threading
 from ssm_ref import Problem
 
 from . import runtime as rt
-from .arrays import DeviceArray, check_live, pool
+from .arrays import DeviceArray, pool
 from .decision import Planned
 from .engine import Engine
 from .families import record_backward, record_forward, scatters_in_place
 from .record.common import put_rows
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
-__all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
-           "note_rerun", "recorded_sequence", "copy_rows"]
+__all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
+           "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
@@ -58,70 +60,39 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
-def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, lane=None,
-            update: bool = False) -> dict:
+def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, update: bool = False) -> dict:
     """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
     ``planned``: the decision's plans of the shape (decision.Planned: limits, knobs, the step's
-    form); ``lane``: the lanes.Lane of this call (its workspace and input bindings), if found;
-    ``update``: also write the final states into the cache rows s[ids] (ssm_scan's update_cache:
-    ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads those rows in
-    place, else by copies once the call came out finite (the ``states`` returned are then
-    unwritten where the scan wrote the rows)."""
-    return _run(engine, p, False, planned, device_out, lane, update)
+    form); ``update``: also write the final states into the cache rows s[ids] (ssm_scan's
+    update_cache: ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads
+    those rows in place, else by copies once the call came out finite (the ``states`` returned
+    are then unwritten where the scan wrote the rows)."""
+    return _run(engine, p, False, planned, device_out, update)
 
 
-def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, lane=None) -> dict:
+def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True) -> dict:
     """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(engine, p, True, planned, device_out, lane)
+    return _run(engine, p, True, planned, device_out)
 
 
-def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, lane,
-         update: bool = False) -> dict:
+def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False) -> dict:
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            if lane is not None:
-                out = _through_lane(engine, lane, p, backward, update)
-                if out is not None:
-                    return out
             return run_once(engine, p, backward, planned, device_out, update=update)
         except rt.OutOfDeviceMemory:
-            # The workspaces of other shapes hold buffers between calls: give them all back (the pool
-            # frees its idle ones when it next runs out) and try once more; a second failure raises.
-            engine.clear()
-            return run_once(engine, p, backward, planned, device_out, update=update)
+            return retry(engine, p, backward, planned, device_out, update)
     finally:
         ctx.leave(token)
 
 
-def _through_lane(engine: Engine, lane, p: Problem, backward: bool, update: bool = False) -> dict | None:
-    """A call that found its lane (lanes.py): every input a DeviceArray, bound as the lane
-    recorded, in the lane's workspace; device outputs. None when that workspace was closed
-    meanwhile (evicted by another thread): the caller takes the general path."""
-    ws = lane.ws
-    ws.recent = True
-    with ws.lock:
-        if ws.closed:
-            return None
-        if ws.ctx.pending:  # (Workspace.settle's own first test: the per-call case skips the call)
-            ws.settle()
-        bufs, key, held = lane.bound
-        buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
-        # The inputs' buffers are busy until this call's work is done: released meanwhile (by
-        # another thread), they go back to the pool only then. Liveness is checked after marking.
-        token = buffers.busy(held) if held else None
-        try:
-            check_live((p.s, p.x, p.dt, p.A, p.B, p.C, p.g_y, p.g_states, p.g_snapshots) if backward
-                       else (p.s, p.x, p.dt, p.A, p.B, p.C))
-            out = _run_bound(engine, ws, p, backward, True, dict(bufs), list(key), update)
-        finally:
-            if token is not None:
-                buffers.idle(token)
-    if out is None:  # a chunked result held inf or nan (as in run_once)
-        note_rerun(engine, p.dims)
-        out = run_once(engine, p, backward, lane.planned, True, chunked=False, update=update)
-    return out
+def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False) -> dict:
+    """The call once more after it ran out of device memory: the workspaces of other shapes hold
+    buffers between calls, so they all give them back (the pool frees its idle ones when it next
+    runs out) first; a second failure raises."""
+    engine.clear()
+    return run_once(engine, p, backward, planned, device_out, update=update)
 
 
 def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: bool, chunked: bool = True,
@@ -174,10 +145,10 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
         if ws.host.staged:   # host inputs beside device ones, staged: the sequence copies them in
             try:
                 key.append(ws.host.staged_key())
-                return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+                return run_bound(engine, ws, p, backward, device_out, bufs, key, update)
             finally:
                 ws.host.unstage()
-        return _run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+        return run_bound(engine, ws, p, backward, device_out, bufs, key, update)
     finally:
         if token is not None:
             buffers.idle(token)
@@ -192,7 +163,7 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
         bufs, key = ws.bind_inputs(p, backward)
         staged = ws.host.staged
         key += (ws.host.staged_key() if staged else (), ws.host.stage_outputs(ws))
-        out = _run_bound(engine, ws, p, backward, False, bufs, key, update)
+        out = run_bound(engine, ws, p, backward, False, bufs, key, update)
         if staged:
             ws.host.staged_done()   # (the submission ran, whatever its flag said)
             if not backward:
@@ -208,8 +179,8 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
             donor.lock.release()
 
 
-def _run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list,
-               update: bool = False):
+def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list,
+              update: bool = False):
     """The call with its inputs bound: outputs, the sequence, submit, the non-finite check. A
     call that raises keeps no results: device outputs go back to the pool before the exception
     leaves, so a caller that holds the exception (and so its frames) holds no device memory."""

@@ -12,8 +12,8 @@ rule. Anything else -- a miss, a host array, another dtype, a memory rule that f
 about 130 k CPU instructions of a forward call and 150 k of a backward call that misses its lane
 (docs/BENCHMARKS.md).
 
-Lanes (lanes.py) key a call by more than its shapes (the buffers, the knobs) and take
-:func:`problem` directly.
+The prepared calls that plain calls keep for their repeats (lanes.py, prepared.Replay) key a call
+by more than its shapes (the buffers, the knobs) and take :func:`problem` directly.
 """
 
 from __future__ import annotations

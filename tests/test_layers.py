@@ -43,11 +43,15 @@ LAYERS = (
     ("ssm_vk.hostdata",),
     ("ssm_vk.workspace",),
     ("ssm_vk.engine",),
-    # a call: run (workspace, bindings, the recorded sequence, submit), lanes (repeated calls),
-    # support (the context and the cached decision); none imports another
-    ("ssm_vk.run", "ssm_vk.lanes", "ssm_vk.support"),
-    # the API: the plain calls and the prepared ones, side by side
-    ("ssm_vk.api", "ssm_vk.prepared"),
+    # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
+    # the cached decision); neither imports the other
+    ("ssm_vk.run", "ssm_vk.support"),
+    # a call prepared once and replayed: prepare_scan's, and the plain calls' repeats
+    ("ssm_vk.prepared",),
+    # the plain calls' prepared calls, by signature
+    ("ssm_vk.lanes",),
+    # the plain calls
+    ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names
 )
 

@@ -1,6 +1,7 @@
 """Lanes (ssm_vk/lanes.py): a device-resident call that repeats an earlier one's signature -- the
-same op, input shapes, buffers and offsets, knobs -- skips the validator's shape checks, the
-support decision, the workspace look-up and the input bindings. Every way a lane could answer
+same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept for it
+(ssm_vk.prepared.Replay), skipping the validator's shape checks, the support decision, the
+workspace look-up and the input bindings. Every way a lane could answer
 for a call it must not: a released input (its buffer handed to another array), a different array
 in the same buffer, ids changed in place, other knobs, other limits, an evicted workspace, a
 closed context. Results always against the float64 oracle."""
@@ -18,6 +19,7 @@ from ssm_vk import config, lanes
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
+from ssm_vk.prepared import Replay
 
 pytestmark = pytest.mark.vulkan
 
@@ -27,15 +29,21 @@ FLOATS = ("s", "x", "dt", "A", "B", "C")
 
 @pytest.fixture
 def taken(monkeypatch):
-    """For each device call made, whether it came through a lane (run._run's ``lane``)."""
+    """For each device call made, whether it came through its lane (the prepared call kept for it,
+    prepared.Replay.run) or the full path (run._run)."""
     seen: list[bool] = []
-    real = vk_run._run
+    real_run, real_replay = vk_run._run, Replay.run
 
-    def run(engine, p, backward, planned, device_out, lane=None, update=False):
-        seen.append(lane is not None)
-        return real(engine, p, backward, planned, device_out, lane, update)
+    def run(engine, p, backward, planned, device_out, update=False):
+        seen.append(False)
+        return real_run(engine, p, backward, planned, device_out, update)
+
+    def replay(self, p, inputs):
+        seen.append(True)
+        return real_replay(self, p, inputs)
 
     monkeypatch.setattr(vk_run, "_run", run)
+    monkeypatch.setattr(Replay, "run", replay)
     return seen
 
 
