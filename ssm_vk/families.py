@@ -38,7 +38,7 @@ from .sequential.plan import Plan, sequential_plan, time_chunk_plan
 from .sequential.record import scatters_in_place
 
 __all__ = ["Family", "FAMILIES", "SEQUENTIAL", "CHUNKED", "M1", "plan", "family_of", "kernels_needed",
-           "record_forward", "record_backward", "scatters_in_place", "matrix", "MODES", "modes_matrix"]
+           "record_forward", "record_backward", "scatters_in_place", "matrix", "MODES", "MODES_N", "modes_matrix"]
 
 
 @dataclass(frozen=True)
@@ -152,14 +152,20 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
         add(m1_kernels.matrix(lim, n_values, knobs))
     add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
     add(chunked_kernels.matrix(p_values, n_values if chunked_n is None else chunked_n, knobs))
+    modes_n = [n for n in n_values if n in MODES_N]
     for lim in limits_list:   # (after the rest: the default's variants keep their order)
-        add(modes_matrix(lim, n_values, knobs))
+        add(modes_matrix(lim, modes_n, knobs))
     return [(name, dict(defines)) for name, defines in seen]
 
 
 # The modes whose plans only the token-sequential kernels run (:func:`plan`), as (invariant, snap):
 # K > 1 snapshots (SNAP), the invariant mode (EXACT, the per-sequence sum of d_A) and both.
 MODES = ((False, True), (True, False), (True, True))
+# The d_state values whose MODES variants a wheel carries: those of Mamba models (Mamba-1 16;
+# Mamba-2 64, 128, Falcon-H1 256; 32 between). Every N of the default's matrix would double the
+# wheel (+1,680 variants, +29 MiB zipped) and a fresh build's compile time; another N compiles
+# with glslc where it is installed, or its call falls back to the CPU (supports() says so).
+MODES_N = (16, 32, 64, 128, 256)
 
 
 def modes_matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:

@@ -56,6 +56,8 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device, mode):
                 continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
             if spec.name.startswith("m1_") and N not in M1_PACKAGED_N:
                 continue     # Mamba-1's time-in-threads kernels: N = 16 only (the others fall back; test_m1_vk)
+            if mode != "default" and N not in families.MODES_N:
+                continue     # the modes' variants: the d_state of Mamba models only (test below)
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, mode, d, backward, spec)
             seen += 1
@@ -74,6 +76,21 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device, mode):
     assert any("EXACT" in n for n in names) == invariant
     assert all("EXACT" in n for n in names if n[0] in ("ssm_scan", "ssm_scan_back")) == invariant
     assert mode == "default" or not any(n[0] == "ssm_decode" for n in names)
+
+
+def test_the_modes_variants_are_packaged_for_the_d_state_of_mamba_models_only():
+    # the SNAP / EXACT / SEQSUM variants of the matrix over every N are those the modes' plans ask
+    # for at N in MODES_N (fewer than at every N: the others compile with glslc or fall back)
+    lim = PROFILES["h200"]
+
+    def own(specs):
+        return {(n, tuple(sorted(dict(d).items()))) for n, d in specs
+                if any(k in dict(d) for k in ("SNAP", "EXACT", "SEQSUM"))}
+
+    full = own(families.matrix([lim], list(range(1, 257)), knobs=config.DEFAULTS))
+    at = own((sp.name, sp.defines) for sp in families.modes_matrix(lim, families.MODES_N, config.DEFAULTS))
+    every = own((sp.name, sp.defines) for sp in families.modes_matrix(lim, range(1, 257), config.DEFAULTS))
+    assert full == at and len(at) < len(every), (len(full), len(at), len(every))
 
 
 def test_the_modes_add_only_their_own_variants_after_the_defaults():

@@ -279,9 +279,9 @@ def test_a_wheel_without_glslc_runs_the_snapshots_on_the_device(packaged_only, v
     # The packaged matrix holds the SNAP variants the planner picks: with only a wheel's SPIR-V
     # (no glslc, no cache) K > 1 runs on the device, a decode-shaped step (T = 1, which takes
     # the ordinary kernel with K > 1) too, and so does the invariant mode with snapshots.
-    packaged_only([8])
+    packaged_only([16])   # (the modes' variants are packaged for the d_state of Mamba models: families.MODES_N)
     for T in (1, 6):
-        case = make_problem(np.random.default_rng(20 + T), S=3, T=T, H=2, P=4, N=8, G=1, variant=variant,
+        case = make_problem(np.random.default_rng(20 + T), S=3, T=T, H=2, P=4, N=16, G=1, variant=variant,
                             ids="duplicates")
         for op in ("ssm_scan", "ssm_scan_back"):
             sup = ssm_vk.supports(op, **case.args(), snapshots=3)
