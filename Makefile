@@ -30,12 +30,13 @@ GGML_K_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
 demo: setup
 	$(VENV)/bin/ssm-scan demo
 
-# ruff, the test suite (with ssm_ggml's tests against the ggml build), ssm-scan check and a short
-# fuzz of ggml's CPU backend, then the built sdist and wheel installed into fresh virtual
-# environments outside the checkout and run from another directory (tests/install/run.sh).
+# ruff, the test suite (a worker process per core, pytest-xdist; ssm_ggml's tests against the ggml
+# builds), ssm-scan check and a short fuzz of ggml's CPU backend, then the built sdist and wheel
+# installed into fresh virtual environments outside the checkout and run from another directory
+# (tests/install/run.sh).
 test: setup $(TEST_STAMP) ggml
 	$(VPY) -m ruff check .
-	$(GGML_ENV) $(VPY) -m pytest -q
+	$(GGML_ENV) $(VPY) -m pytest -q -n auto
 	$(MAKE) ggml-check
 	$(MAKE) check-install
 
