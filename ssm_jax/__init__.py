@@ -58,20 +58,6 @@ def _module(backend: str):
     return importlib.import_module(backend)
 
 
-def check_invariant(invariant, backend: str) -> bool:
-    """``invariant`` checked for ``backend`` (docs/SPEC.md section 3.2): True is taken by ssm_vk
-    (its invariant mode) and ssm_ref (invariant always); ssm_fast, which is not invariant in every
-    case, refuses it. ValueError naming invariant."""
-    if invariant is False:
-        return False
-    if invariant is not True:
-        raise ValueError(f"invariant: expected True or False, got {invariant!r}")
-    if backend == "ssm_fast":
-        raise ValueError("invariant=True: ssm_fast is not batch and split invariant in every case (docs/SPEC.md "
-                         "section 3.2); use backend='ssm_vk' or 'ssm_ref'")
-    return True
-
-
 def _kwargs(backend: str, mode, work) -> dict:
     """The backend call's keywords for ``mode`` = (dt_softplus, invariant): the form, checked
     (every backend takes the three), ssm_vk's invariant mode when asked for, and
@@ -134,7 +120,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     """
     _module(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
-    mode = (dt_softplus, check_invariant(invariant, backend))
+    mode = (dt_softplus, ssm_ref.checks.check_invariant(invariant, backend))
     K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # the shared checker's zero start states (it raises for ids given with them)
         x_ = jnp.asarray(x)

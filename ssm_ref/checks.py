@@ -21,7 +21,7 @@ are one more kind of array-like: a host backend gets a host copy (``numpy()``); 
 between calls; a backend that makes its repeated calls cheaper does so itself, with the public
 pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`.
 
-One module of ~530 lines on purpose: the one validator every backend calls, whose checks share
+One module of ~550 lines on purpose: the one validator every backend calls, whose checks share
 one shape table and one style of message; split, its order of checks (which error a bad call gets
 first) would be spread over files.
 """
@@ -35,8 +35,8 @@ import numpy as np
 from .memory import check_host_memory, host_memory_bytes
 
 __all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
-           "check_forward", "check_ids", "check_shapes", "check_snapshots", "check_update_cache", "is_device_array",
-           "output_elems", "split_g_y", "write_cache_rows"]
+           "check_forward", "check_ids", "check_invariant", "check_shapes", "check_snapshots", "check_update_cache",
+           "is_device_array", "output_elems", "split_g_y", "write_cache_rows"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -149,6 +149,21 @@ def check_snapshots(snapshots) -> int:
     if snapshots < 1:
         raise ValueError(f"snapshots: expected K >= 1 (K = 1 is the final state alone), got {snapshots}")
     return int(snapshots)
+
+
+def check_invariant(invariant, backend: str) -> bool:
+    """``invariant`` of a bridge's call (ssm_torch, ssm_jax) checked for the backend it names
+    (docs/SPEC.md section 3.2): True is taken by ssm_vk (its invariant mode) and ssm_ref
+    (invariant always); ssm_fast, which is not invariant in every case, refuses it. ValueError
+    naming invariant."""
+    if invariant is False:
+        return False
+    if invariant is not True:
+        raise ValueError(f"invariant: expected True or False, got {invariant!r}")
+    if backend == "ssm_fast":
+        raise ValueError("invariant=True: ssm_fast is not batch and split invariant in every case (docs/SPEC.md "
+                         "section 3.2); use backend='ssm_vk' or 'ssm_ref'")
+    return True
 
 
 def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool = False, op: str = "ssm_scan") -> bool:

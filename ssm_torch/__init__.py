@@ -106,7 +106,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
-    invariant = _op.check_invariant(invariant, backend)
+    invariant = ssm_ref.checks.check_invariant(invariant, backend)
     K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
         if ids is not None or x.dim() != 4 or B.dim() != 4:

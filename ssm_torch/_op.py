@@ -60,20 +60,6 @@ def _decode(dt_softplus: str):
     return None if form == _NONE else form
 
 
-def check_invariant(invariant, backend: str) -> bool:
-    """``invariant`` checked for ``backend`` (docs/SPEC.md section 3.2): True is taken by ssm_vk
-    (its invariant mode) and ssm_ref (invariant always); ssm_fast, which is not invariant in every
-    case, refuses it. ValueError naming invariant."""
-    if invariant is False:
-        return False
-    if invariant is not True:
-        raise ValueError(f"invariant: expected True or False, got {invariant!r}")
-    if backend == "ssm_fast":
-        raise ValueError("invariant=True: ssm_fast is not batch and split invariant in every case (docs/SPEC.md "
-                         "section 3.2); use backend='ssm_vk' or 'ssm_ref'")
-    return True
-
-
 def backend_module(backend: str):
     """The backend module named ``backend`` (one of BACKENDS), imported on first use."""
     if not isinstance(backend, str) or backend not in BACKENDS:
