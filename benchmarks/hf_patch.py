@@ -1,8 +1,9 @@
 """Forward + backward time of transformers' Mamba and Mamba-2 models with their mixers' scan on
-ssm-scan (``ssm_torch.hf.patch``) against the same model on transformers' own PyTorch path, on
-the CPU, in one process, rounds interleaved (unpatched, patched, unpatched, ...).
+ssm-scan (``ssm_torch.hf.patch``) against the same model on transformers' own PyTorch path, in
+one process, rounds interleaved (unpatched, patched, unpatched, ...); on the CPU, or with
+``--device cuda`` on a GPU (CUDA tensors through ``backend="ssm_vk"``).
 
-    python benchmarks/hf_patch.py [--rounds 5] [--backend ssm_fast] [--json out.json]
+    python benchmarks/hf_patch.py [--rounds 5] [--backend ssm_fast] [--device cpu] [--json out.json]
 
 Models are built from small random configurations (nothing downloaded): each step is
 ``model(ids, labels=ids).loss.backward()``. Prints the median step time of each and the ratio
@@ -38,8 +39,11 @@ def mamba2():
 
 def step_time(model, ids) -> float:
     model.zero_grad(set_to_none=True)
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+    sync()
     t = time.perf_counter()
     model(ids, labels=ids, use_cache=False).loss.backward()
+    sync()      # the step's GPU work is part of its time
     return time.perf_counter() - t
 
 
@@ -49,14 +53,15 @@ def main() -> None:
     ap.add_argument("--backend", default=None, help="ssm_torch backend (default: the drop-ins' own, ssm_fast)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seqlen", type=int, default=256)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (then use --backend ssm_vk)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.manual_seed(0)
-    ids = torch.randint(0, 1024, (a.batch, a.seqlen), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 1024, (a.batch, a.seqlen), generator=torch.Generator().manual_seed(1)).to(a.device)
     rows = []
     for name, build in (("mamba1", mamba1), ("mamba2", mamba2)):
-        plain = build().train()
-        patched = build().train()
+        plain = build().train().to(a.device)
+        patched = build().train().to(a.device)
         patched.load_state_dict(plain.state_dict())
         hf.patch(patched, backend=a.backend)
         for m in (plain, patched):       # warm: compile, caches, first-touch
@@ -66,9 +71,11 @@ def main() -> None:
             times["transformers"].append(step_time(plain, ids))
             times["patched"].append(step_time(patched, ids))
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-        rows.append({"model": name, "batch": a.batch, "seqlen": a.seqlen, **{f"{k}_ms": v for k, v in med.items()},
+        rows.append({"model": name, "device": a.device, "backend": a.backend, "batch": a.batch, "seqlen": a.seqlen,
+                     **{f"{k}_ms": v for k, v in med.items()},
                      "ratio": med["transformers"] / med["patched"]})
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    where = torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.processor() or platform.machine()
+    print(f"# {where}, {os.cpu_count()} cores, backend {a.backend}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, torch threads {torch.get_num_threads()}, "
           f"load {os.getloadavg()[0]:.2f}; medians of {a.rounds} interleaved rounds, forward + backward")
     print("| model | batch x seqlen | transformers (ms) | patched (ms) | ratio |")

@@ -23,6 +23,10 @@ Paths, per shape (S, T, H, P, N; G = 1) and backend:
   state-spaces/mamba source tree loaded as benchmarks/vs_mamba_ssm.py loads it): its Triton
   ``mamba_chunk_scan_combined`` with the same arguments on CUDA tensors; wall time includes
   ``torch.cuda.synchronize()``, GPU time is CUDA events around the step.
+- ``mamba2-cuda`` (``ssm_vk``, Mamba-2 shapes, where torch's CUDA device is the Vulkan device:
+  ``ssm_torch.cuda.available``): the ``mamba2`` drop-in on CUDA tensors (no trip through host
+  memory), timed like ``mamba_ssm``; its GPU column is CUDA events around the step, which span
+  the Vulkan work the call waits for.
 
 Timing: ``--rounds`` rounds, the paths in a rotated order each round, each path warmed by two calls
 then ``--reps`` timed steps; medians over all rounds. GPU time (ssm_vk): ``ssm_vk.run.last_gpu_ns()``
@@ -57,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssm_torch
 from ssm_torch import _op
+from ssm_torch import cuda as vk_cuda
 from ssm_torch.mamba import mamba_chunk_scan_combined, selective_scan_fn
 
 SHAPES = {  # name: (S, T, H, P, N); m1-*: Mamba-1 (P = 1, H channels)
@@ -65,6 +70,8 @@ SHAPES = {  # name: (S, T, H, P, N); m1-*: Mamba-1 (P = 1, H channels)
     "mid": (1, 512, 48, 64, 128),
     "m1-tiny": (1, 64, 64, 1, 16),
     "m1-512": (1, 512, 1536, 1, 16),
+    "train": (8, 2048, 24, 64, 128),
+    "long": (1, 16384, 24, 64, 128),
 }
 VIEWS = {"view", "_unsafe_view", "unsqueeze", "squeeze", "transpose", "permute", "expand", "detach", "alias",
          "as_strided", "slice", "select", "t"}
@@ -229,7 +236,9 @@ def peer_module(src):
     return peer, "mamba_ssm"
 
 
-def peer_path(p, peer):
+def peer_path(p, peer, **kw):
+    """A Mamba-2 drop-in's step on CUDA tensors: mamba_ssm's (``peer``), or ssm_torch's with
+    ``backend="ssm_vk"`` in ``kw``."""
     t = mamba2_inputs(p, "cuda")
     gy, gs = torch.tensor(p["g_y"], device="cuda"), torch.tensor(p["g_states"], device="cuda")
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -238,7 +247,7 @@ def peer_path(p, peer):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         ev[0].record()
-        r = mamba2_call(t, peer)
+        r = mamba2_call(t, peer, **kw)
         torch.autograd.backward(r, (gy, gs))
         ev[1].record()
         torch.cuda.synchronize()
@@ -338,6 +347,8 @@ def run_shape(name, shape, backend, rounds, reps, peer) -> dict:
         paths["mamba2"] = mamba2_path(p, backend)
         if peer is not None:
             paths["mamba_ssm"] = peer_path(p, peer)
+        if backend == "ssm_vk" and torch.cuda.is_available() and vk_cuda.available("cuda")[0]:
+            paths["mamba2-cuda"] = peer_path(p, mamba_chunk_scan_combined, backend=backend)
     walls = {k: [] for k in paths}
     gpus = {k: [] for k in paths}
     order = list(paths)

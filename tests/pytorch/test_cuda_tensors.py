@@ -270,3 +270,29 @@ def test_mamba_chunk_scan_combined_with_seq_idx_on_cuda_tensors():
                                  n["B"][b:b + 1, t0:t1], n["C"][b:b + 1, t0:t1], dt_softplus=None, dtype=np.float64)
             want[b, t0:t1] = r.y[0]
     assert rel(host64(out), want) <= 3e-6
+
+
+@pytest.mark.parametrize("model_name", ["mamba1", "mamba2"])
+def test_hf_patch_on_a_cuda_model(model_name):
+    # transformers' MambaForCausalLM / Mamba2ForCausalLM on the GPU, patched with backend="ssm_vk":
+    # logits and every parameter's gradient equal the unpatched model's (transformers' own torch
+    # path on the same GPU) within test_hf.py's float32 tolerances
+    pytest.importorskip("transformers")
+    import test_hf
+
+    from ssm_torch import _op, hf
+    torch.manual_seed(0)
+    model = test_hf.randomize(getattr(test_hf, model_name)(), 1).train().to(DEV)
+    ids = torch.randint(0, test_hf.VOCAB, (2, 11), generator=torch.Generator().manual_seed(2)).to(DEV)
+    want_logits, want = test_hf.loss_and_grads(model, ids)
+    hf.patch(model, backend="ssm_vk")
+    _op._LAST.value = None
+    got_logits, got = test_hf.loss_and_grads(model, ids)
+    ran_on_vulkan()
+    assert got_logits.is_cuda
+    assert test_hf.rel(got_logits, want_logits) < 1e-5
+    assert got.keys() == want.keys() and len(got) > 10
+    for name in want:
+        assert got[name].is_cuda, name
+        assert test_hf.rel(got[name], want[name]) < 1e-4, name
+    hf.unpatch(model)
