@@ -19,6 +19,7 @@ on the GPU, no copy through the host.
 from __future__ import annotations
 
 import importlib
+import itertools
 import threading
 
 import numpy as np
@@ -37,14 +38,23 @@ BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 _NONE = "none"
 
 
-_LAST = threading.local()
+_LAST = threading.local()     # .value: this thread's last Where; .seq: when (a number of _SEQ)
+_SEQ = itertools.count()
+# Autograd runs the backward of CUDA tensors on a thread of its own (one per device): the thread
+# that ran the forward still sees that backward as its last computation. thread id -> (seq, Where).
+_BACKWARDS: dict = {}
 
 
 def last_where() -> Where | None:
     """The :class:`Where` of this thread's last forward or backward computed by a backend (None
-    before the first). Set when the computation runs: under torch.compile when the compiled code
-    runs, not when it is traced."""
-    return getattr(_LAST, "value", None)
+    before the first); a backward is this thread's when its forward was, whichever thread autograd
+    ran it on (CUDA tensors: a device thread of autograd's). Set when the computation runs: under
+    torch.compile when the compiled code runs, not when it is traced."""
+    mine = getattr(_LAST, "value", None)
+    other = _BACKWARDS.get(threading.get_ident())
+    if other is not None and other[0] > getattr(_LAST, "seq", -1):
+        return other[1]
+    return mine
 
 
 _INVARIANT = "+invariant"   # the invariant mode rides on the form's string (the ops' schemas stay as they are)
@@ -146,6 +156,15 @@ def _cuda(backend: str):
 
 def _record(op: str, r, work: torch.dtype) -> None:
     _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
+    _LAST.seq = next(_SEQ)
+
+
+def _for_caller(ctx) -> None:
+    """A backward autograd ran on another thread than its forward's: record it for that thread
+    too (last_where)."""
+    caller = ctx.caller
+    if caller != threading.get_ident() and getattr(_LAST, "value", None) is not None:
+        _BACKWARDS[caller] = (_LAST.seq, _LAST.value)
 
 
 def _forward(s, x, dt, A, B, C, ids, backend: str, dt_softplus: str, K: int | None):
@@ -253,6 +272,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(s, x, dt, A, B, C, ids)
     ctx.backend, ctx.dt_softplus = backend, dt_softplus
     ctx.K = K[0] if K else None
+    ctx.caller = threading.get_ident()
 
 
 def _zeros_for(ctx, g_y, g_states):
@@ -271,6 +291,7 @@ def _zeros_for(ctx, g_y, g_states):
 def _backward(ctx, g_y, g_states):
     inputs, g_y, g_states = _zeros_for(ctx, g_y, g_states)
     grads = scan_back(*inputs, g_y, g_states, ctx.backend, ctx.dt_softplus)
+    _for_caller(ctx)
     return (*grads, None, None, None)
 
 
@@ -280,6 +301,7 @@ def _backward_snapshots(ctx, g_y, g_states, g_snapshots):
         s, x = inputs[0], inputs[1]
         g_snapshots = s.new_zeros((ctx.K, x.shape[0], x.shape[2], x.shape[3], s.shape[3]))
     grads = scan_snapshots_back(*inputs, g_y, g_states, g_snapshots, ctx.backend, ctx.dt_softplus)
+    _for_caller(ctx)
     return (*grads, None, None, None, None)
 
 

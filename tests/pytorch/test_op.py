@@ -303,3 +303,35 @@ def test_torch_compile_with_ids_as_an_input():
     assert torch.equal(compiled(torch.tensor([2, 0]), *(t[k] for k in NAMES)), torch.from_numpy(want))
     with pytest.raises(ValueError, match=r"^ids: every id must be in \[0, R\) = \[0, 3\)"):
         compiled(torch.tensor([3, 0]), *(t[k] for k in NAMES))
+
+
+def test_a_backward_run_on_another_thread_is_the_forward_threads_last_computation():
+    # Autograd runs the backward of CUDA tensors on a device thread of its own: the thread that ran
+    # the forward must still see that backward as its last computation (emulated here with a
+    # backward started from a second Python thread, which autograd runs there for CPU tensors).
+    import threading
+
+    case = make_problem(3, S=1, T=4, H=2, P=2, N=4, G=1, ids="none")
+    t, _ = tensors(case)
+    y, states = ssm_torch.ssm_scan(None, *(t[k] for k in ("x", "dt", "A", "B", "C")), backend="ssm_ref")
+    assert ssm_torch.last_where().op == "ssm_scan"
+    seen = {}
+
+    def other():
+        (y.sum() + states.sum()).backward()
+        seen["other"] = ssm_torch.last_where()
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert seen["other"].op == "ssm_scan_back"
+    assert ssm_torch.last_where() == seen["other"]
+    # a later forward of this thread is its last again
+    ssm_torch.ssm_scan(None, *(t[k].detach() for k in ("x", "dt", "A", "B", "C")), backend="ssm_ref")
+    assert ssm_torch.last_where().op == "ssm_scan"
+    # a thread that ran neither sees nothing
+    fresh = {}
+    th = threading.Thread(target=lambda: fresh.setdefault("w", ssm_torch.last_where()))
+    th.start()
+    th.join()
+    assert fresh["w"] is None
