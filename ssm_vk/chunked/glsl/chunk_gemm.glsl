@@ -2,8 +2,10 @@
 // product is a file, glsl/chunk_gemm_<product>.comp, that defines its shape, operands and stores
 // as macros, includes this file and writes main() from the pieces here:
 //
-//   cb  cb[t][s]   (CL x CL)  sum_n C_t[n] B_s[n]                 gu  gu[t][s]  (CL x CL)  sum_p gy_t[p] u_s[p]
-//   zf  hs[p][n]   (P x N)    sum_s dout_s u_s[p] B_s[n]          zb  gs[p][n]  (P x N)    sum_r din_r gy_r[p] C_r[n]
+//   cb  cb[t][s]   (CL x CL)  sum_n C_t[n] B_s[n]
+//   gu  gu[t][s]   (CL x CL)  sum_p gy_t[p] u_s[p]
+//   zf  hs[p][n]   (P x N)    sum_s dout_s u_s[p] B_s[n]
+//   zb  gs[p][n]   (P x N)    sum_r din_r gy_r[p] C_r[n]
 //   y   y[t][p]    (CL x P)   sum_{s<=t} mcb[t][s] u_s[p] + din_t sum_n C_t[n] hs[p][n]
 //   gam d_x[s][p]  (CL x P)   sum_{r>=s} mcb[r][s] gy_r[p] + dout_s sum_n B_s[n] gs[p][n]
 //   db  d_B[s][n]  (CL x N)   sum_{r>=s} mgu[r][s] C_r[n] + dout_s sum_p u_s[p] gs[p][n]
@@ -20,14 +22,14 @@
 //
 // A product defines, before including this file:
 //   ROWS, COLS, K1, MASK, K2     the matrix and its segments (K1 or K2 0: no such segment)
-//   A1(hh, r, k), B1(hh, k, cc)  segment 1's operands (where K1 > 0): expressions, 0 past the
+//   A1(r, k), B1(k, cc)          segment 1's operands (where K1 > 0): expressions, 0 past the
 //                                matrix; A1_RF / B1_CF true where consecutive rows / columns (else
 //                                consecutive k) are contiguous in memory, so threads stage them so
 //   A2, B2, A2_RF, B2_CF         the same for segment 2 (where K2 > 0)
-//   STORE1(hh, r, cc, v, sum)    statement: the tile's element (r, cc) is v (sum: the row's float
+//   STORE1(r, cc, v, sum)        statement: the tile's element (r, cc) is v (sum: the row's float
 //                                for per-token sums); STORE4: four columns cc..cc+3, v a vec4 (the
 //                                16-byte epilogue, VOUT). A product writing token rows of out
-//                                (y, d_B, d_C) defines OUT_AT(hh, r, cc), their index, instead
+//                                (y, d_B, d_C) defines OUT_AT(r, cc), their index, instead
 //   and where they apply:
 //   PER_GROUP 1                  workgroups per (sequence, chunk, group) (default 0: per head)
 //   GROUP_MAT 1                  mat is the group's matrix, no per-head scalars (cb)
@@ -38,9 +40,11 @@
 //                                load, for VEC_IN (y)
 //   SEG2_SIDE, SEG2_SIDE_STORE, SEG2_SIDE_FETCH(j)   functions beside segment 2's staging, and
 //                                their calls in it (gam's <G_c, H_c>)
-// main() is GEMM_BEGIN, the product's order of set_head() and segments, GEMM_EPILOGUE. (Each
-// piece sits where it always did in the one file switched by a MODE define this replaced, so
-// every kernel compiles to the same SPIR-V as before: glslang numbers by order of definition.)
+// main() is GEMM_BEGIN, the product's order of set_head() and segments, GEMM_EPILOGUE. The pieces
+// are macros, and the product's functions are placed in the engine's order, rather than functions
+// the engine calls: an earlier split through functions with out-parameters was 5-7% slower on an
+// H200 (docs/BENCHMARKS.md, "one file per product"); this one compiled to the same SPIR-V as the
+// single file it replaced.
 //
 // Defines: chunk_common's, RBLK and CBLK (tile; RBLK a multiple of ROWG, CBLK of WG / ROWG), KS,
 // ROWG, HEADLOOP, FOLD and HPART (db, dc), VEC_OUT (1: 16-byte stores in the epilogue where they
@@ -54,10 +58,6 @@
 #extension GL_EXT_control_flow_attributes : enable
 #include "chunk_common.glsl"
 
-// HPW, NBUF, buf and SWM (bq): one head per workgroup, one staging buffer, no swizzle -- what is
-// left, constant, of variants tried and removed (docs/KERNELS.md, "Tried and removed"), kept so
-// that the default kernels' SPIR-V stays as it was measured.
-#define HPW 1
 #ifndef FOLD
 #define FOLD 0
 #endif
@@ -70,47 +70,28 @@
 #if (HPART > 1 || FOLD) && !HEAD_LOOP
 #error "FOLD and HPART are for db and dc"
 #endif
-const uint NBUF = 1u;
-uint buf = 0u;            // the buffer this slice is staged into and read from
 
 const uint RG = ROWG;           // row groups of the thread grid (16 or 8)
 const uint CG = WG / RG;
 const uint TR = RBLK / RG;
 const uint TC = CBLK / CG;
 
-// Operands staged once per head (HPW copies side by side in shared memory) or once for all.
-#ifndef A1H
-#define A1H 1u
-#endif
-#ifndef B1H
-#define B1H 1u
-#endif
-#ifndef A2H
-#define A2H 1u
-#endif
-#ifndef B2H
-#define B2H 1u
-#endif
-const uint AH = A1H > A2H ? A1H : A2H, BH = B1H > B2H ? B1H : B2H;
 const uint NRB = (ROWS + RBLK - 1u) / RBLK;
 const uint NCBK = (COLS + CBLK - 1u) / CBLK;
 
 #if (RBLK / ROWG) % 4 == 0
 #define AS4 1          // a thread's rows are whole vec4s: one 16-byte shared load per 4 rows
-shared vec4 As4[NBUF][KS][AH * (RBLK / 4u) + 1u];
+shared vec4 As4[KS][RBLK / 4u + 1u];
 #else
 #define AS4 0
-shared float As[NBUF][KS][AH * RBLK + 1u];
+shared float As[KS][RBLK + 1u];
 #endif
 #if (CBLK / (WG / ROWG)) % 4 == 0
 #define BS4 1          // a thread's columns are whole vec4s (tc*4 .. tc*4+3, then CG*4 further on)
-shared vec4 Bs4[NBUF][KS][BH * (CBLK / 4u)];
-// vec4 q of B's slice row kk sits at q ^ (kk & SWM), SWM = 0: at q.
-const uint SWM = 0u;
-uint bq(uint kk, uint q) { return q ^ (kk & SWM); }
+shared vec4 Bs4[KS][CBLK / 4u];
 #else
 #define BS4 0
-shared float Bs[NBUF][KS][BH * CBLK + 1u];
+shared float Bs[KS][CBLK + 1u];
 #endif
 
 // VOUT: a thread's columns are whole vec4s and so are the matrix rows: the epilogue writes 16
@@ -151,9 +132,9 @@ uint col_of(uint tc, uint q) {
     return tc + CG * q;
 #endif
 }
-shared float sd[HPW * CL];      // d_t = softplus(dt), head by head
-shared float sdi[HPW * CL];     // din_t
-shared float sdo[HPW * CL];     // dout_t
+shared float sd[CL];      // d_t = softplus(dt)
+shared float sdi[CL];     // din_t
+shared float sdo[CL];     // dout_t
 #ifndef ROW_SUMS
 #define ROW_SUMS 0
 #endif
@@ -161,14 +142,12 @@ shared float sdo[HPW * CL];     // dout_t
 shared float red[RBLK][CG];
 #endif
 
-uint i, c, h, g, Lc, mat, hmat, r0, c0;   // h, hmat, mat: the workgroup's first head (h0)
+uint i, c, h, g, Lc, mat, hmat, r0, c0;   // h, hmat, mat: the head set_head() took
 
 // Clamped token index: loads of padded tokens read a valid address and are then discarded.
 uint tk(uint t) { return tok(i, c, min(t, Lc - 1u)); }
 
 float u_of(uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h) * PD + p] * sd[t]; }
-// u of head h0 + hh
-float u_hh(uint hh, uint t, uint p) { return x[pc.o_x + (tk(t) * pc.H + h + hh) * PD + p] * sd[hh * CL + t]; }
 float gy_of(uint t, uint p) { return gy[pc.o_gy + (tk(t) * pc.H + h) * PD + p]; }
 float B_of(uint t, uint n) { return Bm[pc.o_B + (tk(t) * pc.G + g) * ND + n]; }
 float C_of(uint t, uint n) { return Cm[pc.o_C + (tk(t) * pc.G + g) * ND + n]; }
@@ -186,23 +165,22 @@ float gs_of(uint p, uint n) { return gs[hmat * PD * ND + p * ND + n]; }
 #define B2_CF false
 #endif
 #ifdef A1
-float opA1(uint hh, uint r, uint k) { return A1(hh, r, k); }
-float opB1(uint hh, uint k, uint cc) { return B1(hh, k, cc); }
+float opA1(uint r, uint k) { return A1(r, k); }
+float opB1(uint k, uint cc) { return B1(k, cc); }
 #else
-float opA1(uint hh, uint r, uint k) { return 0.0; }
-float opB1(uint hh, uint k, uint cc) { return 0.0; }
+float opA1(uint r, uint k) { return 0.0; }
+float opB1(uint k, uint cc) { return 0.0; }
 #endif
 #ifdef A2
-float opA2(uint hh, uint r, uint k) { return A2(hh, r, k); }
-float opB2(uint hh, uint k, uint cc) { return B2(hh, k, cc); }
+float opA2(uint r, uint k) { return A2(r, k); }
+float opB2(uint k, uint cc) { return B2(k, cc); }
 #else
-float opA2(uint hh, uint r, uint k) { return 0.0; }
-float opB2(uint hh, uint k, uint cc) { return 0.0; }
+float opA2(uint r, uint k) { return 0.0; }
+float opB2(uint k, uint cc) { return 0.0; }
 #endif
 
 // One set of accumulators for both segments, or (SEG2_APART) segment 2's in acch.
-float acc[HPW][TR][TC];   // head h0 + hh's tile: acc[hh]
-#define acc1 acc[0]
+float acc1[TR][TC];
 #ifndef SEG2_APART
 #define SEG2_APART 0
 #endif
@@ -223,26 +201,23 @@ float acch[TR][TC];
 // then stores it to shared memory. The fetch of the next slice is issued before the products of
 // this one, so its latency hides behind them. One fetch/store pair per segment, so that each is
 // compiled for its own loaders (no per-element choice between the two).
-const uint NFA = (AH * KS * RBLK + WG - 1u) / WG;   // the most of any segment
-const uint NFB = (BH * KS * CBLK + WG - 1u) / WG;
+const uint NFA = (KS * RBLK + WG - 1u) / WG;   // the most of any segment
+const uint NFB = (KS * CBLK + WG - 1u) / WG;
 const uint NS1 = K1 / KS;                       // slices of segment 1 (CL is a multiple of KS)
 const uint NS2 = (K2 + KS - 1u) / KS;           // slices of segment 2
 // VEC_IN's quads of four per thread (the most of any segment) take 4 registers each
-const uint NQA = VEC_IN != 0 ? 4u * ((AH * KS * RBLK / 4u + WG - 1u) / WG) : 0u;
-const uint NQB = VEC_IN != 0 ? 4u * ((BH * KS * CBLK / 4u + WG - 1u) / WG) : 0u;
+const uint NQA = VEC_IN != 0 ? 4u * ((KS * RBLK / 4u + WG - 1u) / WG) : 0u;
+const uint NQB = VEC_IN != 0 ? 4u * ((KS * CBLK / 4u + WG - 1u) / WG) : 0u;
 float fa[NFA > NQA ? NFA : NQA], fb[NFB > NQB ? NFB : NQB];
 
 // Staging unit e of a slice: W consecutive elements (W = 1; 4 for VEC_IN's 16-byte loads) along
-// whichever direction is contiguous in memory -- rows (columns) where *_RF (*_CF), else k. Its
-// head hh = e / (units per head) for operands staged per head, then, within that head's part, its
+// whichever direction is contiguous in memory -- rows (columns) where *_RF (*_CF), else k: its
 // first row (column) pos and its k offset kk. (W = 1 is spelled out: the float staging keeps the
 // code it had before W existed.)
-#define UNIT1(e, NH, LEN, RF)                                                                  \
-    uint hh = NH > 1u ? (e) / (KS * LEN) : 0u, ee = NH > 1u ? (e) % (KS * LEN) : (e);          \
-    uint pos = RF ? ee % LEN : ee / KS, kk = RF ? ee / LEN : ee % KS
-#define UNIT4(e, NH, LEN, RF)                                                                  \
-    uint hh = NH > 1u ? (e) / (KS * LEN / 4u) : 0u, ee = NH > 1u ? (e) % (KS * LEN / 4u) : (e); \
-    uint pos = RF ? ee % (LEN / 4u) * 4u : ee / (KS / 4u), kk = RF ? ee / (LEN / 4u) : ee % (KS / 4u) * 4u
+#define UNIT1(e, LEN, RF)                                                                      \
+    uint pos = RF ? (e) % LEN : (e) / KS, kk = RF ? (e) / LEN : (e) % KS
+#define UNIT4(e, LEN, RF)                                                                      \
+    uint pos = RF ? (e) % (LEN / 4u) * 4u : (e) / (KS / 4u), kk = RF ? (e) / (LEN / 4u) : (e) % (KS / 4u) * 4u
 // Keeping a unit's values in fa / fb (KEEPW), and putting them into shared memory (PUTW_A, PUTW_B:
 // element q of the unit at row / column pos + q, or at k offset kk + q).
 #define KEEP1(f, m, v) f[m] = (v)
@@ -254,54 +229,54 @@ float fa[NFA > NQA ? NFA : NQA], fb[NFB > NQB ? NFB : NQB];
 
 // fetch: the units of a slice this thread takes, loaded (AF, BF: W values each, of type VT) into
 // fa, fb; store: the same units from fa, fb into shared memory.
-#define FETCH(NAME, AF, BF, ARF, BCF, KLEN, NAH, NBH, W, UNIT, VT, KEEP)                       \
+#define FETCH(NAME, AF, BF, ARF, BCF, KLEN, W, UNIT, VT, KEEP)                                 \
 void NAME(uint j) {                                                                            \
     uint lid = gl_LocalInvocationIndex;                                                        \
     uint k0 = j * KS;                                                                          \
-    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK / W + WG - 1u) / WG; ++m) {               \
+    [[unroll]] for (uint m = 0; m < (KS * RBLK / W + WG - 1u) / WG; ++m) {                     \
         uint e = lid + m * WG;                                                                 \
-        UNIT(e, NAH, RBLK, ARF);                                                               \
+        UNIT(e, RBLK, ARF);                                                                    \
         uint k = k0 + kk;                                                                      \
-        KEEP(fa, m, (e < NAH * KS * RBLK / W && (KLEN % KS == 0u || k < KLEN)) ? AF(hh, r0 + pos, k) : VT(0.0)); \
+        KEEP(fa, m, (e < KS * RBLK / W && (KLEN % KS == 0u || k < KLEN)) ? AF(r0 + pos, k) : VT(0.0)); \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK / W + WG - 1u) / WG; ++m) {               \
+    [[unroll]] for (uint m = 0; m < (KS * CBLK / W + WG - 1u) / WG; ++m) {                     \
         uint e = lid + m * WG;                                                                 \
-        UNIT(e, NBH, CBLK, BCF);                                                               \
+        UNIT(e, CBLK, BCF);                                                                    \
         uint k = k0 + kk;                                                                      \
-        KEEP(fb, m, (e < NBH * KS * CBLK / W && (KLEN % KS == 0u || k < KLEN)) ? BF(hh, k, c0 + pos) : VT(0.0)); \
+        KEEP(fb, m, (e < KS * CBLK / W && (KLEN % KS == 0u || k < KLEN)) ? BF(k, c0 + pos) : VT(0.0)); \
     }                                                                                          \
 }
 
-#define STORE(NAME, ARF, BCF, NAH, NBH, W, UNIT, PUTA, PUTB)                                   \
+#define STORE(NAME, ARF, BCF, W, UNIT, PUTA, PUTB)                                             \
 void NAME() {                                                                                  \
     uint lid = gl_LocalInvocationIndex;                                                        \
-    [[unroll]] for (uint m = 0; m < (NAH * KS * RBLK / W + WG - 1u) / WG; ++m) {               \
+    [[unroll]] for (uint m = 0; m < (KS * RBLK / W + WG - 1u) / WG; ++m) {                     \
         uint e = lid + m * WG;                                                                 \
-        UNIT(e, NAH, RBLK, ARF);                                                               \
-        if (e < NAH * KS * RBLK / W) PUTA(ARF, kk, hh * RBLK + pos, fa, m);                    \
+        UNIT(e, RBLK, ARF);                                                                    \
+        if (e < KS * RBLK / W) PUTA(ARF, kk, pos, fa, m);                                      \
     }                                                                                          \
-    [[unroll]] for (uint m = 0; m < (NBH * KS * CBLK / W + WG - 1u) / WG; ++m) {               \
+    [[unroll]] for (uint m = 0; m < (KS * CBLK / W + WG - 1u) / WG; ++m) {                     \
         uint e = lid + m * WG;                                                                 \
-        UNIT(e, NBH, CBLK, BCF);                                                               \
-        if (e < NBH * KS * CBLK / W) PUTB(BCF, kk, hh * CBLK + pos, fb, m);                    \
+        UNIT(e, CBLK, BCF);                                                                    \
+        if (e < KS * CBLK / W) PUTB(BCF, kk, pos, fb, m);                                      \
     }                                                                                          \
 }
 
 #if AS4
-#define PUT_A(kk, rr, v) As4[buf][kk][(rr) >> 2][(rr) & 3u] = (v)
+#define PUT_A(kk, rr, v) As4[kk][(rr) >> 2][(rr) & 3u] = (v)
 #else
-#define PUT_A(kk, rr, v) As[buf][kk][rr] = (v)
+#define PUT_A(kk, rr, v) As[kk][rr] = (v)
 #endif
 #if BS4
-#define PUT_B(kk, cc, v) Bs4[buf][kk][bq(kk, (cc) >> 2)][(cc) & 3u] = (v)
+#define PUT_B(kk, cc, v) Bs4[kk][(cc) >> 2][(cc) & 3u] = (v)
 #else
-#define PUT_B(kk, cc, v) Bs[buf][kk][cc] = (v)
+#define PUT_B(kk, cc, v) Bs[kk][cc] = (v)
 #endif
 
-FETCH(fetch1, opA1, opB1, A1_RF, B1_CF, K1, A1H, B1H, 1u, UNIT1, float, KEEP1)
-FETCH(fetch2, opA2, opB2, A2_RF, B2_CF, K2, A2H, B2H, 1u, UNIT1, float, KEEP1)
-STORE(store1, A1_RF, B1_CF, A1H, B1H, 1u, UNIT1, PUT1_A, PUT1_B)
-STORE(store2, A2_RF, B2_CF, A2H, B2H, 1u, UNIT1, PUT1_A, PUT1_B)
+FETCH(fetch1, opA1, opB1, A1_RF, B1_CF, K1, 1u, UNIT1, float, KEEP1)
+FETCH(fetch2, opA2, opB2, A2_RF, B2_CF, K2, 1u, UNIT1, float, KEEP1)
+STORE(store1, A1_RF, B1_CF, 1u, UNIT1, PUT1_A, PUT1_B)
+STORE(store2, A2_RF, B2_CF, 1u, UNIT1, PUT1_A, PUT1_B)
 
 // VEC_IN: the same slices staged four elements at a time (W = 4), each unit read with one
 // 16-byte load (the product's A1v .. B2v: the four values of A1 .. B2 there) and kept in the same
@@ -310,10 +285,10 @@ STORE(store2, A2_RF, B2_CF, A2H, B2H, 1u, UNIT1, PUT1_A, PUT1_B)
 bool vin = false;
 #if VEC_IN
 VEC_OPERANDS
-FETCH(fetch1v, A1v, B1v, A1_RF, B1_CF, K1, A1H, B1H, 4u, UNIT4, vec4, KEEP4)
-FETCH(fetch2v, A2v, B2v, A2_RF, B2_CF, K2, A2H, B2H, 4u, UNIT4, vec4, KEEP4)
-STORE(store1v, A1_RF, B1_CF, A1H, B1H, 4u, UNIT4, PUT4_A, PUT4_B)
-STORE(store2v, A2_RF, B2_CF, A2H, B2H, 4u, UNIT4, PUT4_A, PUT4_B)
+FETCH(fetch1v, A1v, B1v, A1_RF, B1_CF, K1, 4u, UNIT4, vec4, KEEP4)
+FETCH(fetch2v, A2v, B2v, A2_RF, B2_CF, K2, 4u, UNIT4, vec4, KEEP4)
+STORE(store1v, A1_RF, B1_CF, 4u, UNIT4, PUT4_A, PUT4_B)
+STORE(store2v, A2_RF, B2_CF, 4u, UNIT4, PUT4_A, PUT4_B)
 // The staging every segment calls: 16-byte or float.
 void fetch1_any(uint j) { if (vin) fetch1v(j); else fetch1(j); }
 void fetch2_any(uint j) { if (vin) fetch2v(j); else fetch2(j); }
@@ -335,37 +310,33 @@ SEG2_SIDE
 #define SEG2_SIDE_FETCH(j)
 #endif
 
-// The TR rows of thread row-group tr at slice position kk (of head part hh).
-void load_rows(uint kk, uint tr, uint hh, out float a[TR]) {
+// The TR rows of thread row-group tr at slice position kk.
+void load_rows(uint kk, uint tr, out float a[TR]) {
 #if AS4
     [[unroll]] for (uint v = 0; v < TR / 4u; ++v) {
-        vec4 q = As4[buf][kk][hh * (RBLK / 4u) + tr * (TR / 4u) + v];
+        vec4 q = As4[kk][tr * (TR / 4u) + v];
         a[4u * v] = q.x; a[4u * v + 1u] = q.y; a[4u * v + 2u] = q.z; a[4u * v + 3u] = q.w;
     }
 #else
-    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[buf][kk][hh * RBLK + tr * TR + jj];
+    [[unroll]] for (uint jj = 0; jj < TR; ++jj) a[jj] = As[kk][tr * TR + jj];
 #endif
 }
 
-// The TC columns of thread column-group tc at slice position kk (of head part hh).
-void load_cols(uint kk, uint tc, uint hh, out float b[TC]) {
+// The TC columns of thread column-group tc at slice position kk.
+void load_cols(uint kk, uint tc, out float b[TC]) {
 #if BS4
     [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {
-        vec4 q = Bs4[buf][kk][bq(kk, hh * (CBLK / 4u) + tc + CG * w)];
+        vec4 q = Bs4[kk][tc + CG * w];
         b[4u * w] = q.x; b[4u * w + 1u] = q.y; b[4u * w + 2u] = q.z; b[4u * w + 3u] = q.w;
     }
 #else
-    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[buf][kk][hh * CBLK + tc + CG * q];
+    [[unroll]] for (uint q = 0; q < TC; ++q) b[q] = Bs[kk][tc + CG * q];
 #endif
 }
 
-// After a slice's products: wait until every thread has read it before the next slice is stored.
-void next_slice() {
-    barrier();
-}
-
 // Segment 1 (the chunk's tokens, masked): slices j = 0 .. NS1-1; ``then2``: prefetch segment 2's
-// first slice during the last one.
+// first slice during the last one. Each slice: stored, then (barrier) its products, then (barrier:
+// every thread has read it) the next slice may be stored.
 void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
     for (uint j = 0; j < NS1; ++j) {
         store1_any();
@@ -376,27 +347,22 @@ void segment1(uint rlo, uint rhi, uint tr, uint tc, bool then2) {
         bool full = MASK == 0u || (MASK == 1u && khi <= rlo) || (MASK == 2u && k0 >= rhi);
         if (!skip) {
             [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
-                float a[HPW][TR], b[HPW][TC];
-                [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {
-                    if (hh == 0u || A1H > 1u) load_rows(kk, tr, hh, a[hh]); else a[hh] = a[0];
-                    if (hh == 0u || B1H > 1u) load_cols(kk, tc, hh, b[hh]); else b[hh] = b[0];
-                }
+                float a[TR], b[TC];
+                load_rows(kk, tr, a);
+                load_cols(kk, tc, b);
                 if (full) {
-                    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
-                        [[unroll]] for (uint jj = 0; jj < TR; ++jj)
-                            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][jj][q] += a[hh][jj] * b[hh][q];
+                    [[unroll]] for (uint jj = 0; jj < TR; ++jj)
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += a[jj] * b[q];
                 } else {
                     uint k = k0 + kk;
                     [[unroll]] for (uint jj = 0; jj < TR; ++jj) {
                         bool inc = MASK == 1u ? k <= rlo + jj : k >= rlo + jj;
-                        [[unroll]] for (uint hh = 0; hh < HPW; ++hh)
-                            [[unroll]] for (uint q = 0; q < TC; ++q)
-                                acc[hh][jj][q] += inc ? a[hh][jj] * b[hh][q] : 0.0;
+                        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[jj][q] += inc ? a[jj] * b[q] : 0.0;
                     }
                 }
             }
         }
-        next_slice();
+        barrier();
     }
 }
 
@@ -412,12 +378,12 @@ void segment2(bool then1) {
         if (j + 1u < NS2) fetch2_any(j + 1u); else if (then1 && NS1 > 0u) fetch1_any(0u);
         [[unroll]] for (uint kk = 0; kk < KS; ++kk) {
             float a[TR], b[TC];
-            load_rows(kk, tr, 0u, a);
-            load_cols(kk, tc, 0u, b);
+            load_rows(kk, tr, a);
+            load_cols(kk, tc, b);
             [[unroll]] for (uint jj = 0; jj < TR; ++jj)
                 [[unroll]] for (uint q = 0; q < TC; ++q) acc2[jj][q] += a[jj] * b[q];
         }
-        next_slice();
+        barrier();
     }
 }
 
@@ -437,18 +403,17 @@ void row_sums(float part[TR], uint tr, uint tc, uint slot, uint cbk) {
 }
 #endif
 
-// The scalars of heads hd .. hd+HPW-1 into shared memory (every thread reaches it; the barrier
-// publishes them).
+// The scalars of head hd into shared memory (every thread reaches it; the barrier publishes
+// them).
 void set_head(uint hd) {
     h = hd;
     hmat = head_mat(i, c, h);
     mat = GROUP_MAT != 0 ? group_mat(i, c, g) : hmat;
-    for (uint e = gl_LocalInvocationIndex; e < HPW * CL; e += WG) {
-        uint hh = e / CL, t = e % CL;
+    for (uint t = gl_LocalInvocationIndex; t < CL; t += WG) {
         bool on = t < Lc && GROUP_MAT == 0;
-        sd[e] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h + hh]) : 0.0;
-        sdi[e] = on ? dec[(hmat + hh) * DEC + t] : 0.0;
-        sdo[e] = on ? dec[(hmat + hh) * DEC + CL + t] : 0.0;
+        sd[t] = on ? softplus(dt[pc.o_dt + tk(t) * pc.H + h]) : 0.0;
+        sdi[t] = on ? dec[hmat * DEC + t] : 0.0;
+        sdo[t] = on ? dec[hmat * DEC + CL + t] : 0.0;
     }
     barrier();
 }
@@ -459,7 +424,7 @@ void set_head(uint hd) {
 // Workgroups past the grid return.
 #define GEMM_BEGIN                                                                             \
     uint wg = wg_index();                                                                      \
-    uint HH = PER_GROUP != 0 ? pc.G : pc.H / (HPW * HPART);   /* workgroups' heads */          \
+    uint HH = PER_GROUP != 0 ? pc.G : pc.H / HPART;   /* workgroups' heads */                  \
     uint total = pc.S * pc.NCH * HH * NRB * NCBK;                                              \
     if (wg >= total) return;                      /* uniform over the workgroup */             \
     uint bat = wg / (NRB * NCBK);                                                              \
@@ -469,25 +434,16 @@ void set_head(uint hd) {
     c = (bat / HH) % pc.NCH;                                                                   \
     uint hb = bat % HH;                                                                        \
     uint hpg = pc.H / pc.G;                                                                    \
-    g = PER_GROUP != 0 ? hb : hb * HPW * HPART / hpg;                                          \
+    g = PER_GROUP != 0 ? hb : hb * HPART / hpg;                                                \
     Lc = chunk_len(c);                                                                         \
     r0 = rb * RBLK;                                                                            \
     c0 = cbk * CBLK;                                                                           \
     uint lid = gl_LocalInvocationIndex;                                                        \
     uint tr = lid / CG, tc = lid % CG;                                                         \
     vin = VEC_IN != 0 && ((pc.o_x | pc.o_C) & 3u) == 0u;   /* uniform: the call's offsets */   \
-    [[unroll]] for (uint hh = 0; hh < HPW; ++hh)                                               \
-        [[unroll]] for (uint j = 0; j < TR; ++j)                                               \
-            [[unroll]] for (uint q = 0; q < TC; ++q) acc[hh][j][q] = 0.0;                      \
+    [[unroll]] for (uint j = 0; j < TR; ++j)                                                   \
+        [[unroll]] for (uint q = 0; q < TC; ++q) acc1[j][q] = 0.0;                             \
     uint rlo = r0 + tr * TR, rhi = rlo + TR - 1u;
-
-// main()'s middle for most products: the head's scalars, then segment 1 and segment 2 (those the
-// product has), each slice's fetch ahead of its products.
-#define GEMM_SEGMENTS                                                                          \
-    set_head(PER_GROUP != 0 ? 0u : hb * HPW);                                                  \
-    if (NS1 > 0u) fetch1_any(0u); else if (NS2 > 0u) fetch2_any(0u);                           \
-    segment1(rlo, rhi, tr, tc, true);                                                          \
-    segment2(false);
 
 // A token row of out, four columns from at: one 16-byte store where at is a multiple of 4.
 #define OUT4(at, v)                                                                            \
@@ -498,37 +454,34 @@ void set_head(uint hd) {
     }                                                                                          \
     if (any(not(lessThanEqual(abs(v), vec4(3.4028234664e38))))) atomicOr(flag[0], 1u);
 #ifdef OUT_AT
-#define STORE1(hh, r, cc, v, sum) if (r < Lc && cc < COLS) { outv[OUT_AT(hh, r, cc)] = v; guard(v); }
-#define STORE4(hh, r, cc, v, sum) if (r < Lc && cc < COLS) { uint at = OUT_AT(hh, r, cc); OUT4(at, v) }
+#define STORE1(r, cc, v, sum) if (r < Lc && cc < COLS) { outv[OUT_AT(r, cc)] = v; guard(v); }
+#define STORE4(r, cc, v, sum) if (r < Lc && cc < COLS) { uint at = OUT_AT(r, cc); OUT4(at, v) }
 #endif
 
 // main()'s end: the tile written through the product's STORE4 (VOUT) or STORE1; part0[j], its
 // sum argument, starts at 0 for each of the thread's rows.
 #if VOUT
-#define STORE_ROWS(hh)                                                                         \
+#define GEMM_EPILOGUE                                                                          \
+    float part0[TR];                                                                           \
     [[unroll]] for (uint j = 0; j < TR; ++j) {                                                 \
         uint r = rlo + j;                                                                      \
         part0[j] = 0.0;                                                                        \
         [[unroll]] for (uint w = 0; w < TC / 4u; ++w) {                                        \
             uint cc = c0 + (tc + CG * w) * 4u;        /* = col_of(tc, 4 w); COLS % 4 == 0 */   \
-            vec4 v = vec4(acc[hh][j][4u * w], acc[hh][j][4u * w + 1u], acc[hh][j][4u * w + 2u], acc[hh][j][4u * w + 3u]); \
-            STORE4(hh, r, cc, v, part0[j])                                                     \
+            vec4 v = vec4(acc1[j][4u * w], acc1[j][4u * w + 1u], acc1[j][4u * w + 2u], acc1[j][4u * w + 3u]); \
+            STORE4(r, cc, v, part0[j])                                                         \
         }                                                                                      \
     }
 #else
-#define STORE_ROWS(hh)                                                                         \
+#define GEMM_EPILOGUE                                                                          \
+    float part0[TR];                                                                           \
     [[unroll]] for (uint j = 0; j < TR; ++j) {                                                 \
         uint r = rlo + j;                                                                      \
         part0[j] = 0.0;                                                                        \
         [[unroll]] for (uint q = 0; q < TC; ++q) {                                             \
             uint cc = c0 + col_of(tc, q);                                                      \
-            float v = acc[hh][j][q];                                                           \
-            STORE1(hh, r, cc, v, part0[j])                                                     \
+            float v = acc1[j][q];                                                              \
+            STORE1(r, cc, v, part0[j])                                                         \
         }                                                                                      \
     }
 #endif
-#define GEMM_EPILOGUE                                                                          \
-    float part0[TR];                                                                           \
-    [[unroll]] for (uint hh = 0; hh < HPW; ++hh) {                                             \
-    STORE_ROWS(hh)                                                                             \
-    }

@@ -8,15 +8,16 @@
 #define K2 ND
 #define PER_GROUP 1
 #define GROUP_MAT 1
-#define A2(hh, r, k) (r < Lc ? C_of(r, k) : 0.0)
-#define B2(hh, k, cc) (cc < Lc ? B_of(cc, k) : 0.0)
-// (the else never runs: it keeps the SPIR-V of the one file cb and gu shared)
-#define STORE1(hh, r, cc, v, sum) if (r < CL && cc < CL) { if (true) cb[mat * CL * CL + r * CL + cc] = v; else gu[mat * CL * CL + r * CL + cc] = v; }
-#define STORE4(hh, r, cc, v, sum) if (r < CL && cc < CL) cb4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#define A2(r, k) (r < Lc ? C_of(r, k) : 0.0)
+#define B2(k, cc) (cc < Lc ? B_of(cc, k) : 0.0)
+#define STORE1(r, cc, v, sum) if (r < CL && cc < CL) cb[mat * CL * CL + r * CL + cc] = v;
+#define STORE4(r, cc, v, sum) if (r < CL && cc < CL) cb4[(mat * CL * CL + r * CL + cc) >> 2] = v;
 #include "chunk_gemm.glsl"
 
 void main() {
     GEMM_BEGIN
-    GEMM_SEGMENTS
+    set_head(0u);
+    fetch2_any(0u);
+    segment2(false);
     GEMM_EPILOGUE
 }

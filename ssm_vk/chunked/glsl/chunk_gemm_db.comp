@@ -21,14 +21,14 @@
 #define B1_CF true
 #define A2_RF false
 #define B2_CF true
-#define A1(hh, r, k) (mgu[mat * CL * CL + k * CL + r])
-#define B1(hh, k, cc) ((k < Lc && cc < ND) ? C_of(k, cc) : 0.0)
-#define A2(hh, r, k) (r < Lc ? u_of(r, k) * sdo[r] : 0.0)
-#define B2(hh, k, cc) (cc < ND ? gs_of(k, cc) : 0.0)
+#define A1(r, k) (mgu[mat * CL * CL + k * CL + r])
+#define B1(k, cc) ((k < Lc && cc < ND) ? C_of(k, cc) : 0.0)
+#define A2(r, k) (r < Lc ? u_of(r, k) * sdo[r] : 0.0)
+#define B2(k, cc) (cc < ND ? gs_of(k, cc) : 0.0)
 #if HEADLOOP                      // d_B: (S, T, G, N)
-#define OUT_AT(hh, r, cc) (pc.o_out + (tk(r) * pc.G + g) * ND + cc)
+#define OUT_AT(r, cc) (pc.o_out + (tk(r) * pc.G + g) * ND + cc)
 #else                             // parts of HPART heads: (S, T, H / HPART, N)
-#define OUT_AT(hh, r, cc) (pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc)
+#define OUT_AT(r, cc) (pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc)
 #endif
 #if HPART > 1 && HEADLOOP
 #error "HPART > 1 is for d_B per head (HEADLOOP = 0) only"

@@ -18,14 +18,14 @@
 #define B1_CF true
 #define A2_RF false
 #define B2_CF true
-#define A1(hh, r, k) (mgu[mat * CL * CL + r * CL + k])
-#define B1(hh, k, cc) ((k < Lc && cc < ND) ? B_of(k, cc) : 0.0)
-#define A2(hh, r, k) (r < Lc ? gy_of(r, k) * sdi[r] : 0.0)
-#define B2(hh, k, cc) (cc < ND ? hs_of(k, cc) : 0.0)
+#define A1(r, k) (mgu[mat * CL * CL + r * CL + k])
+#define B1(k, cc) ((k < Lc && cc < ND) ? B_of(k, cc) : 0.0)
+#define A2(r, k) (r < Lc ? gy_of(r, k) * sdi[r] : 0.0)
+#define B2(k, cc) (cc < ND ? hs_of(k, cc) : 0.0)
 #if HEADLOOP                      // d_C: (S, T, G, N)
-#define OUT_AT(hh, r, cc) (pc.o_out + (tk(r) * pc.G + g) * ND + cc)
+#define OUT_AT(r, cc) (pc.o_out + (tk(r) * pc.G + g) * ND + cc)
 #else                             // parts of HPART heads: (S, T, H / HPART, N)
-#define OUT_AT(hh, r, cc) (pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc)
+#define OUT_AT(r, cc) (pc.o_out + (tk(r) * (pc.H / HPART) + h / HPART) * ND + cc)
 #endif
 #if HPART > 1 && HEADLOOP
 #error "HPART > 1 is for d_C per head (HEADLOOP = 0) only"

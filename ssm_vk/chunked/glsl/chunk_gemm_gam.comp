@@ -16,19 +16,19 @@
 #define B1_CF true
 #define A2_RF false
 #define B2_CF false
-#define A1(hh, r, k) (mcb[mat * CL * CL + k * CL + r])
-#define B1(hh, k, cc) ((k < Lc && cc < PD) ? gy_of(k, cc) : 0.0)
-#define A2(hh, r, k) (r < Lc ? B_of(r, k) * sdo[r] : 0.0)
-#define B2(hh, k, cc) (cc < PD ? gs_of(cc, k) : 0.0)
+#define A1(r, k) (mcb[mat * CL * CL + k * CL + r])
+#define B1(k, cc) ((k < Lc && cc < PD) ? gy_of(k, cc) : 0.0)
+#define A2(r, k) (r < Lc ? B_of(r, k) * sdo[r] : 0.0)
+#define B2(k, cc) (cc < PD ? gs_of(cc, k) : 0.0)
 // d_x = Gam * d_s; sum: Gam . x
-#define STORE1(hh, r, cc, v, sum)                                                              \
+#define STORE1(r, cc, v, sum)                                                                  \
     if (r < Lc && cc < PD) {                                                                   \
         outv[pc.o_out + (tk(r) * pc.H + h) * PD + cc] = v * sd[r];                             \
         guard(v * sd[r]);                                                                      \
         float xv = x[pc.o_x + (tk(r) * pc.H + h) * PD + cc];                                   \
         sum += v * xv;                                                                         \
     }
-#define STORE4(hh, r, cc, v, sum)                                                              \
+#define STORE4(r, cc, v, sum)                                                                  \
     if (r < Lc && cc < COLS) {                                                                 \
         uint at = pc.o_out + (tk(r) * pc.H + h) * PD + cc;                                     \
         uint ax = pc.o_x + (tk(r) * pc.H + h) * PD + cc;                                       \
@@ -60,8 +60,9 @@ void gh_store() {                                                               
 
 void main() {
     GEMM_BEGIN
-    set_head(PER_GROUP != 0 ? 0u : hb * HPW);
-    if (NS2 > 0u) { gh_fetch(0u); fetch2_any(0u); } else if (NS1 > 0u) fetch1_any(0u);
+    set_head(hb);
+    gh_fetch(0u);
+    fetch2_any(0u);
     segment2(true);
     float part[TR];            // beta: the boundary part . u
     [[unroll]] for (uint j = 0; j < TR; ++j) {

@@ -6,15 +6,16 @@
 #define K1 0
 #define MASK 0u
 #define K2 PD
-#define A2(hh, r, k) (r < Lc ? gy_of(r, k) : 0.0)
-#define B2(hh, k, cc) (cc < Lc ? u_of(cc, k) : 0.0)
-// (the first branch never runs: it keeps the SPIR-V of the one file cb and gu shared)
-#define STORE1(hh, r, cc, v, sum) if (r < CL && cc < CL) { if (false) cb[mat * CL * CL + r * CL + cc] = v; else gu[mat * CL * CL + r * CL + cc] = v; }
-#define STORE4(hh, r, cc, v, sum) if (r < CL && cc < CL) gu4[(mat * CL * CL + r * CL + cc) >> 2] = v;
+#define A2(r, k) (r < Lc ? gy_of(r, k) : 0.0)
+#define B2(k, cc) (cc < Lc ? u_of(cc, k) : 0.0)
+#define STORE1(r, cc, v, sum) if (r < CL && cc < CL) gu[mat * CL * CL + r * CL + cc] = v;
+#define STORE4(r, cc, v, sum) if (r < CL && cc < CL) gu4[(mat * CL * CL + r * CL + cc) >> 2] = v;
 #include "chunk_gemm.glsl"
 
 void main() {
     GEMM_BEGIN
-    GEMM_SEGMENTS
+    set_head(hb);
+    fetch2_any(0u);
+    segment2(false);
     GEMM_EPILOGUE
 }

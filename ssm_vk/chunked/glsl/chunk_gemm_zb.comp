@@ -9,14 +9,16 @@
 #define K2 0
 #define A1_RF true
 #define B1_CF true
-#define A1(hh, r, k) ((k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0)
-#define B1(hh, k, cc) ((k < Lc && cc < ND) ? C_of(k, cc) : 0.0)
-#define STORE1(hh, r, cc, v, sum) if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
-#define STORE4(hh, r, cc, v, sum) if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
+#define A1(r, k) ((k < Lc && r < PD) ? gy_of(k, r) * sdi[k] : 0.0)
+#define B1(k, cc) ((k < Lc && cc < ND) ? C_of(k, cc) : 0.0)
+#define STORE1(r, cc, v, sum) if (r < PD && cc < ND) gs[hmat * PD * ND + r * ND + cc] = v;
+#define STORE4(r, cc, v, sum) if (r < PD && cc < ND) gs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
 #include "chunk_gemm.glsl"
 
 void main() {
     GEMM_BEGIN
-    GEMM_SEGMENTS
+    set_head(hb);
+    fetch1_any(0u);
+    segment1(rlo, rhi, tr, tc, false);
     GEMM_EPILOGUE
 }

@@ -7,17 +7,18 @@
 #define K1 CL
 #define MASK 0u
 #define K2 0
-#define A1H HPW
 #define A1_RF true
 #define B1_CF true
-#define A1(hh, r, k) ((k < Lc && r < PD) ? u_hh(hh, k, r) * sdo[hh * CL + k] : 0.0)
-#define B1(hh, k, cc) ((k < Lc && cc < ND) ? B_of(k, cc) : 0.0)
-#define STORE1(hh, r, cc, v, sum) if (r < PD && cc < ND) hs[(hmat + hh) * PD * ND + r * ND + cc] = v;
-#define STORE4(hh, r, cc, v, sum) if (r < PD && cc < ND) hs4[((hmat + hh) * PD * ND + r * ND + cc) >> 2] = v;
+#define A1(r, k) ((k < Lc && r < PD) ? u_of(k, r) * sdo[k] : 0.0)
+#define B1(k, cc) ((k < Lc && cc < ND) ? B_of(k, cc) : 0.0)
+#define STORE1(r, cc, v, sum) if (r < PD && cc < ND) hs[hmat * PD * ND + r * ND + cc] = v;
+#define STORE4(r, cc, v, sum) if (r < PD && cc < ND) hs4[(hmat * PD * ND + r * ND + cc) >> 2] = v;
 #include "chunk_gemm.glsl"
 
 void main() {
     GEMM_BEGIN
-    GEMM_SEGMENTS
+    set_head(hb);
+    fetch1_any(0u);
+    segment1(rlo, rhi, tr, tc, false);
     GEMM_EPILOGUE
 }
