@@ -29,6 +29,7 @@ __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
 BWD_IN = (*FWD_IN, "g_y", "g_states")
+_ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
 
 
 class Workspace:
@@ -143,7 +144,8 @@ class Workspace:
             if arr.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
             return arr.buffer, arr.offset
-        if not any(arr.strides) and zero_stand_in(arr):   # (the first test alone for any other array)
+        # (the inputs the validator stands zeros in for; a contiguous array pays the flag test alone)
+        if name in _ZEROS and not arr.flags.c_contiguous and zero_stand_in(arr):
             return self.host.zeros(self, name, arr.size * F32)
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:

@@ -2,7 +2,9 @@
 seam here) a call's host inputs are copied in and its host outputs out by its own recorded
 sequence, one submission per call; a backward binds the buffers its forward filled with the same
 host bytes instead of staging them again, and an array written in place between the two is
-staged again. Every result against the float64 oracle."""
+staged again; the zeros of an absent input (s=None, g_y / g_states None) are filled by the call's
+sequence, never uploaded, while a user's array of zeros is. Every result against the float64
+oracle."""
 
 from __future__ import annotations
 
