@@ -19,7 +19,10 @@ Device-resident arrays (objects whose ``_ssm_device_array`` is True, such as ssm
 are one more kind of array-like: a host backend gets a host copy (``numpy()``); with
 ``keep_device`` they are checked by shape and dtype and kept as given. The checks keep nothing
 between calls; a backend that makes its repeated calls cheaper does so itself, with the public
-pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`.
+pieces :func:`check_ids`, :func:`arange_ids` and :func:`split_g_y`. The zeros that stand for
+absent inputs (``s=None``; ``g_y``, ``g_states`` None) are zero-stride arrays until the Problem
+is made; with ``keep_device`` the Problem keeps them so (:func:`zero_stand_in` tells them), for a
+device backend to make the zeros on the device instead of uploading them.
 
 One module of ~550 lines on purpose: the one validator every backend calls, whose checks share
 one shape table and one style of message; split, its order of checks (which error a bad call gets
@@ -28,6 +31,7 @@ first) would be spread over files.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +40,7 @@ from .memory import check_host_memory, host_memory_bytes
 
 __all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
            "check_forward", "check_ids", "check_invariant", "check_shapes", "check_snapshots", "check_update_cache",
-           "is_device_array", "output_elems", "split_g_y", "write_cache_rows"]
+           "is_device_array", "output_elems", "split_g_y", "write_cache_rows", "zero_stand_in"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -85,7 +89,8 @@ class Dims:
 
 @dataclass(frozen=True)
 class Problem:
-    """Checked inputs. Arrays are C-contiguous, read-only, in the working dtype.
+    """Checked inputs. Arrays are C-contiguous, read-only, in the working dtype (with
+    ``keep_device``: or DeviceArrays, or zeros as a zero-stride stand-in, :func:`zero_stand_in`).
 
     ``A`` is always 2-D here: (H, 1) for Mamba-2, (H, N) for Mamba-1 (``dims.a_shape`` keeps the
     caller's shape for d_A). ``ids`` is int64 (S,). ``g_y`` / ``g_states`` are set only by
@@ -242,7 +247,7 @@ def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -
     return arr
 
 
-def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _finish(arr: np.ndarray, dtype: np.dtype, keep_zeros: bool = False) -> np.ndarray:
     # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
     # extra view lets us clear the writeable flag without touching the caller's flags.
     # Values beyond float32's range become inf, as docs/SPEC.md section 8 expects; like the scan
@@ -253,6 +258,8 @@ def _finish(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if arr.dtype != dtype:
             raise TypeError(f"device arrays hold float32; this call works in {dtype}")
         return arr
+    elif keep_zeros and zero_stand_in(arr):   # (read-only: np.broadcast_to's arrays are)
+        return arr if arr.dtype == dtype else _zeros(arr.shape, dtype)
     else:
         with np.errstate(over="ignore"):
             out = np.ascontiguousarray(arr, dtype=dtype).view()
@@ -363,8 +370,19 @@ def arange_ids(S: int) -> np.ndarray:
 
 def _zeros(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """Zeros of ``shape`` as a zero-stride stand-in: nothing allocated until the Problem is made
-    (_finish's contiguous copy, which the host memory rule counts as a copy)."""
+    (_finish's contiguous copy, which the host memory rule counts as a copy; with ``keep_device``
+    the Problem keeps the stand-in)."""
     return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def zero_stand_in(a) -> bool:
+    """Whether ``a`` is zeros as a zero-stride stand-in (:func:`_zeros`'s form: every stride 0, the
+    one element +0.0, so its bytes are all zero; -0.0 is not). A numpy array of other strides --
+    np.zeros included -- is not, whatever it holds: the test reads one element, never the data."""
+    if type(a) is not np.ndarray or not a.ndim or not a.size or any(a.strides) or a.dtype.kind != "f":
+        return False
+    v = a.item(0)
+    return v == 0.0 and math.copysign(1.0, v) > 0.0
 
 
 def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np.ndarray:
@@ -460,8 +478,8 @@ def _check_memory(dims: Dims, raw: dict, work: np.dtype, keep_device: bool, back
                       f"(S, T, H, P, N, G, R) = ({d.S}, {d.T}, {d.H}, {d.P}, {d.N}, {d.G}, {d.R})", parts)
 
 
-def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype) -> Problem:
-    return Problem(dims=dims, **{k: _finish(v, work) for k, v in raw.items()},
+def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype, keep_device: bool = False) -> Problem:
+    return Problem(dims=dims, **{k: _finish(v, work, keep_device) for k, v in raw.items()},
                    ids=arange_ids(dims.S) if ids is None else ids, dtype=work)
 
 
@@ -476,14 +494,15 @@ def check_forward(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, keep_device:
     memory limit, see ssm_ref.memory) before any work or allocation. ``workspace(dims, dtype)``:
     the bytes the calling backend needs besides the converted inputs and the outputs.
     Device-resident arrays (ssm_vk.DeviceArray) are copied to the host unless ``keep_device``
-    (the Vulkan backend binds them in place). ``snapshots``: K, checked by :func:`check_snapshots`
+    (the Vulkan backend binds them in place; the zeros of ``s=None`` then stay a zero-stride
+    stand-in, :func:`zero_stand_in`). ``snapshots``: K, checked by :func:`check_snapshots`
     first and kept as ``dims.K``.
     """
     K = 1 if snapshots == 1 and type(snapshots) is int else check_snapshots(snapshots)
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
     dims, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device, K)
     _check_memory(dims, raw, work, keep_device, False, workspace)
-    return _problem(dims, raw, ids_, work)
+    return _problem(dims, raw, ids_, work, keep_device)
 
 
 def check_shapes(s, x, dt, A, B, C, ids=None, snapshots=1) -> Dims:
@@ -542,7 +561,7 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtyp
     if gsn is not None:
         raw["g_snapshots"] = gsn
     _check_memory(d, raw, work, keep_device, True, workspace)
-    return _problem(d, raw, ids_, work)
+    return _problem(d, raw, ids_, work, keep_device)
 
 
 def _with_k(d: Dims, K: int) -> Dims:

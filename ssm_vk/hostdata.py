@@ -21,6 +21,17 @@ bridge hands new numpy views of the same tensors to each call). The compare cost
 the bytes into the slot would (memcmp and memcpy run at the same speed on the host) and saves the
 device copy. Mapped memory is written again instead: there a write costs what the compare would,
 and reading device memory through a mapping may be uncached.
+
+Zeros the call stands in for an absent input (``s=None``; ``g_y``, ``g_states`` None: the
+validator's zero-stride stand-ins, ssm_ref.checks.zero_stand_in) are never uploaded: the call's
+sequence fills the input's upload buffer with zeros (vkCmdFillBuffer) before the work, beside
+the staged copies and behind the same barrier -- on mapped memory too, where the host would
+otherwise write every byte through the mapping (uncached write-combined memory on an integrated
+GPU) and the device writes its own memory at its own speed. The key of the sequence says which
+inputs it fills and which it copies (:meth:`HostData.staged_key`), so a call with a real array
+for an input that a former call filled records the copy, and the reverse. A filled buffer holds
+no slot's bytes: it is never bound by a backward (``held`` forgets it). A user's array that
+holds zeros (np.zeros) is an array like any other, uploaded.
 """
 
 from __future__ import annotations
@@ -40,8 +51,9 @@ class HostData:
     """A workspace's buffers and staging of host data: the upload buffers of host inputs
     (``uploads``: name -> Buffer), the output buffers of host calls (``out``: name -> Buffer) and
     the DeviceArrays over them (``views``), the staging slots (``stage``, an rt.Stage made on
-    first use, and ``stage_bytes``, their sizes), what the call being run staged (``staged``:
-    (name, upload Buffer, nbytes) each; ``staged_out``: (name, output Buffer, nbytes) each; both
+    first use, and ``stage_bytes``, their sizes), what the call's sequence moves in (``staged``:
+    (name, upload Buffer, nbytes, zeros) each, ``zeros`` True where it fills the buffer with
+    zeros, False where it copies from the input's slot; ``staged_out``: (name, output Buffer, nbytes) each; both
     empty outside a call, which run.py ends with :meth:`unstage`), which upload buffers hold
     their slot's bytes since a finished call (``held``: name -> (Buffer, nbytes)) and whether a
     call that bound them failed and may still run (``lent``); the forward workspace whose upload
@@ -90,16 +102,31 @@ class HostData:
             stage = self.slots(ws)
             if stage is not None and stage.fits(name, a.nbytes):
                 stage.put(name, a)
-                self.staged += ((name, buf, a.nbytes),)
+                self.staged += ((name, buf, a.nbytes, False),)
                 return buf, 0
         rt.upload(buf, a)
         return buf, 0
 
+    def zeros(self, ws, name: str, nbytes: int) -> tuple:
+        """(buffer, 0) of host input ``name`` given as zeros of ``nbytes`` (a zero-stride
+        stand-in): ``ws``'s own upload buffer, which the call's sequence fills with zeros."""
+        buf = self.uploads.get(name)
+        if buf is None or buf.size < nbytes:
+            buf = self.uploads[name] = ws.acquire(nbytes)
+        if self.held:
+            self.held.pop(name, None)   # it will hold zeros, not its slot's bytes: never bound by a backward
+        self.staged += ((name, buf, nbytes, True),)
+        return buf, 0
+
     def staged_key(self) -> tuple:
         """The part of the sequence's key that says which host inputs the call staged (its
-        recording copies them in), () when none."""
+        recording copies them in) and which it fills with zeros ((name, 0)), () when none."""
         staged = self.staged
-        return ("staged", self.stage.buffer.serial, *(n for n, _, _ in staged)) if staged else ()
+        if not staged:
+            return ()
+        stage = self.stage
+        return ("staged", None if stage is None else stage.buffer.serial,
+                *((n, 0) if z else n for n, _, _, z in staged))
 
     def holding(self, name: str, a: np.ndarray):
         """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
@@ -147,9 +174,13 @@ class HostData:
 
     # -- the recording, the call's end, the workspace's ---------------------------------------
     def copy_in(self, seq) -> None:
-        """Record the copies of the staged inputs into their upload buffers (before the work)."""
-        for name, buf, nbytes in self.staged:
-            self.stage.copy_in(seq, name, buf, nbytes)
+        """Record the copies of the staged inputs into their upload buffers and the fills of the
+        zeros (before the work)."""
+        for name, buf, nbytes, zeros in self.staged:
+            if zeros:
+                seq.fill(buf, 0, 0, nbytes)
+            else:
+                self.stage.copy_in(seq, name, buf, nbytes)
         if self.staged:
             seq.barrier()
 
@@ -162,8 +193,9 @@ class HostData:
 
     def staged_done(self) -> None:
         """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
-        for name, buf, nbytes in self.staged:
-            self.held[name] = (buf, nbytes)
+        for name, buf, nbytes, zeros in self.staged:
+            if not zeros:
+                self.held[name] = (buf, nbytes)
 
     def unstage(self) -> None:
         """End the call's staging (what the next recording copies is the next call's)."""

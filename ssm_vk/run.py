@@ -142,7 +142,7 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     token = buffers.busy(held) if held else None
     try:
         bufs, key = ws.bind_inputs(p, backward)
-        if ws.host.staged:   # host inputs beside device ones, staged: the sequence copies them in
+        if ws.host.staged:   # host inputs beside device ones, staged (or zeros): the sequence copies (fills) them
             try:
                 key.append(ws.host.staged_key())
                 return run_bound(engine, ws, p, backward, device_out, bufs, key, update)
@@ -166,7 +166,7 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
         out = run_bound(engine, ws, p, backward, False, bufs, key, update)
         if staged:
             ws.host.staged_done()   # (the submission ran, whatever its flag said)
-            if not backward:
+            if not backward and ws.host.held:   # (inputs it only filled with zeros: nothing to lend)
                 engine.offer_uploads(ws)
         return out
     except BaseException:

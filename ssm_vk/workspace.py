@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ssm_ref.checks import zero_stand_in
+
 from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
@@ -27,6 +29,7 @@ __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
 BWD_IN = (*FWD_IN, "g_y", "g_states")
+_ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
 
 
 class Workspace:
@@ -134,12 +137,16 @@ class Workspace:
         upload buffer of the call's donor (``host.donor``: a forward's workspace, its lock held)
         that holds exactly their bytes, else written into this workspace's buffer for ``name`` --
         straight through its mapping, or into the staging slot the call's sequence copies from
-        (hostdata.HostData.write)."""
+        (hostdata.HostData.write); the validator's zeros (a zero-stride stand-in) in this
+        workspace's buffer, which the call's sequence fills (HostData.zeros)."""
         if isinstance(arr, DeviceArray):
             arr._check_live()
             if arr.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
             return arr.buffer, arr.offset
+        # (the inputs the validator stands zeros in for; a contiguous array pays the flag test alone)
+        if name in _ZEROS and not arr.flags.c_contiguous and zero_stand_in(arr):
+            return self.host.zeros(self, name, arr.size * F32)
         a = np.ascontiguousarray(arr, dtype=np.float32)
         if a.size == 0:
             return None, 0

@@ -2,7 +2,9 @@
 seam here) a call's host inputs are copied in and its host outputs out by its own recorded
 sequence, one submission per call; a backward binds the buffers its forward filled with the same
 host bytes instead of staging them again, and an array written in place between the two is
-staged again. Every result against the float64 oracle."""
+staged again; the zeros of an absent input (s=None, g_y / g_states None) are filled by the call's
+sequence, never uploaded, while a user's array of zeros is. Every result against the float64
+oracle."""
 
 from __future__ import annotations
 
@@ -177,3 +179,138 @@ def test_drawn_problems_through_the_staged_path_match_the_oracle(case):
             _check(case, r, g, label=repr(case))
     finally:
         ctx.seams.force_staging = False
+
+
+# -- absent inputs: zeros the device makes --------------------------------------------------------
+
+def _bytes(case, *names) -> int:
+    """The float32 bytes of inputs ``names`` of ``case``, from its shapes (docs/SPEC.md section 1)."""
+    d = case.dims
+    S, T, H, P, N, G = d["S"], d["T"], d["H"], d["P"], d["N"], d["G"]
+    elems = {"s": S * H * P * N, "x": S * T * H * P, "dt": S * T * H, "A": case.inputs["A"].size,
+             "B": S * T * G * N, "C": S * T * G * N, "g_y": S * T * H * P, "g_states": S * H * P * N}
+    return 4 * sum(elems[k] for k in names)
+
+
+def _counted(ctx, call):
+    """(the result of ``call()``, the bytes it uploaded, its submissions)."""
+    before, submits = ctx.stats.uploaded_bytes, ctx.stats.submits
+    out = call()
+    return out, ctx.stats.uploaded_bytes - before, ctx.stats.submits - submits
+
+
+def _sequence_case(seed=8):
+    """The demo shape's inputs with ids None (what ``s=None`` asks for)."""
+    return make_problem(np.random.default_rng(seed), S=1, T=64, H=16, P=64, N=128, G=1, ids="none")
+
+
+def _check_fwd(r, args, label):
+    o = oracle_scan(**args)
+    assert_close(VK, "y", r.y, o.y, label=label)
+    assert_close(VK, "states", r.states, o.states, label=label)
+
+
+def _check_bwd(g, args, g_y, g_states, label):
+    og = oracle_back(**args, g_y=g_y, g_states=g_states)
+    for k in GRADS:
+        assert_close(VK, k, getattr(g, k), getattr(og, k), label=label)
+
+
+def test_absent_inputs_are_filled_on_the_device_not_uploaded(ctx, transfers):
+    case = _sequence_case()
+    args = {**case.args(), "s": None}
+    for _ in range(2):   # the first records the sequences; the second counts
+        r, up_f, sub_f = _counted(ctx, lambda: ssm_vk.ssm_scan(**args))
+        g, up_b, sub_b = _counted(ctx, lambda: ssm_vk.ssm_scan_back(**args, g_y=case.g_y, g_states=None))
+        g0, up_0, _ = _counted(ctx, lambda: ssm_vk.ssm_scan_back(**args, g_y=None, g_states=None))
+    assert r.where.startswith("Vulkan") and g.where == r.where
+    fwd = _bytes(case, "x", "dt", "A", "B", "C")   # s: zeros the call's sequence fills
+    assert up_f == fwd
+    # the staged backward binds the forward's x, dt, A, B, C; the mapped one writes them again
+    bound = 0 if transfers == "staged" else fwd
+    assert up_b == bound + _bytes(case, "g_y")           # g_states and s: filled
+    assert up_0 == bound                                  # every gradient zero: g_y filled as well
+    assert (sub_f, sub_b) == (1, 1)
+    _check_fwd(r, args, transfers)
+    _check_bwd(g, args, case.g_y, None, transfers)
+    _check_bwd(g0, args, None, None, transfers + ", no gradients")
+
+
+def test_absent_and_given_start_states_alternate_on_one_workspace(ctx, transfers):
+    """The key: each call's sequence fills the inputs it was given as zeros and copies the others,
+    whatever the calls before it did -- and a backward never binds a buffer its forward filled."""
+    case = _sequence_case(9)
+    base = case.args()
+    given = {**base, "s": case.inputs["s"] + np.float32(0.5)}
+    absent = {**base, "s": None}
+    # forward, then backward with its s: None, given, None, given; then the crossed pairs
+    plan = [(absent, absent), (given, given), (absent, absent), (given, given),
+            (absent, given), (given, absent), (absent, given)]
+    for round_, (i, (f, b)) in [(r, c) for r in range(2) for c in enumerate(plan)]:
+        label = f"{transfers} call {i}, round {round_}"
+        r, up_f, _ = _counted(ctx, lambda f=f: ssm_vk.ssm_scan(**f))
+        _check_fwd(r, f, label)
+        g_states = None if i % 2 else case.g_states
+        g, up_b, _ = _counted(ctx, lambda b=b, g_states=g_states: ssm_vk.ssm_scan_back(**b, g_y=case.g_y,
+                                                                                        g_states=g_states))
+        _check_bwd(g, b, case.g_y, g_states, label)
+        if not round_:
+            continue   # the first round records each sequence (a recording uploads its constants)
+        s_f = ("s",) if f["s"] is not None else ()
+        assert up_f == _bytes(case, "x", "dt", "A", "B", "C", *s_f), label
+        grads = ("g_y", "g_states") if g_states is not None else ("g_y",)
+        s_b = ("s",) if b["s"] is not None else ()
+        if transfers == "staged":   # bound: what the forward staged and the backward passes again
+            restaged = s_b if b["s"] is not None and f["s"] is None else ()
+            assert up_b == _bytes(case, *grads, *restaged), label
+        else:
+            assert up_b == _bytes(case, "x", "dt", "A", "B", "C", *s_b, *grads), label
+
+
+def test_a_users_array_of_zeros_is_uploaded(ctx, transfers):
+    case = _sequence_case(10)
+    d = case.dims
+    zeros = np.zeros((d["S"], d["H"], d["P"], d["N"]), np.float32)
+    args = {**case.args(), "s": zeros}
+    for _ in range(2):
+        r, up_f, _ = _counted(ctx, lambda: ssm_vk.ssm_scan(**args))
+        g, up_b, _ = _counted(ctx, lambda: ssm_vk.ssm_scan_back(**args, g_y=case.g_y,
+                                                               g_states=np.zeros_like(case.g_states)))
+    assert up_f == _bytes(case, "s", "x", "dt", "A", "B", "C")
+    bound = 0 if transfers == "staged" else up_f
+    assert up_b == bound + _bytes(case, "g_y", "g_states")
+    _check_fwd(r, args, transfers)
+    _check_bwd(g, args, case.g_y, np.zeros_like(case.g_states), transfers)
+
+
+def test_absent_start_states_beside_device_arrays(ctx, transfers):
+    case = make_problem(np.random.default_rng(11), S=2, T=7, H=4, P=3, N=8, G=2, ids="none")
+    args = case.args()
+    for s in (None, case.inputs["s"], None):
+        call = {**args, "s": s, "x": ssm_vk.to_device(args["x"]), "B": ssm_vk.to_device(args["B"])}
+        r = ssm_vk.ssm_scan(**call)
+        g = ssm_vk.ssm_scan_back(**call, g_y=case.g_y, g_states=None)
+        host = {**args, "s": s}
+        label = f"{transfers}, s {'None' if s is None else 'given'}"
+        _check_fwd(type("R", (), {"y": r.y.numpy(), "states": r.states.numpy()}), host, label)
+        _check_bwd(type("G", (), {k: getattr(g, k).numpy() for k in GRADS}), host, case.g_y, None, label)
+
+
+def test_only_zero_stride_zeros_stand_in():
+    from ssm_ref.checks import zero_stand_in
+
+    shape = (2, 3, 4)
+    assert zero_stand_in(np.broadcast_to(np.zeros((), np.float32), shape))
+    assert zero_stand_in(np.broadcast_to(np.zeros((), np.float64), shape))
+    assert not zero_stand_in(np.zeros(shape, np.float32))                     # a user's array: uploaded
+    assert not zero_stand_in(np.broadcast_to(np.float32(-0.0), shape))        # not all-zero bytes
+    assert not zero_stand_in(np.broadcast_to(np.float32(1.0), shape))
+    assert not zero_stand_in(np.broadcast_to(np.zeros((), np.float32), (2, 0)))
+    assert not zero_stand_in(np.zeros((), np.float32))
+    case = make_problem(np.random.default_rng(12), S=2, T=3, H=4, P=2, N=3, G=2, ids="none")
+    args = {**case.args(), "s": None}
+    assert zero_stand_in(ssm_ref.check_forward(**args, keep_device=True).s)
+    p = ssm_ref.check_forward(**args)
+    assert p.s.flags.c_contiguous and not p.s.any()                       # host backends: a real array
+    gp = ssm_ref.check_backward(**args, keep_device=True)
+    assert zero_stand_in(gp.g_y) and zero_stand_in(gp.g_states)
