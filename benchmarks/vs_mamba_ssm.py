@@ -978,30 +978,32 @@ def main(argv=None) -> int:
         print(f"{k}: {v}", flush=True)
 
     rows, notes = [], []
+    # mamba's Mamba-1 kernel is built (or loaded, when --build-only made it) before any timing:
+    # a build beside the timed calls would load the CPUs, and one left for the first Mamba-1
+    # workload could find the budget spent by the workloads before it
+    if any(WORKLOADS[n][0] == "mamba1" for n in names) and "mamba1" not in ops["why"]:
+        try:
+            build = build_selective_scan(src, args.build_dir, args.budget_s - (time.monotonic() - t_start) - 30)
+            print(f"selective_scan_cuda: {build['message']} in {build['seconds']:.0f} s (log {build['log']})",
+                  flush=True)
+            if build["module"] is None:
+                ops["why"]["mamba1"] = f"not built: {build['message'].splitlines()[0]}"
+            else:
+                ops["m1"] = mamba1_ops(build["module"])
+        except Exception as e:
+            traceback.print_exc()
+            ops["why"]["mamba1"] = f"not built: {type(e).__name__}: {e}"
     for name in names:
         if out_of_time():
             notes.append(f"{name}: skipped, over the {args.budget_s:.0f} s budget")
             print(notes[-1], flush=True)
             continue
-        family = WORKLOADS[name][0]
-        if family == "mamba1" and "mamba1" not in ops["why"] and "m1" not in ops:
-            try:
-                build = build_selective_scan(src, args.build_dir, args.budget_s - (time.monotonic() - t_start) - 30)
-                print(f"selective_scan_cuda: {build['message']} in {build['seconds']:.0f} s (log {build['log']})",
-                      flush=True)
-                if build["module"] is None:
-                    ops["why"]["mamba1"] = f"not built: {build['message'].splitlines()[0]}"
-                else:
-                    ops["m1"] = mamba1_ops(build["module"])
-            except Exception as e:
-                traceback.print_exc()
-                ops["why"]["mamba1"] = f"not built: {type(e).__name__}: {e}"
         print(f"{name}:", flush=True)
         try:
             rows += run_workload(name, args, ops, notes, out_of_time)
         except Exception as e:
             traceback.print_exc()
-            rows.append(dict(workload=name, family=family, error=f"{type(e).__name__}: {e}"))
+            rows.append(dict(workload=name, family=WORKLOADS[name][0], error=f"{type(e).__name__}: {e}"))
 
     clk = None
     clocks_path = args.clocks or (os.path.join(os.environ["OUT"], "clocks.csv") if os.environ.get("OUT") else None)
