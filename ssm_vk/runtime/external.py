@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from . import binding, device, instance
 from .checks import check_int
 from .context import Context
-from .memory import Buffer, memory_type, serials
+from .memory import Buffer, check_allocation, memory_type, serials
 
 EXTENSION = device.EXTERNAL_MEMORY_FD_EXTENSION
 OPAQUE_FD = 0x1            # VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
@@ -170,13 +170,7 @@ class ExportableBuffer(Buffer):
                                   or dedicated_req.prefersDedicatedAllocation)
             type_index, self.mappable = memory_type(ctx, type_bits, False)
             self.memory_type = type_index   # an importer of the same device allocates this type
-            heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
-            if self._alloc_size > min(limit, heap_size):
-                raise ValueError(f"ExportableBuffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
-                                 f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
-            if ctx.seams.take_allocation_fault():
-                raise binding.OutOfDeviceMemory(f"vkAllocateMemory({self._alloc_size} bytes) failed: "
-                                                "VK_ERROR_OUT_OF_DEVICE_MEMORY (injected by fail_allocations)", -2)
+            check_allocation(ctx, "ExportableBuffer", nbytes, self._alloc_size, type_index)
             chain = ffi.NULL
             if self.dedicated:
                 chain = ffi.new("VkMemoryDedicatedAllocateInfo*", {

@@ -65,13 +65,7 @@ class Buffer:
             req = vk.vkGetBufferMemoryRequirements(device, self._buffer)
             self._alloc_size, type_bits = int(req.size), int(req.memoryTypeBits)
             type_index, self.mappable = memory_type(ctx, type_bits, staging)
-            heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
-            if self._alloc_size > min(limit, heap_size):
-                raise ValueError(f"Buffer of {nbytes} bytes needs {self._alloc_size} bytes of memory, above "
-                                 f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
-            if ctx.seams.take_allocation_fault():
-                raise binding.OutOfDeviceMemory(f"vkAllocateMemory({self._alloc_size} bytes) failed: "
-                                                "VK_ERROR_OUT_OF_DEVICE_MEMORY (injected by fail_allocations)", -2)
+            check_allocation(ctx, "Buffer", nbytes, self._alloc_size, type_index)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=self._alloc_size, memoryTypeIndex=type_index)
             with binding.translated(f"vkAllocateMemory({self._alloc_size} bytes)"):
                 self._memory = vk.vkAllocateMemory(device, alloc, None)
@@ -167,6 +161,21 @@ def memory_type(ctx: Context, type_bits: int, staging: bool) -> tuple[int, bool]
                                         f"in memoryTypeBits {type_bits:#x}")
     index = min(ranked)[1]
     return index, ctx.memory_types[index][0] & host == host
+
+
+def check_allocation(ctx: Context, what: str, nbytes: int, alloc_size: int, type_index: int) -> None:
+    """Before allocating ``alloc_size`` bytes of memory type ``type_index`` for a buffer of
+    ``nbytes`` (``what``: its kind, for the message): ValueError above the device's
+    max_memory_allocation_size or the type's heap; the injected allocation fault
+    (``seams.fail_allocations``) as OutOfDeviceMemory."""
+    limit = ctx.info.max_memory_allocation_size
+    heap_size = ctx.memory_heaps[ctx.memory_types[type_index][1]][0]
+    if alloc_size > min(limit, heap_size):
+        raise ValueError(f"{what} of {nbytes} bytes needs {alloc_size} bytes of memory, above "
+                         f"max_memory_allocation_size = {limit} or the heap's {heap_size} bytes")
+    if ctx.seams.take_allocation_fault():
+        raise binding.OutOfDeviceMemory(f"vkAllocateMemory({alloc_size} bytes) failed: "
+                                        "VK_ERROR_OUT_OF_DEVICE_MEMORY (injected by fail_allocations)", -2)
 
 
 # ---------------------------------------------------------------------------------------------
