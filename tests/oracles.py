@@ -12,7 +12,7 @@ import numpy as np
 
 import ssm_ref
 
-__all__ = ["fd_grad", "loss", "naive_forward", "scatter_add"]
+__all__ = ["fd_grad", "loss", "naive_forward", "scatter_add", "snapshot_cotangent", "snapshot_oracle"]
 
 
 def _softplus(z: float) -> float:
@@ -88,3 +88,22 @@ def fd_grad(inputs: dict, name: str, g_y, g_states, *, idx=None, h: float = 1e-3
         out.append((vals[0] - 8 * vals[1] + 8 * vals[2] - vals[3]) / (12 * h))
     res = np.array(out, dtype=np.float64)
     return res.reshape(base.shape) if idx is None else res
+
+
+def snapshot_cotangent(case, K: int, seed: int = 0) -> np.ndarray:
+    """A random gradient of ``case``'s K snapshot slots, every slot nonzero (those k > T too: a
+    bridge must drop them)."""
+    d = case.dims
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, (K, d["S"], d["H"], d["P"], d["N"]))
+
+
+def snapshot_oracle(case, K: int, g_snap: np.ndarray, forms="ggml"):
+    """ssm_ref in float64: the forward with K slots, and the backward of sum(y * g_y) + sum(states *
+    g_states) + sum(snapshots * g_snap) over the slots that hold a state (k <= T)."""
+    args = case.args(np.float64)
+    r = ssm_ref.ssm_scan(**args, dtype=np.float64, dt_softplus=forms, snapshots=K)
+    held = g_snap.copy()
+    held[case.dims["T"] + 1:] = 0.0   # slots k > T hold NaN, which depends on nothing
+    g = ssm_ref.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states, g_snapshots=held, dtype=np.float64,
+                              dt_softplus=forms)
+    return r, g

@@ -271,7 +271,13 @@ def test_gradients_match_finite_differences(mamba1):
         r = ssm_ref.ssm_scan(**{**p, **kw}, dtype=np.float64)
         return float(np.sum(r.y * g_y) + np.sum(r.states * g_states))
 
-    h = 1e-6
+    assert_gradients_match_differences(grads, p, loss, 1e-4)
+
+
+def assert_gradients_match_differences(grads, p: dict, loss, bound: float, h: float = 1e-6) -> None:
+    """Each gradient ``grads.d_<name>`` of the six inputs in ``p`` against central differences
+    (step ``h``) of ``loss(**{name: moved})``, entry by entry, within ``bound`` times the largest
+    difference."""
     for name in ("s", "x", "dt", "A", "B", "C"):
         base = p[name]
         fd = np.empty_like(base)
@@ -282,7 +288,7 @@ def test_gradients_match_finite_differences(mamba1):
             fd[i] = (loss(**{name: up}) - loss(**{name: dn})) / (2 * h)
         got = getattr(grads, "d_" + name)
         assert got.shape == base.shape
-        np.testing.assert_allclose(got, fd, rtol=0, atol=1e-4 * np.abs(fd).max(), err_msg=f"d_{name}")
+        np.testing.assert_allclose(got, fd, rtol=0, atol=bound * np.abs(fd).max(), err_msg=f"d_{name}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from test_fast import (
     OUTPUTS_FWD,
     RATIO,
     assert_close_to_oracle,
+    assert_gradients_match_differences,
     make_problem,
     rel_err,
 )
@@ -368,15 +369,4 @@ def test_oracle64_g_snapshots_match_finite_differences(mamba1, T):
         r = scan64(**{**p, **kw}, snapshots=K)
         return float(np.sum(r.y * g_y) + np.sum(r.states * g_states) + np.sum(r.snapshots[:live] * g_snap[:live]))
 
-    h = 1e-6
-    for name in ("s", "x", "dt", "A", "B", "C"):
-        base = p[name]
-        fd = np.empty_like(base)
-        for i in np.ndindex(base.shape):
-            up, dn = base.copy(), base.copy()
-            up[i] += h
-            dn[i] -= h
-            fd[i] = (loss(**{name: up}) - loss(**{name: dn})) / (2 * h)
-        got = getattr(grads, "d_" + name)
-        assert got.shape == base.shape
-        np.testing.assert_allclose(got, fd, rtol=0, atol=1e-6 * np.abs(fd).max(), err_msg=f"d_{name}")
+    assert_gradients_match_differences(grads, p, loss, 1e-6)

@@ -14,28 +14,15 @@ else:
 
 import jax.numpy as jnp
 from jax.test_util import check_grads
+from jaxcheck import NAMES, arrays
 from problems import make_problem
 from registry import BACKENDS, assert_close
 
 import ssm_jax
 import ssm_ref
 
-NAMES = ("s", "x", "dt", "A", "B", "C")
 REF = next(b for b in BACKENDS if b.name == "ssm_ref")
 FAST = next((b for b in BACKENDS if b.name == "ssm_fast"), None)
-
-
-@pytest.fixture
-def x64():
-    saved = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", saved)
-
-
-def arrays(case, dtype):
-    args = case.args()
-    return [jnp.asarray(np.asarray(args[k], np.float64), dtype=dtype) for k in NAMES], args["ids"]
 
 
 def loss_fn(case, ids, **kw):

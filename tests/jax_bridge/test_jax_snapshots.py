@@ -16,44 +16,15 @@ else:
 
 import jax.numpy as jnp
 from jax.test_util import check_grads
+from jaxcheck import NAMES, arrays
+from oracles import snapshot_cotangent, snapshot_oracle
 from problems import make_problem
 from registry import BACKENDS, assert_close
 
 import ssm_jax
 import ssm_ref
 
-NAMES = ("s", "x", "dt", "A", "B", "C")
 BACKEND_NAMES = [b.name for b in BACKENDS]
-
-
-@pytest.fixture
-def x64():
-    saved = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", saved)
-
-
-def arrays(case, dtype):
-    args = case.args()
-    return [jnp.asarray(np.asarray(args[k], np.float64), dtype=dtype) for k in NAMES], args["ids"]
-
-
-def g_snapshots(case, K, seed=0):
-    """A random cotangent of the K slots, every slot nonzero (those k > T too)."""
-    d = case.dims
-    return np.random.default_rng(seed).uniform(-1.0, 1.0, (K, d["S"], d["H"], d["P"], d["N"]))
-
-
-def oracle(case, K, g_snap, forms="ggml"):
-    """The float64 forward with K slots and the backward of the loss over the slots that hold a state."""
-    args = case.args(np.float64)
-    r = ssm_ref.ssm_scan(**args, dtype=np.float64, dt_softplus=forms, snapshots=K)
-    held = g_snap.copy()
-    held[case.dims["T"] + 1:] = 0.0   # slots k > T hold NaN, which depends on nothing
-    g = ssm_ref.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states, g_snapshots=held, dtype=np.float64,
-                              dt_softplus=forms)
-    return r, g
 
 
 def loss_fn(case, ids, K, g_snap, **kw):
@@ -76,8 +47,8 @@ def test_jit_grad_in_float64_equals_the_oracle_and_finite_differences(x64, varia
     K = 6
     a, ids = arrays(case, jnp.float64)
     y, states, snaps = jax.jit(lambda *a: ssm_jax.ssm_scan(*a, ids, backend="ssm_ref", snapshots=K))(*a)
-    g_snap = g_snapshots(case, K)
-    want, g = oracle(case, K, g_snap)
+    g_snap = snapshot_cotangent(case, K)
+    want, g = snapshot_oracle(case, K, g_snap)
     assert snaps.shape == (K, 2, 4, 2, 3) and snaps.dtype == jnp.float64
     np.testing.assert_array_equal(np.asarray(y), want.y)
     np.testing.assert_array_equal(np.asarray(states), want.states)
@@ -97,9 +68,9 @@ def test_float32_under_jit_within_the_tolerance_table(backend):
     K = 7
     a, ids = arrays(case, jnp.float32)
     y, states, snaps = jax.jit(lambda *a: ssm_jax.ssm_scan(*a, ids, backend=backend, snapshots=K))(*a)
-    g_snap = g_snapshots(case, K, seed=1)
+    g_snap = snapshot_cotangent(case, K, seed=1)
     grads = jax.jit(jax.grad(loss_fn(case, ids, K, g_snap, backend=backend), argnums=tuple(range(6))))(*a)
-    want, g = oracle(case, K, g_snap)
+    want, g = snapshot_oracle(case, K, g_snap)
     entry = next(b for b in BACKENDS if b.name == backend)
     assert y.dtype == snaps.dtype == jnp.float32
     assert_close(entry, "y", np.asarray(y), want.y)
@@ -121,11 +92,11 @@ def test_nan_cotangents_of_the_nan_slots_poison_nothing(x64):
     K = 5   # slots 3 and 4 are NaN
     a, ids = arrays(case, jnp.float64)
     out, vjp = jax.vjp(lambda *v: ssm_jax.ssm_scan(*v, ids, backend="ssm_ref", snapshots=K), *a)
-    g_snap = g_snapshots(case, K, seed=2)
+    g_snap = snapshot_cotangent(case, K, seed=2)
     g_nan = g_snap.copy()
     g_nan[3:] = np.nan   # what a loss that reads those slots unmasked hands back
     grads = vjp((jnp.asarray(case.g_y, jnp.float64), jnp.asarray(case.g_states, jnp.float64), jnp.asarray(g_nan)))
-    _, g = oracle(case, K, g_snap)
+    _, g = snapshot_oracle(case, K, g_snap)
     for k, got in zip(NAMES, grads, strict=True):
         assert np.isfinite(np.asarray(got)).all(), k
         np.testing.assert_allclose(np.asarray(got), g["d_" + k], rtol=1e-13, atol=1e-15, err_msg=k)
@@ -162,7 +133,7 @@ def test_without_snapshots_two_outputs_k1_the_states_slot_and_errors(x64):
     assert snaps.shape == (1, *states.shape)
     np.testing.assert_array_equal(np.asarray(snaps[0]), np.asarray(states))
     # slot 0 is the final state: its cotangent adds to the states' (the oracle's g_states)
-    g_snap = g_snapshots(case, 1, seed=3)
+    g_snap = snapshot_cotangent(case, 1, seed=3)
     gx = jax.grad(lambda x: (ssm_jax.ssm_scan(a[0], x, *a[2:], ids, backend="ssm_ref", snapshots=1)[2]
                              * g_snap).sum())(a[1])
     g = ssm_ref.ssm_scan_back(**case.args(np.float64), g_states=g_snap[0], dtype=np.float64)

@@ -62,3 +62,20 @@ def rounded(a: np.ndarray, dtype) -> np.ndarray:
     """``a`` rounded to ``dtype`` and back to float64 (an output gradient a loss in that dtype hands back)."""
     return torch.from_numpy(np.asarray(a, np.float64)).to(dtype).double().numpy()
 
+
+
+def assert_compiles_as_eager(model: torch.nn.Module, u: torch.Tensor) -> None:
+    """``model(u)`` (a scalar loss) traces into one graph with no break under torch.compile
+    (fullgraph), and the compiled loss and every parameter's gradient equal eager mode's."""
+    explained = torch._dynamo.explain(model)(u)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    compiled = torch.compile(model, fullgraph=True)
+    loss_c = compiled(u)
+    loss_c.backward()
+    grads_c = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    loss_e = model(u)
+    loss_e.backward()
+    assert torch.allclose(loss_c, loss_e, rtol=1e-6, atol=0)
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads_c[n], p.grad, rtol=1e-5, atol=1e-7), n

@@ -13,6 +13,8 @@ from torchreq import need_torch
 
 torch = need_torch()
 
+from bridgecheck import assert_compiles_as_eager  # noqa: E402
+from oracles import snapshot_cotangent, snapshot_oracle  # noqa: E402
 from problems import make_problem  # noqa: E402
 from registry import BACKENDS, assert_close  # noqa: E402
 
@@ -32,24 +34,6 @@ def tensors(case, dtype=torch.float64, requires_grad=True):
     out = {k: torch.tensor(np.asarray(args[k], np.float64), dtype=dtype, requires_grad=requires_grad) for k in NAMES}
     ids = None if args["ids"] is None else torch.tensor(np.asarray(args["ids"]))
     return out, ids
-
-
-def g_snapshots(case, K, seed=0):
-    """A random gradient of the K slots, every slot nonzero (those k > T too: the bridge must drop them)."""
-    d = case.dims
-    return np.random.default_rng(seed).uniform(-1.0, 1.0, (K, d["S"], d["H"], d["P"], d["N"]))
-
-
-def oracle(case, K, g_snap, forms="ggml"):
-    """The float64 oracle: the forward with K slots, and the backward of sum(y * g_y) + sum(states *
-    g_states) + sum(snapshots * g_snap) over the slots that hold a state (k <= T)."""
-    args = case.args(np.float64)
-    r = ssm_ref.ssm_scan(**args, dtype=np.float64, dt_softplus=forms, snapshots=K)
-    held = g_snap.copy()
-    held[case.dims["T"] + 1:] = 0.0   # slots k > T hold NaN, which depends on nothing
-    g = ssm_ref.ssm_scan_back(**args, g_y=case.g_y, g_states=case.g_states, g_snapshots=held, dtype=np.float64,
-                              dt_softplus=forms)
-    return r, g
 
 
 def loss_of(y, states, snaps, case, g_snap):
@@ -94,8 +78,8 @@ def test_float64_forward_and_gradients_equal_the_oracle(K):
     case = make_problem(5, S=2, T=4, H=4, P=3, N=5, G=2, R=3, ids="duplicates", variant="mamba2")
     t, ids = tensors(case)
     y, states, snaps = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_ref", snapshots=K)
-    g_snap = g_snapshots(case, K)
-    want, gwant = oracle(case, K, g_snap)
+    g_snap = snapshot_cotangent(case, K)
+    want, gwant = snapshot_oracle(case, K, g_snap)
     assert snaps.shape == (K, 2, 4, 3, 5) and snaps.dtype == torch.float64
     np.testing.assert_array_equal(y.detach().numpy(), want.y)
     np.testing.assert_array_equal(states.detach().numpy(), want.states)
@@ -114,9 +98,9 @@ def test_float32_against_the_float64_oracle_on_every_backend(backend, variant):
     t, ids = tensors(case, torch.float32)
     y, states, snaps = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend=backend, snapshots=K)
     assert y.dtype == snaps.dtype == torch.float32
-    g_snap = g_snapshots(case, K, seed=1)
+    g_snap = snapshot_cotangent(case, K, seed=1)
     loss_of(y, states, snaps, case, g_snap).backward()
-    want, gwant = oracle(case, K, g_snap)
+    want, gwant = snapshot_oracle(case, K, g_snap)
     be = entry(backend)
     assert_close(be, "y", y.detach().numpy(), want.y)
     assert_close(be, "states", states.detach().numpy(), want.states)
@@ -138,13 +122,13 @@ def test_nan_slots_give_zero_gradient_and_poison_nothing():
     t, ids = tensors(case)
     K = 5
     y, states, snaps = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_ref", snapshots=K)
-    g_snap = g_snapshots(case, K, seed=2)
+    g_snap = snapshot_cotangent(case, K, seed=2)
     g_nan = torch.from_numpy(g_snap.copy())
     g_nan[3:] = float("nan")
     grads = torch.autograd.grad((y, states, snaps), tuple(t[k] for k in NAMES),
                                 grad_outputs=(torch.from_numpy(case.g_y).double(),
                                               torch.from_numpy(case.g_states).double(), g_nan), retain_graph=True)
-    _, gwant = oracle(case, K, g_snap)
+    _, gwant = snapshot_oracle(case, K, g_snap)
     for k, g in zip(NAMES, grads, strict=True):
         assert torch.isfinite(g).all(), k
         np.testing.assert_allclose(g.numpy(), gwant["d_" + k], rtol=1e-13, atol=1e-15, err_msg=k)
@@ -165,7 +149,7 @@ def test_without_snapshots_two_outputs_and_k1_the_states_slot():
     y, states, snaps = ssm_torch.ssm_scan(*(t[k] for k in NAMES), ids, backend="ssm_ref", snapshots=1)
     assert snaps.shape == (1, *states.shape) and torch.equal(snaps[0], states) and torch.equal(y, out[0])
     # slot 0 is the final state: its gradient adds to the states' (the oracle's g_states)
-    g_snap = g_snapshots(case, 1, seed=3)
+    g_snap = snapshot_cotangent(case, 1, seed=3)
     (snaps * torch.from_numpy(g_snap)).sum().backward()
     g = ssm_ref.ssm_scan_back(**case.args(np.float64), g_states=g_snap[0], dtype=np.float64)
     for k in NAMES:
@@ -233,18 +217,7 @@ class TinyWithRollback(torch.nn.Module):
 
 def test_torch_compile_traces_the_snapshots_without_a_graph_break():
     model, u = TinyWithRollback(), torch.randn(2, 5, 6)
-    explained = torch._dynamo.explain(model)(u)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
-    compiled = torch.compile(model, fullgraph=True)
-    loss_c = compiled(u)
-    loss_c.backward()
-    grads_c = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    loss_e = model(u)
-    loss_e.backward()
-    assert torch.allclose(loss_c, loss_e, rtol=1e-6, atol=0)
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads_c[n], p.grad, rtol=1e-5, atol=1e-7), n
+    assert_compiles_as_eager(model, u)
     assert ssm_torch.last_where().op == "ssm_scan_back"
 
 
