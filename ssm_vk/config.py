@@ -213,6 +213,11 @@ ENV: dict[str, EnvSetting] = {
         "busy core for up to that long per wait; on a CPU implementation such as lavapipe it would take a core "
         "from the work. A recorded call whose last run took longer than this (up to 1 ms) polls a quarter longer "
         "than that run instead, so a call just past the setting does not sleep and wake late each time"),
+    "SSM_VK_COPY_THREADS": EnvSetting(
+        "the CPUs the process may use, at most 8",
+        "CPU threads that copy a host-array call's data into and out of the staging memory of a discrete GPU "
+        "(copies from 4 MiB are split; 1: the calling thread alone). One thread copies at about the link's "
+        "speed, so the host's copies would double a large call's transfer time"),
     "SSM_VK_VALIDATION": EnvSetting(
         "off", "1: run under the Khronos validation layer, messages kept in `ctx.validation_messages` "
         "([VULKAN.md](VULKAN.md), \"Test seams\")"),
@@ -232,6 +237,7 @@ _TUNE = EnvVar("SSM_VK_TUNE")
 _NO_SUBGROUP = EnvVar("SSM_VK_NO_SUBGROUP")
 _TIMEOUT = EnvVar("SSM_VK_TIMEOUT_S")
 _SPIN = EnvVar("SSM_VK_SPIN_US")
+_COPY_THREADS = EnvVar("SSM_VK_COPY_THREADS")
 _VALIDATION = EnvVar("SSM_VK_VALIDATION")
 _PROFILE = EnvVar("SSM_VK_PROFILE")
 _PIPELINE_STATS = EnvVar("SSM_VK_PIPELINE_STATS")
@@ -384,6 +390,16 @@ def spin_us(default: float) -> float:
     return v
 
 
+def copy_threads() -> int:
+    """SSM_VK_COPY_THREADS: an int from 1 to 256, or 0 when unset (the default's); else ValueError."""
+    raw = _COPY_THREADS.get().strip()
+    if not raw:
+        return 0
+    if not (raw.isdigit() and 1 <= int(raw) <= 256):
+        raise ValueError(f"SSM_VK_COPY_THREADS: expected a number of threads from 1 to 256, got {_COPY_THREADS.get()!r}")
+    return int(raw)
+
+
 def validation() -> bool:
     """SSM_VK_VALIDATION: 1/true/yes/on or 0/false/no/off (default off)."""
     return _flag(_VALIDATION, truthy=("1", "true", "yes", "on"), falsy=("", "0", "false", "no", "off"))
@@ -416,6 +432,7 @@ def check_environment() -> None:
     settings()
     timeout_s()
     spin_us(0)
+    copy_threads()
     validation()
     profile()
     pipeline_stats()

@@ -10,10 +10,9 @@ transfer into or out of a buffer that pending work uses.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
+from . import hostcopy
 from .checks import check_int
 from .commands import oneshot
 from .context import Context
@@ -47,7 +46,7 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     stats.uploaded_bytes += data.nbytes
     raw = data.reshape(-1).view(np.uint8)
     if buffer.mappable and not buffer.ctx.seams.force_staging:
-        memoryview(buffer.mapping)[offset:offset + raw.size] = raw
+        hostcopy.copy(np.frombuffer(buffer.mapping, np.uint8, raw.size, offset), raw)
         return
     _through_staging(buffer, offset, raw.size, raw, None)
 
@@ -75,7 +74,7 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
         return out
     raw = out.reshape(-1).view(np.uint8)
     if buffer.mappable and not buffer.ctx.seams.force_staging:
-        raw[:] = np.frombuffer(buffer.mapping, np.uint8, raw.size, offset)
+        hostcopy.copy(raw, np.frombuffer(buffer.mapping, np.uint8, raw.size, offset))
         return out
     _through_staging(buffer, offset, raw.size, None, raw)
     return out
@@ -91,14 +90,14 @@ def _through_staging(buffer: Buffer, offset: int, nbytes: int, source, target) -
         for start in range(0, nbytes, staging.size):
             n = min(staging.size, nbytes - start)
             if source is not None:
-                window[:n] = source[start:start + n]
+                hostcopy.copy(np.frombuffer(window, np.uint8, n), source[start:start + n])
             with oneshot(ctx) as seq:
                 if source is not None:
                     seq.copy(staging, buffer, n, dst_offset=offset + start)
                 else:
                     seq.copy(buffer, staging, n, src_offset=offset + start)
             if target is not None:
-                target[start:start + n] = np.frombuffer(window, np.uint8, n)
+                hostcopy.copy(target[start:start + n], np.frombuffer(window, np.uint8, n))
 
 
 def _staging_buffer(ctx: Context, nbytes: int) -> Buffer:
@@ -132,18 +131,6 @@ def release_staging(ctx: Context) -> None:
             slot.clear()
 
 
-def _libc_memcmp():
-    """libc's memcmp through ctypes, or None where there is no C library to load."""
-    try:
-        fn = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_memcmp = _libc_memcmp()
 _SLOT_ALIGN = 64   # a cache line: each slot starts on its own
 
 
@@ -191,7 +178,7 @@ class Stage:
     def put(self, name: str, data: np.ndarray) -> None:
         """Copy the bytes of C-contiguous ``data`` into slot ``name`` (host only)."""
         offset = self._window(name, data.nbytes)
-        memoryview(self.buffer.mapping)[offset:offset + data.nbytes] = data.reshape(-1).view(np.uint8)
+        hostcopy.copy(np.frombuffer(self.buffer.mapping, np.uint8, data.nbytes, offset), data.reshape(-1).view(np.uint8))
         stats = self.buffer.ctx.stats
         stats.uploads += 1
         stats.uploaded_bytes += data.nbytes
@@ -199,8 +186,9 @@ class Stage:
     def holds(self, name: str, data: np.ndarray) -> bool:
         """Whether slot ``name`` starts with exactly the bytes of C-contiguous ``data``."""
         offset = self._window(name, data.nbytes)
-        if _memcmp is not None:
-            return _memcmp(self._base + offset, data.ctypes.data, data.nbytes) == 0
+        same = hostcopy.equal(self._base + offset, data.ctypes.data, data.nbytes)
+        if same is not None:
+            return same
         mine = np.frombuffer(self.buffer.mapping, np.uint8, data.nbytes, offset)
         return bool(np.array_equal(mine, data.reshape(-1).view(np.uint8)))
 
@@ -208,7 +196,7 @@ class Stage:
         """A new array of ``shape`` and ``dtype`` with the bytes at the start of slot ``name``."""
         out = np.empty(shape, dtype)
         offset = self._window(name, out.nbytes)
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(self.buffer.mapping, np.uint8, out.nbytes, offset)
+        hostcopy.copy(out.reshape(-1).view(np.uint8), np.frombuffer(self.buffer.mapping, np.uint8, out.nbytes, offset))
         return out
 
     def copy_in(self, seq, name: str, dst: Buffer, nbytes: int, dst_offset: int = 0) -> None:
