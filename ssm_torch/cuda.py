@@ -207,15 +207,29 @@ def _side_for(device: torch.device) -> CudaSide:
 # The arena
 
 class _Slot:
+    """One exported buffer, its import, and the tensors over it by shape (made once: a view made
+    through ``__cuda_array_interface__`` costs torch more than the copy of a small input)."""
+
     def __init__(self, buffer, imported):
         self.buffer, self.imported = buffer, imported
+        self.views: dict = {}
+
+    def view(self, side, shape: tuple):
+        v = self.views.get(shape)
+        if v is None:
+            if len(self.views) >= 8:   # shapes that change from call to call: keep a few
+                self.views.clear()
+            v = self.views[shape] = side.view(self.imported, shape)
+        return v
 
 
 class Arena:
     """The exported buffers one side uses with one Vulkan context: a slot per role (each input,
     each output), grown when a call needs more, imported once per growth. ``lock`` serialises the
-    calls that use it; ``event`` marks the last reads of its memory by the other side. Closed with
-    the context (or by :func:`release_memory`)."""
+    calls that use it; ``event`` marks the last reads of its memory by the other side; ``held``:
+    (the signature of the forward inputs its slots hold, {name: DeviceArray over the slot}) since
+    the last forward, None once a slot is written otherwise or freed. Closed with the context (or
+    by :func:`release_memory`)."""
 
     _MIN = 1 << 16
 
@@ -224,6 +238,7 @@ class Arena:
         self.lock = threading.Lock()
         self.slots: dict[str, _Slot] = {}
         self.event = None
+        self.held = None
         self.closed = False
         ctx.owned.adopt(self)
 
@@ -235,6 +250,7 @@ class Arena:
             return s
         if s is not None:
             self.side.drain(self)
+            self.held = None
             self._free(self.slots.pop(role))
         size = max(self._MIN, nbytes + nbytes // 4) if s is not None else max(self._MIN, nbytes)
         size = min(size, max(nbytes, self.ctx.info.max_memory_allocation_size))
@@ -255,6 +271,7 @@ class Arena:
         """Free every slot (the caller holds ``lock``); the next call makes them again."""
         with contextlib.suppress(Exception):
             self.side.drain(self)
+        self.held = None
         slots, self.slots = list(self.slots.values()), {}
         for s in slots:
             self._free(s)
@@ -286,21 +303,47 @@ def release_memory() -> None:
 # ---------------------------------------------------------------------------------------------
 # The calls
 
-def _run(ctx, side, inputs: dict, outs: dict, call):
+def _signature(tensors) -> tuple | None:
+    """What a slot's copy of each tensor depends on: its memory, layout, dtype and version (torch
+    counts every in-place write, through any view, as autograd does for the tensors it saves);
+    None for inference tensors, which count none."""
+    try:
+        return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version) for t in tensors)
+    except RuntimeError:
+        return None
+
+
+def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool):
     """Inputs into the arena, ``call(arrays)`` (ssm_vk's), its outputs ``outs`` ({name: (shape,
-    dtype)}) out of the arena as new tensors. Returns (the backend's result, the tensors)."""
+    dtype)}) out of the arena as new tensors. Returns (the backend's result, the tensors).
+
+    The forward's inputs stay in their slots (``arena.held``); a backward given those very
+    tensors, unwritten since, binds the forward's DeviceArrays of them instead of copying them
+    again -- and so ssm_vk's backward finds the tables its chunked forward kept for them
+    (engine.KeptForward) instead of computing them again."""
     arena = _arena(ctx, side)
     with arena.lock:
         side.before_writes(arena)
+        sig = _signature([inputs[n] for n in _FWD])
+        held = arena.held
+        reuse = held[1] if (not forward and held is not None and sig is not None and held[0] == sig) else {}
+        if not reuse:
+            arena.held = None   # the slots are written now
         arrays = []
         for name, t in inputs.items():
+            a = reuse.get(name)
+            if a is not None:
+                arrays.append(a)
+                continue
             shape = tuple(t.shape)
             if t.numel() == 0:
                 arrays.append(DeviceArray(ctx, None, shape, owned=False))
                 continue
             slot = arena.slot(name, t.numel() * _F32)
-            side.view(slot.imported, shape).copy_(t.detach())
+            slot.view(side, shape).copy_(t.detach())
             arrays.append(DeviceArray(ctx, slot.buffer, shape, owned=False))
+        if forward and sig is not None:
+            arena.held = (sig, dict(zip(_FWD, arrays[:len(_FWD)], strict=True)))
         side.before_vulkan()
         r = call(arrays)
         try:
@@ -328,7 +371,7 @@ def _run(ctx, side, inputs: dict, outs: dict, call):
             if slot is None:
                 tensors.append(torch.zeros(shape, dtype=dtype, device=side.device))
             else:
-                tensors.append(side.view(slot.imported, shape).to(dtype, copy=True))
+                tensors.append(slot.view(side, shape).to(dtype, copy=True))
         side.after_reads(arena)
     return r, tuple(tensors)
 
@@ -363,7 +406,7 @@ def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) 
     outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
     if K is not None:
         outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
-    r, tensors = _run(ctx, side, named, outs, lambda a: ssm_vk.ssm_scan(*a, ids_, **kw))
+    r, tensors = _run(ctx, side, named, outs, lambda a: ssm_vk.ssm_scan(*a, ids_, **kw), True)
     _op._record("ssm_scan", r, torch.float32)
     return tensors
 
@@ -389,6 +432,6 @@ def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: st
         extra = {"g_snapshots": a[8]} if g_snapshots is not None else {}
         return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra)
 
-    g, tensors = _run(ctx, side, named, outs, call)
+    g, tensors = _run(ctx, side, named, outs, call, False)
     _op._record("ssm_scan_back", g, torch.float32)
     return tensors

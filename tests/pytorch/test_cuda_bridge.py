@@ -309,3 +309,42 @@ def test_cuda_tensors_must_share_one_device_and_ids_may_be_on_the_cpu():
         ssm_torch.ssm_scan(*a, FakeCuda((2,), 1), backend="ssm_vk")
     with pytest.raises(ValueError, match=r"^ids: on meta, the other tensors on cuda:0"):
         ssm_torch.ssm_scan(*a, torch.zeros(2, dtype=torch.int64, device="meta"), backend="ssm_vk")
+
+
+def test_a_backward_binds_the_inputs_its_forward_left_while_they_are_unwritten(side, monkeypatch):
+    # the chunked kernels (forced): the backward of the very tensors its forward copied binds the
+    # forward's arrays, so ssm_vk takes the chunk tables that forward kept; a tensor written in
+    # place since (its version moved) is copied again, and the gradient is that of its new values
+    from ssm_vk import engine as vk_engine
+
+    monkeypatch.setenv("SSM_VK_TUNE", "CHUNK=16,CHUNK_MIN_T=1")
+    vk_engine.clear()
+    try:
+        case = make_problem(24, S=2, T=40, H=4, P=3, N=5, G=2, R=2, ids="identity")
+        t, ids = leaves(case, requires_grad=False)
+        gy64, gs64 = np.asarray(case.g_y, np.float64), np.asarray(case.g_states, np.float64)
+        gy, gs = torch.tensor(gy64, dtype=torch.float32), torch.tensor(gs64, dtype=torch.float32)
+
+        def back():
+            before = vk_engine.current().states_reused
+            g = cuda.backward(*(t[k] for k in NAMES), ids, gy, gs, None, GGML, side=side)
+            return g, vk_engine.current().states_reused - before
+
+        cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
+        bound, reused = back()
+        assert reused == 1
+        again, reused = back()                    # a second backward of the same forward binds them too
+        assert reused == 1 and all(torch.equal(a, b) for a, b in zip(bound, again, strict=True))
+        t["x"].add_(0.0)                          # same values, a new version: copied, tables recomputed
+        copied, reused = back()
+        assert reused == 0
+        assert all(torch.equal(a, b) for a, b in zip(bound, copied, strict=True))
+        t["x"].mul_(1.5)                          # new values: the gradient at them
+        moved, reused = back()
+        assert reused == 0
+        _, gwant = oracle(t, ids, gy64, gs64)
+        for k, g in zip(NAMES, moved, strict=True):
+            assert_close_as(torch.float32, "d_" + k, g, getattr(gwant, "d_" + k))
+        assert not torch.equal(moved[2], bound[2])   # d_dt reads x (d_x does not)
+    finally:
+        vk_engine.clear()
