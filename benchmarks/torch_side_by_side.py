@@ -3,7 +3,7 @@ path a PyTorch user has, wall time (and GPU time where the device has timestamps
 of each torch path to the backend's own host-array call and the torch ops each path adds.
 
     python benchmarks/torch_side_by_side.py [--backends ssm_vk,ssm_fast] [--shapes tiny,demo,m1-tiny]
-        [--rounds 5] [--reps 10] [--mamba-src PATH] [--json out.json]
+        [--rounds 5] [--reps 10] [--mamba-src PATH] [--paths device,mamba_ssm,mamba2-cuda] [--json out.json]
 
 Paths, per shape (S, T, H, P, N; G = 1) and backend:
 
@@ -335,7 +335,7 @@ def count_ops(path: str, p, backend: str, strided=False) -> dict:
 
 # -- main ----------------------------------------------------------------------------------------------
 
-def run_shape(name, shape, backend, rounds, reps, peer) -> dict:
+def run_shape(name, shape, backend, rounds, reps, peer, only=None) -> dict:
     p = problem(shape)
     paths = {"host": host_path(p, backend)}
     if backend == "ssm_vk":
@@ -349,6 +349,8 @@ def run_shape(name, shape, backend, rounds, reps, peer) -> dict:
             paths["mamba_ssm"] = peer_path(p, peer)
         if backend == "ssm_vk" and torch.cuda.is_available() and vk_cuda.available("cuda")[0]:
             paths["mamba2-cuda"] = peer_path(p, mamba_chunk_scan_combined, backend=backend)
+    if only:
+        paths = {k: v for k, v in paths.items() if k in only}
     walls = {k: [] for k in paths}
     gpus = {k: [] for k in paths}
     order = list(paths)
@@ -364,11 +366,11 @@ def run_shape(name, shape, backend, rounds, reps, peer) -> dict:
                 if g is not None:
                     gpus[k].append(g / 1e6)
     out = {"shape": name, "dims": shape, "backend": backend, "paths": {}}
-    base = statistics.median(walls["host"])
+    base = statistics.median(walls["host"]) if "host" in paths else None
     for k in paths:
         wall = statistics.median(walls[k])
         gpu = statistics.median(gpus[k]) if gpus[k] else None
-        out["paths"][k] = {"wall_ms": wall, "gpu_ms": gpu, "vs_host": wall / base,
+        out["paths"][k] = {"wall_ms": wall, "gpu_ms": gpu, "vs_host": None if base is None else wall / base,
                            "off_gpu_ms": None if gpu is None else wall - gpu}
     return out
 
@@ -381,15 +383,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--mamba-src", default=None, help="a state-spaces/mamba source tree (mamba_ssm not installed)")
     ap.add_argument("--no-counts", dest="counts", action="store_false")
+    ap.add_argument("--paths", default=None, help="a comma list of the paths to time (default: all that run here; "
+                    "without host the / host column is empty)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    only = set(a.paths.split(",")) if a.paths else None
     peer, why = peer_module(a.mamba_src)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY "
           f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; mamba_ssm: {'loaded' if peer is not None else why}")
     results = []
     for backend in a.backends.split(","):
         for name in a.shapes.split(","):
-            r = run_shape(name, SHAPES[name], backend, a.rounds, a.reps, peer)
+            r = run_shape(name, SHAPES[name], backend, a.rounds, a.reps, peer, only)
             if a.counts:
                 p = problem(SHAPES[name])
                 kinds = ("mamba1",) if p["m1"] else ("op", "mamba2", "mamba2-strided")
@@ -403,7 +408,8 @@ def main(argv=None) -> int:
             for k, v in r["paths"].items():
                 gpu = "-" if v["gpu_ms"] is None else f"{v['gpu_ms']:.3f}"
                 off = "-" if v["off_gpu_ms"] is None else f"{v['off_gpu_ms']:.3f}"
-                print(f"| {k} | {v['wall_ms']:.3f} | {gpu} | {off} | {v['vs_host']:.2f}x |")
+                ratio = "-" if v["vs_host"] is None else f"{v['vs_host']:.2f}x"
+                print(f"| {k} | {v['wall_ms']:.3f} | {gpu} | {off} | {ratio} |")
             for k, c in r.get("counts", {}).items():
                 f, b = c["forward"], c["backward"]
                 print(f"  {k}: torch ops besides the scan forward {f['compute']} (+{f['views']} views), backward "
