@@ -169,6 +169,34 @@ def test_token_windows_carry_bit_for_bit(ctx, variant):
             assert np.asarray(gc[k]).tobytes() == np.asarray(gw[k]).tobytes(), k
 
 
+def test_the_backward_token_windows_are_those_of_the_sequence():
+    """The invariant backward's token windows are a function of the per-sequence problem and the
+    device only: for every S each sequence is cut at the same tokens as alone. The partials
+    budget is a sixteenth of the device's memory (at least SCRATCH_BUDGET): on a device of 80 GiB
+    whole sequences of the training shape share windows (its 8 sequences in fewer than 8 walks),
+    never in more walks than on a device of 2 GiB."""
+    from dataclasses import replace
+
+    from ssm_vk.sequential.plan import SCRATCH_BUDGET, partials_budget
+
+    knobs = config.settings().invariant_twin()
+    base = check_forward(**make_problem(np.random.default_rng(0), S=1, T=2, H=24, P=64, N=128, G=1).args()).dims
+    walks = {}
+    for gib in (2, 80):
+        lim = replace(_lim(), device_local_bytes=gib << 30, max_storage_buffer_range=(4 << 30) - 1,
+                      max_memory_allocation_size=gib << 30, max_workgroup_count=((1 << 31) - 1, 65535, 65535))
+        alone = families.plan(replace(base, T=2048), lim, True, knobs)
+        cuts = [(w.t0, w.t1) for w in alone.windows]
+        for S in (1, 3, 8):
+            pl = families.plan(replace(base, S=S, R=S, T=2048), lim, True, knobs)
+            for i in range(S):
+                assert [(w.t0, w.t1) for w in pl.windows if w.i0 <= i < w.i1] == cuts, (gib, S, i)
+        walks[gib] = len({w.i0 for w in pl.windows})
+        assert partials_budget(alone.layout, lim) == max(SCRATCH_BUDGET, (gib << 30) // 16)
+        assert partials_budget(families.plan(base, lim, True, config.settings()).layout, lim) == SCRATCH_BUDGET
+    assert walks[80] < 8 and walks[80] <= walks[2], walks
+
+
 def test_the_mode_is_part_of_every_plan_key():
     """A default call that ran first (its lane kept: device-resident inputs, twice) is never the
     plan of an invariant call of the same arrays: the invariant call gives the bits of the
