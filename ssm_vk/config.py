@@ -396,7 +396,8 @@ def copy_threads() -> int:
     if not raw:
         return 0
     if not (raw.isdigit() and 1 <= int(raw) <= 256):
-        raise ValueError(f"SSM_VK_COPY_THREADS: expected a number of threads from 1 to 256, got {_COPY_THREADS.get()!r}")
+        raise ValueError(f"SSM_VK_COPY_THREADS: expected a number of threads from 1 to 256, "
+                         f"got {_COPY_THREADS.get()!r}")
     return int(raw)
 
 

@@ -178,7 +178,8 @@ class Stage:
     def put(self, name: str, data: np.ndarray) -> None:
         """Copy the bytes of C-contiguous ``data`` into slot ``name`` (host only)."""
         offset = self._window(name, data.nbytes)
-        hostcopy.copy(np.frombuffer(self.buffer.mapping, np.uint8, data.nbytes, offset), data.reshape(-1).view(np.uint8))
+        window = np.frombuffer(self.buffer.mapping, np.uint8, data.nbytes, offset)
+        hostcopy.copy(window, data.reshape(-1).view(np.uint8))
         stats = self.buffer.ctx.stats
         stats.uploads += 1
         stats.uploaded_bytes += data.nbytes

@@ -5,6 +5,7 @@ transfer of more than one piece per thread round-trips through a Vulkan buffer."
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 
@@ -40,7 +41,7 @@ def test_the_pieces_cover_the_copy_once():
             assert n < hostcopy.PARALLEL_BYTES or hostcopy.threads() == 1
             continue
         assert pieces[0][0] == 0 and pieces[-1][1] == n
-        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
         assert len(pieces) <= hostcopy.threads()
 
 
