@@ -235,8 +235,8 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, g_
                         gy1 = g_y[i, t, h, p + 1]
                         gam0 = ZERO
                         gam1 = ZERO
-                        w0 = 0.0
-                        w1 = 0.0
+                        w0 = ZERO
+                        w1 = ZERO
                         for n in range(N):
                             cc = C[i, t, g, n]
                             b = B[i, t, g, n]
@@ -244,8 +244,8 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, g_
                             l1 = lam[1, n] + gy1 * cc            # lam_t of row p+1
                             gam0 += l0 * b
                             gam1 += l1 * b
-                            w0 += np.float64(l0) * np.float64(sts[k, 0, n])
-                            w1 += np.float64(l1) * np.float64(sts[k, 1, n])
+                            w0 += l0 * sts[k, 0, n]
+                            w1 += l1 * sts[k, 1, n]
                             part_C[i, c, t, g, n] += gy0 * sts[k + 1, 0, n] + gy1 * sts[k + 1, 1, n]
                             part_B[i, c, t, g, n] += l0 * u0 + l1 * u1
                             lam[0, n] = a * l0                   # a_t lam_t, for token t-1
@@ -254,10 +254,10 @@ def backward_mamba2(counter, s, x, dt, identity, A, B, C, ids, g_y, g_states, g_
                         w1 = a * w1
                         d_x[i, t, h, p] = gam0 * d
                         d_x[i, t, h, p + 1] = gam1 * d
-                        dd[i, t, h, p] = gam0 * x0 + A[h, 0] * np.float32(w0)
-                        dd[i, t, h, p + 1] = gam1 * x1 + A[h, 0] * np.float32(w1)
-                        dA0 += np.float64(d) * w0
-                        dA1 += np.float64(d) * w1
+                        dd[i, t, h, p] = gam0 * x0 + A[h, 0] * w0
+                        dd[i, t, h, p + 1] = gam1 * x1 + A[h, 0] * w1
+                        dA0 += np.float64(d * w0)
+                        dA1 += np.float64(d * w1)
                     else:
                         # one row, or a = inf / nan: then q_t is summed term by term, so terms
                         # of both signs give inf - inf = nan as in the reference
