@@ -25,16 +25,13 @@ in the call (step 2 and 3) as it does for ssm_vk's own calls. ROCm builds of tor
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import torch
 
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import DeviceArray
 from ssm_vk.runtime import external
 
-from . import _driver, _op
+from . import _arena, _driver, _op
 
 __all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
 
@@ -206,88 +203,6 @@ def _side_for(device: torch.device) -> CudaSide:
 # ---------------------------------------------------------------------------------------------
 # The arena
 
-class _Slot:
-    """One exported buffer, its import, and the tensors over it by shape (made once: a view made
-    through ``__cuda_array_interface__`` costs torch more than the copy of a small input)."""
-
-    def __init__(self, buffer, imported):
-        self.buffer, self.imported = buffer, imported
-        self.views: dict = {}
-
-    def view(self, side, shape: tuple):
-        v = self.views.get(shape)
-        if v is None:
-            if len(self.views) >= 8:   # shapes that change from call to call: keep a few
-                self.views.clear()
-            v = self.views[shape] = side.view(self.imported, shape)
-        return v
-
-
-class Arena:
-    """The exported buffers one side uses with one Vulkan context: a slot per role (each input,
-    each output), grown when a call needs more, imported once per growth. ``lock`` serialises the
-    calls that use it; ``event`` marks the last reads of its memory by the other side; ``held``:
-    (the signature of the forward inputs its slots hold, {name: DeviceArray over the slot}) since
-    the last forward, None once a slot is written otherwise or freed. Closed with the context (or
-    by :func:`release_memory`)."""
-
-    _MIN = 1 << 16
-
-    def __init__(self, ctx, side):
-        self.ctx, self.side = ctx, side
-        self.lock = threading.Lock()
-        self.slots: dict[str, _Slot] = {}
-        self.event = None
-        self.held = None
-        self.closed = False
-        ctx.owned.adopt(self)
-
-    def slot(self, role: str, nbytes: int) -> _Slot:
-        """The slot of ``role``, at least ``nbytes`` big (a bigger one made when it is not; the
-        caller holds ``lock`` and has passed ``side.before_writes``)."""
-        s = self.slots.get(role)
-        if s is not None and s.buffer.size >= nbytes:
-            return s
-        if s is not None:
-            self.side.drain(self)
-            self.held = None
-            self._free(self.slots.pop(role))
-        size = max(self._MIN, nbytes + nbytes // 4) if s is not None else max(self._MIN, nbytes)
-        size = min(size, max(nbytes, self.ctx.info.max_memory_allocation_size))
-        buffer = external.ExportableBuffer(self.ctx, size)
-        try:
-            imported = self.side.attach(buffer)
-        except BaseException:
-            buffer.close()
-            raise
-        s = self.slots[role] = _Slot(buffer, imported)
-        return s
-
-    def _free(self, s: _Slot) -> None:
-        self.side.detach(s.imported)
-        s.buffer.close()
-
-    def trim(self) -> None:
-        """Free every slot (the caller holds ``lock``); the next call makes them again."""
-        with contextlib.suppress(Exception):
-            self.side.drain(self)
-        self.held = None
-        slots, self.slots = list(self.slots.values()), {}
-        for s in slots:
-            self._free(s)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.trim()
-        self.ctx.owned.forget(self)
-
-
-def _arena(ctx, side) -> Arena:
-    return ctx.owned.extension(f"torch-arena:{side.key}", lambda c: Arena(c, side))
-
-
 def release_memory() -> None:
     """Free the arenas' memory (Vulkan's, and CUDA's imports of it); the next call makes it again."""
     ctx = rt.current_context()
@@ -321,7 +236,7 @@ def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool):
     tensors, unwritten since, binds the forward's DeviceArrays of them instead of copying them
     again -- and so ssm_vk's backward finds the tables its chunked forward kept for them
     (engine.KeptForward) instead of computing them again."""
-    arena = _arena(ctx, side)
+    arena = _arena.arena(ctx, side)
     with arena.lock:
         side.before_writes(arena)
         sig = _signature([inputs[n] for n in _FWD])
