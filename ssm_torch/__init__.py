@@ -22,7 +22,7 @@ import torch
 
 import ssm_ref
 
-from . import _op
+from . import _common, _op
 from ._op import BACKENDS, Where, last_where
 
 __all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
@@ -110,12 +110,12 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
         if ids is not None or x.dim() != 4 or B.dim() != 4:
-            _op.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
+            _common.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
         # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
         s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
     if K is None:   # the two outputs of every caller that does not ask for snapshots
-        return _op.scan(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant))
-    return _op.scan_snapshots(s, x, dt, A, B, C, ids, backend, _op._encode(dt_softplus, invariant), K)
+        return _op.scan(s, x, dt, A, B, C, ids, backend, _common.encode(dt_softplus, invariant))
+    return _op.scan_snapshots(s, x, dt, A, B, C, ids, backend, _common.encode(dt_softplus, invariant), K)
 
 
 from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)

@@ -19,7 +19,6 @@ on the GPU, no copy through the host.
 from __future__ import annotations
 
 import importlib
-import itertools
 import threading
 
 import numpy as np
@@ -29,64 +28,22 @@ import ssm_ref
 import ssm_ref.checks
 from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
+from ._common import backend_kwargs as _backend_kwargs
+from ._common import check_shapes, last_where
+from ._common import decode as _decode
+from ._common import for_caller as _for_caller
+from ._common import record as _record
+
 __all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back", "scan_snapshots",
            "scan_snapshots_back"]
 
 BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
-
-# The custom op's schema has no Optional[str]: None travels as this name.
-_NONE = "none"
-
-
-_LAST = threading.local()     # .value: this thread's last Where; .seq: when (a number of _SEQ)
-_SEQ = itertools.count()
-# Autograd runs the backward of CUDA tensors on a thread of its own (one per device): the thread
-# that ran the forward still sees that backward as its last computation. thread id -> (seq, Where).
-_BACKWARDS: dict = {}
-
-
-def last_where() -> Where | None:
-    """The :class:`Where` of this thread's last forward or backward computed by a backend (None
-    before the first); a backward is this thread's when its forward was, whichever thread autograd
-    ran it on (CUDA tensors: a device thread of autograd's). Set when the computation runs: under
-    torch.compile when the compiled code runs, not when it is traced."""
-    mine = getattr(_LAST, "value", None)
-    other = _BACKWARDS.get(threading.get_ident())
-    if other is not None and other[0] > getattr(_LAST, "seq", -1):
-        return other[1]
-    return mine
-
-
-_INVARIANT = "+invariant"   # the invariant mode rides on the form's string (the ops' schemas stay as they are)
-
-
-def _encode(dt_softplus, invariant: bool = False) -> str:
-    form = _NONE if dt_softplus is None else dt_softplus
-    return form + _INVARIANT if invariant else form
-
-
-def _decode(dt_softplus: str):
-    form = dt_softplus.removesuffix(_INVARIANT)
-    return None if form == _NONE else form
-
 
 def backend_module(backend: str):
     """The backend module named ``backend`` (one of BACKENDS), imported on first use."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
     return importlib.import_module(backend)
-
-
-def _backend_kwargs(backend: str, code: str, work: torch.dtype) -> dict:
-    """The keywords of a backend call of the encoded form ``code``: the form, checked (every
-    backend takes the three), ssm_vk's invariant mode when asked for, and ssm_ref's working
-    dtype."""
-    kw = {"dt_softplus": ssm_ref.check_dt_softplus(_decode(code))}
-    if backend == "ssm_vk" and code.endswith(_INVARIANT):
-        kw["invariant"] = True
-    if backend == "ssm_ref":
-        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
-    return kw
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -97,33 +54,6 @@ def work_dtype(backend: str, tensors) -> torch.dtype:
     if backend == "ssm_ref" and all(t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
-
-
-# numpy dtypes of the stand-ins for the shared checker: the same kind (float, integer, bool,
-# complex) as the tensor's, so that the checker says what it says of a numpy array of that kind
-_NP_OF = {torch.float16: np.float16, torch.bfloat16: np.float32, torch.float32: np.float32,
-          torch.float64: np.float64, torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
-          torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64, torch.complex32: np.complex64,
-          torch.complex64: np.complex64, torch.complex128: np.complex128}
-
-
-def _standin(t: torch.Tensor) -> np.ndarray:
-    """A zero-stride numpy array of ``t``'s shape whose dtype the checker judges as ``t``'s."""
-    return np.broadcast_to(np.zeros((), _NP_OF.get(t.dtype, np.object_)), tuple(t.shape))
-
-
-def check_shapes(s, x, dt, A, B, C, ids, snapshots=1) -> ssm_ref.Dims:
-    """The shared checker on the tensors' shapes and dtypes (and the ids' values when they are
-    real): the backends' errors, before any data is touched. ``s`` None: zero start states, as
-    the backends take it (ids must then be None). ``snapshots``: K, checked and kept as dims.K."""
-    if ids is None:
-        ids_ = None
-    elif isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
-        ids_ = np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))  # values unknown until run
-    else:
-        ids_ = ids.detach().cpu().numpy()
-    return ssm_ref.checks.check_shapes(*(None if t is None else _standin(t) for t in (s, x, dt, A, B, C)), ids_,
-                                       snapshots=snapshots)
 
 
 def _host(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
@@ -152,19 +82,6 @@ def _cuda(backend: str):
     from . import cuda
 
     return cuda
-
-
-def _record(op: str, r, work: torch.dtype) -> None:
-    _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
-    _LAST.seq = next(_SEQ)
-
-
-def _for_caller(ctx) -> None:
-    """A backward autograd ran on another thread than its forward's: record it for that thread
-    too (last_where)."""
-    caller = ctx.caller
-    if caller != threading.get_ident() and getattr(_LAST, "value", None) is not None:
-        _BACKWARDS[caller] = (_LAST.seq, _LAST.value)
 
 
 def _forward(s, x, dt, A, B, C, ids, backend: str, dt_softplus: str, K: int | None):

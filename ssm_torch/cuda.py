@@ -31,7 +31,7 @@ from ssm_vk import runtime as rt
 from ssm_vk.arrays import DeviceArray
 from ssm_vk.runtime import external
 
-from . import _arena, _driver, _op
+from . import _arena, _common, _driver
 
 __all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
 
@@ -311,10 +311,10 @@ def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) 
 
     side = side if side is not None else _side_for(x.device)
     named = dict(zip(_FWD, (s, x, dt, A, B, C), strict=True))
-    d = _op.check_shapes(s, x, dt, A, B, C, ids, snapshots=1 if K is None else K)
+    d = _common.check_shapes(s, x, dt, A, B, C, ids, snapshots=1 if K is None else K)
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _op._backend_kwargs("ssm_vk", dt_softplus, torch.float32)
+    kw = _common.backend_kwargs("ssm_vk", dt_softplus, torch.float32)
     if K is not None:
         kw["snapshots"] = K
     ids_ = _ids(ids)
@@ -322,7 +322,7 @@ def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) 
     if K is not None:
         outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
     r, tensors = _run(ctx, side, named, outs, lambda a: ssm_vk.ssm_scan(*a, ids_, **kw), True)
-    _op._record("ssm_scan", r, torch.float32)
+    _common.record("ssm_scan", r, torch.float32)
     return tensors
 
 
@@ -339,7 +339,7 @@ def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: st
         named["g_snapshots"] = g_snapshots
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _op._backend_kwargs("ssm_vk", dt_softplus, torch.float32)
+    kw = _common.backend_kwargs("ssm_vk", dt_softplus, torch.float32)
     ids_ = _ids(ids)
     outs = {f"d_{n}": (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
 
@@ -348,5 +348,5 @@ def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: st
         return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra)
 
     g, tensors = _run(ctx, side, named, outs, call, False)
-    _op._record("ssm_scan_back", g, torch.float32)
+    _common.record("ssm_scan_back", g, torch.float32)
     return tensors

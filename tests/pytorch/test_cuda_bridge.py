@@ -20,13 +20,13 @@ from bridgecheck import NAMES, assert_close_as, leaves, oracle, rounded  # noqa:
 from problems import make_problem  # noqa: E402
 
 import ssm_torch  # noqa: E402
-from ssm_torch import _driver, _op, cuda  # noqa: E402
+from ssm_torch import _common, _driver, _op, cuda  # noqa: E402
 from ssm_vk import runtime as rt  # noqa: E402
 from ssm_vk.runtime import external  # noqa: E402
 
 pytestmark = pytest.mark.vulkan
 
-GGML = _op._encode("ggml")
+GGML = _common.encode("ggml")
 
 
 class HostSide:

@@ -280,13 +280,13 @@ def test_hf_patch_on_a_cuda_model(model_name):
     pytest.importorskip("transformers")
     import test_hf
 
-    from ssm_torch import _op, hf
+    from ssm_torch import _common, hf
     torch.manual_seed(0)
     model = test_hf.randomize(getattr(test_hf, model_name)(), 1).train().to(DEV)
     ids = torch.randint(0, test_hf.VOCAB, (2, 11), generator=torch.Generator().manual_seed(2)).to(DEV)
     want_logits, want = test_hf.loss_and_grads(model, ids)
     hf.patch(model, backend="ssm_vk")
-    _op._LAST.value = None
+    _common._LAST.value = None
     got_logits, got = test_hf.loss_and_grads(model, ids)
     ran_on_vulkan()
     assert got_logits.is_cuda

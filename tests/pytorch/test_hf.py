@@ -11,7 +11,7 @@ torch = need_torch()
 transformers = need("transformers", "pip install transformers")
 
 import ssm_torch  # noqa: E402
-from ssm_torch import _op, hf  # noqa: E402
+from ssm_torch import _common, hf  # noqa: E402
 
 VOCAB = 48
 
@@ -58,7 +58,7 @@ def test_logits_and_gradients_equal_transformers_own_path(build, backend):
     want_logits, want = loss_and_grads(model, ids)
     hf.patch(model, backend=backend)
     assert hf.patched(model)
-    _op._LAST.value = None
+    _common._LAST.value = None
     got_logits, got = loss_and_grads(model, ids)
     w = ssm_torch.last_where()
     assert w is not None and w.op == "ssm_scan_back" and w.backend == backend, w
@@ -68,7 +68,7 @@ def test_logits_and_gradients_equal_transformers_own_path(build, backend):
         assert rel(got[name], want[name]) < 1e-4, name
     hf.unpatch(model)
     assert not hf.patched(model)
-    _op._LAST.value = None
+    _common._LAST.value = None
     again, _ = loss_and_grads(model, ids)
     assert ssm_torch.last_where() is None and torch.equal(again, want_logits)
 
@@ -82,7 +82,7 @@ def test_greedy_generation_with_the_state_cache(build):
               attention_mask=torch.ones_like(prompt), pad_token_id=0)
     want = model.generate(prompt, **kw)
     hf.patch(model)
-    _op._LAST.value = None
+    _common._LAST.value = None
     got = model.generate(prompt, **kw)
     assert ssm_torch.last_where() is not None   # the decoding steps ran on ssm-scan
     assert torch.equal(got.sequences, want.sequences)
@@ -95,7 +95,7 @@ def test_an_unpatched_model_beside_a_patched_one_is_untouched():
     patched_model, plain = randomize(mamba2(), 5).eval(), randomize(mamba2(), 5).eval()
     hf.patch(patched_model)
     ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
-    _op._LAST.value = None
+    _common._LAST.value = None
     with torch.no_grad():
         plain(ids, use_cache=False)
     assert ssm_torch.last_where() is None
