@@ -135,3 +135,33 @@ def test_copies_from_several_threads_at_once(monkeypatch):
 
     with concurrent.futures.ThreadPoolExecutor(4) as callers:
         assert all(callers.map(work, range(8)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+def test_a_forked_child_copies_on_threads_of_its_own(monkeypatch):
+    # the parent's pool exists before the fork; the child has its object but none of its threads
+    import time
+
+    monkeypatch.setenv("SSM_VK_COPY_THREADS", "4")
+    src = np.random.default_rng(3).integers(0, 256, BIG, dtype=np.uint8)
+    hostcopy.copy(np.empty_like(src), src)
+    pid = os.fork()
+    if pid == 0:   # the child: a split copy must finish (not wait for the parent's threads)
+        code = 2
+        try:
+            dst = np.empty_like(src)
+            hostcopy.copy(dst, src)
+            code = 0 if np.array_equal(dst, src) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's copy did not finish in 60 s")
+        time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
