@@ -38,7 +38,8 @@ def _overlap(u: tuple | None, v: tuple | None) -> bool:
 def check(out, p, backward: bool, update_cache=False) -> dict:
     """``out`` checked for problem ``p`` (ssm_ref's checked Problem): {name: DeviceArray} in the
     order of the outputs. Raises, naming ``out[name]``: ValueError for update_cache (its states go
-    into the cache rows), a missing or unknown name, another shape, a released array, one of
+    into the cache rows), a missing or unknown name, another shape, a view that does not start its
+    buffer (offset 0: what the recordings take), a released array, one of
     another context than the open one, one that overlaps an input or another output; TypeError
     for ``out`` not a mapping, a value not a DeviceArray or not float32."""
     op = "ssm_scan_back" if backward else "ssm_scan"
@@ -67,6 +68,9 @@ def check(out, p, backward: bool, update_cache=False) -> dict:
             raise TypeError(f"{what}: float32, got {a.dtype}")
         if a.shape != tuple(int(n) for n in shape):
             raise ValueError(f"{what}: shape {a.shape}, the output's is {tuple(shape)}")
+        if a.offset:   # (the recordings bind some outputs from their buffer's start: d_s0 carries the adjoint)
+            raise ValueError(f"{what}: a view at element {a.offset} of its buffer; an output starts its buffer "
+                             "(a whole array, or a view at 0)")
         if not a.live():
             raise ValueError(f"{what}: this DeviceArray was released (or its Vulkan context closed)")
         if a.ctx is not ctx:
