@@ -71,7 +71,7 @@ def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tru
     update_cache: ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads
     those rows in place, else by copies once the call came out finite (the ``states`` returned
     are then unwritten where the scan wrote the rows)."""
-    return _run(engine, p, False, planned, device_out, update, given)
+    return _run(engine, p, False, planned, device_out, update, given=given)
 
 
 def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, given: dict | None = None) -> dict:

@@ -7,6 +7,7 @@ before any work; the given arrays are never released, also when the call raises.
 
 from __future__ import annotations
 
+import gc
 import math
 import types
 
@@ -40,6 +41,14 @@ FAMILIES = {   # name: (problem, planner settings that put it on that family)
     "time-chunks": (dict(S=2, T=64, H=3, P=1, N=16, G=1, variant="mamba1", ids="identity"), {"TCHUNK": 16, "M1": 0}),
     "m1-threads": (dict(S=1, T=48, H=64, P=1, N=16, G=1, variant="mamba1", ids="identity"), {"M1": 1}),
 }
+
+
+@pytest.fixture(autouse=True)
+def _collected():
+    """The arrays of a test (some held in cycles by the exceptions it caught) go back to the pool
+    before the next test counts the pool's buffers."""
+    yield
+    gc.collect()
 
 
 def vk(T: int) -> Backend:
