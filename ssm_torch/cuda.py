@@ -13,8 +13,8 @@ call them for CUDA tensors):
 2. has torch copy each input into its slot of the arena as float32, on torch's current stream
    (any float dtype, any strides: the copy converts), then waits for that stream, so the Vulkan
    work reads the inputs after torch's writes and everything queued before them;
-3. runs ssm_vk on DeviceArrays that are the arena's slots, and copies its outputs into their
-   slots (a Vulkan copy; ssm_vk's calls and the copy return once the GPU is done);
+3. runs ssm_vk on DeviceArrays that are the arena's slots, its outputs written straight into
+   theirs (``out=``: one Vulkan submission; the call returns once the GPU is done);
 4. has torch copy the outputs into new tensors of the inputs' dtypes, on the current stream, and
    records an event there: the next call's writes into the arena wait for those reads.
 
@@ -228,9 +228,11 @@ def _signature(tensors) -> tuple | None:
         return None
 
 
-def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool):
-    """Inputs into the arena, ``call(arrays)`` (ssm_vk's), its outputs ``outs`` ({name: (shape,
-    dtype)}) out of the arena as new tensors. Returns (the backend's result, the tensors).
+def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict | None = None):
+    """Inputs into the arena, ``call(arrays, out)`` (ssm_vk's, ``out`` the DeviceArrays over the
+    output slots, which it writes), its outputs ``outs`` ({name: (shape, dtype)}) out of the arena
+    as new tensors; ``unread`` ({name: shape}): outputs the call writes that no tensor is made of
+    (the backward's d_s0). Returns (the backend's result, the tensors).
 
     The forward's inputs stay in their slots (``arena.held``); a backward given those very
     tensors, unwritten since, binds the forward's DeviceArrays of them instead of copying them
@@ -259,30 +261,19 @@ def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool):
             arrays.append(DeviceArray(ctx, slot.buffer, shape, owned=False))
         if forward and sig is not None:
             arena.held = (sig, dict(zip(_FWD, arrays[:len(_FWD)], strict=True)))
+        # the output slots, as the DeviceArrays ssm_vk writes (out=): no copy, no second submission
+        shapes = {name: shape for name, (shape, _) in outs.items()}
+        shapes.update(unread or {})
+        targets, given = {}, {}
+        for name, shape in shapes.items():
+            n = _numel(shape)
+            slot = targets[name] = arena.slot("out:" + name, n * _F32) if n else None
+            given[name] = DeviceArray(ctx, None if slot is None else slot.buffer, shape, owned=False)
         side.before_vulkan()
-        r = call(arrays)
-        try:
-            results = [getattr(r, name) for name in outs]
-            targets = []
-            for (name, (shape, _)), a in zip(outs.items(), results, strict=True):
-                if a.size != _numel(shape):
-                    raise RuntimeError(f"ssm_vk's {name} has {a.size} elements, expected shape {shape}")
-                targets.append(arena.slot("out:" + name, a.size * _F32) if a.size else None)
-            token = ctx.enter()
-            try:
-                with rt.oneshot(ctx) as seq:
-                    seq.barrier()   # the scan's writes (an earlier submission) before the copies read
-                    for a, slot in zip(results, targets, strict=True):
-                        if slot is not None:
-                            seq.copy(a.buffer, slot.buffer, a.nbytes, a.offset * _F32, 0)
-            finally:
-                ctx.leave(token)
-        finally:
-            for a in vars(r).values():
-                if isinstance(a, DeviceArray):
-                    a.release()
+        r = call(arrays, given)
         tensors = []
-        for (shape, dtype), slot in zip(outs.values(), targets, strict=True):
+        for name, (shape, dtype) in outs.items():
+            slot = targets[name]
             if slot is None:
                 tensors.append(torch.zeros(shape, dtype=dtype, device=side.device))
             else:
@@ -321,7 +312,7 @@ def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) 
     outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
     if K is not None:
         outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
-    r, tensors = _run(ctx, side, named, outs, lambda a: ssm_vk.ssm_scan(*a, ids_, **kw), True)
+    r, tensors = _run(ctx, side, named, outs, lambda a, out: ssm_vk.ssm_scan(*a, ids_, **kw, out=out), True)
     _common.record("ssm_scan", r, torch.float32)
     return tensors
 
@@ -343,10 +334,11 @@ def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: st
     ids_ = _ids(ids)
     outs = {f"d_{n}": (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
 
-    def call(a):
+    def call(a, out):
         extra = {"g_snapshots": a[8]} if g_snapshots is not None else {}
-        return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra)
+        return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra, out=out)
 
-    g, tensors = _run(ctx, side, named, outs, call, False)
+    d_s0 = {"d_s0": (x.shape[0], *s.shape[1:])}   # written by the call, no tensor of it (no gradient of s0)
+    g, tensors = _run(ctx, side, named, outs, call, False, d_s0)
     _common.record("ssm_scan_back", g, torch.float32)
     return tensors

@@ -7,7 +7,7 @@ import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
 from ssm_ref.checks import write_cache_rows
 
-from . import config, lanes, run
+from . import config, lanes, outputs, run
 from .arrays import DeviceArray, upload_to
 from .kernels import SOFTPLUS
 from .support import INPUTS, NAME, decision, form_code, log_once
@@ -118,7 +118,7 @@ def _repeat(replay, arrays: tuple, ids):
 
 
 def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
-             invariant=False) -> ScanResult:
+             invariant=False, out=None) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
@@ -136,9 +136,15 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     the same bits whatever S, its companions, its position and the split of its tokens into calls
     (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
     (ssm_vk.families.plan). False (default): the fastest plan of the shape, deterministic only.
+    ``out``: {name: DeviceArray} of every output ("y", "states", and "snapshots" when K > 1),
+    written by the call and returned as its result's arrays (ssm_vk.outputs.check: the rules).
     """
     sp = form_code(dt_softplus)
     K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
+    if out is not None:   # the caller's outputs: checked, then the full path (no lane)
+        knobs = config.invariant_mode(config.settings(), invariant)
+        p = check_forward(s, x, dt, A, B, C, ids, K)
+        return _forward_checked(p, knobs, sp, _FORMS[sp], given=outputs.check(out, p, False, update_cache))
     if update_cache is not False:
         return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K, invariant)
     knobs = config.settings()
@@ -162,17 +168,22 @@ def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
                         dt_softplus=dt_softplus, update_cache=update_cache, **extra)
 
 
-def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=()) -> ScanResult:
+def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=(), given=None) -> ScanResult:
     """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
-    with ``sig`` (lanes.find's), the call is kept for its repeats (lanes.keep)."""
+    with ``sig`` (lanes.find's), the call is kept for its repeats (lanes.keep); ``given``: the
+    checked ``out`` (the CPU's results uploaded into it)."""
     K = p.dims.K
     dec = decision("ssm_scan", p, knobs, sp)
     if not dec.sup:
         cpu = _fall_back(dec.sup.reason)
+        if given is not None:
+            r = _cpu_scan(cpu, _host(p), p, dt_softplus)
+            outputs.fill(given, r)
+            return _scan_result(given["y"], given["states"], given.get("snapshots"), r.where, r.backend)
         r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, ("y", "states", "snapshots") if K > 1
                       else ("y", "states"))
         return _scan_result(r.y, r.states, r.snapshots if K > 1 else None, r.where, r.backend)
-    out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out)
+    out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out, given=given)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
     return _out_result(out, dec.info.where, K)
@@ -221,24 +232,26 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K
 
 
 def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
-                  g_snapshots=None, invariant=False) -> ScanGrads:
+                  g_snapshots=None, invariant=False, out=None) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
     g_y with K slots, s=None, ``g_snapshots`` (K,S,H,P,N), the gradient of the forward's K state
     slots), on the Vulkan device; device-resident and fallback behaviour and ``dt_softplus`` as
     :func:`ssm_scan` (g_snapshots or a packed g_y of K > 1 slots: the token-sequential kernels).
     Returns ScanGrads, a mapping by name. ``invariant``: as :func:`ssm_scan` (a sequence's own
-    gradients; d_A the sum of the sequences' own, in sequence order; docs/SPEC.md section 3.2)."""
+    gradients; d_A the sum of the sequences' own, in sequence order; docs/SPEC.md section 3.2).
+    ``out``: {name: DeviceArray} of the seven gradients (ssm_ref.GRAD_NAMES), as :func:`ssm_scan`'s."""
     sp = form_code(dt_softplus)
     knobs = config.settings()
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    replay, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None else (None, None)
+    replay, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None and out is None else (None, None)
     if replay is not None:
         r = _repeat(replay, arrays, ids)
         if r is not None:
             return r
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
+    given = None if out is None else outputs.check(out, p, True)
     dec = decision("ssm_scan_back", p, knobs, sp)
     if not dec.sup:
         snap = p.g_snapshots is not None
@@ -250,9 +263,13 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
         if snap:
             gsn = p.g_snapshots
             extra["g_snapshots"] = gsn.numpy() if isinstance(gsn, DeviceArray) else gsn
-        return _resident(cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs,
-                                           dt_softplus=_FORMS[sp], **extra), p, ssm_ref.GRAD_NAMES)
-    g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out)
+        g = cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs, dt_softplus=_FORMS[sp],
+                              **extra)
+        if given is not None:
+            outputs.fill(given, g)
+            return frozen_result(ScanGrads, {**given, "where": g.where, "backend": g.backend})
+        return _resident(g, p, ssm_ref.GRAD_NAMES)
+    g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out, given=given)
     if sig is not None:
         lanes.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)
     return _grads(g, dec.info.where)

@@ -24,7 +24,7 @@ import threading
 from ssm_ref import Problem
 
 from . import runtime as rt
-from .arrays import DeviceArray, pool
+from .arrays import DeviceArray, check_live, pool
 from .decision import Planned
 from .engine import Engine
 from .families import record_backward, record_forward, scatters_in_place
@@ -60,58 +60,66 @@ def last_gpu_ns() -> float | None:
     return seq.gpu_times().get("end")
 
 
-def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, update: bool = False) -> dict:
+def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, update: bool = False,
+            given: dict | None = None) -> dict:
     """Run the forward; returns {"y", "states"} as DeviceArrays (device_out) or numpy arrays.
+    ``given``: the caller's output DeviceArrays by name (ssm_scan's ``out``, checked by
+    ssm_vk.outputs: every output, device_out implied), which the call writes and returns, never
+    releases;
     ``planned``: the decision's plans of the shape (decision.Planned: limits, knobs, the step's
     form); ``update``: also write the final states into the cache rows s[ids] (ssm_scan's
     update_cache: ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads
     those rows in place, else by copies once the call came out finite (the ``states`` returned
     are then unwritten where the scan wrote the rows)."""
-    return _run(engine, p, False, planned, device_out, update)
+    return _run(engine, p, False, planned, device_out, update, given=given)
 
 
-def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True) -> dict:
-    """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays."""
-    return _run(engine, p, True, planned, device_out)
+def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = True, given: dict | None = None) -> dict:
+    """Run the backward; returns the seven gradients as DeviceArrays or numpy arrays (``given``:
+    as :func:`forward`)."""
+    return _run(engine, p, True, planned, device_out, given=given)
 
 
-def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False) -> dict:
+def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
+         given: dict | None = None) -> dict:
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return run_once(engine, p, backward, planned, device_out, update=update)
+            return run_once(engine, p, backward, planned, device_out, update=update, given=given)
         except rt.OutOfDeviceMemory:
-            return retry(engine, p, backward, planned, device_out, update)
+            return retry(engine, p, backward, planned, device_out, update, given)
     finally:
         ctx.leave(token)
 
 
-def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False) -> dict:
+def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
+          given: dict | None = None) -> dict:
     """The call once more after it ran out of device memory: the workspaces of other shapes hold
     buffers between calls, so they all give them back (the pool frees its idle ones when it next
     runs out) first; a second failure raises."""
     engine.clear()
-    return run_once(engine, p, backward, planned, device_out, update=update)
+    return run_once(engine, p, backward, planned, device_out, update=update, given=given)
 
 
 def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: bool, chunked: bool = True,
-             update: bool = False) -> dict:
+             update: bool = False, given: dict | None = None) -> dict:
     """One call in the workspace of ``planned``'s first plan (``chunked`` False: of its recompute's
-    plan); a result the first plan's kernels flag as non-finite is computed again so."""
+    plan); a result the first plan's kernels flag as non-finite is computed again so (into the
+    ``given`` outputs too: the recompute binds them in its own workspace, no copy)."""
     while True:
         ws = engine.workspace(planned, chunked)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 continue
-            out = _run_in(engine, ws, p, backward, device_out, update)
+            out = _run_in(engine, ws, p, backward, device_out, update, given)
         if out is not None:
             return out
         # The chunked kernels flagged a non-finite output: recompute with the token-sequential
         # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
         # nan and back). Same device; finite results never take this path.
         note_rerun(engine, p.dims)
-        return run_once(engine, p, backward, planned, device_out, chunked=False, update=update)
+        return run_once(engine, p, backward, planned, device_out, chunked=False, update=update, given=given)
 
 
 def note_rerun(engine: Engine, dims) -> None:
@@ -124,11 +132,16 @@ def note_rerun(engine: Engine, dims) -> None:
                  dims)
 
 
-def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, update: bool = False) -> dict | None:
+def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, update: bool = False,
+            given: dict | None = None) -> dict | None:
     """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels)."""
+    non-finite output (the caller recomputes with the sequential kernels). ``given`` outputs take
+    the device-output path, whatever the inputs (host ones are written or staged as beside
+    device ones), marked busy with the inputs and checked live after."""
     ws.settle()
-    if not device_out:   # every input on the host
+    if given is not None:
+        device_out = True
+    elif not device_out:   # every input on the host
         return _run_host(engine, ws, p, backward, update)
     names = BWD_IN if backward else FWD_IN
     buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
@@ -138,17 +151,21 @@ def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool,
     resident = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
     if backward and type(p.g_snapshots) is DeviceArray:
         resident.append(p.g_snapshots)
+    if given is not None:
+        resident += given.values()
     held = tuple(a.buffer for a in resident if a.buffer is not None)
     token = buffers.busy(held) if held else None
     try:
+        if given is not None:
+            check_live(given.values())   # (after marking: a release meanwhile is seen here)
         bufs, key = ws.bind_inputs(p, backward)
         if ws.host.staged:   # host inputs beside device ones, staged (or zeros): the sequence copies (fills) them
             try:
                 key.append(ws.host.staged_key())
-                return run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+                return run_bound(engine, ws, p, backward, device_out, bufs, key, update, given)
             finally:
                 ws.host.unstage()
-        return run_bound(engine, ws, p, backward, device_out, bufs, key, update)
+        return run_bound(engine, ws, p, backward, device_out, bufs, key, update, given)
     finally:
         if token is not None:
             buffers.idle(token)
@@ -180,11 +197,14 @@ def _run_host(engine, ws: Workspace, p: Problem, backward: bool, update: bool) -
 
 
 def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, bufs: dict, key: list,
-              update: bool = False):
-    """The call with its inputs bound: outputs, the sequence, submit, the non-finite check. A
-    call that raises keeps no results: device outputs go back to the pool before the exception
-    leaves, so a caller that holds the exception (and so its frames) holds no device memory."""
-    outs = ws.outputs(device_out)
+              update: bool = False, given: dict | None = None):
+    """The call with its inputs bound: outputs (``given``: the caller's, else the workspace's),
+    the sequence, submit, the non-finite check. A call that raises keeps no results: device
+    outputs of its own go back to the pool before the exception leaves, so a caller that holds
+    the exception (and so its frames) holds no device memory; ``given`` ones are the caller's and
+    stay."""
+    own = given is None
+    outs = ws.outputs(device_out) if own else given
     try:
         for k, a in outs.items():
             b, off = bufs[k] = (a.buffer, a.offset)
@@ -212,7 +232,7 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
                 kept.ws.lock.release()
         _timing.seq = seq
         if ws.plan.flags_nonfinite and ws.nonfinite():
-            if device_out:
+            if device_out and own:
                 release_all(outs)
             return None
         if kept is not None:
@@ -227,7 +247,7 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
             return outs
         return ws.host.results(outs)
     except BaseException:
-        if device_out:
+        if device_out and own:
             release_all(outs)
         raise
 

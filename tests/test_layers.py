@@ -31,7 +31,7 @@ LAYERS = (
     # what the kernel families share: the planners' limits and sizes, the kernel table, the
     # recordings' helpers
     ("ssm_vk.arrays", "ssm_vk.plan"),
-    ("ssm_vk.validate",),
+    ("ssm_vk.validate", "ssm_vk.outputs"),
     ("ssm_vk.kernels",),
     ("ssm_vk.record",),
     # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);

@@ -348,3 +348,24 @@ def test_a_backward_binds_the_inputs_its_forward_left_while_they_are_unwritten(s
         assert not torch.equal(moved[2], bound[2])   # d_dt reads x (d_x does not)
     finally:
         vk_engine.clear()
+
+
+def test_a_forward_and_a_backward_make_one_submission_each(side, ctx_mapped):
+    # ssm_vk writes its outputs straight into the arena's output slots (out=): the scan's own
+    # submission is the call's one, no copy after it
+    case = make_problem(30, S=2, T=6, H=4, P=3, N=8, G=2, R=3, ids="permutation")
+    t, ids = leaves(case, requires_grad=False)
+    gy, gs = np.asarray(case.g_y, np.float64), np.asarray(case.g_states, np.float64)
+    gy_t, gs_t = torch.tensor(gy, dtype=torch.float32), torch.tensor(gs, dtype=torch.float32)
+    for _ in range(2):   # the second time: recorded, slots made
+        stats = ctx_mapped.stats
+        n = stats.submits
+        y, states = cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
+        assert stats.submits == n + 1
+        grads = cuda.backward(*(t[k] for k in NAMES), ids, gy_t, gs_t, None, GGML, side=side)
+        assert stats.submits == n + 2
+    want, gwant = oracle(t, ids, gy, gs)
+    assert_close_as(torch.float32, "y", y, want.y)
+    assert_close_as(torch.float32, "states", states, want.states)
+    for k, g in zip(NAMES, grads, strict=True):
+        assert_close_as(torch.float32, "d_" + k, g, getattr(gwant, "d_" + k))

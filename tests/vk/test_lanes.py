@@ -34,9 +34,9 @@ def taken(monkeypatch):
     seen: list[bool] = []
     real_run, real_replay = vk_run._run, Replay.run
 
-    def run(engine, p, backward, planned, device_out, update=False):
+    def run(engine, p, backward, planned, device_out, update=False, **kw):
         seen.append(False)
-        return real_run(engine, p, backward, planned, device_out, update)
+        return real_run(engine, p, backward, planned, device_out, update, **kw)
 
     def replay(self, p, inputs):
         seen.append(True)
