@@ -1,6 +1,6 @@
 """The host side of the transfers (ssm_vk.runtime.hostcopy): large copies and compares split over
 threads give exactly what one thread gives, a difference in any piece is found, every piece has
-ended when a call returns or raises, the thread count is a checked setting, and a staged
+ended when a call returns or raises, the thread count's default (its checks: test_vk_settings.py), and a staged
 transfer of more than one piece per thread round-trips through a Vulkan buffer."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import threading
 import numpy as np
 import pytest
 
-from ssm_vk import config
 from ssm_vk import runtime as rt
 from ssm_vk.runtime import hostcopy, transfer
 
@@ -76,15 +75,6 @@ def test_a_failed_copy_raises_after_its_pieces_ended(monkeypatch):
     assert running == []
     with pytest.raises(ValueError, match="copy: 10 bytes into 9"):
         hostcopy.copy(np.empty(9, np.uint8), np.ones(10, np.uint8))
-
-
-@pytest.mark.parametrize("value", ["0", "-2", "many", "257", "1.5"])
-def test_the_copy_threads_are_a_checked_setting(monkeypatch, value):
-    monkeypatch.setenv("SSM_VK_COPY_THREADS", value)
-    with pytest.raises(ValueError, match=r"^SSM_VK_COPY_THREADS: expected a number of threads from 1 to 256"):
-        hostcopy.threads()
-    with pytest.raises(ValueError, match="SSM_VK_COPY_THREADS"):
-        config.check_environment()
 
 
 def test_the_default_is_the_usable_cpus_at_most_eight(monkeypatch):

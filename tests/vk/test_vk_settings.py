@@ -14,6 +14,7 @@ import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
 from ssm_vk.plan.limits import SPEC_MINIMUMS
+from ssm_vk.runtime import hostcopy
 
 CASE = make_problem(np.random.default_rng(700), S=2, T=5, H=4, P=3, N=6, G=2, ids="duplicates")
 
@@ -68,13 +69,22 @@ def test_the_timeout_is_a_positive_number_of_seconds(monkeypatch, value):
         rt.Context()
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "2e6"])
-def test_the_fence_poll_is_a_bounded_number_of_microseconds(monkeypatch, value):
-    monkeypatch.setenv("SSM_VK_SPIN_US", value)
-    with pytest.raises(ValueError, match=r"^SSM_VK_SPIN_US: expected microseconds from 0 to 1000000"):
+BOUNDED = [  # (variable, illegal value, what its message expects, the call that reads it)
+    *(("SSM_VK_SPIN_US", v, "expected microseconds from 0 to 1000000", rt.Context)
+      for v in ("abc", "-1", "nan", "inf", "2e6")),
+    *(("SSM_VK_COPY_THREADS", v, "expected a number of threads from 1 to 256", hostcopy.threads)
+      for v in ("0", "-2", "many", "257", "1.5")),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "expected", "reader"), BOUNDED)
+def test_the_numeric_settings_are_bounded(monkeypatch, name, value, expected, reader):
+    # the fence poll's microseconds, the host copies' threads
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=rf"^{name}: {expected}"):
         config.check_environment()
-    with pytest.raises(ValueError, match="SSM_VK_SPIN_US"):
-        rt.Context()
+    with pytest.raises(ValueError, match=name):
+        reader()
 
 
 def test_the_fence_poll_defaults_by_device_type(monkeypatch):
