@@ -69,34 +69,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _pieces(nbytes: int) -> list[tuple[int, int]] | None:
-    """The (start, stop) ranges of a split copy, or None to copy on the calling thread."""
-    n = threads() if nbytes >= PARALLEL_BYTES else 1
-    n = min(n, nbytes // _PIECE)
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    """The (start, stop) ranges a job of ``nbytes`` is split into (one where it stays whole)."""
+    n = min(threads(), nbytes // _PIECE) if nbytes >= PARALLEL_BYTES else 1
     if n <= 1:
-        return None
+        return [(0, nbytes)]
     step = -(-nbytes // n)
     step += -step % 64   # each piece starts on a cache line of its own
     return [(i, min(i + step, nbytes)) for i in range(0, nbytes, step)]
+
+
+def _split(nbytes: int, piece) -> list:
+    """``piece(start, stop)`` over the pieces of ``nbytes``: the first on the calling thread, the
+    others on the pool; their results in order, once every piece has ended."""
+    pieces = _pieces(nbytes)
+    if len(pieces) == 1:
+        return [piece(0, nbytes)]
+    pool = _executor(len(pieces) - 1)
+    jobs = [pool.submit(piece, lo, hi) for lo, hi in pieces[1:]]
+    try:
+        first = piece(*pieces[0])
+    finally:
+        concurrent.futures.wait(jobs)
+    return [first, *(j.result() for j in jobs)]
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` for 1-D uint8 arrays (or buffers' views) of one length."""
     if dst.size != src.size:
         raise ValueError(f"copy: {src.size} bytes into {dst.size}")
-    pieces = _pieces(src.size)
-    if pieces is None:
-        np.copyto(dst, src)
-        return
-    pool = _executor(threads())
-    jobs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in pieces[1:]]
-    try:
-        a, b = pieces[0]
-        np.copyto(dst[a:b], src[a:b])
-    finally:
-        concurrent.futures.wait(jobs)
-    for j in jobs:
-        j.result()
+    _split(src.size, lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
 
 
 def _libc_memcmp():
@@ -118,14 +120,4 @@ def equal(a: int, b: int, nbytes: int) -> bool | None:
     no C library to compare with (the caller compares otherwise)."""
     if _memcmp is None:
         return None
-    pieces = _pieces(nbytes)
-    if pieces is None:
-        return _memcmp(a, b, nbytes) == 0
-    pool = _executor(threads())
-    jobs = [pool.submit(_memcmp, a + lo, b + lo, hi - lo) for lo, hi in pieces[1:]]
-    try:
-        lo, hi = pieces[0]
-        same = _memcmp(a + lo, b + lo, hi - lo) == 0
-    finally:
-        concurrent.futures.wait(jobs)
-    return [j.result() for j in jobs].count(0) == len(jobs) and same
+    return all(r == 0 for r in _split(nbytes, lambda lo, hi: _memcmp(a + lo, b + lo, hi - lo)))
