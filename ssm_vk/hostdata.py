@@ -7,9 +7,11 @@ straight into their buffers and results read straight out of theirs: no submissi
 waits. Elsewhere (a discrete GPU; the ``force_staging`` seam) the host inputs are copied into the
 workspace's staging slots (runtime.Stage) and the call's recorded sequence itself begins with the
 copies into the upload buffers and ends with the copies of the results into their slots: one
-submission per call. Workspaces whose slots would pass ``ctx.staging_chunk_bytes`` move their
-arrays one at a time through the context's staging buffer (runtime.upload), where the copies
-dwarf the submissions.
+submission per call. The slots are pinned host memory the size of the workspace's host data, kept
+with it; all workspaces' together stay within the context's budget for them (a sixteenth of the
+host memory heap, runtime.transfer.StageBudget). A workspace beyond it moves its arrays one at a
+time through the context's staging buffer (runtime.upload): a submission and a wait per array
+and per 64 MiB.
 
 A backward given the host arrays its forward just staged binds the forward workspace's upload
 buffers instead of staging them again (:meth:`HostData.holding`). The rule: a buffer is bound
@@ -138,7 +140,8 @@ class HostData:
 
     def slots(self, ws):
         """``ws``'s staging slots (rt.Stage: every input and output of the shape), made on first
-        use; None when they would exceed ``ctx.staging_chunk_bytes``."""
+        use; None when they do not fit what is left of the context's budget for them
+        (runtime.transfer.StageBudget)."""
         stage = self.stage
         if stage is not None and not stage.closed:
             return stage
@@ -146,9 +149,7 @@ class HostData:
             sizes = {k: math.prod(v) * F32 for k, v in input_shapes(ws.dims, ws.backward).items()}
             sizes.update({"out:" + k: n * F32 for k, n in ws.sizes.items()})
             self.stage_bytes = {k: n for k, n in sizes.items() if n}
-        if sum(self.stage_bytes.values()) > ws.ctx.staging_chunk_bytes:
-            return None
-        self.stage = rt.Stage(ws.ctx, self.stage_bytes)
+        self.stage = rt.Stage.within_budget(ws.ctx, self.stage_bytes)
         return self.stage
 
     # -- outputs ------------------------------------------------------------------------------

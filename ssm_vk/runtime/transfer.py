@@ -2,7 +2,8 @@
 :func:`fill`, straight through the mapping of a host-visible buffer or through a staging buffer
 and the context's one-shot command sequence (device-local memory of a discrete GPU); and
 :class:`Stage`, the staging slots of recorded work whose host inputs and outputs move in the
-same submission as the work itself (:func:`direct` says which buffers need none).
+same submission as the work itself (:func:`direct` says which buffers need none), made within the
+context's budget of host memory for them (:class:`StageBudget`).
 
 Transfers are synchronous. They do not wait for sequences submitted with ``wait=False``: do not
 transfer into or out of a buffer that pending work uses.
@@ -10,16 +11,18 @@ transfer into or out of a buffer that pending work uses.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from . import hostcopy
+from . import binding, hostcopy
 from .checks import check_int
 from .commands import oneshot
 from .context import Context
 from .memory import Buffer, check_range, fill_range
 from .owned import Slot
 
-__all__ = ["upload", "download", "fill", "release_staging", "direct", "Stage"]
+__all__ = ["upload", "download", "fill", "release_staging", "direct", "Stage", "StageBudget", "stage_budget"]
 
 
 def direct(buffer: Buffer) -> bool:
@@ -132,6 +135,49 @@ def release_staging(ctx: Context) -> None:
 
 
 _SLOT_ALIGN = 64   # a cache line: each slot starts on its own
+_BUDGET_SHARE = 16  # the Stages of a context hold at most this share of the host memory heap
+
+
+class StageBudget:
+    """The host memory a context's Stages hold together: at most ``limit`` bytes (the larger of
+    ``ctx.staging_chunk_bytes`` and a sixteenth of the heap that host-visible staging memory
+    comes from: 5.9 GiB on an H200's 94 GiB host heap), ``held`` of them now. A Stage is pinned
+    host memory the size of a workspace's host data (a training step's: several hundred MB), kept
+    while its workspace is; the budget bounds what the cached workspaces (engine.MAX_WORKSPACES)
+    hold together. A workspace beyond it moves its arrays one at a time through the context's
+    staging buffer instead (hostdata.py). ``limit`` may be set (the tests lower it)."""
+
+    def __init__(self, ctx: Context):
+        self.lock = threading.Lock()
+        self.held = 0
+        self.limit = max(ctx.staging_chunk_bytes, _host_heap_bytes(ctx) // _BUDGET_SHARE)
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve ``nbytes``; False (nothing reserved) when they would pass the limit."""
+        with self.lock:
+            if self.held + nbytes > self.limit:
+                return False
+            self.held += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self.lock:
+            self.held -= nbytes
+
+
+def stage_budget(ctx: Context) -> StageBudget:
+    """The context's :class:`StageBudget` (made on first use)."""
+    return ctx.owned.extension("stage_budget", StageBudget)
+
+
+def _host_heap_bytes(ctx: Context) -> int:
+    """The size of the largest heap of a host-visible, coherent memory type, preferring heaps of
+    host memory (not device-local: a discrete GPU's staging memory) -- where Stages come from."""
+    vk = binding.require()
+    host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+    ranked = [(not flags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, ctx.memory_heaps[heap][0])
+              for flags, heap in ctx.memory_types if flags & host == host]
+    return max(ranked)[1] if ranked else 0
 
 
 class Stage:
@@ -143,19 +189,34 @@ class Stage:
     carries the data both ways. :meth:`holds` compares host bytes with a slot's (memcmp), so a
     caller can tell that a device buffer filled from the slot still holds those very bytes.
 
-    ``sizes``: {name: bytes}. Lives until ``close()`` or the close of its context. Raises what
-    :class:`Buffer` raises.
+    ``sizes``: {name: bytes}. Made by :meth:`within_budget`; lives until ``close()`` or the close
+    of its context. Raises what :class:`Buffer` raises.
     """
 
     def __init__(self, ctx: Context, sizes: dict):
-        offsets, total = {}, 0
-        for name, n in sizes.items():
-            offsets[name] = (total, int(n))
-            total += -(-int(n) // _SLOT_ALIGN) * _SLOT_ALIGN
+        offsets, total = _layout(sizes)
         self.slots = offsets
-        self.buffer = Buffer(ctx, max(total, 16), staging=True)
+        self._budget = None   # the StageBudget its bytes were reserved from (within_budget)
+        self.buffer = Buffer(ctx, total, staging=True)
         # the mapping's address, for memcmp (read only while the buffer is open: _window checks)
         self._base = np.frombuffer(self.buffer.mapping, np.uint8, 1).ctypes.data
+
+    @classmethod
+    def within_budget(cls, ctx: Context, sizes: dict):
+        """A Stage of ``sizes`` when its bytes fit what is left of the context's StageBudget and
+        one allocation (max_memory_allocation_size); else None. Raises what :class:`Buffer`
+        raises (DeviceLost, OutOfDeviceMemory, ...)."""
+        total = _layout(sizes)[1]
+        budget = stage_budget(ctx)
+        if total > ctx.info.max_memory_allocation_size or not budget.take(total):
+            return None
+        try:
+            stage = cls(ctx, sizes)
+        except BaseException:
+            budget.give(total)
+            raise
+        stage._budget = budget
+        return stage
 
     @property
     def closed(self) -> bool:
@@ -210,3 +271,15 @@ class Stage:
 
     def close(self) -> None:
         self.buffer.close()
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget.give(self.buffer.size)
+
+
+def _layout(sizes: dict) -> tuple:
+    """({name: (offset, bytes)}, total bytes) of slots of ``sizes``, each on a cache line."""
+    offsets, total = {}, 0
+    for name, n in sizes.items():
+        offsets[name] = (total, int(n))
+        total += -(-int(n) // _SLOT_ALIGN) * _SLOT_ALIGN
+    return offsets, max(total, 16)

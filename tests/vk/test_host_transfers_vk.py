@@ -148,21 +148,75 @@ def test_a_backward_that_timed_out_keeps_the_forwards_buffers_until_it_ends(stag
     _check(other, r, g)
 
 
-def test_staging_larger_than_the_chunk_moves_one_array_at_a_time(staged):
+def test_a_call_larger_than_the_staging_chunk_still_moves_its_data_in_its_own_submission(staged):
+    """The staging slots of a workspace are bounded by the context's budget, not by the 64-MiB
+    chunk of one-off transfers (a training step's host data is several hundred MB)."""
     ctx = staged
     chunk = ctx.staging_chunk_bytes
     vk_engine.clear()
-    ctx.staging_chunk_bytes = 4096       # below one workspace's slots: the per-array path
+    ctx.staging_chunk_bytes = 4096       # below one workspace's slots
     try:
         case = make_problem(np.random.default_rng(5), S=2, T=16, H=4, P=8, N=16, G=2)
         _fwd_bwd(case)
         submits = ctx.stats.submits
         r, g = _fwd_bwd(case)
-        assert ctx.stats.submits - submits > 4
+        assert ctx.stats.submits - submits == 2
         _check(case, r, g)
     finally:
         ctx.staging_chunk_bytes = chunk
         vk_engine.clear()
+
+
+@pytest.fixture
+def budget(staged):
+    """The context's budget for staging slots, its limit restored after the test."""
+    from ssm_vk.runtime.transfer import stage_budget
+    vk_engine.clear()
+    b = stage_budget(staged)
+    limit = b.limit
+    yield b
+    b.limit = limit
+    vk_engine.clear()
+
+
+def test_the_staging_budget_is_at_least_a_chunk_and_within_the_host_heap(budget, staged):
+    heaps = [size for size, _ in staged.memory_heaps]
+    assert staged.staging_chunk_bytes <= budget.limit <= max(max(heaps), staged.staging_chunk_bytes)
+    assert budget.held == 0                    # nothing staged after engine.clear()
+
+
+def test_a_workspace_beyond_the_staging_budget_moves_one_array_at_a_time(budget, staged):
+    ctx = staged
+    budget.limit = 4096                  # below one workspace's slots: the per-array path
+    case = make_problem(np.random.default_rng(5), S=2, T=16, H=4, P=8, N=16, G=2)
+    _fwd_bwd(case)
+    submits = ctx.stats.submits
+    r, g = _fwd_bwd(case)
+    assert ctx.stats.submits - submits > 4
+    assert budget.held == 0
+    _check(case, r, g)
+
+
+def test_workspaces_share_the_staging_budget_and_give_it_back(budget, staged):
+    ctx = staged
+    first = make_problem(np.random.default_rng(7), S=2, T=16, H=4, P=8, N=16, G=2)
+    ssm_vk.ssm_scan(**first.args())
+    one = budget.held                            # the forward workspace's slots
+    assert one > 0
+    budget.limit = one + one // 2                # room for one such workspace, not two
+    second = make_problem(np.random.default_rng(8), S=2, T=17, H=4, P=8, N=16, G=2)   # a shape of its own
+    before = ctx.stats.submits
+    r2 = ssm_vk.ssm_scan(**second.args())        # beyond the budget: the per-array path
+    assert ctx.stats.submits - before > 2
+    assert budget.held == one
+    _check_fwd(r2, second.args(), "second, per array")
+    vk_engine.clear()                            # the workspaces close: their slots are given back
+    assert budget.held == 0
+    r2 = ssm_vk.ssm_scan(**second.args())
+    before = ctx.stats.submits
+    r2 = ssm_vk.ssm_scan(**second.args())        # now within the budget: one submission
+    assert ctx.stats.submits - before == 1
+    _check_fwd(r2, second.args(), "second, staged")
 
 
 def test_host_inputs_beside_device_arrays(ctx, transfers):
