@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On a machine with apt and pip, in the checkout: collect what the GPU machine cannot download into
+# folders that git ignores and `run`'s carry takes along (docs/VULKAN.md, "A GPU host without a
+# package index"): .gl/ (the Vulkan loader, glvnd, glslc, the validation layer), .whl/ (the vulkan
+# binding for the GPU host's Python 3.12), .peer/mamba (state-spaces/mamba's source from its sdist,
+# for vs_mamba_ssm.py and torch_side_by_side.py --mamba-src) and, with BASE=<commit>, .base/ (that
+# commit's tree, for timings before and after in one run: benchmarks/gpu_torch.sh).
+#
+#   [BASE=66453d7] bash benchmarks/gpu_carry.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for d in /.gl/ /.whl/ /.peer/ /.base/; do
+  grep -qxF "$d" .git/info/exclude || echo "$d" >> .git/info/exclude
+done
+if [ ! -d .gl ] || [ -z "$(ls .gl 2>/dev/null)" ]; then
+  mkdir -p .gl /tmp/apt-amd64/partial
+  opts='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/apt-amd64'
+  apt-get $opts update -qq
+  (cd .gl && apt-get $opts download -qq libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libgles2 libopengl0 \
+      glslc libshaderc1 vulkan-validationlayers)
+fi
+if [ ! -d .whl ] || [ -z "$(ls .whl 2>/dev/null)" ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .whl vulkan==1.3.275.1 cffi pycparser
+fi
+if [ ! -d .peer/mamba/mamba_ssm ]; then
+  rm -rf .peer/mamba /tmp/mamba-sdist && mkdir -p .peer /tmp/mamba-sdist
+  # the sdist file itself, found in PyPI's simple index and checked against its sha256 there (pip
+  # download would run its setup.py, which imports torch)
+  python3 - <<'PY'
+import hashlib, re, urllib.request
+page = urllib.request.urlopen("https://pypi.org/simple/mamba-ssm/").read().decode()
+url, sha = next((u, h) for u, h in re.findall(r'href="([^"#]+)#sha256=([0-9a-f]+)"', page)
+                if u.endswith("/mamba_ssm-2.3.2.post1.tar.gz"))
+data = urllib.request.urlopen(url).read()
+assert hashlib.sha256(data).hexdigest() == sha, "mamba_ssm sdist: sha256 differs from the index's"
+open("/tmp/mamba-sdist/mamba_ssm-2.3.2.post1.tar.gz", "wb").write(data)
+PY
+  tar -xzf /tmp/mamba-sdist/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba-sdist
+  mv /tmp/mamba-sdist/mamba_ssm-2.3.2.post1 .peer/mamba
+fi
+if [ -n "${BASE:-}" ]; then
+  rm -rf .base && mkdir .base && git archive "$BASE" | tar -x -C .base
+  echo "$BASE" > .base/COMMIT
+fi
+du -sh .gl .whl .peer ${BASE:+.base} | tr '\n' ' '; echo
