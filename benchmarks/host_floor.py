@@ -2,7 +2,7 @@
 host-pointer import (VK_EXT_external_memory_host: the device copies straight from and into the
 caller's pages, no CPU copy) would cost instead.
 
-    python benchmarks/host_floor.py [--sizes 8,64,256] [--reps 7] [--json out.json]
+    python benchmarks/host_floor.py [--sizes 8,64,256] [--calls mid,train] [--reps 7] [--json out.json]
 
 Per size (MiB), the median of ``--reps`` wall times, as GB/s:
 
@@ -20,9 +20,17 @@ Per size (MiB), the median of ``--reps`` wall times, as GB/s:
 - ``torch pageable->cuda`` / ``pinned->cuda`` / ``cuda->pageable``: torch's own copies, where a
   CUDA build of torch sees a GPU (what a PyTorch user's ``.to("cuda")`` gets).
 
+Per call shape (``--calls``: mid (1, 512, 48, 64, 128), train (8, 2048, 24, 64, 128); Mamba-2, G = 1),
+the data movement of a host-array forward + backward without the compute, each call's inputs in
+and outputs out in one submission, as ssm_vk moves it (``staged``: the CPU copies the inputs into
+one staging buffer and the outputs out of it into new arrays; the backward's inputs are all
+copied, where ssm_vk compares the forward's six with memcmp instead) and as import would
+(``imported``: each input's and each new output array's pages imported, copied by the device,
+freed), beside the link's floor for those bytes (bytes / the 64-MiB device copy's rate).
+
 The prediction it serves: a host-array call now costs the CPU copies (their GB/s) plus the
-link; with import it would cost the imports plus the link. Import wins where ``import`` rates
-stay well above the CPU copy rates at the sizes of real calls.
+link; with import it would cost the imports plus the link. Import wins where ``imported`` stays
+well under ``staged`` at the sizes of real calls.
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ import time
 
 import numpy as np
 
+from ssm_ref.checks import Dims
 from ssm_vk import runtime as rt
+from ssm_vk.plan.sizes import input_shapes, output_shapes
 from ssm_vk.runtime import binding, device, hostcopy
 from ssm_vk.runtime.commands import oneshot
 from ssm_vk.runtime.external import physical_device
@@ -175,6 +185,92 @@ def measure(ctx, mib: int, reps: int, align: int | None) -> dict:
     return {k: {"ms": v * 1e3, "GBps": n / v / 1e9} for k, v in rows.items()}
 
 
+CALLS = {"mid": (1, 512, 48, 64, 128), "train": (8, 2048, 24, 64, 128)}
+
+
+def call_movement(ctx, name: str, reps: int, align: int | None, link_gbps: float) -> dict:
+    """ms of a host forward + backward's data movement at shape ``name``, staged and imported."""
+    S, T, H, P, N = CALLS[name]
+    d = Dims(S=S, T=T, H=H, P=P, N=N, G=1, R=S, mamba1=False, a_shape=(H,))
+    rng = np.random.default_rng(1)
+    calls = []
+    for backward in (False, True):
+        ins = {k: rng.standard_normal(v, dtype=np.float32) for k, v in input_shapes(d, backward).items()}
+        outs = dict(output_shapes(d, backward))
+        calls.append((ins, outs))
+    nbytes = sum(a.nbytes for ins, _ in calls for a in ins.values()) + \
+        sum(int(np.prod(v)) * 4 for _, outs in calls for v in outs.values())
+    dev = {}
+    for ins, outs in calls:
+        for k, a in ins.items():
+            dev["in:" + k] = max(dev.get("in:" + k, 0), a.nbytes)
+        for k, v in outs.items():
+            dev["out:" + k] = max(dev.get("out:" + k, 0), int(np.prod(v)) * 4)
+    buffers = {k: Buffer(ctx, n) for k, n in dev.items()}
+    for k, b in buffers.items():   # outputs the copies read: defined bytes (finite floats)
+        if k.startswith("out:"):
+            rt.upload(b, rng.standard_normal(b.size // 4, dtype=np.float32))
+    staging = Buffer(ctx, max(sum(a.nbytes for a in ins.values()) + sum(int(np.prod(v)) * 4 for v in outs.values())
+                              for ins, outs in calls), staging=True)
+    window = np.frombuffer(staging.mapping, np.uint8, staging.size)
+    try:
+        def staged():
+            results = []
+            for ins, outs in calls:
+                at, slots = 0, []
+                for k, a in ins.items():
+                    hostcopy.copy(window[at:at + a.nbytes], a.reshape(-1).view(np.uint8))
+                    slots.append(("in", k, at, a.nbytes))
+                    at += a.nbytes
+                for k, v in outs.items():
+                    n = int(np.prod(v)) * 4
+                    slots.append(("out", k, at, n))
+                    at += n
+                with oneshot(ctx) as seq:
+                    for kind, k, off, n in slots:
+                        if kind == "in":
+                            seq.copy(staging, buffers["in:" + k], n, src_offset=off)
+                        else:
+                            seq.copy(buffers["out:" + k], staging, n, dst_offset=off)
+                for kind, k, off, n in slots:
+                    if kind == "out":
+                        out = np.empty(outs[k], np.float32)
+                        hostcopy.copy(out.reshape(-1).view(np.uint8), window[off:off + n])
+                        results.append(out)
+            return results
+
+        def imported():
+            results = []
+            for ins, outs in calls:
+                made = [np.empty(v, np.float32) for v in outs.values()]
+                imps = [Imported(ctx, a, align) for a in ins.values()] + [Imported(ctx, o, align) for o in made]
+                try:
+                    with oneshot(ctx) as seq:
+                        for imp, k in zip(imps, list(ins) + list(outs), strict=True):
+                            n = imp.array.nbytes
+                            if imp.array is ins.get(k):
+                                seq.copy(imp, buffers["in:" + k], n, src_offset=imp.offset)
+                            else:
+                                seq.copy(buffers["out:" + k], imp, n, dst_offset=imp.offset)
+                finally:
+                    for imp in imps:
+                        imp.close()
+                results += made
+            return results
+
+        rows = {"link floor": nbytes / (link_gbps * 1e9), "staged": median_s(staged, reps)}
+        if align is not None:
+            a, b = staged(), imported()
+            if not all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)):
+                raise AssertionError(f"{name}: imported and staged movements disagree")
+            rows["imported"] = median_s(imported, reps)
+    finally:
+        for b in buffers.values():
+            b.close()
+        staging.close()
+    return {"bytes": nbytes, **{k: v * 1e3 for k, v in rows.items()}}
+
+
 def torch_rows(n: int, reps: int) -> dict:
     try:
         import torch
@@ -200,6 +296,7 @@ def torch_rows(n: int, reps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256", help="MiB, comma-separated")
+    ap.add_argument("--calls", default="mid,train", help=f"call shapes of {', '.join(CALLS)}, or ''")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -215,12 +312,21 @@ def main() -> None:
         for name, r in results[mib].items():
             print(f"{mib:5d} MiB  {name:34s} {r['ms']:9.3f} ms {r['GBps']:8.2f} GB/s")
         sys.stdout.flush()
+    link = max((r["gpu copy staging->device"]["GBps"] for r in results.values()), default=None)
+    calls = {}
+    for name in filter(None, args.calls.split(",")):
+        if link is None:
+            link = results.setdefault(64, measure(ctx, 64, args.reps, align))["gpu copy staging->device"]["GBps"]
+        calls[name] = call_movement(ctx, name, args.reps, align, link)
+        r = calls[name]
+        print(f"call {name:6s} fwd+bwd data {r['bytes'] / 1e6:8.1f} MB: link floor {r['link floor']:8.3f} ms, staged "
+              f"{r['staged']:8.3f} ms" + (f", imported {r['imported']:8.3f} ms" if "imported" in r else ""))
     for message in ctx.validation_messages:
         print("validation:", message)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": ctx.info.name, "import_alignment": align, "copy_threads": hostcopy.threads(),
-                       "sizes_mib": results}, f, indent=1)
+                       "sizes_mib": results, "calls": calls}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,10 @@ def test_an_imported_array_moves_its_own_bytes_both_ways(ctx, host_floor, align,
         assert np.array_equal(target_whole[:start], before[:start])
         assert np.array_equal(target_whole[start + n:], before[start + n:])
     assert not ctx.validation_messages
+
+
+def test_a_calls_data_moved_by_import_equals_the_staged_movement(ctx, host_floor, align, monkeypatch):
+    monkeypatch.setitem(host_floor.CALLS, "tiny", (2, 9, 3, 5, 8))
+    r = host_floor.call_movement(ctx, "tiny", 1, align, 1.0)   # raises where the two disagree
+    assert r["bytes"] > 0 and r["staged"] > 0 and r["imported"] > 0
+    assert not ctx.validation_messages
