@@ -204,14 +204,18 @@ class Stage:
     @classmethod
     def within_budget(cls, ctx: Context, sizes: dict):
         """A Stage of ``sizes`` when its bytes fit what is left of the context's StageBudget and
-        one allocation (max_memory_allocation_size); else None. Raises what :class:`Buffer`
-        raises (DeviceLost, OutOfDeviceMemory, ...)."""
+        one allocation (max_memory_allocation_size) and the driver gives that memory; else None
+        (the caller moves its arrays one at a time instead: the same bytes, more submissions).
+        Raises what :class:`Buffer` raises otherwise (DeviceLost, ...)."""
         total = _layout(sizes)[1]
         budget = stage_budget(ctx)
         if total > ctx.info.max_memory_allocation_size or not budget.take(total):
             return None
         try:
             stage = cls(ctx, sizes)
+        except binding.OutOfDeviceMemory:   # (host memory, here): the per-array path needs 64 MiB at most
+            budget.give(total)
+            return None
         except BaseException:
             budget.give(total)
             raise

@@ -377,3 +377,20 @@ def test_only_zero_stride_zeros_stand_in():
     assert p.s.flags.c_contiguous and not p.s.any()                       # host backends: a real array
     gp = ssm_ref.check_backward(**args, keep_device=True)
     assert zero_stand_in(gp.g_y) and zero_stand_in(gp.g_states)
+
+
+def test_staging_slots_the_driver_cannot_allocate_leave_the_call_to_the_per_array_path(budget, staged, monkeypatch):
+    ctx = staged
+    case = make_problem(np.random.default_rng(9), S=2, T=16, H=4, P=8, N=16, G=2)
+    args = case.args()
+    ssm_vk.ssm_scan(**args)                      # compiled and planned
+    vk_engine.clear()
+
+    def no_memory(self, ctx, sizes):
+        raise rt.OutOfDeviceMemory("injected: the staging slots' allocation")
+    monkeypatch.setattr(rt.Stage, "__init__", no_memory)
+    before = ctx.stats.submits
+    r = ssm_vk.ssm_scan(**args)
+    assert ctx.stats.submits - before > 1        # moved array by array, not failed
+    assert budget.held == 0                      # the reservation given back
+    _check_fwd(r, args, "slots not allocated")
