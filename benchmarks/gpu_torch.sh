@@ -9,13 +9,15 @@
 #        on, SSM_REQUIRE_CUDA=1); floor: benchmarks/host_floor.py; paths: torch_side_by_side.py at
 #        demo, mid, train, long (every path, mamba_ssm beside), then .base's host and device paths;
 #        cuda: torch_cuda.py from this tree and from .base in turn, twice; hf: hf_patch.py on CUDA.
-# A step that would start with less than its share left is skipped and says so.
+# A step that would start with less than its share left is skipped and says so. SKIP_ENV=1: do not
+# source gpu_env.sh (a machine whose Vulkan and Python are set up already: trying the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 left() { echo $(( start + BUDGET_S - $(date +%s) )); }
-. benchmarks/gpu_env.sh
+if [ "${SKIP_ENV:-0}" = 1 ]; then export PYTHONPATH=$PWD:$PWD/benchmarks OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+else . benchmarks/gpu_env.sh; fi
 export OMP_WAIT_POLICY=PASSIVE SSM_FAST_QUIET=1
 R="$OUT/torch"; mkdir -p "$R"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests floor paths cuda hf)
