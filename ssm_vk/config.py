@@ -216,8 +216,9 @@ ENV: dict[str, EnvSetting] = {
     "SSM_VK_COPY_THREADS": EnvSetting(
         "the CPUs the process may use, at most 8",
         "CPU threads that copy a host-array call's data into and out of the staging memory of a discrete GPU "
-        "(copies from 4 MiB are split; 1: the calling thread alone). One thread copies at about the link's "
-        "speed, so the host's copies would double a large call's transfer time"),
+        "(copies from 4 MiB are split; 1: the calling thread alone). One thread copies at the link's speed "
+        "or below (6 GB/s on an H200's host, whose link moves 44), so the host's copies would at least double a "
+        "large call's transfer time"),
     "SSM_VK_VALIDATION": EnvSetting(
         "off", "1: run under the Khronos validation layer, messages kept in `ctx.validation_messages` "
         "([VULKAN.md](VULKAN.md), \"Test seams\")"),
