@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine: the PyTorch user's and the host-array user's paths (docs/TORCH.md, "On a GPU"),
-# in one command of at most BUDGET_S seconds (default 560), results in $OUT/torch/. Carry .gl, .whl,
+# in one command of at most BUDGET_S seconds (default 560), results in $OUT/torch.tgz. Carry .gl, .whl,
 # .peer and, for before/after timings in the same run, .base (benchmarks/gpu_carry.sh makes them).
 #
-#   bash benchmarks/gpu_torch.sh [tests] [floor] [paths] [cuda] [hf]      (default: all five, in order)
+#   [PHASE_SHAPES=..] [PATH_SHAPES=..] bash benchmarks/gpu_torch.sh [tests] [phases] [floor] [paths] [cuda] [hf]
+#                                                               (default: all six, in order)
 #
-# tests: the GPU test files of host data, out=, host-page import and CUDA tensors (validation layer
-#        on, SSM_REQUIRE_CUDA=1); floor: benchmarks/host_floor.py; paths: torch_side_by_side.py at
-#        demo, mid, train, long (every path, mamba_ssm beside), then .base's host and device paths;
-#        cuda: torch_cuda.py from this tree and from .base in turn, twice; hf: hf_patch.py on CUDA.
+# tests: the GPU test files of host data, out= and CUDA tensors (validation layer
+#        on, SSM_REQUIRE_CUDA=1); phases: torch_cuda.py --phases (where a CUDA-tensor call's time
+#        goes); floor: benchmarks/host_floor.py; paths: torch_side_by_side.py at demo, mid, train,
+#        long (every path, mamba_ssm beside), then .base's host and device paths; cuda:
+#        torch_cuda.py from this tree and from .base in turn, twice; hf: hf_patch.py on CUDA.
 # A step that would start with less than its share left is skipped and says so. SKIP_ENV=1: do not
 # source gpu_env.sh (a machine whose Vulkan and Python are set up already: trying the script).
 set -uo pipefail
@@ -20,12 +22,11 @@ if [ "${SKIP_ENV:-0}" = 1 ]; then export PYTHONPATH=$PWD:$PWD/benchmarks OUT=${O
 else . benchmarks/gpu_env.sh; fi
 export OMP_WAIT_POLICY=PASSIVE SSM_FAST_QUIET=1
 R="$OUT/torch"; mkdir -p "$R"
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests floor paths cuda hf)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests phases floor paths cuda hf)
 git log -1 --format='%H %s' > "$R/commit.txt" 2>/dev/null || true
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$R/commit.txt" 2>&1
-base() {   # run a command from .base's tree (its own modules and benchmarks)
-  (cd .base && PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks "$@")
-}
+# a command from .base's tree (its own modules and benchmarks): "${base[@]}" python3 ...
+base=(env -C .base PYTHONPATH=/tmp/site:$PWD/.base:$PWD/.base/benchmarks)
 step() {   # step NAME SECONDS CMD...: run CMD within min(SECONDS, what is left)
   local name=$1 want=$2; shift 2
   local have; have=$(left)
@@ -39,22 +40,25 @@ step() {   # step NAME SECONDS CMD...: run CMD within min(SECONDS, what is left)
 for s in "${steps[@]}"; do
   case "$s" in
     tests)
-      step tests 200 env FILES="tests/vk/test_host_transfers_vk.py tests/vk/test_host_import.py tests/vk/test_out_vk.py
+      step tests 200 env FILES="tests/vk/test_host_transfers_vk.py tests/vk/test_out_vk.py
         tests/vk/test_host_copies.py tests/pytorch/test_cuda_bridge.py tests/pytorch/test_cuda_tensors.py" \
         bash benchmarks/gpu_tests.sh
       grep -E "passed|failed|error" "$R/tests.log" | tail -3 | tee -a "$R/summary.txt" ;;
+    phases)
+      step phases 90 python3 benchmarks/torch_cuda.py --phases --shapes ${PHASE_SHAPES:-demo,mid,train,long} \
+        --reps 10 --json "$R/phases.json" ;;
     floor)
       step floor 60 python3 benchmarks/host_floor.py --sizes 8,64,256 --reps 5 --json "$R/host_floor.json" ;;
     paths)
-      step paths 200 python3 benchmarks/torch_side_by_side.py --backends ssm_vk --shapes demo,mid,train,long \
+      step paths 240 python3 benchmarks/torch_side_by_side.py --backends ssm_vk --shapes ${PATH_SHAPES:-demo,mid,train,long} \
         --rounds 2 --reps 5 --no-counts --mamba-src .peer/mamba --json "$R/paths.json"
-      [ -d .base ] && step paths-base 90 base python3 benchmarks/torch_side_by_side.py --backends ssm_vk \
+      [ -d .base ] && step paths-base 90 "${base[@]}" python3 benchmarks/torch_side_by_side.py --backends ssm_vk \
         --shapes mid,train --paths host,device --rounds 2 --reps 5 --no-counts --json "$R/paths-base.json" ;;
     cuda)
       for round in 1 2; do
         step "cuda-new-$round" 60 python3 benchmarks/torch_cuda.py --shapes demo,mid,train,long --rounds 1 --reps 15 \
           --json "$R/cuda-new-$round.json"
-        [ -d .base ] && step "cuda-base-$round" 60 base python3 benchmarks/torch_cuda.py --shapes demo,mid,train,long \
+        [ -d .base ] && step "cuda-base-$round" 60 "${base[@]}" python3 benchmarks/torch_cuda.py --shapes demo,mid,train,long \
           --rounds 1 --reps 15 --json "$R/cuda-base-$round.json"
       done ;;
     hf)
@@ -67,6 +71,8 @@ for s in "${steps[@]}"; do
   esac
 done
 echo; cat "$R/summary.txt"
-for f in floor paths paths-base cuda-new-1 cuda-base-1 cuda-new-2 cuda-base-2 hf; do
+for f in phases floor paths paths-base cuda-new-1 cuda-base-1 cuda-new-2 cuda-base-2 hf; do
   [ -f "$R/$f.log" ] && { echo "---- $f"; tail -n 24 "$R/$f.log"; }
 done
+# `run` brings back at most 8 files: the results as one archive
+tar -czf "$OUT/torch.tgz" -C "$OUT" torch && rm -rf "$R"

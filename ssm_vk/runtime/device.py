@@ -27,8 +27,6 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 PIPELINE_STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"   # Kernel.statistics()
 EXTERNAL_MEMORY_FD_EXTENSION = "VK_KHR_external_memory_fd"          # external.py: memory CUDA can import
-HOST_MEMORY_EXTENSION = "VK_EXT_external_memory_host"              # benchmarks/host_floor.py: host pages
-                                                                    # the device copies from and into
 # Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
 # Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
 CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
@@ -199,10 +197,10 @@ def base_extensions(calibration: str | None, extensions) -> list[str]:
     """The device extensions a context enables before the optional features: the calibration
     extension chosen (or none); VK_KHR_external_memory_fd whenever the device offers it --
     inert unless an ExportableBuffer asks for exportable memory (external.py, which relies on
-    "offered" meaning "enabled"); VK_EXT_external_memory_host likewise, inert unless memory is
-    allocated over host pages (benchmarks/host_floor.py measures what that costs)."""
+    "offered" meaning "enabled")."""
     out = [calibration] if calibration else []
-    out += [e for e in (EXTERNAL_MEMORY_FD_EXTENSION, HOST_MEMORY_EXTENSION) if e in extensions]
+    if EXTERNAL_MEMORY_FD_EXTENSION in extensions:
+        out.append(EXTERNAL_MEMORY_FD_EXTENSION)
     return out
 
 
