@@ -30,7 +30,7 @@ MAX_TIMESTAMPS = 64
 
 _RECORDING, _READY = "recording", "ready"
 _NOT_READY = 1   # VK_NOT_READY: a fence not signalled yet
-POLL_CAP_S = 10e-3  # the longest a wait polls for a sequence whose last run took longer than ctx.spin_s
+POLL_CAP_S = 1e-3  # the longest a wait polls for a sequence whose last run took longer than ctx.spin_s
 
 
 def poll_window(spin_s: float, last_run_s: float | None) -> float:
