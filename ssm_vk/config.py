@@ -212,7 +212,7 @@ ENV: dict[str, EnvSetting] = {
         "short call's end sooner (an H200's empty submit and wait: 40 us sleeping, 14 polling) at the cost of one "
         "busy core for up to that long per wait; on a CPU implementation such as lavapipe it would take a core "
         "from the work. A recorded call whose last run took longer than this (up to 10 ms) polls a quarter longer "
-        "than that run instead, so a call past the setting does not sleep and wake late each time (an H100: 0.15 "
+        "than that run instead, so a call past the setting does not sleep and wake late each time (an H100: up to 0.15 "
         "ms less per call of 0.5-3 ms); the core stays busy that long"),
     "SSM_VK_COPY_THREADS": EnvSetting(
         "the CPUs the process may use, at most 8",

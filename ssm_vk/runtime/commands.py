@@ -39,7 +39,7 @@ def poll_window(spin_s: float, last_run_s: float | None) -> float:
     run took longer and the stretch stays within POLL_CAP_S -- a call a little longer than the
     poll would otherwise sleep and wake late (an H200: 30-50 us after an empty submit, more after
     a longer one), every time. The cap is 10 ms: on an H100, calls of 0.5-3 ms polled through
-    took 0.15 ms less each than with a 1-ms cap (docs/TORCH.md, "On a GPU"); past it the late
+    took up to 0.15 ms less each than with a 1-ms cap (docs/TORCH.md, "On a GPU"); past it the late
     wake-up is under 2% of the call. 0 stays 0 (no polling asked for); a run longer than the cap
     keeps ``spin_s``."""
     if spin_s <= 0 or last_run_s is None:
