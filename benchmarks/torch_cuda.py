@@ -12,7 +12,10 @@ a synchronisation, so the parts add up to a little more than the call): torch's 
 arena and the wait for its stream ("in"), ssm_vk's call ("vk", with its GPU time), torch's copies
 out ("out") and the rest (autograd, the op's checks); beside them the same ssm_vk call again on
 the arena's arrays, and on DeviceArrays of its own (``ssm_vk.to_device``): the price of the
-exported memory and of the bridge, apart.
+exported memory and of the bridge, apart. Then the parts alone and in turn, which show what the
+GPU charges to switch between CUDA's work and Vulkan's: torch's copies into the arena alone and
+right after a Vulkan call, a 16-element CUDA add alone and right after a Vulkan call, the
+forward's Vulkan call alone, after that add and after the copies (docs/TORCH.md, "On a GPU").
 
 Needs a GPU that CUDA (torch) and Vulkan both see (ssm_torch.cuda.available). Shapes are those of
 vk_gpu_check.py. Each timing is the median of ``--reps`` calls, each call ended by
