@@ -141,15 +141,14 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=Fa
     """
     sp = form_code(dt_softplus)
     K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
-    if out is not None:   # the caller's outputs: checked, then the full path (no lane)
-        knobs = config.invariant_mode(config.settings(), invariant)
-        p = check_forward(s, x, dt, A, B, C, ids, K)
-        return _forward_checked(p, knobs, sp, _FORMS[sp], given=outputs.check(out, p, False, update_cache))
-    if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, K, invariant)
     knobs = config.settings()
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
+    if out is not None:   # the caller's outputs: checked, then the full path (no lane)
+        p = check_forward(s, x, dt, A, B, C, ids, K)
+        return _forward_checked(p, knobs, sp, _FORMS[sp], given=outputs.check(out, p, False, update_cache))
+    if update_cache is not False:
+        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, knobs, K)
     arrays = (s, x, dt, A, B, C)
     replay, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
     if replay is not None:   # a repeat of a call that ran on the device: the prepared call kept for it
@@ -189,15 +188,11 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=(), given=
     return _out_result(out, dec.info.where, K)
 
 
-def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, K: int = 1,
-                   invariant=False) -> ScanResult:
+def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, knobs, K: int = 1) -> ScanResult:
     """ssm_scan with update_cache (checked here, after the shapes): the final states go into the
     cache rows s[ids]; ``states`` None, ``snapshots`` the K slots when K > 1, else None. A
     repeated device-resident call runs the prepared call kept for it, as ssm_scan does (its ids
-    checked distinct every call)."""
-    knobs = config.settings()
-    if invariant is not False:
-        knobs = config.invariant_mode(knobs, invariant)
+    checked distinct every call). ``knobs``: the call's settings (its invariant mode in them)."""
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
         replay, sig = lanes.find(False, arrays, knobs, sp, True, K)
