@@ -15,7 +15,7 @@ the arena's arrays, and on DeviceArrays of its own (``ssm_vk.to_device``): the p
 exported memory and of the bridge, apart. Then the parts alone and in turn, which show what the
 GPU charges to switch between CUDA's work and Vulkan's: torch's copies into the arena alone and
 right after a Vulkan call, a 16-element CUDA add alone and right after a Vulkan call, the
-forward's Vulkan call alone, after that add and after the copies (docs/TORCH.md, "On a GPU").
+forward's Vulkan call after that add and after the copies (docs/TORCH.md, "On a GPU").
 
 Needs a GPU that CUDA (torch) and Vulkan both see (ssm_torch.cuda.available). Shapes are those of
 vk_gpu_check.py. Each timing is the median of ``--reps`` calls, each call ended by
@@ -29,7 +29,6 @@ import json
 import statistics
 import time
 
-import numpy as np
 import torch
 from vk_gpu_check import SHAPES, inputs
 
@@ -156,10 +155,6 @@ def phases(t: dict, gy, gs, reps: int) -> dict:
 
     f, a, k = calls["fwd"]
 
-    def fresh():
-        return tuple(DeviceArray(x.ctx, x.buffer, x.shape, owned=False) if isinstance(x, DeviceArray) else x
-                     for x in a)
-
     def pair(first, second):   # ms of ``second`` right after ``first``
         times = []
         for _ in range(reps):
@@ -176,16 +171,13 @@ def phases(t: dict, gy, gs, reps: int) -> dict:
     out["copy in after vk"] = pair(vk, copy_in)
     out["tiny cuda alone"] = pair(cuda_tiny, cuda_tiny)
     out["tiny cuda after vk"] = pair(vk, cuda_tiny)
-    out["fwd vk alone"] = pair(vk, vk)
     out["fwd vk after tiny cuda"] = pair(cuda_tiny, vk)
     out["fwd vk after copy in"] = pair(copy_in, vk)
-    out["fwd vk, fresh wrappers"] = pair(vk, lambda: f(*fresh(), **k))
     out["torch sync alone"] = pair(stream.synchronize, stream.synchronize)
-    for op in ("fwd", "bwd"):
+    for op in ("fwd", "bwd"):   # "again": the call after itself (Vulkan work before it)
         f, a, k = calls[op]
         out[f"{op} again on the arena"], out[f"{op} again on the arena gpu"] = again(f, a, k)
-        own = tuple(ssm_vk.to_device(x.numpy()) if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else x
-                    for x in a)
+        own = tuple(ssm_vk.to_device(x.numpy()) if isinstance(x, DeviceArray) else x for x in a)
         kw = {n: v for n, v in k.items() if n != "out"}
         out[f"{op} on own DeviceArrays"], out[f"{op} on own DeviceArrays gpu"] = again(f, own, kw)
     return out
