@@ -10,8 +10,7 @@ numbers: the tests hold them to the float64 oracle).
 ``--phases``: where a CUDA-tensor forward and backward spend their wall time (each part ended by
 a synchronisation, so the parts add up to a little more than the call): torch's copies into the
 arena and the wait for its stream ("in"), ssm_vk's call ("vk", with its GPU time), torch's copies
-out ("out"; where the arena's semaphore orders the work, they are queued inside the call, and "out"
-is the wait for them) and the rest (autograd, the op's checks); beside them the same ssm_vk call again on
+out ("out") and the rest (autograd, the op's checks); beside them the same ssm_vk call again on
 the arena's arrays, and on DeviceArrays of its own (``ssm_vk.to_device``): the price of the
 exported memory and of the bridge, apart. Then the parts alone and in turn, which show what the
 GPU charges to switch between CUDA's work and Vulkan's: torch's copies into the arena alone and
@@ -75,15 +74,10 @@ def phases(t: dict, gy, gs, reps: int) -> dict:
 
     marks, calls = [], {}
     side_cls = cuda.CudaSide
-    before, signal, after = side_cls.before_vulkan, side_cls.signal, side_cls.after_reads
+    before, after = side_cls.before_vulkan, side_cls.after_reads
 
     def before_vulkan(self):
         before(self)
-        marks.append(("in", time.perf_counter(), None))
-
-    def signal_(self, imported, value):   # (the semaphore's signal, then the wait that ends "in")
-        signal(self, imported, value)
-        self.stream().synchronize()
         marks.append(("in", time.perf_counter(), None))
 
     def after_reads(self, arena):
@@ -100,7 +94,7 @@ def phases(t: dict, gy, gs, reps: int) -> dict:
         return call
 
     scan, back = ssm_vk.ssm_scan, ssm_vk.ssm_scan_back
-    side_cls.before_vulkan, side_cls.signal, side_cls.after_reads = before_vulkan, signal_, after_reads
+    side_cls.before_vulkan, side_cls.after_reads = before_vulkan, after_reads
     ssm_vk.ssm_scan, ssm_vk.ssm_scan_back = wrap("fwd", scan), wrap("bwd", back)
     parts = {f"{op} {k}": [] for op in ("fwd", "bwd") for k in ("in", "vk", "vk gpu", "out", "rest", "total")}
     try:
@@ -127,7 +121,7 @@ def phases(t: dict, gy, gs, reps: int) -> dict:
             for k, v in row.items():
                 parts[k].append(v)
     finally:
-        side_cls.before_vulkan, side_cls.signal, side_cls.after_reads = before, signal, after
+        side_cls.before_vulkan, side_cls.after_reads = before, after
         ssm_vk.ssm_scan, ssm_vk.ssm_scan_back = scan, back
     out = {k: statistics.median(v[2:]) * 1e3 for k, v in parts.items()}
 

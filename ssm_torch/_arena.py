@@ -1,8 +1,7 @@
 """The arena of ssm_torch/cuda.py: the exported Vulkan buffers through which CUDA tensors reach
-ssm_vk, one per role (each input, each output), imported into the other side once per growth,
-what the last forward left in them (:attr:`Arena.held`), and the timeline semaphore that orders
-the two sides' work on the GPU (:meth:`Arena.timeline`). The side (CUDA, or the tests' host
-stand-in) does the imports, the views and the ordering; this module only keeps the objects.
+ssm_vk, one per role (each input, each output), imported into the other side once per growth, and
+what the last forward left in them (:attr:`Arena.held`). The side (CUDA, or the tests' host
+stand-in) does the import, the views and the ordering; this module only keeps the buffers.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ class Arena:
     each output), grown when a call needs more, imported once per growth. ``lock`` serialises the
     calls that use it; ``event`` marks the last reads of its memory by the other side; ``held``:
     (the signature of the forward inputs its slots hold, {name: DeviceArray over the slot}) since
-    the last forward, None once a slot is written otherwise or freed. ``value``: the last value of
-    the timeline semaphore handed out (:meth:`next_value`). Closed with the context (its buffers
-    also by ssm_torch.cuda.release_memory)."""
+    the last forward, None once a slot is written otherwise or freed. Closed with the context (or
+    by ssm_torch.cuda.release_memory)."""
 
     _MIN = 1 << 16
 
@@ -50,30 +48,7 @@ class Arena:
         self.event = None
         self.held = None
         self.closed = False
-        self._timeline = None   # (TimelineSemaphore, the side's import of it); False: the host orders
-        self.host_ordering = ""  # why the host orders the two sides' work ("" while it need not)
-        self.value = 0
         ctx.owned.adopt(self)
-
-    def timeline(self):
-        """(the exported timeline semaphore, the side's import of it), made on first use; None when
-        the device cannot export one or the side cannot import it (:attr:`host_ordering` says why:
-        the host then waits for the side's writes before each call, as ``side.before_vulkan``)."""
-        if self._timeline is None:
-            sem = None
-            try:
-                sem = external.TimelineSemaphore(self.ctx, exported=self.side.exports)
-                self._timeline = (sem, self.side.attach_semaphore(sem))
-            except (ValueError, RuntimeError) as exc:
-                if sem is not None:
-                    sem.close()
-                self._timeline, self.host_ordering = False, str(exc)
-        return self._timeline or None
-
-    def next_value(self) -> int:
-        """A new value of the timeline, above every one handed out (the caller holds ``lock``)."""
-        self.value += 1
-        return self.value
 
     def slot(self, role: str, nbytes: int) -> Slot:
         """The slot of ``role``, at least ``nbytes`` big (a bigger one made when it is not; the
@@ -113,13 +88,7 @@ class Arena:
         if self.closed:
             return
         self.closed = True
-        self.trim()   # (waits for the side's last use of the arena, the semaphore's too)
-        if self._timeline:
-            sem, imported = self._timeline
-            self._timeline = False
-            with contextlib.suppress(Exception):
-                self.side.detach_semaphore(imported)
-            sem.close()
+        self.trim()
         self.ctx.owned.forget(self)
 
 

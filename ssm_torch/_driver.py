@@ -1,8 +1,7 @@
 """CUDA's driver API, the few calls ssm_torch/cuda.py needs, through ctypes on ``libcuda.so.1``
-(every CUDA install has it, so no package is needed): a device's UUID, the import of Vulkan
-memory exported as a file descriptor (cuImportExternalMemory) mapped as a device pointer, and the
-import of a Vulkan timeline semaphore (cuImportExternalSemaphore), signalled and waited for on a
-stream. Each call runs with the device's primary context current, the one torch's CUDA runtime uses.
+(every CUDA install has it, so no package is needed): a device's UUID, and the import of Vulkan
+memory exported as a file descriptor (cuImportExternalMemory) mapped as a device pointer. Each call
+runs with the device's primary context current, the one torch's CUDA runtime uses.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from ssm_vk.runtime import external
 
 _CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1
 _CUDA_EXTERNAL_MEMORY_DEDICATED = 0x1
-_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD = 9
 
 
 class _Win32(ctypes.Structure):
@@ -37,16 +35,6 @@ class _BufferDesc(ctypes.Structure):         # CUDA_EXTERNAL_MEMORY_BUFFER_DESC 
                 ("reserved", ctypes.c_uint * 16)]
 
 
-class _SemaphoreHandleDesc(ctypes.Structure):   # CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC (96 bytes)
-    _fields_ = [("type", ctypes.c_int), ("handle", _Handle), ("flags", ctypes.c_uint),
-                ("reserved", ctypes.c_uint * 16)]
-
-
-class _SemaphoreParams(ctypes.Structure):       # CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS / _WAIT_PARAMS (144
-    _fields_ = [("value", ctypes.c_ulonglong),  # bytes each): the fence's value first, the rest zero
-                ("rest", ctypes.c_ubyte * 64), ("flags", ctypes.c_uint), ("reserved", ctypes.c_uint * 16)]
-
-
 class Driver:
     """The few driver-API functions the import needs. Each runs with the device's primary context
     current (the one torch's runtime uses), pushed and popped around it."""
@@ -61,8 +49,7 @@ class Driver:
             for name in ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
                          "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuImportExternalMemory",
                          "cuExternalMemoryGetMappedBuffer", "cuDestroyExternalMemory", "cuMemFree_v2",
-                         "cuGetErrorName", "cuImportExternalSemaphore", "cuDestroyExternalSemaphore",
-                         "cuSignalExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync"):
+                         "cuGetErrorName"):
                 getattr(lib, name).restype = ctypes.c_int
             # the GPU's UUID, as Vulkan's deviceUUID has it (cuDeviceGetUuid; its _v2, which differs
             # only under MIG, where the first is gone)
@@ -77,11 +64,6 @@ class Driver:
         lib.cuDestroyExternalMemory.argtypes = [ctypes.c_void_p]
         lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
         lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
-        lib.cuDestroyExternalSemaphore.argtypes = [ctypes.c_void_p]
-        for name in ("cuSignalExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync"):
-            getattr(lib, name).argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_SemaphoreParams),
-                                           ctypes.c_uint, ctypes.c_void_p]
-        self._primary: dict[int, ctypes.c_void_p] = {}   # ordinal -> its primary context, retained for good
         self.check(lib.cuInit(0), "cuInit")
 
     def check(self, rc: int, what: str) -> None:
@@ -133,49 +115,6 @@ class Driver:
                 self.lib.cuDestroyExternalMemory(ext)
                 self.check(rc, "cuExternalMemoryGetMappedBuffer")
         return ext.value, ptr.value
-
-    def import_semaphore(self, ordinal: int, semaphore: external.TimelineSemaphore) -> int:
-        """The CUDA handle of ``semaphore`` (exported) imported into CUDA device ``ordinal``."""
-        fd = semaphore.export_fd()
-        desc = _SemaphoreHandleDesc(type=_CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD, flags=0)
-        desc.handle.fd = fd
-        ext = ctypes.c_void_p()
-        with self.current(ordinal):
-            rc = self.lib.cuImportExternalSemaphore(ctypes.byref(ext), ctypes.byref(desc))
-        if rc != 0:
-            os.close(fd)   # CUDA owns the descriptor only once the import succeeded
-            self.check(rc, "cuImportExternalSemaphore")
-        return ext.value
-
-    def release_semaphore(self, ordinal: int, ext: int) -> None:
-        """Destroy a semaphore's import (errors ignored, as :meth:`release`)."""
-        with contextlib.suppress(RuntimeError), self.current(ordinal):
-            self.lib.cuDestroyExternalSemaphore(ext)
-
-    def _on_stream(self, fn, what: str, ordinal: int, ext: int, value: int, stream: int) -> None:
-        ctx = self._primary.get(ordinal)
-        if ctx is None:   # retained once and never released: torch's runtime holds it for good too
-            ctx = ctypes.c_void_p()
-            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.device(ordinal)),
-                       "cuDevicePrimaryCtxRetain")
-            self._primary[ordinal] = ctx
-        sems = (ctypes.c_void_p * 1)(ext)
-        params = _SemaphoreParams(value=value)
-        self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-        try:
-            self.check(fn(sems, ctypes.byref(params), 1, ctypes.c_void_p(stream)), what)
-        finally:
-            self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-
-    def signal(self, ordinal: int, ext: int, value: int, stream: int) -> None:
-        """Queue on ``stream`` (a CUstream handle): set the imported semaphore to ``value``."""
-        self._on_stream(self.lib.cuSignalExternalSemaphoresAsync, "cuSignalExternalSemaphoresAsync", ordinal, ext,
-                        value, stream)
-
-    def wait(self, ordinal: int, ext: int, value: int, stream: int) -> None:
-        """Queue on ``stream``: wait until the imported semaphore reaches ``value``."""
-        self._on_stream(self.lib.cuWaitExternalSemaphoresAsync, "cuWaitExternalSemaphoresAsync", ordinal, ext,
-                        value, stream)
 
     def release(self, ordinal: int, ext: int, ptr: int) -> None:
         """Unmap and destroy an import (errors ignored: this runs at close, maybe at exit)."""

@@ -11,21 +11,15 @@ call them for CUDA tensors):
 1. checks that the tensors' GPU is the Vulkan device: the CUDA device's UUID against the Vulkan
    device's (VkPhysicalDeviceIDProperties.deviceUUID) -- ValueError naming both otherwise;
 2. has torch copy each input into its slot of the arena as float32, on torch's current stream
-   (any float dtype, any strides: the copy converts), then signals the arena's timeline semaphore
-   (a Vulkan semaphore exported and imported as the memory is) on that stream;
+   (any float dtype, any strides: the copy converts), then waits for that stream, so the Vulkan
+   work reads the inputs after torch's writes and everything queued before them;
 3. runs ssm_vk on DeviceArrays that are the arena's slots, its outputs written straight into
-   theirs (``out=``: one Vulkan submission), the submission gated (ssm_vk.runtime.gate): the GPU
-   starts it once the stream has signalled, and the moment it is queued, torch's stream is told
-   to wait for its end and to copy the outputs into new tensors of the inputs' dtypes -- so
-   neither API's work waits for the host in between;
-4. records an event on the stream after those reads: the next call's writes into the arena wait
-   for it.
+   theirs (``out=``: one Vulkan submission; the call returns once the GPU is done);
+4. has torch copy the outputs into new tensors of the inputs' dtypes, on the current stream, and
+   records an event there: the next call's writes into the arena wait for those reads.
 
-Where the device cannot export a timeline semaphore (or CUDA cannot import it: the arena's
-``host_ordering`` says why), the host orders the work instead: it waits for torch's stream before
-the Vulkan call and has torch copy the outputs once the call is done. Either way the call returns
-tensors allocated by torch, ordered on torch's current stream, once the Vulkan work is done (the
-host waits for it in ssm_vk's call, as for ssm_vk's own calls). ROCm builds of torch are refused
+So the call returns tensors allocated by torch, ordered on torch's current stream; the host waits
+in the call (step 2 and 3) as it does for ssm_vk's own calls. ROCm builds of torch are refused
 (HIP has the matching import function, not built here); see docs/TORCH.md.
 """
 
@@ -35,7 +29,7 @@ import torch
 
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import DeviceArray
-from ssm_vk.runtime import external, gate
+from ssm_vk.runtime import external
 
 from . import _arena, _common, _driver
 
@@ -100,10 +94,8 @@ class _Import:
 
 
 class CudaSide:
-    """How the arena meets torch on CUDA device ``ordinal``: the imports, the views, the ordering
+    """How the arena meets torch on CUDA device ``ordinal``: the import, the views, the ordering
     on torch's current stream, and the check that the Vulkan device is this GPU."""
-
-    exports = True   # the arena's semaphore is exported (and imported here)
 
     def __init__(self, ordinal: int):
         self.ordinal = ordinal
@@ -136,28 +128,13 @@ class CudaSide:
     def stream(self):
         return torch.cuda.current_stream(self.device)
 
-    def attach_semaphore(self, semaphore: external.TimelineSemaphore) -> int:
-        return _driver.the_driver().import_semaphore(self.ordinal, semaphore)
-
-    def detach_semaphore(self, imported: int) -> None:
-        _driver.the_driver().release_semaphore(self.ordinal, imported)
-
-    def signal(self, imported: int, value: int) -> None:
-        """torch's current stream sets the semaphore to ``value`` once the work queued on it is done."""
-        _driver.the_driver().signal(self.ordinal, imported, value, self.stream().cuda_stream)
-
-    def wait(self, imported: int, value: int) -> None:
-        """torch's current stream waits until the semaphore reaches ``value``."""
-        _driver.the_driver().wait(self.ordinal, imported, value, self.stream().cuda_stream)
-
     def before_writes(self, arena) -> None:
         """torch's current stream waits for the last call's reads of the arena."""
         if arena.event is not None:
             self.stream().wait_event(arena.event)
 
     def before_vulkan(self) -> None:
-        """The host waits for torch's current stream: its writes into the arena are done (where
-        the arena has no timeline semaphore)."""
+        """The host waits for torch's current stream: its writes into the arena are done."""
         self.stream().synchronize()
 
     def after_reads(self, arena) -> None:
@@ -292,49 +269,19 @@ def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict 
             n = _numel(shape)
             slot = targets[name] = arena.slot("out:" + name, n * _F32) if n else None
             given[name] = DeviceArray(ctx, None if slot is None else slot.buffer, shape, owned=False)
-        def read_out():   # the outputs out of the arena, as new tensors
-            return tuple(torch.zeros(shape, dtype=dtype, device=side.device) if targets[name] is None
-                         else targets[name].view(side, shape).to(dtype, copy=True)
-                         for name, (shape, dtype) in outs.items())
-
         try:
-            timeline = arena.timeline()
-            if timeline is None:
-                side.before_vulkan()
-                r = call(arrays, given)
-                tensors = read_out()
-            else:
-                r, tensors = _gated(ctx, side, arena, timeline, lambda: call(arrays, given), read_out)
-        finally:
+            side.before_vulkan()
+            r = call(arrays, given)
+            tensors = []
+            for name, (shape, dtype) in outs.items():
+                slot = targets[name]
+                if slot is None:
+                    tensors.append(torch.zeros(shape, dtype=dtype, device=side.device))
+                else:
+                    tensors.append(slot.view(side, shape).to(dtype, copy=True))
+        finally:   # (a call that raised may have queued copies into the arena: the next call waits for them)
             side.after_reads(arena)
-    return r, tensors
-
-
-def _gated(ctx, side, arena, timeline, call, read_out):
-    """``call()`` with its submissions gated by the arena's semaphore (see the module's docstring):
-    the side signals the entry value after its writes; each submission waits for it, and once
-    queued, the side waits for its value and reads the outputs (``read_out``). Reads queued after
-    one of the runtime's own transfers (an upload of a CPU fallback's results) are left out: the
-    outputs are read again after the call, which has waited for every submission by then.
-    Returns (the call's result, the tensors)."""
-    sem, imported = timeline
-    entry = arena.next_value()
-    side.signal(imported, entry)
-    state = {"tensors": None, "error": None}
-
-    def submitted(value: int, internal: bool) -> None:
-        try:   # (raised after the call: not from inside ssm_vk's submission)
-            side.wait(imported, value)
-            state["tensors"] = None if internal else read_out()
-        except BaseException as exc:
-            state["error"] = exc
-
-    with gate.gated(gate.Gate(ctx, sem, entry, arena.next_value, submitted)):
-        r = call()
-    if state["error"] is not None:
-        raise state["error"]
-    tensors = state["tensors"]
-    return r, (tensors if tensors is not None else read_out())
+    return r, tuple(tensors)
 
 
 def _numel(shape) -> int:

@@ -18,8 +18,8 @@ PKG = ROOT / "ssm_vk"
 LAYERS = (
     ("ssm_vk.config",),
     # runtime/, from the binding up to the package's __init__
-    ("ssm_vk.runtime.binding", "ssm_vk.runtime.checks", "ssm_vk.runtime.gate", "ssm_vk.runtime.hostcopy",
-     "ssm_vk.runtime.spirv", "ssm_vk.runtime.spirv_cache", "ssm_vk.runtime.shaders"),
+    ("ssm_vk.runtime.binding", "ssm_vk.runtime.checks", "ssm_vk.runtime.hostcopy", "ssm_vk.runtime.spirv",
+     "ssm_vk.runtime.spirv_cache", "ssm_vk.runtime.shaders"),
     ("ssm_vk.runtime.device", "ssm_vk.runtime.introspect"),
     ("ssm_vk.runtime.owned", "ssm_vk.runtime.seams", "ssm_vk.runtime.instance"),
     ("ssm_vk.runtime.context",),

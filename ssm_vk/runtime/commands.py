@@ -17,7 +17,7 @@ import functools
 import time
 from collections.abc import Iterator
 
-from . import binding, gate
+from . import binding
 from .binding import DeviceLost, VulkanTimeout
 from .checks import check_int
 from .context import Context
@@ -268,47 +268,20 @@ class Sequence:
             ctx.mark_lost()
             raise DeviceLost("vkQueueSubmit failed: VK_ERROR_DEVICE_LOST (injected by fail_next_submit)", -4)
         lib = self._lib
-        gated = gate.current(ctx)
         with ctx.lock:
             result = lib.vkResetFences(ctx.handle, 1, self._fences)
             if result == 0:
-                if gated is None:
-                    info, value = self._submit_info, 0
-                else:
-                    value = gated.next_value()
-                    info, structs = self._gated_info(gated, value)
                 self._submit_t = time.perf_counter()
-                result = lib.vkQueueSubmit(ctx.queue, 1, info, self._fence)
-                if gated is not None:
-                    del structs   # (alive until here: the driver reads them in the call)
+                result = lib.vkQueueSubmit(ctx.queue, 1, self._submit_info, self._fence)
             if result != 0:
                 raise self._failed(result, "vkQueueSubmit")
             ctx.stats.submits += 1
             self.pending = self._submitted = True
             ctx.pending.add(self)
-        if gated is not None:
-            gated.submitted(value, self.internal)
         if fault is VulkanTimeout:
             raise VulkanTimeout("waiting for the GPU timed out (injected by fail_next_submit)", 2)
         if wait:
             self.wait(timeout_s)
-
-    def _gated_info(self, gated, value: int):
-        """A VkSubmitInfo of this sequence that waits for ``gated``'s entry value and signals
-        ``value`` (runtime.gate), and what must stay alive until it is submitted."""
-        vk = binding.vk
-        ffi = vk.ffi
-        sems = ffi.new("VkSemaphore[1]", [gated.semaphore.handle])
-        waits, signals = ffi.new("uint64_t[1]", [gated.entry]), ffi.new("uint64_t[1]", [value])
-        stages = ffi.new("VkPipelineStageFlags[1]", [vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT])
-        timeline = ffi.new("VkTimelineSemaphoreSubmitInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, "waitSemaphoreValueCount": 1,
-            "pWaitSemaphoreValues": waits, "signalSemaphoreValueCount": 1, "pSignalSemaphoreValues": signals})
-        info = ffi.new("VkSubmitInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "pNext": timeline, "waitSemaphoreCount": 1,
-            "pWaitSemaphores": sems, "pWaitDstStageMask": stages, "commandBufferCount": 1,
-            "pCommandBuffers": self._cmds, "signalSemaphoreCount": 1, "pSignalSemaphores": sems})
-        return info, (sems, waits, signals, stages, timeline)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the last submission has finished (no-op when none is pending).

@@ -108,14 +108,17 @@ class Context:
         self._alloc_bytes = 0
         self.closures = 0                        # buffers and kernels closed so far (commands.py: a Sequence
                                                  # checks its own for closed ones when this moved)
-        self.pending: set = set()                # sequences submitted, not yet waited for (a hint for wait_idle)
-        self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel (cache_kernel)
+        self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
+                                                 # (by their own thread; a hint for wait_idle)
+        self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel
+                                                 # (cached_kernel / cache_kernel)
         self.staging_chunk_bytes = 64 << 20      # transfer.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None
         self.handle = None                       # the VkDevice; callers check_usable() before new work
-        self.calibration: str | None = None      # the calibrated-timestamps extension (Sequence.host_times)
-        self.timeline_semaphores = False         # Vulkan 1.2's timeline semaphores enabled (external.py)
-        # Compile statistics (Kernel.statistics), asked for by SSM_VK_PIPELINE_STATS: kept when offered, else why not
+        self.calibration: str | None = None      # the calibrated-timestamps extension enabled, if any
+                                                 # (commands.Sequence.host_times)
+        # Compile statistics (Kernel.statistics): asked for by SSM_VK_PIPELINE_STATS, read before
+        # any Vulkan call; kept when the device offers them, else why not.
         self.pipeline_stats = False
         self.pipeline_stats_missing = "" if want_stats else \
             "not asked for (set SSM_VK_PIPELINE_STATS=1 before the Vulkan context is made)"
@@ -168,9 +171,6 @@ class Context:
                 wanted.pNext = stats_feature
                 device_extensions.append(device.PIPELINE_STATS_EXTENSION)
                 self.pipeline_stats = True
-        timeline = device.timeline_feature(physical, chosen, wanted.pNext)   # (external.TimelineSemaphore)
-        wanted.pNext = timeline or wanted.pNext
-        self.timeline_semaphores = timeline is not None
         queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0])
         info = vk.VkDeviceCreateInfo(pNext=wanted, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
                                      enabledExtensionCount=len(device_extensions),

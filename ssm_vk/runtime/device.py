@@ -27,7 +27,6 @@ _SUBGROUP_OPS = {  # VkSubgroupFeatureFlagBits
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 PIPELINE_STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"   # Kernel.statistics()
 EXTERNAL_MEMORY_FD_EXTENSION = "VK_KHR_external_memory_fd"          # external.py: memory CUDA can import
-EXTERNAL_SEMAPHORE_FD_EXTENSION = "VK_KHR_external_semaphore_fd"    # external.py: semaphores CUDA can import
 # Calibrated timestamps (Sequence.host_times): the EXT name first (older validation layers, such as
 # Debian 12's, know it and warn at device creation about the KHR one it was promoted to), then KHR.
 CALIBRATION_EXTENSIONS = ("VK_EXT_calibrated_timestamps", "VK_KHR_calibrated_timestamps")
@@ -196,31 +195,13 @@ def calibration_extension(instance, physical_device, extensions) -> str | None:
 
 def base_extensions(calibration: str | None, extensions) -> list[str]:
     """The device extensions a context enables before the optional features: the calibration
-    extension chosen (or none); VK_KHR_external_memory_fd and VK_KHR_external_semaphore_fd
-    whenever the device offers them -- inert unless an ExportableBuffer or an exported
-    TimelineSemaphore asks for them (external.py, which relies on "offered" meaning "enabled")."""
+    extension chosen (or none); VK_KHR_external_memory_fd whenever the device offers it --
+    inert unless an ExportableBuffer asks for exportable memory (external.py, which relies on
+    "offered" meaning "enabled")."""
     out = [calibration] if calibration else []
-    out += [e for e in (EXTERNAL_MEMORY_FD_EXTENSION, EXTERNAL_SEMAPHORE_FD_EXTENSION) if e in extensions]
+    if EXTERNAL_MEMORY_FD_EXTENSION in extensions:
+        out.append(EXTERNAL_MEMORY_FD_EXTENSION)
     return out
-
-
-def timeline_feature(physical_device, info: DeviceInfo, chain):
-    """The feature struct that turns timeline semaphores on (Vulkan 1.2's timelineSemaphore),
-    chained in front of ``chain``, for device creation; None below Vulkan 1.2 or where the device
-    lacks them."""
-    api = min(binding.make_version(*info.api_version), instance_api_version())
-    if api < binding.make_version(1, 2):
-        return None
-    vk = binding.require()
-    feature = vk.ffi.new("VkPhysicalDeviceTimelineSemaphoreFeatures*", {
-        "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES})
-    feats = vk.ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
-                                                      "pNext": feature})
-    vk.vkGetPhysicalDeviceFeatures2(physical_device, feats)
-    if not feature.timelineSemaphore:
-        return None
-    feature.pNext = chain
-    return feature
 
 
 def compute_queue_family(physical_device) -> tuple[int, int]:

@@ -1,27 +1,21 @@
-"""Vulkan memory and semaphores another API on the same GPU can use: buffers whose memory is
-exported as a POSIX file descriptor (VK_KHR_external_memory_fd, handle type OPAQUE_FD), timeline
-semaphores exported the same way (VK_KHR_external_semaphore_fd), and the device's UUID
+"""Vulkan memory another API on the same GPU can use: buffers whose memory is exported as a POSIX
+file descriptor (VK_KHR_external_memory_fd, handle type OPAQUE_FD), and the device's UUID
 (VkPhysicalDeviceIDProperties), which says which GPU of another API is the same one.
 
-This is what CUDA's ``cuImportExternalMemory`` and ``cuImportExternalSemaphore`` take
-(ssm_torch/cuda.py imports these buffers so torch's CUDA tensors reach ssm_vk without a trip
-through host memory, and orders the two APIs' work on the GPU by the semaphore). Nothing here runs
-for a call that does not ask for it: the context enables the extensions when the device offers
-them (device.base_extensions), and only an :class:`ExportableBuffer` or an exported
-:class:`TimelineSemaphore` asks for an export.
+This is what CUDA's ``cuImportExternalMemory`` takes (ssm_torch/cuda.py imports these buffers so
+torch's CUDA tensors reach ssm_vk without a trip through host memory). Nothing here runs for a
+call that does not ask for it: the context enables the extension when the device offers it
+(device.base_extensions), and only an :class:`ExportableBuffer` allocates memory with an export request.
 
     ok, why = export_support(ctx)          # (False, the reason) without the extension or the handle type
     uuid = device_uuid(ctx)                # 16 bytes; device_uuids() for every listed device
     buf = ExportableBuffer(ctx, nbytes)    # a Buffer: binds, copies and transfers as any other
     fd = buf.export_fd()                   # a new descriptor each call; the caller owns it
-    ok, why = semaphore_support(ctx)       # timeline semaphores exported as OPAQUE_FD
-    sem = TimelineSemaphore(ctx, exported=True); fd = sem.export_fd()
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 
 from . import binding, device, instance
@@ -30,7 +24,6 @@ from .context import Context
 from .memory import Buffer, check_allocation, memory_type, serials
 
 EXTENSION = device.EXTERNAL_MEMORY_FD_EXTENSION
-SEMAPHORE_EXTENSION = device.EXTERNAL_SEMAPHORE_FD_EXTENSION
 OPAQUE_FD = 0x1            # VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 _FEATURE_DEDICATED_ONLY = 0x1   # VkExternalMemoryFeatureFlagBits
 _FEATURE_EXPORTABLE = 0x2
@@ -233,137 +226,4 @@ class _Functions:
 
 def _get_fd(ctx: Context):
     return ctx.owned.extension("external-memory-functions", _Functions).get_fd
-
-
-# ---------------------------------------------------------------------------------------------
-# Timeline semaphores
-
-_SEMAPHORE_EXPORTABLE = 0x1   # VK_EXTERNAL_SEMAPHORE_FEATURE_EXPORTABLE_BIT
-
-
-def _semaphore_support(ctx: Context) -> tuple[bool, str]:
-    vk = binding.require()
-    ffi = vk.ffi
-    if not ctx.timeline_semaphores:
-        return False, f"{ctx.info.name} has no timeline semaphores (Vulkan 1.2's timelineSemaphore)"
-    physical = physical_device(ctx)
-    if SEMAPHORE_EXTENSION not in device.device_extensions(physical):   # offered means enabled
-        return False, f"{ctx.info.name} does not offer {SEMAPHORE_EXTENSION}"
-    kind = ffi.new("VkSemaphoreTypeCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
-                                                  "semaphoreType": vk.VK_SEMAPHORE_TYPE_TIMELINE})
-    query = ffi.new("VkPhysicalDeviceExternalSemaphoreInfo*", {
-        "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_SEMAPHORE_INFO, "pNext": kind, "handleType": OPAQUE_FD})
-    answer = ffi.new("VkExternalSemaphoreProperties*", {"sType": vk.VK_STRUCTURE_TYPE_EXTERNAL_SEMAPHORE_PROPERTIES})
-    vk.lib.vkGetPhysicalDeviceExternalSemaphoreProperties(physical, query, answer)
-    features, compatible = int(answer.externalSemaphoreFeatures), int(answer.compatibleHandleTypes)
-    if not features & _SEMAPHORE_EXPORTABLE or not compatible & OPAQUE_FD:
-        return False, (f"{ctx.info.name} cannot export a timeline semaphore as an opaque file descriptor "
-                       f"(features {features:#x}, compatible handle types {compatible:#x})")
-    return True, ""
-
-
-def semaphore_support(ctx: Context) -> tuple[bool, str]:
-    """(True, "") when ``TimelineSemaphore(ctx, exported=True)`` works, else (False, the reason);
-    asked once per context."""
-    ctx.check_usable()
-    return ctx.owned.extension("external-semaphore", _semaphore_support)
-
-
-class TimelineSemaphore:
-    """A timeline semaphore of ``ctx`` (its value only grows), exported as an opaque file
-    descriptor when ``exported`` (:meth:`export_fd`; :func:`semaphore_support` says whether the
-    device can). The host can :meth:`signal` it, :meth:`wait` for a value and read its
-    :meth:`value`; command submissions wait for and signal values (runtime.gate). Closed with
-    its context. Raises ValueError when it cannot be made as asked (the reason), VulkanError."""
-
-    def __init__(self, ctx: Context, exported: bool = False):
-        if not isinstance(ctx, Context):
-            raise TypeError(f"ctx: expected a Context, got {type(ctx).__name__}")
-        ctx.check_usable()
-        if exported:
-            ok, why = semaphore_support(ctx)
-        else:
-            ok = ctx.timeline_semaphores
-            why = f"{ctx.info.name} has no timeline semaphores (Vulkan 1.2's timelineSemaphore)"
-        if not ok:
-            raise ValueError(f"timeline semaphore: {why}")
-        vk = binding.require()
-        ffi = vk.ffi
-        self.ctx, self.exported, self.closed, self.handle = ctx, exported, False, None
-        chain = ffi.NULL
-        if exported:
-            chain = ffi.new("VkExportSemaphoreCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_EXPORT_SEMAPHORE_CREATE_INFO, "handleTypes": OPAQUE_FD})
-        kind = ffi.new("VkSemaphoreTypeCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
-                                                      "pNext": chain, "semaphoreType": vk.VK_SEMAPHORE_TYPE_TIMELINE,
-                                                      "initialValue": 0})
-        with binding.translated("vkCreateSemaphore (timeline)"):
-            self.handle = vk.vkCreateSemaphore(ctx.handle, vk.VkSemaphoreCreateInfo(pNext=kind), None)
-        ctx.owned.adopt(self)
-
-    def _usable(self) -> None:
-        if self.closed:
-            raise RuntimeError("this TimelineSemaphore is closed")
-        self.ctx.check_usable()
-
-    def export_fd(self) -> int:
-        """A new file descriptor of the semaphore (vkGetSemaphoreFdKHR, OPAQUE_FD), owned by the
-        caller as :meth:`ExportableBuffer.export_fd`'s is."""
-        self._usable()
-        if not self.exported:
-            raise RuntimeError("this TimelineSemaphore was made without exported=True")
-        vk = binding.require()
-        get_fd = self.ctx.owned.extension("external-semaphore-functions", lambda c: vk.vkGetDeviceProcAddr(
-            c.handle, "vkGetSemaphoreFdKHR"))
-        info = vk.ffi.new("VkSemaphoreGetFdInfoKHR*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_GET_FD_INFO_KHR,
-                                                       "semaphore": self.handle, "handleType": OPAQUE_FD})
-        with binding.translated("vkGetSemaphoreFdKHR"):
-            return int(get_fd(self.ctx.handle, info))
-
-    def value(self) -> int:
-        self._usable()
-        vk = binding.require()
-        out = vk.ffi.new("uint64_t*")
-        binding.check_result(vk.lib.vkGetSemaphoreCounterValue(self.ctx.handle, self.handle, out),
-                             "vkGetSemaphoreCounterValue")
-        return int(out[0])
-
-    def signal(self, value: int) -> None:
-        """Set the value from the host (more than the current one, and than any pending signal)."""
-        self._usable()
-        vk = binding.require()
-        info = vk.ffi.new("VkSemaphoreSignalInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
-                                                     "semaphore": self.handle, "value": value})
-        binding.check_result(vk.lib.vkSignalSemaphore(self.ctx.handle, info), "vkSignalSemaphore")
-
-    def wait(self, value: int, timeout_s: float | None = None) -> None:
-        """Block until the value is at least ``value``; VulkanTimeout after ``timeout_s`` (default
-        the context's)."""
-        self._usable()
-        vk = binding.require()
-        ffi = vk.ffi
-        handles = ffi.new("VkSemaphore[1]", [self.handle])
-        values = ffi.new("uint64_t[1]", [value])
-        info = ffi.new("VkSemaphoreWaitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO,
-                                                "semaphoreCount": 1, "pSemaphores": handles, "pValues": values})
-        timeout = self.ctx.timeout_s if timeout_s is None else timeout_s
-        t0 = time.perf_counter()
-        result = vk.lib.vkWaitSemaphores(self.ctx.handle, info, int(timeout * 1e9))
-        if result != 0:
-            raise binding.error_for_result(result, f"vkWaitSemaphores (after {time.perf_counter() - t0:.3f} s)")
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        ctx = self.ctx
-        if not ctx.lost and not ctx.closed:
-            ctx.wait_idle()  # submitted work may still wait for it or signal it
-        self.closed = True
-        if self.handle is not None and ctx.handle is not None:
-            binding.require().vkDestroySemaphore(ctx.handle, self.handle, None)
-        self.handle = None
-        ctx.owned.forget(self)
-
-    def __repr__(self) -> str:
-        return f"<TimelineSemaphore{' exported' if self.exported else ''}{' closed' if self.closed else ''}>"
 

@@ -9,7 +9,6 @@ waits runs as it does on a GPU. Expected values come from ssm_ref in float64 on 
 """
 
 import re
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from bridgecheck import NAMES, assert_close_as, leaves, oracle, rounded  # noqa:
 from problems import make_problem  # noqa: E402
 
 import ssm_torch  # noqa: E402
-from ssm_torch import _arena, _common, _driver, _op, cuda  # noqa: E402
+from ssm_torch import _common, _driver, _op, cuda  # noqa: E402
 from ssm_vk import runtime as rt  # noqa: E402
 from ssm_vk.runtime import external  # noqa: E402
 
@@ -32,11 +31,9 @@ GGML = _common.encode("ggml")
 
 class HostSide:
     """The arena's other side on the host: the exported buffer's mapping stands in for CUDA's
-    import, the host's signal and wait of the arena's timeline semaphore (not exported: lavapipe
-    cannot) for CUDA's on a stream. ``log`` records the steps, in order."""
+    import. ``log`` records the steps, in order."""
 
     device = torch.device("cpu")
-    exports = False
 
     def __init__(self):
         self.key = f"host-stand-in-{id(self)}"   # an arena of its own
@@ -58,21 +55,6 @@ class HostSide:
         n = int(np.prod(shape))
         self.log.append(f"view {tuple(shape)}")
         return torch.frombuffer(buffer.mapping, dtype=torch.float32, count=n).view(shape)
-
-    def attach_semaphore(self, semaphore):
-        assert isinstance(semaphore, external.TimelineSemaphore) and not semaphore.exported
-        return semaphore
-
-    def detach_semaphore(self, imported):
-        self.log.append("detach_semaphore")
-
-    def signal(self, semaphore, value):
-        self.log.append(f"signal {value}")
-        semaphore.signal(value)
-
-    def wait(self, semaphore, value):
-        self.log.append(f"wait {value}")
-        semaphore.wait(value)
 
     def before_writes(self, arena):
         self.log.append("before_writes")
@@ -129,102 +111,32 @@ def test_forward_and_backward_against_the_float64_oracle(side, variant, ids):
 
 
 def test_the_steps_run_in_order(side):
-    # torch writes the inputs, then signals the arena's semaphore; the Vulkan submission waits for
-    # that value and signals the next, which torch waits for, as soon as the submission is queued,
-    # before reading the outputs; then the event that the next call's writes wait for
+    # torch writes the inputs, then the host waits for torch's stream, then Vulkan, then torch
+    # reads the outputs, then the event that the next call's writes wait for
     case = make_problem(22, S=1, T=3, H=2, P=2, N=4, G=1, R=1, ids="identity")
     t, ids = leaves(case, requires_grad=False)
-    for call in range(2):
-        side.log.clear()
+    cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
+    log = side.log
+    assert log[0] == "check" and log[1] == "before_writes"
+    cut = log.index("before_vulkan")
+    assert log[2:cut] == [f"view {tuple(t[k].shape)}" for k in NAMES]
+    assert log[cut + 1:] == ["view (1, 3, 2, 2)", "view (1, 2, 2, 4)", "after_reads"]
+
+
+def test_a_call_that_raises_still_marks_the_arena_for_the_next(side, monkeypatch):
+    # torch's copies into the arena are queued when ssm_vk raises: the event after them is still
+    # recorded, so the next call's writes (maybe on another stream) wait for them
+    import ssm_vk
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ssm_vk, "ssm_scan", boom)
+    case = make_problem(26, S=1, T=3, H=2, P=2, N=4, G=1, R=1, ids="identity")
+    t, ids = leaves(case, requires_grad=False)
+    with pytest.raises(RuntimeError, match="boom"):
         cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
-        log = side.log
-        assert log[0] == "check" and log[1] == "before_writes"
-        cut = log.index(f"signal {2 * call + 1}")
-        assert log[2:cut] == ([f"view {tuple(t[k].shape)}" for k in NAMES] if call == 0 else [])  # (views kept)
-        assert log[cut + 1:] == [f"wait {2 * call + 2}", *(["view (1, 3, 2, 2)", "view (1, 2, 2, 4)"] if call == 0
-                                                            else []), "after_reads"]
-        arena = ctx_arena(side)
-        assert arena.value == 2 * call + 2 and arena.timeline()[0].value() == arena.value
-
-
-def ctx_arena(side):
-    return rt.get_context().owned.extension(f"torch-arena:{side.key}")
-
-
-class HostOrderedSide(HostSide):
-    """A side that cannot import the semaphore: the host orders the work."""
-
-    def attach_semaphore(self, semaphore):
-        raise RuntimeError("no semaphore import on this side")
-
-
-def test_without_the_semaphore_the_host_orders_the_work(ctx_mapped):
-    side = HostOrderedSide()
-    try:
-        case = make_problem(24, S=2, T=5, H=2, P=3, N=4, G=1, R=2, ids="identity")
-        t, ids = leaves(case, requires_grad=False)
-        y, states = cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
-        want, _ = oracle(t, ids, np.asarray(case.g_y, np.float64), np.asarray(case.g_states, np.float64))
-        assert_close_as(torch.float32, "y", y, want.y)
-        assert_close_as(torch.float32, "states", states, want.states)
-        log = side.log
-        cut = log.index("before_vulkan")
-        assert log[cut + 1:] == ["view (2, 5, 2, 3)", "view (2, 2, 3, 4)", "after_reads"]
-        assert not any(e.startswith(("signal", "wait")) for e in log)
-        arena = ctx_arena(side)
-        assert arena.timeline() is None and arena.host_ordering == "no semaphore import on this side"
-    finally:
-        arena = ctx_arena(side)
-        if arena is not None:
-            arena.close()
-
-
-class LateSide(HostSide):
-    """A side whose writes land late: the slot of x reads zeros when the Vulkan work is queued;
-    only then (in the wait the gate asks for, on this thread) is it written and the entry value
-    signalled -- a Vulkan submission that did not wait for the signal would read the zeros."""
-
-    def __init__(self):
-        super().__init__()
-        self.arena = None
-        self.pending = None
-        self.late = 0
-
-    def signal(self, semaphore, value):
-        self.log.append(f"signal {value} (late)")
-        view = next(iter(self.arena.slots["x"].views.values()))
-        self.pending = (view, view.clone(), value)
-        view.zero_()
-
-    def wait(self, semaphore, value):
-        if self.pending is not None:
-            view, kept, entry = self.pending
-            self.pending = None
-            time.sleep(0.1)   # the submission is queued
-            view.copy_(kept)
-            semaphore.signal(entry)
-            self.late += 1
-        super().wait(semaphore, value)
-
-
-def test_the_vulkan_work_waits_for_the_signal(ctx_mapped):
-    side = LateSide()
-    try:
-        side.arena = _arena.arena(ctx_mapped, side)
-        case = make_problem(25, S=2, T=6, H=4, P=3, N=8, G=2, R=3, ids="permutation")
-        t, ids = leaves(case, requires_grad=False)
-        gy, gs = np.asarray(case.g_y, np.float64), np.asarray(case.g_states, np.float64)
-        want, gwant = oracle(t, ids, gy, gs)
-        y, states = cuda.forward(*(t[k] for k in NAMES), ids, GGML, None, side=side)
-        assert_close_as(torch.float32, "y", y, want.y)
-        assert_close_as(torch.float32, "states", states, want.states)
-        grads = cuda.backward(*(t[k] for k in NAMES), ids, torch.tensor(gy, dtype=torch.float32),
-                              torch.tensor(gs, dtype=torch.float32), None, GGML, side=side)
-        for k, g in zip(NAMES, grads, strict=True):
-            assert_close_as(torch.float32, "d_" + k, g, getattr(gwant, "d_" + k))
-        assert side.late == 2
-    finally:
-        side.arena.close()
+    assert side.log[-2:] == ["before_vulkan", "after_reads"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
