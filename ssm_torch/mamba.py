@@ -9,7 +9,8 @@ backends (docs/TORCH.md has the argument mapping):
 Everything around the recurrence -- ``delta_bias`` / ``dt_bias``, the softplus (PyTorch's
 ``F.softplus``: log1p(exp(z)), identity above 20, as mamba_ssm's kernels), Mamba-2's ``dt_limit``
 clamp, the ``D`` skip and the ``z`` gate -- is computed in torch around ``ssm_torch.ssm_scan``, so
-autograd differentiates those parts exactly as written; the softplus alone is left to the backend
+autograd differentiates those parts as written, but for the skip and the gate, which go through
+one function with the same derivative in fewer passes over memory (_gate.py); the softplus alone is left to the backend
 (``dt_softplus="log1p"``: the same function and derivative) wherever no clamp after it could bind
 and no padded packed run needs a zero step, which saves its forward and backward passes. The glue
 is the fewest torch ops the math allows: each tensor the scan takes is made contiguous once, in
@@ -38,6 +39,7 @@ import torch.nn.functional as F  # noqa: N812 (PyTorch's and mamba_ssm's name)
 
 from . import _op
 from . import ssm_scan as _ssm_scan
+from ._gate import gate as _gate
 
 __all__ = ["mamba_chunk_scan_combined", "selective_scan_fn", "selective_state_update", "seq_idx_from_cu_seqlens"]
 
@@ -177,10 +179,8 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     else:
         y, last, _ = _scan_segments(segs, batch, L, None, x, dts, form, Aw, Bg, Cg, be, invariant)
     # the skip and the gate in the scan's layout, on views of u and z (out a view in mamba_ssm's)
-    if D is not None:
-        y = y + x * D.to(work)[:, None]
-    if z is not None:
-        y = y * F.silu(z.to(work).transpose(1, 2).unsqueeze(-1))
+    y = _gate(y, x, None if D is None else D.to(work)[:, None],
+              None if z is None else z.to(work).transpose(1, 2).unsqueeze(-1))
     out = y.squeeze(-1).transpose(1, 2).to(u.dtype)                     # (batch, d_inner, L)
     return (out, last.squeeze(2)) if return_last_state else out
 
@@ -333,13 +333,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                 raise ValueError(f"seq_idx: must mark the same sequences as cu_seqlens {cu}, its runs are "
                                  f"{[t0 for t0, _ in bounds] + [L]}")
             varlen = seg_states
-    out = y
-    if D is not None:
-        Dw = D.to(work)
-        out = out + xw * (Dw[:, None] if Dw.dim() == 1 else Dw)
-    if z is not None:
-        out = out * F.silu(z.to(work))
-    out = out.to(x.dtype)
+    Dw = None if D is None else D.to(work)
+    out = _gate(y, xw, None if Dw is None else (Dw[:, None] if Dw.dim() == 1 else Dw),
+                None if z is None else z.to(work)).to(x.dtype)
     res = (out,)
     if return_final_states:
         res += (final,)
@@ -485,10 +481,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             st.copy_(new)
         else:
             st.index_copy_(0, rows.to(st.device), new)
-    out = y.reshape(batch, H, P)
-    if D is not None:
-        out = out + xh.to(work) * Dh.to(work)
-    if z is not None:
-        out = out * F.silu(zh.to(work))
-    out = out.to(x.dtype)
+    out = _gate(y.reshape(batch, H, P), xh.to(work), None if D is None else Dh.to(work),
+                None if z is None else zh.to(work)).to(x.dtype)
     return out if heads else out.squeeze(1)
