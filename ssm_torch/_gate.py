@@ -46,6 +46,8 @@ class _Gate(torch.autograd.Function):
         if need_z:   # silu's derivative applied to g * u, in place
             d_z = g * u
             torch.ops.aten.silu_backward.grad_input(d_z, z, grad_input=d_z)
+        if not (need_y or need_x or need_D):   # (z's alone: no pass for the skip's side)
+            return None, None, None, d_z
         d_u = g * s                                  # the gradient of y + x * D
         d_x = d_u * D if need_x and D is not None else None
         d_D = (d_u * x).sum_to_size(D.shape) if need_D else None
