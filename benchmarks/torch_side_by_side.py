@@ -4,6 +4,12 @@ of each torch path to the backend's own host-array call and the torch ops each p
 
     python benchmarks/torch_side_by_side.py [--backends ssm_vk,ssm_fast] [--shapes tiny,demo,m1-tiny]
         [--rounds 5] [--reps 10] [--mamba-src PATH] [--paths device,mamba_ssm,mamba2-cuda] [--json out.json]
+        [--processes 3]
+
+The whole measurement runs in ``--processes`` fresh processes (3 by default; benchmarks/processes.py)
+and the summary gives, per path, the median over the processes and their range: mamba_ssm's Triton
+kernels time their configurations anew in each process, and its time moves between processes. The
+JSON keeps each process's own results.
 
 Paths, per shape (S, T, H, P, N; G = 1) and backend:
 
@@ -29,7 +35,9 @@ Paths, per shape (S, T, H, P, N; G = 1) and backend:
   the Vulkan work the call waits for.
 
 Timing: ``--rounds`` rounds, the paths in a rotated order each round, each path warmed by two calls
-then ``--reps`` timed steps; medians over all rounds. GPU time (ssm_vk): ``ssm_vk.run.last_gpu_ns()``
+then ``--reps`` timed steps; medians over all rounds. Ratios are speed ratios, formed within one
+process: ``host / path`` (the host-array call's time over the path's; below 1: the path is slower)
+and ``mamba_ssm / path`` (above 1: the path is faster than mamba_ssm). GPU time (ssm_vk): ``ssm_vk.run.last_gpu_ns()``
 of the forward plus the backward ("-" where the device has no timestamps); wall - GPU is the time
 spent off the device (Python, torch ops, transfers), where the torch paths' overhead shows even
 when the device time swings (lavapipe shares the CPU). On a CPU with few cores run it with
@@ -63,6 +71,9 @@ import ssm_torch
 from ssm_torch import _op
 from ssm_torch import cuda as vk_cuda
 from ssm_torch.mamba import mamba_chunk_scan_combined, selective_scan_fn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from processes import Spread, children, fmt, spread
 
 SHAPES = {  # name: (S, T, H, P, N); m1-*: Mamba-1 (P = 1, H channels)
     "tiny": (1, 32, 4, 16, 32),
@@ -367,12 +378,57 @@ def run_shape(name, shape, backend, rounds, reps, peer, only=None) -> dict:
                     gpus[k].append(g / 1e6)
     out = {"shape": name, "dims": shape, "backend": backend, "paths": {}}
     base = statistics.median(walls["host"]) if "host" in paths else None
+    peer = statistics.median(walls["mamba_ssm"]) if "mamba_ssm" in paths else None
     for k in paths:
         wall = statistics.median(walls[k])
         gpu = statistics.median(gpus[k]) if gpus[k] else None
-        out["paths"][k] = {"wall_ms": wall, "gpu_ms": gpu, "vs_host": None if base is None else wall / base,
+        out["paths"][k] = {"wall_ms": wall, "gpu_ms": gpu, "host_speed": None if base is None else base / wall,
+                           "peer_speed": None if peer is None else peer / wall,
                            "off_gpu_ms": None if gpu is None else wall - gpu}
     return out
+
+
+def summarise(reports: list) -> list[dict]:
+    """Per (backend, shape, path) over the processes: wall, GPU and off-GPU time and the two speed
+    ratios as spreads (benchmarks/processes.py) of the per-process medians."""
+    keyed: dict = {}
+    for rep in reports:
+        for r in rep.get("results", []):
+            for k, v in r["paths"].items():
+                keyed.setdefault((r["backend"], r["shape"], k), []).append(v)
+    return [dict(backend=b, shape=sh, path=k, processes=len(vs),
+                 **{f: spread(v.get(f) for v in vs) for f in ("wall_ms", "gpu_ms", "off_gpu_ms", "host_speed",
+                                                              "peer_speed")})
+            for (b, sh, k), vs in keyed.items()]
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print("| path | wall ms | GPU ms | wall - GPU ms | host / path | mamba_ssm / path |")
+    print("|---|---|---|---|---|---|")
+    for v in rows:
+        print(f"| {v['path']} | {fmt(v['wall_ms'], 3)} | {fmt(v['gpu_ms'], 3)} | {fmt(v['off_gpu_ms'], 3)} "
+              f"| {fmt(v['host_speed'], 2)} | {fmt(v['peer_speed'], 2)} |")
+
+
+def several(a, argv: list[str]) -> int:
+    child = [x for i, x in enumerate(argv) if x != "--json" and (i == 0 or argv[i - 1] != "--json")
+             and not x.startswith("--json=")]
+    child = [x for i, x in enumerate(child) if x != "--processes" and (i == 0 or child[i - 1] != "--processes")
+             and not x.startswith("--processes=")]
+    reports = children(__file__, [*child, "--processes", "1"], a.processes, rest_extra=["--no-counts"])
+    rows = summarise(reports)
+    print(f"\n# {a.processes} processes: the median over the processes (their range where they differ); speed "
+          "ratios formed within each process")
+    for b, sh in dict.fromkeys((r["backend"], r["shape"]) for r in rows):
+        S, T, H, P, N = SHAPES[sh]
+        print_table(f"{b}, {sh} (S={S}, T={T}, H={H}, P={P}, N={N}), forward + backward:",
+                    [r for r in rows if (r["backend"], r["shape"]) == (b, sh)])
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(argv=argv, processes=reports, rows=rows), fh, indent=1,
+                      default=lambda o: o.as_dict() if isinstance(o, Spread) else str(o))
+    return 0 if rows and not any("failed" in r for r in reports) else 1
 
 
 def main(argv=None) -> int:
@@ -386,7 +442,13 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default=None, help="a comma list of the paths to time (default: all that run here; "
                     "without host the / host column is empty)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--processes", type=int, default=3, help="fresh processes, one after another (default 3)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = ap.parse_args(argv)
+    if a.processes < 1:
+        ap.error("--processes: expected at least 1")
+    if a.processes > 1:
+        return several(a, argv)
     only = set(a.paths.split(",")) if a.paths else None
     peer, why = peer_module(a.mamba_src)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY "
@@ -402,14 +464,8 @@ def main(argv=None) -> int:
                                for k in kinds}
             results.append(r)
             S, T, H, P, N = SHAPES[name]
-            print(f"\n{backend}, {name} (S={S}, T={T}, H={H}, P={P}, N={N}), forward + backward:")
-            print("| path | wall ms | GPU ms | wall - GPU ms | / host |")
-            print("|---|---|---|---|---|")
-            for k, v in r["paths"].items():
-                gpu = "-" if v["gpu_ms"] is None else f"{v['gpu_ms']:.3f}"
-                off = "-" if v["off_gpu_ms"] is None else f"{v['off_gpu_ms']:.3f}"
-                ratio = "-" if v["vs_host"] is None else f"{v['vs_host']:.2f}x"
-                print(f"| {k} | {v['wall_ms']:.3f} | {gpu} | {off} | {ratio} |")
+            print_table(f"{backend}, {name} (S={S}, T={T}, H={H}, P={P}, N={N}), forward + backward:",
+                        summarise([{"results": [r]}]))
             for k, c in r.get("counts", {}).items():
                 f, b = c["forward"], c["backward"]
                 print(f"  {k}: torch ops besides the scan forward {f['compute']} (+{f['views']} views), backward "
@@ -417,7 +473,7 @@ def main(argv=None) -> int:
                       f"{b['copies']}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+            json.dump({"argv": argv, "results": results}, fh, indent=1)
     return 0
 
 

@@ -1,10 +1,20 @@
 """ssm_vk beside mamba_ssm (state-spaces/mamba) on one NVIDIA GPU: Mamba-2, Mamba-1 and decode steps,
-forward and forward + backward, interleaved round by round in one process, with the error of both
-against the float64 oracle.
+forward and forward + backward, interleaved round by round, in several fresh processes, with the
+error of both against the float64 oracle.
 
-    python benchmarks/vs_mamba_ssm.py --mamba-src PATH [--workloads m2-train,dec-16] [--rounds 5]
-        [--reps 20] [--json out.json] [--md out.md] [--build-dir DIR] [--budget-s 480] [--no-peer]
-        [--build-only] [--small] [--clocks CLOCKS.csv] [--invariant]
+    python benchmarks/vs_mamba_ssm.py --mamba-src PATH [--processes 3] [--workloads m2-train,dec-16]
+        [--rounds 5] [--reps 20] [--json out.json] [--md out.md] [--build-dir DIR] [--budget-s 480]
+        [--no-peer] [--build-only] [--small] [--clocks CLOCKS.csv] [--invariant] [--no-accuracy]
+    python benchmarks/vs_mamba_ssm.py --merge a.json b.json [--md out.md] [--json out.json]
+
+Several processes (``--processes N``, 3 by default): the whole measurement runs in N fresh
+interpreters one after another (benchmarks/processes.py), because mamba_ssm's Triton kernels time
+their configurations anew in each process and its time at one shape moves between processes. Each
+row reports, over the processes, the median and the range (minimum-maximum) of each side's median
+time and of the ratio, the ratio always formed within one process. The float64 check runs in the
+first process only. The JSON keeps every process's own report. ``--merge`` summarises the JSON of
+runs made in separate commands (one process or several each) the same way. ``--processes 1``: one
+process, its own table (what each process of a run prints).
 
 On the GPU host: ``. benchmarks/gpu_env.sh`` first (Vulkan loader, wheels, the clock log).
 
@@ -34,8 +44,8 @@ before and after the call on its stream (gaps between its kernel launches includ
 timestamps of its recorded command buffer (``ssm_vk.run.last_gpu_ns``), forward plus backward for
 fwd+bwd. Wall time: the call and, for mamba_ssm, ``torch.cuda.synchronize()`` (ssm_vk's calls
 return when the GPU is done). mamba_ssm's fwd+bwd is its autograd path (``torch.autograd.grad``
-with given gradients of y and the final states). Medians over all rounds; ratio = mamba_ssm /
-ssm_vk (above 1: ssm_vk faster). The ``prepared`` ops (decode steps, the demo step) time
+with given gradients of y and the final states). Medians over all rounds; ratio = mamba_ssm's time /
+ssm_vk's time, a speed ratio (above 1: ssm_vk faster). The ``prepared`` ops (decode steps, the demo step) time
 ssm_vk's same call prepared once (``ssm_vk.prepare_scan`` / ``prepare_scan_back``) and replayed
 with ``run()``, beside the peer's same call: what an engine's loop pays per call.
 
@@ -84,6 +94,7 @@ import ssm_vk
 from ssm_vk import run as vk_run
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from processes import Spread, children, fmt, spread
 from vk_gpu_check import inputs, rel
 from vk_speed import warm
 
@@ -674,8 +685,8 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
             row["ours_where"] = ours["where"]()
             if inv is not None:
                 row["inv_where"] = inv["where"]()
-        if not rows or out_of_time():
-            if rows:
+        if not rows or out_of_time() or args.no_accuracy:
+            if rows and not args.no_accuracy:
                 notes.append(f"{name}: accuracy not checked, over the time budget")
             return rows
         try:
@@ -884,7 +895,8 @@ def report(h: dict, build: dict | None, rows: list, notes: list, clk) -> str:
     lines += ["", *table(rows, clk), ""]
     lines.append("GPU: mamba_ssm = CUDA events around the call (its launch gaps included), ssm_vk = timestamps of its "
                  "command buffer (fwd+bwd: forward + backward); wall: the call (+ synchronize for mamba_ssm). "
-                 "Medians of all rounds; ratio = mamba_ssm / ssm_vk (> 1: ssm_vk faster). Errors: norm-relative "
+                 "Medians of all rounds; ratio = mamba_ssm time / ssm_vk time, a speed ratio (> 1: ssm_vk faster). "
+                 "Errors: norm-relative "
                  "against float64 ssm_ref (dt_softplus log1p), fwd: max of y, states; fwd+bwd: max of the "
                  "gradients. SM MHz: min/median/max while each side's timed calls ran.")
     checked = [r for r in rows if r.get("check_note") and r["op"].split()[0] == "fwd"]
@@ -910,6 +922,138 @@ def rows_last_op(r: dict) -> str:
     return "fwd" if r.get("family") == "decode" else "fwd+bwd"
 
 
+# -- several processes ------------------------------------------------------------------------------
+
+def summarise(reports: list[dict]) -> list[dict]:
+    """One row per (workload, op) over the processes' reports: each side's GPU and wall time and the
+    ratios as spreads (benchmarks/processes.py) of the per-process medians; the errors from the
+    process that checked them."""
+    keyed: dict = {}
+    for rep in reports:
+        for r in rep.get("rows", []):
+            keyed.setdefault((r["workload"], r.get("op")), []).append(r)
+    out = []
+    for (name, op), rs in keyed.items():
+        ok = [r for r in rs if "error" not in r]
+        row = dict(workload=name, op=op, family=rs[0].get("family"), shape=rs[0].get("shape", ""),
+                   processes=len(ok), failed=[r["error"] for r in rs if "error" in r])
+        for side in ("peer", "ours", "inv"):
+            for m in ("gpu", "wall"):
+                row[f"{side}_{m}"] = spread(r[side][f"{m}_med_us"] for r in ok if r.get(side))
+        for k in ("ratio_gpu", "ratio_wall", "inv_cost_gpu", "inv_cost_wall"):
+            row[k] = spread(r.get(k) for r in ok)
+        checked = next((r for r in ok if "ours_err" in r), {})
+        for k in ("ours_err", "peer_err", "inv_err", "check_note", "peer_err_note"):
+            if k in checked:
+                row[k] = checked[k]
+        row["ours_where"] = ",".join(sorted({r["ours_where"] for r in ok if r.get("ours_where")}))
+        row["peer_notes"] = sorted({r["peer_note"] for r in ok if r.get("peer_note")})
+        out.append(row)
+    return out
+
+
+def _spread_table(rows: list[dict]) -> list[str]:
+    out = ["| workload | shape | op | mamba_ssm GPU us | ssm_vk GPU us | speed, GPU | mamba_ssm wall us "
+           "| ssm_vk wall us | speed, wall | err mamba_ssm | err ssm_vk |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["processes"]:
+            out.append(f"| {r['workload']} | {r['shape']} | {r['op'] or '-'} | failed: {'; '.join(r['failed'])} "
+                       "| | | | | | | |")
+            continue
+        mark = " *" if r.get("check_note") else ""
+        where = "" if "CPU" not in r["ours_where"] else f" [{r['ours_where']}]"
+        out.append(f"| {r['workload']} | {r['shape']} | {r['op']} | {fmt(r['peer_gpu'])} | {fmt(r['ours_gpu'])}{where} "
+                   f"| {fmt(r['ratio_gpu'], 2)} | {fmt(r['peer_wall'])} | {fmt(r['ours_wall'])} "
+                   f"| {fmt(r['ratio_wall'], 2)} | {row_err(r, 'peer')}{mark} | {row_err(r, 'ours')}{mark} |")
+    if any(r.get("inv_gpu") for r in rows):
+        out += ["", "| workload | op | default GPU us | invariant GPU us | invariant / default, GPU (time) "
+                "| err default | err invariant |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['workload']} | {r['op']} | {fmt(r['ours_gpu'])} | {fmt(r['inv_gpu'])} "
+                f"| {fmt(r['inv_cost_gpu'], 2)} | {row_err(r, 'ours')} | {row_err(r, 'inv')} |"
+                for r in rows if r.get("inv_gpu")]
+    return out
+
+
+def spread_report(reports: list[dict], rows: list[dict], argv: list[str]) -> str:
+    """The summary of several processes: where and what ran once, then the table."""
+    heads = [rep.get("header", {}) for rep in reports if rep.get("header")]
+    h = heads[0] if heads else {}
+    lines = ["# ssm_vk beside mamba_ssm, several processes", ""]
+    for k in ("ssm_vk_device", "nvidia_smi", "ssm_vk_version", "torch", "triton", "mamba_version"):
+        if k in h:
+            lines.append(f"- {k}: {h[k]}")
+    for k in ("date", "ssm_vk_commit", "ssm_vk_tree"):
+        vals = sorted({hh.get(k, "?") for hh in heads})
+        lines.append(f"- {k}: {', '.join(vals)}")
+    lines.append(f"- processes: {len(reports)} ({sum('failed' in r for r in reports)} failed); "
+                 f"command: vs_mamba_ssm.py {' '.join(argv)}")
+    for rep in reports:
+        if "failed" in rep:
+            lines.append(f"- process {rep.get('process', '?')}: {rep['failed']}")
+    lines += ["", *_spread_table(rows), ""]
+    lines.append("Each cell: the median over the processes of each process's median time (us), and in brackets "
+                 "the range (lowest-highest process) where they differ. GPU time: mamba_ssm = CUDA events around "
+                 "the call (its launch gaps included), ssm_vk = Vulkan timestamps around its recorded commands "
+                 "(fwd+bwd: forward + backward); wall: the Python call (+ torch.cuda.synchronize for mamba_ssm). "
+                 "Speed = mamba_ssm's time / ssm_vk's time, formed within each process (above 1: ssm_vk faster). "
+                 "Errors (first process): norm-relative against float64 ssm_ref (dt_softplus log1p); fwd: the "
+                 "larger of y and states; fwd+bwd: the largest gradient.")
+    for r in rows:
+        if r.get("check_note") and r["op"].split()[0] == "fwd":
+            lines.append(f"\n\\* {r['workload']}: errors {r['check_note']}")
+    notes = sorted({f"{r['workload']}: mamba_ssm {n}" for r in rows for n in r.get("peer_notes", [])})
+    notes += [n for rep in reports for n in rep.get("notes", [])]
+    if notes:
+        lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+def _strip(argv: list[str], flags: tuple) -> list[str]:
+    """argv without ``flags`` and their values (``--flag v`` or ``--flag=v``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if any(a.startswith(f + "=") for f in flags):
+            continue
+        out.append(a)
+    return out
+
+
+def several(args, argv: list[str]) -> int:
+    """``--processes N`` > 1, or ``--merge``: run (or read) the processes, then summarise."""
+    if args.merge:
+        reports = []
+        for path in args.merge:
+            rep = json.loads(Path(path).read_text())
+            reports += rep.get("processes", [rep])
+    else:
+        child = [*_strip(argv, ("--processes", "--json", "--md", "--budget-s")), "--processes", "1"]
+        t0 = time.monotonic()
+        names = [n for n in args.workloads.split(",") if n]
+        if not args.no_peer and any(WORKLOADS[n][0] == "mamba1" for n in names):
+            # mamba_ssm's Mamba-1 kernel is built once, here, so no process spends its share on it
+            subprocess.run([sys.executable, __file__, *_strip(child, ("--processes",)), "--build-only",
+                            "--budget-s", f"{args.budget_s * 0.6:.0f}"])
+        left = args.budget_s - (time.monotonic() - t0)
+        reports = children(__file__, child, args.processes, rest_extra=["--no-accuracy"], budget_s=left)
+    rows = summarise(reports)
+    md = spread_report(reports, rows, argv)
+    print("\n" + md, flush=True)
+    if args.md:
+        Path(args.md).write_text(md)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(argv=argv, processes=reports, rows=rows), fh, indent=1,
+                      default=lambda o: o.as_dict() if isinstance(o, Spread) else str(o))
+    return 0 if rows and all(r["processes"] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mamba-src", type=Path, default=None, help="a state-spaces/mamba source tree")
@@ -929,7 +1073,17 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="T and H / 8: a quick run on a CPU Vulkan device")
     ap.add_argument("--invariant", action="store_true",
                     help="time ssm_vk's invariant mode (invariant=True) beside the default, in the same rounds")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="fresh processes, one after another, each running the whole measurement (default 3)")
+    ap.add_argument("--no-accuracy", action="store_true", help="skip the float64 check (timing only)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="summarise the JSON reports of earlier runs (one or several processes each)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    if args.processes < 1:
+        ap.error("--processes: expected at least 1")
+    if args.merge or (args.processes > 1 and not args.build_only):
+        return several(args, argv)
     t_start = time.monotonic()
 
     def out_of_time():
@@ -973,7 +1127,7 @@ def main(argv=None) -> int:
     else:
         ops["why"] = {"mamba2": "not run (--no-peer)", "mamba1": "not run (--no-peer)", "decode": "not run (--no-peer)"}
 
-    h = header(args, sys.argv[1:] if argv is None else list(argv), src)
+    h = header(args, argv, src)
     for k, v in h.items():
         print(f"{k}: {v}", flush=True)
 
