@@ -9,11 +9,10 @@ import sys
 import textwrap
 
 import pytest
-
 from children import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import processes  # noqa: E402
+import processes
 
 
 def test_spread_and_its_format():
