@@ -36,7 +36,7 @@ from ssm_ref import (
     check_op,
     check_update_cache,
 )
-from ssm_ref.checks import write_cache_rows
+from ssm_ref.checks import MISSING, write_cache_rows
 from ssm_ref.scan import softplus, softplus_grad
 
 from . import compiling, config, guard, pool, threads
@@ -75,7 +75,7 @@ def _steps(dt, form):
     return softplus(dt, "log1p"), True
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> ScanResult:
     """Forward selective scan on the CPU (numba, parallel).
 
     Args: s (R,H,P,N) or None (zero start states (S,H,P,N); ids then None), x (S,T,H,P), dt (S,T,H),
@@ -167,7 +167,7 @@ def _segment(d, lanes: int) -> int:
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
                   g_snapshots=None) -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states)
     + sum(snapshots * g_snapshots).
@@ -231,7 +231,8 @@ def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_so
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
+def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
+             snapshots=1) -> Support:
     """ssm_fast runs every shape the reference accepts, in every dt_softplus form and for every
     K (``snapshots``). Takes the arguments of ssm_scan; bad input raises as there."""
     check_op(op)

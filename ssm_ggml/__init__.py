@@ -48,6 +48,7 @@ from ssm_ref import (
     check_op,
     check_snapshots,
 )
+from ssm_ref.checks import MISSING
 from ssm_ref.packing import pack_forward, unpack_backward, unpack_forward, unpack_snapshots
 
 from .graph import GgmlError, OutputOverrun
@@ -204,7 +205,7 @@ def _snapshots_reason(p) -> str:
     return ""
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", snapshots=1) -> Support:
+def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", snapshots=1) -> Support:
     """Whether ggml's chosen device runs this case: ssm_ref's validator (bad input raises as in
     ssm_scan), then ggml's own ``ggml_backend_dev_supports_op`` on the op built for these shapes.
     The backward: only where the build exports ggmlR's ggml_ssm_scan_back. A forward that the
@@ -240,7 +241,7 @@ def _run(p, backward: bool, extra: dict | None = None) -> tuple[np.ndarray, str]
     return out["packed"], where
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", snapshots=1) -> ScanResult:
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", snapshots=1) -> ScanResult:
     """Forward selective scan by ggml's SSM_SCAN on the device chosen with :func:`use`.
 
     Arguments and result as ssm_ref.ssm_scan: float32 ScanResult(y (S,T,H,P), states (S,H,P,N),
@@ -314,7 +315,7 @@ def _oracle_note(p, packed: np.ndarray) -> str:
     return "; ".join(parts)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
                   g_snapshots=None) -> ScanGrads:
     """Backward of :func:`ssm_scan`, where the build has one (ggmlR's ``ggml_ssm_scan_back``):
     ScanGrads as ssm_ref.ssm_scan_back, with d_s the scatter-add of ggml's d_s0 by ids (computed

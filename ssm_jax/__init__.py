@@ -28,6 +28,7 @@ import numpy as np
 
 import ssm_ref
 import ssm_ref.checks
+from ssm_ref.checks import MISSING, check_five_arrays
 from ssm_ref.results import Where
 
 __all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
@@ -100,7 +101,7 @@ def _check(arrays, ids, snapshots=1) -> ssm_ref.Dims:
                                          for a in arrays), ids_, snapshots=snapshots)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
              snapshots=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
@@ -118,6 +119,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     state after T - k tokens (slot 0 equals states, slot T the start state, slots k > T NaN),
     differentiable as the other outputs (a NaN slot's cotangent is ignored).
     """
+    check_five_arrays(x, C)
     _module(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
     mode = (dt_softplus, ssm_ref.checks.check_invariant(invariant, backend))

@@ -33,6 +33,7 @@ from . import chunked, jvp, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
+    MISSING,
     Dims,
     Problem,
     check_backward,
@@ -106,7 +107,7 @@ def __dir__():
 OPS = ("ssm_scan", "ssm_scan_back")
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False,
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dtype=np.float32, dt_softplus="ggml", update_cache=False,
              snapshots=1) -> ScanResult:
     """Forward selective scan.
 
@@ -147,7 +148,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, dtype=np.float32, dt_softplus="ggml
     return ScanResult(y=y, states=states, where=WHERE, backend=NAME, snapshots=snaps)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
+def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dtype=np.float32,
                   dt_softplus="ggml", g_snapshots=None) -> ScanGrads:
     """Backward of :func:`ssm_scan` for the loss sum(y * g_y) + sum(states * g_states)
     + sum(snapshots * g_snapshots).
@@ -181,7 +182,8 @@ def check_op(op: str) -> str:
     return op
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1) -> Support:
+def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
+             snapshots=1) -> Support:
     """The reference runs every valid case that fits the host memory limit (ssm_ref.memory).
     Takes the arguments of ssm_scan (``s=None``, every ``dt_softplus`` form and every K included).
     Bad input raises as in ssm_scan (a forward beyond the limit too; ``dt_softplus`` and

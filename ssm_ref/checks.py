@@ -38,9 +38,10 @@ import numpy as np
 
 from .memory import check_host_memory, host_memory_bytes
 
-__all__ = ["DT_SOFTPLUS", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus", "check_dtype",
-           "check_forward", "check_ids", "check_invariant", "check_shapes", "check_snapshots", "check_update_cache",
-           "is_device_array", "output_elems", "split_g_y", "write_cache_rows", "zero_stand_in"]
+__all__ = ["DT_SOFTPLUS", "MISSING", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus",
+           "check_dtype", "check_five_arrays", "check_forward", "check_ids", "check_invariant", "check_shapes",
+           "check_snapshots", "check_update_cache", "is_device_array", "output_elems", "split_g_y", "write_cache_rows",
+           "zero_stand_in"]
 
 # Accepted working precisions of the reference; the fast backends always use float32.
 _WORK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -401,7 +402,11 @@ def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: int = 1
                   ) -> tuple[Dims, dict, np.ndarray | None]:
     """The forward's argument checks (docs/SPEC.md shapes): (dims, the float arrays as given -- not yet
-    converted --, the checked ids or None)."""
+    converted --, the checked ids or None). Each array's type and number of axes first, in argument
+    order; then the sizes they share, where a disagreement is blamed on the argument that disagrees
+    with what the others agree on (:func:`_blame`)."""
+    if C is MISSING:
+        check_five_arrays(x, C)
     x_ = _float_array("x", x, work, keep_device)
     _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
     S, T, H, P = (int(v) for v in x_.shape)
@@ -414,31 +419,26 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
         s_ = _float_array("s", s, work, keep_device)
     _expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
     R, N = int(s_.shape[0]), int(s_.shape[3])
-    _expect_shape("s", s_, "(R, H, P, N)", (R, H, P, N))
     if R < 1:
         raise ValueError(f"s: R (rows of the state cache) must be >= 1, got shape {tuple(s_.shape)}")
 
     dt_ = _float_array("dt", dt, work, keep_device)
-    _expect_shape("dt", dt_, "(S, T, H)", (S, T, H))
-
+    _expect_ndim("dt", dt_, "(S, T, H)", (S, T, H))
     A_ = _float_array("A", A, work, keep_device)
     a_shape = tuple(int(v) for v in A_.shape)
-    if a_shape == (H,) or a_shape == (H, 1):
-        mamba1 = False
-    elif a_shape == (H, N):
-        mamba1 = True
-    else:
-        raise ValueError(f"A: expected shape (H,) or (H, 1) = ({H},) or ({H}, 1) for Mamba-2, "
-                         f"or (H, N) = ({H}, {N}) for Mamba-1, got {a_shape}")
-
+    if A_.ndim not in (1, 2):
+        _a_error(H, N, a_shape)
     B_ = _float_array("B", B, work, keep_device)
-    if B_.ndim == 4:
-        G = int(B_.shape[2])
-        _expect_shape("B", B_, "(S, T, G, N)", (S, T, G, N))
-    else:
+    if B_.ndim != 4:
         raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, {N}), got {tuple(B_.shape)}")
+    G = int(B_.shape[2])
     C_ = _float_array("C", C, work, keep_device)
-    _expect_shape("C", C_, "(S, T, G, N)", (S, T, G, N))
+    _expect_ndim("C", C_, "(S, T, G, N)", (S, T, G, N))
+
+    mamba1 = a_shape == (H, N) and N != 1    # (H, 1) is Mamba-2's form, also where N = 1
+    if (s_.shape[1:3] != (H, P) or dt_.shape != (S, T, H) or B_.shape != (S, T, G, N) or C_.shape != B_.shape
+            or not (mamba1 or a_shape == (H,) or a_shape == (H, 1))):
+        _blame({"x": x_, "s": None if s is None else s_, "dt": dt_, "A": A_, "B": B_, "C": C_})
     if G < 1:
         raise ValueError(f"B: G (the number of groups) must be >= 1, got shape {tuple(B_.shape)}")
     if H % G:
@@ -449,6 +449,86 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
     dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape, K=K)
     A2 = A_.reshape(H, N if mamba1 else 1)
     return dims, dict(s=s_, x=x_, dt=dt_, A=A2, B=B_, C=C_), ids_
+
+
+# The axes of each array (docs/SPEC.md shapes); A's are (H,), (H, 1) or (H, N).
+_AXES = {"x": "STHP", "s": "RHPN", "dt": "STH", "B": "STGN", "C": "STGN"}
+_SYMBOLS = {"x": "(S, T, H, P)", "s": "(R, H, P, N)", "dt": "(S, T, H)", "B": "(S, T, G, N)", "C": "(S, T, G, N)"}
+
+
+def _axes(name: str, shape: tuple) -> str:
+    if name != "A":
+        return _AXES[name]
+    return "H" if len(shape) == 1 or shape[1] == 1 else "HN"
+
+
+def _blame(arrays: dict) -> None:
+    """Raise the ValueError of the first argument (in argument order) whose sizes disagree with
+    what the other arguments agree on. Each size (S, T, H, P, N, G) is the one most of the arrays
+    that carry it give; a tie goes to an array that no majority outvoted on another size, then to
+    the earlier argument. So x passed channels-first (S, H, P, T) is reported as x, not as the dt
+    or s that are right. ``arrays``: x, s (None for zero start
+    states, which follow x), dt, A, B, C, each with its number of axes already checked."""
+    claims: dict = {}
+    given = {k: tuple(int(v) for v in a.shape) for k, a in arrays.items() if a is not None}
+    for name, shape in given.items():
+        for sym, v in zip(_axes(name, shape), shape, strict=True):
+            claims.setdefault(sym, []).append((v, name))
+    def vote(suspect: set) -> dict:
+        out = {}
+        for sym, cl in claims.items():
+            votes = [v for v, _ in cl]
+            trusted = {v for v, n in cl if n not in suspect}
+            out[sym] = max(votes, key=lambda v: (votes.count(v), v in trusted, -votes.index(v)))
+        return out
+
+    first = vote(set())
+    # an array outvoted on one size (more arrays give another) loses the ties on the others
+    outvoted = {n for sym, cl in claims.items() for v, n in cl
+                if sum(u == first[sym] for u, _ in cl) > sum(u == v for u, _ in cl)}
+    agreed = vote(outvoted)
+    for name, shape in given.items():
+        axes = _axes(name, shape)
+        want = tuple(agreed[a] for a in axes)
+        if shape == want:
+            continue
+        if name == "A":
+            _a_error(agreed["H"], agreed["N"], shape)
+        why = "; ".join(f"{a} = {agreed[a]} in {', '.join(n for v, n in claims[a] if v == agreed[a] and n != name)}"
+                        for a, v in zip(axes, shape, strict=True) if v != agreed[a])
+        order = " -- the same sizes in another order: the axes are " + _SYMBOLS[name] if sorted(shape) == sorted(
+            want) else ""
+        raise ValueError(f"{name}: expected shape {_fmt(_SYMBOLS[name], want)}, got {shape} ({why}){order}")
+    raise AssertionError(f"sizes disagree but no argument was blamed: {given}")   # unreachable
+
+
+def _a_error(H: int, N: int, a_shape: tuple) -> None:
+    raise ValueError(f"A: expected shape (H,) or (H, 1) = ({H},) or ({H}, 1) for Mamba-2, "
+                     f"or (H, N) = ({H}, {N}) for Mamba-1, got {a_shape}")
+
+
+class _Missing:
+    """C's default in the backends' signatures: a call with five arrays -- mamba_ssm's (x, dt, A, B,
+    C), which has no start states -- then gets an error naming s rather than Python's "missing C"."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+MISSING = _Missing()
+
+
+def check_five_arrays(x, C) -> None:
+    """Raise when C was not given (:data:`MISSING`): a TypeError naming s when the second array
+    looks like dt (three axes), as in mamba_ssm's (x, dt, A, B, C); else one naming C. Any array
+    type with ``ndim`` (numpy, torch, jax)."""
+    if C is not MISSING:
+        return
+    if getattr(x, "ndim", None) == 3:   # dt where x belongs: the arrays were shifted by one
+        raise TypeError("s: the start states come first, (s, x, dt, A, B, C[, ids]); this call passed five arrays, "
+                        "as mamba_ssm's functions take them (x, dt, A, B, C). Pass None for zero start states: "
+                        "(None, x, dt, A, B, C)")
+    raise TypeError("C: missing (expected a float array of shape (S, T, G, N))")
 
 
 def output_elems(d: Dims, backward: bool) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 import ssm_ref
+from ssm_ref.checks import MISSING, check_five_arrays
 
 from . import _common, _op
 from ._op import BACKENDS, Where, last_where
@@ -69,7 +70,7 @@ def _as_ids(ids):
     return torch.as_tensor(list(ids), dtype=torch.int64)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
              snapshots=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
@@ -95,6 +96,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, *, backend: str = "ssm_fast", dt_softp
     the other outputs (a NaN slot's gradient is ignored). Raises the backends' TypeError /
     ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
+    check_five_arrays(x, C)
     _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)},
                    backend)
     ids = _as_ids(ids)

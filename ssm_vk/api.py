@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
-from ssm_ref.checks import write_cache_rows
+from ssm_ref.checks import MISSING, write_cache_rows
 
 from . import config, lanes, outputs, run
 from .arrays import DeviceArray, upload_to
@@ -42,7 +42,7 @@ def _out_result(out: dict, where: str, K: int) -> ScanResult:
     return r
 
 
-def supports(op, s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
+def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
              invariant=False) -> Support:
     """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
@@ -117,7 +117,7 @@ def _repeat(replay, arrays: tuple, ids):
     return _scan_result(out["y"], None, out.get("snapshots"), replay.where)
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
+def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
              invariant=False, out=None) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
@@ -226,7 +226,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, k
     return _scan_result(out["y"], None, out.get("snapshots"), dec.info.where)
 
 
-def ssm_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
                   g_snapshots=None, invariant=False, out=None) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
     g_y with K slots, s=None, ``g_snapshots`` (K,S,H,P,N), the gradient of the forward's K state

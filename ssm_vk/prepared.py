@@ -29,6 +29,7 @@ import numpy as np
 
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, check_snapshots, check_update_cache
+from ssm_ref.checks import MISSING
 
 from . import config, run, validate
 from . import runtime as rt
@@ -41,7 +42,7 @@ from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 __all__ = ["PreparedCall", "Replay", "prepare_scan", "prepare_scan_back"]
 
 
-def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cache=False,
+def prepare_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
                  snapshots=1, invariant=False) -> PreparedCall:
     """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
 
@@ -70,7 +71,7 @@ def prepare_scan(s, x, dt, A, B, C, ids=None, *, dt_softplus="ggml", update_cach
     return PreparedCall(False, p, sp, update_cache, zeros, knobs)
 
 
-def prepare_scan_back(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
+def prepare_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
                       g_snapshots=None, invariant=False) -> PreparedCall:
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
     then. Inputs and errors as :func:`prepare_scan`; ``s``, ``g_y`` and ``g_states`` may be None

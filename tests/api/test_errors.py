@@ -83,6 +83,17 @@ BAD = [
         E("s: expected shape (R, H, P, N) = (3, 4, 2, 5), got (3, 4, 3, 5)")),
     Bad("x-3d", {"x": z(S, T, H)}, ValueError, E("x: expected shape (S, T, H, P), got (2, 3, 4)")),
     Bad("x-5d", {"x": z(S, T, H, P, 1)}, ValueError, E("x: expected shape (S, T, H, P), got (2, 3, 4, 2, 1)")),
+    # x disagreeing with what dt, s, A, B and C agree on is blamed on x, not on the first that
+    # disagrees with it (x channels-first used to be reported as a wrong s)
+    Bad("x-channels-first", {"x": lambda a: a["x"].transpose(0, 2, 3, 1)}, ValueError,
+        E("x: expected shape (S, T, H, P) = (2, 3, 4, 2), got (2, 4, 2, 3) (T = 3 in dt, B, C; H = 4 in s, dt, A; "
+          "P = 2 in s) -- the same sizes in another order: the axes are (S, T, H, P)")),
+    Bad("x-wrong-T", {"x": z(S, 4, H, P)}, ValueError,
+        E("x: expected shape (S, T, H, P) = (2, 3, 4, 2), got (2, 4, 4, 2) (T = 3 in dt, B, C)")),
+    Bad("x-wrong-H", {"x": z(S, T, 3, P)}, ValueError,
+        E("x: expected shape (S, T, H, P) = (2, 3, 4, 2), got (2, 3, 3, 2) (H = 4 in s, dt, A)")),
+    Bad("x-wrong-S-zero-start", {"x": z(3, T, H, P), "s": None, "ids": None}, ValueError,
+        E("x: expected shape (S, T, H, P) = (2, 3, 4, 2), got (3, 3, 4, 2) (S = 2 in dt, B, C)")),
     Bad("dt-2d", {"dt": z(S, T)}, ValueError, E("dt: expected shape (S, T, H) = (2, 3, 4), got (2, 3)")),
     Bad("dt-wrong-S", {"dt": z(3, T, H)}, ValueError, E("dt: expected shape (S, T, H) = (2, 3, 4), got (3, 3, 4)")),
     Bad("dt-wrong-T", {"dt": z(S, 4, H)}, ValueError, E("dt: expected shape (S, T, H) = (2, 3, 4), got (2, 4, 4)")),
@@ -308,3 +319,24 @@ BAD_DTYPES: list[tuple[Any, str]] = [
 def test_reference_refuses_a_working_dtype_other_than_float32_or_float64(entry, dtype, shown):
     with pytest.raises(TypeError, match=r"^dtype: expected np.float32 or np.float64, got " + E(shown) + "$"):
         call(ssm_ref, entry, valid(), dtype=dtype)
+
+
+FIVE = r"^s: the start states come first, \(s, x, dt, A, B, C\[, ids\]\); this call passed five arrays"
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=repr)
+def test_five_arrays_as_mamba_ssm_passes_them_name_s(backend):
+    # mamba_ssm's functions take (x, dt, A, B, C): the same five arrays here lack the start states,
+    # and the error says so (not Python's "missing C"), on every entry point, before any work.
+    a = valid()
+    five = (a["x"], a["dt"], a["A"], a["B"], a["C"])
+    snap = _snapshot(a)
+    m = backend.module
+    for call5 in (lambda: m.ssm_scan(*five), lambda: m.ssm_scan_back(*five, g_y=a["g_y"]),
+                  lambda: m.supports("ssm_scan", *five)):
+        with pytest.raises(TypeError, match=FIVE):
+            call5()
+    with pytest.raises(TypeError, match=r"^C: missing \(expected a float array of shape \(S, T, G, N\)\)$"):
+        m.ssm_scan(a["s"], a["x"], a["dt"], a["A"], a["B"])      # C itself forgotten
+    assert m.ssm_scan(None, *five).y.shape == a["x"].shape       # the call the message proposes
+    _assert_untouched(a, snap)
