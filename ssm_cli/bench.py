@@ -17,8 +17,8 @@ from .table import flops, rate, seconds, table
 HELP = "time the forward and the backward on each backend (GPU time for Vulkan), optionally plot them"
 
 # Above these many state updates a run is refused unless --force: ssm_ref keeps all T+1 states
-# of the backward (4 bytes each: 1.2 GB at 3e8) and runs at ~40 ns per update on one core (12 s a
-# call at 3e8); lavapipe runs the backward at ~140 ns per update on 2 cores (15 s a call at 1.1e8).
+# of the backward (4 bytes each: 1.2 GB at 3e8), and at these sizes a call of ssm_ref, or of a
+# CPU Vulkan device such as lavapipe, takes seconds (docs/BENCHMARKS.md, "All three backends").
 SLOW_LIMITS = {"ssm_ref": 3e8, "cpu-device": 1.1e8}
 
 _SHAPE_LINES = "\n".join(f"  {s.name:8s} {f'{s.S},{s.T},{s.H},{s.P},{s.N},{s.G}':20s} {s.note}"

@@ -39,7 +39,7 @@ def ggml_vulkan(shape: Shape, op: str, max_range: int | None) -> str:
     """What ggml's Vulkan forward (ssm_scan.comp) and ggmlR's Vulkan backward (ssm_scan_back.comp)
     do with ``shape``, from their documented limits (docs/SPEC.md, section 13): "GPU", or
     "CPU: why" for the cases they leave to the CPU, or a warning when the backward's scratch
-    exceeds the device's binding range (measured wrong on an H200: docs/BENCHMARKS.md)."""
+    exceeds the device's binding range (its gradients then come out wrong: docs/SPEC.md, section 13)."""
     if shape.mamba1:
         return "CPU: Mamba-1"
     if shape.N not in (128, 256):

@@ -19,8 +19,8 @@ from numba.core import event
 
 __all__ = ["FIRST_COMPILE_S", "cache_dir", "install"]
 
-# Seconds to compile every kernel in a cold process on two cores: docs/FAST.md, "Compile cost"
-# (14.9 s, measured by benchmarks/compile_time.py). The message below and the docs quote this figure
+# Seconds to compile every kernel in a cold process on two cores, as measured by
+# benchmarks/compile_time.py: docs/FAST.md, "Compile cost". The message below and the docs quote this figure
 # (tests/docs/test_docs_figures.py holds them to it); measure again and change it here when the kernels change.
 FIRST_COMPILE_S = 15
 

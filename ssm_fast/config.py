@@ -57,9 +57,9 @@ SEGMENT_BYTES = 1024 * 1024
 SEGMENT_MIN = 8
 
 # Mamba-2 decode steps (T = 1) whose states (S*H*P*N float32) take at most DECODE_DIRECT_BYTES
-# update s into the output states directly, without scratch rows: measured 1.4-1.7x faster up to
-# 3 MB of states, but 1.6x slower at 12.6 MB (S = 16, H = 24, two threads), cause not found. A
-# function of the shape only, so the bits never depend on the thread count.
+# update s into the output states directly, without scratch rows: faster for small states, slower
+# for large ones (docs/FAST.md, "Threads", decode steps). A function of the shape only, so the bits
+# never depend on the thread count.
 DECODE_DIRECT_BYTES = 8 * 1024 * 1024
 
 # Small calls run on the calling thread (threads.count): those whose estimated single-thread time

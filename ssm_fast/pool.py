@@ -8,10 +8,10 @@ thread runs a task never changes what the task computes, so the results are the 
 number of threads.
 
 Why not numba's ``parallel=True``: on a machine whose cores are shared with other busy processes
-a parallel region waits for its slowest thread, and GNU OpenMP's spinning wait kept descheduled
-partners off the cores (a 0.5 ms call took 8 ms); here an idle helper sleeps, the caller always
-works, and a helper that is not scheduled simply takes fewer tasks. Compiling a ``prange`` kernel
-also cost twice to four times the compile time of its serial twin. Helpers are plain Python
+a parallel region waits for its slowest thread, and GNU OpenMP's spinning wait keeps descheduled
+partners off the cores (docs/FAST.md, "Threads"); here an idle helper sleeps, the caller always
+works, and a helper that is not scheduled simply takes fewer tasks. A ``prange`` kernel also
+takes several times as long to compile as its serial twin (docs/FAST.md, "Compile cost"). Helpers are plain Python
 threads (daemon), started on first use and started again in a forked child.
 """
 

@@ -1,6 +1,6 @@
 """Ask LLVM for wider vectors in one kernel, without touching numba's process-wide settings.
 
-On Intel server CPUs from Skylake-SP on (here: Emerald Rapids), LLVM's tuning prefers 256-bit
+On Intel server CPUs from Skylake-SP on (Emerald Rapids among them), LLVM's tuning prefers 256-bit
 vectors ("prefer-256-bit") even though AVX-512 is available, so numba's loops run 8 float32 lanes
 wide. The fix numba offers is process-wide (``NUMBA_CPU_FEATURES`` with ``-prefer-256-bit``),
 which would change every other numba function in the user's process. Instead, a kernel calls
@@ -8,8 +8,8 @@ which would change every other numba function in the user's process. Instead, a 
 ``"prefer-vector-width"="<config.VECTOR_BITS>"``, which LLVM's vectoriser reads per function.
 On a CPU without AVX-512 LLVM keeps the widest legal width, so the tag is harmless there.
 
-Measured (docs/FAST.md): 512-bit vectors make the Mamba-1 kernels (a vectorised exp per state)
-about 1.3-1.5x faster and the Mamba-2 kernels 1.1-1.2x.
+512-bit vectors pay most in the Mamba-1 kernels (a vectorised exp per state): docs/FAST.md,
+"Vector width".
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def restrict_arrays(typingctx):
     finds no aliases), except the task counter's (argument ``counter``, written by several threads).
 
     Without it LLVM must assume that a store to an output may change any input, so it reloads
-    inputs in the inner loops and vectorises them behind run-time overlap checks: measured, the
-    Mamba-1 kernels ran 1.4x slower. The caller guarantees it: every array a kernel writes is
+    inputs in the inner loops and vectorises them behind run-time overlap checks (what that costs:
+    docs/FAST.md, "Things that cost a factor"). The caller guarantees it: every array a kernel writes is
     allocated by the public wrapper for that call, and arrays that may share memory (inputs that are
     views of one buffer) are only read."""
     sig = types.void()

@@ -97,8 +97,7 @@ T_MEASURED = 16  # the tables above hold as they are up to this many tokens
 # Beyond T_MEASURED tokens the bounds grow like T / 16. Rounding alone would grow like a random
 # walk (sqrt(T / 16): the reference's errors do, measured with tests/measure_f32_error.py
 # --regime long_decay), but a float32 exp that is not correctly rounded (GLSL allows 3 + 2|x| ulp)
-# has a bias that adds up along the scan: ssm_vk on lavapipe used 30% of a sqrt-scaled bound at
-# T = 256 and 54% at T = 1024 (7.5% and 6.8% of the linear one), the reference 11% at T = 1024.
+# has a bias that adds up along the scan (measured on lavapipe: docs/SPEC.md, section 10).
 
 
 def scaled(tol: dict, T: int) -> dict:

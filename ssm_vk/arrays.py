@@ -55,8 +55,8 @@ class _Release(weakref.ref):
     once: when ``release()`` runs it or when the owner is collected (its callback), whichever
     comes first. ``alive`` until then. Made by :func:`_track`.
 
-    The part of ``weakref.finalize`` that DeviceArray used, at a fraction of its cost (finalize
-    cost ~1.3 us a DeviceArray: a fifth of the Python of a small backward, which makes seven); the
+    The part of ``weakref.finalize`` that DeviceArray used, at a fraction of its cost (a small
+    backward makes seven DeviceArrays: docs/ARCHITECTURE.md, "Repeated calls"); the
     reference itself carries the buffer, so an output costs one object besides itself. Thread-
     safe as finalize: the registry's ``pop`` decides the one caller that runs it. Nothing runs at
     interpreter exit (finalize's atexit pass): the context's own atexit close frees every buffer.

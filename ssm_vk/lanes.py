@@ -11,7 +11,8 @@ the forward writes the cache (update_cache), K (a forward's snapshots) and the p
 (``ctx.info``) checked on the replay. After the full path ran a call on the device, :func:`keep`
 prepares it -- a Replay of the decision's plans, in the engine's workspace of the shape, its
 inputs bound -- under its signature; a call with that signature finds it in one look-up
-(:func:`find`) and runs it (~15 us of Python less per call on lavapipe's VM than the full path).
+(:func:`find`) and runs it, with less Python than the full path (docs/ARCHITECTURE.md,
+"Repeated calls").
 
 Every call still pays for what can change under the same signature (prepared.Replay):
 - each input is live (an array released, or whose buffer or context was closed, raises as on

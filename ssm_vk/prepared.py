@@ -3,8 +3,8 @@ then replayed -- the one mechanism for calls that repeat. Two hold one:
 
 - :class:`PreparedCall` (``prepare_scan`` / ``prepare_scan_back``): what an inference engine's
   decode step or a training loop's fixed-shape step needs, without the per-call Python of the
-  general path (its validation, look-ups and result objects: 20-30 us on a fast host, more than a
-  decode step's GPU time). It owns a private workspace (never evicted by other shapes), its output
+  general path (its validation, look-ups and result objects: more than a decode step's GPU time,
+  docs/API.md, "Prepared calls"). It owns a private workspace (never evicted by other shapes), its output
   arrays (each run overwrites them: the result object is the same every run) and so one recorded
   sequence. The inputs are read as they are at each run -- change them on the device
   (``DeviceArray.write``, or any other kernel writing their buffers) between runs; ids, shapes,

@@ -139,8 +139,8 @@ def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
 
 def frozen_result(cls, fields: dict):
     """``cls(**fields)`` for a frozen dataclass without ``__post_init__`` (ScanResult, ScanGrads,
-    Problem) with every field given, without its __init__'s object.__setattr__ a field (~3 us of
-    a device call's Python)."""
+    Problem) with every field given, without its __init__'s object.__setattr__ a field (a part
+    of a device call's Python worth saving: docs/ARCHITECTURE.md, "Repeated calls")."""
     r = object.__new__(cls)
     r.__dict__.update(fields)
     return r

@@ -8,7 +8,7 @@ nothing after planning reads a knob.
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
 are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
 the choice for short sequences, Mamba-1, very wide rows and devices with small workgroups. The
-crossover (``CHUNK_MIN_T``) was measured on an H200 (docs/BENCHMARKS.md).
+crossover (``CHUNK_MIN_T``) and the other defaults: docs/KERNELS.md, "The planner's defaults".
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ __all__ = ["ChunkPlan", "chunk_plan", "chunked_scratch", "gemm_tile", "scratch_e
            "vec_in", "pass_batch", "PASS_BATCH", "PASS_BATCHES"]
 
 GEMM_WG = KNOBS["GWG"].default   # threads of every chunk kernel but the pass: the GEMM kernels' default
-# Contraction slice staged in shared memory, forward and backward (H200: the backward 4-6% faster
-# with 8 at train, long and mid; the forward 1.5% faster with 8 at train, up to 1.5x slower at
-# mid; 32 slower everywhere).
+# Contraction slice staged in shared memory, forward and backward: each direction's fastest
+# (docs/KERNELS.md, "The planner's defaults").
 KS = {False: 16, True: 8}
-# Shortest sequence that takes the chunked kernels by default, forward and backward (H200
-# crossover, docs/BENCHMARKS.md: the chunked backward wins from 32 tokens, the forward from 64).
+# Shortest sequence that takes the chunked kernels by default, forward and backward: where they
+# start to beat the token-sequential kernels (docs/KERNELS.md, "The planner's defaults").
 CHUNK_MIN_T = {False: 64, True: 32}
-# ... and for the forward at least this many tokens in all (H200: one sequence of 64 tokens ran
-# faster or as fast on the token-sequential kernels in two crossover runs, 128 did not; 8
-# sequences of 64 took the chunked kernels 1.7x faster). Not applied when CHUNK_MIN_T is a knob.
+# ... and for the forward at least this many tokens in all: one sequence of 64 tokens is no
+# slower token by token, several are (same section). Not applied when CHUNK_MIN_T is a knob.
 CHUNK_MIN_ST = {False: 128, True: 0}
 MAX_PN = 256       # P and N up to this (two column blocks of 128)
 N_BINDINGS = 19    # storage buffers every chunked kernel declares (ssm_vk/chunked/glsl/chunk_common.glsl)
@@ -103,9 +101,9 @@ def _gemm_shared(CL: int, RBLK: int, CBLK: int, knobs: Settings) -> int:
     return (slices + 3 * CL + RBLK * (wg // rg)) * F32
 
 
-# The modes that stage their operands with 16-byte loads. H200: Y 440 -> 391 us at train (its
-# registers 79 -> 63 per thread, 4 workgroups per SM instead of 3); ZF 288 -> 342 (80 -> 87
-# registers, 2 workgroups per SM), so ZF keeps its float loads.
+# The modes that stage their operands with 16-byte loads: fewer instructions per staged element
+# pay in Y, whose registers fall too; in ZF they cost registers and a workgroup per SM, so ZF
+# keeps its float loads (docs/KERNELS.md, "The planner's defaults").
 VEC_IN_MODES = ("Y",)
 
 
@@ -120,11 +118,10 @@ def vec_in(mode: str, P: int, N: int, CL: int, KS: int, knobs: Settings | None =
     return all(v % 4 == 0 for v in (P, N, KS, RBLK, CBLK))
 
 
-PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB; H200 train: 8 -> 32 took
-                   # the passes from 165 to 116 us)
+PASS_BATCH = 32    # chunks whose loads the pass issues together (knob PASS_PB): more loads in flight
+                   # (docs/KERNELS.md, "The planner's defaults")
 # A pass over fewer chunks issues as many loads as it has chunks, from these batch sizes: the
-# rest of a batch would load the last chunk again and hold registers for it (H200, the demo
-# backward, two chunks: 73.8 us at PB = 2 against 81.9 at 32).
+# rest of a batch would load the last chunk again and hold registers for it (same section).
 PASS_BATCHES = (2, 8, PASS_BATCH)
 
 
@@ -258,7 +255,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
     knobs = settings() if knobs is None else knobs
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
-    # states to pass along); measured on an H200 (docs/BENCHMARKS.md).
+    # states to pass along); the sweep: docs/BENCHMARKS.md at 5c2fe9b.
     CL = knobs.knob("CHUNK")
     if CL is None:
         CL = 32 if d.S * d.T <= 1024 else 64
@@ -283,9 +280,9 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         return None
     wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
     NCH = -(-d.T // CL)
-    # DB and DC per group when that still gives enough workgroups (H200: at mid, 32 workgroups
-    # looping over 48 heads doubled the backward; at train and long, 512 workgroups were 1% slower
-    # than per head + the reduce, which the scratch budget allows for anyway)
+    # DB and DC loop over a group's heads only where that still gives enough workgroups: with
+    # fewer the GPU idles, and per head + the reduce is the faster (the scratch budget allows for
+    # it anyway; docs/KERNELS.md, "The planner's defaults")
     ncb = gemm_tile("DB", CL, d.P, d.N, knobs)[3]
     headloop = knobs.knob("HEADLOOP")
     headloop = lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS if headloop is None else bool(headloop)

@@ -34,7 +34,8 @@ M1_THREADS = 1 << 18
 M1_FWD_TI_MIN = 8
 M1_NW = 16             # slices per workgroup of the backward, at most (a workgroup this large also
                        # keeps the compiler's registers per thread within what two of its slices
-                       # per SM would leave: measured faster than 8 slices of 8 tokens)
+                       # per SM would leave: faster than 8 slices of 8 tokens, docs/KERNELS.md,
+                       # "The planner's defaults")
 M1_BWD_NB = 4          # the backward's state values per round of its walk back, at most
 M1_FWD_NW = 4          # ... of the forward
 # The forward in one pass: as many slices as the device's workgroup and shared memory take (at

@@ -198,7 +198,8 @@ def check_result(result: int, what: str) -> None:
     """Raise the package exception for a VkResult returned by a raw ``vk.lib`` call (0 passes).
 
     The hot paths (submit, wait, descriptor writes) call ``vk.lib`` directly: the binding's
-    wrappers and struct constructors cost about 20 us of a 45 us submit+wait.
+    wrappers and struct constructors are most of a submit+wait's fixed cost (docs/VULKAN.md,
+    "Costs measured on lavapipe").
     """
     if result != 0:
         raise error_for_result(result, what)

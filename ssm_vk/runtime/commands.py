@@ -1,7 +1,8 @@
 """Recorded command sequences: :class:`Sequence` and :func:`oneshot`.
 
 A Sequence is a primary command buffer recorded once and submitted any number of times
-(resubmitting costs ~40 us from Python; recording a dispatch afresh several times that). It owns
+(resubmitting costs a fraction of recording a dispatch afresh: docs/VULKAN.md, "Costs measured on
+lavapipe"). It owns
 its command pool, so sequences record independently on different threads; the queue submission
 itself takes ``ctx.lock``. Each submission ends with a barrier that makes the sequence's writes
 visible to later submissions and to the host.
@@ -37,10 +38,9 @@ def poll_window(spin_s: float, last_run_s: float | None) -> float:
     """How long a wait polls its fence before it sleeps in the driver: ``spin_s`` (the context's,
     SSM_VK_SPIN_US), stretched to a quarter more than the sequence's last run (+ 20 us) when that
     run took longer and the stretch stays within POLL_CAP_S -- a call a little longer than the
-    poll would otherwise sleep and wake late (an H200: 30-50 us after an empty submit, more after
-    a longer one), every time. The cap is 10 ms: on an H100, calls of 0.5-3 ms polled through
-    took up to 0.15 ms less each than with a 1-ms cap (docs/TORCH.md, "On a GPU"); past it the late
-    wake-up is under 2% of the call. 0 stays 0 (no polling asked for); a run longer than the cap
+    poll would otherwise sleep and wake late, every time (docs/VULKAN.md, "Devices measured").
+    The cap is 10 ms: calls of a few ms gain from polling through (docs/API.md, SSM_VK_SPIN_US);
+    past it the late wake-up is under 2% of the call. 0 stays 0 (no polling asked for); a run longer than the cap
     keeps ``spin_s``."""
     if spin_s <= 0 or last_run_s is None:
         return max(spin_s, 0.0)
@@ -80,8 +80,8 @@ class Sequence:
                 self._cmd = vk.vkAllocateCommandBuffers(device, vk.VkCommandBufferAllocateInfo(
                     commandPool=self._pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
                 self._fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
-            # Built once in raw cffi and reused by every submit (docs/VULKAN.md: the binding's slow
-            # wrappers made a pre-recorded submit+wait 45 us instead of 24 us on lavapipe).
+            # Built once in raw cffi and reused by every submit: the binding's wrappers would
+            # double a pre-recorded submit+wait (docs/VULKAN.md, "Costs measured on lavapipe").
             ffi = vk.ffi
             self._lib = vk.lib
             self._fences = ffi.new("VkFence[1]", [self._fence])
@@ -147,7 +147,7 @@ class Sequence:
         dset, set_key = kernel.acquire_set(bindings)  # checks the bindings, before any command is recorded
         self._set_keys.append((kernel, set_key))     # referenced until this recording is reset or closed
         vk = binding.vk
-        lib, cmd = vk.lib, self._cmd  # raw calls: recording through the binding's wrappers cost ~2x
+        lib, cmd = vk.lib, self._cmd  # raw calls: the binding's wrappers slow recording (docs/VULKAN.md)
         lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
         sets = vk.ffi.new("VkDescriptorSet[1]", [dset])
         lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, sets, 0, vk.ffi.NULL)

@@ -37,7 +37,7 @@ _get_lock = threading.Lock()             # makes get_context's look-then-create 
 class Stats:
     """Counters for tests and tuning: how often the costly Vulkan paths ran."""
 
-    descriptor_writes: int = 0       # vkUpdateDescriptorSets calls (15-20 us each from Python)
+    descriptor_writes: int = 0       # vkUpdateDescriptorSets calls (costly from Python: docs/VULKAN.md)
     descriptor_sets: int = 0         # descriptor sets allocated
     pipelines: int = 0               # compute pipelines created
     submits: int = 0                 # vkQueueSubmit calls
@@ -78,8 +78,8 @@ class Context:
         if not isinstance(validation, bool):
             raise TypeError(f"validation: expected bool or None, got {type(validation).__name__}")
         chosen = device.choose(device.list_devices(), device_index)  # raises before any Vulkan object exists
-        # A short wait is caught sooner by polling the fence than by sleeping in the driver (an
-        # H200's blocking wait adds tens of microseconds); on a CPU implementation the poll would
+        # A short wait is caught sooner by polling the fence than by sleeping in the driver, which
+        # wakes late (docs/VULKAN.md, "Devices measured"); on a CPU implementation the poll would
         # take a core from the work it waits for, so it does not poll unless asked to.
         spin_s = config.spin_us(0 if chosen.type == "cpu" else 200) / 1e6
         if chosen.api_version < (1, 1):

@@ -2,10 +2,10 @@
 
 A host-array call on a discrete GPU moves its data twice: the CPU copies it between the caller's
 arrays and the staging memory, the GPU between the staging memory and its own. One CPU thread
-copies at 6-25 GB/s (6 at 64 MiB on an H200's host, less into freshly allocated pages), at or below
-what the link moves (44 GB/s there), so the CPU's copies would at least double the transfer time;
-split over a few threads (numpy and libc release the GIL while they copy or compare) they run at
-the memory's speed (benchmarks/host_floor.py measures both). Small copies stay on the calling
+copies at or below what the link moves (less into freshly allocated pages), so the CPU's copies
+would at least double the transfer time; split over a few threads (numpy and libc release the GIL
+while they copy or compare) they run at the memory's speed (benchmarks/host_floor.py measures
+both; the figures of a GPU host: docs/TORCH.md, "On a GPU"). Small copies stay on the calling
 thread, where starting threads would cost more than it saves.
 
     copy(dst, src)        # uint8 arrays of one length

@@ -87,7 +87,7 @@ class Kernel:
         if kernel is not None:
             return kernel
         ctx.check_usable()
-        spirv = shaders.compile_shader(name, dict(defs) or None, search_path=list(dirs))  # outside the lock: ~0.1 s
+        spirv = shaders.compile_shader(name, dict(defs) or None, search_path=list(dirs))  # outside the lock (glslc)
         # (unless another thread built it meanwhile)
         return ctx.cache_kernel(key, lambda: cls(ctx, name, spirv, bindings, push_size, size, tuple(spec),
                                                  dict(defs)))
@@ -205,9 +205,9 @@ class Kernel:
 
     def acquire_set(self, bindings) -> tuple[object, tuple]:
         """(the VkDescriptorSet for ``bindings``, its key), referenced until :meth:`release_set`
-        of that key: written once per distinct (buffer, offset, nbytes) list and then reused (on
-        lavapipe a write costs 15-20 us from Python, a hit 3-6 us). A set is never rewritten while
-        referenced (a recorded command buffer binds it). Raises as :meth:`normalize_bindings`."""
+        of that key: written once per distinct (buffer, offset, nbytes) list and then reused (a
+        write costs several times a hit: docs/VULKAN.md, "Costs measured on lavapipe"). A set is
+        never rewritten while referenced (a recorded command buffer binds it). Raises as :meth:`normalize_bindings`."""
         triples = self.normalize_bindings(bindings)
         key = tuple((b.serial, off, n) for b, off, n in triples)
         ctx = self.ctx
@@ -281,7 +281,7 @@ class Kernel:
                 self._pools.append(vk.vkCreateDescriptorPool(device, vk.VkDescriptorPoolCreateInfo(
                     maxSets=n_sets, poolSizeCount=1, pPoolSizes=[size]), None))
             self._pool_room = n_sets
-        ffi = vk.ffi  # raw cffi: the binding's struct constructors cost ~60 us here
+        ffi = vk.ffi  # raw cffi: the binding's struct constructors are slow here (docs/VULKAN.md)
         layouts = ffi.new("VkDescriptorSetLayout[1]", [self._set_layout])  # a local: cffi fields don't own it
         info = ffi.new("VkDescriptorSetAllocateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, "descriptorPool": self._pools[-1],
@@ -364,7 +364,8 @@ class Kernel:
 
 def _write_set(device, dset, triples) -> None:
     """One vkUpdateDescriptorSets for all bindings, its structs built straight in cffi: the
-    binding's struct constructors made a 3-binding write cost ~190 us, this ~15 us."""
+    binding's struct constructors cost many times the write (docs/VULKAN.md, "Costs measured on
+    lavapipe")."""
     vk = binding.require()
     ffi = vk.ffi
     n = len(triples)

@@ -99,7 +99,7 @@ class BufferPool:
 
     def acquire_all(self, sizes) -> list[Buffer]:
         """``[acquire(n) for n in sizes]``, the buffers the pool has free taken under one lock (a
-        call's outputs: seven acquisitions one at a time cost ~15 us from Python). On a failure
+        call's outputs: docs/ARCHITECTURE.md, "Repeated calls", says what it saves). On a failure
         the buffers already taken go back and the exception is raised."""
         out: list = [None] * len(sizes)
         classes = self._classes

@@ -45,8 +45,8 @@ class Seams:
 
         Only the caller's own sequences count: the runtime's internal transfer sequence (staging
         copies for upload/download on devices whose memory the host cannot map, such as a
-        discrete GPU) never takes the fault, so a test hits the same submit on lavapipe and on an
-        H200 (where it used to hit a staging copy instead).
+        discrete GPU) never takes the fault, so a test hits the same submit on lavapipe and on a
+        discrete GPU, not a staging copy.
 
         DeviceLost is raised without submitting and marks the context lost, as a real loss would.
         VulkanTimeout is raised after the work was submitted, as when a wait times out: the

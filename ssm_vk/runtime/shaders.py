@@ -16,7 +16,8 @@ whether it would succeed, by doing the same work):
    (swapped) entry is rebuilt with glslc, or -- without glslc -- refused with the file named.
    Without glslc, any compiler's intact build of the same source key is taken.
 3. **glslc** ``--target-env=vulkan1.1 -O`` (SPIR-V 1.3, the first with subgroup operations),
-   about 0.1 s a call; its output goes into the disk cache.
+   slow enough a call to be cached (docs/VULKAN.md, "Costs measured on lavapipe"); its output goes
+   into the disk cache.
 
 The GLSL sources are package data of ``ssm_vk`` (the shared ``ssm_vk/glsl/`` and each kernel
 family's ``ssm_vk/<family>/glsl/``), so an installed package compiles any variant when glslc is on

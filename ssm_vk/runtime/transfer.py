@@ -141,7 +141,7 @@ _BUDGET_SHARE = 16  # the Stages of a context hold at most this share of the hos
 class StageBudget:
     """The host memory a context's Stages hold together: at most ``limit`` bytes (the larger of
     ``ctx.staging_chunk_bytes`` and a sixteenth of the heap that host-visible staging memory
-    comes from: 5.9 GiB on an H200's 94 GiB host heap), ``held`` of them now. A Stage is pinned
+    comes from; docs/KERNELS.md, "Calls", gives a GPU host's), ``held`` of them now. A Stage is pinned
     host memory the size of a workspace's host data (a training step's: several hundred MB), kept
     while its workspace is; the budget bounds what the cached workspaces (engine.MAX_WORKSPACES)
     hold together. A workspace beyond it moves its arrays one at a time through the context's

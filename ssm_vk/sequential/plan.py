@@ -38,26 +38,23 @@ MAX_NPL = 16                 # state values per lane before rows spread over sha
 # turn, so what a head's rows share (the step, B and C) is computed or loaded once per slot: as
 # many turns as leave the step DEC_THREADS threads or more (about what an H200 holds at once).
 # A step that has fewer threads than that at one channel per slot is latency-bound and stays on
-# the ordinary kernel, whose loads all go out at once (H200, N = 128, H = 80, S = 1: 8.2 us
-# against 9.1; S = 16: 42.6 against 31.6, and 166 against 111 at S = 128 of H = 48).
+# the ordinary kernel, whose loads all go out at once (measured: docs/KERNELS.md, "The planner's
+# defaults").
 DEC_THREADS = 1 << 18
 
 # The forward parallel over time takes a scan of fewer than TCHUNK_BELOW threads and cuts its
 # sequences into chunks until it has TCHUNK_THREADS (about twice what an H200 holds at once), with
-# chunks of at least TCHUNK_MIN tokens. Its three passes do 1.7x the work: on an H200 the Mamba-1
-# forward took 63.7 instead of 131.6 us at 12 k threads (S, T, H = 1, 512, 1536) and 1.31 instead
-# of 5.29 ms (1, 16384, 1536), but 1.30 instead of 0.92 ms at 98 k (8, 2048, 1536).
+# chunks of at least TCHUNK_MIN tokens. Its three passes do 1.7x the work, which pays where the
+# scan by itself would leave the GPU idle and loses where it already has threads enough
+# (docs/KERNELS.md, "Forward parallel over time (Mamba-1)").
 TCHUNK_BELOW = 1 << 16
 TCHUNK_THREADS = 1 << 19
 TCHUNK_MIN = 32
 # The backward parallel over time (five passes instead of two: summaries forward and backward,
 # their carries, the checkpoint pass and the backward pass on the chunks) likewise, with its own
-# thresholds: its token step is several times longer than the forward's.
-# H200, Mamba-1 at N = 16 (LN = 8): over time chunks 0.38 instead of 1.26 ms at 12 k threads
-# (1, 512, 1536), about 9 instead of 42 at (1, 16384, 1536), 9.0 instead of 11.6 at 98 k
-# (8, 2048, 1536); slower at 164 k (4, 1024, 5120: 7.3 against 7.1).
-# The threshold counts threads of the backward's layout (LN = 4 at N = 16): at (4, 1024, 5120),
-# 82 k threads, token by token took 4.30 ms against 4.43 over time chunks.
+# thresholds: its token step is several times longer than the forward's. The threshold counts
+# threads of the backward's layout (LN = 4 at N = 16), where the token-by-token backward stops
+# losing to the chunks (measured: docs/KERNELS.md, "The planner's defaults").
 TCHUNK_BWD_BELOW = 1 << 16
 TCHUNK_BWD_THREADS = 1 << 20
 TCHUNK_BWD_MIN = 32
@@ -148,19 +145,16 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     m1_fwd = not backward and d.mamba1 and d.T > 1 and lim.device_type != "cpu" and "shuffle" in ops
     m1_tb = None
     if m1_back:
-        # Four state values per lane now that a row's lanes share each token's step (SPREAD):
-        # H200, N = 16, LN = 4 (one round of sums per chunk) against 8 (two): 5.34 against 5.64 ms
-        # at (8, 2048, 1536), 5.45 against 5.69 at (1, 16384, 1536), 224 against 247 us at
-        # (1, 512, 1536) (LN = 2, 16 slower).
+        # Four state values per lane, since a row's lanes share each token's step (SPREAD): one
+        # round of sums per chunk instead of two, faster than LN = 2, 8 or 16 (docs/KERNELS.md,
+        # "The planner's defaults").
         want = max(1, want // 4)
     elif m1_fwd:
         # Mamba-1's forward on a GPU: four state values per lane (fewer row-sum steps and less of
         # the token's scalar work per state) where that leaves threads enough token by token, or
         # where the scan goes over time chunks anyway; else two per lane, in load blocks of eight
-        # tokens (more loads in flight per thread where few threads are resident). H200, N = 16:
-        # (4, 1024, 5120) 632 us at LN = 4 against 802 at LN = 8; (1, 16384, 1536) 1114 against
-        # 1387, (1, 512, 1536) 54.6 against 66.3 (both over time chunks); (8, 2048, 1536) 915 at
-        # LN = 8 and TB = 8 against 1080 at TB = 4 and 1070 at LN = 4 (over time chunks).
+        # tokens (more loads in flight per thread where few threads are resident). Measured:
+        # docs/KERNELS.md, "Forward parallel over time (Mamba-1)".
         nrows = d.S * d.H * d.P
         if nrows * max(1, want // 4) >= TCHUNK_BELOW or nrows < m1_forward_two_per_lane_from(d.N):
             want = max(1, want // 4)
@@ -168,13 +162,12 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             want, m1_tb = max(1, want // 2), 8
     elif not backward:
         # At least two state values per lane forward: a lane that holds one spends most of its
-        # time on the token's scalar work (H200, Mamba-1 at N = 16: LN = 8 took 131 us where
-        # LN = 16 took 178; the backward was not faster so).
+        # time on the token's scalar work (the backward gains nothing so; docs/KERNELS.md, "The
+        # planner's defaults").
         want = max(1, want // 2)
         if d.T == 1 and want >= 64:
             # A decode step is a pass over the state rows: more values per lane, more loads in
-            # flight (H200, N = 128: 16 lanes 149 us where 32 took 184 at S = 128, 38 against
-            # 45 at S = 16; within 1 us at S = 1).
+            # flight (docs/KERNELS.md, "The planner's defaults").
             want //= 4
     # (the decode kernel writes no snapshots: a forward with K > 1 takes the ordinary one)
     dec = (not backward and d.T == 1 and not d.mamba1 and d.N > 0 and d.N % 4 == 0 and knob("DEC") != 0
@@ -184,7 +177,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if knob("LN") is not None:
         want = min(want, knob("LN"))
     if "basic" in ops and "shuffle" in ops:
-        # xor butterfly: measured faster than clustered adds on an H200 (docs/BENCHMARKS.md)
+        # xor butterfly: faster than clustered adds on a GPU (docs/KERNELS.md, "Layout")
         LN = min(want, sg)
         ROW_SUM = 3 if LN == sg and "arithmetic" in ops else 2
     elif "basic" in ops and "clustered" in ops:
@@ -201,10 +194,8 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     if legal.get(knob("ROW_SUM"), False) and "basic" in ops and LN <= sg:
         ROW_SUM = knob("ROW_SUM")
     NPL = max(1, -(-d.N // LN))
-    # H200: K=8 halved the backward against K=16 (registers); Mamba-1's backward (shared steps)
-    # takes K = 4: at LN = 8, 7.05 against 8.71 ms at (8, 2048, 1536), 4.82 against 7.33 at
-    # (4, 1024, 5120), 0.34 against 0.33 at (1, 512, 1536); at LN = 4 K = 8 and K = 2 were
-    # slower too (5.48 and 5.50 against 5.34 ms at (8, 2048, 1536))
+    # Checkpoints every 8 tokens: 16 costs registers; Mamba-1's backward (shared steps) takes 4,
+    # faster than 2 or 8 there (docs/KERNELS.md, "The planner's defaults").
     K = knob("K") or (4 if m1_back else 8)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
@@ -224,10 +215,9 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     NPB = max(1, -(-d.P // PB))
     NHB = max(1, -(-d.H // HB))
     # A decode step (one token) loads one block of one token: a longer block would only hold
-    # registers for tokens that are not there (H200: the decode scan 1.6-1.8x faster at TB = 1).
-    # A Mamba-2 forward of few threads (a short sequence token by token) waits on its loads: blocks
-    # of eight tokens keep more of them in flight (H200, the demo shape (1, 64, 16, 64, 128), 32 k
-    # threads, accurate softplus: 31.8 us against 35.7 at TB = 4, 42.3 at TB = 2).
+    # registers for tokens that are not there. A Mamba-2 forward of few threads (a short sequence
+    # token by token) waits on its loads: blocks of eight tokens keep more of them in flight
+    # (both measured: docs/KERNELS.md, "The planner's defaults").
     few = not backward and not d.mamba1 and d.T >= 8 and d.S * d.H * d.P * LN < TCHUNK_BELOW and NPL <= 4
     TB = knob("TB") or (1 if d.T == 1 else m1_tb or (8 if few else max(1, min(4, 32 // NPL))))
     # Backward: contributions of TBR tokens share one round of barriers; each round needs
@@ -315,10 +305,10 @@ def partials_budget(lay, lim: Limits) -> int:
     """Bytes of backward partials one window may take: SCRATCH_BUDGET; in the invariant mode
     (``lay.EXACT``) up to a sixteenth of the device's memory. That mode has no time chunks, so
     its only parallel work is its windows' rows: a sequence too long for the budget walks its
-    token windows one sequence at a time (S times the forward's depth: 71 ms against a 4.8 ms
-    forward at (8, 2048, 24, 64, 128) on an H100), where whole sequences side by side share one
-    walk. Which sequences share a window changes no bit; the token windows are a function of
-    the per-sequence problem and the device, never of S."""
+    token windows one sequence at a time (S times the forward's depth: docs/BENCHMARKS.md, "The
+    invariant mode's cost"), where whole sequences side by side share one walk. Which sequences
+    share a window changes no bit; the token windows are a function of the per-sequence problem
+    and the device, never of S."""
     if not lay.EXACT:
         return SCRATCH_BUDGET
     return max(SCRATCH_BUDGET, lim.device_local_bytes // 16)
