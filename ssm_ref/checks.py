@@ -423,7 +423,8 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
         raise ValueError(f"s: R (rows of the state cache) must be >= 1, got shape {tuple(s_.shape)}")
 
     dt_ = _float_array("dt", dt, work, keep_device)
-    _expect_ndim("dt", dt_, "(S, T, H)", (S, T, H))
+    if dt_.ndim != 3:
+        _expect_ndim("dt", dt_, "(S, T, H)", (S, T, H))
     A_ = _float_array("A", A, work, keep_device)
     a_shape = tuple(int(v) for v in A_.shape)
     if A_.ndim not in (1, 2):
@@ -433,7 +434,8 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
         raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, {N}), got {tuple(B_.shape)}")
     G = int(B_.shape[2])
     C_ = _float_array("C", C, work, keep_device)
-    _expect_ndim("C", C_, "(S, T, G, N)", (S, T, G, N))
+    if C_.ndim != 4:
+        _expect_ndim("C", C_, "(S, T, G, N)", (S, T, G, N))
 
     mamba1 = a_shape == (H, N) and N != 1    # (H, 1) is Mamba-2's form, also where N = 1
     if (s_.shape[1:3] != (H, P) or dt_.shape != (S, T, H) or B_.shape != (S, T, G, N) or C_.shape != B_.shape
