@@ -16,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+from optional import need
 from problems import make_problem
 from registry import BACKENDS, assert_close, oracle_back, oracle_scan
 
@@ -232,8 +233,10 @@ INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ"],
 
 
 def _package(name):
+    """The package, where the bridges' framework is installed (skipped without it, failed under
+    SSM_REQUIRE_TORCH=1 / SSM_REQUIRE_JAX=1: tests/optional.py)."""
     if name in ("ssm_torch", "ssm_jax"):
-        pytest.importorskip(name.replace("ssm_", ""))
+        need(name.replace("ssm_", ""))
     return importlib.import_module(name)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optional import need
 from problems import make_problem
 from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
@@ -336,8 +337,8 @@ def test_the_bridges_pass_the_mode_through():
     """ssm_torch.ssm_scan and ssm_jax.ssm_scan (forward and gradient) with invariant=True give
     ssm_vk's invariant bits; ssm_ref takes the keyword (invariant anyway), ssm_fast refuses it; the
     mamba drop-ins take it."""
-    torch = pytest.importorskip("torch")
-    jax = pytest.importorskip("jax")
+    torch = need("torch")
+    jax = need("jax")
     import ssm_jax
     import ssm_torch
     from ssm_torch.mamba import mamba_chunk_scan_combined
