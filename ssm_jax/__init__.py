@@ -22,7 +22,15 @@ import functools
 import importlib
 import threading
 
-import jax
+from ssm_ref.extras import install_hint
+
+try:
+    import jax
+except ModuleNotFoundError as e:   # jax is an optional dependency of ssm-scan (its extra "jax")
+    if e.name != "jax":
+        raise
+    raise ModuleNotFoundError(f"ssm_jax needs jax, which is not installed: {install_hint('jax', 'jax')}",
+                              name="jax") from e
 import jax.numpy as jnp
 import numpy as np
 

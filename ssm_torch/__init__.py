@@ -18,7 +18,15 @@ docs/TORCH.md is the user's guide.
 
 from __future__ import annotations
 
-import torch
+from ssm_ref.extras import install_hint
+
+try:
+    import torch
+except ModuleNotFoundError as e:   # torch is an optional dependency of ssm-scan (its extra "torch")
+    if e.name != "torch":
+        raise
+    raise ModuleNotFoundError("ssm_torch needs PyTorch (torch), which is not installed: "
+                              + install_hint("torch", "torch"), name="torch") from e
 
 import ssm_ref
 
