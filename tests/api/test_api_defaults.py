@@ -226,7 +226,7 @@ PUBLIC_MODULES = {
     "ssm_ref.testing": {"cases", "fuzzing", "ports", "properties", "regressions", "strategies", "vectors",
                         "verification"},
 }
-INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras"],
+INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "lanes", "record", "workspace", "api", "validate"],
              "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}

@@ -230,7 +230,8 @@ def test_errors_name_the_argument():
         ssm_torch.ssm_scan(a[0], a[1], a[2].detach().numpy(), *a[3:])
     with pytest.raises(ValueError, match=r"^ids: every id must be in \[0, R\) = \[0, 2\)"):
         ssm_torch.ssm_scan(*a, [0, 2], backend="ssm_ref")
-    with pytest.raises(ValueError, match=r"^backend: expected one of 'ssm_fast', 'ssm_vk', 'ssm_ref', got 'numpy'$"):
+    with pytest.raises(ValueError, match=r"^backend: expected one of 'ssm_fast', 'ssm_vk', 'ssm_ref' "
+                       r"\(or 'fast', 'vk', 'ref'\), got 'numpy'$"):
         ssm_torch.ssm_scan(*a, backend="numpy")
     with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, "
                        r"True \(.*\) or False \(.*\), got 'softplus'$"):
