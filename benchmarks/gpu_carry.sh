@@ -6,7 +6,11 @@
 # for vs_mamba_ssm.py and torch_side_by_side.py --mamba-src) and, with BASE=<commit>, .base/ (that
 # commit's tree, for timings before and after in one run: benchmarks/gpu_torch.sh).
 #
-#   [BASE=66453d7] bash benchmarks/gpu_carry.sh
+# mamba_ssm's sdist comes through pip, run by a Python that has torch (its setup.py imports it, even
+# with MAMBA_SKIP_CUDA_BUILD=TRUE): $PYTHON, by default the checkout's .venv/bin/python, the virtual
+# environment `make test` creates (with torch's CPU build).
+#
+#   [BASE=66453d7] [PYTHON=.venv/bin/python] bash benchmarks/gpu_carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for d in /.gl/ /.whl/ /.peer/ /.base/; do
@@ -25,20 +29,19 @@ if [ ! -d .whl ] || [ -z "$(ls .whl 2>/dev/null)" ]; then
       -d .whl vulkan==1.3.275.1 cffi pycparser
 fi
 if [ ! -d .peer/mamba/mamba_ssm ]; then
-  rm -rf .peer/mamba /tmp/mamba-sdist && mkdir -p .peer /tmp/mamba-sdist
-  # the sdist file itself, found in PyPI's simple index and checked against its sha256 there (pip
-  # download would run its setup.py, which imports torch)
-  python3 - <<'PY'
-import hashlib, re, urllib.request
-page = urllib.request.urlopen("https://pypi.org/simple/mamba-ssm/").read().decode()
-url, sha = next((u, h) for u, h in re.findall(r'href="([^"#]+)#sha256=([0-9a-f]+)"', page)
-                if u.endswith("/mamba_ssm-2.3.2.post1.tar.gz"))
-data = urllib.request.urlopen(url).read()
-assert hashlib.sha256(data).hexdigest() == sha, "mamba_ssm sdist: sha256 differs from the index's"
-open("/tmp/mamba-sdist/mamba_ssm-2.3.2.post1.tar.gz", "wb").write(data)
-PY
-  tar -xzf /tmp/mamba-sdist/mamba_ssm-2.3.2.post1.tar.gz -C /tmp/mamba-sdist
-  mv /tmp/mamba-sdist/mamba_ssm-2.3.2.post1 .peer/mamba
+  PYTHON=${PYTHON:-.venv/bin/python}
+  "$PYTHON" -c 'import torch' 2>/dev/null || {
+    echo "gpu_carry.sh: $PYTHON cannot import torch, which mamba_ssm's setup.py needs: run make test" \
+         "(it creates .venv with torch) or set PYTHON to a Python that has torch" >&2; exit 1; }
+  sdist=$(mktemp -d)
+  # the sdist itself (no binary, no dependencies; pip checks it against the index's hash); its
+  # setup.py runs for the metadata only, without building CUDA
+  MAMBA_SKIP_CUDA_BUILD=TRUE "$PYTHON" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+      mamba-ssm==2.3.2.post1 -d "$sdist"
+  rm -rf .peer/mamba && mkdir -p .peer
+  tar -xzf "$sdist"/mamba_ssm-2.3.2.post1.tar.gz -C "$sdist"
+  mv "$sdist"/mamba_ssm-2.3.2.post1 .peer/mamba
+  rm -rf "$sdist"
 fi
 if [ -n "${BASE:-}" ]; then
   rm -rf .base && mkdir .base && git archive "$BASE" | tar -x -C .base

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from ssm_ref.backend_names import BACKENDS, lookup, refusal
 from ssm_ref.testing import ports
 
 from .common import UsageError
 
-KNOWN = ("ssm_ref", "ssm_fast", "ssm_vk")
-ALIASES = {"ref": "ssm_ref", "fast": "ssm_fast", "vk": "ssm_vk", "numpy": "ssm_ref", "numba": "ssm_fast",
-           "vulkan": "ssm_vk"}
+# The built-in backends (ssm_ref.backend_names, whose names and short names --backend takes as
+# ssm_torch's and ssm_jax's backend= do), in the order a command without --backend runs them.
+KNOWN = tuple(sorted(BACKENDS, key=("ssm_ref", "ssm_fast", "ssm_vk").index))
 INTERFACE = ports.INTERFACE
 GGML = "ssm_ggml"
 GGML_ALIASES = ("ssm_ggml", "ggml")
@@ -117,8 +118,15 @@ def is_ggml(name: str) -> bool:
     return name.partition(":")[0] in GGML_ALIASES
 
 
+def _unknown(name: str, why: str) -> UsageError:
+    """A ``--backend`` that is neither a built-in backend nor a port: ``why``, then what ssm_torch's
+    and ssm_jax's ``backend=`` say of it too (ssm_ref.backend_names.refusal), then the ports."""
+    return UsageError(f"--backend {name}: {why}; {refusal(name)} -- or a port of yours: a module on PYTHONPATH or "
+                      "in the current directory, or the path of a .py file")
+
+
 def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Backend:
-    """The backend ``name``: an alias, one of :data:`KNOWN`, a module path (looked up on sys.path
+    """The backend ``name``: one of :data:`KNOWN` or its short name, a module path (looked up on sys.path
     and in the current directory), or the path of a .py file.
 
     Raises UsageError for a name that is no module or file, a port whose import raises, or one that
@@ -131,10 +139,10 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Back
         mod = _load_file(name)
         label = re.sub(r"\.py$", "", Path(name).name)
     else:
-        name = ALIASES.get(name, name)
+        name = lookup(name) or name
         label = name
         if not _MODULE.fullmatch(name):
-            raise UsageError(f"--backend {name}: not a module name or the path of a .py file")
+            raise _unknown(name, "not a module name or the path of a .py file")
         _add_path(os.getcwd())
         try:
             mod = importlib.import_module(name)
@@ -143,8 +151,7 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Back
                 return Backend(name, None, f"not installed ({e})", requested)
             if e.name and name != e.name and not name.startswith(e.name + "."):  # found, but it imports a missing one
                 raise UsageError(f"--backend {name}: importing it raised {ports.error_text(e)}") from e
-            raise UsageError(f"--backend {name}: no such module (known: {', '.join(KNOWN)}; or a module of yours "
-                             "on PYTHONPATH or in the current directory, or the path of a .py file)") from None
+            raise _unknown(name, "no such module") from None
         except Exception as e:
             if name in KNOWN:
                 return Backend(name, None, f"cannot be imported ({ports.error_text(e)})", requested)

@@ -280,7 +280,9 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise common.UsageError("--plot needs matplotlib: pip install matplotlib") from None
+        from ssm_ref.extras import install_hint
+
+        raise common.UsageError(f"--plot needs matplotlib: {install_hint('plot', 'matplotlib')}") from None
 
 
 def render(rep: dict) -> str:

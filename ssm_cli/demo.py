@@ -60,7 +60,10 @@ def run(args) -> int:
     plot = out / PLOT_NAME
     plotting = _have_matplotlib()
     if not plotting:
-        print("demo: matplotlib is not installed: no plot (pip install 'ssm-scan[plot]' draws it)", flush=True)
+        from ssm_ref.extras import install_hint
+
+        print(f"demo: matplotlib is not installed: no plot (to draw it: {install_hint('plot', 'matplotlib')})",
+              flush=True)
     steps = [
         ["info", *verbose],
         ["check", "--quick", *backend, *verbose],

@@ -28,7 +28,9 @@ def plot_bench(report: dict, path: str) -> Path:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import NullFormatter
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+        from ssm_ref.extras import install_hint
+
+        raise UsageError(f"--plot needs matplotlib: {install_hint('plot', 'matplotlib')}") from None
 
     axis = (report.get("sweep") or {"axis": "T"})["axis"]
     rows = report["rows"]

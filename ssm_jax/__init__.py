@@ -22,12 +22,21 @@ import functools
 import importlib
 import threading
 
-import jax
+from ssm_ref.extras import install_hint
+
+try:
+    import jax
+except ModuleNotFoundError as e:   # jax is an optional dependency of ssm-scan (its extra "jax")
+    if e.name != "jax":
+        raise
+    raise ModuleNotFoundError(f"ssm_jax needs jax, which is not installed: {install_hint('jax', 'jax')}",
+                              name="jax") from e
 import jax.numpy as jnp
 import numpy as np
 
 import ssm_ref
 import ssm_ref.checks
+from ssm_ref.backend_names import BACKENDS, refusal, resolve_backend
 from ssm_ref.checks import MISSING, check_five_arrays
 from ssm_ref.results import Where
 
@@ -38,8 +47,6 @@ def __dir__():
     # The public names only; jax, numpy and the helpers are not the API.
     return sorted(__all__)
 
-
-BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 
 _LOCK = threading.Lock()
 _LAST: list = [None]   # the Where of the last call (one slot: replaced whole, read under the lock)
@@ -54,8 +61,9 @@ def last_where() -> Where | None:
 
 
 def _module(backend: str):
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    """The backend module named ``backend`` (the module name ssm_scan resolved)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {refusal(backend)}")
     return importlib.import_module(backend)
 
 
@@ -108,7 +116,8 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
     enabled and every float input is float64). ``s=None``: zero start states (S,H,P,N) in x's
     dtype (ids must then be None). Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's
-    dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref"; dt_softplus: "ggml" (default,
+    dtype). backend: "ssm_fast" (default), "ssm_vk" or "ssm_ref", or their short names "fast", "vk",
+    "ref" (ssm_ref.backend_names); dt_softplus: "ggml" (default,
     ggml's form), "log1p" or True (mamba_ssm's softplus), None or False (dt is the step); every
     backend takes every form. invariant: True for batch- and split-invariant results
     (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway; ssm_fast
@@ -120,6 +129,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     differentiable as the other outputs (a NaN slot's cotangent is ignored).
     """
     check_five_arrays(x, C)
+    backend = resolve_backend(backend)
     _module(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
     mode = (dt_softplus, ssm_ref.checks.check_invariant(invariant, backend))

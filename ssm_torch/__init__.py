@@ -18,9 +18,18 @@ docs/TORCH.md is the user's guide.
 
 from __future__ import annotations
 
-import torch
+from ssm_ref.extras import install_hint
+
+try:
+    import torch
+except ModuleNotFoundError as e:   # torch is an optional dependency of ssm-scan (its extra "torch")
+    if e.name != "torch":
+        raise
+    raise ModuleNotFoundError("ssm_torch needs PyTorch (torch), which is not installed: "
+                              + install_hint("torch", "torch"), name="torch") from e
 
 import ssm_ref
+from ssm_ref.backend_names import lookup, resolve_backend
 from ssm_ref.checks import MISSING, check_five_arrays
 
 from . import _common, _op
@@ -80,7 +89,8 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     or, with backend="ssm_vk", all on the CUDA device that is the Vulkan device's GPU (no copy
     through the host: ssm_torch/cuda.py; a ValueError names a tensor on another GPU); ids (S,)
     integers in [0, R) or None (arange(S)), on the CPU or the tensors' device. backend: "ssm_fast" (numba, the default),
-    "ssm_vk" (Vulkan) or "ssm_ref" (numpy). dt_softplus: "ggml" (default, ggml's form), "log1p"
+    "ssm_vk" (Vulkan) or "ssm_ref" (numpy), or their short names "fast", "vk", "ref"
+    (ssm_ref.backend_names). dt_softplus: "ggml" (default, ggml's form), "log1p"
     or True (PyTorch's F.softplus, mamba_ssm's), None or False (dt is the step) (docs/SPEC.md
     section 3); every backend takes every form. invariant: True for batch- and split-invariant
     results (docs/SPEC.md section 3.2): ssm_vk's invariant mode; ssm_ref is invariant anyway;
@@ -98,15 +108,14 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     """
     check_five_arrays(x, C)
     _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)},
-                   backend)
+                   lookup(backend))
     ids = _as_ids(ids)
     if ids is not None:
         if x.device.type == "cuda":
             _check_ids(ids, x.device)
         else:
             _check_tensors({"ids": ids})
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    backend = resolve_backend(backend)
     dt_softplus = ssm_ref.check_dt_softplus(dt_softplus)
     invariant = ssm_ref.checks.check_invariant(invariant, backend)
     K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)

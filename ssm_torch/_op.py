@@ -26,6 +26,7 @@ import torch
 
 import ssm_ref
 import ssm_ref.checks
+from ssm_ref.backend_names import BACKENDS, refusal
 from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
 from ._common import backend_kwargs as _backend_kwargs
@@ -37,12 +38,12 @@ from ._common import record as _record
 __all__ = ["BACKENDS", "Where", "backend_module", "last_where", "scan", "scan_back", "scan_snapshots",
            "scan_snapshots_back"]
 
-BACKENDS = ("ssm_fast", "ssm_vk", "ssm_ref")
 
 def backend_module(backend: str):
-    """The backend module named ``backend`` (one of BACKENDS), imported on first use."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(repr(b) for b in BACKENDS)}, got {backend!r}")
+    """The backend module named ``backend`` (one of BACKENDS: the module name the entry points
+    resolved), imported on first use."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {refusal(backend)}")
     return importlib.import_module(backend)
 
 

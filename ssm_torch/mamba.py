@@ -37,6 +37,8 @@ import itertools
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's and mamba_ssm's name)
 
+from ssm_ref.backend_names import resolve_backend
+
 from . import _op
 from . import ssm_scan as _ssm_scan
 from ._gate import gate as _gate
@@ -48,7 +50,8 @@ DEFAULT_BACKEND = "ssm_fast"
 
 
 def _backend(backend):
-    return DEFAULT_BACKEND if backend is None else backend
+    """The module name of ``backend`` (a module or short name: ssm_ref.backend_names), None: the default."""
+    return DEFAULT_BACKEND if backend is None else resolve_backend(backend)
 
 
 def _work(backend: str, *tensors) -> torch.dtype:

@@ -86,3 +86,32 @@ def test_drawn_problems_have_consistent_shapes(case):
     assert case.ids.shape == (d["S"],) and (d["S"] == 0 or case.ids.max() < d["R"])
     # Elements stay bounded, which keeps every property test fast.
     assert a["s"].size <= 6 * 9 * 4 * 9 and a["x"].size <= 3 * 6 * 9 * 4
+
+
+# --- tests/optional.py: the frameworks a test needs ----------------------------------------------
+
+def test_a_missing_framework_skips_or_fails_when_required(monkeypatch):
+    from optional import REQUIRE, need
+
+    for framework, env in REQUIRE.items():
+        monkeypatch.delenv(env, raising=False)
+        with pytest.raises(pytest.skip.Exception, match=f"ssm_no_such_module is not installed.*{env}=1"):
+            need("ssm_no_such_module", framework, "pip install it")
+        monkeypatch.setenv(env, "1")
+        with pytest.raises(ImportError, match="ssm_no_such_module"):
+            need("ssm_no_such_module", framework, "pip install it")
+    assert need("numpy", "torch") is np
+
+
+def test_no_test_skips_past_the_require_variables():
+    """A test that needs torch, jax or transformers gets them through tests/optional.py (or
+    tests/pytorch/torchreq.py, which uses it): a bare pytest.importorskip would skip where CI's
+    SSM_REQUIRE_TORCH=1 / SSM_REQUIRE_JAX=1 says the test must run."""
+    import re
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    bare = re.compile(r"importorskip\(\s*['\"](torch|jax|transformers|einops)")
+    found = [f"{p.relative_to(here)}:{n}" for p in sorted(here.rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if bare.search(line)]
+    assert not found, found

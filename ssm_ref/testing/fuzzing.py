@@ -8,7 +8,8 @@
 A failure is shrunk by hypothesis to a small case, which is reported with its recipe (the
 ``make_problem`` call that rebuilds it: shapes, ids, variant, regime, seed) and, with
 ``save_dir``, written as a regression file (ssm_ref.testing.regressions) that the test suite replays.
-Needs hypothesis (``pip install 'ssm-scan[test]'``). The command line is ``ssm-scan fuzz``.
+Needs hypothesis (``pip install hypothesis``, or ssm-scan's ``test`` extra: :func:`ssm_ref.extras.install_hint`).
+The command line is ``ssm-scan fuzz``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ssm_ref.extras import install_hint
+
 try:
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import Flaky, NoSuchExample, Unsatisfiable
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis installed
+except ImportError as e:  # exercised without hypothesis installed (tests/kit/test_strategies.py)
     raise ImportError("ssm_ref.testing.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
-                      "pip install 'ssm-scan[test]' (or pip install hypothesis)") from e
+                      + install_hint("test", "hypothesis")) from e
 
 from ssm_ref.tolerance import F32_TOL
 

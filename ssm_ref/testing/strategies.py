@@ -1,5 +1,6 @@
 """Hypothesis strategies that draw whole scan problems, for testing any implementation against
-ssm_ref (public API; needs the optional dependency ``hypothesis``: ``pip install 'ssm-scan[test]'``).
+ssm_ref (public API; needs the optional dependency ``hypothesis``: ``pip install hypothesis``, or
+ssm-scan's ``test`` extra: :func:`ssm_ref.extras.install_hint`).
 
     from hypothesis import given
     import ssm_ref, ssm_ref.testing.strategies as sst
@@ -23,12 +24,14 @@ a failure shrinks to small shapes and prints its recipe.
 
 from __future__ import annotations
 
+from ssm_ref.extras import install_hint
+
 try:
     from hypothesis import strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis installed
+except ImportError as e:  # exercised without hypothesis installed (tests/kit/test_strategies.py)
     raise ImportError(
         "ssm_ref.testing.strategies needs hypothesis, an optional dependency of ssm-scan: "
-        "pip install 'ssm-scan[test]' (or pip install hypothesis). The rest of ssm_ref works without it."
+        f"{install_hint('test', 'hypothesis')}. The rest of ssm_ref works without it."
     ) from e
 
 from .cases import IDS_PATTERNS, ORACLE_REGIMES, REGIMES, Case, make_problem

@@ -22,8 +22,10 @@ try:
 except (OSError, ImportError) as exc:  # OSError: no libvulkan.so.1; ImportError: binding not installed
     vk = None
     _vk_module = None
+    from ssm_ref.extras import install_hint
+
     _IMPORT_PROBLEM = f"the Vulkan binding could not be loaded: {type(exc).__name__}: {exc}" + (
-        " (pip install 'ssm-scan[vulkan]')" if isinstance(exc, ImportError) else "")
+        f" ({install_hint('vulkan', 'vulkan')})" if isinstance(exc, ImportError) else "")
 else:
     _IMPORT_PROBLEM = ""
 

@@ -16,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+from optional import need
 from problems import make_problem
 from registry import BACKENDS, assert_close, oracle_back, oracle_scan
 
@@ -225,15 +226,17 @@ PUBLIC_MODULES = {
     "ssm_ref.testing": {"cases", "fuzzing", "ports", "properties", "regressions", "strategies", "vectors",
                         "verification"},
 }
-INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ"],
+INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "lanes", "record", "workspace", "api", "validate"],
              "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}
 
 
 def _package(name):
+    """The package, where the bridges' framework is installed (skipped without it, failed under
+    SSM_REQUIRE_TORCH=1 / SSM_REQUIRE_JAX=1: tests/optional.py)."""
     if name in ("ssm_torch", "ssm_jax"):
-        pytest.importorskip(name.replace("ssm_", ""))
+        need(name.replace("ssm_", ""))
     return importlib.import_module(name)
 
 

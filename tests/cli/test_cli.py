@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ssm_cli.main import COMMANDS
+from ssm_ref.extras import install_hint
 from ssm_vk import runtime as rt
 from ssm_vk.plan import Limits
 
@@ -321,7 +322,8 @@ def test_demo_without_matplotlib_skips_the_plot_in_one_line(tmp_path):
     p = _without("matplotlib", "demo", "--quick", "--out", tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     notes = [line for line in p.stdout.splitlines() if "matplotlib" in line]
-    assert notes[0] == "demo: matplotlib is not installed: no plot (pip install 'ssm-scan[plot]' draws it)"
+    assert notes[0] == f"demo: matplotlib is not installed: no plot (to draw it: {install_hint('plot', 'matplotlib')})"
+    assert "pip install matplotlib (or" in notes[0] and "pip install '.[plot]'" in notes[0]
     assert "--plot" not in p.stdout and "check: PASS" in p.stdout
     assert not (tmp_path / "ssm-scan-demo.png").exists()
     assert json.loads((tmp_path / "ssm-scan-demo.json").read_text())["rows"]
@@ -336,7 +338,7 @@ def test_a_missing_vulkan_binding_says_how_to_install_it():
     p = _without("vulkan", "info")
     assert p.returncode == 0, p.stderr
     assert "Vulkan: not available: the Vulkan binding could not be loaded" in p.stdout
-    assert "pip install 'ssm-scan[vulkan]'" in p.stdout
+    assert install_hint("vulkan", "vulkan") in p.stdout and "pip install vulkan (or" in p.stdout
 
 
 def test_bench_plot_without_sweep_sweeps_each_shape_around_its_own_T(tmp_path):

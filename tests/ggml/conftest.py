@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from known_defects import leaves_empty_scan_unwritten
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUILD = REPO / "build" / "ggml" / "sdist-0.0.45" / "lib"
@@ -85,3 +86,10 @@ def ggml_isolated(ggml_lib):
     ssm_ggml.use("CPU", lib=ggml_lib, isolate=True)
     yield ssm_ggml
     ssm_ggml.close()
+
+
+@pytest.fixture
+def empty_scan_unwritten(ggml_isolated) -> bool:
+    """Whether the session's build (SSM_GGML_LIB) has the empty scan's defect (EMPTY_SCAN_UNWRITTEN),
+    asked in a worker: the tests that run the CLI load no build in this process."""
+    return leaves_empty_scan_unwritten(ggml_isolated)

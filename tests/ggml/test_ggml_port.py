@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import pytest
+from known_defects import leaves_empty_scan_unwritten
 
 import ssm_ref
 from ssm_ref.testing.cases import make_problem
@@ -153,7 +154,8 @@ def test_an_abort_inside_a_port_call_raises_ggml_abort(ggml_lib):
 
 def test_an_unwritten_output_reads_as_nan_and_is_logged(ggml, caplog):
     # T = 0: the spec says states = s[ids]; ggml's CPU kernel loops over no token and never
-    # writes the final-state block. ssm_ggml fills the output with a NaN of its own first.
+    # writes the final-state block (on the builds of EMPTY_SCAN_UNWRITTEN, CI's among them).
+    # ssm_ggml fills the output with a NaN of its own first.
     case = make_problem(6, S=2, T=0, H=2, P=3, N=4, G=1, R=3, ids="permutation", variant="mamba2", a_form="h",
                         regime="typical")
     want = ssm_ref.ssm_scan(**case.args(), dtype=np.float64)
@@ -161,8 +163,11 @@ def test_an_unwritten_output_reads_as_nan_and_is_logged(ggml, caplog):
         got = ggml.ssm_scan(**case.args())
     written = ~np.isnan(got.states)
     assert np.array_equal(got.states[written], want.states[written].astype(np.float32))
-    if not written.all():   # ggml left them unwritten: then the port says so
-        assert any("unwritten" in r.getMessage() and "states" in r.getMessage() for r in caplog.records)
+    logged = any("unwritten" in r.getMessage() and "states" in r.getMessage() for r in caplog.records)
+    if leaves_empty_scan_unwritten(ggml):   # ggml left them unwritten: then the port says so
+        assert not written.any() and logged
+    else:
+        assert written.all() and not logged
     from ssm_ggml.graph import unwritten
 
     assert unwritten(got.packed()).sum() == (~written).sum()

@@ -39,6 +39,7 @@ from snippets import python_blocks, run_block
 import ssm_fast
 import ssm_ref
 import ssm_vk
+from ssm_ref.extras import install_hint
 from ssm_ref.tolerance import F32_TOL, compare, scaled
 from ssm_vk.families import MODES_N
 
@@ -106,7 +107,7 @@ def check_vk(label, sup, res, logged: Logged, mode: str, packaged: bool) -> None
     if on_device != expect:
         fail(f"{label}: mode {mode}: expected {'the device' if expect else 'a fallback'}, got {res.where}: "
              f"{sup.reason}")
-    if mode == "no-binding" and "pip install 'ssm-scan[vulkan]'" not in sup.reason:
+    if mode == "no-binding" and install_hint("vulkan", "vulkan") not in sup.reason:
         fail(f"{label}: without the binding the reason should say how to install it: {sup.reason!r}")
 
 

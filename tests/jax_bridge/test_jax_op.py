@@ -2,24 +2,20 @@
 against the float64 oracle (ssm_ref's numpy functions) and JAX's own finite-difference check.
 Skipped without jax; failed instead under SSM_REQUIRE_JAX=1."""
 
-import os
-
 import numpy as np
 import pytest
+from optional import need
 
-if os.environ.get("SSM_REQUIRE_JAX", "").strip() == "1":
-    import jax
-else:
-    jax = pytest.importorskip("jax", reason="jax is not installed: pip install jax jaxlib (CI sets SSM_REQUIRE_JAX=1)")
+jax = need("jax")
 
-import jax.numpy as jnp
-from jax.test_util import check_grads
-from jaxcheck import NAMES, arrays
-from problems import make_problem
-from registry import BACKENDS, assert_close
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+from jaxcheck import NAMES, arrays  # noqa: E402
+from problems import make_problem  # noqa: E402
+from registry import BACKENDS, assert_close  # noqa: E402
 
-import ssm_jax
-import ssm_ref
+import ssm_jax  # noqa: E402
+import ssm_ref  # noqa: E402
 
 REF = next(b for b in BACKENDS if b.name == "ssm_ref")
 FAST = next((b for b in BACKENDS if b.name == "ssm_fast"), None)

@@ -4,25 +4,21 @@ finite-difference check: slot T (the start state) and the NaN slots k > T includ
 cotangents are ignored and poison nothing. Skipped without jax; failed instead under
 SSM_REQUIRE_JAX=1."""
 
-import os
-
 import numpy as np
 import pytest
+from optional import need
 
-if os.environ.get("SSM_REQUIRE_JAX", "").strip() == "1":
-    import jax
-else:
-    jax = pytest.importorskip("jax", reason="jax is not installed: pip install jax jaxlib (CI sets SSM_REQUIRE_JAX=1)")
+jax = need("jax")
 
-import jax.numpy as jnp
-from jax.test_util import check_grads
-from jaxcheck import NAMES, arrays
-from oracles import snapshot_cotangent, snapshot_oracle
-from problems import make_problem
-from registry import BACKENDS, assert_close
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+from jaxcheck import NAMES, arrays  # noqa: E402
+from oracles import snapshot_cotangent, snapshot_oracle  # noqa: E402
+from problems import make_problem  # noqa: E402
+from registry import BACKENDS, assert_close  # noqa: E402
 
-import ssm_jax
-import ssm_ref
+import ssm_jax  # noqa: E402
+import ssm_ref  # noqa: E402
 
 BACKEND_NAMES = [b.name for b in BACKENDS]
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ssm_ref.extras import install_hint
 from ssm_ref.testing.cases import IDS_PATTERNS, ORACLE_REGIMES, REGIMES, make_problem
 from ssm_ref.testing.strategies import dims, elements, problems
 
@@ -31,7 +32,8 @@ def test_without_hypothesis_the_strategies_say_what_to_install(module):
     r = _run(f"import sys; sys.modules['hypothesis'] = None\nimport ssm_ref\ntry:\n    import {module}\n"
              "except ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('imported')")
     assert r.returncode == 0, r.stderr
-    assert "needs hypothesis" in r.stdout and "pip install 'ssm-scan[test]'" in r.stdout
+    assert "needs hypothesis" in r.stdout and install_hint("test", "hypothesis") in r.stdout
+    assert "pip install hypothesis (or" in r.stdout and "pip install '.[test]'" in r.stdout
 
 
 def test_cli_without_hypothesis_writes_vectors_and_explains_fuzz(tmp_path):

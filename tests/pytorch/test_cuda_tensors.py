@@ -11,7 +11,7 @@ tests/pytorch/test_cuda_bridge.py. Expected values come from ssm_ref in float64 
 
 import numpy as np
 import pytest
-from torchreq import need_torch
+from torchreq import need, need_torch
 
 torch = need_torch()
 
@@ -277,7 +277,7 @@ def test_hf_patch_on_a_cuda_model(model_name):
     # transformers' MambaForCausalLM / Mamba2ForCausalLM on the GPU, patched with backend="ssm_vk":
     # logits and every parameter's gradient equal the unpatched model's (transformers' own torch
     # path on the same GPU) within test_hf.py's float32 tolerances
-    pytest.importorskip("transformers")
+    need("transformers", "pip install transformers")
     import test_hf
 
     from ssm_torch import _common, hf

@@ -13,7 +13,8 @@ from torchreq import need_torch
 
 torch = need_torch()
 
-from bridgecheck import assert_compiles_as_eager  # noqa: E402
+from bridgecheck import assert_close_as, assert_compiles_as_eager  # noqa: E402
+from bridgecheck import oracle as bridge_oracle  # noqa: E402
 from problems import make_problem  # noqa: E402
 from registry import BACKENDS, assert_close  # noqa: E402
 
@@ -121,6 +122,13 @@ def test_mixed_dtypes_a_float32_cache_beside_bfloat16_activations():
     assert y.dtype == torch.bfloat16 and states.dtype == torch.float32
     (y.float().sum() + states.sum()).backward()
     assert t["s"].grad.dtype == torch.float32 and t["x"].grad.dtype == torch.bfloat16
+    # the values: the float64 oracle on the numbers the tensors hold, within float32's bounds and
+    # one rounding to the dtype each output is returned in
+    r, g = bridge_oracle(t, ids, np.ones(y.shape), np.ones(states.shape))
+    assert_close_as(torch.bfloat16, "y", y, r.y, label="ssm_ref, mixed dtypes")
+    assert_close_as(torch.float32, "states", states, r.states, label="ssm_ref, mixed dtypes")
+    for k in NAMES:
+        assert_close_as(t[k].grad.dtype, "d_" + k, t[k].grad, getattr(g, "d_" + k), label="ssm_ref, mixed dtypes")
 
 
 @pytest.mark.parametrize("used", ["y", "states"])
@@ -222,7 +230,8 @@ def test_errors_name_the_argument():
         ssm_torch.ssm_scan(a[0], a[1], a[2].detach().numpy(), *a[3:])
     with pytest.raises(ValueError, match=r"^ids: every id must be in \[0, R\) = \[0, 2\)"):
         ssm_torch.ssm_scan(*a, [0, 2], backend="ssm_ref")
-    with pytest.raises(ValueError, match=r"^backend: expected one of 'ssm_fast', 'ssm_vk', 'ssm_ref', got 'numpy'$"):
+    with pytest.raises(ValueError, match=r"^backend: expected one of 'ssm_fast', 'ssm_vk', 'ssm_ref' "
+                       r"\(or 'fast', 'vk', 'ref'\), got 'numpy'$"):
         ssm_torch.ssm_scan(*a, backend="numpy")
     with pytest.raises(ValueError, match=r"^dt_softplus: expected 'ggml', 'log1p', None, "
                        r"True \(.*\) or False \(.*\), got 'softplus'$"):

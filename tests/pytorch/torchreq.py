@@ -1,18 +1,20 @@
 """Whether the PyTorch tests run: skipped with the reason when torch is not installed, failed
-instead when SSM_REQUIRE_TORCH=1 (CI installs torch and sets it)."""
+instead when SSM_REQUIRE_TORCH=1 (CI installs torch and sets it). The rule is tests/optional.py's,
+shared with the tests of other folders that need torch or jax."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from optional import INSTALL, REQUIRE
+from optional import need as _need
+from optional import required as _required
 
-REQUIRE_ENV = "SSM_REQUIRE_TORCH"
-INSTALL = "pip install torch==2.13.0 einops (the CPU build; a bare 'torch' pulls the CUDA one)"
+REQUIRE_ENV = REQUIRE["torch"]
+INSTALL = INSTALL["torch"]
 
 
 def required() -> bool:
-    return os.environ.get(REQUIRE_ENV, "").strip() == "1"
+    return _required("torch")
 
 
 def missing(reason: str):
@@ -24,22 +26,9 @@ def missing(reason: str):
 
 def need_torch():
     """torch, or a module-level skip (a failure under SSM_REQUIRE_TORCH=1)."""
-    try:
-        import torch
-    except ImportError:
-        if required():
-            raise
-        pytest.skip(f"torch is not installed: {INSTALL}", allow_module_level=True)
-    return torch
+    return _need("torch")
 
 
 def need(module: str, install: str):
     """Another module these tests use (transformers), like :func:`need_torch`."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if required():
-            raise
-        pytest.skip(f"{module} is not installed: {install}", allow_module_level=True)
+    return _need(module, "torch", install)

@@ -8,10 +8,13 @@ oracle. The default's non-guarantee (SPEC 3.2's table) is shown on the shape it 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optional import need
 from problems import make_problem
 from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
@@ -33,6 +36,32 @@ FORCED = {"CHUNK": 16, "CHUNK_MIN_T": 16, "M1": 1}
 
 
 PORT = invariant_port(ssm_vk)
+
+
+class OnDevice:
+    """PORT, recording where each of its calls ran: a drawn report must have run every call on
+    the Vulkan device (a fallback to the CPU would hold the properties without testing ssm_vk's
+    kernels). The functions keep PORT's signatures (functools.wraps), so the reports see the
+    keywords they take."""
+
+    def __init__(self, port):
+        self.where: list[str] = []
+        self.NAME = port.NAME
+        for name in ("ssm_scan", "ssm_scan_back"):
+            setattr(self, name, self._recording(getattr(port, name)))
+        self.supports = port.supports
+
+    def _recording(self, fn):
+        @functools.wraps(fn)
+        def call(*args, **kw):
+            out = fn(*args, **kw)
+            self.where.append(out.where)
+            return out
+        return call
+
+    def all_on_the_device(self) -> None:
+        device = rt.get_context().info.where
+        assert self.where and set(self.where) == {device}, f"calls ran on {sorted(set(self.where))}, not {device}"
 
 
 def _lim():
@@ -67,8 +96,10 @@ def test_drawn_batches_are_invariant(dims, seed, forced):
     """A sequence alone, in the case and repeated at drawn positions of a shuffled batch among
     drawn companions: its y, states and own gradients the same bits; d_s the ordered scatter."""
     case = _case(seed, dims)
+    port = OnDevice(PORT)
     with config.configure(tune=FORCED if forced else {}):
-        _holds(batch_report(PORT, case))
+        _holds(batch_report(port, case))
+    port.all_on_the_device()
 
 
 @settings(max_examples=20, deadline=None)
@@ -79,8 +110,10 @@ def test_drawn_splits_are_invariant(dims, seed, forced, in_cache):
     d_B, d_C) the same bits."""
     case = _case(seed, dims)
     in_cache = in_cache and len(set(np.asarray(case.ids).tolist())) == case.dims["S"]
+    port = OnDevice(PORT)
     with config.configure(tune=FORCED if forced else {}):
-        _holds(split_report(PORT, case, in_cache=in_cache))
+        _holds(split_report(port, case, in_cache=in_cache))
+    port.all_on_the_device()
 
 
 @pytest.mark.parametrize("variant,T,S", [("mamba2", 64, 4), ("mamba2", 300, 4), ("mamba1", 64, 4),
@@ -304,8 +337,8 @@ def test_the_bridges_pass_the_mode_through():
     """ssm_torch.ssm_scan and ssm_jax.ssm_scan (forward and gradient) with invariant=True give
     ssm_vk's invariant bits; ssm_ref takes the keyword (invariant anyway), ssm_fast refuses it; the
     mamba drop-ins take it."""
-    torch = pytest.importorskip("torch")
-    jax = pytest.importorskip("jax")
+    torch = need("torch")
+    jax = need("jax")
     import ssm_jax
     import ssm_torch
     from ssm_torch.mamba import mamba_chunk_scan_combined

@@ -37,7 +37,7 @@ AFTER_PLANNING = sorted([*PKG.glob("record/*.py"),
 # which the decision makes) and the packaged matrix, which plans every variant it packages (its
 # modes' part, modes_matrix, through families.plan).
 PLANNING = {"families.py": {"plan", "matrix", "modes_matrix"}, **{f"{f}/kernels.py": {"matrix"} for f in FAMILIES}}
-RESOLVERS = {"gemm_tile", "gemm_threads", "vec_in", "vec_out", "slice_len"}
+RESOLVERS = {"gemm_tile", "gemm_threads", "vec_in", "vec_out", "slice_len", "pass_batch"}
 SETTINGS_READS = {"key", "no_subgroup"}
 ENTRY_POINTS = {"api.py", "prepared.py"}
 
@@ -104,3 +104,14 @@ def test_the_check_finds_each_kind_of_read():
     assert not any(".key" in b for b in bad)
     assert not any("settings of now" in b for b in knob_reads(sample, "api.py"))   # an entry point
     assert not knob_reads("def g(cp):\n    return cp.vec_in, cp.vec_out, cp.tile('Y')\n", "kernels.py")
+    assert any("resolves from the knobs (.pass_batch(...))" in b
+               for b in knob_reads("n = plan.pass_batch(cp.NCH, cp.knobs)\n", "chunked/record.py"))
+
+
+def test_the_resolvers_are_those_of_the_chunked_planner():
+    """RESOLVERS (rule 2) is every public function of ssm_vk/chunked/plan.py that takes the knobs
+    (``knobs: Settings | None = None``), its two planners (why_not, chunk_plan) aside."""
+    tree = ast.parse((PKG / "chunked" / "plan.py").read_text())
+    takes_knobs = {f.name for f in tree.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+                   and any(a.arg == "knobs" for a in f.args.args + f.args.kwonlyargs)}
+    assert takes_knobs - {"why_not", "chunk_plan"} == RESOLVERS

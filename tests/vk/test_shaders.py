@@ -1,7 +1,6 @@
 """Runtime shader build: glslc errors, the disk cache and its key, packaged SPIR-V, missing glslc."""
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -29,16 +28,13 @@ def _runs():
 
 
 def test_compile_then_disk_cache_hit_needs_no_glslc(glslc, spirv_cache, glsl_dir):
-    runs = _runs()
-    t0 = time.perf_counter()
+    runs, hits = _runs(), shaders.stats.disk_hits
     spirv = rt.compile_shader("saxpy", {"OFFSET": 0.5}, search_path=glsl_dir)
-    t1 = time.perf_counter()
-    assert spirv[:4] == SPIRV_MAGIC and _runs() == runs + 1
+    assert spirv[:4] == SPIRV_MAGIC and _runs() == runs + 1 and shaders.stats.disk_hits == hits
     again = rt.compile_shader("saxpy", {"OFFSET": 0.5}, search_path=glsl_dir)
-    t2 = time.perf_counter()
-    assert again == spirv and _runs() == runs + 1  # served from the disk cache
+    # served from the disk cache: read from the entry glslc's run stored, glslc not run again
+    assert again == spirv and _runs() == runs + 1 and shaders.stats.disk_hits == hits + 1
     assert len(list(spirv_cache.glob("saxpy-*/*.entry"))) == 1
-    assert t2 - t1 < t1 - t0  # a hit is cheaper than glslc (measured: ~0.3 ms vs ~100 ms)
 
 
 def _entry_of(spirv_cache, glsl_dir, defines=None):

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from faultcase import CASE, FALLBACK, OPS, args, backward, forward, fresh_context, held, kept_by, same
 from problems import make_problem
+from registry import F32_TOL, Backend, assert_close, oracle_back
 
 import ssm_ref
 import ssm_vk
@@ -38,6 +39,8 @@ from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 from ssm_vk.families import plan
 from ssm_vk.plan import Limits
+
+VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 
 
 @pytest.fixture(params=["mapped", "staged"])
@@ -276,6 +279,10 @@ def test_out_of_device_memory_once_is_absorbed():
     ctx.seams.fail_allocations(1)
     g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
     assert g.where.startswith("Vulkan") and not ctx.seams.take_allocation_fault()
+    # the call that absorbed the fault computed the gradients: the float64 oracle's, within float32's bounds
+    oracle = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
+    for k in ssm_ref.GRAD_NAMES:
+        assert_close(VK, k, getattr(g, k), getattr(oracle, k), label="after an absorbed allocation fault")
     same(backward(args(False))[1], want)
 
 
