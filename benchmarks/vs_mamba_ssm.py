@@ -650,8 +650,9 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
         except Exception as e:
             peer_why = f"setup failed: {type(e).__name__}: {e}"
     rows = []
+    op_names = OPS.get(name) or (("fwd", "fwd+bwd") if family != "decode" else ("fwd",))
     try:
-        for op in OPS.get(name) or (("fwd", "fwd+bwd") if family != "decode" else ("fwd",)):
+        for op in () if args.accuracy_only else op_names:
             if out_of_time():
                 notes.append(f"{name} {op}: skipped, over the time budget")
                 break
@@ -669,6 +670,9 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
             if inv is not None:
                 row["inv_first_s"] = first_call(inv[op])
                 sides["inv"] = inv[op]
+            if args.warm_only:   # the first calls alone: they fill the compile caches on disk
+                print(f"  {name} {op}: first calls done", flush=True)
+                continue
             res = interleave(sides, args.rounds, args.reps, args.warm_s)
             row.update(ours=res["ours"], peer=res.get("peer"), inv=res.get("inv"))
             if row["inv"]:
@@ -685,6 +689,8 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
             row["ours_where"] = ours["where"]()
             if inv is not None:
                 row["inv_where"] = inv["where"]()
+        if args.accuracy_only:
+            rows = [dict(base, op=op, accuracy_only=True) for op in op_names]
         if not rows or out_of_time() or args.no_accuracy:
             if rows and not args.no_accuracy:
                 notes.append(f"{name}: accuracy not checked, over the time budget")
@@ -798,6 +804,8 @@ def _table(rows: list[dict], clk) -> list[str]:
     for r in rows:
         if "error" in r:
             out.append(f"| {r['workload']} | {r.get('shape', '')} | - | failed: {r['error']} | | | | | |")
+            continue
+        if r.get("accuracy_only"):   # (--accuracy-only: errors alone, in the table below)
             continue
         o, q = r["ours"], r.get("peer")
         peer = f"{us(q['gpu_med_us'])} ({us(q['wall_med_us'])})" if q else "-"
@@ -934,7 +942,7 @@ def summarise(reports: list[dict]) -> list[dict]:
             keyed.setdefault((r["workload"], r.get("op")), []).append(r)
     out = []
     for (name, op), rs in keyed.items():
-        ok = [r for r in rs if "error" not in r]
+        ok = [r for r in rs if "error" not in r and not r.get("accuracy_only")]
         row = dict(workload=name, op=op, family=rs[0].get("family"), shape=rs[0].get("shape", ""),
                    processes=len(ok), failed=[r["error"] for r in rs if "error" in r])
         for side in ("peer", "ours", "inv"):
@@ -942,7 +950,7 @@ def summarise(reports: list[dict]) -> list[dict]:
                 row[f"{side}_{m}"] = spread(r[side][f"{m}_med_us"] for r in ok if r.get(side))
         for k in ("ratio_gpu", "ratio_wall", "inv_cost_gpu", "inv_cost_wall"):
             row[k] = spread(r.get(k) for r in ok)
-        checked = next((r for r in ok if "ours_err" in r), {})
+        checked = next((r for r in rs if "ours_err" in r), {})
         for k in ("ours_err", "peer_err", "inv_err", "check_note", "peer_err_note"):
             if k in checked:
                 row[k] = checked[k]
@@ -986,7 +994,8 @@ def spread_report(reports: list[dict], rows: list[dict], argv: list[str]) -> str
     for k in ("date", "ssm_vk_commit", "ssm_vk_tree"):
         vals = sorted({hh.get(k, "?") for hh in heads})
         lines.append(f"- {k}: {', '.join(vals)}")
-    lines.append(f"- processes: {len(reports)} ({sum('failed' in r for r in reports)} failed); "
+    timed = [r for r in reports if not any(x.get("accuracy_only") for x in r.get("rows", []))]
+    lines.append(f"- timed processes: {len(timed)} ({sum('failed' in r for r in timed)} failed); "
                  f"command: vs_mamba_ssm.py {' '.join(argv)}")
     for rep in reports:
         if "failed" in rep:
@@ -997,7 +1006,8 @@ def spread_report(reports: list[dict], rows: list[dict], argv: list[str]) -> str
                  "the call (its launch gaps included), ssm_vk = Vulkan timestamps around its recorded commands "
                  "(fwd+bwd: forward + backward); wall: the Python call (+ torch.cuda.synchronize for mamba_ssm). "
                  "Speed = mamba_ssm's time / ssm_vk's time, formed within each process (above 1: ssm_vk faster). "
-                 "Errors (first process): norm-relative against float64 ssm_ref (dt_softplus log1p); fwd: the "
+                 "Errors (a process of its own, after the timed ones): norm-relative against float64 ssm_ref "
+                 "(dt_softplus log1p); fwd: the "
                  "larger of y and states; fwd+bwd: the largest gradient.")
     for r in rows:
         if r.get("check_note") and r["op"].split()[0] == "fwd":
@@ -1040,8 +1050,17 @@ def several(args, argv: list[str]) -> int:
             # mamba_ssm's Mamba-1 kernel is built once, here, so no process spends its share on it
             subprocess.run([sys.executable, __file__, *_strip(child, ("--processes",)), "--build-only",
                             "--budget-s", f"{args.budget_s * 0.6:.0f}"])
+        # One untimed process first: the first process to compile the kernels (Triton's and the
+        # SPIR-V) fills the caches on disk, so each timed process spends its share on timing. The
+        # float64 check runs after them, in a process of its own.
+        children(__file__, child, 1, first_extra=["--warm-only"], budget_s=0.15 * args.budget_s)
         left = args.budget_s - (time.monotonic() - t0)
-        reports = children(__file__, child, args.processes, rest_extra=["--no-accuracy"], budget_s=left)
+        share = left if args.no_accuracy else 0.75 * left
+        reports = children(__file__, child, args.processes, first_extra=["--no-accuracy"],
+                           rest_extra=["--no-accuracy"], budget_s=share)
+        if not args.no_accuracy:
+            reports += children(__file__, child, 1, first_extra=["--accuracy-only"],
+                                budget_s=args.budget_s - (time.monotonic() - t0))
     rows = summarise(reports)
     md = spread_report(reports, rows, argv)
     print("\n" + md, flush=True)
@@ -1076,6 +1095,9 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=3,
                     help="fresh processes, one after another, each running the whole measurement (default 3)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the float64 check (timing only)")
+    ap.add_argument("--accuracy-only", action="store_true", help="the float64 check alone (no timing)")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="each side's first calls alone, untimed (they fill the compile caches on disk)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="summarise the JSON reports of earlier runs (one or several processes each)")
     argv = sys.argv[1:] if argv is None else list(argv)
