@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from ssm_ref import ops
 from ssm_ref.backend_names import BACKENDS, lookup, refusal
 from ssm_ref.testing import ports
 
@@ -125,7 +126,7 @@ def _unknown(name: str, why: str) -> UsageError:
                       "in the current directory, or the path of a .py file")
 
 
-def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Backend:
+def load(name: str, requested: bool = False, ggml_isolate: bool = False, op: str = "ssm_scan") -> Backend:
     """The backend ``name``: one of :data:`KNOWN` or its short name, a module path (looked up on sys.path
     and in the current directory), or the path of a .py file.
 
@@ -156,7 +157,12 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False) -> Back
             if name in KNOWN:
                 return Backend(name, None, f"cannot be imported ({ports.error_text(e)})", requested)
             raise UsageError(f"--backend {name}: importing it raised {ports.error_text(e)}") from e
-    problems = ports.interface_problems(mod)
+    try:   # (a port's module may declare its op: importing it registered it)
+        the_op = ops.get(op)
+    except ValueError as e:
+        raise UsageError(f"--op {op}: {str(e).removeprefix('op: ')} (an op is declared in ssm_ref.ops or by the "
+                         f"module of a port that computes it: {label} declares none)") from None
+    problems = ports.interface_problems(mod, the_op)
     if problems:
         if label in KNOWN:
             return Backend(label, None, f"not built yet ({', '.join(problems)})", requested)
@@ -184,19 +190,23 @@ def require(backs: list[Backend]) -> list[Backend]:
     return backs
 
 
-def resolve(names: list[str] | None, device: str | None = None, ggml_isolate: bool = False) -> list[Backend]:
+def resolve(names: list[str] | None, device: str | None = None, ggml_isolate: bool = False,
+            op: str = "ssm_scan") -> list[Backend]:
     """The backends of ``--backend`` (every known one when None: ssm_ggml only when named), in
     order. ``device`` sets SSM_VK_DEVICE first (before any Vulkan context exists);
-    ``ggml_isolate`` runs ssm_ggml's calls in a worker process (check and fuzz)."""
+    ``ggml_isolate`` runs ssm_ggml's calls in a worker process (check and fuzz). ``op``: the op
+    they must compute (ssm_ref.ops; another than the scan: only the backends named)."""
     if device is not None:
         if not re.fullmatch(r"\d+", str(device)):
             raise UsageError(f"--device {device}: expected a device index (see ssm-scan info)")
         os.environ["SSM_VK_DEVICE"] = str(device)
     if not names:
+        if op != "ssm_scan":
+            raise UsageError(f"--op {op}: name the backends that compute it (--backend)")
         return [load(n) for n in KNOWN]
     out = []
     for n in names:
-        b = load(n, requested=True, ggml_isolate=ggml_isolate)
+        b = load(n, requested=True, ggml_isolate=ggml_isolate, op=op)
         if b.name not in [o.name for o in out]:
             out.append(b)
     return out

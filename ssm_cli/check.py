@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backends as bk
-from . import check_invariance, common
+from . import check_invariance, check_op, common
 from .progress import Progress
 from .shapes import SHAPES, Shape, make_inputs
 from .table import sci, table
@@ -92,52 +92,19 @@ FULL = (
             what="K = 5 state snapshots of a 40-token scan, d_state 128"),
 )
 FD_PROBLEMS = ("mamba2", "mamba1")
-FD_SAMPLES = 4        # entries of each input's gradient checked
-FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and rounding near 1e-12
-FD_RTOL, FD_ATOL = 1e-7, 1e-11
+FD_SAMPLES = check_op.FD_SAMPLES
 
 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help=f"only the {len(QUICK)} small problems "
                                                         f"(default: all {len(FULL)})")
     common.add_backend(p, "check")
+    common.add_op(p)
     common.add_device(p)
     common.add_isolate(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     common.add_json(p)
     common.add_verbose(p)
-
-
-def fd_check(kw: dict, g_y, g_states, rng) -> dict:
-    """The float64 oracle's gradients against finite differences of its forward, on
-    :data:`FD_SAMPLES` entries of every input: {input: (max |fd - analytic|, bound)}."""
-    import ssm_ref
-
-    g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64)
-
-    def loss(**over) -> float:
-        r = ssm_ref.ssm_scan(**{**kw, **over}, dtype=np.float64)
-        return float(np.sum(r.y * g_y) + np.sum(r.states * g_states))
-
-    out = {}
-    for name in ("s", "x", "dt", "A", "B", "C"):
-        base = np.asarray(kw[name], dtype=np.float64)
-        grad = np.asarray(getattr(g64, "d_" + name), dtype=np.float64)
-        fds, ans = [], []
-        for flat in rng.choice(base.size, size=min(FD_SAMPLES, base.size), replace=False):
-            i = np.unravel_index(flat, base.shape)
-            f = {}
-            for k in (-2, -1, 1, 2):
-                moved = base.copy()
-                moved[i] += k * FD_H
-                f[k] = loss(**{name: moved})
-            fds.append((f[-2] - 8 * f[-1] + 8 * f[1] - f[2]) / (12 * FD_H))
-            ans.append(grad[i])
-        fds_a, ans_a = np.array(fds), np.array(ans)
-        err = float(np.max(np.abs(fds_a - ans_a))) if fds else 0.0
-        bound = FD_RTOL * float(np.max(np.abs(fds_a), initial=0.0)) + FD_ATOL
-        out["d_" + name] = (err, bound)
-    return out
 
 
 def _run_one(mod, kw, g_y, g_states, device_resident: bool, K: int = 1, g_snapshots=None):
@@ -242,7 +209,9 @@ def run(args) -> int:
 
     common.check_json_dest(args)
     names = common.split_list(args.backend, "--backend")
-    backs = bk.require(bk.resolve(names or None, args.device, ggml_isolate=not args.in_process))
+    backs = bk.require(bk.resolve(names or None, args.device, ggml_isolate=not args.in_process, op=args.op))
+    if args.op != ssm_ref.ops.SCAN.name:
+        return check_op.run(args, ssm_ref.ops.get(args.op), backs)
     problems = QUICK if args.quick else FULL
     report = {"ok": True, "quick": bool(args.quick), "seed": args.seed,
               "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in F32_TOL.items()},
@@ -271,7 +240,8 @@ def run(args) -> int:
                       **{o: getattr(g64, o) for o in OUTPUTS[2:]}}
             inputs[p.name] = (kw, g_y, g_states, oracle, g_snap)
             if p.name in FD_PROBLEMS:
-                fd = fd_check(kw, g_y, g_states, np.random.default_rng(args.seed + 100 + k))
+                fd = check_op.fd_check(ssm_ref.ops.SCAN, kw, {"g_y": g_y, "g_states": g_states},
+                              np.random.default_rng(args.seed + 100 + k))
                 report["oracle"][p.name] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
             prog.update(f"oracle (float64) on {p.name}", advance=1)
         for b in runnable:
@@ -309,14 +279,15 @@ def render(rep: dict) -> str:
         worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
         ok = all(v["ok"] for v in per.values())
         used = worst["err"] / worst["bound"]
-        out.append(f"oracle: ssm_ref float64 gradients vs 4th-order finite differences ({FD_SAMPLES} entries of "
-                   f"each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| {sci(worst['err'])} "
-                   f"= {share_text(used)}" + (" of its bound" if used <= 1 else ""))
+        out.append(f"oracle: the float64 reference's gradients vs 4th-order finite differences ({FD_SAMPLES} "
+                   f"entries of each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| "
+                   f"{sci(worst['err'])} = {share_text(used)}" + (" of its bound" if used <= 1 else ""))
     out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")
     rows = []
-    cols = (*OUTPUTS, *(("snapshots",) if any("snapshots" in r["outputs"] for r in rep["runs"]) else ()))
+    cols = (*rep.get("columns", OUTPUTS),
+            *(("snapshots",) if any("snapshots" in r["outputs"] for r in rep["runs"]) else ()))
     for r in rep["runs"]:
         cells = [r["problem"], r["backend"], r["where"]
                  + (f" by {r['computed_by']}" if r["computed_by"]

@@ -70,6 +70,26 @@ def add_backend(p: argparse.ArgumentParser, what: str) -> None:
                         "cannot run here is exit code 2")
 
 
+def add_op(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", default="ssm_scan", metavar="NAME",
+                   help="the op: ssm_scan (the default), or an op declared in ssm_ref.ops or by the module of a "
+                        "--backend that computes it (docs/ARCHITECTURE.md, \"Adding an op\")")
+
+
+def scan_only(args, what: str) -> None:
+    """For a command whose cases are the scan's (``what``: what it has of the scan alone), a
+    UsageError for any other ``--op``, naming the ops declared."""
+    if args.op == "ssm_scan":
+        return
+    from ssm_ref import ops
+
+    try:
+        ops.get(args.op)
+    except ValueError as e:
+        raise UsageError(f"--op {args.op}: {str(e).removeprefix('op: ')}") from None
+    raise UsageError(f"--op {args.op}: {what} ssm_scan's only (check and fuzz take every declared op)")
+
+
 def add_isolate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="run ssm_ggml's calls in this process (default: in a worker process, so that a "

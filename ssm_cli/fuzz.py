@@ -53,6 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--minutes", type=common.positive_float("--minutes"), required=True,
                    help="how long to fuzz (a number > 0, e.g. 0.5)")
     common.add_backend(p, "fuzz")
+    common.add_op(p)
     common.add_device(p)
     p.add_argument("--property", action="append", metavar="NAME",
                    help=f"property to check (repeatable; default all): {', '.join(PROPERTIES)}; "
@@ -80,11 +81,29 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _fuzz_op(args, runnable, fuzz) -> int:
+    from ssm_ref import ops
+    from ssm_ref.testing import ports
+
+    op = ops.get(args.op)
+    props = dict(ports.kit_part(op, "properties"))
+    unknown = [n for n in args.property or () if n not in props]
+    if unknown:
+        raise common.UsageError(f"--property {unknown[0]}: unknown for {op.name}; its properties are: "
+                                f"{', '.join(props)}")
+    tol = {k: t.times(args.tol_scale) for k, t in op.tol().items()}
+    print(f"fuzzing {op.name} on " + ", ".join(b.name for b in runnable) + f" for {args.minutes:g} min", flush=True)
+    report = fuzz([b.module for b in runnable], minutes=args.minutes, properties=args.property, tol=tol,
+                  seed=args.seed, log=print, op=op)
+    print(report.summary())
+    return common.EXIT_OK if report.ok else common.EXIT_FAIL
+
+
 def run(args) -> int:
     from ssm_ref.testing.properties import known
 
     unknown = [n for n in args.property or () if n not in known()]
-    if unknown:  # before anything runs or prints
+    if unknown and args.op == "ssm_scan":  # before anything runs or prints
         raise common.UsageError(f"--property {unknown[0]}: unknown; the properties are: {', '.join(known())}")
     try:
         from ssm_ref.testing.fuzzing import fuzz
@@ -99,8 +118,10 @@ def run(args) -> int:
         if lo is not None and lo > hi:
             raise common.UsageError(f"{flag} {lo} is above --max-{flag[-1]} {hi}")
     names = common.split_list(args.backend, "--backend")
-    backs = bk.require(bk.resolve(names or None, args.device, ggml_isolate=not args.in_process))
+    backs = bk.require(bk.resolve(names or None, args.device, ggml_isolate=not args.in_process, op=args.op))
     runnable = [b for b in backs if b.available]
+    if args.op != "ssm_scan":   # another op: its own problems, properties and tolerance (ssm_ref.ops)
+        return _fuzz_op(args, runnable, fuzz)
     for b in backs:
         if not b.available:
             print(f"{b.name}: skipped, not available: {b.reason}")

@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (created if missing)")
     p.add_argument("--case", action="append", metavar="NAME",
                    help=f"write only this case (repeatable; default all): {', '.join(GOLDEN)}")
+    from . import common
+
+    common.add_op(p)
     p.set_defaults(func=run)
 
 
@@ -32,6 +35,7 @@ def run(args) -> int:
 
     from . import common
 
+    common.scan_only(args, "the golden vectors are")
     unknown = [c for c in (args.case or []) if c not in GOLDEN]
     if unknown:
         raise common.UsageError(f"--case {unknown[0]}: unknown; the cases are: {', '.join(GOLDEN)}")

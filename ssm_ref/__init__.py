@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import chunked, jvp, packing, tolerance
+from . import chunked, jvp, ops, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
@@ -83,6 +83,7 @@ __all__ = [
     "pack_backward",
     "pack_forward",
     "chunked",
+    "ops",
     "packing",
     "jvp",
     "tolerance",
@@ -99,7 +100,7 @@ __all__ = [
 
 
 def __dir__():
-    # The public names only (its public submodules: chunked, jvp, packing, tolerance). The
+    # The public names only (its public submodules: chunked, jvp, ops, packing, tolerance). The
     # submodules that imports attach (checks, scan, results, memory, environ, testing) and numpy
     # stay importable by their path, e.g. ``import ssm_ref.checks``, but are not the API.
     return sorted(__all__)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .ops import SCAN
+
 __all__ = ["GRAD_NAMES", "ScanGrads", "ScanResult", "Support", "Where"]
 
 
@@ -136,7 +138,7 @@ class ScanGrads:
         return name in GRAD_NAMES
 
 
-GRAD_NAMES = ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
+GRAD_NAMES = SCAN.grad_names   # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: ScanGrads' fields, in order
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .ops import SCAN  # the op declares its outputs; this module bounds them
+
 __all__ = [
     "F32_TOL",
     "F64_TOL",
@@ -38,7 +40,7 @@ __all__ = [
     "value_text",
 ]
 
-OUTPUTS = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
+OUTPUTS = SCAN.output_names + SCAN.grad_names   # y, states, d_s, d_s0, d_x, d_dt, d_A, d_B, d_C
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
+
 __all__ = [
     "IDS_PATTERNS",
     "INPUT_NAMES",
     "ORACLE_REGIMES",
     "REGIMES",
     "Case",
+    "OpCase",
     "make_problem",
 ]
 
-INPUT_NAMES = ("s", "x", "dt", "A", "B", "C")
+INPUT_NAMES = SCAN.float_inputs        # s, x, dt, A, B, C
 
 # How ids map sequences to cache rows:
 #   none         ids=None (the default, arange(S)); R may exceed S, the extra rows are unused
@@ -83,6 +86,13 @@ class Case:
     K: int = 1
     g_snapshots: np.ndarray | None = field(default=None, repr=False)
 
+    op = SCAN.name   # the op these are problems of (ssm_ref.ops); the op-generic properties read it
+
+    @property
+    def cotangents(self) -> dict:
+        """The loss gradients by the op's names (g_y, g_states)."""
+        return {"g_y": self.g_y, "g_states": self.g_states}
+
     def args(self, dtype=None) -> dict:
         """Fresh copies of the inputs (widened to ``dtype`` if given) as keyword arguments."""
         out = {}
@@ -111,6 +121,39 @@ class Case:
         """Elements in all inputs and loss gradients together."""
         n = sum(v.size for k, v in self.inputs.items() if v is not None and k != "ids")
         return n + self.g_y.size + self.g_states.size + (0 if self.g_snapshots is None else self.g_snapshots.size)
+
+
+@dataclass
+class OpCase:
+    """One problem of any declared op (ssm_ref.ops): its sizes by shape letter, its inputs and the
+    loss gradients (``cotangents``, "g_" + each output's name) by name, float32 (index inputs
+    int64 or None). What the op-generic properties (ssm_ref.testing.properties.generic) and
+    ``ssm-scan check --op`` run; the scan's own problems are :class:`Case`."""
+
+    op: str
+    dims: dict
+    inputs: dict = field(repr=False)
+    cotangents: dict = field(repr=False)
+    regime: str = "typical"
+    recipe: dict | None = None
+
+    def args(self, dtype=None) -> dict:
+        """Fresh copies of the inputs (the float ones widened to ``dtype`` if given) by name."""
+        out = {}
+        for k, v in self.inputs.items():
+            if v is None or v.dtype.kind != "f":
+                out[k] = None if v is None else v.copy()
+            else:
+                out[k] = v.astype(dtype) if dtype is not None else v.copy()
+        return out
+
+    @property
+    def label(self) -> str:
+        seed = f" seed={self.recipe['seed']}" if self.recipe else ""
+        return f"{self.op} " + " ".join(f"{k}={v}" for k, v in self.dims.items()) + f" regime={self.regime}{seed}"
+
+    def size(self) -> int:
+        return sum(v.size for v in (*self.inputs.values(), *self.cotangents.values()) if v is not None)
 
 
 def _ids(rng, pattern: str, S: int, R: int):

@@ -32,6 +32,7 @@ except ImportError as e:  # exercised without hypothesis installed (tests/kit/te
     raise ImportError("ssm_ref.testing.fuzzing needs hypothesis, an optional dependency of ssm-scan: "
                       + install_hint("test", "hypothesis")) from e
 
+from ssm_ref.ops import SCAN, Op
 from ssm_ref.tolerance import F32_TOL
 
 from . import ports
@@ -102,7 +103,8 @@ class FuzzReport:
             lines.append(f"  {b:10s} not applicable: {', '.join(props)}: {why}")
         for f in self.failures:
             lines += ["", f"FAIL {f.backend} {f.property}", f"  reproduce: {reproducer(f.case)}",
-                      f"  ggml: {ggml_shapes(f.case)}", *("  " + line for line in f.message.splitlines())]
+                      *([f"  ggml: {ggml_shapes(f.case)}"] if isinstance(f.case, Case) else []),
+                      *("  " + line for line in f.message.splitlines())]
             if f.saved:
                 lines.append(f"  saved: {f.saved}")
             if f.vectors:
@@ -118,6 +120,8 @@ def reproducer(case: Case) -> str:
     r = dict(case.recipe)
     seed = r.pop("seed")
     args = ", ".join(f"{k}={v!r}" for k, v in r.items())
+    if not isinstance(case, Case):   # another op's case: its declaration says how to make one
+        return f"ssm_ref.testing.ports.kit_part(ssm_ref.ops.get({case.op!r}), 'make_case')({seed}, {args})"
     return f"ssm_ref.testing.cases.make_problem({seed}, {args})"
 
 
@@ -161,7 +165,7 @@ def _no_backward(module) -> str:
 
 def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None, seed=None,
          save_dir=None, batch: int = 5, log: Callable[[str], None] | None = None, supported_only: bool = False,
-         **sizes) -> FuzzReport:
+         op: Op = SCAN, **sizes) -> FuzzReport:
     """Fuzz ``backends`` (ports: modules with NAME, ssm_scan, ssm_scan_back, supports;
     docs/PORTING.md, "The port interface") for ``minutes`` (every property checks one drawn problem
     at least, however short the time).
@@ -181,12 +185,16 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     that runs some shapes on another device (ssm_ggml on a GPU), to fuzz the device itself.
     A port whose ssm_scan_back raises NotImplementedError is fuzzed on its forward: the
     properties of the backward alone are listed as not applicable, the others check the forward.
+    op: another declared op (ssm_ref.ops) than the scan: its own properties (``Op.properties``;
+    default all), problems (``Op.strategy``, which takes no sizes) and tolerance; the scan's
+    snapshots, regression files and supports() filter are the scan's alone.
     Raises ValueError for an unknown property or regime, a backend that is no port, or minutes
     that are not a positive number. Returns a FuzzReport; a failure caused by an exception
     carries its traceback in its message.
     """
-    registry = known()
-    names = list(PROPERTIES) if properties is None else list(properties)
+    scan = op.name == SCAN.name
+    registry = known() if scan else dict(ports.kit_part(op, "properties"))
+    names = (list(PROPERTIES) if scan else list(registry)) if properties is None else list(properties)
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"properties: unknown {unknown}, expected names from {list(registry)}")
@@ -194,26 +202,26 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     if bad or not regimes:
         raise ValueError(f"regimes: expected a non-empty selection of {REGIMES}, got {tuple(regimes)}")
     for b in backends:
-        lacks = ports.interface_problems(b)
+        lacks = ports.interface_problems(b, op)
         if lacks:
             raise ValueError(f"backends: {ports.port_name(b)} is no port ({', '.join(lacks)}; docs/PORTING.md, "
                              "\"The port interface\")")
     if not math.isfinite(minutes) or minutes <= 0:
         raise ValueError(f"minutes: expected a positive number, got {minutes!r}")
-    tol = F32_TOL if tol is None else tol
+    tol = (F32_TOL if scan else op.tol()) if tol is None else tol
     rnd = random.Random(seed)
     report = FuzzReport()
     start = last_log = time.monotonic()
     deadline = start + 60.0 * minutes
     pairs = [(b, n) for b in backends for n in names if set(registry[n].regimes) & set(regimes)]
     max_K = sizes.pop("max_K", MAX_K)
-    for b in backends:
+    for b in (backends if scan else ()):
         kind = ports.snapshot_kind(b)
         report.snapshots[_modname(b)] = (
             f"K in 1..{max_K}" + (", slots k < T compared (SNAPSHOTS 'ggml'), Mamba-1 with K = 1" if kind == "ggml"
                                   else ", every slot compared") if kind and max_K > 1
             else "K = 1 only (the port declares no SNAPSHOTS)" if not kind else "K = 1 only (max_K = 1)")
-    for b in backends:
+    for b in (backends if scan else ()):
         why = _no_backward(b)
         if why:
             for n in BACKWARD_ONLY:
@@ -230,8 +238,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
             if key in done or (not first and time.monotonic() >= deadline):
                 continue
             prop = registry[name]
-            strategy = problems(regimes=[r for r in regimes if r in prop.regimes], **sizes,
-                                **_snapshot_sizes(module, max_K))
+            strategy = (problems(regimes=[r for r in regimes if r in prop.regimes], **sizes,
+                                 **_snapshot_sizes(module, max_K)) if scan else ports.kit_part(op, "strategy")())
 
             found = []
 
@@ -240,7 +248,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
                     raise _TimeUp           # stop drawing (each pair checks one problem at least); a
                                             # failure already found is still shrunk
                 report.examples[key] = report.examples.get(key, 0) + 1
-                if supported_only and not _supported(module, case):
+                if supported_only and scan and not _supported(module, case):
                     report.unsupported[key] = report.unsupported.get(key, 0) + 1
                     return False
                 try:
@@ -249,7 +257,7 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
                     found.append(case)
                     return True
                 report.checked[key] = report.checked.get(key, 0) + int(bool(applied))
-                if applied and case.K > 1:
+                if applied and getattr(case, "K", 1) > 1:
                     report.with_k[key] = report.with_k.get(key, 0) + 1
                 return False
 
@@ -304,7 +312,7 @@ def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
     except Exception as e:  # PropertyFailed, or the crash itself
         message = str(e) if isinstance(e, PropertyFailed) else crash_message(e)
     f = Failure(backend=key[0], property=key[1], case=case, message=message)
-    if save_dir is not None:
+    if save_dir is not None and isinstance(case, Case):   # (regression files are the scan's)
         saved = save_case(case, save_dir, prop=key[1], found_on=key[0], message=message)
         f.saved = str(saved)
         if case.inputs.get("s") is not None and case.regime != "nonfinite":

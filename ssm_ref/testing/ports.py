@@ -39,6 +39,7 @@ numpy only.
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ssm_ref.checks import Dims
+from ssm_ref.ops import SCAN, Op
 from ssm_ref.packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward, unpack_snapshots
 from ssm_ref.results import GRAD_NAMES, Support
 
@@ -57,11 +59,13 @@ __all__ = [
     "UNKNOWN",
     "PortResult",
     "call",
+    "call_op",
     "compared_slots",
     "dims_of",
     "error_text",
     "host",
     "interface_problems",
+    "kit_part",
     "normalise",
     "origin",
     "port_name",
@@ -77,7 +81,7 @@ FORWARD_WITH_SNAPSHOTS = ("y", "states", "snapshots")
 SNAPSHOT_KINDS = ("all", "ggml")
 BACKWARD = GRAD_NAMES                       # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: a 7-tuple's order
 BACKWARD_WITHOUT_D_S = BACKWARD_BLOCKS      # d_s0, d_x, d_dt, d_A, d_B, d_C: a 6-tuple's order
-INPUTS = ("s", "x", "dt", "A", "B", "C", "ids")
+INPUTS = SCAN.input_names                   # s, x, dt, A, B, C, ids
 UNKNOWN = "unknown"
 _META = ("where", "backend")
 
@@ -140,15 +144,16 @@ def compared_slots(kind: str, K: int, T: int) -> int:
     return 0
 
 
-def interface_problems(port) -> list[str]:
-    """What keeps ``port`` from being a port: "lacks supports", "ssm_scan is not callable", a
-    SNAPSHOTS of no meaning, ... (empty when it has the four names)."""
+def interface_problems(port, op: Op = SCAN) -> list[str]:
+    """What keeps ``port`` from being a port of ``op`` (the scan by default): "lacks supports",
+    "ssm_scan is not callable", a SNAPSHOTS of no meaning, ... (empty when it has the four names:
+    NAME, the op's forward and backward, supports)."""
     out = []
     try:
         snapshot_kind(port)
     except TypeError as e:
         out.append(str(e))
-    for attr in INTERFACE:
+    for attr in ("NAME", op.name, op.backward_name, "supports"):
         if not hasattr(port, attr):
             out.append(f"lacks {attr}")
         elif attr == "NAME":
@@ -270,6 +275,54 @@ def call(fn, op: str, args: Sequence, *, backend: str = "", K: int = 1, g_snapsh
         kw["g_snapshots"] = g_snapshots
     out = fn(*args, **kw)
     return normalise(op, out, dims_of(args, K), backend=backend)
+
+
+def kit_part(op: Op, what: str):
+    """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy" or "properties"):
+    what its declaration gives, or the attribute its ``"module:attribute"`` text names, imported
+    here (the spec names the kit's parts, the kit imports them). ValueError when it declares none."""
+    ref = getattr(op, what)
+    if ref is None:
+        raise ValueError(f"op {op.name!r} declares no {what}")
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
+
+
+def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None) -> PortResult:
+    """Any declared op (ssm_ref.ops) on ``port``: its forward, ``port.<op.name>(*inputs)``, or with
+    ``cotangents`` its backward, ``port.<op.backward_name>(*inputs, *cotangents)``, the arguments
+    positional in the op's order (``args`` and ``cotangents`` by name, a missing one None). The
+    result is read by the op's names: an object with them as attributes, a mapping with them as
+    keys, or a tuple or list in the op's order. Raises TypeError for a result of no such form;
+    whatever the port raises propagates. (The scan's own reading, :func:`call`, also takes ggml's
+    packed layouts and the K state snapshots.)"""
+    backward = cotangents is not None
+    fn_name = op.backward_name if backward else op.name
+    fn = getattr(port, fn_name, None)
+    if not callable(fn):
+        raise TypeError(f"{port_name(port)} has no callable {fn_name}")
+    pos = tuple(args.get(n) for n in op.input_names)
+    if backward:
+        pos += tuple(cotangents.get(n) for n in op.cotangent_names)
+    out = fn(*pos)
+    names = op.grad_names if backward else op.output_names
+    forms = f"an object with the attributes {names}, a mapping with those keys, or a tuple in that order"
+    if isinstance(out, Mapping):
+        missing = [k for k in names if k not in out]
+        if missing:
+            raise TypeError(f"{fn_name} returned a mapping without {missing}: expected {forms}")
+        got = {k: out[k] for k in names}
+    elif isinstance(out, tuple | list):
+        if len(out) != len(names):
+            raise TypeError(f"{fn_name} returned a {type(out).__name__} of {len(out)} items: expected {forms}")
+        got = dict(zip(names, out, strict=True))
+    elif all(hasattr(out, k) for k in names):
+        got = {k: getattr(out, k) for k in names}
+    else:
+        raise TypeError(f"{fn_name} returned {type(out).__name__}: expected {forms}")
+    return PortResult(fn_name, {k: _array(fn_name, k, v) for k, v in got.items()}, *origin(out, port_name(port)))
 
 
 def args_of(kwargs: Mapping, *extra) -> tuple:

@@ -1,0 +1,130 @@
+"""``ssm-scan check --op NAME``: an op other than the scan (ssm_ref.ops), by its declaration: its
+own problems, its float64 reference held to finite differences, every backend's outputs and
+gradients against that reference with the op's tolerance -- the report and table of ``check``
+(ssm_cli/check.py, which also takes this module's finite-difference check of a reference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import common
+
+FD_SAMPLES = 4        # entries of each input's gradient checked
+FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and rounding near 1e-12
+FD_RTOL, FD_ATOL = 1e-7, 1e-11
+
+
+def fd_check(op, args: dict, cotangents: dict, rng) -> dict:
+    """The float64 reference's gradients of ``op`` (ssm_ref.ops) against finite differences of its
+    forward, on :data:`FD_SAMPLES` entries of every float input, the loss the sum of each output
+    times its cotangent: {gradient: (max |fd - analytic|, bound)}."""
+    from ssm_ref.testing.properties.generic import reference
+
+    def pos(a: dict) -> list:
+        return [a.get(n) for n in op.input_names]
+
+    def value(r, k):
+        return r[k] if isinstance(r, dict) else getattr(r, k)
+
+    args = {k: (np.asarray(v, dtype=np.float64) if v is not None and np.asarray(v).dtype.kind == "f" else v)
+            for k, v in args.items()}
+    cot = {k: np.asarray(v, dtype=np.float64) for k, v in cotangents.items()}
+    grads = reference(op, _Given(op.name, args, cot), backward=True)
+
+    def loss(**over) -> float:
+        r = op.forward(*pos({**args, **over}), dtype=np.float64)
+        return float(sum(np.sum(np.asarray(value(r, o)) * cot["g_" + o]) for o in op.output_names))
+
+    out = {}
+    for name, gname in op.grad_of.items():
+        if args.get(name) is None:
+            continue
+        base = args[name]
+        grad = np.asarray(grads[gname], dtype=np.float64)
+        fds, ans = [], []
+        for flat in rng.choice(base.size, size=min(FD_SAMPLES, base.size), replace=False):
+            i = np.unravel_index(flat, base.shape)
+            f = {}
+            for k in (-2, -1, 1, 2):
+                moved = base.copy()
+                moved[i] += k * FD_H
+                f[k] = loss(**{name: moved})
+            fds.append((f[-2] - 8 * f[-1] + 8 * f[1] - f[2]) / (12 * FD_H))
+            ans.append(grad[i])
+        fds_a, ans_a = np.array(fds), np.array(ans)
+        err = float(np.max(np.abs(fds_a - ans_a))) if fds else 0.0
+        bound = FD_RTOL * float(np.max(np.abs(fds_a), initial=0.0)) + FD_ATOL
+        out[gname] = (err, bound)
+    return out
+
+
+@dataclass
+class _Given:
+    """A case made of given arrays (what generic.reference reads)."""
+
+    op: str
+    inputs: dict
+    cotangents: dict
+
+    def args(self, dtype=None) -> dict:
+        return dict(self.inputs)
+
+
+def run(args, op, backs) -> int:
+    """``check --op NAME`` of an op other than the scan (ssm_ref.ops): the op's own problems
+    (``Op.cases``), its reference in float64 checked against finite differences on the first two,
+    then each backend's every output and gradient against it with the op's tolerance."""
+    from ssm_ref.testing import ports
+    from ssm_ref.testing.properties.generic import port_outputs, reference
+    from ssm_ref.tolerance import compare
+
+    from . import check
+
+    cases = list(ports.kit_part(op, "cases")(quick=bool(args.quick), seed=args.seed))
+    tol = op.tol()
+    cols = (*op.output_names, *op.grad_names)
+    report = {"ok": True, "op": op.name, "quick": bool(args.quick), "seed": args.seed, "columns": list(cols),
+              "tolerance": {k: {"rtol": v.rtol, "atol": v.atol} for k, v in tol.items()},
+              "problems": [{"name": c.label, "dims": c.dims} for c in cases],
+              "backends": [{"name": b.name, "available": b.available, "reason": b.reason,
+                            "where": b.where() if b.available else None} for b in backs],
+              "oracle": {}, "runs": [], "not_run": [], "invariance": []}
+    wants = []
+    for k, c in enumerate(cases):
+        wants.append(reference(op, c, backward=True))
+        if k < 2:
+            fd = fd_check(op, c.args(), c.cotangents, np.random.default_rng(args.seed + 100 + k))
+            report["oracle"][c.label] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
+    for b in (b for b in backs if b.available):
+        for c, want in zip(cases, wants, strict=True):
+            row = {"backend": b.name, "problem": c.label, "ok": False, "where": "-", "computed_by": None,
+                   "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
+            try:
+                got = port_outputs(b.module, op, c.args(), c.cotangents)
+                if got is None:
+                    row["no_backward"] = f"{op.backward_name} raised NotImplementedError"
+                    got = port_outputs(b.module, op, c.args(), None)
+                r = ports.call_op(b.module, op, c.args())
+                row["where"], row["computed_by"] = r.where, r.backend
+            except Exception as e:   # a broken port is a failed check, reported, not a crash
+                row["error"], row["traceback"] = ports.error_text(e), ports.traceback_text(e) or None
+                report["runs"].append(row)
+                continue
+            ok = True
+            for name in cols:
+                if name in got:
+                    cmp = compare(name, got[name], want[name], tol[name])
+                    row["outputs"][name] = check.output_record(cmp, f"{b.name} {c.label}")
+                    ok &= cmp.ok
+                elif not row["no_backward"]:
+                    row["not_given"].append(name)
+                    ok = False
+            row["ok"] = ok
+            report["runs"].append(row)
+    report["oracle_ok"] = all(v["ok"] for per in report["oracle"].values() for v in per.values())
+    report["ok"] = report["oracle_ok"] and all(r["ok"] for r in report["runs"])
+    common.say(args, check.render(report))
+    common.write_json(args, report)
+    return common.EXIT_OK if report["ok"] else common.EXIT_FAIL

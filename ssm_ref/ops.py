@@ -1,0 +1,239 @@
+"""The ops ssm-scan computes, each declared once, as data that every backend, bridge, test and tool
+reads (after PyTorch's OpInfo): its inputs with their shape letters, its outputs, its gradients
+and the input each belongs to, the validator, the reference forward and backward, the float32
+tolerances, and where the testing kit finds its problems and properties.
+
+    import ssm_ref.ops as ops
+    op = ops.get("ssm_scan")
+    op.input_names            # ('s', 'x', 'dt', 'A', 'B', 'C', 'ids')
+    op.output_names           # ('y', 'states')
+    op.grad_names             # ('d_s', 'd_s0', 'd_x', 'd_dt', 'd_A', 'd_B', 'd_C')
+    op.grad_of                # {'s': 'd_s', 'x': 'd_x', ...}: the gradient of each float input
+    op.cotangent_names        # ('g_y', 'g_states'): the backward's loss gradients, one per output
+    op.backward_name          # 'ssm_scan_back'
+    op.forward(*args, dtype=np.float64)    # the reference (ssm_ref.ssm_scan)
+    op.tol()                  # the float32 bounds (ssm_ref.tolerance.F32_TOL)
+
+An op's functions are named ``op.name`` (the forward) and ``op.backward_name`` (its backward) in
+every backend module; they take the inputs positionally in ``op.inputs``' order (the backward then
+the cotangents). What the testing kit holds for an op (its problems, strategy and properties)
+is named here as ``"module:attribute"`` text, which the kit imports
+(:func:`ssm_ref.testing.ports.kit_part`): the spec imports nothing of the kit.
+
+Adding an op: docs/ARCHITECTURE.md, "Adding an op".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["OPS", "SCAN", "Arg", "Grad", "Op", "Output", "get", "register"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One input (or one cotangent of the backward). ``axes``: its shape as one letter per axis
+    ("STHP" is (S, T, H, P)); where several shapes are accepted, the first is the one the
+    properties reshape by and ``what`` names the others. ``optional``: None is accepted (``what``
+    says what it means). ``kind``: "float" or "index" (integers, no gradient)."""
+
+    name: str
+    axes: str
+    what: str
+    optional: bool = False
+    kind: str = "float"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the forward."""
+
+    name: str
+    axes: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Grad:
+    """One output of the backward: the gradient of the loss for input ``of``."""
+
+    name: str
+    of: str
+    axes: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op.
+
+    forward(*inputs, dtype=...) -> an object with the outputs as attributes or keys: the reference
+    backward(*inputs, *cotangents, dtype=...) -> the gradients by name: the reference
+    check_forward(*inputs) -> the validated problem (raises TypeError / ValueError naming the
+    argument before any work); check_backward likewise with the cotangents
+    tolerance: output and gradient name -> Tol, a float32 result against the float64 reference
+    (or a function of no arguments that returns that table)
+    state: (the start-state input, the final-state output) a call carries from one token range to
+    the next, or None
+    The testing kit's parts, each a callable or ``"module:attribute"`` text: make_case(seed,
+    **dims) -> a case (``.op``, ``.dims``, ``.args()``, ``.cotangents``, ``.label``); cases(quick,
+    seed) -> the fixed problems ``ssm-scan check`` runs; strategy() -> a hypothesis strategy of
+    cases; properties: name -> Property, those that apply to this op.
+    letters: what each shape letter means."""
+
+    name: str
+    summary: str
+    inputs: tuple
+    outputs: tuple
+    grads: tuple
+    forward: object
+    backward: object
+    check_forward: object
+    check_backward: object
+    tolerance: object = None
+    state: tuple | None = None
+    make_case: object = None
+    cases: object = None
+    strategy: object = None
+    properties: object = None
+    letters: Mapping = field(default_factory=dict)
+
+    @property
+    def backward_name(self) -> str:
+        return self.name + "_back"
+
+    @property
+    def input_names(self) -> tuple:
+        return tuple(a.name for a in self.inputs)
+
+    @property
+    def output_names(self) -> tuple:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def grad_names(self) -> tuple:
+        return tuple(g.name for g in self.grads)
+
+    @property
+    def cotangent_names(self) -> tuple:
+        return tuple("g_" + o for o in self.output_names)
+
+    @property
+    def float_inputs(self) -> tuple:
+        return tuple(a.name for a in self.inputs if a.kind == "float")
+
+    @property
+    def grad_of(self) -> dict:
+        """Each float input's gradient (the first declared for it: the scan's d_s, not d_s0)."""
+        out: dict = {}
+        for g in self.grads:
+            out.setdefault(g.of, g.name)
+        return out
+
+    def tol(self) -> Mapping:
+        """The tolerance table (the declared one, or what its function returns)."""
+        return self.tolerance() if callable(self.tolerance) else self.tolerance
+
+
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    """Add ``op`` to :data:`OPS` (a module that declares an op calls this when imported); the same
+    declaration again is a no-op, another one of the same name a ValueError."""
+    if not isinstance(op, Op):
+        raise TypeError(f"op: expected an ssm_ref.ops.Op, got {type(op).__name__}")
+    have = OPS.get(op.name)
+    if have is not None and have is not op:
+        raise ValueError(f"op: {op.name!r} is declared already ({have.summary})")
+    for names, what in ((op.input_names, "inputs"), (op.output_names, "outputs"), (op.grad_names, "grads")):
+        if len(set(names)) != len(names):
+            raise ValueError(f"op {op.name!r}: its {what} repeat a name: {names}")
+    stray = [g.of for g in op.grads if g.of not in op.float_inputs]
+    if stray:
+        raise ValueError(f"op {op.name!r}: gradients of {stray}, which are no float inputs of it")
+    OPS[op.name] = op
+    return op
+
+
+def get(name) -> Op:
+    """The op declared as ``name``; ValueError naming the ops there are."""
+    op = OPS.get(name) if isinstance(name, str) else None
+    if op is None:
+        raise ValueError(f"op: expected one of {', '.join(repr(k) for k in OPS)}, got {name!r}")
+    return op
+
+
+# The scan's parts in the spec. The public functions and the tolerance table import this module
+# (their names and outputs are declared here), so the declaration reaches them when called.
+
+def _scan(*args, **kw):
+    from . import ssm_scan
+
+    return ssm_scan(*args, **kw)
+
+
+def _scan_back(*args, **kw):
+    from . import ssm_scan_back
+
+    return ssm_scan_back(*args, **kw)
+
+
+def _scan_tolerance() -> Mapping:
+    from .tolerance import F32_TOL  # (each bound with the measurement behind it)
+
+    return F32_TOL
+
+
+def _check_forward(*args, **kw):
+    from .checks import check_forward
+
+    return check_forward(*args, **kw)
+
+
+def _check_backward(*args, **kw):
+    from .checks import check_backward
+
+    return check_backward(*args, **kw)
+
+
+SCAN = register(Op(
+    name="ssm_scan",
+    summary="the Mamba selective scan, ggml's SSM_SCAN; its backward is ggmlR's SSM_SCAN_BACK",
+    inputs=(
+        Arg("s", "RHPN", "the state cache; sequence i starts from row ids[i]; None: zero start states (S, H, P, N)",
+            optional=True),
+        Arg("x", "STHP", "the input"),
+        Arg("dt", "STH", "the step before its softplus"),
+        Arg("A", "H", "the decay rates: (H,) or (H, 1) Mamba-2, (H, N) Mamba-1"),
+        Arg("B", "STGN", "the input's projection into the state, per group"),
+        Arg("C", "STGN", "the state's projection out, per group"),
+        Arg("ids", "S", "the cache row of each sequence; None: arange(S)", optional=True, kind="index"),
+    ),
+    outputs=(
+        Output("y", "STHP", "the output"),
+        Output("states", "SHPN", "each sequence's final state"),
+    ),
+    grads=(
+        Grad("d_s", "s", "RHPN", "the gradient of the cache: d_s0 scatter-added by ids"),
+        Grad("d_s0", "s", "SHPN", "the gradient of each sequence's start state"),
+        Grad("d_x", "x", "STHP", "the gradient of x"),
+        Grad("d_dt", "dt", "STH", "the gradient of dt, through the softplus"),
+        Grad("d_A", "A", "H", "the gradient of A, in A's shape"),
+        Grad("d_B", "B", "STGN", "the gradient of B"),
+        Grad("d_C", "C", "STGN", "the gradient of C"),
+    ),
+    forward=_scan,
+    backward=_scan_back,
+    check_forward=_check_forward,
+    check_backward=_check_backward,
+    tolerance=_scan_tolerance,
+    state=("s", "states"),
+    make_case="ssm_ref.testing.cases:make_problem",
+    strategy="ssm_ref.testing.strategies:problems",
+    properties="ssm_ref.testing.properties:PROPERTIES",
+    letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
+             "N": "state size", "G": "groups of heads sharing B and C", "R": "rows of the state cache",
+             "K": "state snapshots (snapshots=K)"},
+))
