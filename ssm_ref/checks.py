@@ -24,19 +24,21 @@ absent inputs (``s=None``; ``g_y``, ``g_states`` None) are zero-stride arrays un
 is made; with ``keep_device`` the Problem keeps them so (:func:`zero_stand_in` tells them), for a
 device backend to make the zeros on the device instead of uploading them.
 
-One module of ~550 lines on purpose: the one validator every backend calls, whose checks share
-one shape table and one style of message; split, its order of checks (which error a bad call gets
-first) would be spread over files.
+One module of ~500 lines on purpose: the one validator every backend calls, which decides the order
+of the checks (which error a bad call gets first); what a check needs besides -- the shapes'
+agreement and messages (ssm_ref.shapes), the ids (ssm_ref.ids) -- lives beside it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from .arraylike import finish, float_array, is_device_array, zero_stand_in, zeros
+from .ids import arange_ids, check_ids
 from .memory import check_host_memory, host_memory_bytes
+from .shapes import MISSING, a_error, blame, check_five_arrays, expect_ndim, expect_shape
 
 __all__ = ["DT_SOFTPLUS", "MISSING", "Dims", "Problem", "arange_ids", "check_backward", "check_dt_softplus",
            "check_dtype", "check_five_arrays", "check_forward", "check_ids", "check_invariant", "check_shapes",
@@ -214,60 +216,6 @@ def write_cache_rows(s: np.ndarray, ids: np.ndarray, states) -> None:
         s[ids] = np.asarray(states)
 
 
-def is_device_array(value) -> bool:
-    """True for device-resident arrays (ssm_vk.DeviceArray): checked by shape and dtype only,
-    never copied to the host by the checker."""
-    return getattr(value, "_ssm_device_array", False) is True
-
-
-def _as_array(name: str, value, what: str = "a float array") -> np.ndarray:
-    if value is None:
-        raise TypeError(f"{name}: expected {what}, got None")
-    if isinstance(value, np.ndarray) or is_device_array(value):
-        return value
-    try:
-        arr = np.asarray(value)
-    except Exception as e:  # ragged lists and the like
-        raise TypeError(f"{name}: expected {what}, could not convert {type(value).__name__}: {e}") from e
-    return arr
-
-
-def _float_array(name: str, value, dtype: np.dtype, keep_device: bool = False) -> np.ndarray:
-    """A read-only C-contiguous array of ``dtype``; the caller's array is never written or kept."""
-    arr = _as_array(name, value)
-    if not keep_device and is_device_array(arr):
-        arr = arr.numpy()  # host backends compute on a host copy
-    kind = arr.dtype.kind
-    if kind != "f":
-        what = {"i": "an integer", "u": "an unsigned integer", "b": "a bool", "c": "a complex",
-                "O": "an object", "U": "a string", "S": "a bytes", "V": "a structured"}.get(kind, "a non-float")
-        raise TypeError(f"{name}: expected a float array (float16/32/64 are converted to {dtype}), "
-                        f"got {what} array of dtype {arr.dtype}")
-    if arr.dtype.itemsize > 8:
-        raise TypeError(f"{name}: expected float16, float32 or float64, got {arr.dtype}")
-    return arr
-
-
-def _finish(arr: np.ndarray, dtype: np.dtype, keep_zeros: bool = False) -> np.ndarray:
-    # When no conversion is needed ascontiguousarray hands back the caller's array itself; the
-    # extra view lets us clear the writeable flag without touching the caller's flags.
-    # Values beyond float32's range become inf, as docs/SPEC.md section 8 expects; like the scan
-    # itself, the cast does so without a RuntimeWarning.
-    if type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous and arr.ndim:
-        out = arr.view()  # what the conversion below hands back, without np.errstate's cost
-    elif is_device_array(arr):
-        if arr.dtype != dtype:
-            raise TypeError(f"device arrays hold float32; this call works in {dtype}")
-        return arr
-    elif keep_zeros and zero_stand_in(arr):   # (read-only: np.broadcast_to's arrays are)
-        return arr if arr.dtype == dtype else _zeros(arr.shape, dtype)
-    else:
-        with np.errstate(over="ignore"):
-            out = np.ascontiguousarray(arr, dtype=dtype).view()
-    out.flags.writeable = False
-    return out
-
-
 def split_g_y(g_y, dims: Dims) -> tuple:
     """The backward's packed 1-D ``g_y`` (the forward's layout, ssm_ref.packing: the gradient of y,
     then of the K state slots; its length ``dims.forward_size`` already checked) as (g_y
@@ -283,107 +231,7 @@ def split_g_y(g_y, dims: Dims) -> tuple:
         return gy, g_y.view(n_y, states_shape) if dev else g_y[n_y:].reshape(states_shape), None
     slots = (d.K, *states_shape)
     gsn = g_y.view(n_y, slots) if dev else g_y[n_y:].reshape(slots)
-    return gy, _zeros(states_shape, np.dtype(np.float32) if dev else g_y.dtype), gsn
-
-
-def _fmt(symbols: str, numbers) -> str:
-    nums = ", ".join(str(n) for n in numbers)
-    if len(numbers) == 1:
-        nums += ","
-    return f"{symbols} = ({nums})"
-
-
-def _expect_shape(name: str, arr: np.ndarray, symbols: str, expected: tuple) -> None:
-    if arr.shape != tuple(expected):
-        raise ValueError(f"{name}: expected shape {_fmt(symbols, expected)}, got {tuple(arr.shape)}")
-
-
-def _expect_ndim(name: str, arr: np.ndarray, symbols: str, known: tuple) -> None:
-    """``known``: the expected shape with the sizes not yet known given as their symbol."""
-    if arr.ndim != len(known):
-        want = symbols if all(isinstance(k, str) for k in known) else _fmt(symbols, known)
-        raise ValueError(f"{name}: expected shape {want}, got {tuple(arr.shape)}")
-
-
-def check_ids(ids, S: int, R: int) -> np.ndarray | None:
-    """``ids`` checked for S sequences and R rows of s, raising as :func:`check_forward` does; returns
-    the call's own copy of them: int64 (S,), C-contiguous, read-only. None stays None once arange(S)
-    is known to fit in R rows: :func:`arange_ids` makes it, after the host memory rule (S itself
-    may be huge).
-
-    The S integers are copied before they are checked, and only the copy is used afterwards: the
-    kernels index ``s[ids[i]]`` without a bounds check, so ids that another thread changes during
-    the call must not reach them (a value written after the check would read or write outside
-    ``s``). A device array of ids is read to the host (the range check needs their values)."""
-    if ids is None:
-        if S > R:
-            raise ValueError(f"ids: None means arange(S) = [0, {S}), which needs R >= S rows of s, "
-                             f"got R = {R}")
-        return None
-    if type(ids) is np.ndarray:
-        arr = ids  # what _as_array hands back for it
-    else:
-        arr = _as_array("ids", ids, f"an integer array of shape (S,) = ({S},)")
-        if is_device_array(arr):
-            arr = arr.numpy()
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"ids: expected an integer array of shape (S,) = ({S},), got dtype {arr.dtype}")
-    if arr.shape != (S,):
-        _expect_shape("ids", arr, "(S,)", (S,))
-    # One read of the caller's memory: a copy in the caller's dtype (a uint64 above 2**63 must not
-    # wrap before the range check), then the checks and the int64 conversion of that copy.
-    own = arr.copy() if arr.dtype is _I64 else np.array(arr, copy=True, order="C")  # (copy(): C order)
-    if S:
-        if S <= 64:  # two numpy reductions cost more than the Python ints of a short array
-            values = own.tolist()
-            lo, hi = min(values), max(values)
-        else:
-            lo, hi = int(own.min()), int(own.max())
-        if lo < 0 or hi >= R:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"ids: every id must be in [0, R) = [0, {R}) (R = rows of s), got {bad}")
-    out = own if own.dtype is _I64 or own.dtype == _I64 else own.astype(np.int64)
-    out.setflags(write=False)
-    return out
-
-
-_I64 = np.dtype(np.int64)
-
-
-_ARANGE: dict[int, np.ndarray] = {}   # S -> arange(S), read-only: the ids of calls that pass None
-
-
-def arange_ids(S: int) -> np.ndarray:
-    """arange(S) as int64, read-only: the ids of a call that passes None (see :func:`check_ids`)."""
-    if S > 4096:
-        return _finish(np.arange(S, dtype=np.int64), _I64)
-    out = _ARANGE.get(S)
-    if out is None:
-        # Made once per S: no one holds a writable reference to it (it owns its memory and is
-        # only handed out read-only), so every Problem may share it.
-        out = np.arange(S, dtype=np.int64)
-        out.setflags(write=False)
-        if len(_ARANGE) >= 64:
-            _ARANGE.clear()
-        _ARANGE[S] = out
-    return out
-
-
-def _zeros(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """Zeros of ``shape`` as a zero-stride stand-in: nothing allocated until the Problem is made
-    (_finish's contiguous copy, which the host memory rule counts as a copy; with ``keep_device``
-    the Problem keeps the stand-in)."""
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
-def zero_stand_in(a) -> bool:
-    """Whether ``a`` is zeros as a zero-stride stand-in (:func:`_zeros`'s form: every stride 0, the
-    one element +0.0, so its bytes are all zero; -0.0 is not). A numpy array of other strides --
-    np.zeros included -- is not, whatever it holds: the test reads one element, never the data."""
-    if type(a) is not np.ndarray or not a.ndim or not a.size or any(a.strides) or a.dtype.kind != "f":
-        return False
-    v = a.item(0)
-    return v == 0.0 and math.copysign(1.0, v) > 0.0
+    return gy, zeros(states_shape, np.dtype(np.float32) if dev else g_y.dtype), gsn
 
 
 def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np.ndarray:
@@ -393,10 +241,10 @@ def _zero_start(x_: np.ndarray, B, ids, work: np.dtype, keep_device: bool) -> np
         got = f"an array of shape {tuple(np.shape(ids))}" if hasattr(ids, "shape") else type(ids).__name__
         raise ValueError(f"ids: s is None (zero start states, one per sequence), so ids must be None, got {got}")
     S, T, H, P = (int(v) for v in x_.shape)
-    B_ = _float_array("B", B, work, keep_device)
+    B_ = float_array("B", B, work, keep_device)
     if B_.ndim != 4:
         raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, N), got {tuple(B_.shape)}")
-    return _zeros((S, H, P, int(B_.shape[3])), work)
+    return zeros((S, H, P, int(B_.shape[3])), work)
 
 
 def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: int = 1
@@ -407,8 +255,8 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
     with what the others agree on (:func:`_blame`)."""
     if C is MISSING:
         check_five_arrays(x, C)
-    x_ = _float_array("x", x, work, keep_device)
-    _expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
+    x_ = float_array("x", x, work, keep_device)
+    expect_ndim("x", x_, "(S, T, H, P)", ("S", "T", "H", "P"))
     S, T, H, P = (int(v) for v in x_.shape)
     if S < 1:
         raise ValueError(f"x: S (the number of sequences) must be >= 1, got shape {tuple(x_.shape)}")
@@ -416,31 +264,31 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
     if s is None:
         s_ = _zero_start(x_, B, ids, work, keep_device)
     else:
-        s_ = _float_array("s", s, work, keep_device)
-    _expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
+        s_ = float_array("s", s, work, keep_device)
+    expect_ndim("s", s_, "(R, H, P, N)", ("R", H, P, "N"))
     R, N = int(s_.shape[0]), int(s_.shape[3])
     if R < 1:
         raise ValueError(f"s: R (rows of the state cache) must be >= 1, got shape {tuple(s_.shape)}")
 
-    dt_ = _float_array("dt", dt, work, keep_device)
+    dt_ = float_array("dt", dt, work, keep_device)
     if dt_.ndim != 3:
-        _expect_ndim("dt", dt_, "(S, T, H)", (S, T, H))
-    A_ = _float_array("A", A, work, keep_device)
+        expect_ndim("dt", dt_, "(S, T, H)", (S, T, H))
+    A_ = float_array("A", A, work, keep_device)
     a_shape = tuple(int(v) for v in A_.shape)
     if A_.ndim not in (1, 2):
-        _a_error(H, N, a_shape)
-    B_ = _float_array("B", B, work, keep_device)
+        a_error(H, N, a_shape)
+    B_ = float_array("B", B, work, keep_device)
     if B_.ndim != 4:
         raise ValueError(f"B: expected shape (S, T, G, N) = ({S}, {T}, G, {N}), got {tuple(B_.shape)}")
     G = int(B_.shape[2])
-    C_ = _float_array("C", C, work, keep_device)
+    C_ = float_array("C", C, work, keep_device)
     if C_.ndim != 4:
-        _expect_ndim("C", C_, "(S, T, G, N)", (S, T, G, N))
+        expect_ndim("C", C_, "(S, T, G, N)", (S, T, G, N))
 
     mamba1 = a_shape == (H, N) and N != 1    # (H, 1) is Mamba-2's form, also where N = 1
     if (s_.shape[1:3] != (H, P) or dt_.shape != (S, T, H) or B_.shape != (S, T, G, N) or C_.shape != B_.shape
             or not (mamba1 or a_shape == (H,) or a_shape == (H, 1))):
-        _blame({"x": x_, "s": None if s is None else s_, "dt": dt_, "A": A_, "B": B_, "C": C_})
+        blame({"x": x_, "s": None if s is None else s_, "dt": dt_, "A": A_, "B": B_, "C": C_})
     if G < 1:
         raise ValueError(f"B: G (the number of groups) must be >= 1, got shape {tuple(B_.shape)}")
     if H % G:
@@ -451,86 +299,6 @@ def _check_inputs(s, x, dt, A, B, C, ids, work: np.dtype, keep_device: bool, K: 
     dims = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=mamba1, a_shape=a_shape, K=K)
     A2 = A_.reshape(H, N if mamba1 else 1)
     return dims, dict(s=s_, x=x_, dt=dt_, A=A2, B=B_, C=C_), ids_
-
-
-# The axes of each array (docs/SPEC.md shapes); A's are (H,), (H, 1) or (H, N).
-_AXES = {"x": "STHP", "s": "RHPN", "dt": "STH", "B": "STGN", "C": "STGN"}
-_SYMBOLS = {"x": "(S, T, H, P)", "s": "(R, H, P, N)", "dt": "(S, T, H)", "B": "(S, T, G, N)", "C": "(S, T, G, N)"}
-
-
-def _axes(name: str, shape: tuple) -> str:
-    if name != "A":
-        return _AXES[name]
-    return "H" if len(shape) == 1 or shape[1] == 1 else "HN"
-
-
-def _blame(arrays: dict) -> None:
-    """Raise the ValueError of the first argument (in argument order) whose sizes disagree with
-    what the other arguments agree on. Each size (S, T, H, P, N, G) is the one most of the arrays
-    that carry it give; a tie goes to an array that no majority outvoted on another size, then to
-    the earlier argument. So x passed channels-first (S, H, P, T) is reported as x, not as the dt
-    or s that are right. ``arrays``: x, s (None for zero start
-    states, which follow x), dt, A, B, C, each with its number of axes already checked."""
-    claims: dict = {}
-    given = {k: tuple(int(v) for v in a.shape) for k, a in arrays.items() if a is not None}
-    for name, shape in given.items():
-        for sym, v in zip(_axes(name, shape), shape, strict=True):
-            claims.setdefault(sym, []).append((v, name))
-    def vote(suspect: set) -> dict:
-        out = {}
-        for sym, cl in claims.items():
-            votes = [v for v, _ in cl]
-            trusted = {v for v, n in cl if n not in suspect}
-            out[sym] = max(votes, key=lambda v: (votes.count(v), v in trusted, -votes.index(v)))
-        return out
-
-    first = vote(set())
-    # an array outvoted on one size (more arrays give another) loses the ties on the others
-    outvoted = {n for sym, cl in claims.items() for v, n in cl
-                if sum(u == first[sym] for u, _ in cl) > sum(u == v for u, _ in cl)}
-    agreed = vote(outvoted)
-    for name, shape in given.items():
-        axes = _axes(name, shape)
-        want = tuple(agreed[a] for a in axes)
-        if shape == want:
-            continue
-        if name == "A":
-            _a_error(agreed["H"], agreed["N"], shape)
-        why = "; ".join(f"{a} = {agreed[a]} in {', '.join(n for v, n in claims[a] if v == agreed[a] and n != name)}"
-                        for a, v in zip(axes, shape, strict=True) if v != agreed[a])
-        order = " -- the same sizes in another order: the axes are " + _SYMBOLS[name] if sorted(shape) == sorted(
-            want) else ""
-        raise ValueError(f"{name}: expected shape {_fmt(_SYMBOLS[name], want)}, got {shape} ({why}){order}")
-    raise AssertionError(f"sizes disagree but no argument was blamed: {given}")   # unreachable
-
-
-def _a_error(H: int, N: int, a_shape: tuple) -> None:
-    raise ValueError(f"A: expected shape (H,) or (H, 1) = ({H},) or ({H}, 1) for Mamba-2, "
-                     f"or (H, N) = ({H}, {N}) for Mamba-1, got {a_shape}")
-
-
-class _Missing:
-    """C's default in the backends' signatures: a call with five arrays -- mamba_ssm's (x, dt, A, B,
-    C), which has no start states -- then gets an error naming s rather than Python's "missing C"."""
-
-    def __repr__(self) -> str:
-        return "<required>"
-
-
-MISSING = _Missing()
-
-
-def check_five_arrays(x, C) -> None:
-    """Raise when C was not given (:data:`MISSING`): a TypeError naming s when the second array
-    looks like dt (three axes), as in mamba_ssm's (x, dt, A, B, C); else one naming C. Any array
-    type with ``ndim`` (numpy, torch, jax)."""
-    if C is not MISSING:
-        return
-    if getattr(x, "ndim", None) == 3:   # dt where x belongs: the arrays were shifted by one
-        raise TypeError("s: the start states come first, (s, x, dt, A, B, C[, ids]); this call passed five arrays, "
-                        "as mamba_ssm's functions take them (x, dt, A, B, C). Pass None for zero start states: "
-                        "(None, x, dt, A, B, C)")
-    raise TypeError("C: missing (expected a float array of shape (S, T, G, N))")
 
 
 def output_elems(d: Dims, backward: bool) -> int:
@@ -561,7 +329,7 @@ def _check_memory(dims: Dims, raw: dict, work: np.dtype, keep_device: bool, back
 
 
 def _problem(dims: Dims, raw: dict, ids: np.ndarray | None, work: np.dtype, keep_device: bool = False) -> Problem:
-    return Problem(dims=dims, **{k: _finish(v, work, keep_device) for k, v in raw.items()},
+    return Problem(dims=dims, **{k: finish(v, work, keep_device) for k, v in raw.items()},
                    ids=arange_ids(dims.S) if ids is None else ids, dtype=work)
 
 
@@ -610,7 +378,7 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtyp
     work = _F32 if dtype is np.float32 else check_dtype(dtype)
     d, raw, ids_ = _check_inputs(s, x, dt, A, B, C, ids, work, keep_device)
     y_shape, states_shape = (d.S, d.T, d.H, d.P), (d.S, d.H, d.P, d.N)
-    gy = None if g_y is None else _float_array("g_y", g_y, work, keep_device)
+    gy = None if g_y is None else float_array("g_y", g_y, work, keep_device)
     gsn = None
     if gy is not None and g_states is None and g_snapshots is None and gy.ndim == 1:   # the packed layout
         n_y, row = d.S * d.T * d.H * d.P, d.S * d.H * d.P * d.N
@@ -622,23 +390,23 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, *, dtyp
         gy_s, gs_s, gsn = split_g_y(gy, d)
     else:
         if g_snapshots is not None:
-            gsn = _float_array("g_snapshots", g_snapshots, work, keep_device)
+            gsn = float_array("g_snapshots", g_snapshots, work, keep_device)
             if gsn.ndim != 5 or gsn.shape[0] < 1:
                 S_, H_, P_, N_ = states_shape
                 raise ValueError(f"g_snapshots: expected shape (K, S, H, P, N) = (K, {S_}, {H_}, {P_}, {N_}) "
                                  f"with K >= 1, got {tuple(gsn.shape)}")
             d = _with_k(d, int(gsn.shape[0]))
-            _expect_shape("g_snapshots", gsn, "(K, S, H, P, N)", (d.K, *states_shape))
+            expect_shape("g_snapshots", gsn, "(K, S, H, P, N)", (d.K, *states_shape))
         if gy is None:
-            gy_s = _zeros(y_shape, work)
+            gy_s = zeros(y_shape, work)
         else:
-            _expect_shape("g_y", gy, "(S, T, H, P)", y_shape)
+            expect_shape("g_y", gy, "(S, T, H, P)", y_shape)
             gy_s = gy
         if g_states is None:
-            gs_s = _zeros(states_shape, work)
+            gs_s = zeros(states_shape, work)
         else:
-            gs_s = _float_array("g_states", g_states, work, keep_device)
-            _expect_shape("g_states", gs_s, "(S, H, P, N)", states_shape)
+            gs_s = float_array("g_states", g_states, work, keep_device)
+            expect_shape("g_states", gs_s, "(S, H, P, N)", states_shape)
     raw.update(g_y=gy_s, g_states=gs_s)
     if gsn is not None:
         raw["g_snapshots"] = gsn
