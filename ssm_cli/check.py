@@ -279,9 +279,9 @@ def render(rep: dict) -> str:
         worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
         ok = all(v["ok"] for v in per.values())
         used = worst["err"] / worst["bound"]
-        out.append(f"oracle: the float64 reference's gradients vs 4th-order finite differences ({FD_SAMPLES} "
-                   f"entries of each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} |error| "
-                   f"{sci(worst['err'])} = {share_text(used)}" + (" of its bound" if used <= 1 else ""))
+        out.append(f"oracle: {rep.get('reference', 'ssm_ref')} float64 gradients vs 4th-order finite differences "
+                   f"({FD_SAMPLES} entries of each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} "
+                   f"|error| {sci(worst['err'])} = {share_text(used)}" + (" of its bound" if used <= 1 else ""))
     out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")

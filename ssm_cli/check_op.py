@@ -85,7 +85,8 @@ def run(args, op, backs) -> int:
     cases = list(ports.kit_part(op, "cases")(quick=bool(args.quick), seed=args.seed))
     tol = op.tol()
     cols = (*op.output_names, *op.grad_names)
-    report = {"ok": True, "op": op.name, "quick": bool(args.quick), "seed": args.seed, "columns": list(cols),
+    report = {"ok": True, "op": op.name, "reference": f"{op.name}'s reference in", "quick": bool(args.quick),
+              "seed": args.seed, "columns": list(cols),
               "tolerance": {k: {"rtol": v.rtol, "atol": v.atol} for k, v in tol.items()},
               "problems": [{"name": c.label, "dims": c.dims} for c in cases],
               "backends": [{"name": b.name, "available": b.available, "reason": b.reason,

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
+
 from .lib import GGML_STATUS_SUCCESS, GGML_TYPE_F32, GGML_TYPE_I32, GgmlLibrary, missing_device
 
 __all__ = ["GUARD_FLOATS", "UNWRITTEN_BITS", "Device", "GgmlError", "OutputOverrun", "ScanGraph", "unwritten"]
@@ -101,7 +103,7 @@ class ScanGraph:
         self.buffer = None
         try:
             t = {k: self.lib.new_tensor(self.ctx, GGML_TYPE_F32, _ne(shapes[k]))
-                 for k in ("s", "x", "dt", "A", "B", "C")}
+                 for k in SCAN.float_inputs}
             t["ids"] = self.lib.new_tensor(self.ctx, GGML_TYPE_I32, (int(shapes["S"]),))
             args = [self.ctx, t["s"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["ids"]]
             if backward:
@@ -140,7 +142,7 @@ class ScanGraph:
         """Copy the inputs (float32 arrays of the shapes given at construction, ids int32) and the
         output's NaN fill and the guard into the device buffers."""
         self.allocate()
-        for k in ("s", "x", "dt", "A", "B", "C"):
+        for k in SCAN.float_inputs:
             self._set(self.tensors[k], np.asarray(arrays[k], dtype=_F32))
         self._set(self.tensors["ids"], np.asarray(arrays["ids"], dtype=np.int32))
         if self.backward:

@@ -38,6 +38,7 @@ import ssm_ref
 import ssm_ref.checks
 from ssm_ref.backend_names import BACKENDS, refusal, resolve_backend
 from ssm_ref.checks import MISSING, check_five_arrays
+from ssm_ref.ops import SCAN
 from ssm_ref.results import Where
 
 __all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
@@ -190,7 +191,7 @@ def _bwd(backend, dt_softplus, work, K, res, cotangents):
         g_snap = {} if K is None else {"g_snapshots": np.asarray(arrays[9])}
         g = _module(backend).ssm_scan_back(*floats, ids_, gy, gs, **kw, **g_snap)
         _record("ssm_scan_back", g, work)
-        return tuple(np.asarray(getattr(g, "d_" + n), work) for n in ("s", "x", "dt", "A", "B", "C"))
+        return tuple(np.asarray(getattr(g, SCAN.grad_of[n]), work) for n in SCAN.float_inputs)
 
     grads = jax.pure_callback(host, shapes, s, x, dt, A, B, C, ids, *(c.astype(work) for c in cotangents),
                               vmap_method="sequential")

@@ -31,6 +31,7 @@ except ModuleNotFoundError as e:   # torch is an optional dependency of ssm-scan
 import ssm_ref
 from ssm_ref.backend_names import lookup, resolve_backend
 from ssm_ref.checks import MISSING, check_five_arrays
+from ssm_ref.ops import SCAN
 
 from . import _common, _op
 from ._op import BACKENDS, Where, last_where
@@ -42,7 +43,7 @@ def __dir__():
     # The public names only (its public submodule: mamba); _op is internal.
     return sorted(__all__)
 
-_ARRAYS = ("s", "x", "dt", "A", "B", "C")
+_ARRAYS = SCAN.float_inputs
 
 
 def _check_tensors(named: dict, backend=None) -> None:

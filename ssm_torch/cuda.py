@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ssm_ref.ops import SCAN
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import DeviceArray
 from ssm_vk.runtime import external
@@ -36,7 +37,7 @@ from . import _arena, _common, _driver
 __all__ = ["available", "backward", "forward", "release_memory", "require", "shares_memory"]
 
 _F32 = 4
-_FWD = ("s", "x", "dt", "A", "B", "C")
+_FWD = SCAN.float_inputs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +335,7 @@ def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: st
     side.check(ctx, named)
     kw = _common.backend_kwargs("ssm_vk", dt_softplus, torch.float32)
     ids_ = _ids(ids)
-    outs = {f"d_{n}": (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
+    outs = {SCAN.grad_of[n]: (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
 
     def call(a, out):
         extra = {"g_snapshots": a[8]} if g_snapshots is not None else {}

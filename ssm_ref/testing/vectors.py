@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import F32_TOL, T_MEASURED
 
 from .cases import Case, make_problem
@@ -40,8 +41,8 @@ from .cases import Case, make_problem
 __all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_case", "write_vectors"]
 
 FORMAT = "ssm-scan golden vectors 1"
-INPUTS = ("s", "x", "dt", "A", "B", "C", "ids", "g_y", "g_states", "g_packed")
-EXPECTED = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C", "fwd_packed", "bwd_packed")
+INPUTS = (*SCAN.input_names, *SCAN.cotangent_names, "g_packed")                     # s .. ids, g_y, g_states
+EXPECTED = (*SCAN.output_names, *SCAN.grad_names, "fwd_packed", "bwd_packed")       # y, states, d_s .. d_C
 
 # name -> (what it exercises, make_problem arguments). Fixed seeds: the values never change.
 GOLDEN = {
@@ -116,7 +117,7 @@ def _golden(name: str, description: str, case: Case, snapshots: bool = False) ->
     r = ssm_ref.ssm_scan(**{**a, "ids": ids}, dtype=np.float64, snapshots=K)
     g = ssm_ref.ssm_scan_back(**{**a, "ids": ids}, g_y=case.g_y, g_states=g_states, dtype=np.float64,
                               g_snapshots=case.g_snapshots if K > 1 else None)
-    inputs = {k: a[k] for k in ("s", "x", "dt", "A", "B", "C")}
+    inputs = {k: a[k] for k in SCAN.float_inputs}
     inputs.update(ids=ids, g_y=case.g_y, g_states=g_states,
                   g_packed=ssm_ref.pack_forward(case.g_y, g_states if K == 1 else case.g_snapshots))
     if K > 1:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
 
 from . import ports
@@ -111,7 +112,7 @@ class VerifyReport:
 
 def _args(g, *extra) -> tuple:
     """Fresh copies of the inputs, positional, in the port interface's order."""
-    return tuple(np.array(g.inputs[k]) for k in ("s", "x", "dt", "A", "B", "C", "ids", *extra))
+    return tuple(np.array(g.inputs[k]) for k in (*SCAN.input_names, *extra))
 
 
 def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dict, backend: str,
@@ -252,8 +253,8 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
             continue
         t = scaled(F32_TOL if tol is None else tol, g.dims["T"])
         if fwd is not None:
-            _check(report.rows, g, "forward", fwd, "ssm_scan", (), ("y", "states"), t, name, kind)
+            _check(report.rows, g, "forward", fwd, "ssm_scan", (), SCAN.output_names, t, name, kind)
         if back is not None:
-            _check(report.rows, g, "backward", back, "ssm_scan_back", ("g_y", "g_states"), ("d_s", *BLOCKS), t, name,
-                   kind)
+            _check(report.rows, g, "backward", back, "ssm_scan_back", SCAN.cotangent_names, ("d_s", *BLOCKS), t,
+                   name, kind)
     return report

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
+
 from .. import ports
 from ..cases import Case
 from ._common import PropertyFailed, case_rng
@@ -42,7 +44,7 @@ PER_TOKEN = ("x", "dt", "B", "C")
 OWN_GRADS = ("d_s0", "d_x", "d_dt", "d_B", "d_C")
 SPLIT_GRADS = ("d_s", "d_s0", "d_x", "d_dt", "d_B", "d_C")
 # The order of the outputs in a report (and in ssm-scan check's table).
-ORDER = ("y", "states", "snapshots", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
+ORDER = (*SCAN.output_names, "snapshots", *SCAN.grad_names)
 D_A_NOTE = "a sum over sequences and tokens, not compared (docs/SPEC.md section 3.2)"
 
 

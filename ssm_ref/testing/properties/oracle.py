@@ -8,15 +8,16 @@ import math
 import numpy as np
 
 from ssm_ref.jvp import ssm_scan_jvp
+from ssm_ref.ops import SCAN
 
 from ..cases import INPUT_NAMES, Case
 from ._common import PropertyFailed, case_rng, close, expect, oracle, run, snapshot_args, tol_for
 
 __all__ = ["adjoint", "oracle_backward", "oracle_forward"]
 
-FORWARD = ("y", "states")
-BACKWARD = ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
-GRAD_OF = {"s": "d_s", "x": "d_x", "dt": "d_dt", "A": "d_A", "B": "d_B", "C": "d_C"}
+FORWARD = SCAN.output_names          # y, states
+BACKWARD = SCAN.grad_names           # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C
+GRAD_OF = SCAN.grad_of               # s -> d_s, x -> d_x, ...
 
 
 def _dtypes(prop: str, got: dict, case: Case) -> None:
