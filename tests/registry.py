@@ -40,6 +40,7 @@ import ssm_ref
 
 # The float32 bounds (measured, with a comment per output saying why) and rel_err live in the
 # package, where ssm_ref.testing.verify and the fuzzer use them too: ssm_ref/tolerance.py.
+from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import F32_TOL, OUTPUTS, Tol, rel_err
 
 __all__ = [
@@ -71,7 +72,8 @@ class Backend:
         return self.name
 
 
-_INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
+# A backend of an op has NAME, the op's two functions and supports (ssm_ref.ops; the scan's here).
+_INTERFACE = ("NAME", SCAN.name, SCAN.backward_name, "supports")
 
 
 def _entry(name: str, *, where: str, tol: dict) -> Backend | None:
