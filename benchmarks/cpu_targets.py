@@ -47,8 +47,8 @@ import numpy as np
 
 # Before any OpenMP runtime starts (torch's, ggml's and ggmlR's libgomp): libgomp's default
 # spin-then-sleep wait cost torch ~50x and ggml's 2-thread forward ~6x on this shared 2-core VM
-# (a spinning thread holds the core its partner needs), as benchmarks/bench_cpu.py found for torch.
-# The passive policy is the competitors' better setting here; set OMP_WAIT_POLICY to override.
+# (a spinning thread holds the core its partner needs), as benchmarks/bench_cpu.py (commit d8008ea)
+# found for torch. The passive policy is the competitors' better setting here; set OMP_WAIT_POLICY to override.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = Path(__file__).resolve().parent
