@@ -13,7 +13,7 @@ Targets (ratios, so they hold on the machine at hand), at the shapes demo, prefi
 
 What is timed, all in this one process, every implementation on ``--threads`` threads:
 ssm_fast, its whole call (argument checks and output allocation included); ggml, the graph
-compute alone (``ssm_ggml``'s ScanGraph, built and filled once, as benchmarks/ggml_side_by_side.py);
+compute alone (``ssm_ggml``'s ScanGraph, built and filled once);
 ggmlR, the threaded region of its op alone (benchmarks/ggmlr_back.py: ggmlR's own kernel, built by
 tools/build_ggmlr_back.sh); torch, zeroing the gradients, the forward and ``loss.backward()``;
 ssm_ref (numpy), its whole call, one sample per round in the first ``--ref-rounds`` rounds, and
@@ -23,7 +23,9 @@ and loaded, the two in alternating order from round to round; reported is the me
 Before timing, every implementation's result is compared with ssm_fast's.
 
 Then, quiet, ``--scaling-rounds`` rounds of ssm_fast and ggml at 1 thread (ggmlR's backward runs on
-one thread whatever the count: docs/BENCHMARKS.md), for the thread scaling of each.
+one thread whatever the count: docs/BENCHMARKS.md), for the thread scaling of each: ggml's forward
+beside ssm_fast's on one thread and on ``--threads``, as benchmarks/ggml_side_by_side.py (commit
+d8008ea) timed them alone.
 
 OMP_WAIT_POLICY defaults to PASSIVE (the comment at the top says why).
 
@@ -39,6 +41,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,8 +50,8 @@ import numpy as np
 
 # Before any OpenMP runtime starts (torch's, ggml's and ggmlR's libgomp): libgomp's default
 # spin-then-sleep wait cost torch ~50x and ggml's 2-thread forward ~6x on this shared 2-core VM
-# (a spinning thread holds the core its partner needs), as benchmarks/bench_cpu.py found for torch.
-# The passive policy is the competitors' better setting here; set OMP_WAIT_POLICY to override.
+# (a spinning thread holds the core its partner needs), as benchmarks/bench_cpu.py (commit d8008ea)
+# found for torch. The passive policy is the competitors' better setting here; set OMP_WAIT_POLICY to override.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = Path(__file__).resolve().parent
@@ -58,11 +61,19 @@ sys.path.insert(0, str(HERE))
 import ggmlr_back  # noqa: E402
 import torch_scan  # noqa: E402
 from contention import Load  # noqa: E402
-from ggml_side_by_side import SHAPES, case_of, cpu_model  # noqa: E402
 
 import ssm_fast  # noqa: E402
 import ssm_ref  # noqa: E402
 from ssm_ref.checks import check_forward  # noqa: E402
+from ssm_ref.testing.cases import make_problem  # noqa: E402
+
+# name: (N, P, H, G, T, S)
+SHAPES = {
+    "demo": (128, 64, 16, 1, 64, 1),
+    "prefill": (128, 64, 24, 1, 512, 1),
+    "batch": (128, 64, 24, 2, 128, 4),
+    "mamba1": (16, 1, 1536, 1, 512, 1),
+}
 
 TORCH_SHAPES = ("demo", "prefill")
 REF_LIMIT_S = 5.0
@@ -73,6 +84,23 @@ TARGETS = [
     ("fwd+bwd vs PyTorch", "fwd+bwd", "torch", "fast fwd+bwd", "torch fwd+bwd", 3.0, TORCH_SHAPES),
 ]
 FAST_KEYS = ("fast fwd", "fast bwd", "fast fwd+bwd")
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    model = fields.get("Model name", "unknown").strip()
+    return f"{model}, {os.cpu_count()} logical CPUs visible"
+
+
+def case_of(name: str):
+    N, P, H, G, T, S = SHAPES[name]
+    variant = "mamba1" if name == "mamba1" else "mamba2"
+    return make_problem(7, S=S, T=T, H=H, P=P, N=N, G=G, R=S, ids="identity", variant=variant, a_form="h",
+                        regime="typical")
 
 
 def rel(a, b) -> float:

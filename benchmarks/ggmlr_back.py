@@ -3,8 +3,8 @@
 The library is ggmlR's own ``src/ggml-cpu/ops-ssm.cpp`` (https://github.com/Zabis13/ggmlR),
 compiled unchanged with our harness by ``tools/build_ggmlr_back.sh``; its path comes from the
 environment variable ``SSM_GGMLR_BACK_LIB`` (the file, or the folder holding it). Used by
-``benchmarks/cpu_targets.py`` and checked against the float64 oracle by
-``benchmarks/check_ggmlr_back.py``.
+``benchmarks/cpu_targets.py``, which compares every gradient block with ssm_fast's before timing
+(its pytest check against the float64 oracle, ``benchmarks/check_ggmlr_back.py``: commit d8008ea).
 
 Glossary: N d_state, P head_dim, H n_head, G n_group, T tokens, S sequences, R cache rows.
 Inputs are ssm_ref's (docs/SPEC.md section 2): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
