@@ -218,7 +218,7 @@ def test_scan_grads_is_a_read_only_mapping_by_name(backend):
 # The submodules each package presents as part of its API; every other module stays importable by
 # its path but is not listed.
 PUBLIC_MODULES = {
-    "ssm_ref": {"chunked", "jvp", "packing", "tolerance"},
+    "ssm_ref": {"chunked", "jvp", "ops", "packing", "tolerance"},
     "ssm_fast": set(),
     "ssm_vk": {"config", "runtime"},
     "ssm_torch": {"mamba"},
@@ -226,7 +226,8 @@ PUBLIC_MODULES = {
     "ssm_ref.testing": {"cases", "fuzzing", "ports", "properties", "regressions", "strategies", "vectors",
                         "verification"},
 }
-INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names"],
+INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names", "shapes", "ids",
+                         "arraylike"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "lanes", "record", "workspace", "api", "validate"],
              "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}
