@@ -28,11 +28,11 @@ from math import prod
 from ssm_ref import Dims
 
 from .chunked.plan import chunked_scratch
+from .limits import F32, Limits, rows_in_place
 from .m1.plan import m1_scratch
-from .plan.limits import F32, Limits, rows_in_place
-from .plan.sizes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 from .runtime.pool import BufferPool
 from .sequential.plan import Plan, sequential_scratch, time_chunk_scratch
+from .sizes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["buffers", "check", "allocations"]
 

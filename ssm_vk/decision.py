@@ -2,7 +2,7 @@
 any allocation, by the same functions the call then uses, so that ``supports()`` and the call
 cannot disagree.
 
-A call runs on the device when a plan fits the device's limits (ssm_vk.plan), every buffer fits
+A call runs on the device when a plan fits the device's limits (ssm_vk.limits), every buffer fits
 its memory and allocation count (ssm_vk.budget), and every kernel of the plan can be had and taken
 by the device: its SPIR-V is packaged, cached or compiled now (runtime.shaders), and its
 bindings, push constants, workgroup size and shared memory (read from the SPIR-V itself) are
@@ -21,7 +21,7 @@ from . import budget
 from . import kernels as specs
 from .config import Settings
 from .families import CHUNKED, M1, kernels_needed, plan
-from .plan import Limits, TooLarge, binding_cap
+from .limits import Limits, TooLarge, binding_cap
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
 from .sequential.plan import Plan

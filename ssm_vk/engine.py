@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .config import Settings
 from .decision import Planned
-from .plan import Limits
+from .limits import Limits
 from .workspace import Workspace
 
 __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]

@@ -28,10 +28,10 @@ from .chunked import record as chunked_record
 from .chunked.plan import chunk_plan
 from .config import DEFAULTS, Settings, settings
 from .kernels import KernelSpec, reduce_spec, rows_spec
+from .limits import Limits
 from .m1 import kernels as m1_kernels
 from .m1 import record as m1_record
 from .m1.plan import m1_plan
-from .plan import Limits
 from .sequential import kernels as sequential_kernels
 from .sequential import record as sequential_record
 from .sequential.plan import Plan, sequential_plan, time_chunk_plan

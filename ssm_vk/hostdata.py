@@ -43,8 +43,8 @@ import math
 import numpy as np
 
 from . import runtime as rt
-from .plan import F32
-from .plan.sizes import input_shapes
+from .limits import F32
+from .sizes import input_shapes
 
 __all__ = ["HostData"]
 

@@ -21,8 +21,8 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import Planned
 from .hostdata import HostData
-from .plan import F32
-from .plan.sizes import output_shapes
+from .limits import F32
+from .sizes import output_shapes
 
 __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 

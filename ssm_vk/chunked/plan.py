@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
-from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap, grid
+from ..limits import F32, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "chunk_plan", "chunked_scratch", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",

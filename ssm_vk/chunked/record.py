@@ -17,10 +17,10 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import grid
-from ..plan.sizes import FLAG_ELEMS
+from ..limits import grid
 from ..record import common
 from ..record.common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
+from ..sizes import FLAG_ELEMS
 from . import kernels as chk
 from .kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 from .plan import PER_GROUP, ChunkPlan, scratch_elems

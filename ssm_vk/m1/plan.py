@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..plan.limits import F32, Limits, binding_cap
-from ..plan.sizes import FLAG_ELEMS
+from ..limits import F32, Limits, binding_cap
+from ..sizes import FLAG_ELEMS
 
 __all__ = ["M1Plan", "m1_plan", "m1_scratch", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_NB", "M1_NW",
            "M1_FWD_NW", "M1_ONE_NW", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]

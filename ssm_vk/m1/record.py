@@ -21,8 +21,7 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import Window, grid
-from ..plan.sizes import FLAG_ELEMS
+from ..limits import Window, grid
 from ..record.common import (
     F32,
     cache_rows,
@@ -35,6 +34,7 @@ from ..record.common import (
     reduce_partials,
     scatter_rows,
 )
+from ..sizes import FLAG_ELEMS
 from . import kernels as m1k
 from .plan import m1_scratch
 

@@ -9,9 +9,8 @@ import numpy as np
 from .. import kernels as specs
 from .. import runtime as rt
 from ..kernels import KernelSpec
-from ..plan import Window, binding_cap, grid
-from ..plan.limits import rows_in_place
-from ..plan.sizes import FLAG_ELEMS
+from ..limits import Window, binding_cap, grid, rows_in_place
+from ..sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "kernel_cached", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials",
            "reduce_dA", "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap
-from ..plan.sizes import FLAG_ELEMS
+from ..limits import F32, Limits, TooLarge, Window, binding_cap
+from ..sizes import FLAG_ELEMS
 
 __all__ = ["Layout", "Plan", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",

@@ -13,7 +13,7 @@ import numpy as np
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import Window, grid
+from ..limits import Window, grid
 from ..record import common as rc
 from ..record.common import (
     F32,

@@ -31,7 +31,7 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernels as specs
-from ..plan import grid
+from ..limits import grid
 from ..record.common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
 from . import kernels as seqk
 from .plan import chunk_dims, time_chunk_scratch

@@ -47,7 +47,7 @@ def packaged_only(glslc, tmp_path, monkeypatch):
 
     from ssm_cli.build import variants
     from ssm_vk import engine
-    from ssm_vk.plan import Limits
+    from ssm_vk.limits import Limits
     from ssm_vk.runtime import shaders
 
     def make(n_values):

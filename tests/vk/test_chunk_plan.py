@@ -14,7 +14,7 @@ from ssm_ref import Dims
 from ssm_vk import config, families
 from ssm_vk.chunked import plan as cpm
 from ssm_vk.chunked.plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
-from ssm_vk.plan import Limits, Window
+from ssm_vk.limits import Limits, Window
 
 F32 = 4
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})

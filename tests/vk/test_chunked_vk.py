@@ -34,7 +34,7 @@ from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.chunked import kernels as specs
 from ssm_vk.chunked.plan import scratch_elems
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 from ssm_vk.workspace import Workspace
 
 pytestmark = pytest.mark.vulkan

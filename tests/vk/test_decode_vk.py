@@ -19,7 +19,7 @@ import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
 from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 
 pytestmark = pytest.mark.vulkan
 

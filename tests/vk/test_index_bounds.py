@@ -31,14 +31,14 @@ from ssm_vk import kernels as specs
 from ssm_vk.chunked import kernels as chunked_specs
 from ssm_vk.chunked import record as chunked_record
 from ssm_vk.families import plan
+from ssm_vk.limits import Limits, TooLarge
 from ssm_vk.m1 import kernels as m1_specs
 from ssm_vk.m1 import record as m1_record
-from ssm_vk.plan import Limits, TooLarge
-from ssm_vk.plan.sizes import output_shapes
 from ssm_vk.record import common as record_common
 from ssm_vk.sequential import kernels as sequential_specs
 from ssm_vk.sequential import record as sequential_record
 from ssm_vk.sequential import time_chunks
+from ssm_vk.sizes import output_shapes
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})

@@ -10,6 +10,7 @@ import pytest
 
 from ssm_ref import Dims
 from ssm_vk import budget, config, families
+from ssm_vk.limits import Limits
 from ssm_vk.m1 import plan as m1_plan_module
 from ssm_vk.m1.plan import (
     M1_BWD_NB,
@@ -19,7 +20,6 @@ from ssm_vk.m1.plan import (
     M1_THREADS,
     shared_bytes,
 )
-from ssm_vk.plan import Limits
 
 M1_BWD_TI = config.KNOBS["M1_TI"].default
 M1_ONE_TI = config.KNOBS["M1_ONE_TI"].default

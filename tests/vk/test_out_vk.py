@@ -24,7 +24,7 @@ from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import upload_to
 from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 
 pytestmark = pytest.mark.vulkan
 

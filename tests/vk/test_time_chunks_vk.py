@@ -17,7 +17,7 @@ from ssm_ref import GRAD_NAMES, Dims, check_backward, check_forward
 from ssm_vk import budget, config, engine, families
 from ssm_vk import runtime as rt
 from ssm_vk.families import kernels_needed
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 
 pytestmark = pytest.mark.vulkan
 

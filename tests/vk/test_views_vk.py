@@ -16,7 +16,7 @@ from ssm_ref.testing.cases import make_problem
 from ssm_vk import config
 from ssm_vk import runtime as rt
 from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 
 pytestmark = pytest.mark.vulkan
 

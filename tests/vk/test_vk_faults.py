@@ -38,7 +38,7 @@ from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
 from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.limits import Limits
 
 VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 
