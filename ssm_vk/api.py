@@ -9,7 +9,7 @@ from ssm_ref.checks import MISSING, write_cache_rows
 
 from . import config, lanes, outputs, run
 from .arrays import DeviceArray, upload_to
-from .kernels import SOFTPLUS
+from .kernel_specs import SOFTPLUS
 from .support import INPUTS, NAME, decision, form_code, log_once
 from .validate import check_backward, check_forward, frozen_result
 

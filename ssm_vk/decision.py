@@ -18,7 +18,7 @@ from dataclasses import replace
 from ssm_ref import Support
 
 from . import budget
-from . import kernels as specs
+from . import kernel_specs as specs
 from .config import Settings
 from .families import CHUNKED, M1, kernels_needed, plan
 from .limits import Limits, TooLarge, binding_cap
@@ -73,7 +73,7 @@ def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bo
     in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
     device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
     the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
-    ``softplus``: the step's form (kernels.SOFTPLUS). ``snap``: the K state snapshots (families.plan).
+    ``softplus``: the step's form (kernel_specs.SOFTPLUS). ``snap``: the K state snapshots (families.plan).
     Raises TooLarge when no plan fits."""
     pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked, snap=snap)
     if pl.m1 is not None:

@@ -27,7 +27,7 @@ from .chunked import kernels as chunked_kernels
 from .chunked import record as chunked_record
 from .chunked.plan import chunk_plan
 from .config import DEFAULTS, Settings, settings
-from .kernels import KernelSpec, reduce_spec, rows_spec
+from .kernel_specs import KernelSpec, reduce_spec, rows_spec
 from .limits import Limits
 from .m1 import kernels as m1_kernels
 from .m1 import record as m1_record

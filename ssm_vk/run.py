@@ -28,7 +28,7 @@ from .arrays import DeviceArray, check_live, pool
 from .decision import Planned
 from .engine import Engine
 from .families import record_backward, record_forward, scatters_in_place
-from .record.common import put_rows
+from .recording import put_rows
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
 __all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
@@ -263,7 +263,7 @@ def recorded_sequence(ws: Workspace, p: Problem, backward: bool, bufs: dict, key
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:
-    """s[ids[i]] <- states[i] on the device, in one one-shot submission (record.common.put_rows)."""
+    """s[ids[i]] <- states[i] on the device, in one one-shot submission (recording.put_rows)."""
     row = s.size // s.shape[0] if s.shape[0] else 0
     if row and len(ids):
         with rt.oneshot(ctx) as seq:

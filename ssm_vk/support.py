@@ -14,7 +14,7 @@ from . import config
 from . import runtime as rt
 from .decision import decide
 from .engine import engine_of
-from .kernels import SOFTPLUS
+from .kernel_specs import SOFTPLUS
 
 __all__ = ["NAME", "INPUTS", "Decided", "decision", "form_code", "log_once"]
 
@@ -71,7 +71,7 @@ class Decided:
 
 
 def form_code(dt_softplus) -> int:
-    """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS), mamba_ssm's booleans
+    """The kernels' code of the ``dt_softplus`` form (kernel_specs.SOFTPLUS), mamba_ssm's booleans
     included; ValueError for another value (ssm_ref.check_dt_softplus)."""
     try:   # the forms' own spellings: one look-up (True, False and the rest have no key)
         return SOFTPLUS[dt_softplus]

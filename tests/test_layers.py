@@ -24,7 +24,7 @@ LAYERS = (
     ("ssm_vk.runtime.owned", "ssm_vk.runtime.seams", "ssm_vk.runtime.instance"),
     ("ssm_vk.runtime.context",),
     ("ssm_vk.runtime.memory",),
-    ("ssm_vk.runtime.pool", "ssm_vk.runtime.kernels"),
+    ("ssm_vk.runtime.pool", "ssm_vk.runtime.pipelines"),
     ("ssm_vk.runtime.commands",),
     ("ssm_vk.runtime.transfer",),
     ("ssm_vk.runtime",),
@@ -32,8 +32,8 @@ LAYERS = (
     # recordings' helpers
     ("ssm_vk.arrays", "ssm_vk.limits", "ssm_vk.sizes"),
     ("ssm_vk.validate", "ssm_vk.outputs"),
-    ("ssm_vk.kernels",),
-    ("ssm_vk.record",),
+    ("ssm_vk.kernel_specs",),
+    ("ssm_vk.recording",),
     # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);
     # none imports another
     ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),

@@ -10,7 +10,7 @@ from itertools import product
 from ssm_ref import Dims
 
 from ..config import Settings
-from ..kernels import KernelSpec, defines_of, reduce_spec, rows_spec, softplus_constants
+from ..kernel_specs import KernelSpec, defines_of, reduce_spec, rows_spec, softplus_constants
 from .plan import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
 
 __all__ = ["CHUNK_PUSH", "CHUNK_BINDINGS", "chunk_spec", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch",

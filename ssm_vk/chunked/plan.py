@@ -153,14 +153,14 @@ class ChunkPlan:
     KS: int = 16             # contraction slice of the GEMM kernels
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
     knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
-    softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
+    softplus: int = 0        # the step's form (kernel_specs.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
     hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
     hpart_c: int = 1         # ... d_C
     P: int = 1               # head_dim and d_state: the sizes of the GEMM products
     N: int = 1
     # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
-    # (ssm_vk.kernels) and the recording (ssm_vk.chunked.record) read instead of the knobs.
+    # (ssm_vk.chunked.kernels) and the recording (ssm_vk.chunked.record) read instead of the knobs.
     tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
     threads: tuple = field(init=False)      # (threads, row groups) of the GEMM kernels (GWG, ROWG)
     vec_in: frozenset = field(init=False)   # the modes that stage their operands with 16-byte loads

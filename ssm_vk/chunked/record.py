@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
+from .. import kernel_specs as specs
+from .. import recording
 from ..limits import grid
-from ..record import common
-from ..record.common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
+from ..recording import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
 from ..sizes import FLAG_ELEMS
 from . import kernels as chk
 from .kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
@@ -124,7 +124,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     scratch = _scratch(ws, d, cp, False)
     # left holding the chunk states, C.B and M o C.B (one window: all of them)
     ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
-    scratch["flag"] = common.flag_start(seq, ws)
+    scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
     for w in cp.windows:
@@ -141,7 +141,7 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
         k.mark("y")
-    common.flag_end(seq, ws, scratch["flag"])
+    recording.flag_end(seq, ws, scratch["flag"])
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
@@ -157,7 +157,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
-    scratch["flag"] = common.flag_start(seq, ws)
+    scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for w in cp.windows:
@@ -214,4 +214,4 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")
-    common.flag_end(seq, ws, scratch["flag"])
+    recording.flag_end(seq, ws, scratch["flag"])

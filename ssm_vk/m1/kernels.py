@@ -9,7 +9,7 @@ from itertools import product
 from ssm_ref import Dims
 
 from ..config import KNOBS, Settings
-from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
+from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
 from ..limits import Limits
 from .plan import M1_SPS_TI_MIN, M1Plan, m1_plan
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
+from .. import kernel_specs as specs
 from ..limits import Window, grid
-from ..record.common import (
+from ..recording import (
     F32,
     cache_rows,
     carry,

@@ -252,7 +252,7 @@ class Context:
             raise error
 
     def cached_kernel(self, key):
-        """The Kernel cached under ``key`` (runtime/kernels.py's key), or None (also when it was
+        """The Kernel cached under ``key`` (runtime/pipelines.py's key), or None (also when it was
         closed)."""
         kernel = self._kernels.get(key)
         return kernel if kernel is not None and not kernel.closed else None

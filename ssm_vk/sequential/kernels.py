@@ -11,7 +11,7 @@ from itertools import product
 from ssm_ref import Dims
 
 from ..config import Settings
-from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
+from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
 from ..limits import Limits
 from .plan import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
 

@@ -12,10 +12,10 @@ import numpy as np
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
+from .. import kernel_specs as specs
+from .. import recording as rc
 from ..limits import Window, grid
-from ..record import common as rc
-from ..record.common import (
+from ..recording import (
     F32,
     cache_rows,
     gather_rows,

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
+from .. import kernel_specs as specs
 from ..limits import grid
-from ..record.common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
+from ..recording import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
 from . import kernels as seqk
 from .plan import chunk_dims, time_chunk_scratch
 
@@ -90,14 +90,14 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
 
 
 def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
-    """record.common.carry over this plan's time chunks."""
+    """recording.carry over this plan's time chunks."""
     carry(seq, ws, d, d.T // ws.plan.tchunk, dec, b, st_at, rows, flag, reverse)
 
 
 def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     """Record the three passes. ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None,
     element offset); ``rows``: the binding of the cache and the ids when the carry pass reads the
-    initial states from s[ids] in place (record.common.cache_rows), else None."""
+    initial states from s[ids] in place (recording.cache_rows), else None."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)

@@ -26,15 +26,14 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, families, workspace
-from ssm_vk import kernels as specs
+from ssm_vk import budget, families, recording, workspace
+from ssm_vk import kernel_specs as specs
 from ssm_vk.chunked import kernels as chunked_specs
 from ssm_vk.chunked import record as chunked_record
 from ssm_vk.families import plan
 from ssm_vk.limits import Limits, TooLarge
 from ssm_vk.m1 import kernels as m1_specs
 from ssm_vk.m1 import record as m1_record
-from ssm_vk.record import common as record_common
 from ssm_vk.sequential import kernels as sequential_specs
 from ssm_vk.sequential import record as sequential_record
 from ssm_vk.sequential import time_chunks
@@ -74,7 +73,7 @@ class FakeInfo:
 
 
 class FakeWorkspace:
-    """What ssm_vk.record asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
+    """What ssm_vk.recording asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
 
     bind = workspace.Workspace.bind
 
@@ -121,7 +120,7 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    for module in (record_common, sequential_record, chunked_record, time_chunks, m1_record):
+    for module in (recording, sequential_record, chunked_record, time_chunks, m1_record):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)

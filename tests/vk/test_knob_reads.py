@@ -29,10 +29,10 @@ PKG = Path(__file__).resolve().parents[2] / "ssm_vk"
 FAMILIES = ("sequential", "chunked", "m1")
 # Each family's kernel specs and recording (not its plan.py: its planner), what the families share
 # after planning, and what runs a call.
-AFTER_PLANNING = sorted([*PKG.glob("record/*.py"),
+AFTER_PLANNING = sorted([PKG / "recording.py",
                          *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if p.name not in ("plan.py",)),
-                         *(PKG / f"{m}.py" for m in ("kernels", "families", "decision", "workspace", "run", "engine",
-                                                      "lanes", "prepared", "api"))])
+                         *(PKG / f"{m}.py" for m in ("kernel_specs", "families", "decision", "workspace", "run",
+                                                      "engine", "lanes", "prepared", "api"))])
 # The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.families.plan (a call's plan,
 # which the decision makes) and the packaged matrix, which plans every variant it packages (its
 # modes' part, modes_matrix, through families.plan).

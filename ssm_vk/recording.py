@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels as specs
-from .. import runtime as rt
-from ..kernels import KernelSpec
-from ..limits import Window, binding_cap, grid, rows_in_place
-from ..sizes import FLAG_ELEMS
+from . import kernel_specs as specs
+from . import runtime as rt
+from .kernel_specs import KernelSpec
+from .limits import Window, binding_cap, grid, rows_in_place
+from .sizes import FLAG_ELEMS
 
 __all__ = ["F32", "kernel", "kernel_cached", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials",
            "reduce_dA", "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]

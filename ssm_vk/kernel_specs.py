@@ -4,7 +4,7 @@ shader), packing push constants, and the specs of the shared kernels (ssm_vk/gls
 over time chunks, the fixed-order reductions, the d_s row additions). Each family's own specs are
 in its folder (``ssm_vk/<family>/kernels.py``); the list of what a plan dispatches and the
 packaged matrix are composed in ssm_vk.families; a context's kernel of a spec is made by
-record.common.kernel.
+recording.kernel.
 """
 
 from __future__ import annotations
