@@ -5,9 +5,9 @@ A call acquires these buffers through the context's pool (each rounded up by
 
 - one upload buffer per host input (device-resident inputs are bound where they are),
 - one buffer per output,
-- the scratch of the recording (each family's, in its plan.py: the table its recording requests by;
-  the chunked kernels' and the time chunks' add a host-visible flag and, for the recompute of a
-  call with inf or nan, a second set of outputs),
+- the scratch of the recording (each family's, in its planner ``<family>/<family>_planner.py``:
+  the table its recording requests by; the chunked kernels' and the time chunks' add a
+  host-visible flag and, for the recompute of a call with inf or nan, a second set of outputs),
 - small constant buffers (the row pairs of the d_s scatter, sized for the worst ids, so that
   the answer does not depend on them; the ids, when the scan reads the cache rows in place) and a
   16-byte stand-in binding.
@@ -27,11 +27,11 @@ from math import prod
 
 from ssm_ref import Dims
 
-from .chunked.plan import chunked_scratch
+from .chunked.chunked_planner import chunked_scratch
 from .limits import F32, Limits, rows_in_place
-from .m1.plan import m1_scratch
+from .m1.m1_planner import m1_scratch
 from .runtime.pool import BufferPool
-from .sequential.plan import Plan, sequential_scratch, time_chunk_scratch
+from .sequential.sequential_planner import Plan, sequential_scratch, time_chunk_scratch
 from .sizes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["buffers", "check", "allocations"]

@@ -24,7 +24,7 @@ from .families import CHUNKED, M1, kernels_needed, plan
 from .limits import Limits, TooLarge, binding_cap
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
-from .sequential.plan import Plan
+from .sequential.sequential_planner import Plan
 
 __all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
 

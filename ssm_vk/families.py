@@ -12,8 +12,8 @@ what the rest of ssm_vk asks of them together:
   of K > 1 snapshots and of the invariant mode, which the planner gives the token-sequential
   kernels alone).
 
-Adding a family: a folder like the three (``plan.py``, ``kernels.py``, ``record.py``,
-``glsl/``), a :class:`Family` entry here and its place in :func:`plan`.
+Adding a family: a folder like the three (``<family>_planner.py``, ``<family>_specs.py``,
+``<family>_recording.py``, ``glsl/``), a :class:`Family` entry here and its place in :func:`plan`.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from dataclasses import dataclass, replace
 
 from ssm_ref import Dims, Problem
 
-from .chunked import kernels as chunked_kernels
-from .chunked import record as chunked_record
-from .chunked.plan import chunk_plan
+from .chunked import chunked_recording as chunked_record
+from .chunked import chunked_specs as chunked_kernels
+from .chunked.chunked_planner import chunk_plan
 from .config import DEFAULTS, Settings, settings
 from .kernel_specs import KernelSpec, reduce_spec, rows_spec
 from .limits import Limits
-from .m1 import kernels as m1_kernels
-from .m1 import record as m1_record
-from .m1.plan import m1_plan
-from .sequential import kernels as sequential_kernels
-from .sequential import record as sequential_record
-from .sequential.plan import Plan, sequential_plan, time_chunk_plan
-from .sequential.record import scatters_in_place
+from .m1 import m1_recording as m1_record
+from .m1 import m1_specs as m1_kernels
+from .m1.m1_planner import m1_plan
+from .sequential import sequential_recording as sequential_record
+from .sequential import sequential_specs as sequential_kernels
+from .sequential.sequential_planner import Plan, sequential_plan, time_chunk_plan
+from .sequential.sequential_recording import scatters_in_place
 
 __all__ = ["Family", "FAMILIES", "SEQUENTIAL", "CHUNKED", "M1", "plan", "family_of", "kernels_needed",
            "record_forward", "record_backward", "scatters_in_place", "matrix", "MODES", "MODES_N", "modes_matrix"]
@@ -75,8 +75,8 @@ FAMILIES = (CHUNKED, M1, SEQUENTIAL)
 def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, softplus: int = 0,
          time_chunks: bool = True, m1: bool = True, snap: bool = False) -> Plan:
     """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
-    plan carries the chunked kernels' plan (chunked.plan) where they take the shape, else the
-    Mamba-1 kernels' with time in threads (m1.plan) where they take it, else, for a forward or
+    plan carries the chunked kernels' plan (chunked.chunked_planner) where they take the shape, else the
+    Mamba-1 kernels' with time in threads (m1.m1_planner) where they take it, else, for a forward or
     backward that the token-sequential scan would leave the device mostly idle on, the plan
     parallel over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's
     settings (default: those of now). ``softplus``: the step's form, which the plan hands to its
@@ -123,7 +123,7 @@ def kernels_needed(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
 def record_forward(seq, ws, p: Problem, bufs: dict, kept=None, scatter: bool = False) -> None:
     """Record the forward of ``p`` in workspace ``ws``; ``bufs`` maps s, x, dt, A, B, C, y, states
     to (buffer or None, element offset). ``scatter``: the final states into s[ids] instead
-    (sequential.record.scatters_in_place)."""
+    (sequential.sequential_recording.scatters_in_place)."""
     family_of(ws.plan).record_forward(seq, ws, p, bufs, scatter)
 
 
@@ -140,7 +140,7 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
     d_state values, for both Mamba variants, and the chunked kernels for every head_dim of
     ``p_values`` x d_state of ``chunked_n`` (default ``n_values``) and chunk length, in a stable
     order without duplicates: what ``ssm-scan build-shaders`` packages. Each family lists its
-    part (``<family>/kernels.py``: matrix); the shared kernels are added here."""
+    part (``<family>/<family>_specs.py``: matrix); the shared kernels are added here."""
     seen: dict = {}
 
     def add(specs) -> None:
@@ -171,7 +171,7 @@ MODES_N = (16, 32, 64, 128, 256)
 def modes_matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The kernels :func:`plan` requests in :data:`MODES` on a device of limits ``lim``, forward
     and backward, for the token-sequential part's problems at these d_state values
-    (sequential.kernels.sample_dims; K = 2 where the mode writes snapshots): planned here by
+    (sequential.sequential_specs.sample_dims; K = 2 where the mode writes snapshots): planned here by
     plan and kernels_needed themselves, so that the packaged matrix follows the planner."""
     out = []
     for d in sequential_kernels.sample_dims(n_values):

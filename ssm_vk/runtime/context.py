@@ -110,7 +110,7 @@ class Context:
                                                  # checks its own for closed ones when this moved)
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
-        self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel
+        self._kernels: dict = {}                 # the pipeline cache: pipelines.py's key → Kernel
                                                  # (cached_kernel / cache_kernel)
         self.staging_chunk_bytes = 64 << 20      # transfer.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None

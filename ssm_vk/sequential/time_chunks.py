@@ -13,7 +13,7 @@ The forward, three passes:
    (written over b) and the final state; it flags any value that is not finite;
 3. ssm_scan.comp: each chunk again from its initial state, writing y.
 
-The backward (:func:`record_adjoints`, then sequential.record's windows on the chunks): the
+The backward (:func:`record_adjoints`, then sequential.sequential_recording's windows on the chunks): the
 forward's first two passes give every chunk's initial state; ssm_scan_back.comp with BSUM walks
 every chunk back from a zero adjoint (what the chunk adds to the adjoint it hands on -- its decay
 is the forward's), and the carry in reverse gives the adjoint every chunk starts its walk back
@@ -33,8 +33,8 @@ from ssm_ref import Problem
 from .. import kernel_specs as specs
 from ..limits import grid
 from ..recording import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
-from . import kernels as seqk
-from .plan import chunk_dims, time_chunk_scratch
+from . import sequential_specs as seqk
+from .sequential_planner import chunk_dims, time_chunk_scratch
 
 __all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
 
@@ -134,7 +134,7 @@ def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
     """Record what the backward over time chunks needs before its walk back: every chunk's initial
     state and initial adjoint. ``lam`` holds g_states and ends as d_s0. Returns (the chunks as a
     problem's dims, their initial states, their initial adjoints, the non-finite flag): the
-    token-sequential backward then runs on those (sequential.record) and the flag is read after."""
+    token-sequential backward then runs on those (sequential.sequential_recording) and the flag is read after."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)

@@ -411,7 +411,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
     from ssm_vk.families import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
-    from ssm_vk.sequential import kernels as specs
+    from ssm_vk.sequential import sequential_specs as specs
 
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())

@@ -1,4 +1,4 @@
-"""ssm_vk/chunked/plan.py without a device: when the chunked (matrix-form) kernels take a shape, why
+"""ssm_vk/chunked/chunked_planner.py without a device: when the chunked (matrix-form) kernels take a shape, why
 they do not, the chunk length the knobs pick, and the windows of whole sequences that keep every
 binding, the scratch budget and every grid inside fake device limits."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from ssm_ref import Dims
 from ssm_vk import config, families
-from ssm_vk.chunked import plan as cpm
-from ssm_vk.chunked.plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
+from ssm_vk.chunked import chunked_planner as cpm
+from ssm_vk.chunked.chunked_planner import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 from ssm_vk.limits import Limits, Window
 
 F32 = 4
@@ -62,7 +62,7 @@ def cap_elems(lim: Limits) -> int:
 
 
 def groups(d: Dims, CL: int, Sw: int) -> list[int]:
-    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/chunked/record.py)."""
+    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/chunked/chunked_recording.py)."""
     NCH = -(-d.T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]     # decay / finish, the pass
     for m in MODES:

@@ -1,5 +1,6 @@
-"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py)
-against the float64 oracle on lavapipe, under the validation layer (tests/conftest.py).
+"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp,
+ssm_vk/chunked/chunked_recording.py) against the float64 oracle on lavapipe, under the validation layer
+(tests/conftest.py).
 
 The ``chunked`` fixture forces them on small problems (knobs CHUNK_MIN_T=1 and CHUNK) and every
 check asserts that the workspace that ran the call really planned them. Then: drawn Mamba-2
@@ -32,8 +33,8 @@ from ssm_ref.tolerance import scaled
 from ssm_vk import config, families
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
-from ssm_vk.chunked import kernels as specs
-from ssm_vk.chunked.plan import scratch_elems
+from ssm_vk.chunked import chunked_specs as specs
+from ssm_vk.chunked.chunked_planner import scratch_elems
 from ssm_vk.limits import Limits
 from ssm_vk.workspace import Workspace
 

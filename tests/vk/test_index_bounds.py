@@ -7,8 +7,8 @@ dispatch -- and evaluates, for every dispatch and every binding, the largest ind
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
 largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
-(ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py), which the default knobs pick for Mamba-2 from 256
-tokens, are checked the same way. Asserted for every binding:
+(ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/chunked_recording.py), which the default knobs
+pick for Mamba-2 from 256 tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
 
@@ -28,14 +28,14 @@ import pytest
 from ssm_ref import Dims, Problem
 from ssm_vk import budget, families, recording, workspace
 from ssm_vk import kernel_specs as specs
-from ssm_vk.chunked import kernels as chunked_specs
-from ssm_vk.chunked import record as chunked_record
+from ssm_vk.chunked import chunked_recording as chunked_record
+from ssm_vk.chunked import chunked_specs as chunked_specs
 from ssm_vk.families import plan
 from ssm_vk.limits import Limits, TooLarge
-from ssm_vk.m1 import kernels as m1_specs
-from ssm_vk.m1 import record as m1_record
-from ssm_vk.sequential import kernels as sequential_specs
-from ssm_vk.sequential import record as sequential_record
+from ssm_vk.m1 import m1_recording as m1_record
+from ssm_vk.m1 import m1_specs as m1_specs
+from ssm_vk.sequential import sequential_recording as sequential_record
+from ssm_vk.sequential import sequential_specs as sequential_specs
 from ssm_vk.sequential import time_chunks
 from ssm_vk.sizes import output_shapes
 

@@ -210,7 +210,7 @@ def test_the_backward_token_windows_are_those_of_the_sequence():
     never in more walks than on a device of 2 GiB."""
     from dataclasses import replace
 
-    from ssm_vk.sequential.plan import SCRATCH_BUDGET, partials_budget
+    from ssm_vk.sequential.sequential_planner import SCRATCH_BUDGET, partials_budget
 
     knobs = config.settings().invariant_twin()
     base = check_forward(**make_problem(np.random.default_rng(0), S=1, T=2, H=24, P=64, N=128, G=1).args()).dims

@@ -11,9 +11,9 @@ import pytest
 
 from ssm_ref import Dims
 from ssm_vk import config, families
-from ssm_vk.chunked.kernels import chunk_kernels
+from ssm_vk.chunked.chunked_specs import chunk_kernels
 from ssm_vk.limits import Limits
-from ssm_vk.m1.kernels import M1_PACKAGED_N, m1_kernels
+from ssm_vk.m1.m1_specs import M1_PACKAGED_N, m1_kernels
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 PROFILES = {

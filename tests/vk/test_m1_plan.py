@@ -1,4 +1,4 @@
-"""The planner of the Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/plan.py): where
+"""The planner of the Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/m1_planner.py): where
 it takes a shape (Mamba-1 with P = 1 on a GPU, channels per group a multiple of the subgroup
 size, N up to 32) and where it leaves it to the token-sequential kernels; the chunks, slices and
 workgroups it plans on an H200's and smaller limits; the kernels and buffers that follow. Pure
@@ -11,8 +11,8 @@ import pytest
 from ssm_ref import Dims
 from ssm_vk import budget, config, families
 from ssm_vk.limits import Limits
-from ssm_vk.m1 import plan as m1_plan_module
-from ssm_vk.m1.plan import (
+from ssm_vk.m1 import m1_planner as m1_plan_module
+from ssm_vk.m1.m1_planner import (
     M1_BWD_NB,
     M1_NW,
     M1_ONE_THREADS,

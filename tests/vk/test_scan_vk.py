@@ -175,7 +175,7 @@ def test_cache_rows_read_in_place_equal_the_copied_rows_bit_for_bit(monkeypatch,
     # The scan reads each sequence's initial state from s[ids[i]] when s fits one binding, else
     # the rows are copied into the carried states first: the same arithmetic, the same bits.
     from ssm_vk import engine
-    from ssm_vk.sequential import record as sequential
+    from ssm_vk.sequential import sequential_recording as sequential
 
     case = make_problem(np.random.default_rng(15), S=4, T=9, H=3, P=2, N=8, G=1, ids=ids)
     engine.clear()

@@ -168,7 +168,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
     tune = chunked_by(32, 4)
     with config.configure(tune=tune):
         in_place = ssm_vk.ssm_scan(**case.args())
-        from ssm_vk.sequential import record as sequential
+        from ssm_vk.sequential import sequential_recording as sequential
         monkeypatch.setattr(sequential, "cache_rows", lambda ws, p, s_at: None)
         engine.clear(rt.get_context())
         copied = ssm_vk.ssm_scan(**case.args())
@@ -214,7 +214,7 @@ def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
     d = _dims(S, T, H, 1, 16)
     pl = families.plan(d, _limits("discrete"), backward, NO_M1)
     assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
-    from ssm_vk.sequential import plan as sq
+    from ssm_vk.sequential import sequential_planner as sq
     enough, shortest = (sq.TCHUNK_BWD_THREADS, sq.TCHUNK_BWD_MIN) if backward else (sq.TCHUNK_THREADS, sq.TCHUNK_MIN)
     if pl.tchunk:
         assert S * H * pl.layout.LN * want_nch >= enough or pl.tchunk == shortest

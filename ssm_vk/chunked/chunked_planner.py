@@ -1,6 +1,6 @@
 """Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
-the device. Pure Python, like ssm_vk.sequential.plan. The knobs (ssm_vk.config) are read once,
+the device. Pure Python, like ssm_vk.sequential.sequential_planner. The knobs (ssm_vk.config) are read once,
 when the plan is made: what its kernels and their recording need of them (the GEMM tiles and
 threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkPlan then, so that
 nothing after planning reads a knob.
@@ -160,7 +160,7 @@ class ChunkPlan:
     P: int = 1               # head_dim and d_state: the sizes of the GEMM products
     N: int = 1
     # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
-    # (ssm_vk.chunked.kernels) and the recording (ssm_vk.chunked.record) read instead of the knobs.
+    # (ssm_vk.chunked.chunked_specs) and the recording (ssm_vk.chunked.chunked_recording) read instead of the knobs.
     tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
     threads: tuple = field(init=False)      # (threads, row groups) of the GEMM kernels (GWG, ROWG)
     vec_in: frozenset = field(init=False)   # the modes that stage their operands with 16-byte loads

@@ -21,9 +21,9 @@ from .. import recording
 from ..limits import grid
 from ..recording import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
 from ..sizes import FLAG_ELEMS
-from . import kernels as chk
-from .kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
-from .plan import PER_GROUP, ChunkPlan, scratch_elems
+from . import chunked_specs as chk
+from .chunked_planner import PER_GROUP, ChunkPlan, scratch_elems
+from .chunked_specs import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 
 __all__ = ["record_forward", "record_backward"]  # of the chunked kernels
 

@@ -208,7 +208,7 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
 
 
 def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[str, int]:
-    """The scratch of the Mamba-1 kernels with time in threads (m1/record.py), in the order its
+    """The scratch of the Mamba-1 kernels with time in threads (m1/m1_recording.py), in the order its
     recording requests it. Forward: the flag, over time chunks the slices' parts (agg) and each
     chunk's contribution and decay (one chunk, one pass: none of them), and with the accurate step
     (``softplus`` 1) the steps the first walk keeps for the second. Backward: the flag, the

@@ -11,7 +11,7 @@ from ssm_ref import Dims
 from ..config import KNOBS, Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
 from ..limits import Limits
-from .plan import M1_SPS_TI_MIN, M1Plan, m1_plan
+from .m1_planner import M1_SPS_TI_MIN, M1Plan, m1_plan
 
 __all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "matrix"]
 
@@ -46,7 +46,7 @@ def m1_back_spec(d: Dims, mp: M1Plan, softplus: int = 0) -> KernelSpec:
 
 
 def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[KernelSpec]:
-    """Every kernel the time-in-threads recording of ``d`` dispatches (m1/record.py)."""
+    """Every kernel the time-in-threads recording of ``d`` dispatches (m1/m1_recording.py)."""
     over_time = [carry_spec(d)] if mp.NCH > 1 else []
     if not backward:
         if mp.NCH == 1:

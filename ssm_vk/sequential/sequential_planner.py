@@ -96,11 +96,11 @@ class Plan:
     layout: Layout
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
-    chunked: object = None   # a chunked.plan.ChunkPlan when the chunked kernels run this shape
+    chunked: object = None   # a chunked.chunked_planner.ChunkPlan when the chunked kernels run this shape
     softplus: int = 0        # the step's form (kernel_specs.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     tchunk: int = 0          # parallel over time: tokens per chunk (0: not); the windows and
                              # layout are then those of the chunks as sequences (time_chunk_plan)
-    m1: object = None        # a m1.plan.M1Plan when the Mamba-1 kernels with time in threads run the
+    m1: object = None        # a m1.m1_planner.M1Plan when the Mamba-1 kernels with time in threads run the
                              # shape (the windows and layout are then the recompute's)
     snap: bool = False       # the K state snapshots (a forward with K > 1, a backward given g_snapshots):
                              # the token-sequential kernels with SNAP, whole plan token by token

@@ -11,7 +11,7 @@ from ssm_ref import Dims
 
 from ..config import Settings
 from ..kernel_specs import KernelSpec, defines_of, reduce_spec, rows_spec, softplus_constants
-from .plan import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
+from .chunked_planner import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
 
 __all__ = ["CHUNK_PUSH", "CHUNK_BINDINGS", "chunk_spec", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch",
            "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix"]
@@ -35,7 +35,7 @@ PASS_WG = 256
 
 
 def pass_batch(cp: ChunkPlan) -> int:
-    """Chunks whose loads the pass over ``cp``'s chunks issues together (chunked.plan.pass_batch,
+    """Chunks whose loads the pass over ``cp``'s chunks issues together (chunked.chunked_planner.pass_batch,
     resolved in the plan)."""
     return cp.pass_pb
 

@@ -35,8 +35,8 @@ from ..recording import (
     scatter_rows,
 )
 from ..sizes import FLAG_ELEMS
-from . import kernels as m1k
-from .plan import m1_scratch
+from . import m1_specs as m1k
+from .m1_planner import m1_scratch
 
 __all__ = ["record_forward", "record_backward"]
 

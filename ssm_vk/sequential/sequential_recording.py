@@ -27,7 +27,7 @@ from ..recording import (
     zero,
     zero_at,
 )
-from . import kernels as seqk
+from . import sequential_specs as seqk
 from . import time_chunks
 
 NAN_WORD = 0x7FC00000   # a quiet NaN: the snapshot slots past the start state (docs/SPEC.md 3.1)
