@@ -6,8 +6,8 @@ It owns:
 
 - the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
 - the support decisions (decision.decide), by problem signature;
-- the lanes (lanes.py): the prepared calls (prepared.Replay) that plain device-resident calls
-  keep for their repeats, by signature;
+- the replay cache (replay_cache.py): the prepared calls (prepared.Replay) that plain
+  device-resident calls keep for their repeats, by signature;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
   share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
@@ -35,7 +35,7 @@ __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSP
 
 MAX_WORKSPACES = 8          # shapes kept per context
 MAX_DECISIONS = 256
-MAX_LANES = 64
+MAX_REPLAYS = 64
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Engine:
                                              # never held while waiting for one
         self.workspaces: OrderedDict = OrderedDict()
         self.decisions: dict = {}
-        self.lanes: dict = {}
+        self.replays: dict = {}              # signature -> prepared.Replay (replay_cache.py)
         self.kept: dict = {}                 # kept_key -> KeptForward
         self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
                                              # staged host inputs last
@@ -115,7 +115,7 @@ class Engine:
                 ws = self.workspaces[key] = Workspace(self.ctx, planned, chunked)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
-                    if old.recent:  # replayed (lanes.py) since it came to the front: not the least recent
+                    if old.recent:  # replayed (replay_cache.py) since it came to the front: not the least recent
                         old.recent = False
                         self.workspaces.move_to_end(k)
                         continue
@@ -205,7 +205,7 @@ class Engine:
             return None
         return donor
 
-    # -- decisions and lanes --------------------------------------------------------------------
+    # -- decisions and replays ------------------------------------------------------------------
     def decision(self, key: tuple):
         return self.decisions.get(key)
 
@@ -215,14 +215,14 @@ class Engine:
                 self.decisions.clear()
             self.decisions[key] = value
 
-    def lane(self, sig: tuple):
-        return self.lanes.get(sig)
+    def replay(self, sig: tuple):
+        return self.replays.get(sig)
 
-    def add_lane(self, sig: tuple, lane) -> None:
+    def keep_replay(self, sig: tuple, replay) -> None:
         with self.lock:
-            if len(self.lanes) >= MAX_LANES:
-                self.lanes.clear()
-            self.lanes[sig] = lane
+            if len(self.replays) >= MAX_REPLAYS:
+                self.replays.clear()
+            self.replays[sig] = replay
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -233,7 +233,7 @@ class Engine:
         self.clear()
         with self.lock:
             self.decisions.clear()
-            self.lanes.clear()
+            self.replays.clear()
             self._limits.clear()
         self.ctx.owned.forget(self)
 
@@ -252,7 +252,7 @@ def current() -> Engine:
 
 def clear(ctx=None) -> None:
     """Close the workspaces (their buffers and recorded sequences) of ``ctx``, default the open
-    context's, and forget its support decisions and lanes; a call after records anew."""
+    context's, and forget its support decisions and kept replays; a call after records anew."""
     from .runtime import current_context
 
     ctx = current_context() if ctx is None else ctx
@@ -261,4 +261,4 @@ def clear(ctx=None) -> None:
         engine.clear()
         with engine.lock:
             engine.decisions.clear()
-            engine.lanes.clear()
+            engine.replays.clear()

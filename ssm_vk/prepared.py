@@ -9,7 +9,7 @@ then replayed -- the one mechanism for calls that repeat. Two hold one:
   sequence. The inputs are read as they are at each run -- change them on the device
   (``DeviceArray.write``, or any other kernel writing their buffers) between runs; ids, shapes,
   the step's form and the planner's settings are fixed when it is prepared.
-- a plain call that repeats one that ran on the device (lanes.py keeps its :class:`Replay` by
+- a plain call that repeats one that ran on the device (replay_cache.py keeps its :class:`Replay` by
   the call's signature): the workspace is the engine's, the outputs fresh from the pool each call
   (their sequence looked up by them and the ids, as the general path does: run.run_bound), the
   ids checked each call, the result a new object each call.

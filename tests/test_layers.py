@@ -49,7 +49,7 @@ LAYERS = (
     # a call prepared once and replayed: prepare_scan's, and the plain calls' repeats
     ("ssm_vk.prepared",),
     # the plain calls' prepared calls, by signature
-    ("ssm_vk.lanes",),
+    ("ssm_vk.replay_cache",),
     # the plain calls
     ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names

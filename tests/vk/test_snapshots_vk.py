@@ -214,7 +214,7 @@ def test_repeats_take_their_lane_and_another_k_is_keyed_apart():
         o = oracle_scan(**case.args(), snapshots=K)
         assert r.snapshots.shape == (K, 2, 2, 3, 8)
         assert_snapshots(r.snapshots, o.snapshots, 6, f"K={K}")
-    assert any(len(sig) and sig[-1] == 3 for sig in eng.lanes)   # K = 3 kept its lane
+    assert any(len(sig) and sig[-1] == 3 for sig in eng.replays)   # K = 3 kept its lane
     gs = {K: g_snapshots_for(case, K, K) for K in (2, 3)}
     for K in (2, 3, 2):
         g = ssm_vk.ssm_scan_back(**args, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states),

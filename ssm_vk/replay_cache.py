@@ -1,5 +1,5 @@
-"""Lanes: the prepared calls (prepared.Replay) that plain calls keep for their repeats, by signature
-(a lane: the Replay kept for one signature).
+"""The replay cache: the prepared calls (prepared.Replay) that plain calls keep for their repeats,
+by signature (the engine's ``replays``).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
@@ -85,7 +85,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
     if sig is None:
         return None, None
-    replay = engine.lane(sig)
+    replay = engine.replay(sig)
     if replay is None or replay.info is not ctx.info or replay.ws.closed:
         return None, sig
     return replay, sig
@@ -112,4 +112,4 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
         return  # released (or closed) since: the next call takes the full path and says so
     if ctx.info is not info:
         return
-    engine.add_lane(sig, replay)
+    engine.keep_replay(sig, replay)
