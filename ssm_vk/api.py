@@ -135,7 +135,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
     ``invariant``: True for the invariant mode (docs/SPEC.md section 3.2): a sequence's results
     the same bits whatever S, its companions, its position and the split of its tokens into calls
     (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
-    (ssm_vk.families.plan). False (default): the fastest plan of the shape, deterministic only.
+    (ssm_vk.registry.plan). False (default): the fastest plan of the shape, deterministic only.
     ``out``: {name: DeviceArray} of every output ("y", "states", and "snapshots" when K > 1),
     written by the call and returned as its result's arrays (ssm_vk.outputs.check: the rules).
     """

@@ -141,7 +141,7 @@ KNOBS: dict[str, Knob] = {
 class Settings:
     """What the planner and the caches depend on: the knobs set (name -> int), the subgroup
     switch and the mode (``invariant``: the calls of ``invariant=True``, whose plans
-    ssm_vk.families.plan makes from the per-sequence problem alone). ``key`` identifies them (part
+    ssm_vk.registry.plan makes from the per-sequence problem alone). ``key`` identifies them (part
     of every cache key that depends on a plan: the decisions, the lanes, the workspaces), so an
     invariant call never takes a default call's plan."""
 

@@ -20,8 +20,8 @@ from ssm_ref import Support
 from . import budget
 from . import kernel_specs as specs
 from .config import Settings
-from .families import CHUNKED, M1, kernels_needed, plan
 from .limits import Limits, TooLarge, binding_cap
+from .registry import CHUNKED, M1, kernels_needed, plan
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
 from .sequential.sequential_planner import Plan
@@ -70,10 +70,10 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
 def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
                     softplus: int = 0, snap: bool = False) -> tuple[Plan, str]:
     """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
-    in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
+    in threads that registry.plan picked for the shape -- their SPIR-V cannot be had here, or the
     device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
     the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
-    ``softplus``: the step's form (kernel_specs.SOFTPLUS). ``snap``: the K state snapshots (families.plan).
+    ``softplus``: the step's form (kernel_specs.SOFTPLUS). ``snap``: the K state snapshots (registry.plan).
     Raises TooLarge when no plan fits."""
     pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked, snap=snap)
     if pl.m1 is not None:
@@ -102,7 +102,7 @@ class Planned:
     non-finite -- made the first time a call needs it, then kept here (with the cached decision),
     so no call plans. Also what the plans were made for: ``dims``, ``backward``, the planner's
     ``lim`` and ``knobs``, the step's form ``softplus``, ``snap`` (the K state snapshots:
-    families.plan); ``key`` (all of them; ``snap`` only when set) keys the workspace of the shape
+    registry.plan); ``key`` (all of them; ``snap`` only when set) keys the workspace of the shape
     (engine.Engine.workspace)."""
 
     __slots__ = ("_rerun", "backward", "dims", "first", "key", "knobs", "lim", "snap", "softplus")

@@ -34,7 +34,7 @@ from ssm_ref.checks import MISSING
 from . import config, run, validate
 from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool, upload_to
-from .families import scatters_in_place
+from .registry import scatters_in_place
 from .support import NAME, decision, form_code
 from .validate import check_backward, check_forward, frozen_result
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all

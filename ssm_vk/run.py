@@ -5,7 +5,7 @@ that held inf or nan; the forward's tables taken by its backward.
 A call goes: look up the Workspace of its shape in the context's Engine -> write host inputs
 into the workspace's buffers or its staging slots (device-resident inputs are bound in place; a
 backward binds the buffers its forward filled with the same host bytes) -> find the Sequence
-recorded for exactly these buffers, or record it (its family's recording: ssm_vk.families, between
+recorded for exactly these buffers, or record it (its family's recording: ssm_vk.registry, between
 the copies of staged host data in and out) -> submit and wait -> read host results (host calls)
 or hand out DeviceArrays.
 
@@ -27,8 +27,8 @@ from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
 from .decision import Planned
 from .engine import Engine
-from .families import record_backward, record_forward, scatters_in_place
 from .recording import put_rows
+from .registry import record_backward, record_forward, scatters_in_place
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
 __all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",

@@ -38,7 +38,7 @@ LAYERS = (
     # none imports another
     ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),
     # what composes them: the registry (plan, kernels needed, recording, packaged matrix), the budget
-    ("ssm_vk.families", "ssm_vk.budget"),
+    ("ssm_vk.registry", "ssm_vk.budget"),
     ("ssm_vk.decision",),
     ("ssm_vk.hostdata",),
     ("ssm_vk.workspace",),
@@ -216,12 +216,12 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert _context_privates(ast.parse("a = ctx._kernels\nb = self.ctx._staging\nc = ctx.lock\n")) == [
         (1, "_kernels"), (2, "_staging")]
     # The three checks above fail on code that breaks them (the checker is not vacuous).
-    assert _layer("ssm_vk.limits") < _layer("ssm_vk.chunked.chunked_planner") < _layer("ssm_vk.families") \
+    assert _layer("ssm_vk.limits") < _layer("ssm_vk.chunked.chunked_planner") < _layer("ssm_vk.registry") \
         < _layer("ssm_vk.engine")
     assert _layer("ssm_vk.runtime.seams") < _layer("ssm_vk.runtime.context") < _layer("ssm_vk.runtime") \
         < _layer("ssm_vk.arrays")
     edges = _imports("ssm_vk.run")
-    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t == "ssm_vk.families" for t, _, _ in edges)
+    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t == "ssm_vk.registry" for t, _, _ in edges)
     assert _resolve("ssm_vk.chunked.chunked_planner", False, 2, "config") == "ssm_vk.config"
     assert _resolve("ssm_vk.runtime", True, 1, "context") == "ssm_vk.runtime.context"
 

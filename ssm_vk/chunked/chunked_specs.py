@@ -90,7 +90,7 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
 
 def matrix(p_values, n_values, knobs: Settings) -> list[KernelSpec]:
     """The chunked kernels for every head_dim of ``p_values`` x d_state of ``n_values`` and chunk
-    length, in a stable order (the packaged matrix's part: ssm_vk.families.matrix; they depend on
+    length, in a stable order (the packaged matrix's part: ssm_vk.registry.matrix; they depend on
     no device limit)."""
     out = []
     add = out.append

@@ -63,7 +63,7 @@ def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[K
 def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The variants of this family on a device of limits ``lim`` for the d_state values of
     ``n_values`` among M1_PACKAGED_N, in a stable order (the packaged matrix's part:
-    ssm_vk.families.matrix)."""
+    ssm_vk.registry.matrix)."""
     out = []
     add = out.append
     for N in sorted(set(n_values) & set(M1_PACKAGED_N)):

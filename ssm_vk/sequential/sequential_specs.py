@@ -1,7 +1,7 @@
 """The token-sequential kernels' specs (glsl/ssm_scan.comp, ssm_scan_back.comp, ssm_decode.comp):
 their push-constant layouts, the variant a layout dispatches, every kernel a token-sequential plan
 dispatches (also over time chunks) and this family's part of the packaged matrix, with the problems
-it is planned for (which ssm_vk.families.matrix also plans in the modes only these kernels run)."""
+it is planned for (which ssm_vk.registry.matrix also plans in the modes only these kernels run)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def sample_dims(n_values) -> list[Dims]:
     """Every problem :func:`samples` gives for these d_state values, one and 64 tokens, both Mamba
     variants, and for Mamba-1 also one of a group per head (its backward without the heads' shared
     partials, HSUM = 0): the shapes whose plans in the modes only the token-sequential kernels
-    run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.families.matrix)."""
+    run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.registry.matrix)."""
     out = []
     for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
         d, fwds = samples(N, T, mamba1)   # (the backward's is the first of the forwards')
@@ -142,7 +142,7 @@ def sample_dims(n_values) -> list[Dims]:
 def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The token-sequential variants the forward and backward request on a device of limits
     ``lim`` for these d_state values, both Mamba variants, in a stable order (the packaged
-    matrix's part: ssm_vk.families.matrix; the modes' variants, planned by families.plan, are
+    matrix's part: ssm_vk.registry.matrix; the modes' variants, planned by registry.plan, are
     added there)."""
     out = []
     add = out.append

@@ -408,7 +408,7 @@ def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk.families import plan
+    from ssm_vk.registry import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
     from ssm_vk.sequential import sequential_specs as specs

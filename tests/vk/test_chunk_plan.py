@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import config, families
+from ssm_vk import config, registry
 from ssm_vk.chunked import chunked_planner as cpm
 from ssm_vk.chunked.chunked_planner import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
 from ssm_vk.limits import Limits, Window
@@ -109,7 +109,7 @@ def test_why_not_names_the_reason(d, lim, reason, knobs):
     knobs.update(CHUNK=16, CHUNK_MIN_T=1)
     assert chunk_plan(d, lim, backward=True) is None
     if d.T and not d.P == 0:
-        pl = families.plan(d, lim, backward=True)
+        pl = registry.plan(d, lim, backward=True)
         assert pl.chunked is None and pl.windows
 
 
@@ -154,7 +154,7 @@ def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
 def test_chunk_zero_disables(knobs):
     knobs.update(CHUNK=0, CHUNK_MIN_T=1)
     assert chunk_plan(dims(T=4096), BIG, backward=True) is None
-    assert families.plan(dims(T=4096), BIG, backward=True).chunked is None
+    assert registry.plan(dims(T=4096), BIG, backward=True).chunked is None
 
 
 @pytest.mark.parametrize("CL", [16, 32, 64])
@@ -266,7 +266,7 @@ def test_none_when_one_sequence_does_not_fit(knobs, backward):
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32 - F32)
     assert chunk_plan(d, lim, backward) is None
     # the token-sequential plan still takes it (windows of its own)
-    pl = families.plan(d, lim, backward)
+    pl = registry.plan(d, lim, backward)
     assert pl.chunked is None and pl.windows
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
     assert chunk_plan(d, lim, backward).Sw == 1

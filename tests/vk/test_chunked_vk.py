@@ -30,7 +30,7 @@ import ssm_ref
 import ssm_vk
 from ssm_ref.testing.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
-from ssm_vk import config, families
+from ssm_vk import config, registry
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.chunked import chunked_specs as specs
@@ -79,7 +79,7 @@ def dims_of(case):
 
 def planned(case, backward: bool):
     """The plan ssm_vk makes for ``case`` on this device now (knobs and limits as they are)."""
-    return families.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
+    return registry.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
 
 
 def ran_plan(case, backward: bool):

@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, families, recording, workspace
+from ssm_vk import budget, recording, registry, workspace
 from ssm_vk import kernel_specs as specs
 from ssm_vk.chunked import chunked_recording as chunked_record
 from ssm_vk.chunked import chunked_specs as chunked_specs
-from ssm_vk.families import plan
 from ssm_vk.limits import Limits, TooLarge
 from ssm_vk.m1 import m1_recording as m1_record
 from ssm_vk.m1 import m1_specs as m1_specs
+from ssm_vk.registry import plan
 from ssm_vk.sequential import sequential_recording as sequential_record
 from ssm_vk.sequential import sequential_specs as sequential_specs
 from ssm_vk.sequential import time_chunks
@@ -130,7 +130,7 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
              "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
     bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
     seq = FakeSequence()
-    (families.record_backward if backward else families.record_forward)(seq, ws, p, bufs)
+    (registry.record_backward if backward else registry.record_forward)(seq, ws, p, bufs)
     return seq.dispatches
 
 

@@ -1,6 +1,6 @@
 """Nothing after planning reads a knob, read from the code (no module is run).
 
-The planner (each family's <family>_planner.py, combined by ssm_vk.families.plan) reads the knobs
+The planner (each family's <family>_planner.py, combined by ssm_vk.registry.plan) reads the knobs
 (ssm_vk.config) once, when the support decision plans a shape, and resolves into the plan what
 its kernels and their recording need of them (for the chunked kernels: ChunkPlan's GEMM tiles and
 threads, 16-byte loads and stores, the pass's batch).
@@ -11,7 +11,7 @@ Held here, for the kernel table, the decision and every module that runs a call:
    vec_out, slice_len, pass_batch of the knobs);
 3. a Settings object (a name or attribute called ``knobs``) is only passed on, or read for its
    ``key`` (what caches are keyed by) and ``no_subgroup`` (the subgroup switch that makes the
-   planner's Limits, an input of planning); the functions that plan (ssm_vk.families.plan, and
+   planner's Limits, an input of planning); the functions that plan (ssm_vk.registry.plan, and
    the packaged matrix, which plans every variant ``ssm-scan build-shaders`` packages, its modes'
    part included) aside;
 4. ``config.settings()`` -- the settings a call is decided and planned with -- is taken by the
@@ -31,12 +31,12 @@ FAMILIES = ("sequential", "chunked", "m1")
 # after planning, and what runs a call.
 AFTER_PLANNING = sorted([PKG / "recording.py",
                          *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if p.name != f"{f}_planner.py"),
-                         *(PKG / f"{m}.py" for m in ("kernel_specs", "families", "decision", "workspace", "run",
+                         *(PKG / f"{m}.py" for m in ("kernel_specs", "registry", "decision", "workspace", "run",
                                                       "engine", "replay_cache", "prepared", "api"))])
-# The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.families.plan (a call's plan,
+# The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.registry.plan (a call's plan,
 # which the decision makes) and the packaged matrix, which plans every variant it packages (its
-# modes' part, modes_matrix, through families.plan).
-PLANNING = {"families.py": {"plan", "matrix", "modes_matrix"}, **{f"{f}/{f}_specs.py": {"matrix"}
+# modes' part, modes_matrix, through registry.plan).
+PLANNING = {"registry.py": {"plan", "matrix", "modes_matrix"}, **{f"{f}/{f}_specs.py": {"matrix"}
                                                                      for f in FAMILIES}}
 RESOLVERS = {"gemm_tile", "gemm_threads", "vec_in", "vec_out", "slice_len", "pass_batch"}
 SETTINGS_READS = {"key", "no_subgroup"}

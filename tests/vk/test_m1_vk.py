@@ -18,7 +18,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_backward, check_forward
 from ssm_ref.testing.cases import make_problem
-from ssm_vk import config, engine, families
+from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
 from ssm_vk.limits import Limits
 
@@ -44,7 +44,7 @@ def planned(case, tune: dict, backward: bool):
             d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
         else:
             d = check_forward(**case.args()).dims
-        return families.plan(d, limits(), backward).m1
+        return registry.plan(d, limits(), backward).m1
 
 
 def run_both(case, tune: dict, resident: bool = False):

@@ -1,4 +1,4 @@
-"""ssm_vk plans a problem shape once: the support decision makes the plan (ssm_vk.families.plan) and
+"""ssm_vk plans a problem shape once: the support decision makes the plan (ssm_vk.registry.plan) and
 checks its kernels, and the workspace and the recording run that very plan -- no call plans
 again, and a repeated call of the same shape plans nothing.
 
@@ -40,7 +40,7 @@ KINDS = {
 
 @pytest.fixture
 def plans(monkeypatch):
-    """The number of ssm_vk.families.plan calls since the last reset (``plans.n``; ``plans.reset()``)."""
+    """The number of ssm_vk.registry.plan calls since the last reset (``plans.n``; ``plans.reset()``)."""
     real = vk_decision.plan
 
     class Count:

@@ -143,7 +143,7 @@ def test_small_storage_range_splits_into_windows(variant):
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=2048, max_workgroup_count=(3, 65535, 65535)):
         lim = Limits.of(ctx.info)
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, lim, backward=True)
         assert pl.time_split and len(pl.windows) > 3 * 2
         split = check_case(case, label="windows")
@@ -161,7 +161,7 @@ def test_token_windows_read_the_cache_rows_in_place(variant):
                         ids="duplicates", R=2)
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         d = ssm_ref.check_forward(**case.args()).dims
         assert d.R * d.H * d.P * d.N * 4 < 2048 - 256
         for backward in (False, True):
@@ -204,7 +204,7 @@ def test_sequence_windows():
     case = make_problem(np.random.default_rng(12), S=5, T=4, H=2, P=2, N=8, G=1, ids="permutation")
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=1024):
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
         assert not pl.time_split and 1 < len(pl.windows) < 5
         check_case(case, label="sequence windows")

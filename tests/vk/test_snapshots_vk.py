@@ -17,7 +17,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_forward
 from ssm_ref.tolerance import scaled
-from ssm_vk import config, engine, families
+from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
 from ssm_vk.limits import Limits
 
@@ -109,7 +109,7 @@ def test_host_arrays_through_staging_copies(ctx, variant):
 def k1_plan(case, backward: bool, tune: dict):
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
-        return families.plan(check_forward(**case.args()).dims, lim, backward)
+        return registry.plan(check_forward(**case.args()).dims, lim, backward)
 
 
 @pytest.mark.parametrize("family", ["chunked", "time_chunks", "m1"])
@@ -147,7 +147,7 @@ def test_token_windows():
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
         d = check_forward(**case.args(), snapshots=4).dims
         for backward in (False, True):
-            pl = families.plan(d, Limits.of(ctx.info), backward, snap=True)
+            pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
             assert pl.time_split and len(pl.windows) > 3 and pl.snap, backward
         check_case(case, 4, label="token windows")
 
@@ -160,7 +160,7 @@ def test_sequence_windows():
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
         d = check_forward(**case.args(), snapshots=2).dims
         for backward in (False, True):
-            pl = families.plan(d, Limits.of(ctx.info), backward, snap=True)
+            pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
             assert not pl.time_split and len(pl.windows) > 1 and pl.snap, backward
         check_case(case, 2, label="sequence windows")
 
@@ -279,7 +279,7 @@ def test_a_wheel_without_glslc_runs_the_snapshots_on_the_device(packaged_only, v
     # The packaged matrix holds the SNAP variants the planner picks: with only a wheel's SPIR-V
     # (no glslc, no cache) K > 1 runs on the device, a decode-shaped step (T = 1, which takes
     # the ordinary kernel with K > 1) too, and so does the invariant mode with snapshots.
-    packaged_only([16])   # (the modes' variants are packaged for the d_state of Mamba models: families.MODES_N)
+    packaged_only([16])   # (the modes' variants are packaged for the d_state of Mamba models: registry.MODES_N)
     for T in (1, 6):
         case = make_problem(np.random.default_rng(20 + T), S=3, T=T, H=2, P=4, N=16, G=1, variant=variant,
                             ids="duplicates")
@@ -331,8 +331,8 @@ def test_k1_dispatches_the_kernels_of_before():
     d1 = check_forward(**case.args()).dims
     dk = check_forward(**case.args(), snapshots=3).dims
     for backward in (False, True):
-        k1 = families.kernels_needed(d1, families.plan(d1, lim, backward), backward)
+        k1 = registry.kernels_needed(d1, registry.plan(d1, lim, backward), backward)
         assert not any(dict(s.defines).get("SNAP") for s in k1)
-        pk = families.plan(dk if not backward else d1, lim, backward, snap=True)
-        kk = families.kernels_needed(dk, pk, backward)
+        pk = registry.plan(dk if not backward else d1, lim, backward, snap=True)
+        kk = registry.kernels_needed(dk, pk, backward)
         assert any(dict(s.defines).get("SNAP") for s in kk)
