@@ -25,11 +25,14 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .config import Settings
-from .decision import Planned
 from .limits import Limits
 from .workspace import Workspace
+
+if TYPE_CHECKING:
+    from .config import Settings
+    from .decision import Planned
 
 __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]
 
@@ -40,12 +43,13 @@ MAX_REPLAYS = 64
 
 @dataclass
 class KeptForward:
-    """What a chunked forward left for the backward of the same device-resident inputs: its
-    workspace (whose scratch holds the chunk states, C.B and M o C.B: ``tables``) and who the
-    inputs were (for each, its owning DeviceArray weakly, offset and shape; and the ids).
-    DeviceArrays are written after they are made only by a forward with update_cache=True, which
-    drops the tables of every call that read the array it writes (Engine.written); so while each
-    owner is alive and not released, the tables are those of these inputs."""
+    """What a forward left for the backward of the same device-resident inputs (a family whose
+    plans tag tables: family.Family.tables): its workspace (whose scratch holds them: ``tables``,
+    the chunked kernels' chunk states, C.B and M o C.B) and who the inputs were (for each, its
+    owning DeviceArray weakly, offset and shape; and the ids). DeviceArrays are written after they
+    are made only by a forward with update_cache=True, which drops the tables of every call that
+    read the array it writes (Engine.written); so while each owner is alive and not released, the
+    tables are those of these inputs."""
 
     ws: Workspace
     who: tuple
@@ -82,7 +86,7 @@ class Engine:
         self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
                                              # staged host inputs last
         self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
-        self.reruns = 0                      # chunked results recomputed for inf/nan
+        self.reruns = 0                      # flagged results recomputed for inf/nan
         self.states_reused = 0               # backwards that took their forward's tables
         ctx.owned.adopt(self)
 
@@ -101,18 +105,18 @@ class Engine:
         return lim
 
     # -- workspaces -----------------------------------------------------------------------------
-    def workspace(self, planned: Planned, chunked: bool = True) -> Workspace:
+    def workspace(self, planned: Planned, rerun: bool = False) -> Workspace:
         """The workspace of the shape, knobs, limits and step's form the decision planned
-        (``planned``: decision.Planned), running its first plan or (``chunked`` False) the
-        recompute's -- made on first use with that plan; the least recently used beyond
-        MAX_WORKSPACES is closed."""
-        key = (planned.key, chunked)
+        (``planned``: decision.Planned), running its first plan or (``rerun``) the recompute's
+        -- made on first use with that plan; the least recently used beyond MAX_WORKSPACES is
+        closed."""
+        key = (planned.key, rerun)
         with self.lock:
             if self.closed:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                ws = self.workspaces[key] = Workspace(self.ctx, planned, chunked)
+                ws = self.workspaces[key] = Workspace(self.ctx, planned, rerun)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
                     if old.recent:  # replayed (replay_cache.py) since it came to the front: not the least recent
@@ -125,11 +129,11 @@ class Engine:
             self.workspaces.move_to_end(key)
             return ws
 
-    def find_workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True,
+    def find_workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, rerun: bool = False,
                        softplus: int = 0) -> Workspace | None:
         """The workspace a call of this shape made, or None (a look-up only: tests and tools read
         the plan a call ran)."""
-        return self.workspaces.get(((dims, backward, lim, knobs.key, softplus), chunked))
+        return self.workspaces.get(((dims, backward, lim, knobs.key, softplus), rerun))
 
     def clear(self) -> None:
         """Close every workspace (their buffers back to the pool, their sequences freed)."""
@@ -166,18 +170,18 @@ class Engine:
             for key in [k for k, v in self.kept.items() if any(ref() is owner for ref, _, _ in v.who)]:
                 del self.kept[key]
 
-    def kept_for(self, key: tuple, arrays: tuple, ids: bytes, CL: int) -> KeptForward | None:
-        """The forward tables these backward inputs may take -- the last chunked forward of the
-        same shape ran on these very arrays, in one window, with chunk length ``CL`` -- with their
-        workspace locked (the caller releases ``kept.ws.lock`` after its submit); None when there
-        are none. Never waits for the lock: a forward running now is overwriting them anyway."""
+    def kept_for(self, key: tuple, arrays: tuple, ids: bytes, tag) -> KeptForward | None:
+        """The forward tables these backward inputs may take -- the last forward of the same
+        shape that kept its tables ran on these very arrays, with tables of tag ``tag`` (the
+        backward's plan's: Workspace.tables_tag) -- with their workspace locked (the caller releases
+        ``kept.ws.lock`` after its submit); None when there are none. Never waits for the lock: a
+        forward running now is overwriting them anyway."""
         kept = self.kept.get(key)
         if kept is None or not kept.ws.lock.acquire(blocking=False):
             return None
         try:
-            fp = kept.ws.plan.chunked
-            ok = (not kept.ws.closed and kept.tables is not None and fp is not None and fp.CL == CL
-                  and len(fp.windows) == 1 and self.kept.get(key) is kept and kept.matches(arrays, ids))
+            ok = (not kept.ws.closed and kept.tables is not None and kept.ws.tables_tag == tag
+                  and self.kept.get(key) is kept and kept.matches(arrays, ids))
             if ok:
                 kept.ws.settle()
                 return kept

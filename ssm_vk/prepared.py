@@ -17,7 +17,7 @@ then replayed -- the one mechanism for calls that repeat. Two hold one:
 Either way a run (:meth:`Replay.run`) takes the workspace's lock (a prepared call's runs, and a
 shape's plain calls, one at a time), marks its inputs' buffers busy (another thread's release
 waits for the run), checks that its inputs (and a prepared call's outputs) are live, submits and
-waits; a result the chunked kernels flag as non-finite is computed again token by token (as every
+waits; a result its kernels flag as non-finite is computed again token by token (as every
 call is) -- into a prepared call's own outputs.
 """
 
@@ -34,7 +34,6 @@ from ssm_ref.checks import MISSING
 from . import config, run, validate
 from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool, upload_to
-from .registry import scatters_in_place
 from .support import NAME, decision, form_code
 from .validate import check_backward, check_forward, frozen_result
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
@@ -151,7 +150,7 @@ class Replay:
             bufs = dict(bufs)
             for k, a in outs.items():
                 bufs[k] = (a.buffer, a.offset)
-            scatter = update and scatters_in_place(ws, p, bufs["s"])
+            scatter = update and ws.family.scatters(ws, p, bufs["s"])
             self.copy = update and not scatter
             self.outputs = tuple(a for a in outs.values() if a.buffer is not None)
             self.seq = run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter)
@@ -206,7 +205,7 @@ class Replay:
                             seq = self.seq
                             seq.submit()
                             run.set_last_sequence(seq)   # (run.last_gpu_ns reads it)
-                            if ws.plan.flags_nonfinite and ws.nonfinite():
+                            if ws.flags_nonfinite and ws.nonfinite():
                                 self._recompute(p)   # (under the lock: a run is one whole)
                             elif self.copy:
                                 run.copy_rows(ctx, own["states"], p.s, p.ids)
@@ -218,9 +217,9 @@ class Replay:
                             buffers.idle(busy)
             if evicted:
                 return run.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
-            if out is None:  # a chunked result held inf or nan: computed again (as in run.run_once)
+            if out is None:  # a flagged result held inf or nan: computed again (as in run.run_once)
                 run.note_rerun(self.engine, self.dims)
-                return run.run_once(self.engine, p, self.backward, self.planned, True, chunked=False,
+                return run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
                                     update=self.update)
             return out
         except rt.OutOfDeviceMemory:
@@ -235,10 +234,10 @@ class Replay:
         return "ssm_scan_back" if self.backward else "ssm_scan"
 
     def _recompute(self, p) -> None:
-        """A prepared call's result the chunked kernels flagged inf or nan: the call again on the
+        """A prepared call's result its kernels flagged inf or nan: the call again on the
         token-sequential kernels (whose non-finite results are the spec's), copied into its outputs."""
         run.note_rerun(self.engine, self.dims)
-        out = run.run_once(self.engine, p, self.backward, self.planned, True, chunked=False, update=self.update)
+        out = run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True, update=self.update)
         try:
             with rt.oneshot(self.ctx) as seq:
                 for k, dst in self.outs.items():

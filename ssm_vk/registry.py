@@ -1,165 +1,150 @@
-"""The kernel families and what composes them: each family keeps its planner, its kernel specs,
-its recording and its shaders in one folder (``ssm_vk/sequential/``, ``ssm_vk/chunked/``,
-``ssm_vk/m1/``); this module lists them behind one small interface (:class:`Family`) and holds
-what the rest of ssm_vk asks of them together:
+"""The registry of the kernel families: which families compute each op, in the order the planner
+asks them, and which of them is the op's fallback. Each family keeps its planner, kernel specs,
+recording and shaders in one folder and declares itself there (family.Family); this module lists
+them and holds what the rest of ssm_vk asks of them together:
 
-- :func:`plan`: a call's plan, trying the families in the order of :data:`FAMILIES`;
-- :func:`family_of`: the family whose kernels run a plan;
+- :func:`plan`: a call's plan (family.FamilyPlan), asking the op's families in turn;
+- :func:`fallback_of`: the family that recomputes a family's flagged results;
 - :func:`kernels_needed`: every kernel a plan's recording may dispatch (the support decision's
   list);
-- :func:`record_forward`, :func:`record_backward`: the recording of the family a plan names;
 - :func:`matrix`: every variant ``ssm-scan build-shaders`` packages (:func:`modes_matrix`: those
-  of K > 1 snapshots and of the invariant mode, which the planner gives the token-sequential
-  kernels alone).
+  of K > 1 snapshots and of the invariant mode, which only the op's fallback runs).
 
-Adding a family: a folder like the three (``<family>_planner.py``, ``<family>_specs.py``,
-``<family>_recording.py``, ``glsl/``), a :class:`Family` entry here and its place in :func:`plan`.
+A workspace records and runs a call through its family (``ws.family``); nothing else names one.
+
+Adding a family for a new op (a Mamba-3 scan, say), file by file:
+
+1. ``ssm_vk/<family>/glsl/``: its shaders (found by runtime/shaders.py's search path as they are;
+   the shared ``ssm_vk/glsl/`` holds the carry, the reductions and the row additions);
+2. ``ssm_vk/<family>/<family>_planner.py``: its plan class, the planner (a Request -> its plan or
+   None; TooLarge where nothing fits), its scratch by name, and which plans flag non-finite
+   results (pure Python, the only place its knobs are read: tests/vk/test_knob_reads.py);
+3. ``ssm_vk/<family>/<family>_specs.py``: its KernelSpecs, every kernel a plan dispatches, and its
+   part of the packaged matrix;
+4. ``ssm_vk/<family>/<family>_recording.py``: record_forward and record_backward (ssm_vk.recording
+   holds what recordings share);
+5. ``ssm_vk/<family>/__init__.py``: ``FAMILY = Family(name=..., op="<op>", ...)``, the above tied
+   together;
+6. here: import it and list it under its op in :data:`OPS` -- in the planner's order, the op's
+   fallback last (the family that takes every shape and recomputes flagged results; a new op's
+   first family is its own fallback). Its knobs go into ssm_vk.config, its folder into
+   tests/test_layers.py's FAMILIES.
+
+The op's entry points (validation, api) are the op's own; what runs them -- the decision, the
+budget, the workspace, the call -- is the same for every op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from ssm_ref import Dims, Problem
-
-from .chunked import chunked_recording as chunked_record
-from .chunked import chunked_specs as chunked_kernels
-from .chunked.chunked_planner import chunk_plan
+from .chunked import FAMILY as CHUNKED
 from .config import DEFAULTS, Settings, settings
+from .family import Family, FamilyPlan, Request
 from .kernel_specs import KernelSpec, reduce_spec, rows_spec
-from .limits import Limits
-from .m1 import m1_recording as m1_record
-from .m1 import m1_specs as m1_kernels
-from .m1.m1_planner import m1_plan
-from .sequential import sequential_recording as sequential_record
-from .sequential import sequential_specs as sequential_kernels
-from .sequential.sequential_planner import Plan, sequential_plan, time_chunk_plan
-from .sequential.sequential_recording import scatters_in_place
+from .m1 import FAMILY as M1
+from .sequential import FAMILY as SEQUENTIAL
 
-__all__ = ["Family", "FAMILIES", "SEQUENTIAL", "CHUNKED", "M1", "plan", "family_of", "kernels_needed",
-           "record_forward", "record_backward", "scatters_in_place", "matrix", "MODES", "MODES_N", "modes_matrix"]
+if TYPE_CHECKING:
+    from ssm_ref import Dims
+
+    from .limits import Limits
+
+__all__ = ["Op", "OPS", "plan", "fallback_of", "kernels_needed", "matrix", "MODES", "MODES_N", "modes_matrix"]
 
 
 @dataclass(frozen=True)
-class Family:
-    """One kernel family, as the planner, the support decision and the recording see it."""
+class Op:
+    """The families that compute one op, in the order the planner asks them; ``fallback``: the
+    one that takes every shape and mode and recomputes the others' flagged results (the last)."""
+
     name: str
-    takes: Callable[[Plan], bool]                    # whether a plan runs on this family's kernels
-    kernels: Callable[[Dims, Plan, bool], list]      # (d, plan, backward) -> the KernelSpecs it dispatches
-    record_forward: Callable[..., None]              # (seq, ws, p, bufs, scatter)
-    record_backward: Callable[..., None]             # (seq, ws, p, bufs, kept)
+    families: tuple[Family, ...]
+
+    @property
+    def fallback(self) -> Family:
+        return self.families[-1]
 
 
-CHUNKED = Family(
-    "chunked", lambda pl: pl.chunked is not None,
-    lambda d, pl, backward: chunked_kernels.chunk_kernels(d, pl.chunked, backward),
-    lambda seq, ws, p, bufs, scatter: chunked_record.record_forward(seq, ws, p, bufs),
-    chunked_record.record_backward)
-M1 = Family(
-    "m1", lambda pl: pl.m1 is not None,
-    lambda d, pl, backward: m1_kernels.m1_kernels(d, pl.m1, backward, pl.softplus),
-    lambda seq, ws, p, bufs, scatter: m1_record.record_forward(seq, ws, p, bufs),
-    lambda seq, ws, p, bufs, kept: m1_record.record_backward(seq, ws, p, bufs))
-SEQUENTIAL = Family(
-    "sequential", lambda pl: True,
-    sequential_kernels.sequential_kernels,
-    sequential_record.record_forward,
-    lambda seq, ws, p, bufs, kept: sequential_record.record_backward(seq, ws, p, bufs))
-
-# In the order the planner tries them; the token-sequential kernels take every shape (and
-# recompute a call of another family that turns out inf or nan).
-FAMILIES = (CHUNKED, M1, SEQUENTIAL)
+# The chunked kernels first (where they take a shape they are the fastest), then Mamba-1 with time
+# in threads, then the token-sequential kernels (over time chunks where those apply, else token by
+# token). Every family declares the op it computes: an op lists its own.
+OPS = {"ssm_scan": Op("ssm_scan", (CHUNKED, M1, SEQUENTIAL))}
+assert all(f.op == op.name for op in OPS.values() for f in op.families)
 
 
 def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, softplus: int = 0,
-         time_chunks: bool = True, m1: bool = True, snap: bool = False) -> Plan:
-    """Cut the problem into windows that fit; raise TooLarge when even one token cannot. The
-    plan carries the chunked kernels' plan (chunked.chunked_planner) where they take the shape, else the
-    Mamba-1 kernels' with time in threads (m1.m1_planner) where they take it, else, for a forward or
-    backward that the token-sequential scan would leave the device mostly idle on, the plan
-    parallel over time (plan.tchunk; not when ``time_chunks`` is False). ``knobs``: ssm_vk.config's
-    settings (default: those of now). ``softplus``: the step's form, which the plan hands to its
-    kernels (it changes no size or window). ``m1`` False: not the Mamba-1 kernels with time in
-    threads (their SPIR-V cannot be had). ``snap``: the call writes K > 1 state snapshots (a
-    forward) or adds g_snapshots (a backward): the token-sequential kernels run it, with SNAP
-    (the other families keep the states of chunk ends only)."""
+         snap: bool = False, rerun: bool = False, without: tuple = (), op: str = "ssm_scan") -> FamilyPlan:
+    """The plan of a call of ``op`` (family.FamilyPlan): the first of the op's families, in their
+    order, whose planner takes the call (family.Request), with the plan that recomputes its
+    results where they are flagged non-finite; TooLarge when even one token cannot fit.
+    ``knobs``: ssm_vk.config's settings (default: those of now). ``softplus``: the step's form,
+    which the plan hands to its kernels (it changes no size or window). ``snap``: the call writes
+    K > 1 state snapshots (a forward) or adds g_snapshots (a backward). ``rerun``: the recompute
+    of a flagged result, planned by the op's fallback alone, flagging nothing. ``without``:
+    families not to ask (theirs cannot be had: decision.choose_plan_why)."""
     knobs = settings() if knobs is None else knobs
-    if snap or knobs.invariant:
-        # K > 1 snapshots: the token-sequential kernels with SNAP. The invariant mode (docs/SPEC.md
-        # section 3.2): the token-sequential kernels alone, in the layout of the per-sequence
-        # problem -- no chunked matrix form, no Mamba-1 kernels with time in threads, no time
-        # chunks: each rounds otherwise, and is chosen by S and T.
-        return replace(sequential_plan(d, lim, backward, knobs), softplus=softplus, snap=bool(snap))
-    cp = chunk_plan(d, lim, backward, knobs)
-    if cp is not None and softplus:
-        cp = replace(cp, softplus=softplus)
-    mp = m1_plan(d, lim, backward, knobs) if time_chunks and m1 and cp is None else None
-    if mp is not None:   # (the token-sequential plan beside it recomputes a call with inf or nan)
-        return replace(sequential_plan(d, lim, backward, knobs), m1=mp, softplus=softplus)
-    tp = time_chunk_plan(d, lim, backward, knobs) if time_chunks and cp is None else None
-    if tp is not None:
-        return replace(tp, softplus=softplus)
-    return replace(sequential_plan(d, lim, backward, knobs), chunked=cp, softplus=softplus)
+    scan = OPS[op]
+    req = Request(d, lim, backward, knobs, softplus, bool(snap), rerun)
+    if rerun:
+        return FamilyPlan(scan.fallback, scan.fallback.plan(req))
+    for fam in scan.families:
+        if fam in without:
+            continue
+        own = fam.plan(req)
+        if own is not None:
+            if not fam.flags(own):
+                return FamilyPlan(fam, own)
+            # (the fallback's plan of the recompute, made with this one: no call plans)
+            return FamilyPlan(fam, own, FamilyPlan(scan.fallback, scan.fallback.plan(replace(req, rerun=True))))
+    raise AssertionError(f"no family of {op} planned the call (its fallback takes every call)")
 
 
-def family_of(pl: Plan) -> Family:
-    """The family whose kernels run plan ``pl``."""
-    return next(f for f in FAMILIES if f.takes(pl))
+def fallback_of(family: Family) -> Family:
+    """The family that recomputes ``family``'s flagged results (its op's fallback; itself for the
+    fallback)."""
+    return OPS[family.op].fallback
 
 
-def kernels_needed(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
-    """The kernels the recording of a problem of dims ``d`` under plan ``pl`` may dispatch (the
+def kernels_needed(d: Dims, fp: FamilyPlan, backward: bool) -> list[KernelSpec]:
+    """The kernels the recording of a problem of dims ``d`` under plan ``fp`` may dispatch (the
     d_s scatter's counted whenever ids could repeat), so that the support decision can tell,
     before any work, whether their SPIR-V can be had and the device takes them: the family's,
-    and for another family than the token-sequential one also the token-sequential kernels that
-    recompute a call with inf or nan."""
-    fam = family_of(pl)
-    if fam is SEQUENTIAL:
-        return SEQUENTIAL.kernels(d, pl, backward)
-    return fam.kernels(d, pl, backward) + SEQUENTIAL.kernels(d, pl, backward)
+    and where another family recomputes its flagged results, also that family's of the recompute's
+    plan."""
+    kernels = fp.family.kernels(d, fp.plan, backward)
+    rerun = fp.rerun
+    if rerun is None or rerun.family is fp.family:
+        return kernels
+    return [*kernels, *rerun.family.kernels(d, rerun.plan, backward)]
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict, kept=None, scatter: bool = False) -> None:
-    """Record the forward of ``p`` in workspace ``ws``; ``bufs`` maps s, x, dt, A, B, C, y, states
-    to (buffer or None, element offset). ``scatter``: the final states into s[ids] instead
-    (sequential.sequential_recording.scatters_in_place)."""
-    family_of(ws.plan).record_forward(seq, ws, p, bufs, scatter)
-
-
-def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
-    """Record the backward; ``bufs`` maps the inputs (s .. g_states) and the outputs (d_s .. d_C).
-    ``kept``: the tables its chunked forward left (engine.KeptForward), bound instead of a
-    recompute; None to recompute them."""
-    family_of(ws.plan).record_backward(seq, ws, p, bufs, kept)
-
-
-def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
-           knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
-    """Every (shader, defines) the forward and backward request for these device profiles and
-    d_state values, for both Mamba variants, and the chunked kernels for every head_dim of
-    ``p_values`` x d_state of ``chunked_n`` (default ``n_values``) and chunk length, in a stable
-    order without duplicates: what ``ssm-scan build-shaders`` packages. Each family lists its
-    part (``<family>/<family>_specs.py``: matrix); the shared kernels are added here."""
+def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None, knobs: Settings = DEFAULTS,
+           op: str = "ssm_scan") -> list[tuple[str, dict]]:
+    """Every (shader, defines) the forward and backward of ``op`` request for these device
+    profiles and d_state values, for both Mamba variants, and the kernels compiled per head_dim for
+    every head_dim of ``p_values`` x d_state of ``chunked_n`` (default ``n_values``), in a stable
+    order without duplicates: what ``ssm-scan build-shaders`` packages. Each family lists its part
+    (family.Family.matrix); the shared kernels and the modes' variants are added here."""
     seen: dict = {}
 
     def add(specs) -> None:
         for spec in specs:
             seen.setdefault((spec.name, spec.defines), None)
 
-    for lim in limits_list:
-        add(sequential_kernels.matrix(lim, n_values, knobs))
-        add(m1_kernels.matrix(lim, n_values, knobs))
+    pn_values = n_values if chunked_n is None else chunked_n
+    for fam in OPS[op].families:
+        add(fam.matrix(limits_list, n_values, p_values, pn_values, knobs))
     add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
-    add(chunked_kernels.matrix(p_values, n_values if chunked_n is None else chunked_n, knobs))
     modes_n = [n for n in n_values if n in MODES_N]
-    for lim in limits_list:   # (after the rest: the default's variants keep their order)
-        add(modes_matrix(lim, modes_n, knobs))
+    for lim in limits_list:
+        add(modes_matrix(lim, modes_n, knobs, op))
     return [(name, dict(defines)) for name, defines in seen]
 
 
-# The modes whose plans only the token-sequential kernels run (:func:`plan`), as (invariant, snap):
-# K > 1 snapshots (SNAP), the invariant mode (EXACT, the per-sequence sum of d_A) and both.
+# The modes whose plans only the op's fallback runs (:func:`plan`), as (invariant, snap): K > 1
+# snapshots (SNAP), the invariant mode (EXACT, the per-sequence sum of d_A) and both.
 MODES = ((False, True), (True, False), (True, True))
 # The d_state values whose MODES variants a wheel carries: those of Mamba models (Mamba-1 16;
 # Mamba-2 64, 128, Falcon-H1 256; 32 between). Every N of the default's matrix would double the
@@ -168,16 +153,16 @@ MODES = ((False, True), (True, False), (True, True))
 MODES_N = (16, 32, 64, 128, 256)
 
 
-def modes_matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
+def modes_matrix(lim: Limits, n_values, knobs: Settings, op: str = "ssm_scan") -> list[KernelSpec]:
     """The kernels :func:`plan` requests in :data:`MODES` on a device of limits ``lim``, forward
-    and backward, for the token-sequential part's problems at these d_state values
-    (sequential.sequential_specs.sample_dims; K = 2 where the mode writes snapshots): planned here by
-    plan and kernels_needed themselves, so that the packaged matrix follows the planner."""
+    and backward, for the op's fallback's sample problems at these d_state values
+    (family.Family.samples; K = 2 where the mode writes snapshots): planned here by plan and
+    kernels_needed themselves, so that the packaged matrix follows the planner."""
     out = []
-    for d in sequential_kernels.sample_dims(n_values):
+    for d in OPS[op].fallback.samples(n_values):
         for invariant, snap in MODES:
             mode = knobs.invariant_twin() if invariant else knobs
             dm = replace(d, K=2) if snap else d
             for backward in (False, True):
-                out += kernels_needed(dm, plan(dm, lim, backward, mode, snap=snap), backward)
+                out += kernels_needed(dm, plan(dm, lim, backward, mode, snap=snap, op=op), backward)
     return out

@@ -8,7 +8,7 @@ from ssm_ref import Dims
 
 __all__ = ["input_shapes", "output_shapes", "FLAG_ELEMS", "DUMMY_BYTES"]
 
-FLAG_ELEMS = 4      # the chunked kernels' non-finite flag
+FLAG_ELEMS = 4      # the non-finite flag of the kernels that raise one (family.Family.flags)
 DUMMY_BYTES = 16    # the stand-in binding of an empty array
 
 

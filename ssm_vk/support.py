@@ -103,7 +103,7 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> Decided:
     resident = frozenset([k for k in INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     lim = engine.limits(info, knobs)
     sup, cache, planned = decide(ctx, lim, knobs, op, p, resident, softplus)
-    if sup and "token-sequential kernels run it" in sup.reason:
+    if planned is not None and planned.dropped:   # a family's kernels could not be had: said once
         log_once(f"ssm_vk: {sup.reason}")
     out = Decided(sup, engine, info, planned, bool(resident))
     if cache:

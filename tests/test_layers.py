@@ -29,15 +29,16 @@ LAYERS = (
     ("ssm_vk.runtime.transfer",),
     ("ssm_vk.runtime",),
     # what the kernel families share: the planners' limits and sizes, the kernel table, the
-    # recordings' helpers
+    # interface each declares itself by, the recordings' helpers
     ("ssm_vk.arrays", "ssm_vk.limits", "ssm_vk.sizes"),
     ("ssm_vk.validate", "ssm_vk.outputs"),
-    ("ssm_vk.kernel_specs",),
+    ("ssm_vk.kernel_specs", "ssm_vk.family"),
     ("ssm_vk.recording",),
     # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);
     # none imports another
     ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),
-    # what composes them: the registry (plan, kernels needed, recording, packaged matrix), the budget
+    # what lists them (the registry: plan, kernels needed, packaged matrix); the budget (a plan's
+    # memory, asked of its family)
     ("ssm_vk.registry", "ssm_vk.budget"),
     ("ssm_vk.decision",),
     ("ssm_vk.hostdata",),
@@ -125,6 +126,7 @@ def test_imports_go_one_way_down(module):
 
 
 FAMILIES = ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1")
+REGISTRY = "ssm_vk.registry"
 
 
 def _family(module: str) -> str | None:
@@ -137,6 +139,15 @@ def test_a_family_imports_no_other_family(module):
     for target, _, line in EDGES[module]:
         assert _family(target) in (None, _family(module)), (
             f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}, of another kernel family")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _family(m) and m != REGISTRY))
+def test_only_the_registry_imports_a_family(module):
+    # Everything else reaches a family through the interface (ssm_vk.family: the plan's family,
+    # a workspace's), so that a family is added in its folder and the registry alone.
+    for target, _, line in EDGES[module]:
+        assert not _family(target), (f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}: only "
+                                     f"{REGISTRY} names a kernel family")
 
 
 def test_no_import_cycles():
@@ -221,7 +232,8 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert _layer("ssm_vk.runtime.seams") < _layer("ssm_vk.runtime.context") < _layer("ssm_vk.runtime") \
         < _layer("ssm_vk.arrays")
     edges = _imports("ssm_vk.run")
-    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t == "ssm_vk.registry" for t, _, _ in edges)
+    assert any(t == "ssm_vk.workspace" for t, _, _ in edges) and any(t == "ssm_vk.recording" for t, _, _ in edges)
+    assert any(t == "ssm_vk.m1" for t, _, _ in _imports(REGISTRY)) and _family("ssm_vk.m1.m1_specs") == "ssm_vk.m1"
     assert _resolve("ssm_vk.chunked.chunked_planner", False, 2, "config") == "ssm_vk.config"
     assert _resolve("ssm_vk.runtime", True, 1, "context") == "ssm_vk.runtime.context"
 

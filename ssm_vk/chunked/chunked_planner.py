@@ -13,14 +13,16 @@ crossover (``CHUNK_MIN_T``) and the other defaults: docs/KERNELS.md, "The planne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
 from ..limits import F32, Limits, TooLarge, Window, binding_cap, grid
+from ..sizes import FLAG_ELEMS
 
-__all__ = ["ChunkPlan", "chunk_plan", "chunked_scratch", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
+__all__ = ["ChunkPlan", "plan_call", "scratch", "tables", "chunk_plan", "chunked_scratch", "gemm_tile",
+           "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in", "pass_batch", "PASS_BATCH", "PASS_BATCHES"]
 
@@ -293,11 +295,39 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N)
 
 
-def chunked_scratch(d: Dims, pl, backward: bool) -> dict[str, int]:
-    """The chunked kernels' scratch, as their recording requests it (``pl.chunked``: the ChunkPlan)."""
-    cp = pl.chunked
+def chunked_scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
+    """The chunked kernels' scratch, as their recording requests it (but the flag)."""
     e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
     out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
     if backward:
         out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
     return out
+
+
+# -- the family's interface (family.Family: plan, scratch, tables) -------------------------------
+
+def plan_call(req) -> ChunkPlan | None:
+    """The chunked plan of a call (family.Request), or None: never for K > 1 snapshots (the
+    chunked kernels keep the states of chunk ends only) or in the invariant mode (the matrix form
+    rounds otherwise, and is chosen by S and T); else :func:`chunk_plan`'s, with the step's form."""
+    if req.snap or req.knobs.invariant:
+        return None
+    cp = chunk_plan(req.dims, req.lim, req.backward, req.knobs)
+    if cp is not None and req.softplus:
+        cp = replace(cp, softplus=req.softplus)
+    return cp
+
+
+def scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
+    """The chunked recording's scratch and its non-finite flag, by the memory budget's names."""
+    return {**chunked_scratch(d, cp, backward), "flag": FLAG_ELEMS}
+
+
+def tables(cp: ChunkPlan, backward: bool) -> int | None:
+    """The tag of the tables a chunked forward leaves for the backward of the same inputs (its chunk
+    states, C.B and M o C.B: engine.KeptForward), the chunk length: a backward of the same chunk
+    length binds them instead of recomputing them. A forward leaves them only in one window of
+    sequences, and not with the knob KEEP_STATES=0."""
+    if backward:
+        return cp.CL
+    return cp.CL if cp.keep and len(cp.windows) == 1 else None

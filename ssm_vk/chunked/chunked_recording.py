@@ -115,9 +115,10 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     return _Chunked(seq, ws, d, cp, w, b, o)
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
-    """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as record.record_forward."""
-    d, cp = p.dims, ws.plan.chunked
+def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> None:
+    """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as the token-sequential
+    recording's. ``scatter``: never (the final states are copied into the cache rows after it)."""
+    d, cp = p.dims, ws.plan
     row = d.H * d.P * d.N
     st_buf, st_off = bufs["states"]
     gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
@@ -145,8 +146,10 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
-    """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as record.record_backward."""
-    d, cp = p.dims, ws.plan.chunked
+    """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as the token-sequential
+    recording's. ``kept``: the tables its forward left (engine.KeptForward), bound instead of a
+    recompute; None to recompute them."""
+    d, cp = p.dims, ws.plan
     row = d.H * d.P * d.N
     lam, lam_off = bufs["d_s0"]            # g_states in, d_s0 out (the backward pass)
     gs_buf, gs_off = bufs["g_states"]

@@ -14,7 +14,7 @@ from ..kernel_specs import KernelSpec, defines_of, reduce_spec, rows_spec, softp
 from .chunked_planner import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
 
 __all__ = ["CHUNK_PUSH", "CHUNK_BINDINGS", "chunk_spec", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch",
-           "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix"]
+           "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix", "packaged"]
 
 # The chunked kernels (ssm_vk/chunked/glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st", "o_A")
@@ -109,3 +109,9 @@ def matrix(p_values, n_values, knobs: Settings) -> list[KernelSpec]:
                     for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)
                         add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` of the head_dims
+    ``p_values`` x d_states ``pn_values``, whatever the device profiles."""
+    return matrix(p_values, pn_values, knobs)

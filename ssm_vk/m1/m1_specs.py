@@ -13,7 +13,8 @@ from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, soft
 from ..limits import Limits
 from .m1_planner import M1_SPS_TI_MIN, M1Plan, m1_plan
 
-__all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "matrix"]
+__all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "kernels", "matrix",
+           "packaged"]
 
 # The Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/glsl/m1_scan.comp, m1_scan_back.comp).
 M1_PUSH = ("S", "T", "H", "G", "NCH", "NRB", "gx", "TI", "o_x", "o_dt", "o_A", "o_B", "o_C", "o_gy", "o_y", "o_init",
@@ -43,6 +44,11 @@ def m1_back_spec(d: Dims, mp: M1Plan, softplus: int = 0) -> KernelSpec:
     """m1_scan_back.comp: the Mamba-1 backward with time in a workgroup's threads."""
     defs = dict(RW=mp.RW, NW=mp.NW, ND=d.N, TI=mp.TI, NB=mp.NB)
     return KernelSpec("m1_scan_back", defines_of(**defs), 16, M1_BACK_PUSH, mp.WG, softplus_constants(softplus))
+
+
+def kernels(d: Dims, mp: M1Plan, backward: bool) -> list[KernelSpec]:
+    """:func:`m1_kernels` of a plan, in its step's form (family.Family.kernels)."""
+    return m1_kernels(d, mp, backward, mp.softplus)
 
 
 def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[KernelSpec]:
@@ -90,3 +96,9 @@ def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
                 add(m1_spec(d, mp, 2))
             SPS *= 2
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` for each
+    device profile of ``limits_list``."""
+    return [spec for lim in limits_list for spec in matrix(lim, n_values, knobs)]

@@ -13,10 +13,10 @@ from ssm_ref import Dims
 from ..config import Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
 from ..limits import Limits
-from .sequential_planner import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
+from .sequential_planner import TCHUNK_BELOW, Layout, SequentialPlan, layout_for, m1_forward_two_per_lane_from
 
 __all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "samples",
-           "sample_dims", "matrix"]
+           "sample_dims", "matrix", "packaged"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -78,7 +78,7 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False, sna
 
 
 
-def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
+def sequential_kernels(d: Dims, pl: SequentialPlan, backward: bool) -> list[KernelSpec]:
     """Every kernel the token-sequential recording of ``d`` under ``pl`` may dispatch, also over
     time chunks (``pl.tchunk``; the d_s scatter's counted whenever ids could repeat)."""
     if not (pl.windows and d.H * d.P > 0):
@@ -166,3 +166,10 @@ def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
             add(bwd_spec(d, bwd, summary=True))
             add(carry_spec(d, reverse=True))
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` for each
+    device profile of ``limits_list`` (the modes' variants, planned by registry.plan, are added by
+    the registry)."""
+    return [spec for lim in limits_list for spec in matrix(lim, n_values, knobs)]

@@ -408,10 +408,10 @@ def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk.registry import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
     from ssm_vk.sequential import sequential_specs as specs
+    from ssm_vk.sequential.sequential_planner import sequential_plan as plan
 
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())

@@ -110,7 +110,7 @@ def test_why_not_names_the_reason(d, lim, reason, knobs):
     assert chunk_plan(d, lim, backward=True) is None
     if d.T and not d.P == 0:
         pl = registry.plan(d, lim, backward=True)
-        assert pl.chunked is None and pl.windows
+        assert pl.family.name == "sequential" and pl.plan.windows
 
 
 @pytest.mark.parametrize("P, N", [(256, 256), (1, 1), (5, 33), (200, 7)])
@@ -154,7 +154,7 @@ def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
 def test_chunk_zero_disables(knobs):
     knobs.update(CHUNK=0, CHUNK_MIN_T=1)
     assert chunk_plan(dims(T=4096), BIG, backward=True) is None
-    assert registry.plan(dims(T=4096), BIG, backward=True).chunked is None
+    assert registry.plan(dims(T=4096), BIG, backward=True).family.name != "chunked"
 
 
 @pytest.mark.parametrize("CL", [16, 32, 64])
@@ -267,7 +267,7 @@ def test_none_when_one_sequence_does_not_fit(knobs, backward):
     assert chunk_plan(d, lim, backward) is None
     # the token-sequential plan still takes it (windows of its own)
     pl = registry.plan(d, lim, backward)
-    assert pl.chunked is None and pl.windows
+    assert pl.family.name == "sequential" and pl.plan.windows
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
     assert chunk_plan(d, lim, backward).Sw == 1
 

@@ -39,7 +39,7 @@ def layout(args, tune=FORCE):
     """The forward's lane layout for these arguments on this device, under ``tune``."""
     with config.configure(tune=tune):
         return plan(ssm_ref.check_forward(**args).dims, Limits.of(rt.get_context().info), False,
-                    config.settings()).layout
+                    config.settings()).plan.layout
 
 
 def decode_case(seed, S, H, P, N, G=1, R=None, ids="permutation"):

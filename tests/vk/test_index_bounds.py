@@ -23,10 +23,11 @@ import itertools
 import struct
 
 import numpy as np
+import plans
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, recording, registry, workspace
+from ssm_vk import budget, recording, workspace
 from ssm_vk import kernel_specs as specs
 from ssm_vk.chunked import chunked_recording as chunked_record
 from ssm_vk.chunked import chunked_specs as chunked_specs
@@ -73,13 +74,15 @@ class FakeInfo:
 
 
 class FakeWorkspace:
-    """What ssm_vk.recording asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
+    """What the recordings ask of a workspace.Workspace: limits, family and plan, scratch, constants,
+    bindings."""
 
     bind = workspace.Workspace.bind
 
-    def __init__(self, d: Dims, lim: Limits, pl, backward: bool):
+    def __init__(self, d: Dims, lim: Limits, fp, backward: bool):
         self.ctx = None
-        self.limits, self.plan, self.align = lim, pl, lim.min_storage_buffer_offset_alignment
+        self.limits, self.family, self.plan = lim, fp.family, fp.plan
+        self.align = lim.min_storage_buffer_offset_alignment
         self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in output_shapes(d, backward).items()}
         self.profile = False
         self._dummy = FakeBuffer(16)
@@ -130,7 +133,7 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
              "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
     bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
     seq = FakeSequence()
-    (registry.record_backward if backward else registry.record_forward)(seq, ws, p, bufs)
+    (ws.family.record_backward if backward else ws.family.record_forward)(seq, ws, p, bufs)
     return seq.dispatches
 
 
@@ -423,5 +426,6 @@ def test_what_decides_the_largest_problem(device):
     ok = _dims(1, 65536, 24, 64, 128, 1, False)
     assert _accepted(ok, lim, heap, backward=False)
     pl = plan(ok, lim, backward=False)
-    assert max(w.S * w.T for w in pl.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range
-    assert pl.time_split == (lim.max_storage_buffer_range < ok.T * ok.H * ok.P * 4)
+    seq = plans.sequential(pl)   # the token-sequential plan: the call's, or its recompute's
+    assert max(w.S * w.T for w in seq.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range
+    assert seq.time_split == (lim.max_storage_buffer_range < ok.T * ok.H * ok.P * 4)

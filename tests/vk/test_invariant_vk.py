@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -134,8 +135,8 @@ def test_shapes_the_default_plans_otherwise(variant, T, S):
                  else check_forward(**case.args()))
             default = registry.plan(p.dims, lim, backward, knobs)
             inv = registry.plan(p.dims, lim, backward, knobs.invariant_twin())
-            assert default.flags_nonfinite, "the default plan is another family's here"
-            assert inv.chunked is None and inv.m1 is None and inv.tchunk == 0 and inv.layout.EXACT
+            assert default.rerun is not None, "the default plan is another family's here"
+            assert inv.family.name == "sequential" and not inv.plan.tchunk and inv.plan.layout.EXACT
         _holds(batch_report(PORT, case))
         _holds(split_report(PORT, case, cuts=[T // 3, T - 3, T - 2, T - 1], in_cache=True))
         _holds(split_report(PORT, case, cuts=[T // 2], in_cache=False))
@@ -151,10 +152,10 @@ def test_the_layout_is_that_of_the_sequence(variant):
                                         variant=variant).args()).dims
     from dataclasses import replace
     for backward in (False, True):
-        lays = {registry.plan(replace(base, S=S, T=T, R=S), lim, backward, knobs).layout
+        lays = {plans.sequential(registry.plan(replace(base, S=S, T=T, R=S), lim, backward, knobs)).layout
                 for S in (1, 2, 7, 64) for T in (1, 2, 9, 64, 300, 4096)}
         assert len(lays) == 1, lays
-    assert (registry.plan(base, lim, False, knobs).layout.LN == registry.plan(base, lim, True, knobs).layout.LN)
+    assert registry.plan(base, lim, False, knobs).plan.layout.LN == registry.plan(base, lim, True, knobs).plan.layout.LN
 
 
 @pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
@@ -192,7 +193,7 @@ def test_token_windows_carry_bit_for_bit(ctx, variant):
         d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
         lim = Limits.of(ctx.info)
         knobs = config.settings().invariant_twin()
-        assert registry.plan(d, lim, True, knobs).time_split and registry.plan(d, lim, False, knobs).time_split
+        assert all(registry.plan(d, lim, backward, knobs).plan.time_split for backward in (True, False))
         cut = ssm_vk.ssm_scan(**kw)
         gc = ssm_vk.ssm_scan_back(**kw, g_y=case.g_y, g_states=case.g_states)
     for k in ("y", "states"):
@@ -219,14 +220,15 @@ def test_the_backward_token_windows_are_those_of_the_sequence():
         lim = replace(_lim(), device_local_bytes=gib << 30, max_storage_buffer_range=(4 << 30) - 1,
                       max_memory_allocation_size=gib << 30, max_workgroup_count=((1 << 31) - 1, 65535, 65535))
         alone = registry.plan(replace(base, T=2048), lim, True, knobs)
-        cuts = [(w.t0, w.t1) for w in alone.windows]
+        cuts = [(w.t0, w.t1) for w in plans.sequential(alone).windows]
         for S in (1, 3, 8):
             pl = registry.plan(replace(base, S=S, R=S, T=2048), lim, True, knobs)
             for i in range(S):
-                assert [(w.t0, w.t1) for w in pl.windows if w.i0 <= i < w.i1] == cuts, (gib, S, i)
-        walks[gib] = len({w.i0 for w in pl.windows})
-        assert partials_budget(alone.layout, lim) == max(SCRATCH_BUDGET, (gib << 30) // 16)
-        assert partials_budget(registry.plan(base, lim, True, config.settings()).layout, lim) == SCRATCH_BUDGET
+                assert [(w.t0, w.t1) for w in plans.sequential(pl).windows if w.i0 <= i < w.i1] == cuts, (gib, S, i)
+        walks[gib] = len({w.i0 for w in plans.sequential(pl).windows})
+        assert partials_budget(plans.sequential(alone).layout, lim) == max(SCRATCH_BUDGET, (gib << 30) // 16)
+        default = plans.sequential(registry.plan(base, lim, True, config.settings()))
+        assert partials_budget(default.layout, lim) == SCRATCH_BUDGET
     assert walks[80] < 8 and walks[80] <= walks[2], walks
 
 

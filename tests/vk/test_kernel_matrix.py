@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import plans
 import pytest
 
 from ssm_ref import Dims
@@ -112,7 +113,7 @@ def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():
     for S, T, H, backward in itertools.product((1, 8), (2, 64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
         pl = registry.plan(d, lim, backward, config.DEFAULTS)
-        assert pl.m1 is not None
+        assert plans.of(pl, "m1") is not None
         for spec in registry.kernels_needed(d, pl, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (d, backward, spec)
@@ -130,7 +131,7 @@ def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
     for S, T, H, backward in itertools.product((1, 8), (64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
         pl = registry.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
-        for spec in m1_kernels(d, pl.m1, backward):
+        for spec in m1_kernels(d, plans.of(pl, "m1"), backward):
             assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, backward, spec)
 
 
@@ -147,10 +148,11 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
                                                               (False, True)):
         d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=False, a_shape=(H,))
         pl = registry.plan(d, lim, backward, config.DEFAULTS)
-        if pl.chunked is None:
+        cp = plans.of(pl, "chunked")
+        if cp is None:
             continue
-        folds.add((pl.chunked.fold, pl.chunked.headloop) if backward else None)
-        for spec in chunk_kernels(d, pl.chunked, backward):
+        folds.add((cp.fold, cp.headloop) if backward else None)
+        for spec in chunk_kernels(d, cp, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
             seen += 1

@@ -10,6 +10,7 @@ device: the tests assume no particular size."""
 from __future__ import annotations
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +45,7 @@ def planned(case, tune: dict, backward: bool):
             d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
         else:
             d = check_forward(**case.args()).dims
-        return registry.plan(d, limits(), backward).m1
+        return plans.of(registry.plan(d, limits(), backward), "m1")
 
 
 def run_both(case, tune: dict, resident: bool = False):

@@ -145,7 +145,7 @@ def test_small_storage_range_splits_into_windows(variant):
         lim = Limits.of(ctx.info)
         from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, lim, backward=True)
-        assert pl.time_split and len(pl.windows) > 3 * 2
+        assert pl.plan.time_split and len(pl.plan.windows) > 3 * 2
         split = check_case(case, label="windows")
     np.testing.assert_allclose(split[0].y, whole[0].y, rtol=1e-6, atol=1e-7)
     for k in GRADS:
@@ -166,7 +166,7 @@ def test_token_windows_read_the_cache_rows_in_place(variant):
         assert d.R * d.H * d.P * d.N * 4 < 2048 - 256
         for backward in (False, True):
             pl = plan(d, Limits.of(ctx.info), backward=backward)
-            assert pl.time_split and len(pl.windows) > 3, backward
+            assert pl.plan.time_split and len(pl.plan.windows) > 3, backward
         check_case(case, label="token windows, rows in place")
 
 
@@ -206,7 +206,7 @@ def test_sequence_windows():
     with ctx.seams.override_limits(max_storage_buffer_range=1024):
         from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
-        assert not pl.time_split and 1 < len(pl.windows) < 5
+        assert not pl.plan.time_split and 1 < len(pl.plan.windows) < 5
         check_case(case, label="sequence windows")
 
 

@@ -8,6 +8,7 @@ shortcut keyed by K; the CPU fallback; K = 1's snapshots a view of states."""
 from __future__ import annotations
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -126,7 +127,8 @@ def test_shapes_of_the_other_families(family):
         case = make_problem(np.random.default_rng(3), S=2, T=48, H=2, P=4, N=8, G=1, ids="unused")
     for backward in (False, True):
         pl = k1_plan(case, backward, tune)
-        assert {"chunked": pl.chunked is not None, "time_chunks": pl.tchunk > 0, "m1": pl.m1 is not None}[family]
+        assert {"chunked": pl.family.name == "chunked", "time_chunks": plans.tchunk(pl) > 0,
+                "m1": pl.family.name == "m1"}[family]
     engine.clear()
     try:
         with config.configure(tune=tune):
@@ -148,7 +150,7 @@ def test_token_windows():
         d = check_forward(**case.args(), snapshots=4).dims
         for backward in (False, True):
             pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
-            assert pl.time_split and len(pl.windows) > 3 and pl.snap, backward
+            assert pl.plan.time_split and len(pl.plan.windows) > 3 and pl.plan.snap, backward
         check_case(case, 4, label="token windows")
 
 
@@ -161,7 +163,7 @@ def test_sequence_windows():
         d = check_forward(**case.args(), snapshots=2).dims
         for backward in (False, True):
             pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
-            assert not pl.time_split and len(pl.windows) > 1 and pl.snap, backward
+            assert not pl.plan.time_split and len(pl.plan.windows) > 1 and pl.plan.snap, backward
         check_case(case, 2, label="sequence windows")
 
 

@@ -185,7 +185,7 @@ def test_the_memory_estimate_covers_what_a_call_allocates(op):
                 args = {**case.args(), **({"g_y": case.g_y, "g_states": case.g_states} if backward else {})}
                 p = chk(**args)
                 pl = plan(p.dims, lim, backward=backward)
-                assert pl.time_split == (small_range and k == 1)
+                assert pl.plan.time_split == (small_range and k == 1)
                 estimate = sum(budget.pooled(n, ctx.info.max_memory_allocation_size)
                                for n in budget.buffers(p.dims, pl, lim, backward).values())
                 OPS[op](args if backward else case.args())
