@@ -46,7 +46,7 @@ from ssm_vk import runtime as rt
 from ssm_vk.runtime import hostcopy
 from ssm_vk.runtime.commands import oneshot
 from ssm_vk.runtime.memory import Buffer
-from ssm_vk.sizes import input_shapes, output_shapes
+from ssm_vk.sizing import input_shapes, output_shapes
 
 
 def median_s(fn, reps: int) -> float:

@@ -25,8 +25,8 @@ from ssm_vk import config, registry
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
 from ssm_vk.sequential.sequential_planner import layout_for
+from ssm_vk.sizing import Limits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vk_gpu_check import SHAPES, inputs, rel

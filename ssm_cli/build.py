@@ -69,7 +69,7 @@ def profiles(spec: str) -> list[tuple[str, object]]:
     """(label, ssm_vk.plan.Limits) for each entry of ``--subgroup-sizes``."""
     from ssm_vk import config
     from ssm_vk import runtime as rt
-    from ssm_vk.limits import Limits
+    from ssm_vk.sizing import Limits
 
     out = []
     for item in common.split_list([spec], "--subgroup-sizes"):

@@ -27,15 +27,14 @@ from __future__ import annotations
 from math import prod
 from typing import TYPE_CHECKING
 
-from .limits import F32, rows_in_place
 from .runtime.pool import BufferPool
-from .sizes import DUMMY_BYTES, input_shapes, output_shapes
+from .sizing import DUMMY_BYTES, F32, input_shapes, output_shapes, rows_in_place
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
 
     from .family import FamilyPlan
-    from .limits import Limits
+    from .sizing import Limits
 
 __all__ = ["buffers", "check", "allocations"]
 

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 from ssm_ref import Support
 
 from . import budget
-from .limits import TooLarge, binding_cap
 from .registry import fallback_of, kernels_needed, plan
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
+from .sizing import TooLarge, binding_cap
 
 if TYPE_CHECKING:
     from .config import Settings
     from .family import FamilyPlan
     from .kernel_specs import KernelSpec
-    from .limits import Limits
+    from .sizing import Limits
 
 __all__ = ["Planned", "choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
 

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .limits import Limits
+from .sizing import Limits
 from .workspace import Workspace
 
 if TYPE_CHECKING:

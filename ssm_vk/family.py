@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ssm_ref import Dims
 
     from .config import Settings
-    from .limits import Limits
+    from .sizing import Limits
 
 __all__ = ["Family", "FamilyPlan", "Request", "always", "no_tables", "never"]
 

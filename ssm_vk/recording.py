@@ -9,8 +9,7 @@ import numpy as np
 from . import kernel_specs as specs
 from . import runtime as rt
 from .kernel_specs import KernelSpec
-from .limits import Window, binding_cap, grid, rows_in_place
-from .sizes import FLAG_ELEMS
+from .sizing import FLAG_ELEMS, Window, binding_cap, grid, rows_in_place
 
 __all__ = ["F32", "kernel", "kernel_cached", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials",
            "reduce_dA", "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]

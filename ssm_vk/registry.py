@@ -49,7 +49,7 @@ from .sequential import FAMILY as SEQUENTIAL
 if TYPE_CHECKING:
     from ssm_ref import Dims
 
-    from .limits import Limits
+    from .sizing import Limits
 
 __all__ = ["Op", "OPS", "plan", "fallback_of", "kernels_needed", "matrix", "MODES", "MODES_N", "modes_matrix"]
 

@@ -21,8 +21,7 @@ from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .hostdata import HostData
-from .limits import F32
-from .sizes import output_shapes
+from .sizing import F32, output_shapes
 
 if TYPE_CHECKING:
     from .decision import Planned

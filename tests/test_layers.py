@@ -30,7 +30,7 @@ LAYERS = (
     ("ssm_vk.runtime",),
     # what the kernel families share: the planners' limits and sizes, the kernel table, the
     # interface each declares itself by, the recordings' helpers
-    ("ssm_vk.arrays", "ssm_vk.limits", "ssm_vk.sizes"),
+    ("ssm_vk.arrays", "ssm_vk.sizing"),
     ("ssm_vk.validate", "ssm_vk.outputs"),
     ("ssm_vk.kernel_specs", "ssm_vk.family"),
     ("ssm_vk.recording",),
@@ -227,7 +227,7 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert _context_privates(ast.parse("a = ctx._kernels\nb = self.ctx._staging\nc = ctx.lock\n")) == [
         (1, "_kernels"), (2, "_staging")]
     # The three checks above fail on code that breaks them (the checker is not vacuous).
-    assert _layer("ssm_vk.limits") < _layer("ssm_vk.chunked.chunked_planner") < _layer("ssm_vk.registry") \
+    assert _layer("ssm_vk.sizing.limits") < _layer("ssm_vk.chunked.chunked_planner") < _layer("ssm_vk.registry") \
         < _layer("ssm_vk.engine")
     assert _layer("ssm_vk.runtime.seams") < _layer("ssm_vk.runtime.context") < _layer("ssm_vk.runtime") \
         < _layer("ssm_vk.arrays")

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, replace
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
-from ..limits import F32, Limits, TooLarge, Window, binding_cap, grid
-from ..sizes import FLAG_ELEMS
+from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap, grid
 
 __all__ = ["ChunkPlan", "plan_call", "scratch", "tables", "chunk_plan", "chunked_scratch", "gemm_tile",
            "scratch_elems", "GEMM_WG", "KS",

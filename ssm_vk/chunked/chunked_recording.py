@@ -18,9 +18,8 @@ from ssm_ref import Problem
 
 from .. import kernel_specs as specs
 from .. import recording
-from ..limits import grid
 from ..recording import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
-from ..sizes import FLAG_ELEMS
+from ..sizing import FLAG_ELEMS, grid
 from . import chunked_specs as chk
 from .chunked_planner import PER_GROUP, ChunkPlan, scratch_elems
 from .chunked_specs import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec

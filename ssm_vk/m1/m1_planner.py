@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..limits import F32, Limits, binding_cap
-from ..sizes import FLAG_ELEMS
+from ..sizing import F32, FLAG_ELEMS, Limits, binding_cap
 
 __all__ = ["M1Plan", "plan_call", "scratch", "m1_plan", "m1_scratch", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN",
            "M1_BWD_NB", "M1_NW",

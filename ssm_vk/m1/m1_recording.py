@@ -21,7 +21,6 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernel_specs as specs
-from ..limits import Window, grid
 from ..recording import (
     F32,
     cache_rows,
@@ -34,7 +33,7 @@ from ..recording import (
     reduce_partials,
     scatter_rows,
 )
-from ..sizes import FLAG_ELEMS
+from ..sizing import FLAG_ELEMS, Window, grid
 from . import m1_specs as m1k
 from .m1_planner import m1_scratch
 

@@ -10,7 +10,7 @@ from ssm_ref import Dims
 
 from ..config import KNOBS, Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
-from ..limits import Limits
+from ..sizing import Limits
 from .m1_planner import M1_SPS_TI_MIN, M1Plan, m1_plan
 
 __all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "kernels", "matrix",

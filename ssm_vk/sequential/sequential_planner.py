@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..limits import F32, Limits, TooLarge, Window, binding_cap
-from ..sizes import FLAG_ELEMS
+from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap
 
 __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",

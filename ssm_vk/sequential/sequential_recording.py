@@ -14,7 +14,6 @@ from ssm_ref import Problem
 
 from .. import kernel_specs as specs
 from .. import recording as rc
-from ..limits import Window, grid
 from ..recording import (
     F32,
     cache_rows,
@@ -27,6 +26,7 @@ from ..recording import (
     zero,
     zero_at,
 )
+from ..sizing import Window, grid
 from . import sequential_specs as seqk
 from . import time_chunks
 

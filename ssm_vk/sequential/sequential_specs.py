@@ -12,7 +12,7 @@ from ssm_ref import Dims
 
 from ..config import Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
-from ..limits import Limits
+from ..sizing import Limits
 from .sequential_planner import TCHUNK_BELOW, Layout, SequentialPlan, layout_for, m1_forward_two_per_lane_from
 
 __all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "samples",

@@ -31,8 +31,8 @@ from __future__ import annotations
 from ssm_ref import Problem
 
 from .. import kernel_specs as specs
-from ..limits import grid
 from ..recording import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
+from ..sizing import grid
 from . import sequential_specs as seqk
 from .sequential_planner import chunk_dims, time_chunk_scratch
 

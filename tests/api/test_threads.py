@@ -28,7 +28,7 @@ from ssm_vk import config
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 REPO = Path(__file__).resolve().parents[2]
 THREADS = 8

@@ -21,7 +21,7 @@ import pytest
 from ssm_cli.main import COMMANDS
 from ssm_ref.extras import install_hint
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 VULKAN, NO_VULKAN_REASON = rt.available()

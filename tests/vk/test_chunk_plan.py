@@ -14,7 +14,7 @@ from ssm_ref import Dims
 from ssm_vk import config, registry
 from ssm_vk.chunked import chunked_planner as cpm
 from ssm_vk.chunked.chunked_planner import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
-from ssm_vk.limits import Limits, Window
+from ssm_vk.sizing import Limits, Window
 
 F32 = 4
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})

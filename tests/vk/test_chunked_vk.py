@@ -36,7 +36,7 @@ from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.chunked import chunked_specs as specs
 from ssm_vk.chunked.chunked_planner import scratch_elems
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 from ssm_vk.workspace import Workspace
 
 pytestmark = pytest.mark.vulkan

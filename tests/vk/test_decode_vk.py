@@ -18,8 +18,8 @@ import ssm_ref
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
 from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

@@ -31,14 +31,13 @@ from ssm_vk import budget, recording, workspace
 from ssm_vk import kernel_specs as specs
 from ssm_vk.chunked import chunked_recording as chunked_record
 from ssm_vk.chunked import chunked_specs as chunked_specs
-from ssm_vk.limits import Limits, TooLarge
 from ssm_vk.m1 import m1_recording as m1_record
 from ssm_vk.m1 import m1_specs as m1_specs
 from ssm_vk.registry import plan
 from ssm_vk.sequential import sequential_recording as sequential_record
 from ssm_vk.sequential import sequential_specs as sequential_specs
 from ssm_vk.sequential import time_chunks
-from ssm_vk.sizes import output_shapes
+from ssm_vk.sizing import Limits, TooLarge, output_shapes
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})

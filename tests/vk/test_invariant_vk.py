@@ -24,7 +24,7 @@ from ssm_ref import GRAD_NAMES, check_backward, check_forward
 from ssm_ref.testing.properties.invariance import batch_report, invariant_port, split_report
 from ssm_vk import config, registry
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

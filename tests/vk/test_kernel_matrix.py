@@ -13,8 +13,8 @@ import pytest
 from ssm_ref import Dims
 from ssm_vk import config, registry
 from ssm_vk.chunked.chunked_specs import chunk_kernels
-from ssm_vk.limits import Limits
 from ssm_vk.m1.m1_specs import M1_PACKAGED_N, m1_kernels
+from ssm_vk.sizing import Limits
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 PROFILES = {

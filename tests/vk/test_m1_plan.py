@@ -11,7 +11,6 @@ import pytest
 
 from ssm_ref import Dims
 from ssm_vk import budget, config, registry
-from ssm_vk.limits import Limits
 from ssm_vk.m1 import m1_planner as m1_plan_module
 from ssm_vk.m1.m1_planner import (
     M1_BWD_NB,
@@ -21,6 +20,7 @@ from ssm_vk.m1.m1_planner import (
     M1_THREADS,
     shared_bytes,
 )
+from ssm_vk.sizing import Limits
 
 M1_BWD_TI = config.KNOBS["M1_TI"].default
 M1_ONE_TI = config.KNOBS["M1_ONE_TI"].default

@@ -21,7 +21,7 @@ from ssm_ref import GRAD_NAMES, check_backward, check_forward
 from ssm_ref.testing.cases import make_problem
 from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

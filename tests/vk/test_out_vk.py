@@ -23,8 +23,8 @@ from ssm_vk import config, engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import upload_to
-from ssm_vk.limits import Limits
 from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

@@ -24,7 +24,7 @@ from ssm_vk import config
 from ssm_vk import decision as vk_decision
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

@@ -17,8 +17,8 @@ from ssm_fast.oracle64 import scan64
 from ssm_vk import config, engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
 from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

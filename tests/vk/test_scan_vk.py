@@ -13,7 +13,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_ref
 import ssm_vk
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

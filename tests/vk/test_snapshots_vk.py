@@ -20,7 +20,7 @@ from ssm_ref import GRAD_NAMES, check_forward
 from ssm_ref.tolerance import scaled
 from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

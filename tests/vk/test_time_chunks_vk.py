@@ -17,8 +17,8 @@ import ssm_vk
 from ssm_ref import GRAD_NAMES, Dims, check_backward, check_forward
 from ssm_vk import budget, config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
 from ssm_vk.registry import kernels_needed
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

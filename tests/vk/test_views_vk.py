@@ -15,8 +15,8 @@ from ssm_ref import GRAD_NAMES
 from ssm_ref.testing.cases import make_problem
 from ssm_vk import config
 from ssm_vk import runtime as rt
-from ssm_vk.limits import Limits
 from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 

@@ -37,8 +37,8 @@ from ssm_vk import budget
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
-from ssm_vk.limits import Limits
 from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 
