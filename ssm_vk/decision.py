@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ssm_ref import Support
 
 from . import budget
+from .family import Planned
 from .registry import fallback_of, kernels_needed, plan
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .kernel_specs import KernelSpec
     from .sizing import Limits
 
-__all__ = ["Planned", "choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
+__all__ = ["choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
 
 _shared: dict = {}   # sha256 of a SPIR-V module -> bytes of shared memory it declares
 
@@ -91,33 +92,6 @@ def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, softplus: i
     if fam.rerun_stands_in:
         return fp.rerun, dropped
     return plan(d, lim, backward, knobs, softplus, snap=snap, without=(fam,), op=op), dropped
-
-
-class Planned:
-    """The plans of one decided problem shape, made by the decision and only read after it: the
-    plan a call runs (``first``, whose kernels the decision checked, and with it the plan that
-    recomputes a result it flags as non-finite: :meth:`plan`) -- so no call plans. Also what the
-    plans were made for: ``dims``, ``backward``, the planner's ``lim`` and ``knobs``, the step's
-    form ``softplus``, ``snap`` (the K state snapshots: registry.plan); ``key`` (all of them;
-    ``snap`` only when set) keys the workspace of the shape (engine.Engine.workspace); ``dropped``:
-    which family's kernels could not be had, and why ("" when none)."""
-
-    __slots__ = ("backward", "dims", "dropped", "first", "key", "knobs", "lim", "snap", "softplus")
-
-    def __init__(self, first: FamilyPlan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0,
-                 snap: bool = False, dropped: str = ""):
-        self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
-        self.knobs, self.softplus, self.snap, self.dropped = knobs, softplus, snap, dropped
-        # (a backward given g_snapshots of one slot has the Dims of one without: ``snap`` tells them apart)
-        self.key = (dims, backward, lim, knobs.key, softplus, "snap") if snap else (dims, backward, lim, knobs.key,
-                                                                                    softplus)
-
-    def plan(self, rerun: bool = False) -> FamilyPlan:
-        """``first``; with ``rerun`` the plan that recomputes a result ``first`` flagged as
-        non-finite (``first`` itself where it flags nothing)."""
-        if rerun and self.first.rerun is not None:
-            return self.first.rerun
-        return self.first
 
 
 def snaps(p, backward: bool) -> bool:

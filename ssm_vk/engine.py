@@ -32,7 +32,7 @@ from .workspace import Workspace
 
 if TYPE_CHECKING:
     from .config import Settings
-    from .decision import Planned
+    from .family import Planned
 
 __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]
 
@@ -107,7 +107,7 @@ class Engine:
     # -- workspaces -----------------------------------------------------------------------------
     def workspace(self, planned: Planned, rerun: bool = False) -> Workspace:
         """The workspace of the shape, knobs, limits and step's form the decision planned
-        (``planned``: decision.Planned), running its first plan or (``rerun``) the recompute's
+        (``planned``: family.Planned), running its first plan or (``rerun``) the recompute's
         -- made on first use with that plan; the least recently used beyond MAX_WORKSPACES is
         closed."""
         key = (planned.key, rerun)

@@ -1,5 +1,5 @@
-"""What a kernel family declares, and what a call's plan is: the one interface between a family's
-folder (``ssm_vk/<family>/``) and the rest of ssm_vk.
+"""What a kernel family declares, what a call's plan is and what a decided shape keeps of its
+plans: the one interface between a family's folder (``ssm_vk/<family>/``) and the rest of ssm_vk.
 
 A family computes one op (``Family.op``: "ssm_scan" for the three of today, forward and backward)
 with kernels of its own. Its folder declares it once (``<family>/__init__.py``: ``FAMILY``) and
@@ -11,7 +11,8 @@ workspace and the call record and run what it records -- all through the fields 
 A call's plan is a :class:`FamilyPlan`: the family, that family's own plan object (each family's
 planner makes its own kind: a token-sequential plan, a ChunkPlan, an M1Plan) and, where the
 family's results are flagged when non-finite, the plan of the op's fallback family that recomputes
-them.
+them. The support decision plans a shape once and keeps its plans in a :class:`Planned`, which the
+workspace, the engine and a call read (and nothing plans again).
 
 Pure Python, no Vulkan; the annotations' types are only named (``TYPE_CHECKING``).
 """
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .config import Settings
     from .sizing import Limits
 
-__all__ = ["Family", "FamilyPlan", "Request", "always", "no_tables", "never"]
+__all__ = ["Family", "FamilyPlan", "Planned", "Request", "always", "no_tables", "never"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,31 @@ class FamilyPlan(NamedTuple):
     family: Family
     plan: Any
     rerun: FamilyPlan | None = None
+
+
+class Planned:
+    """The plans of one decided problem shape, made by the support decision (ssm_vk.decision) and
+    only read after it: the plan a call runs (``first``, whose kernels the decision checked, and
+    with it the plan that recomputes a result it flags as non-finite: :meth:`plan`) -- so no call
+    plans. Also what the
+    plans were made for: ``dims``, ``backward``, the planner's ``lim`` and ``knobs``, the step's
+    form ``softplus``, ``snap`` (the K state snapshots: registry.plan); ``key`` (all of them;
+    ``snap`` only when set) keys the workspace of the shape (engine.Engine.workspace); ``dropped``:
+    which family's kernels could not be had, and why ("" when none)."""
+
+    __slots__ = ("backward", "dims", "dropped", "first", "key", "knobs", "lim", "snap", "softplus")
+
+    def __init__(self, first: FamilyPlan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0,
+                 snap: bool = False, dropped: str = ""):
+        self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
+        self.knobs, self.softplus, self.snap, self.dropped = knobs, softplus, snap, dropped
+        # (a backward given g_snapshots of one slot has the Dims of one without: ``snap`` tells them apart)
+        self.key = (dims, backward, lim, knobs.key, softplus, "snap") if snap else (dims, backward, lim, knobs.key,
+                                                                                    softplus)
+
+    def plan(self, rerun: bool = False) -> FamilyPlan:
+        """``first``; with ``rerun`` the plan that recomputes a result ``first`` flagged as
+        non-finite (``first`` itself where it flags nothing)."""
+        if rerun and self.first.rerun is not None:
+            return self.first.rerun
+        return self.first

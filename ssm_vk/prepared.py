@@ -118,7 +118,7 @@ def _check_resident(fn: str, p, names: tuple) -> None:
 class Replay:
     """A device-resident call decided and bound once, replayed by :meth:`run` (see the module's
     docstring): the decision's ``engine`` (and so ``ctx``) and the context's ``info`` then (its
-    ``where``), the Problem's ``dims``, the decision's plans ``planned`` (decision.Planned:
+    ``where``), the Problem's ``dims``, the decision's plans ``planned`` (family.Planned:
     limits, knobs, the step's form), the workspace ``ws``, ``bound`` (Workspace.bind_inputs of the
     inputs, and their buffers to mark busy), ``backward`` and ``update`` (a forward with
     update_cache). ``outs``: a prepared call's own outputs, ``seq`` the sequence recorded for them

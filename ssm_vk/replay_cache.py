@@ -95,7 +95,7 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
          update: bool = False) -> None:
     """Keep the Replay of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device of ``engine``, whose support decision was taken with ``info`` and
-    planned ``planned`` (decision.Planned). Nothing is kept when the signature moved meanwhile
+    planned ``planned`` (family.Planned). Nothing is kept when the signature moved meanwhile
     (the knobs changed, an input was released: another thread) or the limits did."""
     ctx = engine.ctx
     if ctx.info is not info:

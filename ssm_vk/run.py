@@ -30,8 +30,8 @@ from .recording import put_rows
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
 
 if TYPE_CHECKING:
-    from .decision import Planned
     from .engine import Engine
+    from .family import Planned
 
 __all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
            "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
@@ -68,7 +68,7 @@ def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tru
     ``given``: the caller's output DeviceArrays by name (ssm_scan's ``out``, checked by
     ssm_vk.outputs: every output, device_out implied), which the call writes and returns, never
     releases;
-    ``planned``: the decision's plans of the shape (decision.Planned: limits, knobs, the step's
+    ``planned``: the decision's plans of the shape (family.Planned: limits, knobs, the step's
     form); ``update``: also write the final states into the cache rows s[ids] (ssm_scan's
     update_cache: ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads
     those rows in place, else by copies once the call came out finite (the ``states`` returned

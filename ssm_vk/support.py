@@ -60,7 +60,7 @@ INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
 
 class Decided:
     """A support decision and what the call needs from it: the engine, the context's ``info``
-    it was taken with, the plans (decision.Planned, None when refused), whether the results are
+    it was taken with, the plans (family.Planned, None when refused), whether the results are
     DeviceArrays."""
 
     __slots__ = ("device_out", "engine", "info", "planned", "sup")

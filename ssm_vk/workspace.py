@@ -24,7 +24,7 @@ from .hostdata import HostData
 from .sizing import F32, output_shapes
 
 if TYPE_CHECKING:
-    from .decision import Planned
+    from .family import Planned
 
 __all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
 
@@ -42,7 +42,7 @@ class Workspace:
     caller that looked it up before the eviction must look up a new one."""
 
     def __init__(self, ctx, planned: Planned, rerun: bool = False):
-        """The workspace of the shape the decision planned (``planned``: decision.Planned), running
+        """The workspace of the shape the decision planned (``planned``: family.Planned), running
         its first plan, or (``rerun``) the plan that recomputes a result the first flagged as
         non-finite. It plans nothing: the plan is the decision's."""
         self.ctx = ctx
