@@ -29,15 +29,19 @@ records).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ssm_ref.checks import Problem
 
-from . import config
 from . import runtime as rt
 from .arrays import DeviceArray
-from .engine import Engine
 from .prepared import Replay
+
+if TYPE_CHECKING:
+    from . import config
+    from .engine import Engine
 
 __all__ = ["find", "keep", "signature"]
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ssm_ref import Support, check_dt_softplus
 
-from . import config
 from . import runtime as rt
 from .decision import decide
 from .engine import engine_of
 from .kernel_specs import SOFTPLUS
+
+if TYPE_CHECKING:
+    from . import config
 
 __all__ = ["NAME", "INPUTS", "Decided", "decision", "form_code", "log_once"]
 

@@ -5,13 +5,16 @@ matrix."""
 from __future__ import annotations
 
 from itertools import product
+from typing import TYPE_CHECKING
 
 from ssm_ref import Dims
 
 from ..config import KNOBS, Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
-from ..sizing import Limits
 from .m1_planner import M1_SPS_TI_MIN, M1Plan, m1_plan
+
+if TYPE_CHECKING:
+    from ..sizing import Limits
 
 __all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "kernels", "matrix",
            "packaged"]

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from .. import config
 from . import binding, device, instance
 from .binding import DeviceLost, VulkanUnavailable
-from .device import DeviceInfo
 from .owned import Owned
 from .seams import Seams
 
@@ -100,7 +99,7 @@ class Context:
         self._closing = False
         self._calls_lock = threading.Lock()      # serialises close()
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
-        self.info: DeviceInfo = chosen
+        self.info: device.DeviceInfo = chosen
         self._vk = vk
         self.owned = Owned(self)                 # the objects made through it, its extensions; closed with it
         self.seams = Seams(self)                 # the test seams: injected faults, lowered limits
@@ -139,7 +138,7 @@ class Context:
 
     # -- creation ---------------------------------------------------------------------------------
 
-    def _create(self, chosen: DeviceInfo) -> None:
+    def _create(self, chosen: device.DeviceInfo) -> None:
         vk = self._vk
         ffi = vk.ffi
         self._instance = instance.process_instance(self.validation)

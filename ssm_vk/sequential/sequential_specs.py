@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import product
+from typing import TYPE_CHECKING
 
 from ssm_ref import Dims
 
 from ..config import Settings
 from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
-from ..sizing import Limits
 from .sequential_planner import TCHUNK_BELOW, Layout, SequentialPlan, layout_for, m1_forward_two_per_lane_from
+
+if TYPE_CHECKING:
+    from ..sizing import Limits
 
 __all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "samples",
            "sample_dims", "matrix", "packaged"]
