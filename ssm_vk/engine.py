@@ -6,7 +6,7 @@ It owns:
 
 - the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
 - the support decisions (decision.decide), by problem signature;
-- the replay cache (replay_cache.py): the prepared calls (prepared.Replay) that plain
+- the replay cache (replay_cache.py): the prepared calls (replay.Replay) that plain
   device-resident calls keep for their repeats, by signature;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
@@ -81,7 +81,7 @@ class Engine:
                                              # never held while waiting for one
         self.workspaces: OrderedDict = OrderedDict()
         self.decisions: dict = {}
-        self.replays: dict = {}              # signature -> prepared.Replay (replay_cache.py)
+        self.replays: dict = {}              # signature -> replay.Replay (replay_cache.py)
         self.kept: dict = {}                 # kept_key -> KeptForward
         self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
                                              # staged host inputs last

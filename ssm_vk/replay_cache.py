@@ -1,4 +1,4 @@
-"""The replay cache: the prepared calls (prepared.Replay) that plain calls keep for their repeats,
+"""The replay cache: the prepared calls (replay.Replay) that plain calls keep for their repeats,
 by signature (the engine's ``replays``).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
@@ -14,7 +14,7 @@ inputs bound -- under its signature; a call with that signature finds it in one 
 (:func:`find`) and runs it, with less Python than the full path (docs/ARCHITECTURE.md,
 "Repeated calls").
 
-Every call still pays for what can change under the same signature (prepared.Replay):
+Every call still pays for what can change under the same signature (replay.Replay):
 - each input is live (an array released, or whose buffer or context was closed, raises as on
   the full path: checked once its buffers are marked busy);
 - the ids' values and the host memory rule, by ``validate.problem``, which raises exactly as
@@ -37,7 +37,7 @@ from ssm_ref.checks import Problem
 
 from . import runtime as rt
 from .arrays import DeviceArray
-from .prepared import Replay
+from .replay import Replay
 
 if TYPE_CHECKING:
     from . import config
@@ -55,7 +55,7 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     with update_cache) and ``K`` (a forward's snapshots, checked: part of the signature when not
     1), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
     may be None beside a packed g_y). Liveness is not part of it: a replay checks its inputs live
-    after marking their buffers busy (prepared.Replay.run), as it must anyway, and raises as the
+    after marking their buffers busy (replay.Replay.run), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
     # g_states (the eighth) may be None beside a packed (1-D) g_y, a DeviceArray checked in the

@@ -12,7 +12,7 @@ or hand out DeviceArrays.
 Replay is what makes small calls cheap: a training loop that passes the same shapes each step
 (host arrays, or device arrays whose buffers the pool hands back) records once and then pays one
 submit + wait per call. A device-resident call that repeats one that ran skips the look-ups before
-that too: the prepared call kept for it (prepared.Replay, replay_cache.py) runs it through
+that too: the prepared call kept for it (replay.Replay, replay_cache.py) runs it through
 :func:`run_bound`.
 """
 

@@ -12,7 +12,7 @@ rule. Anything else -- a miss, a host array, another dtype, a memory rule that f
 about 130 k CPU instructions of a forward call and 150 k of a backward call that misses its kept replay
 (docs/BENCHMARKS.md).
 
-The prepared calls that plain calls keep for their repeats (replay_cache.py, prepared.Replay) key a call
+The prepared calls that plain calls keep for their repeats (replay_cache.py, replay.Replay) key a call
 by more than its shapes (the buffers, the knobs) and take :func:`problem` directly.
 """
 

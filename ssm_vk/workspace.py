@@ -80,7 +80,7 @@ class Workspace:
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
-        # Set when made and by each replay of a kept call (replay_cache.py, prepared.Replay), which skips
+        # Set when made and by each replay of a kept call (replay_cache.py, replay.Replay), which skips
         # Engine.workspace's look-up and so its move to the most recent end: eviction moves a
         # workspace so marked to that end once (clearing the mark) instead of closing it.
         self.recent = True

@@ -47,10 +47,10 @@ LAYERS = (
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
     # the cached decision); neither imports the other
     ("ssm_vk.run", "ssm_vk.support"),
-    # a call prepared once and replayed: prepare_scan's, and the plain calls' repeats
-    ("ssm_vk.prepared",),
-    # the plain calls' prepared calls, by signature
-    ("ssm_vk.replay_cache",),
+    # a call bound once and replayed (Replay), and the two that hold one: prepare_scan's prepared
+    # calls and the plain calls' repeats, kept by signature
+    ("ssm_vk.replay",),
+    ("ssm_vk.prepared", "ssm_vk.replay_cache"),
     # the plain calls
     ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names

@@ -32,7 +32,7 @@ FAMILIES = ("sequential", "chunked", "m1")
 AFTER_PLANNING = sorted([PKG / "recording.py",
                          *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if p.name != f"{f}_planner.py"),
                          *(PKG / f"{m}.py" for m in ("kernel_specs", "registry", "decision", "workspace", "run",
-                                                      "engine", "replay_cache", "prepared", "api"))])
+                                                      "engine", "replay", "replay_cache", "prepared", "api"))])
 # The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.registry.plan (a call's plan,
 # which the decision makes) and the packaged matrix, which plans every variant it packages (its
 # modes' part, modes_matrix, through registry.plan).

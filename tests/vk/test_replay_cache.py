@@ -1,6 +1,6 @@
 """The replay cache (ssm_vk/replay_cache.py): a device-resident call that repeats an earlier one's signature -- the
 same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept for it
-(ssm_vk.prepared.Replay), skipping the validator's shape checks, the support decision, the
+(ssm_vk.replay.Replay), skipping the validator's shape checks, the support decision, the
 workspace look-up and the input bindings. Every way a lane could answer
 for a call it must not: a released input (its buffer handed to another array), a different array
 in the same buffer, ids changed in place, other knobs, other limits, an evicted workspace, a
@@ -19,7 +19,7 @@ from ssm_vk import config, replay_cache
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
-from ssm_vk.prepared import Replay
+from ssm_vk.replay import Replay
 
 pytestmark = pytest.mark.vulkan
 
@@ -30,7 +30,7 @@ FLOATS = ("s", "x", "dt", "A", "B", "C")
 @pytest.fixture
 def taken(monkeypatch):
     """For each device call made, whether it came through its lane (the prepared call kept for it,
-    prepared.Replay.run) or the full path (run._run)."""
+    replay.Replay.run) or the full path (run._run)."""
     seen: list[bool] = []
     real_run, real_replay = vk_run._run, Replay.run
 
