@@ -9,11 +9,8 @@ from ssm_ref.checks import MISSING, write_cache_rows
 
 from . import config, outputs, replay_cache, run
 from .arrays import DeviceArray, upload_to
-from .kernel_specs import SOFTPLUS
-from .support import INPUTS, NAME, decision, form_code, log_once
+from .support import FORMS, INPUTS, NAME, decision, form_code, log_once
 from .validate import check_backward, check_forward, frozen_result
-
-_FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
 def _fall_back(reason: str):
@@ -146,9 +143,9 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
         knobs = config.invariant_mode(knobs, invariant)
     if out is not None:   # the caller's outputs: checked, then the full path (no kept replay)
         p = check_forward(s, x, dt, A, B, C, ids, K)
-        return _forward_checked(p, knobs, sp, _FORMS[sp], given=outputs.check(out, p, False, update_cache))
+        return _forward_checked(p, knobs, sp, FORMS[sp], given=outputs.check(out, p, False, update_cache))
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, knobs, K)
+        return _scan_updating(s, x, dt, A, B, C, ids, FORMS[sp], sp, update_cache, knobs, K)
     arrays = (s, x, dt, A, B, C)
     # sig: None unless every input is a live DeviceArray
     replay, sig = replay_cache.find(False, arrays, knobs, sp, False, K)
@@ -157,7 +154,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
         if r is not None:
             return r
     p = check_forward(s, x, dt, A, B, C, ids, K)
-    return _forward_checked(p, knobs, sp, _FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
+    return _forward_checked(p, knobs, sp, FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
 
 
 def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
@@ -259,7 +256,7 @@ def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, 
         if snap:
             gsn = p.g_snapshots
             extra["g_snapshots"] = gsn.numpy() if isinstance(gsn, DeviceArray) else gsn
-        g = cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs, dt_softplus=_FORMS[sp],
+        g = cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs, dt_softplus=FORMS[sp],
                               **extra)
         if given is not None:
             outputs.fill(given, g)

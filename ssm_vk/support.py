@@ -1,7 +1,7 @@
 """The support decision of one call on the current context: the context (opened on first use, or
 why it cannot be), the Engine's cached decision for everything it depends on, and the step's form
-as the kernels' code. api.py and prepared.py both take their decisions here; ssm_vk.decision
-decides, this module finds the context and caches."""
+as the kernels' code (and back). api.py and prepared.py both take their decisions here;
+ssm_vk.decision decides, this module finds the context and caches."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .kernel_specs import SOFTPLUS
 if TYPE_CHECKING:
     from . import config
 
-__all__ = ["NAME", "INPUTS", "Decided", "decision", "form_code", "log_once"]
+__all__ = ["NAME", "INPUTS", "FORMS", "Decided", "decision", "form_code", "log_once"]
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -71,6 +71,9 @@ class Decided:
     def __init__(self, sup, engine=None, info=None, planned=None, device_out=False):
         self.sup, self.engine, self.info = sup, engine, info
         self.planned, self.device_out = planned, device_out
+
+
+FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
 def form_code(dt_softplus) -> int:
