@@ -10,28 +10,33 @@ them and holds what the rest of ssm_vk asks of them together:
 - :func:`matrix`: every variant ``ssm-scan build-shaders`` packages (:func:`modes_matrix`: those
   of K > 1 snapshots and of the invariant mode, which only the op's fallback runs).
 
-A workspace records and runs a call through its family (``ws.family``); nothing else names one.
+Outside the family folders only this module names a family: a workspace records and runs a call
+through its own (``ws.family``), the decision and the budget ask a plan's (``FamilyPlan.family``).
 
 Adding a family for a new op (a Mamba-3 scan, say), file by file:
 
-1. ``ssm_vk/<family>/glsl/``: its shaders (found by runtime/shaders.py's search path as they are;
+1. ``ssm_vk/<family>/glsl/``: its shaders (runtime/shaders.py searches every family's glsl/;
    the shared ``ssm_vk/glsl/`` holds the carry, the reductions and the row additions);
-2. ``ssm_vk/<family>/<family>_planner.py``: its plan class, the planner (a Request -> its plan or
-   None; TooLarge where nothing fits), its scratch by name, and which plans flag non-finite
-   results (pure Python, the only place its knobs are read: tests/vk/test_knob_reads.py);
-3. ``ssm_vk/<family>/<family>_specs.py``: its KernelSpecs, every kernel a plan dispatches, and its
-   part of the packaged matrix;
-4. ``ssm_vk/<family>/<family>_recording.py``: record_forward and record_backward (ssm_vk.recording
-   holds what recordings share);
-5. ``ssm_vk/<family>/__init__.py``: ``FAMILY = Family(name=..., op="<op>", ...)``, the above tied
-   together;
-6. here: import it and list it under its op in :data:`OPS` -- in the planner's order, the op's
-   fallback last (the family that takes every shape and recomputes flagged results; a new op's
-   first family is its own fallback). Its knobs go into ssm_vk.config, its folder into
-   tests/test_layers.py's FAMILIES.
+2. ``ssm_vk/<family>/<family>_planner.py``: its plan class; ``plan_call`` (a family.Request ->
+   its plan, or None where it does not take the call; sizing.TooLarge where nothing fits); its
+   scratch by name; which plans flag non-finite results. Pure Python, and the one place its
+   knobs are read (tests/vk/test_knob_reads.py);
+3. ``ssm_vk/<family>/<family>_specs.py``: its KernelSpecs (kernel_specs.py holds what they
+   share), every kernel a plan dispatches, its part of the packaged matrix;
+4. ``ssm_vk/<family>/<family>_recording.py``: record_forward and record_backward
+   (ssm_vk.recording holds what recordings share);
+5. ``ssm_vk/<family>/__init__.py``: ``FAMILY = Family(name=..., op="<op>", ...)``, the above
+   tied together;
+6. here: import its FAMILY and list it in :data:`OPS` under its op, in the planner's order, the
+   op's fallback last (the family that takes every shape and recomputes flagged results: a new
+   op's first family is its own);
+7. ssm_vk.config: its knobs (KNOBS); tests/test_layers.py (LAYERS, FAMILIES) and
+   tests/vk/test_knob_reads.py (FAMILIES): its folder.
 
-The op's entry points (validation, api) are the op's own; what runs them -- the decision, the
-budget, the workspace, the call -- is the same for every op.
+What is the scan's own and not a family's -- its arrays (sizing/shapes.py), its validation
+(validate.py), its entry points (api.py, prepared.py) -- a new op brings beside them; its entry
+points take the support decision under the op's name (support.decision: "<op>", and "<op>_back"
+for its backward), and the decision, the workspace and the call go through its families.
 """
 
 from __future__ import annotations
