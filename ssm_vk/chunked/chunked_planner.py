@@ -6,7 +6,7 @@ threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkP
 nothing after planning reads a knob.
 
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
-are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
+are parallel over time; the token-sequential kernels (ssm_vk.sequential) cover every shape and stay
 the choice for short sequences, Mamba-1, very wide rows and devices with small workgroups. The
 crossover (``CHUNK_MIN_T``) and the other defaults: docs/KERNELS.md, "The planner's defaults".
 """

@@ -1,7 +1,7 @@
-"""The replay cache (ssm_vk/replay_cache.py): a device-resident call that repeats an earlier one's signature -- the
-same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept for it
-(ssm_vk.replay.Replay), skipping the validator's shape checks, the support decision, the
-workspace look-up and the input bindings. Every way a lane could answer
+"""The replay cache (ssm_vk/replay_cache.py): a device-resident call that repeats an earlier one's
+signature -- the same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept
+for it (ssm_vk.replay.Replay), skipping the validator's shape checks, the support decision, the
+workspace look-up and the input bindings. Every way a kept replay could answer
 for a call it must not: a released input (its buffer handed to another array), a different array
 in the same buffer, ids changed in place, other knobs, other limits, an evicted workspace, a
 closed context. Results always against the float64 oracle."""
@@ -29,7 +29,7 @@ FLOATS = ("s", "x", "dt", "A", "B", "C")
 
 @pytest.fixture
 def taken(monkeypatch):
-    """For each device call made, whether it came through its lane (the prepared call kept for it,
+    """For each device call made, whether it came through its kept replay (the prepared call kept for it,
     replay.Replay.run) or the full path (run._run)."""
     seen: list[bool] = []
     real_run, real_replay = vk_run._run, Replay.run
