@@ -26,9 +26,10 @@ from .sizing import F32, output_shapes
 if TYPE_CHECKING:
     from .family import Planned
 
-__all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
+__all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
+MAX_ATTRIBUTES = 29         # a Workspace's attributes, at most (Workspace.__init__ says why)
 FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
 BWD_IN = (*FWD_IN, "g_y", "g_states")
 _ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
@@ -44,12 +45,15 @@ class Workspace:
     def __init__(self, ctx, planned: Planned, rerun: bool = False):
         """The workspace of the shape the decision planned (``planned``: family.Planned), running
         its first plan, or (``rerun``) the plan that recomputes a result the first flagged as
-        non-finite. It plans nothing: the plan is the decision's."""
+        non-finite. It plans nothing: the plan is the decision's.
+
+        At most 29 attributes (MAX_ATTRIBUTES): a 30th leaves CPython 3.11's shared keys, and every
+        attribute read of every call slows (benchmarks/vk_call_instructions.py: +0.6 k
+        instructions a forward, +4.7 k one that misses its kept replay)."""
         self.ctx = ctx
         dims = self.dims = planned.dims
         self.backward = planned.backward
         self.limits = planned.lim
-        self.knobs = planned.knobs
         self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
         fp = planned.plan(rerun)
         self.family, self.plan = fp.family, fp.plan   # the family records and runs its own plan

@@ -15,7 +15,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import config, replay_cache
+from ssm_vk import config, replay_cache, workspace
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
@@ -265,3 +265,14 @@ def test_a_refused_case_is_never_laned(taken):
         for _ in range(2):
             assert ssm_vk.ssm_scan(**d).where == "CPU"
     assert not vk_engine.current().replays and taken == []
+
+
+def test_a_workspace_keeps_its_attributes_few_enough_for_shared_keys():
+    # Every call reads a dozen attributes of its workspace: past MAX_ATTRIBUTES, CPython 3.11 gives
+    # each instance a dict of its own, and those reads slow every call (workspace.py says by how much).
+    case = _case(variant="mamba2")
+    d = _device(case)
+    ssm_vk.ssm_scan(**d)
+    ssm_vk.ssm_scan_back(**d, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
+    spaces = list(vk_engine.current().workspaces.values())
+    assert spaces and all(len(vars(ws)) <= workspace.MAX_ATTRIBUTES for ws in spaces), [len(vars(w)) for w in spaces]
