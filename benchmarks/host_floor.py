@@ -43,10 +43,10 @@ import numpy as np
 
 from ssm_ref.checks import Dims
 from ssm_vk import runtime as rt
-from ssm_vk.plan.sizes import input_shapes, output_shapes
 from ssm_vk.runtime import hostcopy
 from ssm_vk.runtime.commands import oneshot
 from ssm_vk.runtime.memory import Buffer
+from ssm_vk.sizing import input_shapes, output_shapes
 
 
 def median_s(fn, reps: int) -> float:

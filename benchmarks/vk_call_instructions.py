@@ -6,12 +6,12 @@ by valgrind's callgrind: the figure of docs/BENCHMARKS.md, "Python per call".
 Needs valgrind (Debian: ``apt-get install valgrind``, which brings ``valgrind/callgrind.h``), a C
 compiler and a Vulkan device (lavapipe will do: the submit is stubbed out, so the device does no
 work in the counted loop). For each mode it runs, under callgrind with instrumentation off, a child
-that makes the call a few times (planning, recording, the lane), stubs out ``Sequence.submit``,
+that makes the call a few times (planning, recording, the kept replay), stubs out ``Sequence.submit``,
 runs 50 more, then counts exactly ``--calls`` calls between two client requests (a small C library
 built here into a temporary folder) and prints instructions per call. ``--tree`` counts another
 checkout (e.g. an older commit's ``git worktree``), imported through PYTHONPATH, so two versions can
-be counted one after the other on one machine. Modes: ``fwd`` / ``bwd`` (device inputs, the lane's
-path), ``fwd-miss`` / ``bwd-miss`` (the lanes cleared before each call: the full path), ``fwd-host``
+be counted one after the other on one machine. Modes: ``fwd`` / ``bwd`` (device inputs, the kept
+replay's path), ``fwd-miss`` / ``bwd-miss`` (the kept replays cleared before each call: the full path), ``fwd-host``
 / ``bwd-host`` / ``step-host`` (host arrays and host results; ``step`` is a forward and its backward
 on the same arrays, counted as one call), each also with ``-staged`` (the ``force_staging`` seam: a
 discrete GPU's path, its staging slots written and compared, the copies recorded);
@@ -72,18 +72,21 @@ elif mode.endswith("-prepared"):
 for _ in range(5):
     entry(**args)
 rt.Sequence.submit = lambda self, wait=True, timeout_s=None: None
-lanes = vk_engine.current().lanes
+eng = vk_engine.current()
+replays = getattr(eng, "replays", None)   # the kept replays (``lanes`` in a tree before their rename: --tree)
+if replays is None:
+    replays = eng.lanes
 miss = mode.endswith("miss")
 for _ in range(50):
     if miss:
-        lanes.clear()
+        replays.clear()
     r = entry(**args)
     del r
 cg = ctypes.CDLL(lib)
 cg.cg_start()
 for _ in range(n):
     if miss:
-        lanes.clear()
+        replays.clear()
     r = entry(**args)
     del r
 cg.cg_stop()

@@ -20,13 +20,13 @@ pays beyond that replay is Python. For the forward and the backward, with device
 and python* split by stage, each stage timed alone with the same arguments (submit stubbed):
 
     validate  ssm_vk.validate.check_forward / check_backward (ssm_ref's validator); for a call that takes a
-              lane (ssm_vk/lanes.py: device inputs, repeated: the prepared call kept for it),
+              kept replay (ssm_vk/replay_cache.py: device inputs, repeated: the prepared call kept for it),
               Replay.problem (ssm_vk.validate.problem: the ids and the host memory rule)
-    support   ssm_vk.support.decision (the cached support decision); for a lane's call, the lane
-              look-up (ssm_vk.lanes.find) that stands for the support decision, the validator's
+    support   ssm_vk.support.decision (the cached support decision); for a kept call, the
+              look-up (ssm_vk.replay_cache.find) that stands for the support decision, the validator's
               shape checks, the workspace look-up and the input bindings
     launch    ssm_vk.run.forward / backward + drop (workspace, binding, key, outputs, and for
-              host inputs upload + download; a lane's call: Replay.run -- outputs, key, submit)
+              host inputs upload + download; a kept call: Replay.run -- outputs, key, submit)
     glue      python* - validate - support - launch (result object, the rest of api.py)
 
 The default shape is tiny, so that lavapipe's own execution stays small next to the Python;
@@ -46,7 +46,7 @@ import time
 import numpy as np
 
 import ssm_vk
-from ssm_vk import config, lanes, validate
+from ssm_vk import config, replay_cache, validate
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 from ssm_vk import support as vk_support
@@ -94,11 +94,11 @@ class Case:
             self.entry(**args)
         self.seq = vk_run.last_sequence()
         floats = self.floats = tuple(args.get(k) for k in (BWD if backward else FWD) if k != "ids")
-        self.find = lambda: lanes.find(backward, floats, config.settings())
-        self.lane = self.find()[0]  # ssm_vk/lanes.py: device inputs, a repeated call
-        if self.lane is not None:
-            lane = self.lane
-            self.validate = lambda: lane.problem(floats, args["ids"])
+        self.find = lambda: replay_cache.find(backward, floats, config.settings())
+        self.kept = self.find()[0]  # ssm_vk/replay_cache.py: device inputs, a repeated call
+        if self.kept is not None:
+            kept = self.kept
+            self.validate = lambda: kept.problem(floats, args["ids"])
         else:
             self.validate = lambda: check(**args)
         self.p = self.validate()
@@ -126,14 +126,14 @@ class Case:
                 fn()
                 s[key].append(pc() - t0)
         run = vk_run.backward if self.backward else vk_run.forward
-        p, dev, lane, floats = self.p, self.device, self.lane, self.floats
+        p, dev, kept, floats = self.p, self.device, self.kept, self.floats
         dec = vk_support.decision(self.op, p, config.settings())
 
         def launched():
-            out = lane.run(p, floats) if lane is not None else run(dec.engine, p, dec.planned, dev)
+            out = kept.run(p, floats) if kept is not None else run(dec.engine, p, dec.planned, dev)
             del out
 
-        support = self.find if lane is not None else lambda: vk_support.decision(self.op, p, config.settings())
+        support = self.find if kept is not None else lambda: vk_support.decision(self.op, p, config.settings())
         with _stubbed_submit(True):
             for key, fn in (("validate", self.validate), ("support", support), ("launch", launched)):
                 for _ in range(n):
@@ -214,7 +214,8 @@ def main() -> None:
     for c in cases:
         m = c.medians()
         print(f"{c.name:<26}" + "".join(f"{m[k]:10.1f}" for k in cols))
-    print("calls through a lane (ssm_vk/lanes.py): " + (", ".join(c.name for c in cases if c.lane) or "none"))
+    kept = ", ".join(c.name for c in cases if c.kept) or "none"
+    print(f"calls through a kept replay (ssm_vk/replay_cache.py): {kept}")
     step = [c.medians() for c in cases[:2]]
     tot = {k: sum(m[k] for m in step) for k in ("call", "drop", "python", "python*", "in-submit")}
     print(f"training step (forward + backward, device inputs): call+drop {tot['call'] + tot['drop']:.1f} us; "

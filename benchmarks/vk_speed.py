@@ -21,12 +21,12 @@ from pathlib import Path
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import config, families
+from ssm_vk import config, registry
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
-from ssm_vk.sequential.plan import layout_for
+from ssm_vk.sequential.sequential_planner import layout_for
+from ssm_vk.sizing import Limits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vk_gpu_check import SHAPES, inputs, rel
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
             dims = ssm_ref.check_forward(**dev, keep_device=True).dims
             lay = layout_for(dims, Limits.of(info), True)
             # what ran: the Mamba-1 kernels with time in threads, or the token-sequential layout
-            m1 = [families.plan(dims, Limits.of(info), b).m1 for b in (False, True)]
+            m1 = [registry.plan(dims, Limits.of(info), b).m1 for b in (False, True)]
             ran = (f"M1 fwd NW={m1[0].NW} TI={m1[0].TI} NCH={m1[0].NCH}, bwd NW={m1[1].NW} TI={m1[1].TI} "
                    f"NB={m1[1].NB} NCH={m1[1].NCH}" if m1[0] and m1[1] else
                    f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}")

@@ -69,7 +69,7 @@ def profiles(spec: str) -> list[tuple[str, object]]:
     """(label, ssm_vk.plan.Limits) for each entry of ``--subgroup-sizes``."""
     from ssm_vk import config
     from ssm_vk import runtime as rt
-    from ssm_vk.plan import Limits
+    from ssm_vk.sizing import Limits
 
     out = []
     for item in common.split_list([spec], "--subgroup-sizes"):
@@ -97,9 +97,9 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
     """Every (shader, defines) of the packaged matrix: ssm_vk.families.matrix under the knobs set
     now (none, for a wheel)."""
-    from ssm_vk import config, families
+    from ssm_vk import config, registry
 
-    return families.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
+    return registry.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
 
 
 def n_list(text: str, what: str) -> list[int]:

@@ -79,10 +79,13 @@ def _vk_plan(b: bk.Backend, shape: Shape, op: str) -> dict:
     from ssm_vk import config, support
 
     p = check_forward(*ports.args_of(empty_inputs(shape)), keep_device=True)
-    pl = support.decision(op, p, config.settings()).planned.first
-    windows = pl.chunked.windows if pl.chunked is not None else pl.windows
-    return {"layout": dataclasses.asdict(pl.layout), "windows": len(windows), "time_split": pl.time_split,
-            "chunked": pl.chunked is not None}
+    fp = support.decision(op, p, config.settings()).planned.first
+    chunked = fp.family.name == "chunked"
+    # the token-sequential plan: the call's own, or the one that stands by to recompute its inf or nan
+    seq = fp.rerun if fp.rerun is not None and fp.rerun.family is not fp.family else fp
+    windows = (fp if chunked else seq).plan.windows
+    return {"layout": dataclasses.asdict(seq.plan.layout), "windows": len(windows), "time_split": seq.plan.time_split,
+            "chunked": chunked}
 
 
 ROW_SUMS = {0: "shared memory", 1: "clustered subgroupAdd", 2: "xor shuffles", 3: "subgroupAdd"}

@@ -7,9 +7,10 @@ device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``, and calls
 and replayed (``prepare_scan``, ``prepare_scan_back``). ``SSM_VK_DEVICE=<index>``
 picks the device (default: first discrete GPU, else integrated, else a CPU implementation such
 as lavapipe); every setting is in :mod:`ssm_vk.config`. Importing works without Vulkan; the
-functions then fall back to ssm_fast and say so. The layers, one way down: api -> lanes -> prepared ->
-run -> engine -> workspace -> decision -> families -> record -> kernels -> plan -> config; runtime
-under all (docs/ARCHITECTURE.md).
+functions then fall back to ssm_fast and say so. The layers, one way down: api -> prepared,
+replay_cache -> replay -> run, support -> engine -> workspace -> decision -> registry -> the
+kernel families (sequential/, chunked/, m1/) -> recording -> family, kernel_specs -> sizing/ ->
+config; runtime under all (docs/ARCHITECTURE.md; tests/test_layers.py holds them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def devices() -> list[DeviceInfo]:
 
 
 def __dir__():
-    # The public names only: the modules that imports attach (api, engine, lanes, workspace, ...)
+    # The public names only: the modules that imports attach (api, engine, replay_cache, workspace, ...)
     # are internals, imported by their path (``import ssm_vk.engine``).
     return sorted(__all__)
 

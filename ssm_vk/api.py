@@ -7,13 +7,10 @@ import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
 from ssm_ref.checks import MISSING, write_cache_rows
 
-from . import config, lanes, outputs, run
+from . import config, outputs, replay_cache, run
 from .arrays import DeviceArray, upload_to
-from .kernels import SOFTPLUS
-from .support import INPUTS, NAME, decision, form_code, log_once
+from .support import FORMS, INPUTS, NAME, decision, form_code, log_once
 from .validate import check_backward, check_forward, frozen_result
-
-_FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
 def _fall_back(reason: str):
@@ -101,7 +98,7 @@ def _fast():
 
 def _repeat(replay, arrays: tuple, ids):
     """The result of a device-resident call that repeats one that ran on the device, through the
-    prepared call kept for its signature (``replay``: lanes.find's) on these arrays and ids, a new
+    prepared call kept for its signature (``replay``: replay_cache.find's) on these arrays and ids, a new
     result object; None: the full path (its ids or the host memory rule fail: the validator says
     what)."""
     p = replay.problem(arrays, ids)
@@ -135,7 +132,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
     ``invariant``: True for the invariant mode (docs/SPEC.md section 3.2): a sequence's results
     the same bits whatever S, its companions, its position and the split of its tokens into calls
     (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
-    (ssm_vk.families.plan). False (default): the fastest plan of the shape, deterministic only.
+    (ssm_vk.registry.plan). False (default): the fastest plan of the shape, deterministic only.
     ``out``: {name: DeviceArray} of every output ("y", "states", and "snapshots" when K > 1),
     written by the call and returned as its result's arrays (ssm_vk.outputs.check: the rules).
     """
@@ -144,19 +141,20 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
     knobs = config.settings()
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
-    if out is not None:   # the caller's outputs: checked, then the full path (no lane)
+    if out is not None:   # the caller's outputs: checked, then the full path (no kept replay)
         p = check_forward(s, x, dt, A, B, C, ids, K)
-        return _forward_checked(p, knobs, sp, _FORMS[sp], given=outputs.check(out, p, False, update_cache))
+        return _forward_checked(p, knobs, sp, FORMS[sp], given=outputs.check(out, p, False, update_cache))
     if update_cache is not False:
-        return _scan_updating(s, x, dt, A, B, C, ids, _FORMS[sp], sp, update_cache, knobs, K)
+        return _scan_updating(s, x, dt, A, B, C, ids, FORMS[sp], sp, update_cache, knobs, K)
     arrays = (s, x, dt, A, B, C)
-    replay, sig = lanes.find(False, arrays, knobs, sp, False, K)  # sig: None unless every input is a live DeviceArray
+    # sig: None unless every input is a live DeviceArray
+    replay, sig = replay_cache.find(False, arrays, knobs, sp, False, K)
     if replay is not None:   # a repeat of a call that ran on the device: the prepared call kept for it
         r = _repeat(replay, arrays, ids)
         if r is not None:
             return r
     p = check_forward(s, x, dt, A, B, C, ids, K)
-    return _forward_checked(p, knobs, sp, _FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
+    return _forward_checked(p, knobs, sp, FORMS[sp], sig, arrays)   # (the checked form: the CPU's)
 
 
 def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
@@ -169,7 +167,7 @@ def _cpu_scan(cpu, h: dict, p, dt_softplus, update_cache: bool = False, s=None):
 
 def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=(), given=None) -> ScanResult:
     """ssm_scan of the checked problem ``p``: on the device where it can run, else on the CPU;
-    with ``sig`` (lanes.find's), the call is kept for its repeats (lanes.keep); ``given``: the
+    with ``sig`` (replay_cache.find's), the call is kept for its repeats (replay_cache.keep); ``given``: the
     checked ``out`` (the CPU's results uploaded into it)."""
     K = p.dims.K
     dec = decision("ssm_scan", p, knobs, sp)
@@ -184,7 +182,7 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=(), given=
         return _scan_result(r.y, r.states, r.snapshots if K > 1 else None, r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out, given=given)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays)
     return _out_result(out, dec.info.where, K)
 
 
@@ -195,7 +193,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, k
     checked distinct every call). ``knobs``: the call's settings (its invariant mode in them)."""
     arrays = (s, x, dt, A, B, C)
     if update_cache is True:
-        replay, sig = lanes.find(False, arrays, knobs, sp, True, K)
+        replay, sig = replay_cache.find(False, arrays, knobs, sp, True, K)
         if replay is not None:
             r = _repeat(replay, arrays, ids)
             if r is not None:
@@ -221,7 +219,7 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, k
                             r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=True, update=True)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays, update=True)
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, p, False, arrays, update=True)
     out["states"].release()
     return _scan_result(out["y"], None, out.get("snapshots"), dec.info.where)
 
@@ -240,7 +238,7 @@ def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, 
     if invariant is not False:
         knobs = config.invariant_mode(knobs, invariant)
     arrays = (s, x, dt, A, B, C, g_y, g_states)
-    replay, sig = lanes.find(True, arrays, knobs, sp) if g_snapshots is None and out is None else (None, None)
+    replay, sig = replay_cache.find(True, arrays, knobs, sp) if g_snapshots is None and out is None else (None, None)
     if replay is not None:
         r = _repeat(replay, arrays, ids)
         if r is not None:
@@ -258,7 +256,7 @@ def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, 
         if snap:
             gsn = p.g_snapshots
             extra["g_snapshots"] = gsn.numpy() if isinstance(gsn, DeviceArray) else gsn
-        g = cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs, dt_softplus=_FORMS[sp],
+        g = cpu.ssm_scan_back(h["s"], h["x"], h["dt"], h["A"], h["B"], h["C"], p.ids, gy, gs, dt_softplus=FORMS[sp],
                               **extra)
         if given is not None:
             outputs.fill(given, g)
@@ -266,7 +264,7 @@ def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, 
         return _resident(g, p, ssm_ref.GRAD_NAMES)
     g = run.backward(dec.engine, p, dec.planned, device_out=dec.device_out, given=given)
     if sig is not None:
-        lanes.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, p, True, arrays)
     return _grads(g, dec.info.where)
 
 

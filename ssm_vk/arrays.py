@@ -283,7 +283,7 @@ class DeviceArray:
 
 def check_live(arrays) -> None:
     """``a._check_live()`` for each DeviceArray of ``arrays`` (None entries skipped), in one call:
-    the inputs of a call that came through a lane, each call."""
+    the inputs of a call that came through a kept replay, each call."""
     for a in arrays:
         if a is None:
             continue

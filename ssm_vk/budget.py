@@ -5,9 +5,10 @@ A call acquires these buffers through the context's pool (each rounded up by
 
 - one upload buffer per host input (device-resident inputs are bound where they are),
 - one buffer per output,
-- the scratch of the recording (each family's, in its plan.py: the table its recording requests by;
-  the chunked kernels' and the time chunks' add a host-visible flag and, for the recompute of a
-  call with inf or nan, a second set of outputs),
+- the scratch of the recording (family.Family.scratch: each family's, by the names its recording
+  requests it under); a plan whose results are flagged when non-finite adds a host-visible flag
+  and, for the recompute of a call with inf or nan, a second set of outputs (and that recompute's
+  scratch, where its plan stands in for the family's: family.Family.rerun_stands_in),
 - small constant buffers (the row pairs of the d_s scatter, sized for the worst ids, so that
   the answer does not depend on them; the ids, when the scan reads the cache rows in place) and a
   16-byte stand-in binding.
@@ -24,48 +25,38 @@ runtime.pool.BufferPool.acquire.)
 from __future__ import annotations
 
 from math import prod
+from typing import TYPE_CHECKING
 
-from ssm_ref import Dims
-
-from .chunked.plan import chunked_scratch
-from .m1.plan import m1_scratch
-from .plan.limits import F32, Limits, rows_in_place
-from .plan.sizes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 from .runtime.pool import BufferPool
-from .sequential.plan import Plan, sequential_scratch, time_chunk_scratch
+from .sizing import DUMMY_BYTES, F32, input_shapes, output_shapes, rows_in_place
+
+if TYPE_CHECKING:
+    from ssm_ref import Dims
+
+    from .family import FamilyPlan
+    from .sizing import Limits
 
 __all__ = ["buffers", "check", "allocations"]
 
 
-def buffers(d: Dims, pl: Plan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
-    """Bytes of every buffer a call of a problem of dims ``d`` acquires (before the pool's
-    rounding), by name; an upper bound where ids matter. ``resident``: names of inputs already on
-    the device (DeviceArrays), which take nothing."""
+def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
+    """Bytes of every buffer a call of a problem of dims ``d`` under plan ``fp`` acquires (before
+    the pool's rounding), by name; an upper bound where ids matter. ``resident``: names of inputs
+    already on the device (DeviceArrays), which take nothing."""
     sizes = {f"in:{k}": prod(v) * F32 for k, v in input_shapes(d, backward).items() if k not in resident}
     outs = {k: prod(v) * F32 for k, v in output_shapes(d, backward).items()}
     sizes.update({f"out:{k}": n for k, n in outs.items()})
     row = d.H * d.P * d.N
-    if pl.chunked is not None:
-        # the chunked kernels' scratch, and a second set of outputs and scratch for the
-        # token-sequential recompute of a call that turns out inf or nan
-        sizes.update({f"scratch:{k}": n * F32 for k, n in chunked_scratch(d, pl, backward).items()})
-        sizes.update({"scratch:flag": FLAG_ELEMS * F32, "flag_host": 16})
-        sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
-    if pl.m1 is not None:
-        # the time-in-threads kernels' scratch, and a second set of outputs for the token-sequential
-        # recompute of a call that turns out inf or nan
-        sizes.update({f"scratch:m1:{k}": n * F32 for k, n in m1_scratch(d, pl.m1, backward, pl.softplus).items()})
+    family, plan, rerun = fp
+    sizes.update({f"scratch:{k}": n * F32 for k, n in family.scratch(d, plan, backward).items()})
+    if rerun is not None:
+        # a plan that flags inf and nan: the flag's host-visible copy, and a second set of outputs
+        # (the recompute's workspace); and the recompute's scratch where its plan stands in
         sizes.update({"flag_host": 16})
         sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
-    if pl.tchunk:
-        # the chunk tables, and a second set of outputs for the token-sequential recompute of a
-        # call that turns out inf or nan
-        sizes.update({f"scratch:tc:{k}": n * F32 for k, n in time_chunk_scratch(d, pl, backward).items()})
-        sizes.update({"flag_host": 16})
-        sizes.update({f"rerun:out:{k}": n for k, n in outs.items()})
+        if family.rerun_stands_in:
+            sizes.update({f"scratch:{k}": n * F32 for k, n in rerun.family.scratch(d, rerun.plan, backward).items()})
     if backward:
-        if not pl.tchunk and pl.m1 is None:   # (the time chunks' own count them, for the chunks as sequences)
-            sizes.update({f"scratch:seq:{k}": n * F32 for k, n in sequential_scratch(d, pl).items()})
         if d.R * row and d.S > 1:  # the pairs of the d_s scatter: one buffer, its groups aligned
             sizes["const:pairs"] = pairs_bytes(d.S, lim.min_storage_buffer_offset_alignment)
     if rows_in_place(d, lim):  # the ids as a constant buffer, for the scan's read of s[ids]

@@ -66,7 +66,7 @@ class Knob:
 # The planner's knobs (SSM_VK_TUNE). Each replaces a choice of the planner; the planner still
 # keeps every device limit (a knob never makes a workgroup larger than the device allows).
 KNOBS: dict[str, Knob] = {
-    # token-sequential kernels (ssm_vk.sequential.plan)
+    # token-sequential kernels (ssm_vk.sequential.sequential_planner)
     "LN": Knob(None, _pow2(1, 256), "lanes per state row, at most (default: by N, the subgroup and the direction; "
                "fewer when N or the subgroup is smaller)"),
     "ROW_SUM": Knob(None, _between(0, 3), "how a row is summed: 0 shared memory, 1 clustered, 2 xor butterfly, 3 "
@@ -89,7 +89,7 @@ KNOBS: dict[str, Knob] = {
     "TCHUNK": Knob(None, _zero_or_between(2, 1 << 30), "tokens per time chunk of the forward and backward parallel "
                    "over time (used when it divides T into two or more chunks); 0: never (default: Mamba-1 on a GPU, "
                    "where the scan would run too few threads)"),
-    # Mamba-1 kernels with time in a workgroup's threads (ssm_vk.m1.plan)
+    # Mamba-1 kernels with time in a workgroup's threads (ssm_vk.m1.m1_planner)
     "M1": Knob(None, _one_of(0, 1), "the Mamba-1 kernels with time in threads; 0: never; 1: wherever they apply, a CPU "
                "device too (default: wherever they apply on a GPU)"),
     "M1_NW": Knob(None, _pow2(1, 64), "time slices (subgroups) per workgroup of those kernels, at most (default 4 "
@@ -108,7 +108,7 @@ KNOBS: dict[str, Knob] = {
                       "workgroup's slices of at most this many tokens each; 0: never"),
     "M1_NB": Knob(None, _one_of(1, 2, 4), "state values per round of their backward's walk back (default 4, or 2 or 1: "
                   "the most that divides N; a value that does not divide N is lowered to 1)"),
-    # chunked Mamba-2 kernels (ssm_vk.chunked.plan)
+    # chunked Mamba-2 kernels (ssm_vk.chunked.chunked_planner)
     "CHUNK": Knob(None, _one_of(0, 16, 32, 48, 64), "chunk length in tokens; 0: never the chunked kernels (default 32 "
                   "up to 1024 tokens in all, else 64)"),
     "CHUNK_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the chunked kernels take (default 64 forward, "
@@ -141,7 +141,7 @@ KNOBS: dict[str, Knob] = {
 class Settings:
     """What the planner and the caches depend on: the knobs set (name -> int), the subgroup
     switch and the mode (``invariant``: the calls of ``invariant=True``, whose plans
-    ssm_vk.families.plan makes from the per-sequence problem alone). ``key`` identifies them (part
+    ssm_vk.registry.plan makes from the per-sequence problem alone). ``key`` identifies them (part
     of every cache key that depends on a plan: the decisions, the lanes, the workspaces), so an
     invariant call never takes a default call's plan."""
 

@@ -2,36 +2,41 @@
 any allocation, by the same functions the call then uses, so that ``supports()`` and the call
 cannot disagree.
 
-A call runs on the device when a plan fits the device's limits (ssm_vk.plan), every buffer fits
+A call runs on the device when a plan fits the device's limits (ssm_vk.limits), every buffer fits
 its memory and allocation count (ssm_vk.budget), and every kernel of the plan can be had and taken
 by the device: its SPIR-V is packaged, cached or compiled now (runtime.shaders), and its
 bindings, push constants, workgroup size and shared memory (read from the SPIR-V itself) are
-within the device's limits. When only the chunked Mamba-2 kernels or the Mamba-1 kernels with
-time in threads fail that, the token-sequential kernels run the shape and the decision says so.
+within the device's limits. When only the kernels of a family other than its op's fallback fail
+that, the call is planned without them (the token-sequential kernels run the shape) and the
+decision says so.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ssm_ref import Support
 
 from . import budget
-from . import kernels as specs
-from .config import Settings
-from .families import CHUNKED, M1, kernels_needed, plan
-from .plan import Limits, TooLarge, binding_cap
+from .family import Planned
+from .registry import fallback_of, kernels_needed, plan
 from .runtime import shaders
 from .runtime.spirv import workgroup_memory_bytes
-from .sequential.plan import Plan
+from .sizing import TooLarge, binding_cap
 
-__all__ = ["Planned", "choose_plan", "choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
+if TYPE_CHECKING:
+    from .config import Settings
+    from .family import FamilyPlan
+    from .kernel_specs import KernelSpec
+    from .sizing import Limits
+
+__all__ = ["choose_plan_why", "decide", "kernel_problem", "kernels_problem", "snaps"]
 
 _shared: dict = {}   # sha256 of a SPIR-V module -> bytes of shared memory it declares
 
 
-def kernel_problem(lim: Limits, spec: specs.KernelSpec) -> str:
+def kernel_problem(lim: Limits, spec: KernelSpec) -> str:
     """Why the device of ``lim`` cannot run kernel ``spec`` ("" when it can): it needs more
     storage buffers, push-constant bytes or threads than the device offers, its SPIR-V cannot be
     had (no source, no glslc and nothing packaged or cached, glslc rejecting it), or it declares
@@ -58,7 +63,7 @@ def kernel_problem(lim: Limits, spec: specs.KernelSpec) -> str:
     return ""
 
 
-def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
+def kernels_problem(lim: Limits, kernels: list[KernelSpec]) -> str:
     """The first :func:`kernel_problem` of ``kernels`` ("" when none)."""
     for spec in kernels:
         why = kernel_problem(lim, spec)
@@ -67,67 +72,26 @@ def kernels_problem(lim: Limits, kernels: list[specs.KernelSpec]) -> str:
     return ""
 
 
-def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
-                    softplus: int = 0, snap: bool = False) -> tuple[Plan, str]:
-    """(the plan a call runs, why it left out the chunked kernels or the Mamba-1 kernels with time
-    in threads that families.plan picked for the shape -- their SPIR-V cannot be had here, or the
-    device does not take them; "" when it did not). ``chunked`` False: never the chunked kernels,
-    the time-in-threads ones nor the time chunks (the recompute of a non-finite result).
-    ``softplus``: the step's form (kernels.SOFTPLUS). ``snap``: the K state snapshots (families.plan).
-    Raises TooLarge when no plan fits."""
-    pl = plan(d, lim, backward, knobs, softplus, time_chunks=chunked, snap=snap)
-    if pl.m1 is not None:
-        why = kernels_problem(lim, M1.kernels(d, pl, backward))
-        if why:   # the plan the shape would have without them (time chunks, or token by token)
-            return plan(d, lim, backward, knobs, softplus, time_chunks=chunked, m1=False), why
-        return pl, ""
-    if pl.chunked is None:
-        return pl, ""
-    why = kernels_problem(lim, CHUNKED.kernels(d, pl, backward)) if chunked else ""
-    if not chunked or why:
-        pl = replace(pl, chunked=None)
-    return pl, why
-
-
-def choose_plan(d, lim: Limits, backward: bool, knobs: Settings, chunked: bool = True,
-                softplus: int = 0, snap: bool = False) -> Plan:
-    """The plan of :func:`choose_plan_why`."""
-    return choose_plan_why(d, lim, backward, knobs, chunked, softplus, snap)[0]
-
-
-class Planned:
-    """The plans of one decided problem shape, made by the decision and only read after it: the
-    plan a call runs (``first``, whose kernels the decision checked) and, through
-    :meth:`plan`, the token-sequential plan that recomputes a result the first one flagged as
-    non-finite -- made the first time a call needs it, then kept here (with the cached decision),
-    so no call plans. Also what the plans were made for: ``dims``, ``backward``, the planner's
-    ``lim`` and ``knobs``, the step's form ``softplus``, ``snap`` (the K state snapshots:
-    families.plan); ``key`` (all of them; ``snap`` only when set) keys the workspace of the shape
-    (engine.Engine.workspace)."""
-
-    __slots__ = ("_rerun", "backward", "dims", "first", "key", "knobs", "lim", "snap", "softplus")
-
-    def __init__(self, first: Plan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0,
-                 snap: bool = False):
-        self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
-        self.knobs, self.softplus, self.snap = knobs, softplus, snap
-        # (a backward given g_snapshots of one slot has the Dims of one without: ``snap`` tells them apart)
-        self.key = (dims, backward, lim, knobs.key, softplus, "snap") if snap else (dims, backward, lim, knobs.key,
-                                                                                    softplus)
-        # a plan that flags nothing is never recomputed, and without the chunked kernels, the time
-        # chunks and the Mamba-1 kernels with time in threads it is its own recompute's plan
-        self._rerun = None if first.flags_nonfinite else first
-
-    def plan(self, chunked: bool = True) -> Plan:
-        """``first``; with ``chunked`` False the recompute's plan (choose_plan(chunked=False)),
-        made once. (Two threads that both make it make the same plan; either is kept.)"""
-        if chunked:
-            return self.first
-        pl = self._rerun
-        if pl is None:
-            pl = self._rerun = choose_plan(self.dims, self.lim, self.backward, self.knobs, chunked=False,
-                                           softplus=self.softplus, snap=self.snap)
-        return pl
+def choose_plan_why(d, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0, snap: bool = False,
+                    op: str = "ssm_scan") -> tuple[FamilyPlan, str]:
+    """(the plan a call runs, why it left out the family that registry.plan picked for the shape
+    -- "<its title> cannot (<why>)": its SPIR-V cannot be had here, or the device does not take it;
+    "" when it did not). Only a family other than the op's fallback is left out so (the fallback's
+    kernels are every call's: the decision checks them with the rest, kernels_needed); the shape is
+    then planned without it, or, where the family says so (``rerun_stands_in``), its recompute's
+    plan runs it. ``softplus``: the step's form (kernel_specs.SOFTPLUS). ``snap``: the K state
+    snapshots (registry.plan). Raises TooLarge when no plan fits."""
+    fp = plan(d, lim, backward, knobs, softplus, snap=snap, op=op)
+    fam = fp.family
+    if fam is fallback_of(fam):
+        return fp, ""
+    why = kernels_problem(lim, fam.kernels(d, fp.plan, backward))
+    if not why:
+        return fp, ""
+    dropped = f"{fam.title} cannot ({why})"
+    if fam.rerun_stands_in:
+        return fp.rerun, dropped
+    return plan(d, lim, backward, knobs, softplus, snap=snap, without=(fam,), op=op), dropped
 
 
 def snaps(p, backward: bool) -> bool:
@@ -141,12 +105,13 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     """(whether problem ``p`` runs on ``ctx`` for ``op`` with the step's form ``softplus``, whether
     the answer may be cached: a refusal for want of SPIR-V is not, as glslc on PATH or a warm
     cache may lift it later; the plans of an accepted call, else None). The one planning of
-    the shape: plan.plan runs once (twice where the Mamba-1 kernels with time in threads cannot
-    be had: the plan without them)."""
-    backward = op == "ssm_scan_back"
+    the shape: registry.plan runs once (twice where a family's kernels cannot be had: the plan
+    without them). ``op``: "ssm_scan" or its backward, "ssm_scan_back"."""
+    scan = op.removesuffix("_back")
+    backward = scan != op
     snap = snaps(p, backward)
     try:
-        pl, dropped = choose_plan_why(p.dims, lim, backward, knobs, softplus=softplus, snap=snap)
+        pl, dropped = choose_plan_why(p.dims, lim, backward, knobs, softplus=softplus, snap=snap, op=scan)
     except TooLarge as e:
         return Support(False, str(e)), True, None
     if snap:
@@ -163,10 +128,8 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
     why = kernels_problem(lim, kernels_needed(p.dims, pl, backward))
     if why:
         return Support(False, why), False, None
-    planned = Planned(pl, p.dims, lim, backward, knobs, softplus, snap)
+    planned = Planned(pl, p.dims, lim, backward, knobs, softplus, snap, dropped)
     where = f"runs on {ctx.info.where} ({ctx.info.name})"
     if dropped:
-        which = "the Mamba-1 kernels with time in threads" if p.dims.mamba1 else "the chunked kernels"
-        note = f"the token-sequential kernels run it: {which} cannot ({dropped})"
-        return Support(True, f"{where}; {note}"), True, planned
+        return Support(True, f"{where}; {pl.family.title} run it: {dropped}"), True, planned
     return Support(True, where), True, planned

@@ -6,8 +6,8 @@ It owns:
 
 - the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
 - the support decisions (decision.decide), by problem signature;
-- the lanes (lanes.py): the prepared calls (prepared.Replay) that plain device-resident calls
-  keep for their repeats, by signature;
+- the replay cache (replay_cache.py): the prepared calls (replay.Replay) that plain
+  device-resident calls keep for their repeats, by signature;
 - the forward's tables kept for the backward (:class:`KeptForward`), keyed once, by
   ``Workspace.kept_key`` (dims, limits, knobs, the step's form: what a forward and its backward
   share); by its hash (``ws.host.pair``), the forward workspace whose upload buffers hold its
@@ -25,27 +25,31 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .config import Settings
-from .decision import Planned
-from .plan import Limits
+from .sizing import Limits
 from .workspace import Workspace
+
+if TYPE_CHECKING:
+    from .config import Settings
+    from .family import Planned
 
 __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]
 
 MAX_WORKSPACES = 8          # shapes kept per context
 MAX_DECISIONS = 256
-MAX_LANES = 64
+MAX_REPLAYS = 64
 
 
 @dataclass
 class KeptForward:
-    """What a chunked forward left for the backward of the same device-resident inputs: its
-    workspace (whose scratch holds the chunk states, C.B and M o C.B: ``tables``) and who the
-    inputs were (for each, its owning DeviceArray weakly, offset and shape; and the ids).
-    DeviceArrays are written after they are made only by a forward with update_cache=True, which
-    drops the tables of every call that read the array it writes (Engine.written); so while each
-    owner is alive and not released, the tables are those of these inputs."""
+    """What a forward left for the backward of the same device-resident inputs (a family whose
+    plans tag tables: family.Family.tables): its workspace (whose scratch holds them: ``tables``,
+    the chunked kernels' chunk states, C.B and M o C.B) and who the inputs were (for each, its
+    owning DeviceArray weakly, offset and shape; and the ids). DeviceArrays are written after they
+    are made only by a forward with update_cache=True, which drops the tables of every call that
+    read the array it writes (Engine.written); so while each owner is alive and not released, the
+    tables are those of these inputs."""
 
     ws: Workspace
     who: tuple
@@ -77,12 +81,12 @@ class Engine:
                                              # never held while waiting for one
         self.workspaces: OrderedDict = OrderedDict()
         self.decisions: dict = {}
-        self.lanes: dict = {}
+        self.replays: dict = {}              # signature -> replay.Replay (replay_cache.py)
         self.kept: dict = {}                 # kept_key -> KeptForward
         self.uploads: dict = {}              # hash(kept_key) (ws.host.pair) -> the forward Workspace that
                                              # staged host inputs last
         self._limits: dict = {}              # (id(info), no_subgroup) -> (info, Limits)
-        self.reruns = 0                      # chunked results recomputed for inf/nan
+        self.reruns = 0                      # flagged results recomputed for inf/nan
         self.states_reused = 0               # backwards that took their forward's tables
         ctx.owned.adopt(self)
 
@@ -101,21 +105,21 @@ class Engine:
         return lim
 
     # -- workspaces -----------------------------------------------------------------------------
-    def workspace(self, planned: Planned, chunked: bool = True) -> Workspace:
+    def workspace(self, planned: Planned, rerun: bool = False) -> Workspace:
         """The workspace of the shape, knobs, limits and step's form the decision planned
-        (``planned``: decision.Planned), running its first plan or (``chunked`` False) the
-        recompute's -- made on first use with that plan; the least recently used beyond
-        MAX_WORKSPACES is closed."""
-        key = (planned.key, chunked)
+        (``planned``: family.Planned), running its first plan or (``rerun``) the recompute's
+        -- made on first use with that plan; the least recently used beyond MAX_WORKSPACES is
+        closed."""
+        key = (planned.key, rerun)
         with self.lock:
             if self.closed:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                ws = self.workspaces[key] = Workspace(self.ctx, planned, chunked)
+                ws = self.workspaces[key] = Workspace(self.ctx, planned, rerun)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
-                    if old.recent:  # replayed (lanes.py) since it came to the front: not the least recent
+                    if old.recent:  # replayed (replay_cache.py) since it came to the front: not the least recent
                         old.recent = False
                         self.workspaces.move_to_end(k)
                         continue
@@ -125,11 +129,11 @@ class Engine:
             self.workspaces.move_to_end(key)
             return ws
 
-    def find_workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, chunked: bool = True,
+    def find_workspace(self, dims, backward: bool, lim: Limits, knobs: Settings, rerun: bool = False,
                        softplus: int = 0) -> Workspace | None:
         """The workspace a call of this shape made, or None (a look-up only: tests and tools read
         the plan a call ran)."""
-        return self.workspaces.get(((dims, backward, lim, knobs.key, softplus), chunked))
+        return self.workspaces.get(((dims, backward, lim, knobs.key, softplus), rerun))
 
     def clear(self) -> None:
         """Close every workspace (their buffers back to the pool, their sequences freed)."""
@@ -166,18 +170,18 @@ class Engine:
             for key in [k for k, v in self.kept.items() if any(ref() is owner for ref, _, _ in v.who)]:
                 del self.kept[key]
 
-    def kept_for(self, key: tuple, arrays: tuple, ids: bytes, CL: int) -> KeptForward | None:
-        """The forward tables these backward inputs may take -- the last chunked forward of the
-        same shape ran on these very arrays, in one window, with chunk length ``CL`` -- with their
-        workspace locked (the caller releases ``kept.ws.lock`` after its submit); None when there
-        are none. Never waits for the lock: a forward running now is overwriting them anyway."""
+    def kept_for(self, key: tuple, arrays: tuple, ids: bytes, tag) -> KeptForward | None:
+        """The forward tables these backward inputs may take -- the last forward of the same
+        shape that kept its tables ran on these very arrays, with tables of tag ``tag`` (the
+        backward's plan's: Workspace.tables_tag) -- with their workspace locked (the caller releases
+        ``kept.ws.lock`` after its submit); None when there are none. Never waits for the lock: a
+        forward running now is overwriting them anyway."""
         kept = self.kept.get(key)
         if kept is None or not kept.ws.lock.acquire(blocking=False):
             return None
         try:
-            fp = kept.ws.plan.chunked
-            ok = (not kept.ws.closed and kept.tables is not None and fp is not None and fp.CL == CL
-                  and len(fp.windows) == 1 and self.kept.get(key) is kept and kept.matches(arrays, ids))
+            ok = (not kept.ws.closed and kept.tables is not None and kept.ws.tables_tag == tag
+                  and self.kept.get(key) is kept and kept.matches(arrays, ids))
             if ok:
                 kept.ws.settle()
                 return kept
@@ -205,7 +209,7 @@ class Engine:
             return None
         return donor
 
-    # -- decisions and lanes --------------------------------------------------------------------
+    # -- decisions and replays ------------------------------------------------------------------
     def decision(self, key: tuple):
         return self.decisions.get(key)
 
@@ -215,14 +219,14 @@ class Engine:
                 self.decisions.clear()
             self.decisions[key] = value
 
-    def lane(self, sig: tuple):
-        return self.lanes.get(sig)
+    def replay(self, sig: tuple):
+        return self.replays.get(sig)
 
-    def add_lane(self, sig: tuple, lane) -> None:
+    def keep_replay(self, sig: tuple, replay) -> None:
         with self.lock:
-            if len(self.lanes) >= MAX_LANES:
-                self.lanes.clear()
-            self.lanes[sig] = lane
+            if len(self.replays) >= MAX_REPLAYS:
+                self.replays.clear()
+            self.replays[sig] = replay
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -233,7 +237,7 @@ class Engine:
         self.clear()
         with self.lock:
             self.decisions.clear()
-            self.lanes.clear()
+            self.replays.clear()
             self._limits.clear()
         self.ctx.owned.forget(self)
 
@@ -252,7 +256,7 @@ def current() -> Engine:
 
 def clear(ctx=None) -> None:
     """Close the workspaces (their buffers and recorded sequences) of ``ctx``, default the open
-    context's, and forget its support decisions and lanes; a call after records anew."""
+    context's, and forget its support decisions and kept replays; a call after records anew."""
     from .runtime import current_context
 
     ctx = current_context() if ctx is None else ctx
@@ -261,4 +265,4 @@ def clear(ctx=None) -> None:
         engine.clear()
         with engine.lock:
             engine.decisions.clear()
-            engine.lanes.clear()
+            engine.replays.clear()

@@ -43,8 +43,7 @@ import math
 import numpy as np
 
 from . import runtime as rt
-from .plan import F32
-from .plan.sizes import input_shapes
+from .sizing import F32, input_shapes
 
 __all__ = ["HostData"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import runtime as rt
 from .arrays import DeviceArray
-from .plan.sizes import output_shapes
+from .sizing import output_shapes
 
 __all__ = ["check", "fill"]
 

@@ -1,18 +1,18 @@
 """Running a call on the device, once it is decided: its workspace, inputs bound, the recorded
-sequence replayed (or recorded), submit and wait, the results; the recompute of a chunked result
+sequence replayed (or recorded), submit and wait, the results; the recompute of a flagged result
 that held inf or nan; the forward's tables taken by its backward.
 
 A call goes: look up the Workspace of its shape in the context's Engine -> write host inputs
 into the workspace's buffers or its staging slots (device-resident inputs are bound in place; a
 backward binds the buffers its forward filled with the same host bytes) -> find the Sequence
-recorded for exactly these buffers, or record it (its family's recording: ssm_vk.families, between
+recorded for exactly these buffers, or record it (its family's recording: ``ws.family``, between
 the copies of staged host data in and out) -> submit and wait -> read host results (host calls)
 or hand out DeviceArrays.
 
 Replay is what makes small calls cheap: a training loop that passes the same shapes each step
 (host arrays, or device arrays whose buffers the pool hands back) records once and then pays one
 submit + wait per call. A device-resident call that repeats one that ran skips the look-ups before
-that too: the prepared call kept for it (prepared.Replay, lanes.py) runs it through
+that too: the prepared call kept for it (replay.Replay, replay_cache.py) runs it through
 :func:`run_bound`.
 """
 
@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from ssm_ref import Problem
 
 from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
-from .decision import Planned
-from .engine import Engine
-from .families import record_backward, record_forward, scatters_in_place
-from .record.common import put_rows
+from .recording import put_rows
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .family import Planned
 
 __all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
            "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
@@ -66,7 +68,7 @@ def forward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tru
     ``given``: the caller's output DeviceArrays by name (ssm_scan's ``out``, checked by
     ssm_vk.outputs: every output, device_out implied), which the call writes and returns, never
     releases;
-    ``planned``: the decision's plans of the shape (decision.Planned: limits, knobs, the step's
+    ``planned``: the decision's plans of the shape (family.Planned: limits, knobs, the step's
     form); ``update``: also write the final states into the cache rows s[ids] (ssm_scan's
     update_cache: ``p.s`` a DeviceArray, the ids distinct) -- by the scan itself where it reads
     those rows in place, else by copies once the call came out finite (the ``states`` returned
@@ -102,24 +104,25 @@ def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_o
     return run_once(engine, p, backward, planned, device_out, update=update, given=given)
 
 
-def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: bool, chunked: bool = True,
+def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: bool, rerun: bool = False,
              update: bool = False, given: dict | None = None) -> dict:
-    """One call in the workspace of ``planned``'s first plan (``chunked`` False: of its recompute's
-    plan); a result the first plan's kernels flag as non-finite is computed again so (into the
-    ``given`` outputs too: the recompute binds them in its own workspace, no copy)."""
+    """One call in the workspace of ``planned``'s first plan (``rerun``: of its recompute's plan);
+    a result the first plan's kernels flag as non-finite is computed again so (into the ``given``
+    outputs too: the recompute binds them in its own workspace, no copy)."""
     while True:
-        ws = engine.workspace(planned, chunked)
+        ws = engine.workspace(planned, rerun)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 continue
             out = _run_in(engine, ws, p, backward, device_out, update, given)
         if out is not None:
             return out
-        # The chunked kernels flagged a non-finite output: recompute with the token-sequential
-        # kernels, whose inf and nan are the spec's (the matrix form's sums can turn an inf into
-        # nan and back). Same device; finite results never take this path.
+        # The kernels flagged a non-finite output: recompute on the plan of the op's fallback
+        # family (the token-sequential kernels), whose inf and nan are the spec's (the chunked
+        # matrix form's sums, and the carries over time chunks, can turn an inf into nan and
+        # back). Same device; finite results never take this path.
         note_rerun(engine, p.dims)
-        return run_once(engine, p, backward, planned, device_out, chunked=False, update=update, given=given)
+        return run_once(engine, p, backward, planned, device_out, rerun=True, update=update, given=given)
 
 
 def note_rerun(engine: Engine, dims) -> None:
@@ -127,15 +130,14 @@ def note_rerun(engine: Engine, dims) -> None:
     engine.reruns += 1
     if not _rerun_logged:
         _rerun_logged = True
-        log.info("ssm_vk: a result of the chunked kernels or of the time chunks held inf or nan (%s); such calls "
-                 "are recomputed with the token-sequential kernels, whose non-finite results follow docs/SPEC.md",
-                 dims)
+        log.info("ssm_vk: a result of kernels that flag inf and nan held them (%s); such calls are recomputed "
+                 "with the token-sequential kernels, whose non-finite results follow docs/SPEC.md", dims)
 
 
 def _run_in(engine, ws: Workspace, p: Problem, backward: bool, device_out: bool, update: bool = False,
             given: dict | None = None) -> dict | None:
-    """One call in workspace ``ws`` (its lock held); None when the chunked kernels flagged a
-    non-finite output (the caller recomputes with the sequential kernels). ``given`` outputs take
+    """One call in workspace ``ws`` (its lock held); None when its kernels flagged a non-finite
+    output (the caller recomputes it on the recompute's plan). ``given`` outputs take
     the device-output path, whatever the inputs (host ones are written or staged as beside
     device ones), marked busy with the inputs and checked live after."""
     ws.settle()
@@ -211,27 +213,27 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
             key += (None if b is None else b.serial, off)
         ids = p.ids.tobytes()
         key.append(ids)
-        scatter = update and scatters_in_place(ws, p, bufs["s"])
+        scatter = update and ws.family.scatters(ws, p, bufs["s"])
         if update:
             key.append(("update", scatter))   # another recording: the scan writes s, or copies follow
             engine.written(p.s)               # no kept forward tables of the old s outlive this call
-        cp = ws.plan.chunked
+        tag = ws.tables_tag   # the forward's tables this plan leaves or takes (None: none)
         kept_key = ws.kept_key
         kept = None
-        if backward and cp is not None:
-            kept = engine.kept_for(kept_key, tuple(getattr(p, k) for k in FWD_IN), ids, cp.CL)
+        if backward and tag is not None:
+            kept = engine.kept_for(kept_key, tuple(getattr(p, k) for k in FWD_IN), ids, tag)
         try:
-            if kept is not None:      # the forward's chunk states, C.B, M o C.B, bound in place of a recompute
+            if kept is not None:      # the forward's tables (chunk states, ...), bound in place of a recompute
                 key = (*key, *(b.serial for b in kept.tables.values()))
-            elif not backward and cp is not None:
-                engine.forget(kept_key)  # this forward overwrites the chunk states from here on
+            elif not backward and tag is not None:
+                engine.forget(kept_key)  # this forward overwrites its tables from here on
             seq = recorded_sequence(ws, p, backward, bufs, tuple(key), scatter, kept)
             seq.submit()
         finally:
             if kept is not None:
                 kept.ws.lock.release()
         _timing.seq = seq
-        if ws.plan.flags_nonfinite and ws.nonfinite():
+        if ws.flags_nonfinite and ws.nonfinite():
             if device_out and own:
                 release_all(outs)
             return None
@@ -239,7 +241,7 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
             engine.states_reused += 1
         if update and not scatter:
             copy_rows(ws.ctx, outs["states"], p.s, p.ids)
-        if not backward and not update and ws.kept is not None and cp.keep and len(cp.windows) == 1:
+        if not backward and not update and ws.kept is not None and tag is not None:
             arrays = tuple(getattr(p, k) for k in FWD_IN)
             if all(type(a) is DeviceArray for a in arrays):
                 engine.keep(kept_key, ws, arrays, ids)
@@ -258,12 +260,12 @@ def recorded_sequence(ws: Workspace, p: Problem, backward: bool, bufs: dict, key
     (with the forward's ``kept`` tables where given) or the forward (``scatter``: its final states
     into the cache rows)."""
     if backward:
-        return ws.sequence(key, lambda seq: record_backward(seq, ws, p, bufs, kept))
-    return ws.sequence(key, lambda seq: record_forward(seq, ws, p, bufs, scatter=scatter))
+        return ws.sequence(key, lambda seq: ws.family.record_backward(seq, ws, p, bufs, kept))
+    return ws.sequence(key, lambda seq: ws.family.record_forward(seq, ws, p, bufs, scatter))
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:
-    """s[ids[i]] <- states[i] on the device, in one one-shot submission (record.common.put_rows)."""
+    """s[ids[i]] <- states[i] on the device, in one one-shot submission (recording.put_rows)."""
     row = s.size // s.shape[0] if s.shape[0] else 0
     if row and len(ids):
         with rt.oneshot(ctx) as seq:

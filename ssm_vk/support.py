@@ -1,22 +1,25 @@
 """The support decision of one call on the current context: the context (opened on first use, or
 why it cannot be), the Engine's cached decision for everything it depends on, and the step's form
-as the kernels' code. api.py and prepared.py both take their decisions here; ssm_vk.decision
-decides, this module finds the context and caches."""
+as the kernels' code (and back). api.py and prepared.py both take their decisions here;
+ssm_vk.decision decides, this module finds the context and caches."""
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ssm_ref import Support, check_dt_softplus
 
-from . import config
 from . import runtime as rt
 from .decision import decide
 from .engine import engine_of
-from .kernels import SOFTPLUS
+from .kernel_specs import SOFTPLUS
 
-__all__ = ["NAME", "INPUTS", "Decided", "decision", "form_code", "log_once"]
+if TYPE_CHECKING:
+    from . import config
+
+__all__ = ["NAME", "INPUTS", "FORMS", "Decided", "decision", "form_code", "log_once"]
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -60,7 +63,7 @@ INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
 
 class Decided:
     """A support decision and what the call needs from it: the engine, the context's ``info``
-    it was taken with, the plans (decision.Planned, None when refused), whether the results are
+    it was taken with, the plans (family.Planned, None when refused), whether the results are
     DeviceArrays."""
 
     __slots__ = ("device_out", "engine", "info", "planned", "sup")
@@ -70,8 +73,11 @@ class Decided:
         self.planned, self.device_out = planned, device_out
 
 
+FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
+
+
 def form_code(dt_softplus) -> int:
-    """The kernels' code of the ``dt_softplus`` form (kernels.SOFTPLUS), mamba_ssm's booleans
+    """The kernels' code of the ``dt_softplus`` form (kernel_specs.SOFTPLUS), mamba_ssm's booleans
     included; ValueError for another value (ssm_ref.check_dt_softplus)."""
     try:   # the forms' own spellings: one look-up (True, False and the rest have no key)
         return SOFTPLUS[dt_softplus]
@@ -103,7 +109,7 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> Decided:
     resident = frozenset([k for k in INPUTS if getattr(getattr(p, k), "_ssm_device_array", False) is True])
     lim = engine.limits(info, knobs)
     sup, cache, planned = decide(ctx, lim, knobs, op, p, resident, softplus)
-    if sup and "token-sequential kernels run it" in sup.reason:
+    if planned is not None and planned.dropped:   # a family's kernels could not be had: said once
         log_once(f"ssm_vk: {sup.reason}")
     out = Decided(sup, engine, info, planned, bool(resident))
     if cache:

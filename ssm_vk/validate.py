@@ -9,10 +9,10 @@ before, in this process) and on a hit run only what can still fail, in the valid
 the ids (``ssm_ref.checks.check_ids``, which raises as the validator does) and the host memory
 rule. Anything else -- a miss, a host array, another dtype, a memory rule that fails -- goes to
 ``ssm_ref.check_forward`` / ``check_backward``, which raise exactly as always. The shortcut saves
-about 130 k CPU instructions of a forward call and 150 k of a backward call that misses its lane
+about 130 k CPU instructions of a forward call and 150 k of a backward call that misses its kept replay
 (docs/BENCHMARKS.md).
 
-The prepared calls that plain calls keep for their repeats (lanes.py, prepared.Replay) key a call
+The prepared calls that plain calls keep for their repeats (replay_cache.py, replay.Replay) key a call
 by more than its shapes (the buffers, the knobs) and take :func:`problem` directly.
 """
 

@@ -1,4 +1,4 @@
-"""The Workspace of one problem shape on one context: its plan, scratch and upload buffers,
+"""The Workspace of one problem shape on one context: its plan (and family), scratch and upload buffers,
 output buffers (pooled DeviceArrays, or its own for host calls), the staging slots of host data
 and the command sequences recorded for sets of buffers -- nothing else. The context's Engine keeps
 workspaces in a bounded cache and ssm_vk.run runs calls in them.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,37 +20,49 @@ from ssm_ref.checks import zero_stand_in
 from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
-from .decision import Planned
 from .hostdata import HostData
-from .plan import F32
-from .plan.sizes import output_shapes
+from .sizing import F32, output_shapes
 
-__all__ = ["Workspace", "MAX_SEQUENCES", "release_all", "FWD_IN", "BWD_IN"]
+if TYPE_CHECKING:
+    from .family import Planned
+
+__all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
+MAX_ATTRIBUTES = 29         # a Workspace's attributes, at most (Workspace.__init__ says why)
 FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
 BWD_IN = (*FWD_IN, "g_y", "g_states")
 _ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
 
 
 class Workspace:
-    """Everything one problem shape needs on one context, kept between calls: the plan, upload
-    buffers for host inputs, output buffers for host calls, scratch, recorded sequences.
+    """Everything one problem shape needs on one context, kept between calls: the plan and the
+    family that records and runs it (``plan``, ``family``), upload buffers for host inputs,
+    output buffers for host calls, scratch, recorded sequences.
     Used under ``lock`` (one call at a time per shape); ``closed`` once evicted, after which a
     caller that looked it up before the eviction must look up a new one."""
 
-    def __init__(self, ctx, planned: Planned, chunked: bool = True):
-        """The workspace of the shape the decision planned (``planned``: decision.Planned), running
-        its first plan, or (``chunked`` False) the token-sequential plan that recomputes a
-        non-finite result. It plans nothing: the plan is the decision's."""
+    def __init__(self, ctx, planned: Planned, rerun: bool = False):
+        """The workspace of the shape the decision planned (``planned``: family.Planned), running
+        its first plan, or (``rerun``) the plan that recomputes a result the first flagged as
+        non-finite. It plans nothing: the plan is the decision's.
+
+        At most 29 attributes (MAX_ATTRIBUTES): a 30th leaves CPython 3.11's shared keys, and every
+        attribute read of every call slows (benchmarks/vk_call_instructions.py: +0.6 k
+        instructions a forward, +4.7 k one that misses its kept replay)."""
         self.ctx = ctx
         dims = self.dims = planned.dims
         self.backward = planned.backward
         self.limits = planned.lim
-        self.knobs = planned.knobs
         self.profile = config.profile()   # SSM_VK_PROFILE, read when the workspace is made
-        self.plan = planned.plan(chunked)
-        # the one key of a chunked forward's tables, which its backward looks up (engine.KeptForward):
+        fp = planned.plan(rerun)
+        self.family, self.plan = fp.family, fp.plan   # the family records and runs its own plan
+        # What a call asks of the plan, answered once (family.Family): whether its results are
+        # flagged when non-finite (then computed again: run.py), and the tag of the tables a
+        # forward leaves for its backward or a backward takes (None: neither).
+        self.flags_nonfinite = fp.family.flags(fp.plan)
+        self.tables_tag = fp.family.tables(fp.plan, self.backward)
+        # the one key of a forward's tables, which its backward looks up (engine.KeptForward):
         # the step's form too, as the tables hold the decays
         self.kept_key = (dims, planned.lim, planned.knobs.key, planned.softplus)
         self.pool = pool(ctx)
@@ -65,13 +78,13 @@ class Workspace:
         self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
                                                     # (one attribute: hostdata.HostData says why)
         self._dummy = None
-        self._flag_host = None            # host-visible copy of the chunked kernels' flag
+        self._flag_host = None            # host-visible copy of the kernels' non-finite flag
         self._out_sets: list = []         # output buffer sets of recent device-output calls, newest first
-        self.kept = None                  # forward, chunked: its hs (chunk states), cb, mcb scratch buffers
+        self.kept = None                  # a forward's tables for its backward, by name (its recording's)
         self.sequences: OrderedDict = OrderedDict()   # binding key -> (Sequence, constant buffers)
         self._constants: list = []
         self.closed = False
-        # Set when made and by each replay of a kept call (lanes.py, prepared.Replay), which skips
+        # Set when made and by each replay of a kept call (replay_cache.py, replay.Replay), which skips
         # Engine.workspace's look-up and so its move to the most recent end: eviction moves a
         # workspace so marked to that end once (clearing the mark) instead of closing it.
         self.recent = True
@@ -109,13 +122,13 @@ class Workspace:
         return self._dummy
 
     def flag_host(self):
-        """The host-visible buffer the chunked kernels' non-finite flag is copied into."""
+        """The host-visible buffer the kernels' non-finite flag is copied into."""
         if self._flag_host is None:
             self._flag_host = rt.Buffer(self.ctx, 16, staging=True)
         return self._flag_host
 
     def nonfinite(self) -> bool:
-        """Whether the last (waited-for) chunked call flagged a non-finite output."""
+        """Whether the last (waited-for) call of a flagging plan flagged a non-finite output."""
         buf = self._flag_host
         word = buf.peek(4)   # host-visible: read in place (a uint32)
         if word is not None:

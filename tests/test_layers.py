@@ -24,21 +24,22 @@ LAYERS = (
     ("ssm_vk.runtime.owned", "ssm_vk.runtime.seams", "ssm_vk.runtime.instance"),
     ("ssm_vk.runtime.context",),
     ("ssm_vk.runtime.memory",),
-    ("ssm_vk.runtime.pool", "ssm_vk.runtime.kernels"),
+    ("ssm_vk.runtime.pool", "ssm_vk.runtime.pipelines"),
     ("ssm_vk.runtime.commands",),
     ("ssm_vk.runtime.transfer",),
     ("ssm_vk.runtime",),
     # what the kernel families share: the planners' limits and sizes, the kernel table, the
-    # recordings' helpers
-    ("ssm_vk.arrays", "ssm_vk.plan"),
+    # interface each declares itself by, the recordings' helpers
+    ("ssm_vk.arrays", "ssm_vk.sizing"),
     ("ssm_vk.validate", "ssm_vk.outputs"),
-    ("ssm_vk.kernels",),
-    ("ssm_vk.record",),
+    ("ssm_vk.kernel_specs", "ssm_vk.family"),
+    ("ssm_vk.recording",),
     # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);
     # none imports another
     ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),
-    # what composes them: the registry (plan, kernels needed, recording, packaged matrix), the budget
-    ("ssm_vk.families", "ssm_vk.budget"),
+    # what lists them (the registry: plan, kernels needed, packaged matrix); the budget (a plan's
+    # memory, asked of its family)
+    ("ssm_vk.registry", "ssm_vk.budget"),
     ("ssm_vk.decision",),
     ("ssm_vk.hostdata",),
     ("ssm_vk.workspace",),
@@ -46,10 +47,10 @@ LAYERS = (
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
     # the cached decision); neither imports the other
     ("ssm_vk.run", "ssm_vk.support"),
-    # a call prepared once and replayed: prepare_scan's, and the plain calls' repeats
-    ("ssm_vk.prepared",),
-    # the plain calls' prepared calls, by signature
-    ("ssm_vk.lanes",),
+    # a call bound once and replayed (Replay), and the two that hold one: prepare_scan's prepared
+    # calls and the plain calls' repeats, kept by signature
+    ("ssm_vk.replay",),
+    ("ssm_vk.prepared", "ssm_vk.replay_cache"),
     # the plain calls
     ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names
@@ -125,6 +126,7 @@ def test_imports_go_one_way_down(module):
 
 
 FAMILIES = ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1")
+REGISTRY = "ssm_vk.registry"
 
 
 def _family(module: str) -> str | None:
@@ -137,6 +139,15 @@ def test_a_family_imports_no_other_family(module):
     for target, _, line in EDGES[module]:
         assert _family(target) in (None, _family(module)), (
             f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}, of another kernel family")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _family(m) and m != REGISTRY))
+def test_only_the_registry_imports_a_family(module):
+    # Everything else reaches a family through the interface (ssm_vk.family: the plan's family,
+    # a workspace's), so that a family is added in its folder and the registry alone.
+    for target, _, line in EDGES[module]:
+        assert not _family(target), (f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}: only "
+                                     f"{REGISTRY} names a kernel family")
 
 
 def test_no_import_cycles():
@@ -216,14 +227,15 @@ def test_the_checker_sees_what_it_must(tmp_path):
     assert _context_privates(ast.parse("a = ctx._kernels\nb = self.ctx._staging\nc = ctx.lock\n")) == [
         (1, "_kernels"), (2, "_staging")]
     # The three checks above fail on code that breaks them (the checker is not vacuous).
-    assert _layer("ssm_vk.plan.limits") < _layer("ssm_vk.chunked.plan") < _layer("ssm_vk.families") \
+    assert _layer("ssm_vk.sizing.limits") < _layer("ssm_vk.chunked.chunked_planner") < _layer("ssm_vk.registry") \
         < _layer("ssm_vk.engine")
     assert _layer("ssm_vk.runtime.seams") < _layer("ssm_vk.runtime.context") < _layer("ssm_vk.runtime") \
         < _layer("ssm_vk.arrays")
     edges = _imports("ssm_vk.run")
-    assert any(t == "ssm_vk.engine" for t, _, _ in edges) and any(t == "ssm_vk.families" for t, _, _ in edges)
-    assert _resolve("ssm_vk.chunked.plan", False, 2, "config") == "ssm_vk.config"
-    assert _resolve("ssm_vk.plan", True, 1, "limits") == "ssm_vk.plan.limits"
+    assert any(t == "ssm_vk.workspace" for t, _, _ in edges) and any(t == "ssm_vk.recording" for t, _, _ in edges)
+    assert any(t == "ssm_vk.m1" for t, _, _ in _imports(REGISTRY)) and _family("ssm_vk.m1.m1_specs") == "ssm_vk.m1"
+    assert _resolve("ssm_vk.chunked.chunked_planner", False, 2, "config") == "ssm_vk.config"
+    assert _resolve("ssm_vk.runtime", True, 1, "context") == "ssm_vk.runtime.context"
 
 
 # --- ssm_ref: the spec never imports its testing kit ---------------------------------------------

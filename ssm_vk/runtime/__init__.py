@@ -17,8 +17,8 @@ from .binding import DeviceLost, OutOfDeviceMemory, VulkanError, VulkanTimeout, 
 from .commands import Sequence, oneshot
 from .context import Context, close, current_context, get_context
 from .device import DeviceInfo, available, list_devices
-from .kernels import Kernel
 from .memory import Buffer
+from .pipelines import Kernel
 from .pool import BufferPool
 from .shaders import GlslcMissing, ShaderBuildError, compile_shader
 from .transfer import Stage, direct, download, fill, upload

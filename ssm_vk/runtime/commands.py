@@ -23,9 +23,9 @@ from .binding import DeviceLost, VulkanTimeout
 from .checks import check_int
 from .context import Context
 from .device import CALIBRATION_STYPES, TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC
-from .kernels import Kernel
 from .memory import Buffer, fill_range
 from .owned import Slot
+from .pipelines import Kernel
 
 MAX_TIMESTAMPS = 64
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from .. import config
 from . import binding, device, instance
 from .binding import DeviceLost, VulkanUnavailable
-from .device import DeviceInfo
 from .owned import Owned
 from .seams import Seams
 
@@ -100,7 +99,7 @@ class Context:
         self._closing = False
         self._calls_lock = threading.Lock()      # serialises close()
         self.hardware_info = chosen               # the device's own limits; ``info`` may lower them
-        self.info: DeviceInfo = chosen
+        self.info: device.DeviceInfo = chosen
         self._vk = vk
         self.owned = Owned(self)                 # the objects made through it, its extensions; closed with it
         self.seams = Seams(self)                 # the test seams: injected faults, lowered limits
@@ -110,7 +109,7 @@ class Context:
                                                  # checks its own for closed ones when this moved)
         self.pending: set = set()               # commands.py: sequences submitted and not yet waited for
                                                  # (by their own thread; a hint for wait_idle)
-        self._kernels: dict = {}                 # the pipeline cache: kernels.py's key → Kernel
+        self._kernels: dict = {}                 # the pipeline cache: pipelines.py's key → Kernel
                                                  # (cached_kernel / cache_kernel)
         self.staging_chunk_bytes = 64 << 20      # transfer.py: largest staging buffer (bigger copies are chunked)
         self._instance = self._messenger = None
@@ -139,7 +138,7 @@ class Context:
 
     # -- creation ---------------------------------------------------------------------------------
 
-    def _create(self, chosen: DeviceInfo) -> None:
+    def _create(self, chosen: device.DeviceInfo) -> None:
         vk = self._vk
         ffi = vk.ffi
         self._instance = instance.process_instance(self.validation)
@@ -252,7 +251,7 @@ class Context:
             raise error
 
     def cached_kernel(self, key):
-        """The Kernel cached under ``key`` (runtime/kernels.py's key), or None (also when it was
+        """The Kernel cached under ``key`` (runtime/pipelines.py's key), or None (also when it was
         closed)."""
         kernel = self._kernels.get(key)
         return kernel if kernel is not None and not kernel.closed else None

@@ -10,9 +10,13 @@ what the tests do with them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import device
 from .binding import DeviceLost, VulkanTimeout
-from .device import DeviceInfo
+
+if TYPE_CHECKING:
+    from .device import DeviceInfo
 
 
 class Seams:

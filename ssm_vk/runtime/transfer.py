@@ -12,15 +12,18 @@ transfer into or out of a buffer that pending work uses.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import binding, hostcopy
 from .checks import check_int
 from .commands import oneshot
-from .context import Context
 from .memory import Buffer, check_range, fill_range
 from .owned import Slot
+
+if TYPE_CHECKING:
+    from .context import Context
 
 __all__ = ["upload", "download", "fill", "release_staging", "direct", "Stage", "StageBudget", "stage_budget"]
 

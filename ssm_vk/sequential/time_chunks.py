@@ -13,7 +13,7 @@ The forward, three passes:
    (written over b) and the final state; it flags any value that is not finite;
 3. ssm_scan.comp: each chunk again from its initial state, writing y.
 
-The backward (:func:`record_adjoints`, then sequential.record's windows on the chunks): the
+The backward (:func:`record_adjoints`, then sequential.sequential_recording's windows on the chunks): the
 forward's first two passes give every chunk's initial state; ssm_scan_back.comp with BSUM walks
 every chunk back from a zero adjoint (what the chunk adds to the adjoint it hands on -- its decay
 is the forward's), and the carry in reverse gives the adjoint every chunk starts its walk back
@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
-from ..plan import grid
-from ..record.common import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
-from . import kernels as seqk
-from .plan import chunk_dims, time_chunk_scratch
+from .. import kernel_specs as specs
+from ..recording import carry, flag_end, flag_start, gather_rows, kernel, seq_bindings
+from ..sizing import grid
+from . import sequential_specs as seqk
+from .sequential_planner import chunk_dims, time_chunk_scratch
 
 __all__ = ["record_forward", "record_adjoints"]  # of the scans parallel over time
 
@@ -90,14 +90,14 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
 
 
 def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:
-    """record.common.carry over this plan's time chunks."""
+    """recording.carry over this plan's time chunks."""
     carry(seq, ws, d, d.T // ws.plan.tchunk, dec, b, st_at, rows, flag, reverse)
 
 
 def record_forward(seq, ws, p: Problem, bufs: dict, rows) -> None:
     """Record the three passes. ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None,
     element offset); ``rows``: the binding of the cache and the ids when the carry pass reads the
-    initial states from s[ids] in place (record.common.cache_rows), else None."""
+    initial states from s[ids] in place (recording.cache_rows), else None."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)
@@ -134,7 +134,7 @@ def record_adjoints(seq, ws, p: Problem, bufs: dict, rows, lam):
     """Record what the backward over time chunks needs before its walk back: every chunk's initial
     state and initial adjoint. ``lam`` holds g_states and ends as d_s0. Returns (the chunks as a
     problem's dims, their initial states, their initial adjoints, the non-finite flag): the
-    token-sequential backward then runs on those (sequential.record) and the flag is read after."""
+    token-sequential backward then runs on those (sequential.sequential_recording) and the flag is read after."""
     d = p.dims
     pl = ws.plan
     cd = chunk_dims(d, pl.tchunk)

@@ -19,7 +19,7 @@ from test_errors import BAD, ENTRY_POINTS, FWD_ARGS, call, valid
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import config, lanes, validate
+from ssm_vk import config, replay_cache, validate
 from ssm_vk import engine as vk_engine
 
 pytestmark = pytest.mark.vulkan
@@ -57,7 +57,7 @@ def test_a_bad_device_call_raises_as_the_full_path_does(bad, entry):
     validate._PASSED.clear()
     full = _raised(lambda: call(ssm_vk, entry, args))
     assert full is not None and full[0] is bad.exc, full
-    vk_engine.current().lanes.clear()  # else a lane of an earlier test's buffers (the pool's again) skips the validator
+    vk_engine.current().replays.clear()  # else an earlier test's kept replay (the pool's buffers) skips the validator
     call(ssm_vk, entry, good)  # primes the shortcut with the valid shapes
     call(ssm_vk, "ssm_scan_back", good)
     assert validate._PASSED
@@ -126,18 +126,18 @@ def test_the_host_memory_limit_is_read_on_every_call(monkeypatch):
     back = {**fwd, "g_y": a["g_y"], "g_states": a["g_states"]}
 
     def prime():  # ssm_vk's shortcut past the validator, and its lanes (which skip it when found)
-        vk_engine.current().lanes.clear()
+        vk_engine.current().replays.clear()
         ssm_vk.ssm_scan(**fwd)
         ssm_vk.ssm_scan_back(**back)
         floats = tuple(fwd[k] for k in FWD_ARGS[:-1])
-        assert validate._PASSED and lanes.find(False, floats, config.settings())[0] is not None
+        assert validate._PASSED and replay_cache.find(False, floats, config.settings())[0] is not None
 
     prime()
     monkeypatch.setenv("SSM_HOST_MEMORY_BYTES", "15")  # ids as int64: 16 bytes
     for run in (lambda: ssm_vk.ssm_scan(**fwd), lambda: ssm_vk.ssm_scan_back(**back),
                 lambda: ssm_vk.supports("ssm_scan", **fwd)):
         got = _raised(run)  # a lane's call for ssm_scan / ssm_scan_back
-        vk_engine.current().lanes.clear()
+        vk_engine.current().replays.clear()
         assert got == _raised(run)  # the shortcut (validate.py)
         validate._PASSED.clear()
         assert got == _raised(run)  # the validator

@@ -21,7 +21,7 @@ import pytest
 from ssm_cli.main import COMMANDS
 from ssm_ref.extras import install_hint
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 VULKAN, NO_VULKAN_REASON = rt.available()
@@ -408,10 +408,10 @@ def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
     from ssm_ref import Dims
-    from ssm_vk.families import plan
     from ssm_vk.runtime import shaders, spirv
     from ssm_vk.runtime.device import choose
-    from ssm_vk.sequential import kernels as specs
+    from ssm_vk.sequential import sequential_specs as specs
+    from ssm_vk.sequential.sequential_planner import sequential_plan as plan
 
     assert p.returncode == 0, p.stderr
     index = json.loads((tmp_path / "index.json").read_text())

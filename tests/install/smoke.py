@@ -41,7 +41,7 @@ import ssm_ref
 import ssm_vk
 from ssm_ref.extras import install_hint
 from ssm_ref.tolerance import F32_TOL, compare, scaled
-from ssm_vk.families import MODES_N
+from ssm_vk.registry import MODES_N
 
 # (label, S, T, H, P, N, G, mamba1, packaged): packaged = the wheel's SPIR-V covers it on every
 # device profile it is built for (ssm-scan build-shaders' defaults: the token-sequential kernels

@@ -47,8 +47,8 @@ def packaged_only(glslc, tmp_path, monkeypatch):
 
     from ssm_cli.build import variants
     from ssm_vk import engine
-    from ssm_vk.plan import Limits
     from ssm_vk.runtime import shaders
+    from ssm_vk.sizing import Limits
 
     def make(n_values):
         pkg = tmp_path / "pkg"

@@ -1,4 +1,4 @@
-"""ssm_vk/chunked/plan.py without a device: when the chunked (matrix-form) kernels take a shape, why
+"""ssm_vk/chunked/chunked_planner.py without a device: when the chunked (matrix-form) kernels take a shape, why
 they do not, the chunk length the knobs pick, and the windows of whole sequences that keep every
 binding, the scratch budget and every grid inside fake device limits."""
 
@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import config, families
-from ssm_vk.chunked import plan as cpm
-from ssm_vk.chunked.plan import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
-from ssm_vk.plan import Limits, Window
+from ssm_vk import config, registry
+from ssm_vk.chunked import chunked_planner as cpm
+from ssm_vk.chunked.chunked_planner import GEMM_WG, MODES, chunk_plan, gemm_tile, scratch_elems, why_not
+from ssm_vk.sizing import Limits, Window
 
 F32 = 4
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -62,7 +62,7 @@ def cap_elems(lim: Limits) -> int:
 
 
 def groups(d: Dims, CL: int, Sw: int) -> list[int]:
-    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/chunked/record.py)."""
+    """Workgroups of every chunked dispatch for a window of Sw sequences (ssm_vk/chunked/chunked_recording.py)."""
     NCH = -(-d.T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]     # decay / finish, the pass
     for m in MODES:
@@ -109,8 +109,8 @@ def test_why_not_names_the_reason(d, lim, reason, knobs):
     knobs.update(CHUNK=16, CHUNK_MIN_T=1)
     assert chunk_plan(d, lim, backward=True) is None
     if d.T and not d.P == 0:
-        pl = families.plan(d, lim, backward=True)
-        assert pl.chunked is None and pl.windows
+        pl = registry.plan(d, lim, backward=True)
+        assert pl.family.name == "sequential" and pl.plan.windows
 
 
 @pytest.mark.parametrize("P, N", [(256, 256), (1, 1), (5, 33), (200, 7)])
@@ -154,7 +154,7 @@ def test_defaults_take_mamba2_from_64_tokens_forward_and_32_backward():
 def test_chunk_zero_disables(knobs):
     knobs.update(CHUNK=0, CHUNK_MIN_T=1)
     assert chunk_plan(dims(T=4096), BIG, backward=True) is None
-    assert families.plan(dims(T=4096), BIG, backward=True).chunked is None
+    assert registry.plan(dims(T=4096), BIG, backward=True).family.name != "chunked"
 
 
 @pytest.mark.parametrize("CL", [16, 32, 64])
@@ -266,8 +266,8 @@ def test_none_when_one_sequence_does_not_fit(knobs, backward):
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32 - F32)
     assert chunk_plan(d, lim, backward) is None
     # the token-sequential plan still takes it (windows of its own)
-    pl = families.plan(d, lim, backward)
-    assert pl.chunked is None and pl.windows
+    pl = registry.plan(d, lim, backward)
+    assert pl.family.name == "sequential" and pl.plan.windows
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
     assert chunk_plan(d, lim, backward).Sw == 1
 

@@ -1,5 +1,6 @@
-"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py)
-against the float64 oracle on lavapipe, under the validation layer (tests/conftest.py).
+"""ssm_vk's chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp,
+ssm_vk/chunked/chunked_recording.py) against the float64 oracle on lavapipe, under the validation layer
+(tests/conftest.py).
 
 The ``chunked`` fixture forces them on small problems (knobs CHUNK_MIN_T=1 and CHUNK) and every
 check asserts that the workspace that ran the call really planned them. Then: drawn Mamba-2
@@ -19,6 +20,7 @@ from __future__ import annotations
 from itertools import product
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -29,12 +31,12 @@ import ssm_ref
 import ssm_vk
 from ssm_ref.testing.properties import PROPERTIES
 from ssm_ref.tolerance import scaled
-from ssm_vk import config, families
+from ssm_vk import config, registry
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
-from ssm_vk.chunked import kernels as specs
-from ssm_vk.chunked.plan import scratch_elems
-from ssm_vk.plan import Limits
+from ssm_vk.chunked import chunked_specs as specs
+from ssm_vk.chunked.chunked_planner import scratch_elems
+from ssm_vk.sizing import Limits
 from ssm_vk.workspace import Workspace
 
 pytestmark = pytest.mark.vulkan
@@ -78,13 +80,20 @@ def dims_of(case):
 
 def planned(case, backward: bool):
     """The plan ssm_vk makes for ``case`` on this device now (knobs and limits as they are)."""
-    return families.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
+    return registry.plan(dims_of(case), Limits.of(rt.get_context().info), backward)
 
 
-def ran_plan(case, backward: bool):
-    """The plan of the workspace that ran the last call of this shape (looked up, not re-made)."""
+def chunks(case, backward: bool):
+    """The ChunkPlan of :func:`planned`, None where another family runs the shape."""
+    return plans.of(planned(case, backward), "chunked")
+
+
+def ran_chunks(case, backward: bool):
+    """The ChunkPlan of the workspace that ran the last call of this shape (looked up, not re-made),
+    None where another family ran it."""
     ctx = rt.get_context()
-    return vk_engine.engine_of(ctx).find_workspace(dims_of(case), backward, Limits.of(ctx.info), config.settings()).plan
+    ws = vk_engine.engine_of(ctx).find_workspace(dims_of(case), backward, Limits.of(ctx.info), config.settings())
+    return ws.plan if ws.family.name == "chunked" else None
 
 
 def run(case):
@@ -102,11 +111,11 @@ def check_case(case, label: str = "", CL=16):
     token-sequential kernels; a pair: (forward, backward)."""
     cls = CL if isinstance(CL, tuple) else (CL, CL)
     for backward in (False, True):
-        cp, want = planned(case, backward).chunked, cls[backward]
+        cp, want = chunks(case, backward), cls[backward]
         assert (cp is None) if want is None else (cp is not None and cp.CL == want), (label, backward, cp)
     got = run(case)
     for backward in (False, True):
-        cp, want = ran_plan(case, backward).chunked, cls[backward]
+        cp, want = ran_chunks(case, backward), cls[backward]
         assert (cp is None) if want is None else (cp is not None and cp.CL == want), (label, backward, cp)
     o = oracle_scan(**case.args())
     og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
@@ -168,7 +177,7 @@ def test_the_pass_gives_the_same_bits_for_every_batch_of_chunks(chunked, knobs, 
     # How many chunks' loads the pass over chunks issues together (by default as many as it
     # has, from 2, 8 and 32) changes no result.
     case = make_problem(np.random.default_rng(T), S=2, T=T, H=2, P=P0, N=N0, G=1)
-    assert specs.pass_batch(planned(case, True).chunked) == batch
+    assert specs.pass_batch(chunks(case, True)) == batch
     base = check_case(case, label="default batch")
     for pb in (1, 3, 32):
         knobs(CHUNK=16, CHUNK_MIN_T=1, PASS_PB=pb)
@@ -196,12 +205,12 @@ def test_the_gemm_kernels_knobs(chunked, knobs, P, N, H, G):
     base = check_case(case, label="defaults")
     for tune in (dict(KS=8), dict(GWG=64, ROWG=16), dict(VEC_IN=0), dict(ZF_RBLK=32, ZF_CBLK=64)):
         knobs(CHUNK=16, CHUNK_MIN_T=1, **{"VEC_IN": 1, **tune})
-        cp = planned(case, False).chunked
+        cp = chunks(case, False)
         for mode in ("ZF", "Y"):
             vec = "VEC_IN" in dict(specs.gemm_spec(dims_of(case), cp, mode).defines)
             assert vec == (mode == "Y" and tune.get("VEC_IN", 1) == 1 and P % 4 == 0 and N % 4 == 0), (tune, mode)
         got = check_case(case, label=str(tune))
-        assert ran_plan(case, False).chunked == cp
+        assert ran_chunks(case, False) == cp
         again = run(case)
         for k in OUTPUTS:
             assert again[k].tobytes() == got[k].tobytes(), (tune, k)
@@ -219,7 +228,7 @@ def test_d_B_and_d_C_take_the_chunks_own_tokens_once_per_group(chunked, knobs, H
     results = {}
     for fold, headloop in product((0, 1), (0, 1)):
         knobs(CHUNK=16, CHUNK_MIN_T=1, DBC_FOLD=fold, HEADLOOP=headloop)
-        cp = planned(case, True).chunked
+        cp = chunks(case, True)
         assert cp.fold == (fold == 1 and H > G) and cp.headloop == bool(headloop)
         folded = [s for s in specs.chunk_kernels(dims_of(case), cp, True) if s.name == "ssm_scan_reduce"
                   and ("MODE", 2) in s.defines]
@@ -245,7 +254,7 @@ def test_d_B_and_d_C_parts_of_several_heads_match_one_part_per_head(chunked, kno
     base = check_case(case, label="one head per part")
     for hb, hc in ((2, 2), (hpg, 1), (1, hpg), (5, 2)):
         knobs(CHUNK=16, CHUNK_MIN_T=1, HEADLOOP=0, DB_HPART=hb, DC_HPART=hc)
-        cp = planned(case, True).chunked
+        cp = chunks(case, True)
         want = [h if hpg % h == 0 else 1 for h in (hb, hc)]
         assert [cp.hpart("DB"), cp.hpart("DC")] == want, (hb, hc, cp)
         for mode, h in zip(("DB", "DC"), want, strict=True):
@@ -264,15 +273,15 @@ def test_d_B_and_d_C_parts_of_several_heads_match_one_part_per_head(chunked, kno
 def test_windows_of_whole_sequences_are_bit_identical_to_one_window(chunked):
     case = make_problem(np.random.default_rng(31), S=5, T=40, H=2, P=P0, N=N0, G=2, ids="duplicates")
     whole = check_case(case, label="one window")
-    assert len(ran_plan(case, True).chunked.windows) == 1
+    assert len(ran_chunks(case, True).windows) == 1
     d = dims_of(case)
     ctx = rt.get_context()
     align = ctx.info.min_storage_buffer_offset_alignment
     per_seq = max(scratch_elems(d, 16, 1, True).values())
     with ctx.seams.override_limits(max_storage_buffer_range=align + 2 * per_seq * 4):
-        cp = planned(case, True).chunked
+        cp = chunks(case, True)
         assert cp is not None and cp.Sw == 2 and [w.S for w in cp.windows] == [2, 2, 1]
-        assert len(planned(case, False).chunked.windows) > 1
+        assert len(chunks(case, False).windows) > 1
         split = check_case(case, label="windows")
     # Windows hold whole sequences, each computed as in one window; d_A's sum over sequences is one
     # reduction as long as the per-sequence parts (H * NCH floats each) fit one binding, as here.
@@ -289,7 +298,7 @@ def test_falls_back_to_the_sequential_kernels_when_the_chunk_scratch_cannot_fit(
     small = max(scratch_elems(d, 16, 1, False).values()) * 4      # the forward's need; the backward's is larger
     with ctx.seams.override_limits(max_storage_buffer_range=small):
         for backward in (False, True):
-            assert config.settings().knob("CHUNK_MIN_T") == 1 and planned(case, backward).windows
+            assert config.settings().knob("CHUNK_MIN_T") == 1 and planned(case, backward).plan.windows
         check_case(case, label="fall-back", CL=None)
 
 
@@ -301,7 +310,7 @@ def test_bit_identical_reruns_and_rerecordings(chunked):
     again = run(case)                       # the recorded sequence replayed
     vk_engine.clear()
     fresh = run(case)                       # recorded anew in a new workspace
-    assert ran_plan(case, True).chunked is not None
+    assert ran_chunks(case, True) is not None
     for k in OUTPUTS:
         assert first[k].tobytes() == again[k].tobytes() == fresh[k].tobytes(), k
 
@@ -312,7 +321,7 @@ def test_device_resident_inputs_give_the_host_results(chunked):
     dev = {k: (v if k == "ids" or v is None else ssm_vk.to_device(v)) for k, v in case.args().items()}
     r = ssm_vk.ssm_scan(**dev)
     g = ssm_vk.ssm_scan_back(**dev, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
-    assert ran_plan(case, False).chunked is not None and ran_plan(case, True).chunked is not None
+    assert ran_chunks(case, False) is not None and ran_chunks(case, True) is not None
     assert isinstance(r.y, ssm_vk.DeviceArray) and isinstance(g.d_x, ssm_vk.DeviceArray)
     got = {"y": r.y.numpy(), "states": r.states.numpy(), **{k: getattr(g, k).numpy() for k in GRADS}}
     for k in OUTPUTS:
@@ -429,7 +438,7 @@ def test_default_knobs_pick_the_chunked_kernels_by_length(default_knobs):
     # forward from 64 tokens (128 for one sequence), backward from 32; chunks of 32 while
     # S * T <= 1024
     at64 = make_problem(np.random.default_rng(71), S=2, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
-    assert planned(at64, True).chunked.NCH == 2
+    assert chunks(at64, True).NCH == 2
     check_case(at64, label="mamba2 T=64", CL=32)
     one64 = make_problem(np.random.default_rng(75), S=1, T=64, H=2, P=P0, N=N0, G=1, ids="identity")
     check_case(one64, label="mamba2 S=1 T=64", CL=(None, 32))
@@ -461,7 +470,7 @@ def test_properties_hold_on_the_chunked_kernels(chunked, name, data):
     case = data.draw(problems(variants=("mamba2",), regimes=regimes, max_S=3, max_T=40, max_T_long=40, max_G=2,
                               max_H_per_G=2, min_P=P0, max_P=P0, min_N=N0, max_N=N0, max_elements=6000
                               ).filter(lambda c: c.dims["T"] > 0), label="case")
-    assert planned(case, False).chunked is not None and planned(case, True).chunked is not None
+    assert chunks(case, False) is not None and chunks(case, True) is not None
     assume(prop.check(ssm_vk, case, F32_TOL))
 
 
@@ -504,7 +513,7 @@ def test_d_B_and_d_C_per_group_and_per_head(chunked, monkeypatch, headloop, knob
     knobs(HEADLOOP=headloop)
     vk_engine.clear()
     case = make_problem(np.random.default_rng(81 + headloop), S=2, T=45, H=6, P=P0, N=N0, G=2, ids="duplicates")
-    assert planned(case, True).chunked.headloop == bool(headloop)
+    assert chunks(case, True).headloop == bool(headloop)
     check_case(case, label=f"HEADLOOP={headloop}", CL=16)
 
 
@@ -559,7 +568,7 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
     monkeypatch.delenv("SSM_VK_TUNE", raising=False)
     ctx = rt.get_context()
     case = make_problem(np.random.default_rng(91), S=2, T=70, H=2, P=4, N=8, G=1, ids="identity")
-    assert planned(case, False).chunked is not None and planned(case, True).chunked is not None
+    assert chunks(case, False) is not None and chunks(case, True) is not None
     pkg = tmp_path / "pkg"
     shaders.build_all(variants([Limits.of(ctx.info)], [8], ()), pkg)   # sequential only
     monkeypatch.setenv("PATH", str(tmp_path))                                  # no glslc
@@ -572,7 +581,7 @@ def test_a_wheel_without_chunked_spirv_runs_the_sequential_kernels(monkeypatch, 
             sup = ssm_vk.supports(op, **case.args())
             assert sup and "token-sequential kernels run it" in sup.reason, (op, sup)  # said, not silent
         got = run(case)
-        assert ran_plan(case, False).chunked is None and ran_plan(case, True).chunked is None
+        assert ran_chunks(case, False) is None and ran_chunks(case, True) is None
     finally:
         vk_engine.clear()
     o = oracle_scan(**case.args())

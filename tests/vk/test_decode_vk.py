@@ -18,8 +18,8 @@ import ssm_ref
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
-from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -39,7 +39,7 @@ def layout(args, tune=FORCE):
     """The forward's lane layout for these arguments on this device, under ``tune``."""
     with config.configure(tune=tune):
         return plan(ssm_ref.check_forward(**args).dims, Limits.of(rt.get_context().info), False,
-                    config.settings()).layout
+                    config.settings()).plan.layout
 
 
 def decode_case(seed, S, H, P, N, G=1, R=None, ids="permutation"):

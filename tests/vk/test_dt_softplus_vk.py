@@ -17,7 +17,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import config, lanes
+from ssm_vk import config, replay_cache
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk import support as vk_support
@@ -66,7 +66,7 @@ def _grads(g) -> dict:
 def _chunked_plans(case) -> bool:
     """Whether the support decisions of ``case``'s forward and backward plan the chunked kernels."""
     p = ssm_ref.check_forward(**case.args(), keep_device=True)
-    return all(vk_support.decision(op, p, config.settings()).planned.first.chunked is not None
+    return all(vk_support.decision(op, p, config.settings()).planned.first.family.name == "chunked"
                for op in ("ssm_scan", "ssm_scan_back"))
 
 
@@ -88,7 +88,7 @@ def test_the_chunked_kernels_compute_every_form(chunked, form):
     ctx = rt.get_context()
     code = {"ggml": 0, "log1p": 1, None: 2}[form]
     spaces = [w for w in vk_engine.engine_of(ctx).workspaces.values() if w.dims == ssm_ref.check_forward(**args).dims]
-    assert any(w.plan.softplus == code and w.plan.chunked.softplus == code for w in spaces)
+    assert any(w.family.name == "chunked" and w.plan.softplus == code for w in spaces)
 
 
 def test_a_backward_takes_its_forward_s_tables_only_for_the_same_form(chunked):
@@ -138,7 +138,7 @@ def test_repeat_calls_alternating_forms_each_get_their_own_form(monkeypatch):
         for k in ssm_ref.GRAD_NAMES:
             assert g[k].tobytes() == want[f][1][k].tobytes(), (f, k)
     code = {"ggml": 0, "log1p": 1}
-    found = {f: lanes.find(False, fwd, config.settings(), code[f])[0] for f in code}
+    found = {f: replay_cache.find(False, fwd, config.settings(), code[f])[0] for f in code}
     assert all(v is not None for v in found.values()) and found["ggml"].ws is not found["log1p"].ws
     assert found["ggml"].ws.plan.softplus == 0 and found["log1p"].ws.plan.softplus == 1
 
@@ -182,7 +182,7 @@ def test_a_repeat_call_that_runs_out_of_device_memory_retries_in_its_own_form(mo
     # Results held: every recorded set of output buffers stays busy, so the next call allocates.
     held = [ssm_vk.ssm_scan(**dev, dt_softplus="log1p") for _ in range(6)]
     fwd = tuple(dev[k] for k in FLOATS)
-    assert lanes.find(False, fwd, config.settings(), 1)[0] is not None  # the next call takes its lane
+    assert replay_cache.find(False, fwd, config.settings(), 1)[0] is not None  # the next call takes its lane
     ctx.seams.fail_allocations(2)   # the pool's own retry meets the second: the call's retry runs
     try:
         r = ssm_vk.ssm_scan(**dev, dt_softplus="log1p")

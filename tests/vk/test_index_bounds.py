@@ -7,8 +7,8 @@ dispatch -- and evaluates, for every dispatch and every binding, the largest ind
 invocation computes. The formulas below are the shaders' index expressions, transcribed; each is
 a sum of products of non-negative terms (Horner form), so its largest value is reached at the
 largest coordinates and bounds every intermediate value too. The chunked Mamba-2 kernels
-(ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/record.py), which the default knobs pick for Mamba-2 from 256
-tokens, are checked the same way. Asserted for every binding:
+(ssm_vk/chunked/glsl/chunk_*.comp, ssm_vk/chunked/chunked_recording.py), which the default knobs
+pick for Mamba-2 from 256 tokens, are checked the same way. Asserted for every binding:
 
     largest index + 1  <=  elements bound  <=  maxStorageBufferRange / 4  <  2^32
 
@@ -23,22 +23,21 @@ import itertools
 import struct
 
 import numpy as np
+import plans
 import pytest
 
 from ssm_ref import Dims, Problem
-from ssm_vk import budget, families, workspace
-from ssm_vk import kernels as specs
-from ssm_vk.chunked import kernels as chunked_specs
-from ssm_vk.chunked import record as chunked_record
-from ssm_vk.families import plan
-from ssm_vk.m1 import kernels as m1_specs
-from ssm_vk.m1 import record as m1_record
-from ssm_vk.plan import Limits, TooLarge
-from ssm_vk.plan.sizes import output_shapes
-from ssm_vk.record import common as record_common
-from ssm_vk.sequential import kernels as sequential_specs
-from ssm_vk.sequential import record as sequential_record
+from ssm_vk import budget, recording, workspace
+from ssm_vk import kernel_specs as specs
+from ssm_vk.chunked import chunked_recording as chunked_record
+from ssm_vk.chunked import chunked_specs as chunked_specs
+from ssm_vk.m1 import m1_recording as m1_record
+from ssm_vk.m1 import m1_specs as m1_specs
+from ssm_vk.registry import plan
+from ssm_vk.sequential import sequential_recording as sequential_record
+from ssm_vk.sequential import sequential_specs as sequential_specs
 from ssm_vk.sequential import time_chunks
+from ssm_vk.sizing import Limits, TooLarge, output_shapes
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -74,13 +73,15 @@ class FakeInfo:
 
 
 class FakeWorkspace:
-    """What ssm_vk.record asks of a workspace.Workspace: limits, plan, scratch, constants, bindings."""
+    """What the recordings ask of a workspace.Workspace: limits, family and plan, scratch, constants,
+    bindings."""
 
     bind = workspace.Workspace.bind
 
-    def __init__(self, d: Dims, lim: Limits, pl, backward: bool):
+    def __init__(self, d: Dims, lim: Limits, fp, backward: bool):
         self.ctx = None
-        self.limits, self.plan, self.align = lim, pl, lim.min_storage_buffer_offset_alignment
+        self.limits, self.family, self.plan = lim, fp.family, fp.plan
+        self.align = lim.min_storage_buffer_offset_alignment
         self.sizes = {k: int(np.prod(v, dtype=np.int64)) for k, v in output_shapes(d, backward).items()}
         self.profile = False
         self._dummy = FakeBuffer(16)
@@ -121,7 +122,7 @@ class FakeSequence:
 
 
 def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
-    for module in (record_common, sequential_record, chunked_record, time_chunks, m1_record):
+    for module in (recording, sequential_record, chunked_record, time_chunks, m1_record):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
     ws = FakeWorkspace(d, lim, pl, backward)
@@ -131,7 +132,7 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
              "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
     bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
     seq = FakeSequence()
-    (families.record_backward if backward else families.record_forward)(seq, ws, p, bufs)
+    (ws.family.record_backward if backward else ws.family.record_forward)(seq, ws, p, bufs)
     return seq.dispatches
 
 
@@ -424,5 +425,6 @@ def test_what_decides_the_largest_problem(device):
     ok = _dims(1, 65536, 24, 64, 128, 1, False)
     assert _accepted(ok, lim, heap, backward=False)
     pl = plan(ok, lim, backward=False)
-    assert max(w.S * w.T for w in pl.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range
-    assert pl.time_split == (lim.max_storage_buffer_range < ok.T * ok.H * ok.P * 4)
+    seq = plans.sequential(pl)   # the token-sequential plan: the call's, or its recompute's
+    assert max(w.S * w.T for w in seq.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range
+    assert seq.time_split == (lim.max_storage_buffer_range < ok.T * ok.H * ok.P * 4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,9 +22,9 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_backward, check_forward
 from ssm_ref.testing.properties.invariance import batch_report, invariant_port, split_report
-from ssm_vk import config, families
+from ssm_vk import config, registry
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -132,10 +133,10 @@ def test_shapes_the_default_plans_otherwise(variant, T, S):
         for backward in (False, True):
             p = (check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states) if backward
                  else check_forward(**case.args()))
-            default = families.plan(p.dims, lim, backward, knobs)
-            inv = families.plan(p.dims, lim, backward, knobs.invariant_twin())
-            assert default.flags_nonfinite, "the default plan is another family's here"
-            assert inv.chunked is None and inv.m1 is None and inv.tchunk == 0 and inv.layout.EXACT
+            default = registry.plan(p.dims, lim, backward, knobs)
+            inv = registry.plan(p.dims, lim, backward, knobs.invariant_twin())
+            assert default.rerun is not None, "the default plan is another family's here"
+            assert inv.family.name == "sequential" and not inv.plan.tchunk and inv.plan.layout.EXACT
         _holds(batch_report(PORT, case))
         _holds(split_report(PORT, case, cuts=[T // 3, T - 3, T - 2, T - 1], in_cache=True))
         _holds(split_report(PORT, case, cuts=[T // 2], in_cache=False))
@@ -151,10 +152,10 @@ def test_the_layout_is_that_of_the_sequence(variant):
                                         variant=variant).args()).dims
     from dataclasses import replace
     for backward in (False, True):
-        lays = {families.plan(replace(base, S=S, T=T, R=S), lim, backward, knobs).layout
+        lays = {plans.sequential(registry.plan(replace(base, S=S, T=T, R=S), lim, backward, knobs)).layout
                 for S in (1, 2, 7, 64) for T in (1, 2, 9, 64, 300, 4096)}
         assert len(lays) == 1, lays
-    assert (families.plan(base, lim, False, knobs).layout.LN == families.plan(base, lim, True, knobs).layout.LN)
+    assert registry.plan(base, lim, False, knobs).plan.layout.LN == registry.plan(base, lim, True, knobs).plan.layout.LN
 
 
 @pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
@@ -192,7 +193,7 @@ def test_token_windows_carry_bit_for_bit(ctx, variant):
         d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
         lim = Limits.of(ctx.info)
         knobs = config.settings().invariant_twin()
-        assert families.plan(d, lim, True, knobs).time_split and families.plan(d, lim, False, knobs).time_split
+        assert all(registry.plan(d, lim, backward, knobs).plan.time_split for backward in (True, False))
         cut = ssm_vk.ssm_scan(**kw)
         gc = ssm_vk.ssm_scan_back(**kw, g_y=case.g_y, g_states=case.g_states)
     for k in ("y", "states"):
@@ -210,7 +211,7 @@ def test_the_backward_token_windows_are_those_of_the_sequence():
     never in more walks than on a device of 2 GiB."""
     from dataclasses import replace
 
-    from ssm_vk.sequential.plan import SCRATCH_BUDGET, partials_budget
+    from ssm_vk.sequential.sequential_planner import SCRATCH_BUDGET, partials_budget
 
     knobs = config.settings().invariant_twin()
     base = check_forward(**make_problem(np.random.default_rng(0), S=1, T=2, H=24, P=64, N=128, G=1).args()).dims
@@ -218,15 +219,16 @@ def test_the_backward_token_windows_are_those_of_the_sequence():
     for gib in (2, 80):
         lim = replace(_lim(), device_local_bytes=gib << 30, max_storage_buffer_range=(4 << 30) - 1,
                       max_memory_allocation_size=gib << 30, max_workgroup_count=((1 << 31) - 1, 65535, 65535))
-        alone = families.plan(replace(base, T=2048), lim, True, knobs)
-        cuts = [(w.t0, w.t1) for w in alone.windows]
+        alone = registry.plan(replace(base, T=2048), lim, True, knobs)
+        cuts = [(w.t0, w.t1) for w in plans.sequential(alone).windows]
         for S in (1, 3, 8):
-            pl = families.plan(replace(base, S=S, R=S, T=2048), lim, True, knobs)
+            pl = registry.plan(replace(base, S=S, R=S, T=2048), lim, True, knobs)
             for i in range(S):
-                assert [(w.t0, w.t1) for w in pl.windows if w.i0 <= i < w.i1] == cuts, (gib, S, i)
-        walks[gib] = len({w.i0 for w in pl.windows})
-        assert partials_budget(alone.layout, lim) == max(SCRATCH_BUDGET, (gib << 30) // 16)
-        assert partials_budget(families.plan(base, lim, True, config.settings()).layout, lim) == SCRATCH_BUDGET
+                assert [(w.t0, w.t1) for w in plans.sequential(pl).windows if w.i0 <= i < w.i1] == cuts, (gib, S, i)
+        walks[gib] = len({w.i0 for w in plans.sequential(pl).windows})
+        assert partials_budget(plans.sequential(alone).layout, lim) == max(SCRATCH_BUDGET, (gib << 30) // 16)
+        default = plans.sequential(registry.plan(base, lim, True, config.settings()))
+        assert partials_budget(default.layout, lim) == SCRATCH_BUDGET
     assert walks[80] < 8 and walks[80] <= walks[2], walks
 
 

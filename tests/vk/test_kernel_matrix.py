@@ -1,4 +1,4 @@
-"""The packaged SPIR-V matrix (ssm_vk.families.matrix, what ``ssm-scan build-shaders`` puts into a
+"""The packaged SPIR-V matrix (ssm_vk.registry.matrix, what ``ssm-scan build-shaders`` puts into a
 wheel) holds every token-sequential kernel a plan dispatches, for the d_state values it was built
 for: a wheel without glslc must run every such shape on the GPU, not refuse it. Pure Python: the
 plans of many shapes on the H200's and lavapipe's limits against the matrix's specs."""
@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import itertools
 
+import plans
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import config, families
-from ssm_vk.chunked.kernels import chunk_kernels
-from ssm_vk.m1.kernels import M1_PACKAGED_N, m1_kernels
-from ssm_vk.plan import Limits
+from ssm_vk import config, registry
+from ssm_vk.chunked.chunked_specs import chunk_kernels
+from ssm_vk.m1.m1_specs import M1_PACKAGED_N, m1_kernels
+from ssm_vk.sizing import Limits
 
 OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
 PROFILES = {
@@ -42,7 +43,7 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device, mode):
     lim = PROFILES[device]
     invariant, K = CALL_MODES[mode]
     knobs = config.invariant_mode(config.DEFAULTS, invariant)
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], N_VALUES,
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in registry.matrix([lim], N_VALUES,
                                                                                 knobs=config.DEFAULTS)}
     seen, names = 0, set()
     shapes = itertools.product((1, 3), (1, 2, 64, 2048), ((8, 1, 1), (1536, 1, 1), (20, 1, 1), (2, 4, 1),
@@ -50,13 +51,13 @@ def test_every_sequential_kernel_a_plan_dispatches_is_packaged(device, mode):
                                N_VALUES, (False, True), (False, True))
     for S, T, (H, P, G), N, mamba1, backward in shapes:
         d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=mamba1, a_shape=(H, N) if mamba1 else (H,), K=K)
-        pl = families.plan(d, lim, backward, knobs, snap=K > 1)
-        for spec in families.kernels_needed(d, pl, backward):
+        pl = registry.plan(d, lim, backward, knobs, snap=K > 1)
+        for spec in registry.kernels_needed(d, pl, backward):
             if spec.name.startswith("chunk_"):
                 continue     # the chunked kernels' matrix is per (P, N): built for the P values asked
             if spec.name.startswith("m1_") and N not in M1_PACKAGED_N:
                 continue     # Mamba-1's time-in-threads kernels: N = 16 only (the others fall back; test_m1_vk)
-            if mode != "default" and N not in families.MODES_N:
+            if mode != "default" and N not in registry.MODES_N:
                 continue     # the modes' variants: the d_state of Mamba models only (test below)
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, mode, d, backward, spec)
@@ -87,9 +88,9 @@ def test_the_modes_variants_are_packaged_for_the_d_state_of_mamba_models_only():
         return {(n, tuple(sorted(dict(d).items()))) for n, d in specs
                 if any(k in dict(d) for k in ("SNAP", "EXACT", "SEQSUM"))}
 
-    full = own(families.matrix([lim], list(range(1, 257)), knobs=config.DEFAULTS))
-    at = own((sp.name, sp.defines) for sp in families.modes_matrix(lim, families.MODES_N, config.DEFAULTS))
-    every = own((sp.name, sp.defines) for sp in families.modes_matrix(lim, range(1, 257), config.DEFAULTS))
+    full = own(registry.matrix([lim], list(range(1, 257)), knobs=config.DEFAULTS))
+    at = own((sp.name, sp.defines) for sp in registry.modes_matrix(lim, registry.MODES_N, config.DEFAULTS))
+    every = own((sp.name, sp.defines) for sp in registry.modes_matrix(lim, range(1, 257), config.DEFAULTS))
     assert full == at and len(at) < len(every), (len(full), len(at), len(every))
 
 
@@ -98,7 +99,7 @@ def test_the_modes_add_only_their_own_variants_after_the_defaults():
     # come after the default's, whose defines and order they leave as they were: every other
     # kernel their plans ask for is one of the default's already
     for lim in PROFILES.values():
-        full = families.matrix([lim], N_VALUES, knobs=config.DEFAULTS)
+        full = registry.matrix([lim], N_VALUES, knobs=config.DEFAULTS)
         own = [any(k in d for k in ("SNAP", "EXACT", "SEQSUM")) for _, d in full]
         first = own.index(True)
         assert not any(own[:first]) and all(own[first:])
@@ -106,14 +107,14 @@ def test_the_modes_add_only_their_own_variants_after_the_defaults():
 
 def test_the_mamba1_kernels_with_time_in_threads_are_packaged_for_n16():
     lim = PROFILES["h200"]
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], N_VALUES,
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in registry.matrix([lim], N_VALUES,
                                                                                 knobs=config.DEFAULTS)}
     seen = set()
     for S, T, H, backward in itertools.product((1, 8), (2, 64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
-        pl = families.plan(d, lim, backward, config.DEFAULTS)
-        assert pl.m1 is not None
-        for spec in families.kernels_needed(d, pl, backward):
+        pl = registry.plan(d, lim, backward, config.DEFAULTS)
+        assert plans.of(pl, "m1") is not None
+        for spec in registry.kernels_needed(d, pl, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (d, backward, spec)
             seen.add(spec.name)
@@ -129,8 +130,8 @@ def test_a_wheel_holds_the_time_in_threads_kernels_an_h200_plans():
     # (T = 512 with one sequence: the forward's subgroups take two slices each)
     for S, T, H, backward in itertools.product((1, 8), (64, 512, 2048, 16384), (1536, 5120), (False, True)):
         d = Dims(S=S, T=T, H=H, P=1, N=16, G=1, R=S, mamba1=True, a_shape=(H, 16))
-        pl = families.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
-        for spec in m1_kernels(d, pl.m1, backward):
+        pl = registry.plan(d, PROFILES["h200"], backward, config.DEFAULTS)
+        for spec in m1_kernels(d, plans.of(pl, "m1"), backward):
             assert (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines))) in wheel, (d, backward, spec)
 
 
@@ -139,18 +140,19 @@ def test_every_chunked_kernel_a_plan_dispatches_is_packaged_for_its_p_and_n():
     # wheel is built for: one head per group or several (the d_B / d_C products over the chunk's
     # own tokens then once per group), per head or per group
     device, lim = "h200", PROFILES["h200"]
-    packaged = {(name, tuple(sorted(d.items()))) for name, d in families.matrix([lim], [16, 128], (16, 64), [16, 128],
+    packaged = {(name, tuple(sorted(d.items()))) for name, d in registry.matrix([lim], [16, 128], (16, 64), [16, 128],
                                                                                 knobs=config.DEFAULTS)}
     seen, folds = 0, set()
     for (S, T), (H, G), (P, N), backward in itertools.product(((1, 256), (8, 2048), (1, 16384)),
                                                               ((24, 1), (8, 8), (12, 4)), ((64, 128), (16, 16)),
                                                               (False, True)):
         d = Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=S, mamba1=False, a_shape=(H,))
-        pl = families.plan(d, lim, backward, config.DEFAULTS)
-        if pl.chunked is None:
+        pl = registry.plan(d, lim, backward, config.DEFAULTS)
+        cp = plans.of(pl, "chunked")
+        if cp is None:
             continue
-        folds.add((pl.chunked.fold, pl.chunked.headloop) if backward else None)
-        for spec in chunk_kernels(d, pl.chunked, backward):
+        folds.add((cp.fold, cp.headloop) if backward else None)
+        for spec in chunk_kernels(d, cp, backward):
             key = (spec.name, tuple(sorted((k, int(v)) for k, v in spec.defines)))
             assert key in packaged, (device, d, backward, spec)
             seen += 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ssm_vk import runtime as rt
-from ssm_vk.runtime import kernels
+from ssm_vk.runtime import pipelines
 
 TEST_GLSL = Path(__file__).resolve().parents[1] / "glsl"  # the test shaders
 
@@ -271,7 +271,7 @@ def test_fixed_workgroup_size_must_match(ctx, glslc, tmp_path):
         rt.Kernel.get(ctx, "fixed", bindings=1, local_size=(64, 1, 1), search_path=tmp_path)
     assert rt.Kernel.get(ctx, "fixed", bindings=1, local_size=(32, 1, 1), search_path=tmp_path).local_size == (32, 1, 1)
     spirv = rt.compile_shader("saxpy", search_path=TEST_GLSL)
-    kernels.check_workgroup_size(spirv, (7, 3, 2))  # fully specialisable: any size
+    pipelines.check_workgroup_size(spirv, (7, 3, 2))  # fully specialisable: any size
 
 
 def test_submit_refuses_closed_buffers(ctx, glslc, data):

@@ -1,4 +1,4 @@
-"""The planner of the Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/plan.py): where
+"""The planner of the Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/m1_planner.py): where
 it takes a shape (Mamba-1 with P = 1 on a GPU, channels per group a multiple of the subgroup
 size, N up to 32) and where it leaves it to the token-sequential kernels; the chunks, slices and
 workgroups it plans on an H200's and smaller limits; the kernels and buffers that follow. Pure
@@ -6,12 +6,13 @@ Python (no Vulkan)."""
 
 from __future__ import annotations
 
+import plans
 import pytest
 
 from ssm_ref import Dims
-from ssm_vk import budget, config, families
-from ssm_vk.m1 import plan as m1_plan_module
-from ssm_vk.m1.plan import (
+from ssm_vk import budget, config, registry
+from ssm_vk.m1 import m1_planner as m1_plan_module
+from ssm_vk.m1.m1_planner import (
     M1_BWD_NB,
     M1_NW,
     M1_ONE_THREADS,
@@ -19,7 +20,7 @@ from ssm_vk.m1.plan import (
     M1_THREADS,
     shared_bytes,
 )
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 M1_BWD_TI = config.KNOBS["M1_TI"].default
 M1_ONE_TI = config.KNOBS["M1_ONE_TI"].default
@@ -56,26 +57,27 @@ def assert_one_pass_slices(d: Dims, mp) -> None:
 @pytest.mark.parametrize(("S", "T", "H"), [(1, 512, 1536), (8, 2048, 1536), (1, 16384, 1536), (4, 1024, 5120)])
 def test_the_four_mamba1_shapes_take_them_on_a_gpu(S, T, H):
     d = m1(S, T, H)
-    fwd = families.plan(d, limits(), False, config.DEFAULTS)
-    bwd = families.plan(d, limits(), True, config.DEFAULTS)
+    fwd = registry.plan(d, limits(), False, config.DEFAULTS)
+    bwd = registry.plan(d, limits(), True, config.DEFAULTS)
     for pl, backward in ((fwd, False), (bwd, True)):
-        mp = pl.m1
-        assert mp is not None and pl.tchunk == 0 and pl.chunked is None
+        mp = plans.of(pl, "m1")
+        assert mp is not None and pl.family.name == "m1"
         assert mp.RW == 32 and mp.NRB == H // mp.CW
         assert mp.NCH == -(-T // mp.L)                        # every token in a chunk, the last one partial
         assert shared_bytes(16, mp.RW, mp.NW, backward) <= 48 << 10
-    assert bwd.m1.SPS == 1
+    fwd, bwd = fwd.plan, bwd.plan
+    assert bwd.SPS == 1
     if T <= 16 * M1_ONE_TI:
         # a sequence that 16 slices (48 KiB of shared memory) of at most M1_ONE_TI tokens hold: one pass
-        assert fwd.m1.NW == 16
-        assert_one_pass_slices(d, fwd.m1)
+        assert fwd.NW == 16
+        assert_one_pass_slices(d, fwd)
         # few threads at (1, 512, 1536): subgroups take several slices; many at (4, 1024, 5120): one
-        assert (fwd.m1.SPS > 1) == (S * H < 8192)
+        assert (fwd.SPS > 1) == (S * H < 8192)
     else:
         # the forward cuts time until about M1_THREADS threads run, slices of 8 tokens at least
-        assert fwd.m1.TI == max(8, -(-T // -(-M1_THREADS // (S * H)))) and fwd.m1.NW == 4
+        assert fwd.TI == max(8, -(-T // -(-M1_THREADS // (S * H)))) and fwd.NW == 4
     # the backward: its default slices (one shared table of N + 1 floats per thread fits 16 of them)
-    assert (bwd.m1.TI, bwd.m1.NB, bwd.m1.NW) == (M1_BWD_TI, M1_BWD_NB, M1_NW) == (4, 4, 16)
+    assert (bwd.TI, bwd.NB, bwd.NW) == (M1_BWD_TI, M1_BWD_NB, M1_NW) == (4, 4, 16)
 
 
 @pytest.mark.parametrize(("T", "sg", "shared", "NW"), [(512, 32, 48 << 10, 16), (64, 32, 48 << 10, 16),
@@ -85,18 +87,18 @@ def test_a_forward_that_one_workgroup_holds_is_one_dispatch(T, sg, shared, NW):
     # as many slices as the workgroup and shared memory take (at most 32), the tokens cut evenly
     d = m1(2, T, 4 * sg)
     lim = limits(sg=sg, shared=shared)
-    pl = families.plan(d, lim, False, config.DEFAULTS)
-    mp = pl.m1
+    pl = registry.plan(d, lim, False, config.DEFAULTS)
+    mp = plans.of(pl, "m1")
     assert mp.NW == NW and mp.WG <= 1024
     assert_one_pass_slices(d, mp)
     assert shared_bytes(16, sg, NW, False) <= shared < shared_bytes(16, sg, 2 * NW, False) or NW == 32
-    specs = families.kernels_needed(d, pl, False)
+    specs = registry.kernels_needed(d, pl, False)
     assert [(k.name, dict(k.defines).get("MODE")) for k in specs][:2] == [("m1_scan", 2), ("ssm_scan", None)]
     sizes = budget.buffers(d, pl, lim, False)
     assert not any(k.startswith(("scratch:m1:agg", "scratch:m1:cb", "scratch:m1:cdec")) for k in sizes)
     # longer than its slices of M1_ONE_TI tokens hold, or the knob at 0: passes over time chunks
-    long = families.plan(m1(2, NW * M1_ONE_TI + 1, 4 * sg), lim, False, config.DEFAULTS).m1
-    off = families.plan(d, lim, False, config.Settings((("M1_ONE_TI", 0),), False)).m1
+    long = plans.of(registry.plan(m1(2, NW * M1_ONE_TI + 1, 4 * sg), lim, False, config.DEFAULTS), "m1")
+    off = plans.of(registry.plan(d, lim, False, config.Settings((("M1_ONE_TI", 0),), False)), "m1")
     assert long.NCH > 1 and long.NW == 4
     assert off.NW == 4 and (off.NCH > 1 or T <= 4 * off.TI)
 
@@ -104,18 +106,18 @@ def test_a_forward_that_one_workgroup_holds_is_one_dispatch(T, sg, shared, NW):
 def test_the_kernels_and_buffers_of_a_plan():
     d = m1(2, 4096, 1536)
     lim = limits()
-    fwd = families.plan(d, lim, False, config.DEFAULTS)
-    names = [(k.name, dict(k.defines).get("MODE")) for k in families.kernels_needed(d, fwd, False)]
+    fwd = registry.plan(d, lim, False, config.DEFAULTS)
+    names = [(k.name, dict(k.defines).get("MODE")) for k in registry.kernels_needed(d, fwd, False)]
     assert names[:3] == [("m1_scan", 0), ("ssm_scan_carry", None), ("m1_scan", 1)]
     assert ("ssm_scan", None) in names        # the token-sequential forward, for a call with inf or nan
-    bwd = families.plan(d, lim, True, config.DEFAULTS)
-    specs = families.kernels_needed(d, bwd, True)
+    bwd = registry.plan(d, lim, True, config.DEFAULTS)
+    specs = registry.kernels_needed(d, bwd, True)
     assert [k.name for k in specs[:6]] == ["m1_scan", "ssm_scan_carry", "ssm_scan_carry", "m1_scan_back",
                                            "ssm_scan_reduce", "ssm_scan_reduce"]
-    assert dict(specs[0].defines)["ADJ"] == 1 and dict(specs[0].defines)["NW"] == bwd.m1.SNW
+    assert dict(specs[0].defines)["ADJ"] == 1 and dict(specs[0].defines)["NW"] == plans.of(bwd, "m1").SNW
     sizes = budget.buffers(d, bwd, lim, True)
     assert sizes["scratch:m1:part_B"] == 4 * 2 * 4096 * (1536 // 32) * 16
-    assert sizes["scratch:m1:cbl"] == 4 * 2 * bwd.m1.NCH * 1536 * 16
+    assert sizes["scratch:m1:cbl"] == 4 * 2 * plans.of(bwd, "m1").NCH * 1536 * 16
     assert "rerun:out:d_x" in sizes and "flag_host" in sizes
 
 
@@ -132,7 +134,7 @@ def test_the_kernels_and_buffers_of_a_plan():
 def test_shapes_they_leave_to_the_other_kernels(d, lim, why):
     assert why in m1_plan_module.applies(d, lim, config.DEFAULTS)
     for backward in (False, True):
-        assert families.plan(d, lim, backward, config.DEFAULTS).m1 is None
+        assert plans.of(registry.plan(d, lim, backward, config.DEFAULTS), "m1") is None
 
 
 def test_the_knob_and_the_recompute_of_a_nonfinite_call():
@@ -140,19 +142,19 @@ def test_the_knob_and_the_recompute_of_a_nonfinite_call():
     off = config.Settings((("M1", 0),), False)
     on_cpu = config.Settings((("M1", 1),), False)
     for backward in (False, True):
-        assert families.plan(d, limits(), backward, off).m1 is None
-        assert families.plan(d, limits(), backward, config.DEFAULTS, time_chunks=False).m1 is None
-        assert families.plan(d, limits("cpu"), backward, on_cpu).m1 is not None
+        assert plans.of(registry.plan(d, limits(), backward, off), "m1") is None
+        assert plans.of(registry.plan(d, limits(), backward, config.DEFAULTS, rerun=True), "m1") is None
+        assert plans.of(registry.plan(d, limits("cpu"), backward, on_cpu), "m1") is not None
 
 
 def test_slices_shrink_to_the_shared_memory_and_threads_a_device_has():
     d = m1(1, 4096, 256)
     small = limits(sg=8, shared=16 << 10, invocations=128)
     for backward in (False, True):
-        mp = families.plan(d, small, backward, config.DEFAULTS).m1
+        mp = plans.of(registry.plan(d, small, backward, config.DEFAULTS), "m1")
         assert mp.RW == 8 and mp.WG <= 128 and shared_bytes(16, 8, mp.NW, backward) <= 16 << 10
     # a subgroup of 64 at 8 KiB: the backward's slices shrink to the most that fit
     wide = limits(sg=64, shared=8 << 10)
-    mp = families.plan(m1(1, 4096, 512), wide, True, config.DEFAULTS).m1
+    mp = plans.of(registry.plan(m1(1, 4096, 512), wide, True, config.DEFAULTS), "m1")
     assert shared_bytes(16, 64, mp.NW, True) <= 8 << 10 < shared_bytes(16, 64, 2 * mp.NW, True)
     assert mp.NW == 1

@@ -1,5 +1,5 @@
 """The Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/glsl/m1_scan.comp,
-m1_scan_back.comp; m1/record.py) against the float64 oracle: drawn shapes, slice and chunk sizes,
+m1_scan_back.comp; m1/m1_recording.py) against the float64 oracle: drawn shapes, slice and chunk sizes,
 ids patterns and input regimes, forward and backward; reruns bit for bit; device-resident inputs
 and the cache rows read in place; inf and nan as the token-by-token scan gives them; and the
 planner, whose default takes them on a GPU only (here they are forced with the knob M1=1).
@@ -10,6 +10,7 @@ device: the tests assume no particular size."""
 from __future__ import annotations
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,9 +19,9 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_backward, check_forward
 from ssm_ref.testing.cases import make_problem
-from ssm_vk import config, engine, families
+from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -44,7 +45,7 @@ def planned(case, tune: dict, backward: bool):
             d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
         else:
             d = check_forward(**case.args()).dims
-        return families.plan(d, limits(), backward).m1
+        return plans.of(registry.plan(d, limits(), backward), "m1")
 
 
 def run_both(case, tune: dict, resident: bool = False):
@@ -156,7 +157,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
     case = m1_case(5, S=2, T=40, blocks=1, N=16, ids="permutation", R=4)
     for tune in (dict(FORCE), dict(FORCE, M1_NW=2, M1_FTI=4, M1_TI=4)):
         _, _, in_place, in_place_b = run_both(case, tune)
-        from ssm_vk.m1 import record as m1
+        from ssm_vk.m1 import m1_recording as m1
         with monkeypatch.context() as m:
             m.setattr(m1, "cache_rows", lambda ws, p, s_at: None)
             engine.clear(rt.get_context())

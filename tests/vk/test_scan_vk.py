@@ -13,7 +13,7 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_ref
 import ssm_vk
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -143,9 +143,9 @@ def test_small_storage_range_splits_into_windows(variant):
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=2048, max_workgroup_count=(3, 65535, 65535)):
         lim = Limits.of(ctx.info)
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, lim, backward=True)
-        assert pl.time_split and len(pl.windows) > 3 * 2
+        assert pl.plan.time_split and len(pl.plan.windows) > 3 * 2
         split = check_case(case, label="windows")
     np.testing.assert_allclose(split[0].y, whole[0].y, rtol=1e-6, atol=1e-7)
     for k in GRADS:
@@ -161,12 +161,12 @@ def test_token_windows_read_the_cache_rows_in_place(variant):
                         ids="duplicates", R=2)
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         d = ssm_ref.check_forward(**case.args()).dims
         assert d.R * d.H * d.P * d.N * 4 < 2048 - 256
         for backward in (False, True):
             pl = plan(d, Limits.of(ctx.info), backward=backward)
-            assert pl.time_split and len(pl.windows) > 3, backward
+            assert pl.plan.time_split and len(pl.plan.windows) > 3, backward
         check_case(case, label="token windows, rows in place")
 
 
@@ -175,7 +175,7 @@ def test_cache_rows_read_in_place_equal_the_copied_rows_bit_for_bit(monkeypatch,
     # The scan reads each sequence's initial state from s[ids[i]] when s fits one binding, else
     # the rows are copied into the carried states first: the same arithmetic, the same bits.
     from ssm_vk import engine
-    from ssm_vk.sequential import record as sequential
+    from ssm_vk.sequential import sequential_recording as sequential
 
     case = make_problem(np.random.default_rng(15), S=4, T=9, H=3, P=2, N=8, G=1, ids=ids)
     engine.clear()
@@ -204,9 +204,9 @@ def test_sequence_windows():
     case = make_problem(np.random.default_rng(12), S=5, T=4, H=2, P=2, N=8, G=1, ids="permutation")
     ctx = rt.get_context()
     with ctx.seams.override_limits(max_storage_buffer_range=1024):
-        from ssm_vk.families import plan
+        from ssm_vk.registry import plan
         pl = plan(ssm_ref.check_forward(**case.args()).dims, Limits.of(ctx.info), backward=True)
-        assert not pl.time_split and 1 < len(pl.windows) < 5
+        assert not pl.plan.time_split and 1 < len(pl.plan.windows) < 5
         check_case(case, label="sequence windows")
 
 

@@ -8,6 +8,7 @@ shortcut keyed by K; the CPU fallback; K = 1's snapshots a view of states."""
 from __future__ import annotations
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,9 +18,9 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_ref import GRAD_NAMES, check_forward
 from ssm_ref.tolerance import scaled
-from ssm_vk import config, engine, families
+from ssm_vk import config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.plan import Limits
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -109,7 +110,7 @@ def test_host_arrays_through_staging_copies(ctx, variant):
 def k1_plan(case, backward: bool, tune: dict):
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
-        return families.plan(check_forward(**case.args()).dims, lim, backward)
+        return registry.plan(check_forward(**case.args()).dims, lim, backward)
 
 
 @pytest.mark.parametrize("family", ["chunked", "time_chunks", "m1"])
@@ -126,7 +127,8 @@ def test_shapes_of_the_other_families(family):
         case = make_problem(np.random.default_rng(3), S=2, T=48, H=2, P=4, N=8, G=1, ids="unused")
     for backward in (False, True):
         pl = k1_plan(case, backward, tune)
-        assert {"chunked": pl.chunked is not None, "time_chunks": pl.tchunk > 0, "m1": pl.m1 is not None}[family]
+        assert {"chunked": pl.family.name == "chunked", "time_chunks": plans.tchunk(pl) > 0,
+                "m1": pl.family.name == "m1"}[family]
     engine.clear()
     try:
         with config.configure(tune=tune):
@@ -147,8 +149,8 @@ def test_token_windows():
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
         d = check_forward(**case.args(), snapshots=4).dims
         for backward in (False, True):
-            pl = families.plan(d, Limits.of(ctx.info), backward, snap=True)
-            assert pl.time_split and len(pl.windows) > 3 and pl.snap, backward
+            pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
+            assert pl.plan.time_split and len(pl.plan.windows) > 3 and pl.plan.snap, backward
         check_case(case, 4, label="token windows")
 
 
@@ -160,8 +162,8 @@ def test_sequence_windows():
     with ctx.seams.override_limits(max_storage_buffer_range=2048):
         d = check_forward(**case.args(), snapshots=2).dims
         for backward in (False, True):
-            pl = families.plan(d, Limits.of(ctx.info), backward, snap=True)
-            assert not pl.time_split and len(pl.windows) > 1 and pl.snap, backward
+            pl = registry.plan(d, Limits.of(ctx.info), backward, snap=True)
+            assert not pl.plan.time_split and len(pl.plan.windows) > 1 and pl.plan.snap, backward
         check_case(case, 2, label="sequence windows")
 
 
@@ -214,7 +216,7 @@ def test_repeats_take_their_lane_and_another_k_is_keyed_apart():
         o = oracle_scan(**case.args(), snapshots=K)
         assert r.snapshots.shape == (K, 2, 2, 3, 8)
         assert_snapshots(r.snapshots, o.snapshots, 6, f"K={K}")
-    assert any(len(sig) and sig[-1] == 3 for sig in eng.lanes)   # K = 3 kept its lane
+    assert any(len(sig) and sig[-1] == 3 for sig in eng.replays)   # K = 3 kept its lane
     gs = {K: g_snapshots_for(case, K, K) for K in (2, 3)}
     for K in (2, 3, 2):
         g = ssm_vk.ssm_scan_back(**args, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states),
@@ -279,7 +281,7 @@ def test_a_wheel_without_glslc_runs_the_snapshots_on_the_device(packaged_only, v
     # The packaged matrix holds the SNAP variants the planner picks: with only a wheel's SPIR-V
     # (no glslc, no cache) K > 1 runs on the device, a decode-shaped step (T = 1, which takes
     # the ordinary kernel with K > 1) too, and so does the invariant mode with snapshots.
-    packaged_only([16])   # (the modes' variants are packaged for the d_state of Mamba models: families.MODES_N)
+    packaged_only([16])   # (the modes' variants are packaged for the d_state of Mamba models: registry.MODES_N)
     for T in (1, 6):
         case = make_problem(np.random.default_rng(20 + T), S=3, T=T, H=2, P=4, N=16, G=1, variant=variant,
                             ids="duplicates")
@@ -331,8 +333,8 @@ def test_k1_dispatches_the_kernels_of_before():
     d1 = check_forward(**case.args()).dims
     dk = check_forward(**case.args(), snapshots=3).dims
     for backward in (False, True):
-        k1 = families.kernels_needed(d1, families.plan(d1, lim, backward), backward)
+        k1 = registry.kernels_needed(d1, registry.plan(d1, lim, backward), backward)
         assert not any(dict(s.defines).get("SNAP") for s in k1)
-        pk = families.plan(dk if not backward else d1, lim, backward, snap=True)
-        kk = families.kernels_needed(dk, pk, backward)
+        pk = registry.plan(dk if not backward else d1, lim, backward, snap=True)
+        kk = registry.kernels_needed(dk, pk, backward)
         assert any(dict(s.defines).get("SNAP") for s in kk)

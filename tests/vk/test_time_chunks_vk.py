@@ -6,6 +6,7 @@ token-by-token scan gives them; and the planner's choice, which only a GPU devic
 from __future__ import annotations
 
 import numpy as np
+import plans
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,10 +15,10 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_vk
 from ssm_ref import GRAD_NAMES, Dims, check_backward, check_forward
-from ssm_vk import budget, config, engine, families
+from ssm_vk import budget, config, engine, registry
 from ssm_vk import runtime as rt
-from ssm_vk.families import kernels_needed
-from ssm_vk.plan import Limits
+from ssm_vk.registry import kernels_needed
+from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -40,7 +41,7 @@ def drawn_tune(T: int, nch: int) -> dict:
 def ran_time_chunks(case, tune) -> bool:
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
-        return families.plan(check_forward(**case.args()).dims, lim, False).tchunk > 0
+        return plans.tchunk(registry.plan(check_forward(**case.args()).dims, lim, False)) > 0
 
 
 @settings(max_examples=25, deadline=None)
@@ -81,7 +82,7 @@ def ran_time_chunks_back(case, tune) -> bool:
     lim = Limits.of(rt.get_context().info)
     with config.configure(tune=tune):
         d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
-        return families.plan(d, lim, True).tchunk > 0
+        return plans.tchunk(registry.plan(d, lim, True)) > 0
 
 
 @settings(max_examples=25, deadline=None)
@@ -128,7 +129,7 @@ def test_mamba1_backward_over_time_with_one_group_matches_the_oracle(heads):
         with config.configure(tune=tune):
             g = ssm_vk.ssm_scan_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
             d = check_backward(**case.args(), g_y=case.g_y, g_states=case.g_states).dims
-            lay = families.plan(d, lim, True).layout
+            lay = plans.sequential(registry.plan(d, lim, True)).layout
         assert lay.HSUM == int(tune.get("HSUM", 1) == 1 and heads % lay.HB == 0 and lay.HB > 1)
         og = oracle_back(**case.args(), g_y=case.g_y, g_states=case.g_states)
         for k in GRAD_NAMES:
@@ -168,7 +169,7 @@ def test_the_cache_rows_copied_give_the_same_bits_as_read_in_place(monkeypatch):
     tune = chunked_by(32, 4)
     with config.configure(tune=tune):
         in_place = ssm_vk.ssm_scan(**case.args())
-        from ssm_vk.sequential import record as sequential
+        from ssm_vk.sequential import sequential_recording as sequential
         monkeypatch.setattr(sequential, "cache_rows", lambda ws, p, s_at: None)
         engine.clear(rt.get_context())
         copied = ssm_vk.ssm_scan(**case.args())
@@ -212,12 +213,12 @@ def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
     ``want_nch`` chunks per sequence (1: none), and where it cuts, threads enough or the shortest
     chunks."""
     d = _dims(S, T, H, 1, 16)
-    pl = families.plan(d, _limits("discrete"), backward, NO_M1)
-    assert (T // pl.tchunk if pl.tchunk else 1) == want_nch
-    from ssm_vk.sequential import plan as sq
+    pl = registry.plan(d, _limits("discrete"), backward, NO_M1)
+    assert (T // plans.tchunk(pl) if plans.tchunk(pl) else 1) == want_nch
+    from ssm_vk.sequential import sequential_planner as sq
     enough, shortest = (sq.TCHUNK_BWD_THREADS, sq.TCHUNK_BWD_MIN) if backward else (sq.TCHUNK_THREADS, sq.TCHUNK_MIN)
-    if pl.tchunk:
-        assert S * H * pl.layout.LN * want_nch >= enough or pl.tchunk == shortest
+    if plans.tchunk(pl):
+        assert S * H * plans.sequential(pl).layout.LN * want_nch >= enough or plans.tchunk(pl) == shortest
     return d, pl
 
 
@@ -231,7 +232,7 @@ def _gpu_plan_in_chunks(S, T, H, want_nch, backward):
 ])
 def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, want_nch):
     d, pl = _gpu_plan_in_chunks(S, T, H, want_nch, backward=False)
-    if pl.tchunk:
+    if plans.tchunk(pl):
         names = [k.name for k in kernels_needed(d, pl, False)]
         assert names == ["ssm_scan", "ssm_scan_carry", "ssm_scan"]
         sizes = budget.buffers(d, pl, _limits("discrete"), False)
@@ -247,7 +248,7 @@ def test_the_planner_cuts_mamba1_on_a_gpu_until_the_threads_are_there(S, T, H, w
 ])
 def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
     d, pl = _gpu_plan_in_chunks(S, T, H, want_nch, backward=True)
-    if pl.tchunk:
+    if plans.tchunk(pl):
         names = {(k.name, dict(k.defines).get("BSUM", 0), dict(k.defines).get("REVERSE", 0))
                  for k in kernels_needed(d, pl, True)}
         # the summaries, both carries, the checkpoint pass, the walk back, the sums (and the d_s scatter)
@@ -267,12 +268,12 @@ def test_the_planner_cuts_the_mamba1_backward_on_a_gpu(S, T, H, want_nch):
 ])
 def test_the_mamba1_layouts_on_a_gpu(S, T, H, fwd):
     d = _dims(S, T, H, 1, 16)
-    lay = families.plan(d, _limits("discrete"), False, NO_M1).layout
+    lay = plans.sequential(registry.plan(d, _limits("discrete"), False, NO_M1)).layout
     assert (lay.LN, lay.TB, lay.SPREAD) == (*fwd, 1)
-    back = families.plan(d, _limits("discrete"), True, NO_M1).layout
+    back = plans.sequential(registry.plan(d, _limits("discrete"), True, NO_M1)).layout
     assert (back.LN, back.K, back.TBR, back.SPREAD, back.HSUM) == (4, 4, 4, 1, 1)
     # a CPU device keeps the forward's two values per lane in blocks of four tokens
-    cpu = families.plan(d, _limits("cpu"), False, config.DEFAULTS).layout
+    cpu = plans.sequential(registry.plan(d, _limits("cpu"), False, config.DEFAULTS)).layout
     assert (cpu.LN, cpu.TB) == (8, 4)
 
 
@@ -296,12 +297,12 @@ def test_the_gpu_layouts_of_mamba1_match_the_oracle(tune, N):
 def test_not_on_a_cpu_device_nor_for_mamba2(device_type):
     d = _dims(1, 512, 1536, 1, 16)
     for backward in (False, True):
-        assert families.plan(d, _limits(device_type), backward, config.DEFAULTS).tchunk == 0
+        assert plans.tchunk(registry.plan(d, _limits(device_type), backward, config.DEFAULTS)) == 0
         d2 = _dims(1, 512, 4, 64, 16, mamba1=False)
-        assert families.plan(d2, _limits("discrete"), backward, config.DEFAULTS).tchunk == 0
+        assert plans.tchunk(registry.plan(d2, _limits("discrete"), backward, config.DEFAULTS)) == 0
         # and the recompute of a non-finite result never takes them
-        assert families.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, NO_M1,
-                         time_chunks=False).tchunk == 0
+        assert plans.tchunk(registry.plan(_dims(1, 512, 1536, 1, 16), _limits("discrete"), backward, NO_M1,
+                                          rerun=True)) == 0
 
 
 def test_an_illegal_chunk_length_is_refused(monkeypatch):

@@ -138,7 +138,7 @@ def test_a_call_recomputed_for_inf_starts_from_the_cache_as_it_was():
 
 
 def test_a_repeated_decode_step_takes_its_lane_and_still_checks_its_ids():
-    from ssm_vk import lanes
+    from ssm_vk import replay_cache
 
     rng = np.random.default_rng(14)
     S, R, H, P, N = 2, 4, 2, 3, 16
@@ -153,7 +153,7 @@ def test_a_repeated_decode_step_takes_its_lane_and_still_checks_its_ids():
                              dtype=np.float64, update_cache=True)
         np.testing.assert_allclose(r.y.numpy(), o.y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cache.numpy(), host, rtol=1e-5, atol=1e-6)
-    lane, _ = lanes.find(False, (cache, x, dt, A, B, C), config.settings(), 0, update=True)
+    lane, _ = replay_cache.find(False, (cache, x, dt, A, B, C), config.settings(), 0, update=True)
     assert lane is not None
     before = cache.numpy()
     with pytest.raises(ValueError, match=r"^ids: update_cache=True .* row 1 is named more than once"):

@@ -37,8 +37,8 @@ from ssm_vk import budget
 from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
 from ssm_vk.arrays import pool
-from ssm_vk.families import plan
-from ssm_vk.plan import Limits
+from ssm_vk.registry import plan
+from ssm_vk.sizing import Limits
 
 VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 
@@ -185,7 +185,7 @@ def test_the_memory_estimate_covers_what_a_call_allocates(op):
                 args = {**case.args(), **({"g_y": case.g_y, "g_states": case.g_states} if backward else {})}
                 p = chk(**args)
                 pl = plan(p.dims, lim, backward=backward)
-                assert pl.time_split == (small_range and k == 1)
+                assert pl.plan.time_split == (small_range and k == 1)
                 estimate = sum(budget.pooled(n, ctx.info.max_memory_allocation_size)
                                for n in budget.buffers(p.dims, pl, lim, backward).values())
                 OPS[op](args if backward else case.args())

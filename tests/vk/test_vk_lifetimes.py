@@ -27,7 +27,7 @@ from problems import make_problem
 
 import ssm_vk
 from ssm_vk import runtime as rt
-from ssm_vk.runtime import kernels
+from ssm_vk.runtime import pipelines
 
 pytestmark = pytest.mark.vulkan
 
@@ -203,7 +203,7 @@ def test_descriptor_sets_and_memory_stay_flat_over_many_shapes_with_results_held
     sets3, allocs3 = live_sets(), ctx.live_allocations.count
     # flat: what each kernel keeps is bounded (its idle cache and the sets recorded sequences bind)
     assert sets3 <= sets2 + 8 and sets2 <= sets1 + 8 * len(shapes), (sets1, sets2, sets3)
-    assert sets3 <= len(ctx._kernels) * (kernels.IDLE_SETS + 4 * 8), (sets3, len(ctx._kernels))
+    assert sets3 <= len(ctx._kernels) * (pipelines.IDLE_SETS + 4 * 8), (sets3, len(ctx._kernels))
     assert allocs3 <= allocs1 + 4, (allocs1, allocs2, allocs3)
     assert all(r.where.startswith("Vulkan") for r in held.values())
     want = ssm_vk.ssm_scan(**shapes[3].args()).y

@@ -13,8 +13,8 @@ from registry import assert_close, oracle_back, oracle_scan
 import ssm_vk
 from ssm_vk import config
 from ssm_vk import runtime as rt
-from ssm_vk.plan.limits import SPEC_MINIMUMS
 from ssm_vk.runtime import hostcopy
+from ssm_vk.sizing import SPEC_MINIMUMS
 
 CASE = make_problem(np.random.default_rng(700), S=2, T=5, H=4, P=3, N=6, G=2, ids="duplicates")
 

@@ -1,6 +1,6 @@
 """The one table of the arrays a call binds (inputs, outputs), in float32 elements, and the sizes
 every family's scratch shares. The workspace allocates by it and the memory budget counts by it;
-each family's scratch, as its recording requests it, is in its plan (``<family>/plan.py``)."""
+each family's scratch, as its recording requests it, is in its planner (``<family>/<family>_planner.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ssm_ref import Dims
 
 __all__ = ["input_shapes", "output_shapes", "FLAG_ELEMS", "DUMMY_BYTES"]
 
-FLAG_ELEMS = 4      # the chunked kernels' non-finite flag
+FLAG_ELEMS = 4      # the non-finite flag of the kernels that raise one (family.Family.flags)
 DUMMY_BYTES = 16    # the stand-in binding of an empty array
 
 

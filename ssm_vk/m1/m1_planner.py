@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..plan.limits import F32, Limits, binding_cap
-from ..plan.sizes import FLAG_ELEMS
+from ..sizing import F32, FLAG_ELEMS, Limits, binding_cap
 
-__all__ = ["M1Plan", "m1_plan", "m1_scratch", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN", "M1_BWD_NB", "M1_NW",
+__all__ = ["M1Plan", "plan_call", "scratch", "m1_plan", "m1_scratch", "M1_MAX_N", "M1_THREADS", "M1_FWD_TI_MIN",
+           "M1_BWD_NB", "M1_NW",
            "M1_FWD_NW", "M1_ONE_NW", "M1_ONE_THREADS", "M1_SPS_TI_MIN"]
 
 M1_MAX_N = 32          # state values a thread holds in registers, at most
@@ -60,6 +60,7 @@ class M1Plan:
     TB: int = 8  # forward: tokens per block of loads
     SNW: int = 1  # backward over time chunks: slices per workgroup of its summary (each NW * TI / SNW tokens)
     SPS: int = 1  # forward: slices per subgroup (a power of two dividing RW; the backward's is 1)
+    softplus: int = 0  # the step's form (kernel_specs.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
 
     def summary(self) -> M1Plan:
         """The plan of the backward's summary pass over the same chunks: SNW slices of L / SNW
@@ -208,7 +209,7 @@ def m1_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None)
 
 
 def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[str, int]:
-    """The scratch of the Mamba-1 kernels with time in threads (m1/record.py), in the order its
+    """The scratch of the Mamba-1 kernels with time in threads (m1/m1_recording.py), in the order its
     recording requests it. Forward: the flag, over time chunks the slices' parts (agg) and each
     chunk's contribution and decay (one chunk, one pass: none of them), and with the accurate step
     (``softplus`` 1) the steps the first walk keeps for the second. Backward: the flag, the
@@ -229,3 +230,20 @@ def m1_scratch(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> dict[s
     part = d.S * d.T * mp.NRB * d.N
     out.update(part_B=part, part_C=part, dAp=chunks)
     return out
+
+
+# -- the family's interface (family.Family: plan, scratch) ---------------------------------------
+
+def plan_call(req) -> M1Plan | None:
+    """The plan of a call on the time-in-threads kernels (family.Request), or None: never for K > 1
+    snapshots (they keep the states of chunk ends only) or in the invariant mode (their slices are
+    chosen by T); else :func:`m1_plan`'s, with the step's form."""
+    if req.snap or req.knobs.invariant:
+        return None
+    mp = m1_plan(req.dims, req.lim, req.backward, req.knobs)
+    return None if mp is None else replace(mp, softplus=req.softplus)
+
+
+def scratch(d: Dims, mp: M1Plan, backward: bool) -> dict[str, int]:
+    """:func:`m1_scratch` by the memory budget's names ("m1:")."""
+    return {f"m1:{k}": n for k, n in m1_scratch(d, mp, backward, mp.softplus).items()}

@@ -4,14 +4,16 @@ of partial sums, the d_s scatter, the carry over time chunks and the non-finite 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .. import kernels as specs
-from .. import runtime as rt
-from ..kernels import KernelSpec
-from ..plan import Window, binding_cap, grid
-from ..plan.limits import rows_in_place
-from ..plan.sizes import FLAG_ELEMS
+from . import kernel_specs as specs
+from . import runtime as rt
+from .sizing import FLAG_ELEMS, Window, binding_cap, grid, rows_in_place
+
+if TYPE_CHECKING:
+    from .kernel_specs import KernelSpec
 
 __all__ = ["F32", "kernel", "kernel_cached", "zero", "zero_at", "gather_rows", "seq_bindings", "reduce_partials",
            "reduce_dA", "scatter_rows", "flag_start", "flag_end", "put_rows", "carry", "cache_rows"]

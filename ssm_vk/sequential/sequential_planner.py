@@ -10,8 +10,10 @@ whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone
 a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
 reads or writes is contiguous inside a window in both cases.
 
-One module of ~460 lines on purpose: the lane layout and the windows depend on each other (a
-window's size follows from the layout's grid and checkpoint interval).
+One module of ~480 lines on purpose: the lane layout and the windows depend on each other (a
+window's size follows from the layout's grid and checkpoint interval), and the family's planner
+(:func:`plan_call`) chooses between the windows of whole sequences and the passes over time
+chunks, which are planned as windows of the chunks.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap
-from ..plan.sizes import FLAG_ELEMS
+from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap
 
-__all__ = ["Layout", "Plan", "layout_for", "invariant_layout", "INVARIANT_T",
+__all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
            "time_chunk_scratch", "SCRATCH_BUDGET", "partials_budget",
            "MAX_NPL", "TCHUNK_BELOW", "TCHUNK_THREADS", "TCHUNK_MIN", "TCHUNK_BWD_BELOW", "TCHUNK_BWD_THREADS",
@@ -92,24 +93,17 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Plan:
+class SequentialPlan:
+    """The token-sequential kernels' plan of a call: its layout and windows."""
+
     layout: Layout
     windows: tuple
     time_split: bool     # True: windows are token ranges of one sequence
-    chunked: object = None   # a chunked.plan.ChunkPlan when the chunked kernels run this shape
-    softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
+    softplus: int = 0        # the step's form (kernel_specs.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     tchunk: int = 0          # parallel over time: tokens per chunk (0: not); the windows and
                              # layout are then those of the chunks as sequences (time_chunk_plan)
-    m1: object = None        # a m1.plan.M1Plan when the Mamba-1 kernels with time in threads run the
-                             # shape (the windows and layout are then the recompute's)
     snap: bool = False       # the K state snapshots (a forward with K > 1, a backward given g_snapshots):
                              # the token-sequential kernels with SNAP, whole plan token by token
-
-    @property
-    def flags_nonfinite(self) -> bool:
-        """Whether the kernels of this plan raise a flag on inf or nan, whose call is then computed
-        again token by token (the chunked kernels, time chunks, Mamba-1 with time in threads)."""
-        return self.chunked is not None or bool(self.tchunk) or self.m1 is not None
 
 
 def _pow2_at_most(n: int) -> int:
@@ -329,7 +323,7 @@ def _fits(d, lay, lim, Sw, Tw, backward) -> bool:
     return groups <= mx * my and -(-red // lay.WG) <= mx * my
 
 
-def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan:
+def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> SequentialPlan:
     """The token-sequential kernels' plan: layout and windows; TooLarge when even one token of
     one sequence cannot fit. In the invariant mode (``knobs.invariant``) the layout is
     :func:`invariant_layout`'s; the windows hold whole sequences unless one sequence alone is too
@@ -338,7 +332,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     knobs = settings() if knobs is None else knobs
     lay = invariant_layout(d, lim, backward, knobs) if knobs.invariant else layout_for(d, lim, backward, knobs)
     if d.T == 0:
-        return Plan(lay, (), False)
+        return SequentialPlan(lay, (), False)
     # Whole sequences: as many per window as fit.
     lo, hi = 0, d.S
     while lo < hi:  # largest Sw in [0, S] that fits (monotone)
@@ -350,7 +344,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     if lo >= 1:
         Sw = lo
         wins = tuple(Window(i, min(i + Sw, d.S), 0, d.T) for i in range(0, d.S, Sw))
-        return Plan(lay, wins, False)
+        return SequentialPlan(lay, wins, False)
     # One sequence per window, a range of tokens (a multiple of K when more than K fit).
     lo, hi = 0, d.T
     while lo < hi:
@@ -367,7 +361,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
     wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
-    return Plan(lay, wins, True)
+    return SequentialPlan(lay, wins, True)
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:
@@ -396,7 +390,7 @@ def _tokens_per_chunk(d: Dims, lim: Limits, lay: Layout, knobs: Settings, backwa
     return d.T // nch if nch > 1 else 0
 
 
-def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> Plan | None:
+def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> SequentialPlan | None:
     """The plan of the forward or backward parallel over time, or None where it does not apply: a
     sequence that does not split into two or more chunks of ``TCHUNK`` tokens (or, by default, a
     Mamba-2 problem, a CPU device, or one with threads enough: ssm_vk/glsl/ssm_scan_carry.comp),
@@ -420,7 +414,7 @@ def time_chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     return replace(pl, tchunk=L)
 
 
-def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
+def sequential_scratch(d: Dims, pl: SequentialPlan) -> dict[str, int]:
     """The token-sequential backward's scratch, as its recording requests it."""
     if not (pl.windows and d.H * d.P > 0):
         return {}
@@ -439,7 +433,7 @@ def sequential_scratch(d: Dims, pl: Plan) -> dict[str, int]:
     return out
 
 
-def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, int]:
+def time_chunk_scratch(d: Dims, pl: SequentialPlan, backward: bool = False) -> dict[str, int]:
     """The scratch of the forward parallel over time, in the order its recording requests it:
     every chunk's contribution (then its initial state), every chunk's decay, the non-finite flag.
     The backward's: the chunks' initial states (b: also the running states of the checkpoint
@@ -456,3 +450,35 @@ def time_chunk_scratch(d: Dims, pl: Plan, backward: bool = False) -> dict[str, i
         seq = sequential_scratch(chunk_dims(d, pl.tchunk), pl)
         out.update({f"seq:{k}": v for k, v in seq.items() if k != "st"})
     return out
+
+
+# -- the family's interface (family.Family: plan, scratch, flags) --------------------------------
+
+def plan_call(req) -> SequentialPlan:
+    """The token-sequential plan of a call (family.Request); every call has one (TooLarge where not
+    even one token of one sequence fits). Parallel over time chunks (time_chunk_plan) where that
+    applies -- never for K > 1 snapshots (``req.snap``: the kernels with SNAP, whole sequences token
+    by token), in the invariant mode (chosen by S and T, which the mode's bits may not depend on)
+    or for a recompute (``req.rerun``: time chunks flag inf and nan themselves)."""
+    d, lim, backward, knobs = req.dims, req.lim, req.backward, req.knobs
+    if not (req.snap or req.rerun or knobs.invariant):
+        tp = time_chunk_plan(d, lim, backward, knobs)
+        if tp is not None:
+            return replace(tp, softplus=req.softplus)
+    return replace(sequential_plan(d, lim, backward, knobs), softplus=req.softplus, snap=req.snap)
+
+
+def scratch(d: Dims, pl: SequentialPlan, backward: bool) -> dict[str, int]:
+    """The scratch of a token-sequential plan's recording, by the memory budget's names: over time
+    chunks ("tc:"), else the backward's ("seq:"; the forward takes none)."""
+    if pl.tchunk:
+        return {f"tc:{k}": n for k, n in time_chunk_scratch(d, pl, backward).items()}
+    if backward:
+        return {f"seq:{k}": n for k, n in sequential_scratch(d, pl).items()}
+    return {}
+
+
+def flags(pl: SequentialPlan) -> bool:
+    """Whether the plan's results are flagged when non-finite: over time chunks (whose carry can
+    turn an inf into nan), then computed again token by token."""
+    return bool(pl.tchunk)

@@ -10,11 +10,11 @@ from itertools import product
 from ssm_ref import Dims
 
 from ..config import Settings
-from ..kernels import KernelSpec, defines_of, reduce_spec, rows_spec, softplus_constants
-from .plan import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
+from ..kernel_specs import KernelSpec, defines_of, reduce_spec, rows_spec, softplus_constants
+from .chunked_planner import GEMM_WG, KS, MAX_PN, PASS_BATCH, PASS_BATCHES, ChunkPlan
 
 __all__ = ["CHUNK_PUSH", "CHUNK_BINDINGS", "chunk_spec", "PASS_WG", "PASS_BATCH", "PASS_BATCHES", "pass_batch",
-           "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix"]
+           "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix", "packaged"]
 
 # The chunked kernels (ssm_vk/chunked/glsl/chunk_common.glsl): one push block and one binding table for all.
 CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st", "o_A")
@@ -35,7 +35,7 @@ PASS_WG = 256
 
 
 def pass_batch(cp: ChunkPlan) -> int:
-    """Chunks whose loads the pass over ``cp``'s chunks issues together (chunked.plan.pass_batch,
+    """Chunks whose loads the pass over ``cp``'s chunks issues together (chunked.chunked_planner.pass_batch,
     resolved in the plan)."""
     return cp.pass_pb
 
@@ -90,7 +90,7 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
 
 def matrix(p_values, n_values, knobs: Settings) -> list[KernelSpec]:
     """The chunked kernels for every head_dim of ``p_values`` x d_state of ``n_values`` and chunk
-    length, in a stable order (the packaged matrix's part: ssm_vk.families.matrix; they depend on
+    length, in a stable order (the packaged matrix's part: ssm_vk.registry.matrix; they depend on
     no device limit)."""
     out = []
     add = out.append
@@ -109,3 +109,9 @@ def matrix(p_values, n_values, knobs: Settings) -> list[KernelSpec]:
                     for nch in PASS_BATCHES:   # the pass for every number of chunks (headloop aside)
                         add(pass_spec(d, replace(cp, NCH=nch), int(backward)))
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` of the head_dims
+    ``p_values`` x d_states ``pn_values``, whatever the device profiles."""
+    return matrix(p_values, pn_values, knobs)

@@ -1,5 +1,5 @@
-"""Lanes: the prepared calls (prepared.Replay) that plain calls keep for their repeats, by signature
-(a lane: the Replay kept for one signature).
+"""The replay cache: the prepared calls (replay.Replay) that plain calls keep for their repeats,
+by signature (the engine's ``replays``).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
@@ -14,7 +14,7 @@ inputs bound -- under its signature; a call with that signature finds it in one 
 (:func:`find`) and runs it, with less Python than the full path (docs/ARCHITECTURE.md,
 "Repeated calls").
 
-Every call still pays for what can change under the same signature (prepared.Replay):
+Every call still pays for what can change under the same signature (replay.Replay):
 - each input is live (an array released, or whose buffer or context was closed, raises as on
   the full path: checked once its buffers are marked busy);
 - the ids' values and the host memory rule, by ``validate.problem``, which raises exactly as
@@ -29,15 +29,19 @@ records).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ssm_ref.checks import Problem
 
-from . import config
 from . import runtime as rt
 from .arrays import DeviceArray
-from .engine import Engine
-from .prepared import Replay
+from .replay import Replay
+
+if TYPE_CHECKING:
+    from . import config
+    from .engine import Engine
 
 __all__ = ["find", "keep", "signature"]
 
@@ -51,7 +55,7 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
     with update_cache) and ``K`` (a forward's snapshots, checked: part of the signature when not
     1), or None when any of them is not a float32 DeviceArray of ``ctx`` (g_states
     may be None beside a packed g_y). Liveness is not part of it: a replay checks its inputs live
-    after marking their buffers busy (prepared.Replay.run), as it must anyway, and raises as the
+    after marking their buffers busy (replay.Replay.run), as it must anyway, and raises as the
     full path does."""
     sig = [backward, softplus, update]
     # g_states (the eighth) may be None beside a packed (1-D) g_y, a DeviceArray checked in the
@@ -85,7 +89,7 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
     if sig is None:
         return None, None
-    replay = engine.lane(sig)
+    replay = engine.replay(sig)
     if replay is None or replay.info is not ctx.info or replay.ws.closed:
         return None, sig
     return replay, sig
@@ -95,7 +99,7 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
          update: bool = False) -> None:
     """Keep the Replay of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device of ``engine``, whose support decision was taken with ``info`` and
-    planned ``planned`` (decision.Planned). Nothing is kept when the signature moved meanwhile
+    planned ``planned`` (family.Planned). Nothing is kept when the signature moved meanwhile
     (the knobs changed, an input was released: another thread) or the limits did."""
     ctx = engine.ctx
     if ctx.info is not info:
@@ -112,4 +116,4 @@ def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, 
         return  # released (or closed) since: the next call takes the full path and says so
     if ctx.info is not info:
         return
-    engine.add_lane(sig, replay)
+    engine.keep_replay(sig, replay)

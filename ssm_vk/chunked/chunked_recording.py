@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
-from ..plan import grid
-from ..plan.sizes import FLAG_ELEMS
-from ..record import common
-from ..record.common import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
-from . import kernels as chk
-from .kernels import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
-from .plan import PER_GROUP, ChunkPlan, scratch_elems
+from .. import kernel_specs as specs
+from .. import recording
+from ..recording import F32, gather_rows, kernel, reduce_dA, reduce_partials, scatter_rows, seq_bindings
+from ..sizing import FLAG_ELEMS, grid
+from . import chunked_specs as chk
+from .chunked_planner import PER_GROUP, ChunkPlan, scratch_elems
+from .chunked_specs import PASS_WG, decay_spec, finish_spec, gemm_spec, pass_spec
 
 __all__ = ["record_forward", "record_backward"]  # of the chunked kernels
 
@@ -115,16 +114,17 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     return _Chunked(seq, ws, d, cp, w, b, o)
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
-    """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as record.record_forward."""
-    d, cp = p.dims, ws.plan.chunked
+def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> None:
+    """The forward by chunks (ssm_ref.chunked.forward); ``bufs`` as the token-sequential
+    recording's. ``scatter``: never (the final states are copied into the cache rows after it)."""
+    d, cp = p.dims, ws.plan
     row = d.H * d.P * d.N
     st_buf, st_off = bufs["states"]
     gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
     # left holding the chunk states, C.B and M o C.B (one window: all of them)
     ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
-    scratch["flag"] = common.flag_start(seq, ws)
+    scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
     for w in cp.windows:
@@ -141,12 +141,14 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
         out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
         k.mark("y")
-    common.flag_end(seq, ws, scratch["flag"])
+    recording.flag_end(seq, ws, scratch["flag"])
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
-    """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as record.record_backward."""
-    d, cp = p.dims, ws.plan.chunked
+    """The backward by chunks (ssm_ref.chunked.backward); ``bufs`` as the token-sequential
+    recording's. ``kept``: the tables its forward left (engine.KeptForward), bound instead of a
+    recompute; None to recompute them."""
+    d, cp = p.dims, ws.plan
     row = d.H * d.P * d.N
     lam, lam_off = bufs["d_s0"]            # g_states in, d_s0 out (the backward pass)
     gs_buf, gs_off = bufs["g_states"]
@@ -157,7 +159,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.NCH)
     scratch = _scratch(ws, d, cp, True)
-    scratch["flag"] = common.flag_start(seq, ws)
+    scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for w in cp.windows:
@@ -214,4 +216,4 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")
-    common.flag_end(seq, ws, scratch["flag"])
+    recording.flag_end(seq, ws, scratch["flag"])

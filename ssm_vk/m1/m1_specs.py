@@ -5,15 +5,19 @@ matrix."""
 from __future__ import annotations
 
 from itertools import product
+from typing import TYPE_CHECKING
 
 from ssm_ref import Dims
 
 from ..config import KNOBS, Settings
-from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
-from ..plan import Limits
-from .plan import M1_SPS_TI_MIN, M1Plan, m1_plan
+from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, softplus_constants
+from .m1_planner import M1_SPS_TI_MIN, M1Plan, m1_plan
 
-__all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "matrix"]
+if TYPE_CHECKING:
+    from ..sizing import Limits
+
+__all__ = ["M1_PUSH", "M1_BACK_PUSH", "M1_PACKAGED_N", "m1_spec", "m1_back_spec", "m1_kernels", "kernels", "matrix",
+           "packaged"]
 
 # The Mamba-1 kernels with time in a workgroup's threads (ssm_vk/m1/glsl/m1_scan.comp, m1_scan_back.comp).
 M1_PUSH = ("S", "T", "H", "G", "NCH", "NRB", "gx", "TI", "o_x", "o_dt", "o_A", "o_B", "o_C", "o_gy", "o_y", "o_init",
@@ -45,8 +49,13 @@ def m1_back_spec(d: Dims, mp: M1Plan, softplus: int = 0) -> KernelSpec:
     return KernelSpec("m1_scan_back", defines_of(**defs), 16, M1_BACK_PUSH, mp.WG, softplus_constants(softplus))
 
 
+def kernels(d: Dims, mp: M1Plan, backward: bool) -> list[KernelSpec]:
+    """:func:`m1_kernels` of a plan, in its step's form (family.Family.kernels)."""
+    return m1_kernels(d, mp, backward, mp.softplus)
+
+
 def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[KernelSpec]:
-    """Every kernel the time-in-threads recording of ``d`` dispatches (m1/record.py)."""
+    """Every kernel the time-in-threads recording of ``d`` dispatches (m1/m1_recording.py)."""
     over_time = [carry_spec(d)] if mp.NCH > 1 else []
     if not backward:
         if mp.NCH == 1:
@@ -63,7 +72,7 @@ def m1_kernels(d: Dims, mp: M1Plan, backward: bool, softplus: int = 0) -> list[K
 def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The variants of this family on a device of limits ``lim`` for the d_state values of
     ``n_values`` among M1_PACKAGED_N, in a stable order (the packaged matrix's part:
-    ssm_vk.families.matrix)."""
+    ssm_vk.registry.matrix)."""
     out = []
     add = out.append
     for N in sorted(set(n_values) & set(M1_PACKAGED_N)):
@@ -90,3 +99,9 @@ def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
                 add(m1_spec(d, mp, 2))
             SPS *= 2
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` for each
+    device profile of ``limits_list``."""
+    return [spec for lim in limits_list for spec in matrix(lim, n_values, knobs)]

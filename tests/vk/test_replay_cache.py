@@ -1,7 +1,7 @@
-"""Lanes (ssm_vk/lanes.py): a device-resident call that repeats an earlier one's signature -- the
-same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept for it
-(ssm_vk.prepared.Replay), skipping the validator's shape checks, the support decision, the
-workspace look-up and the input bindings. Every way a lane could answer
+"""The replay cache (ssm_vk/replay_cache.py): a device-resident call that repeats an earlier one's
+signature -- the same op, input shapes, buffers and offsets, knobs -- runs the prepared call kept
+for it (ssm_vk.replay.Replay), skipping the validator's shape checks, the support decision, the
+workspace look-up and the input bindings. Every way a kept replay could answer
 for a call it must not: a released input (its buffer handed to another array), a different array
 in the same buffer, ids changed in place, other knobs, other limits, an evicted workspace, a
 closed context. Results always against the float64 oracle."""
@@ -15,11 +15,11 @@ from registry import F32_TOL, Backend, assert_close, oracle_back, oracle_scan
 
 import ssm_ref
 import ssm_vk
-from ssm_vk import config, lanes
+from ssm_vk import config, replay_cache, workspace
 from ssm_vk import engine as vk_engine
 from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
-from ssm_vk.prepared import Replay
+from ssm_vk.replay import Replay
 
 pytestmark = pytest.mark.vulkan
 
@@ -29,8 +29,8 @@ FLOATS = ("s", "x", "dt", "A", "B", "C")
 
 @pytest.fixture
 def taken(monkeypatch):
-    """For each device call made, whether it came through its lane (the prepared call kept for it,
-    prepared.Replay.run) or the full path (run._run)."""
+    """For each device call made, whether it came through its kept replay (the prepared call kept for it,
+    replay.Replay.run) or the full path (run._run)."""
     seen: list[bool] = []
     real_run, real_replay = vk_run._run, Replay.run
 
@@ -81,7 +81,7 @@ def test_a_repeated_call_takes_its_lane_and_matches_the_oracle(taken, packed, va
     g = {"g_y": ssm_vk.to_device(case.g_y), "g_states": ssm_vk.to_device(case.g_states)}
     if packed:
         g = {"g_y": ssm_vk.to_device(np.concatenate([case.g_y.ravel(), case.g_states.ravel()])), "g_states": None}
-    vk_engine.current().lanes.clear()
+    vk_engine.current().replays.clear()
     for _ in range(3):
         r = ssm_vk.ssm_scan(**d)
         b = ssm_vk.ssm_scan_back(**d, **g)
@@ -98,7 +98,7 @@ def test_a_repeated_call_takes_its_lane_and_matches_the_oracle(taken, packed, va
 def test_new_arrays_in_the_same_buffers_take_the_lane_and_compute_their_own_values(taken):
     # What a training loop does: each step's inputs are new DeviceArrays, in the buffers the pool
     # hands back. The lane binds the buffers; the values are the new ones.
-    vk_engine.current().lanes.clear()
+    vk_engine.current().replays.clear()
     for seed in range(11, 16):
         case = _case(seed)
         d = _device(case)
@@ -188,17 +188,17 @@ def test_other_knobs_never_take_a_lane_made_under_the_old_ones(taken, monkeypatc
     d = _device(case)
     _check(case, d)
     fwd = tuple(d[k] for k in FLOATS)
-    before = lanes.find(False, fwd, config.settings())[0]
+    before = replay_cache.find(False, fwd, config.settings())[0]
     assert before is not None
     for change in (lambda: monkeypatch.setenv("SSM_VK_TUNE", "CHUNK_MIN_T=1"),
                    lambda: knobs(CHUNK=32),
                    knobs.no_subgroup):
         change()
-        assert lanes.find(False, fwd, config.settings())[0] is None
+        assert replay_cache.find(False, fwd, config.settings())[0] is None
         n = len(taken)
         _check(case, d, label="knobs changed")
         assert taken[n:][:2] == [False, False]
-        now = lanes.find(False, fwd, config.settings())[0]
+        now = replay_cache.find(False, fwd, config.settings())[0]
         assert now is not None and now is not before and now.ws is not before.ws
         before = now
 
@@ -222,11 +222,11 @@ def test_an_evicted_workspace_is_not_used(taken):
     case = _case(61)
     d = _device(case)
     _check(case, d)
-    lane = lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0]
+    lane = replay_cache.find(False, tuple(d[k] for k in FLOATS), config.settings())[0]
     vk_engine.clear()
-    assert lane.ws.closed and lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0] is None
+    assert lane.ws.closed and replay_cache.find(False, tuple(d[k] for k in FLOATS), config.settings())[0] is None
     _check(case, d, label="after clear_cache")
-    assert lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws is not lane.ws
+    assert replay_cache.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws is not lane.ws
 
 
 def test_a_hot_workspace_used_through_its_lane_outlives_cold_ones(taken):
@@ -234,7 +234,7 @@ def test_a_hot_workspace_used_through_its_lane_outlives_cold_ones(taken):
     case = _case(71)
     d = _device(case)
     ssm_vk.ssm_scan(**d)
-    hot = lanes.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws
+    hot = replay_cache.find(False, tuple(d[k] for k in FLOATS), config.settings())[0].ws
     for T in range(2, 2 + 2 * vk_engine.MAX_WORKSPACES):
         ssm_vk.ssm_scan(**_device(_case(72, T=T)))
         ssm_vk.ssm_scan(**d)
@@ -260,8 +260,19 @@ def test_a_refused_case_is_never_laned(taken):
     case = _case(91)
     d = _device(case)
     ctx = rt.get_context()
-    vk_engine.current().lanes.clear()
+    vk_engine.current().replays.clear()
     with ctx.seams.override_limits(device_local_bytes=512):
         for _ in range(2):
             assert ssm_vk.ssm_scan(**d).where == "CPU"
-    assert not vk_engine.current().lanes and taken == []
+    assert not vk_engine.current().replays and taken == []
+
+
+def test_a_workspace_keeps_its_attributes_few_enough_for_shared_keys():
+    # Every call reads a dozen attributes of its workspace: past MAX_ATTRIBUTES, CPython 3.11 gives
+    # each instance a dict of its own, and those reads slow every call (workspace.py says by how much).
+    case = _case(variant="mamba2")
+    d = _device(case)
+    ssm_vk.ssm_scan(**d)
+    ssm_vk.ssm_scan_back(**d, g_y=ssm_vk.to_device(case.g_y), g_states=ssm_vk.to_device(case.g_states))
+    spaces = list(vk_engine.current().workspaces.values())
+    assert spaces and all(len(vars(ws)) <= workspace.MAX_ATTRIBUTES for ws in spaces), [len(vars(w)) for w in spaces]

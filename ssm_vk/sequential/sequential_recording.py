@@ -12,10 +12,9 @@ import numpy as np
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
-from ..plan import Window, grid
-from ..record import common as rc
-from ..record.common import (
+from .. import kernel_specs as specs
+from .. import recording as rc
+from ..recording import (
     F32,
     cache_rows,
     gather_rows,
@@ -27,7 +26,8 @@ from ..record.common import (
     zero,
     zero_at,
 )
-from . import kernels as seqk
+from ..sizing import Window, grid
+from . import sequential_specs as seqk
 from . import time_chunks
 
 NAN_WORD = 0x7FC00000   # a quiet NaN: the snapshot slots past the start state (docs/SPEC.md 3.1)
@@ -128,11 +128,11 @@ def _snapshots_unscanned(seq, d, bufs: dict) -> None:
 
 def scatters_in_place(ws, p: Problem, s_at: tuple) -> bool:
     """Whether the forward of ``p`` can write its final states straight into the cache rows
-    s[ids] (record_forward's ``scatter``): the token-sequential scan over whole sequences, reading
-    those rows in place. (Chunked kernels, time chunks and token windows do not: their states are
-    copied into the rows after the call; so are the Mamba-1 kernels' with time in threads.)"""
+    s[ids] (record_forward's ``scatter``; family.Family.scatters): the token-sequential scan over
+    whole sequences, reading those rows in place. (Time chunks and token windows do not: their
+    states are copied into the rows after the call; so are the other families'.)"""
     pl = ws.plan
-    return (pl.chunked is None and pl.m1 is None and not pl.tchunk and not pl.time_split and bool(pl.windows)
+    return (not pl.tchunk and not pl.time_split and bool(pl.windows)
             and p.dims.H * p.dims.P > 0 and cache_rows(ws, p, s_at, probe=True) is not None)
 
 
@@ -146,9 +146,10 @@ def _rows_binding(ws, rows, w: Window) -> tuple:
     return b_s, (ids_buf, 0, ids_buf.size), {"gather": 1, "o_s": o_s, "o_ids": w.i0}
 
 
-def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
+def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     """Record the backward. ``bufs`` maps the inputs (s, x, dt, A, B, C, g_y, g_states) and the
-    outputs (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) to (buffer or None, element offset)."""
+    outputs (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C) to (buffer or None, element offset). ``kept``:
+    never a forward's tables (a token-sequential forward keeps none)."""
     d = p.dims
     lim, pl = ws.limits, ws.plan
     row = d.H * d.P * d.N

@@ -2,9 +2,9 @@
 file, defines, bindings, push-constant layout -- the same order and names as the PC blocks of its
 shader), packing push constants, and the specs of the shared kernels (ssm_vk/glsl/: the carry
 over time chunks, the fixed-order reductions, the d_s row additions). Each family's own specs are
-in its folder (``ssm_vk/<family>/kernels.py``); the list of what a plan dispatches and the
-packaged matrix are composed in ssm_vk.families; a context's kernel of a spec is made by
-record.common.kernel.
+in its folder (``ssm_vk/<family>/<family>_specs.py``); the list of what a plan dispatches and the
+packaged matrix are composed in ssm_vk.registry; a context's kernel of a spec is made by
+recording.kernel.
 """
 
 from __future__ import annotations

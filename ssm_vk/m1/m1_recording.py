@@ -1,4 +1,4 @@
-"""Recording the Mamba-1 kernels with time in a workgroup's threads (plan.m1 set; the kernels:
+"""Recording the Mamba-1 kernels with time in a workgroup's threads (ws.plan: an M1Plan; the kernels:
 ssm_vk/m1/glsl/m1_scan.comp and m1_scan_back.comp).
 
 The forward: the summary pass (each slice's part of the state, composed in the workgroup into
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from ssm_ref import Problem
 
-from .. import kernels as specs
-from ..plan import Window, grid
-from ..plan.sizes import FLAG_ELEMS
-from ..record.common import (
+from .. import kernel_specs as specs
+from ..recording import (
     F32,
     cache_rows,
     carry,
@@ -35,8 +33,9 @@ from ..record.common import (
     reduce_partials,
     scatter_rows,
 )
-from . import kernels as m1k
-from .plan import m1_scratch
+from ..sizing import FLAG_ELEMS, Window, grid
+from . import m1_specs as m1k
+from .m1_planner import m1_scratch
 
 __all__ = ["record_forward", "record_backward"]
 
@@ -68,10 +67,12 @@ def _scan(seq, ws, spec, d, mp, ti: int, o: dict, bindings: dict, **push) -> Non
                  specs.pack_push(m1k.M1_PUSH, values), (gx, gy, 1))
 
 
-def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
-    """Record the forward; ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None, element offset)."""
+def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> None:
+    """Record the forward; ``bufs`` maps s, x, dt, A, B, C, y, states to (buffer or None, element
+    offset). ``scatter``: never (the final states are copied into the cache rows after it)."""
     d = p.dims
-    mp, sp = ws.plan.m1, ws.plan.softplus
+    mp = ws.plan
+    sp = mp.softplus
     sizes = m1_scratch(d, mp, False, sp)
     flag = flag_start(seq, ws)
     agg, cb, cdec = (ws.scratch(sizes[k]) if k in sizes else None for k in ("agg", "cb", "cdec"))
@@ -114,10 +115,11 @@ def record_forward(seq, ws, p: Problem, bufs: dict) -> None:
     flag_end(seq, ws, flag)
 
 
-def record_backward(seq, ws, p: Problem, bufs: dict) -> None:
+def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     """Record the backward; ``bufs`` maps the inputs (s .. g_states) and the outputs (d_s .. d_C)."""
     d = p.dims
-    mp, lim, sp = ws.plan.m1, ws.limits, ws.plan.softplus
+    mp, lim = ws.plan, ws.limits
+    sp = mp.softplus
     sizes = m1_scratch(d, mp, True)
     row = d.H * d.N
     chunks = d.S * mp.NCH * row

@@ -1,22 +1,25 @@
 """The token-sequential kernels' specs (glsl/ssm_scan.comp, ssm_scan_back.comp, ssm_decode.comp):
 their push-constant layouts, the variant a layout dispatches, every kernel a token-sequential plan
 dispatches (also over time chunks) and this family's part of the packaged matrix, with the problems
-it is planned for (which ssm_vk.families.matrix also plans in the modes only these kernels run)."""
+it is planned for (which ssm_vk.registry.matrix also plans in the modes only these kernels run)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from itertools import product
+from typing import TYPE_CHECKING
 
 from ssm_ref import Dims
 
 from ..config import Settings
-from ..kernels import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
-from ..plan import Limits
-from .plan import TCHUNK_BELOW, Layout, Plan, layout_for, m1_forward_two_per_lane_from
+from ..kernel_specs import KernelSpec, carry_spec, defines_of, reduce_spec, rows_spec, softplus_constants
+from .sequential_planner import TCHUNK_BELOW, Layout, SequentialPlan, layout_for, m1_forward_two_per_lane_from
+
+if TYPE_CHECKING:
+    from ..sizing import Limits
 
 __all__ = ["FWD_PUSH", "BWD_PUSH", "SNAP_PUSH", "fwd_spec", "bwd_spec", "sequential_kernels", "samples",
-           "sample_dims", "matrix"]
+           "sample_dims", "matrix", "packaged"]
 
 # Push-constant fields, in the order of the PC block of each shader (all uint32).
 FWD_PUSH = ("S", "T", "H", "P", "N", "G", "HB", "PB", "NHB", "NPB", "gx", "NC", "c0",
@@ -78,7 +81,7 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False, sna
 
 
 
-def sequential_kernels(d: Dims, pl: Plan, backward: bool) -> list[KernelSpec]:
+def sequential_kernels(d: Dims, pl: SequentialPlan, backward: bool) -> list[KernelSpec]:
     """Every kernel the token-sequential recording of ``d`` under ``pl`` may dispatch, also over
     time chunks (``pl.tchunk``; the d_s scatter's counted whenever ids could repeat)."""
     if not (pl.windows and d.H * d.P > 0):
@@ -129,7 +132,7 @@ def sample_dims(n_values) -> list[Dims]:
     """Every problem :func:`samples` gives for these d_state values, one and 64 tokens, both Mamba
     variants, and for Mamba-1 also one of a group per head (its backward without the heads' shared
     partials, HSUM = 0): the shapes whose plans in the modes only the token-sequential kernels
-    run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.families.matrix)."""
+    run (K > 1 snapshots, the invariant mode) the packaged matrix holds (ssm_vk.registry.matrix)."""
     out = []
     for N, T, mamba1 in product(n_values, (1, 64), (False, True)):
         d, fwds = samples(N, T, mamba1)   # (the backward's is the first of the forwards')
@@ -142,7 +145,7 @@ def sample_dims(n_values) -> list[Dims]:
 def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
     """The token-sequential variants the forward and backward request on a device of limits
     ``lim`` for these d_state values, both Mamba variants, in a stable order (the packaged
-    matrix's part: ssm_vk.families.matrix; the modes' variants, planned by families.plan, are
+    matrix's part: ssm_vk.registry.matrix; the modes' variants, planned by registry.plan, are
     added there)."""
     out = []
     add = out.append
@@ -166,3 +169,10 @@ def matrix(lim: Limits, n_values, knobs: Settings) -> list[KernelSpec]:
             add(bwd_spec(d, bwd, summary=True))
             add(carry_spec(d, reverse=True))
     return out
+
+
+def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
+    """The family's part of the packaged matrix (family.Family.matrix): :func:`matrix` for each
+    device profile of ``limits_list`` (the modes' variants, planned by registry.plan, are added by
+    the registry)."""
+    return [spec for lim in limits_list for spec in matrix(lim, n_values, knobs)]

@@ -1,26 +1,27 @@
 """Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
-the device. Pure Python, like ssm_vk.sequential.plan. The knobs (ssm_vk.config) are read once,
+the device. Pure Python, like ssm_vk.sequential.sequential_planner. The knobs (ssm_vk.config) are read once,
 when the plan is made: what its kernels and their recording need of them (the GEMM tiles and
 threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkPlan then, so that
 nothing after planning reads a knob.
 
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
-are parallel over time; the token-sequential kernels (ssm_vk.plan) cover every shape and stay
+are parallel over time; the token-sequential kernels (ssm_vk.sequential) cover every shape and stay
 the choice for short sequences, Mamba-1, very wide rows and devices with small workgroups. The
 crossover (``CHUNK_MIN_T``) and the other defaults: docs/KERNELS.md, "The planner's defaults".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
-from ..plan.limits import F32, Limits, TooLarge, Window, binding_cap, grid
+from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap, grid
 
-__all__ = ["ChunkPlan", "chunk_plan", "chunked_scratch", "gemm_tile", "scratch_elems", "GEMM_WG", "KS",
+__all__ = ["ChunkPlan", "plan_call", "scratch", "tables", "chunk_plan", "chunked_scratch", "gemm_tile",
+           "scratch_elems", "GEMM_WG", "KS",
            "CHUNK_MIN_T", "CHUNK_MIN_ST", "MODES", "PER_GROUP", "NOT_SCRATCH", "why_not", "slice_len", "vec_out",
            "vec_in", "pass_batch", "PASS_BATCH", "PASS_BATCHES"]
 
@@ -153,14 +154,14 @@ class ChunkPlan:
     KS: int = 16             # contraction slice of the GEMM kernels
     keep: bool = True        # forward: leave its tables for the backward (knob KEEP_STATES=0: no)
     knobs: Settings = DEFAULTS  # the knobs the plan was made with (tiles, threads, stores)
-    softplus: int = 0        # the step's form (kernels.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
+    softplus: int = 0        # the step's form (kernel_specs.SOFTPLUS: 0 ggml's, 1 log1p, 2 none)
     fold: bool = False       # d_B, d_C take the chunk's own tokens once per group (M o GU summed over its heads)
     hpart_b: int = 1         # d_B per head (not headloop): heads added into each part
     hpart_c: int = 1         # ... d_C
     P: int = 1               # head_dim and d_state: the sizes of the GEMM products
     N: int = 1
     # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
-    # (ssm_vk.kernels) and the recording (ssm_vk.chunked.record) read instead of the knobs.
+    # (ssm_vk.chunked.chunked_specs) and the recording (ssm_vk.chunked.chunked_recording) read instead of the knobs.
     tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
     threads: tuple = field(init=False)      # (threads, row groups) of the GEMM kernels (GWG, ROWG)
     vec_in: frozenset = field(init=False)   # the modes that stage their operands with 16-byte loads
@@ -293,11 +294,39 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N)
 
 
-def chunked_scratch(d: Dims, pl, backward: bool) -> dict[str, int]:
-    """The chunked kernels' scratch, as their recording requests it (``pl.chunked``: the ChunkPlan)."""
-    cp = pl.chunked
+def chunked_scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
+    """The chunked kernels' scratch, as their recording requests it (but the flag)."""
     e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
     out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
     if backward:
         out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
     return out
+
+
+# -- the family's interface (family.Family: plan, scratch, tables) -------------------------------
+
+def plan_call(req) -> ChunkPlan | None:
+    """The chunked plan of a call (family.Request), or None: never for K > 1 snapshots (the
+    chunked kernels keep the states of chunk ends only) or in the invariant mode (the matrix form
+    rounds otherwise, and is chosen by S and T); else :func:`chunk_plan`'s, with the step's form."""
+    if req.snap or req.knobs.invariant:
+        return None
+    cp = chunk_plan(req.dims, req.lim, req.backward, req.knobs)
+    if cp is not None and req.softplus:
+        cp = replace(cp, softplus=req.softplus)
+    return cp
+
+
+def scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
+    """The chunked recording's scratch and its non-finite flag, by the memory budget's names."""
+    return {**chunked_scratch(d, cp, backward), "flag": FLAG_ELEMS}
+
+
+def tables(cp: ChunkPlan, backward: bool) -> int | None:
+    """The tag of the tables a chunked forward leaves for the backward of the same inputs (its chunk
+    states, C.B and M o C.B: engine.KeptForward), the chunk length: a backward of the same chunk
+    length binds them instead of recomputing them. A forward leaves them only in one window of
+    sequences, and not with the knob KEEP_STATES=0."""
+    if backward:
+        return cp.CL
+    return cp.CL if cp.keep and len(cp.windows) == 1 else None

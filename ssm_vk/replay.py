@@ -1,0 +1,160 @@
+"""Replay: a device-resident ssm_scan or ssm_scan_back checked, planned and bound once, then
+replayed -- the one mechanism for calls that repeat. Two hold one:
+
+- a prepared call (prepared.PreparedCall: ``prepare_scan`` / ``prepare_scan_back``): its own
+  workspace and outputs, and so one recorded sequence;
+- a plain call that repeats one that ran on the device (replay_cache.py keeps its Replay by the
+  call's signature): the workspace is the engine's, the outputs fresh from the pool each call
+  (their sequence looked up by them and the ids, as the general path does: run.run_bound), the
+  ids checked each call, the result a new object each call.
+
+Either way a run (:meth:`Replay.run`) takes the workspace's lock (a prepared call's runs, and a
+shape's plain calls, one at a time), marks its inputs' buffers busy (another thread's release
+waits for the run), checks that its inputs (and a prepared call's outputs) are live, submits and
+waits; a result its kernels flag as non-finite is computed again token by token (as every call
+is) -- into a prepared call's own outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import run, validate
+from . import runtime as rt
+from .arrays import check_live, pool
+from .workspace import Workspace, release_all
+
+__all__ = ["Replay"]
+
+
+class Replay:
+    """A device-resident call decided and bound once, replayed by :meth:`run` (see the module's
+    docstring): the decision's ``engine`` (and so ``ctx``) and the context's ``info`` then (its
+    ``where``), the Problem's ``dims``, the decision's plans ``planned`` (family.Planned:
+    limits, knobs, the step's form), the workspace ``ws``, ``bound`` (Workspace.bind_inputs of the
+    inputs, and their buffers to mark busy), ``backward`` and ``update`` (a forward with
+    update_cache). ``outs``: a prepared call's own outputs, ``seq`` the sequence recorded for them
+    (and ``copy`` whether the new states are copied into the cache rows after it); None: a plain
+    call's. ``ids``: (bytes, checked copy) of the last ids a plain call of it passed."""
+
+    __slots__ = ("backward", "bound", "copy", "ctx", "dims", "engine", "ids", "info", "outputs", "outs",
+                 "planned", "seq", "update", "where", "ws")
+
+    def __init__(self, engine, info, planned, p, ws: Workspace, backward: bool, update: bool = False,
+                 outs: dict | None = None):
+        """Bind the inputs of Problem ``p`` (device arrays: checked, nothing uploaded; raises
+        RuntimeError or ValueError for one released or of another context) in ``ws``; with
+        ``outs``, record the one sequence of those inputs, these outputs and ``p.ids``."""
+        self.engine = engine
+        self.ctx = engine.ctx
+        self.info = info
+        self.where = info.where
+        self.dims = p.dims
+        self.planned = planned
+        self.ws = ws
+        self.backward = backward
+        self.update = update
+        bufs, key = ws.bind_inputs(p, backward)
+        self.bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy
+        self.ids = None
+        self.outs = outs
+        if outs is not None:   # (``seq``, ``copy``, ``outputs``: a prepared call's alone)
+            bufs = dict(bufs)
+            for k, a in outs.items():
+                bufs[k] = (a.buffer, a.offset)
+            scatter = update and ws.family.scatters(ws, p, bufs["s"])
+            self.copy = update and not scatter
+            self.outputs = tuple(a for a in outs.values() if a.buffer is not None)
+            self.seq = run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter)
+
+    def problem(self, arrays: tuple, ids):
+        """validate.problem of a plain call of this replay (its float arguments ``arrays``): its
+        ids checked (or known from its last call: the same bytes), the host memory rule; None:
+        the full path (which raises what is wrong)."""
+        p = validate.problem(self.dims, arrays, ids, known_ids=self.ids)
+        if p is not None and type(ids) is np.ndarray:
+            known = self.ids
+            if known is None or known[1] is not p.ids:
+                self.ids = (p.ids.tobytes(), p.ids)   # one tuple: a reader sees the old or the new
+        return p
+
+    def run(self, p, inputs: tuple) -> dict:
+        """The call on Problem ``p`` (its arrays those bound; ``inputs``: the DeviceArrays to
+        check live, None entries skipped) -> its outputs: a plain call's fresh DeviceArrays, or a
+        prepared call's own. Runs are serialised by the workspace's lock. A plain call whose
+        workspace was closed meanwhile (evicted by another thread) runs as the general path does,
+        out of device memory once too; a prepared call's closed workspace is a closed call."""
+        ctx = self.ctx
+        token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
+        try:
+            ws, own = self.ws, self.outs
+            ws.recent = True
+            with ws.lock:
+                evicted = ws.closed
+                if evicted and own is not None:
+                    raise RuntimeError(f"this prepared {self.op} is closed")
+                if not evicted:
+                    if ctx.pending:  # (Workspace.settle's own first test: the per-call case skips the call)
+                        ws.settle()
+                    bufs, key, held = self.bound
+                    buffers = ws.pool if not ws.pool.closed else pool(ctx)
+                    # The inputs' buffers are busy until this call's work is done: released meanwhile
+                    # (by another thread), they go back to the pool only then. Liveness is checked
+                    # after marking.
+                    busy = buffers.busy(held) if held else None
+                    try:
+                        check_live(inputs)
+                        if own is None:   # fresh outputs, their sequence looked up (recorded on first use)
+                            out = run.run_bound(self.engine, ws, p, self.backward, True, dict(bufs), list(key),
+                                                self.update)
+                        else:             # the call's own outputs and its one sequence
+                            try:
+                                check_live(self.outputs)
+                            except RuntimeError:
+                                raise RuntimeError(f"an output of this prepared {self.op} was released (its "
+                                                   "result's arrays belong to it): close it and prepare the call "
+                                                   "again") from None
+                            seq = self.seq
+                            seq.submit()
+                            run.set_last_sequence(seq)   # (run.last_gpu_ns reads it)
+                            if ws.flags_nonfinite and ws.nonfinite():
+                                self._recompute(p)   # (under the lock: a run is one whole)
+                            elif self.copy:
+                                run.copy_rows(ctx, own["states"], p.s, p.ids)
+                            if self.update:
+                                self.engine.written(p.s)
+                            out = own
+                    finally:
+                        if busy is not None:
+                            buffers.idle(busy)
+            if evicted:
+                return run.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
+            if out is None:  # a flagged result held inf or nan: computed again (as in run.run_once)
+                run.note_rerun(self.engine, self.dims)
+                return run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
+                                    update=self.update)
+            return out
+        except rt.OutOfDeviceMemory:
+            if own is not None:
+                raise
+            return run.retry(self.engine, p, self.backward, self.planned, True, self.update)
+        finally:
+            ctx.leave(token)
+
+    @property
+    def op(self) -> str:
+        return "ssm_scan_back" if self.backward else "ssm_scan"
+
+    def _recompute(self, p) -> None:
+        """A prepared call's result its kernels flagged inf or nan: the call again on the
+        token-sequential kernels (whose non-finite results are the spec's), copied into its outputs."""
+        run.note_rerun(self.engine, self.dims)
+        out = run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True, update=self.update)
+        try:
+            with rt.oneshot(self.ctx) as seq:
+                for k, dst in self.outs.items():
+                    src = out[k]
+                    if dst.buffer is not None and not (self.update and k == "states"):
+                        seq.copy(src.buffer, dst.buffer, dst.nbytes, src.offset * 4, dst.offset * 4)
+        finally:
+            release_all(out)
