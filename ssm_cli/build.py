@@ -6,7 +6,7 @@ variant (ssm_vk/sequential/: plan.py, kernels.py); head count, head_dim, T and S
 constants and grids, and N enters only through how many lanes share a state row and how many
 values each lane holds, so every N from 1 to 256 takes a few hundred variants in all; as many
 again are those of K > 1 state snapshots and of the invariant mode, which run on these kernels
-alone (ssm_vk.families.modes_matrix plans them with the planner itself). The chunked
+alone (ssm_vk.registry.modes_matrix plans them with the planner itself). The chunked
 Mamba-2 kernels (ssm_vk/chunked/plan.py) are compiled per head_dim P, d_state N and chunk length
 (32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
 ``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
@@ -66,7 +66,7 @@ def add_arguments(p) -> None:
 
 
 def profiles(spec: str) -> list[tuple[str, object]]:
-    """(label, ssm_vk.plan.Limits) for each entry of ``--subgroup-sizes``."""
+    """(label, ssm_vk.sizing.Limits) for each entry of ``--subgroup-sizes``."""
     from ssm_vk import config
     from ssm_vk import runtime as rt
     from ssm_vk.sizing import Limits
@@ -95,7 +95,7 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 
 
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
-    """Every (shader, defines) of the packaged matrix: ssm_vk.families.matrix under the knobs set
+    """Every (shader, defines) of the packaged matrix: ssm_vk.registry.matrix under the knobs set
     now (none, for a wheel)."""
     from ssm_vk import config, registry
 

@@ -49,6 +49,7 @@ from ssm_ref import (
     check_snapshots,
 )
 from ssm_ref.checks import MISSING
+from ssm_ref.ops import SCAN
 from ssm_ref.packing import pack_forward, unpack_backward, unpack_forward, unpack_snapshots
 
 from .graph import GgmlError, OutputOverrun
@@ -300,7 +301,7 @@ def _oracle_note(p, packed: np.ndarray) -> str:
     want = ssm_ref.ssm_scan(p.s, p.x, p.dt, p.A.reshape(p.dims.a_shape), p.B, p.C, p.ids, dtype=np.float64)
     got = unpack_forward(packed, p.dims)
     parts = []
-    for name, g, w in zip(("y", "states"), got, (want.y, want.states), strict=True):
+    for name, g, w in zip(SCAN.output_names, got, (want.y, want.states), strict=True):
         with np.errstate(invalid="ignore"):
             diff = np.abs(g.astype(np.float64) - w)
         if diff.size == 0:

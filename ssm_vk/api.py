@@ -6,6 +6,7 @@ from __future__ import annotations
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
 from ssm_ref.checks import MISSING, write_cache_rows
+from ssm_ref.ops import SCAN
 
 from . import config, outputs, replay_cache, run
 from .arrays import DeviceArray, upload_to
@@ -177,8 +178,8 @@ def _forward_checked(p, knobs, sp: int, dt_softplus, sig=None, arrays=(), given=
             r = _cpu_scan(cpu, _host(p), p, dt_softplus)
             outputs.fill(given, r)
             return _scan_result(given["y"], given["states"], given.get("snapshots"), r.where, r.backend)
-        r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, ("y", "states", "snapshots") if K > 1
-                      else ("y", "states"))
+        r = _resident(_cpu_scan(cpu, _host(p), p, dt_softplus), p, (*SCAN.output_names, "snapshots") if K > 1
+                      else SCAN.output_names)
         return _scan_result(r.y, r.states, r.snapshots if K > 1 else None, r.where, r.backend)
     out = run.forward(dec.engine, p, dec.planned, device_out=dec.device_out, given=given)
     if sig is not None:

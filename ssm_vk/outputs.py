@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
+
 from . import runtime as rt
 from .arrays import DeviceArray
 from .sizing import output_shapes
@@ -20,7 +22,7 @@ from .sizing import output_shapes
 __all__ = ["check", "fill"]
 
 _F32 = np.dtype(np.float32)
-_INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states", "g_snapshots")
+_INPUTS = (*SCAN.float_inputs, *SCAN.cotangent_names, "g_snapshots")
 
 
 def _span(a: DeviceArray) -> tuple | None:

@@ -18,6 +18,7 @@ import dataclasses
 import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, check_snapshots, check_update_cache
 from ssm_ref.checks import MISSING
+from ssm_ref.ops import SCAN
 
 from . import config
 from . import runtime as rt
@@ -52,7 +53,7 @@ def prepare_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", upd
         raise TypeError(f"update_cache: expected True or False, got {update_cache!r}")
     p = check_forward(s, x, dt, A, B, C, ids, K)
     defaults = ("s",) if s is None else ()
-    _check_resident("prepare_scan", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C") if k not in defaults))
+    _check_resident("prepare_scan", p, tuple(k for k in SCAN.float_inputs if k not in defaults))
     if update_cache:
         check_update_cache(True, s, p.ids, device_arrays=True)
     p, zeros = _zeros_on_device(p, defaults)
@@ -74,7 +75,7 @@ def prepare_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=No
                      if v is None and not (packed and k == "g_states"))
     if packed and p.g_snapshots is not None:   # a packed g_y of K > 1 slots: g_states the validator's zeros
         defaults += ("g_states",)
-    _check_resident("prepare_scan_back", p, tuple(k for k in ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+    _check_resident("prepare_scan_back", p, tuple(k for k in (*SCAN.float_inputs, *SCAN.cotangent_names)
                                                   if k not in defaults)
                     + (("g_snapshots",) if g_snapshots is not None else ()))
     p, zeros = _zeros_on_device(p, defaults)

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ssm_ref import Support, check_dt_softplus
+from ssm_ref.ops import SCAN
 
 from . import runtime as rt
 from .decision import decide
@@ -58,7 +59,7 @@ def _context_or_reason():
         return None, _unopenable[os.getpid()]
 
 
-INPUTS = ("s", "x", "dt", "A", "B", "C", "g_y", "g_states")
+INPUTS = (*SCAN.float_inputs, *SCAN.cotangent_names)   # s, x, dt, A, B, C, g_y, g_states
 
 
 class Decided:

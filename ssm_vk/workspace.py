@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ssm_ref.checks import zero_stand_in
+from ssm_ref.ops import SCAN
 
 from . import config
 from . import runtime as rt
@@ -30,8 +31,8 @@ __all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "FWD_I
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 MAX_ATTRIBUTES = 29         # a Workspace's attributes, at most (Workspace.__init__ says why)
-FWD_IN = ("s", "x", "dt", "A", "B", "C")          # the inputs a call binds, in the order of its key
-BWD_IN = (*FWD_IN, "g_y", "g_states")
+FWD_IN = SCAN.float_inputs                       # the inputs a call binds, in the order of its key
+BWD_IN = (*FWD_IN, *SCAN.cotangent_names)
 _ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
 
 

@@ -76,8 +76,8 @@ __all__ = [
 
 INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
 OPS = ("ssm_scan", "ssm_scan_back")
-FORWARD = ("y", "states")
-FORWARD_WITH_SNAPSHOTS = ("y", "states", "snapshots")
+FORWARD = SCAN.output_names                 # y, states
+FORWARD_WITH_SNAPSHOTS = (*FORWARD, "snapshots")
 SNAPSHOT_KINDS = ("all", "ggml")
 BACKWARD = GRAD_NAMES                       # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: a 7-tuple's order
 BACKWARD_WITHOUT_D_S = BACKWARD_BLOCKS      # d_s0, d_x, d_dt, d_A, d_B, d_C: a 6-tuple's order

@@ -229,7 +229,7 @@ PUBLIC_MODULES = {
 INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names", "shapes", "ids",
                          "arraylike"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
-             "ssm_vk": ["engine", "lanes", "record", "workspace", "api", "validate"],
+             "ssm_vk": ["engine", "replay_cache", "recording", "workspace", "api", "validate"],
              "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}
 
 

@@ -137,7 +137,7 @@ def run_shapes(mode: str) -> None:
                 if mode == "no-glslc" and "P=48" in label and "token-sequential" not in sup.reason:
                     fail(f"{label}: the chunked kernels are not packaged; supports() should say the "
                          f"token-sequential kernels run it: {sup.reason!r}")
-        # the modes' variants are packaged for the d_state of Mamba models only (families.MODES_N):
+        # the modes' variants are packaged for the d_state of Mamba models only (registry.MODES_N):
         # at another N a wheel without glslc falls back, and says so
         run_modes(label, a, gr, T, logged, mode, packaged and N in MODES_N, seed=i)
         if have_device:  # device-resident inputs: DeviceArrays out, on the device or not

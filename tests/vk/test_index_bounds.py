@@ -14,7 +14,7 @@ pick for Mamba-2 from 256 tokens, are checked the same way. Asserted for every b
 
 and for every dispatch: workgroups within maxComputeWorkGroupCount, threads (gx * gy * WG) within
 2^32 (the element-wise kernels compute a flat thread index). Problems beyond the device are shown
-to fall back instead (ssm_vk/plan/), so no kernel ever sees them.
+to fall back instead (ssm_vk/sizing/), so no kernel ever sees them.
 """
 
 from __future__ import annotations
