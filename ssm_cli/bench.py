@@ -42,7 +42,7 @@ sequence in memory) is refused above {SLOW_LIMITS["ssm_ref"]:.2g} state updates 
 device (lavapipe) above {SLOW_LIMITS["cpu-device"]:.2g}, unless --force.
 
   ssm-scan bench                                  the demo shape, every backend
-  ssm-scan bench --shape prefill --backend vk --op fwd
+  ssm-scan bench --shape prefill --backend vk --pass fwd
   ssm-scan bench --shape custom:1,64,16,64,128 --backend fast   S=1 T=64 H=16 P=64 N=128 (G=1)
   ssm-scan bench --shape demo --sweep T=16,64,256 --plot bench.png --json bench.json"""
 MIN_SAMPLES = 3
@@ -55,7 +55,9 @@ def add_arguments(p) -> None:
                    help="run each shape at these values of one axis (S, T, H, P, N or G), e.g. T=16,64,256")
     common.add_backend(p, "time")
     common.add_device(p)
-    p.add_argument("--op", choices=("fwd", "bwd", "both"), default="both", help="which op to time (default both)")
+    p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "both"), default="both",
+                   help="which pass to time: the forward, the backward or both (default both)")
+    common.add_op(p)
     p.add_argument("--reps", type=int, default=5, help="timed calls per measurement after one warm-up (default 5)")
     p.add_argument("--budget", type=float, default=20.0, metavar="SECONDS",
                    help=f"stop a measurement early once it took this long and has {MIN_SAMPLES} samples "
@@ -192,6 +194,10 @@ def busy(before: dict, after: dict) -> str | None:
 
 
 def run(args) -> int:
+    if args.op in ("fwd", "bwd", "both"):
+        raise common.UsageError(f"--op {args.op}: --op names the op (ssm_scan); the forward or the backward alone "
+                                f"is --pass {args.op}")
+    common.scan_only(args, "the benchmark shapes are")
     shapes = parse_shapes(args.shape)
     sweep = parse_sweep(args.sweep)
     if args.reps < 1:
@@ -210,7 +216,7 @@ def run(args) -> int:
         points = [s for shape in shapes for s in swept(shape, sweep)]
     names = common.split_list(args.backend, "--backend")
     backs = [b for b in bk.require(bk.resolve(names or None, args.device)) if b.available]
-    ops = ("fwd", "bwd") if args.op == "both" else (args.op,)
+    ops = ("fwd", "bwd") if args.pass_ == "both" else (args.pass_,)
     hw = hardware(backs)
     report = {"hardware": hw, "sweep": {"axis": sweep[0], "values": sweep[1]} if sweep else None,
               "sweep_per_shape": {k: v[1] for k, v in per_shape.items()} if per_shape else None,

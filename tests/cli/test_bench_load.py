@@ -25,7 +25,7 @@ def test_busy_says_why_only_when_other_work_shared_the_cores():
 
 def test_bench_json_records_the_load():
     run = subprocess.run([sys.executable, "-m", "ssm_cli.main", "bench", "--shape", "demo", "--backend", "ssm_ref",
-                          "--op", "fwd", "--reps", "1", "--json", "-"], capture_output=True, text=True,
+                          "--pass", "fwd", "--reps", "1", "--json", "-"], capture_output=True, text=True,
                          env=child_env(), timeout=600, check=False)
     assert run.returncode == 0, run.stderr
     rep = json.loads(run.stdout)

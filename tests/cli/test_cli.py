@@ -260,7 +260,9 @@ def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_is_exit_2():
     (["bench", "--shape", "nonsense"], ["--shape nonsense"]),
     (["bench", "--shape", "custom:1,8,3,64,128,2"], ["H % G must be 0"]),
     (["bench", "--sweep", "Q=1,2"], ["--sweep Q=1,2"]),
-    (["bench", "--op", "sideways"], ["invalid choice: 'sideways'"]),
+    (["bench", "--pass", "sideways"], ["invalid choice: 'sideways'"]),
+    (["bench", "--op", "fwd"], ["--op fwd: --op names the op (ssm_scan)", "alone is --pass fwd"]),
+    (["bench", "--op", "decayed"], ["--op decayed: expected one of 'ssm_scan'"]),
     (["bench", "--reps", "0"], ["--reps must be >= 1"]),
     (["bench", "--shape", "train", "--backend", "ssm_ref"], ["nothing to measure", "--force"]),
     (["build-shaders", "--subgroup-sizes", "12"], ["12 is not a power of two"]),
@@ -344,7 +346,7 @@ def test_a_missing_vulkan_binding_says_how_to_install_it():
 def test_bench_plot_without_sweep_sweeps_each_shape_around_its_own_T(tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     p = ssm_scan("bench", "--shape", "demo", "mamba1", "--plot", png, "--json", out, "--backend", "fast",
-                 "--op", "fwd", "--reps", "1")
+                 "--pass", "fwd", "--reps", "1")
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads(out.read_text())
     got = {}
@@ -394,7 +396,7 @@ def test_bench_refuses_the_reference_only_where_it_would_take_minutes():
 
 
 def test_bench_json_on_stdout_is_only_json():
-    p = ssm_scan("bench", "--shape", "custom:1,4,2,2,4,1", "--backend", "ssm_ref", "--reps", "1", "--op", "fwd",
+    p = ssm_scan("bench", "--shape", "custom:1,4,2,2,4,1", "--backend", "ssm_ref", "--reps", "1", "--pass", "fwd",
                  "--json")
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
