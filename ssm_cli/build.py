@@ -7,7 +7,7 @@ constants and grids, and N enters only through how many lanes share a state row 
 values each lane holds, so every N from 1 to 256 takes a few hundred variants in all; as many
 again are those of K > 1 state snapshots and of the invariant mode, which run on these kernels
 alone (ssm_vk.registry.modes_matrix plans them with the planner itself). The chunked
-Mamba-2 kernels (ssm_vk/chunked/plan.py) are compiled per head_dim P, d_state N and chunk length
+Mamba-2 kernels (ssm_vk/chunked/chunked_planner.py) are compiled per head_dim P, d_state N and chunk length
 (32, 64) and do not depend on the device profile: they are built for every P in ``--p`` and N in
 ``--chunked-n``; a shape whose chunked variant is missing runs on the token-sequential kernels
 instead (the support decision says so). ``ssm_vk.runtime.shaders`` looks the variants up in
