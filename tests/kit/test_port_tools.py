@@ -298,7 +298,7 @@ def test_fuzz_reports_a_raising_port_with_its_traceback(port_dir, tmp_path):
 
 def test_bench_times_a_port_named_by_its_file(port_dir, tmp_path):
     p = cli("bench", "--backend", port_dir / "good_port.py", "--shape", "custom:1,4,2,2,4,1", "--reps", "1",
-            "--op", "fwd", "--json", cwd=tmp_path)
+            "--pass", "fwd", "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
     assert [(r["backend"], r["where"], r["computed_by"]) for r in rows] == [("good_port", "unknown", "good_port")]
