@@ -53,11 +53,7 @@ def fwd_spec(d: Dims, lay: Layout, checkpoint: bool, softplus: int = 0, summary:
         defs.update(SPREAD=1)
     if summary:
         defs.update(SUMMARY=1)
-    if snap:
-        defs.update(SNAP=1)
-        return KernelSpec("ssm_scan", defines_of(**defs), 11, FWD_PUSH + SNAP_PUSH, lay.WG,
-                          softplus_constants(softplus))
-    return KernelSpec("ssm_scan", defines_of(**defs), 10, FWD_PUSH, lay.WG, softplus_constants(softplus))
+    return _spec("ssm_scan", defs, 10, FWD_PUSH, lay, softplus, snap)
 
 
 def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False, snap: bool = False) -> KernelSpec:
@@ -72,11 +68,15 @@ def bwd_spec(d: Dims, lay: Layout, softplus: int = 0, summary: bool = False, sna
         defs.update(BSUM=1, TB=lay.TB)
     elif lay.HSUM:
         defs.update(HSUM=1)
+    return _spec("ssm_scan_back", defs, 13, BWD_PUSH, lay, softplus, snap)
+
+
+def _spec(name: str, defs: dict, bindings: int, push, lay: Layout, softplus: int, snap: bool) -> KernelSpec:
+    """The spec of ``name``; ``snap``: with SNAP, the snapshots' binding and push constants more."""
     if snap:
         defs.update(SNAP=1)
-        return KernelSpec("ssm_scan_back", defines_of(**defs), 14, BWD_PUSH + SNAP_PUSH, lay.WG,
-                          softplus_constants(softplus))
-    return KernelSpec("ssm_scan_back", defines_of(**defs), 13, BWD_PUSH, lay.WG, softplus_constants(softplus))
+        bindings, push = bindings + 1, push + SNAP_PUSH
+    return KernelSpec(name, defines_of(**defs), bindings, push, lay.WG, softplus_constants(softplus))
 
 
 
