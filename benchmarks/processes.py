@@ -9,6 +9,7 @@ processes of each side and of the ratio formed *within* each process (both sides
 always come from the same process, interleaved round by round).
 
     children(script, argv, n, ...)   -> the n processes' JSON reports, in order
+    without(argv, ("--json",))       -> argv without those flags and their values
     spread([680.1, 675.0, 684.2])    -> Spread(lo=675.0, med=680.1, hi=684.2, n=3)
     str(spread(...))                 -> "680 (675-684)"
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,4 +99,22 @@ def children(script: str | Path, argv: list[str], n: int, *, json_flag: str = "-
             rep["exit_status"] = rc
         rep["process"] = i
         out.append(rep)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def without(argv: list[str], flags: tuple) -> list[str]:
+    """``argv`` without ``flags`` and their values (``--flag v`` or ``--flag=v``): a parent's
+    arguments for its children, which get those of their own."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if any(a.startswith(f + "=") for f in flags):
+            continue
+        out.append(a)
     return out

@@ -73,7 +73,7 @@ from ssm_torch import cuda as vk_cuda
 from ssm_torch.mamba import mamba_chunk_scan_combined, selective_scan_fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from processes import Spread, children, fmt, spread
+from processes import Spread, children, fmt, spread, without
 
 SHAPES = {  # name: (S, T, H, P, N); m1-*: Mamba-1 (P = 1, H channels)
     "tiny": (1, 32, 4, 16, 32),
@@ -412,10 +412,7 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 
 def several(a, argv: list[str]) -> int:
-    child = [x for i, x in enumerate(argv) if x != "--json" and (i == 0 or argv[i - 1] != "--json")
-             and not x.startswith("--json=")]
-    child = [x for i, x in enumerate(child) if x != "--processes" and (i == 0 or child[i - 1] != "--processes")
-             and not x.startswith("--processes=")]
+    child = without(argv, ("--json", "--processes"))
     reports = children(__file__, [*child, "--processes", "1"], a.processes, rest_extra=["--no-counts"])
     rows = summarise(reports)
     print(f"\n# {a.processes} processes: the median over the processes (their range where they differ); speed "

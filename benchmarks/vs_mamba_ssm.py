@@ -94,7 +94,7 @@ import ssm_vk
 from ssm_vk import run as vk_run
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from processes import Spread, children, fmt, spread
+from processes import Spread, children, fmt, spread, without
 from vk_gpu_check import inputs, rel
 from vk_speed import warm
 
@@ -1019,22 +1019,6 @@ def spread_report(reports: list[dict], rows: list[dict], argv: list[str]) -> str
     return "\n".join(lines) + "\n"
 
 
-def _strip(argv: list[str], flags: tuple) -> list[str]:
-    """argv without ``flags`` and their values (``--flag v`` or ``--flag=v``)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        if any(a.startswith(f + "=") for f in flags):
-            continue
-        out.append(a)
-    return out
-
-
 def several(args, argv: list[str]) -> int:
     """``--processes N`` > 1, or ``--merge``: run (or read) the processes, then summarise."""
     if args.merge:
@@ -1043,12 +1027,12 @@ def several(args, argv: list[str]) -> int:
             rep = json.loads(Path(path).read_text())
             reports += rep.get("processes", [rep])
     else:
-        child = [*_strip(argv, ("--processes", "--json", "--md", "--budget-s")), "--processes", "1"]
+        child = [*without(argv, ("--processes", "--json", "--md", "--budget-s")), "--processes", "1"]
         t0 = time.monotonic()
         names = [n for n in args.workloads.split(",") if n]
         if not args.no_peer and any(WORKLOADS[n][0] == "mamba1" for n in names):
             # mamba_ssm's Mamba-1 kernel is built once, here, so no process spends its share on it
-            subprocess.run([sys.executable, __file__, *_strip(child, ("--processes",)), "--build-only",
+            subprocess.run([sys.executable, __file__, *without(child, ("--processes",)), "--build-only",
                             "--budget-s", f"{args.budget_s * 0.6:.0f}"])
         # One untimed process first: the first process to compile the kernels (Triton's and the
         # SPIR-V) fills the caches on disk, so each timed process spends its share on timing. The

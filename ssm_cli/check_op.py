@@ -5,8 +5,6 @@ gradients against that reference with the op's tolerance -- the report and table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import common
@@ -20,22 +18,16 @@ def fd_check(op, args: dict, cotangents: dict, rng) -> dict:
     """The float64 reference's gradients of ``op`` (ssm_ref.ops) against finite differences of its
     forward, on :data:`FD_SAMPLES` entries of every float input, the loss the sum of each output
     times its cotangent: {gradient: (max |fd - analytic|, bound)}."""
-    from ssm_ref.testing.properties.generic import reference
-
-    def pos(a: dict) -> list:
-        return [a.get(n) for n in op.input_names]
-
-    def value(r, k):
-        return r[k] if isinstance(r, dict) else getattr(r, k)
+    from ssm_ref.testing.properties.generic import output_of, reference_of
 
     args = {k: (np.asarray(v, dtype=np.float64) if v is not None and np.asarray(v).dtype.kind == "f" else v)
             for k, v in args.items()}
     cot = {k: np.asarray(v, dtype=np.float64) for k, v in cotangents.items()}
-    grads = reference(op, _Given(op.name, args, cot), backward=True)
+    grads = reference_of(op, args, cot)
 
     def loss(**over) -> float:
-        r = op.forward(*pos({**args, **over}), dtype=np.float64)
-        return float(sum(np.sum(np.asarray(value(r, o)) * cot["g_" + o]) for o in op.output_names))
+        r = op.forward(*(over.get(n, args.get(n)) for n in op.input_names), dtype=np.float64)
+        return float(sum(np.sum(np.asarray(output_of(r, o)) * cot["g_" + o]) for o in op.output_names))
 
     out = {}
     for name, gname in op.grad_of.items():
@@ -60,24 +52,12 @@ def fd_check(op, args: dict, cotangents: dict, rng) -> dict:
     return out
 
 
-@dataclass
-class _Given:
-    """A case made of given arrays (what generic.reference reads)."""
-
-    op: str
-    inputs: dict
-    cotangents: dict
-
-    def args(self, dtype=None) -> dict:
-        return dict(self.inputs)
-
-
 def run(args, op, backs) -> int:
     """``check --op NAME`` of an op other than the scan (ssm_ref.ops): the op's own problems
     (``Op.cases``), its reference in float64 checked against finite differences on the first two,
     then each backend's every output and gradient against it with the op's tolerance."""
     from ssm_ref.testing import ports
-    from ssm_ref.testing.properties.generic import port_outputs, reference
+    from ssm_ref.testing.properties.generic import reference
     from ssm_ref.tolerance import compare
 
     from . import check
@@ -103,12 +83,13 @@ def run(args, op, backs) -> int:
             row = {"backend": b.name, "problem": c.label, "ok": False, "where": "-", "computed_by": None,
                    "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
             try:
-                got = port_outputs(b.module, op, c.args(), c.cotangents)
-                if got is None:
-                    row["no_backward"] = f"{op.backward_name} raised NotImplementedError"
-                    got = port_outputs(b.module, op, c.args(), None)
                 r = ports.call_op(b.module, op, c.args())
                 row["where"], row["computed_by"] = r.where, r.backend
+                got = dict(r.arrays)
+                try:
+                    got.update(ports.call_op(b.module, op, c.args(), c.cotangents).arrays)
+                except NotImplementedError:
+                    row["no_backward"] = f"{op.backward_name} raised NotImplementedError"
             except Exception as e:   # a broken port is a failed check, reported, not a crash
                 row["error"], row["traceback"] = ports.error_text(e), ports.traceback_text(e) or None
                 report["runs"].append(row)

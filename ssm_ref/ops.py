@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 __all__ = ["OPS", "SCAN", "Arg", "Grad", "Op", "Output", "get", "register"]
 
@@ -99,33 +100,35 @@ class Op:
     properties: object = None
     letters: Mapping = field(default_factory=dict)
 
-    @property
+    # (the names below are derived once per op: the call paths read them)
+    @cached_property
     def backward_name(self) -> str:
         return self.name + "_back"
 
-    @property
+    @cached_property
     def input_names(self) -> tuple:
         return tuple(a.name for a in self.inputs)
 
-    @property
+    @cached_property
     def output_names(self) -> tuple:
         return tuple(o.name for o in self.outputs)
 
-    @property
+    @cached_property
     def grad_names(self) -> tuple:
         return tuple(g.name for g in self.grads)
 
-    @property
+    @cached_property
     def cotangent_names(self) -> tuple:
         return tuple("g_" + o for o in self.output_names)
 
-    @property
+    @cached_property
     def float_inputs(self) -> tuple:
         return tuple(a.name for a in self.inputs if a.kind == "float")
 
-    @property
+    @cached_property
     def grad_of(self) -> dict:
-        """Each float input's gradient (the first declared for it: the scan's d_s, not d_s0)."""
+        """Each float input's gradient (the first declared for it: the scan's d_s, not d_s0). Read it,
+        do not change it: it is made once."""
         out: dict = {}
         for g in self.grads:
             out.setdefault(g.of, g.name)

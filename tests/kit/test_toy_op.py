@@ -4,6 +4,7 @@ op-generic properties and ``ssm-scan check --op``: the seam a second op goes thr
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ def test_the_declaration_is_what_every_tool_reads():
     assert OP.cotangent_names == ("g_y", "g_last") and OP.backward_name == "decayed_cumsum_back"
     assert OP.grad_of == {"s": "d_s", "x": "d_x", "a": "d_a"}
     with pytest.raises(ValueError, match=r"^op: 'decayed_cumsum' is declared already"):
-        ssm_ref.ops.register(ssm_ref.ops.Op(**{**OP.__dict__, "summary": "another"}))
+        ssm_ref.ops.register(dataclasses.replace(OP, summary="another"))
     assert ssm_ref.ops.register(OP) is OP          # the same declaration again: a no-op
 
 

@@ -23,24 +23,30 @@ from ssm_ref.tolerance import compare
 from .. import ports
 from ._common import Property, PropertyFailed
 
-__all__ = ["GENERIC", "deterministic", "oracle_backward", "oracle_forward", "permute_sequences", "split_tokens"]
+__all__ = ["GENERIC", "deterministic", "oracle_backward", "oracle_forward", "output_of", "permute_sequences",
+           "port_outputs", "reference", "reference_of", "split_tokens"]
 
 
-def _value(result, name: str):
+def output_of(result, name: str):
+    """Output ``name`` of a reference's result: a key of a mapping, else an attribute."""
     return result[name] if isinstance(result, dict) else getattr(result, name)
 
 
-def reference(op: ops.Op, case, backward: bool) -> dict:
-    """The op's reference in float64 on the case's inputs (and, ``backward``, its cotangents)."""
-    args = case.args(np.float64)
+def reference_of(op: ops.Op, args: dict, cotangents: dict | None = None) -> dict:
+    """The op's reference in float64 on ``args`` (by name) and, given ``cotangents``, its
+    gradients too: outputs (and gradients) by name."""
     pos = [args.get(n) for n in op.input_names]
     r = op.forward(*pos, dtype=np.float64)
-    out = {k: np.asarray(_value(r, k)) for k in op.output_names}
-    if backward:
-        cot = [np.asarray(case.cotangents[n], np.float64) for n in op.cotangent_names]
-        g = op.backward(*pos, *cot, dtype=np.float64)
-        out.update({k: np.asarray(_value(g, k)) for k in op.grad_names})
+    out = {k: np.asarray(output_of(r, k)) for k in op.output_names}
+    if cotangents is not None:
+        g = op.backward(*pos, *(np.asarray(cotangents[n], np.float64) for n in op.cotangent_names), dtype=np.float64)
+        out.update({k: np.asarray(output_of(g, k)) for k in op.grad_names})
     return out
+
+
+def reference(op: ops.Op, case, backward: bool) -> dict:
+    """:func:`reference_of` on the case's inputs widened to float64 (and its cotangents)."""
+    return reference_of(op, case.args(np.float64), case.cotangents if backward else None)
 
 
 def port_outputs(module, op: ops.Op, args: dict, cotangents: dict | None) -> dict | None:
