@@ -152,9 +152,6 @@ class OpCase:
         seed = f" seed={self.recipe['seed']}" if self.recipe else ""
         return f"{self.op} " + " ".join(f"{k}={v}" for k, v in self.dims.items()) + f" regime={self.regime}{seed}"
 
-    def size(self) -> int:
-        return sum(v.size for v in (*self.inputs.values(), *self.cotangents.values()) if v is not None)
-
 
 def _ids(rng, pattern: str, S: int, R: int):
     if pattern == "none":
