@@ -181,7 +181,8 @@ def main(argv=None) -> int:
             dims = ssm_ref.check_forward(**dev, keep_device=True).dims
             lay = layout_for(dims, Limits.of(info), True)
             # what ran: the Mamba-1 kernels with time in threads, or the token-sequential layout
-            m1 = [registry.plan(dims, Limits.of(info), b).m1 for b in (False, True)]
+            fp = [registry.plan(dims, Limits.of(info), b) for b in (False, True)]
+            m1 = [f.plan if f.family.name == "m1" else None for f in fp]
             ran = (f"M1 fwd NW={m1[0].NW} TI={m1[0].TI} NCH={m1[0].NCH}, bwd NW={m1[1].NW} TI={m1[1].TI} "
                    f"NB={m1[1].NB} NCH={m1[1].NCH}" if m1[0] and m1[1] else
                    f"LN={lay.LN} NPL={lay.NPL} WG={lay.WG} K={lay.K} RS={lay.ROW_SUM}")
