@@ -43,6 +43,8 @@ def op() -> ssm_ref.ops.Op:
     return ssm_ref.ops.get(OP_NAME)
 
 
+# (run, not traced, under torch.compile: importing a backend is no part of a graph)
+@torch.compiler.assume_constant_result
 def computes(backend: str) -> bool:
     """Whether the backend module named ``backend`` has the op's forward and backward."""
     mod = backend_module(backend)
@@ -50,6 +52,7 @@ def computes(backend: str) -> bool:
     return callable(getattr(mod, d.name, None)) and callable(getattr(mod, d.backward_name, None))
 
 
+@torch.compiler.assume_constant_result
 def default_backend() -> str:
     """ssm_fast where it computes the op, else ssm_ref (the scan's default is ssm_fast)."""
     try:

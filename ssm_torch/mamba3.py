@@ -25,6 +25,7 @@ Glossary (mamba_ssm's names): batch b, seqlen l, nheads_qk (groups G), nheads H,
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -86,7 +87,7 @@ class _Packing:
     def __init__(self, cu: list):
         self.n = len(cu) - 1
         self.L = cu[-1]
-        lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+        lengths = [b - a for a, b in itertools.pairwise(cu)]
         self.Lmax = max(lengths)
         pos = torch.arange(self.Lmax)
         starts, lens = torch.tensor(cu[:-1]), torch.tensor(lengths)
@@ -171,7 +172,7 @@ def mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None,
     if Q.dim() != 4 or tuple(Q.shape[:2]) != (b, L) or Q.shape[2] < 1 or H % Q.shape[2]:
         raise ValueError(f"Q: expected shape (batch, seqlen, nheads_qk, headdim_qk) with nheads % nheads_qk == 0 "
                          f"(batch, seqlen, nheads = {b}, {L}, {H}), got {tuple(Q.shape)}")
-    G, N = Q.shape[2], Q.shape[3]
+    N = Q.shape[3]
     _expect("K", K, Q.shape, "Q's")
     for name, t in (("ADT", ADT), ("DT", DT), ("Trap", Trap)):
         _expect(name, t, (b, H, L), "(batch, nheads, seqlen)")
@@ -271,7 +272,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     if Q.dim() != 5 or tuple(Q.shape[:2]) != (b, L) or Q.shape[3] < 1 or H % Q.shape[3]:
         raise ValueError(f"Q: expected shape (batch, seqlen, mimo_rank, nheads_qk, headdim_qk) with nheads % "
                          f"nheads_qk == 0 (batch, seqlen, nheads = {b}, {L}, {H}), got {tuple(Q.shape)}")
-    R, G, N = Q.shape[2:]
+    R, N = Q.shape[2], Q.shape[4]
     _expect("K", K, Q.shape, "Q's")
     for name, t in (("ADT", ADT), ("DT", DT), ("Trap", Trap)):
         _expect(name, t, (b, H, L), "(batch, nheads, seqlen)")

@@ -233,7 +233,7 @@ class Mamba3(nn.Module):
             y = y[:, 0]
         else:
             y, (angle, ssm, k, _) = mamba3_siso_step(
-                C[:, 0, 0], B[:, 0, 0], x, ADT, DT, trap, self.C_bias[:, 0], self.B_bias[:, 0], angles, D=self.D,
+                C[:, 0], B[:, 0], x, ADT, DT, trap, self.C_bias[:, 0], self.B_bias[:, 0], angles, D=self.D,
                 Z=None if self.is_outproj_norm else z, Input_States=(*states[:2], states[2][:, 0], states[3]),
                 backend=self.backend)
             k = k.unsqueeze(1)

@@ -23,11 +23,12 @@ float64 instead.
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional, Tuple
+from typing import Optional, Tuple  # noqa: UP035 (the names mamba_ssm's code uses)
 
 ENV = "SSM_MAMBA_REPO"
 
@@ -76,7 +77,7 @@ def _namespace() -> dict:
     except ImportError as e:
         raise Unavailable("einops is not installed (mamba_ssm's references use it)") from e
     return {"torch": torch, "F": F, "nn": nn, "Tensor": Tensor, "math": math, "rearrange": rearrange,
-            "repeat": repeat, "Optional": Optional, "Tuple": Tuple}
+            "repeat": repeat, "Optional": Optional, "Tuple": Tuple}  # noqa: UP006
 
 
 def load() -> SimpleNamespace:
@@ -105,7 +106,7 @@ def load() -> SimpleNamespace:
              outproj_norm_weight=None, outproj_norm_eps=1e-5):
         if return_state:
             raise NotImplementedError("mamba3_MIMO_chunk_ref has no angle state: return_state is not built here")
-        dA_cs, dA_cs_rev = chunk_decays(ADT, chunk_size)
+        dA_cs, dA_cs_rev = chunk_decays(ADT, chunk_size, cu_seqlens)
         angles = ns["apply_angle_dt_reference"](Angles, DT.transpose(1, 2))
         out, _, _ = ns["mamba3_MIMO_chunk_ref"](
             Q, K, V, Q_bias, K_bias, MIMO_V, MIMO_Out, Z, MIMO_Z, angles, dA_cs, dA_cs_rev, DT, Trap, D,
@@ -125,11 +126,17 @@ def load() -> SimpleNamespace:
     return SimpleNamespace(**ns, root=base)
 
 
-def chunk_decays(ADT, chunk_size: int):
+def chunk_decays(ADT, chunk_size: int, cu_seqlens=None):
     """The kernels' chunk-local cumulative decays of ADT (b, h, l): inclusive cumsum within each
-    chunk, and what is left of the chunk after each token (zero-padded to whole chunks, then cut)."""
+    chunk, and what is left of the chunk after each token (zero-padded to whole chunks, then cut);
+    with cu_seqlens, each packed sequence's chunks start at its first token (as the varlen kernels'
+    do)."""
     import torch
 
+    if cu_seqlens is not None:
+        cu = [int(v) for v in cu_seqlens]
+        parts = [chunk_decays(ADT[..., a:b], chunk_size) for a, b in itertools.pairwise(cu)]
+        return torch.cat([p[0] for p in parts], -1), torch.cat([p[1] for p in parts], -1)
     b, h, L = ADT.shape
     pad = (-L) % chunk_size
     a = torch.nn.functional.pad(ADT, (0, pad)).reshape(b, h, -1, chunk_size)
