@@ -43,7 +43,7 @@ __all__ = ["BACKENDS", "Where", "last_where", "mamba3_scan", "ssm_scan"]
 
 
 def __dir__():
-    # The public names only (its public submodule: mamba); _op is internal.
+    # The public names only (its public submodules: mamba, mamba3); _op and _mamba3_op are internal.
     return sorted(__all__)
 
 _ARRAYS = SCAN.float_inputs
@@ -192,6 +192,7 @@ def _check_m3_tensors(named: dict) -> None:
     _check_tensors(named)
 
 
-from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)
+# (the drop-ins call ssm_scan; Mamba-3's drop-ins and layer call mamba3_scan)
+from . import mamba, mamba3  # noqa: E402
 
-__all__ += ["mamba"]
+__all__ += ["mamba", "mamba3"]

@@ -74,7 +74,7 @@ def close(got, want, tol, what=""):
 
 @pytest.mark.parametrize(("mimo", "states"), [(False, False), (False, True), (True, False), (True, True)])
 def test_op_gradcheck_float64_every_input_and_output(mimo, states):
-    args = op_problem(1, mimo, states)
+    args = op_problem(1, mimo, states, T=3, H=2, P=2, N=4, G=1, F=1)
     *floats, ids = args
     rotation = "halved" if mimo else "interleaved"
     leaves = [None if a is None else a.clone().requires_grad_() for a in floats]
