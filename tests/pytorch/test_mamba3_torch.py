@@ -425,3 +425,57 @@ def test_layer_backward_reaches_every_parameter():
     assert u.grad is not None and torch.isfinite(u.grad).all()
     for name, p in layer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_layer_packed_prefill_then_decode_equals_each_sequence_alone():
+    torch.manual_seed(90)
+    layer = m3.Mamba3(**layer_kw(dict(is_mimo=True, is_outproj_norm=False)), backend="ssm_ref").double()
+    a, b = torch.randn(1, 3, 8, dtype=F64), torch.randn(1, 5, 8, dtype=F64)
+    nxt = torch.randn(2, 1, 8, dtype=F64)
+    params = _Params()
+    layer(torch.cat([a, b], 1), cu_seqlens=torch.tensor([0, 3, 8]), inference_params=params)
+    params.seqlen_offset = 8
+    decoded = layer(nxt, inference_params=params)
+    for i, seq in enumerate((a, b)):
+        alone = layer(torch.cat([seq, nxt[i:i + 1]], 1))
+        close(decoded[i], alone[0, -1:], 1e-12, f"sequence {i}")
+
+
+@pytest.mark.parametrize("is_mimo", [False, True])
+def test_layer_compiles_fullgraph_as_eager(is_mimo):
+    torch.manual_seed(91)
+    layer = m3.Mamba3(**layer_kw(dict(is_mimo=is_mimo, is_outproj_norm=True)), backend="ssm_ref")
+    u = torch.randn(2, 5, 8)
+
+    def loss(u):
+        return layer(u).square().mean()
+
+    explained = torch._dynamo.explain(loss)(u)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    lc = compiled(u)
+    lc.backward()
+    gc = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    le = loss(u)
+    le.backward()
+    assert torch.allclose(lc, le, rtol=1e-6)
+    for n, p in layer.named_parameters():
+        assert torch.allclose(gc[n], p.grad, rtol=1e-5, atol=1e-7), n
+
+
+@pytest.mark.parametrize(("group_size", "before"), [(None, True), (4, True), (4, False)])
+def test_rmsnormgated_equals_mamba_ssm_rms_norm_ref(ref, group_size, before):
+    import mamba3_reference as mr
+
+    torch.manual_seed(92)
+    norm = m3.RMSNormGated(8, eps=1e-4, group_size=group_size, norm_before_gate=before, dtype=F64)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(8, dtype=F64))
+    x, z = torch.randn(3, 2, 8, dtype=F64), torch.randn(3, 2, 8, dtype=F64)
+    with mr.float64():
+        want = ref.rms_norm_ref(x, norm.weight, None, z=z, eps=1e-4, group_size=group_size, norm_before_gate=before)
+        want_plain = ref.rms_norm_ref(x, norm.weight, None, eps=1e-4, group_size=group_size)
+    close(norm(x, z), want, 1e-14, "gated")
+    close(norm(x), want_plain, 1e-14, "plain")
+    assert [n for n, _ in norm.named_parameters()] == ["weight"]
