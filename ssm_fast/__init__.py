@@ -239,6 +239,9 @@ def supports(op, *args, **kw) -> Support:
     or "mamba3_scan_back" those of mamba3_scan (float32). Bad input raises as the function would."""
     if op in _m3.OPS:
         return _m3.supports(op, *args, **kw)
+    if op not in ssm_ref.OPS:
+        raise ValueError(f"op: expected one of 'ssm_scan', 'ssm_scan_back', 'mamba3_scan', 'mamba3_scan_back', "
+                         f"got {op!r}")
     return _supports_scan(op, *args, **kw)
 
 

@@ -46,7 +46,12 @@ ONE = np.float32(1.0)
 @njit(**TASK)
 def _rows(cc, hp, a, kr, qr, vv, gy, X, Y, Z, lrow):
     """The per-element work of one token over the P x N state: X[r] = cᵀv^r, Y[r] = c k^r,
-    Z[r] = h̃_{t-1}ᵀ g_y^r, and cc <- α L; returns <L, h̃_{t-1}> (float64 sum of row sums)."""
+    Z[r] = h̃_{t-1}ᵀ g_y^r, and cc <- α L; returns <L, h̃_{t-1}> (float64 sum of row sums).
+    SISO walks four rows at a time, so X, Z, k and q are loaded once per four rows. The arrays
+    are distinct buffers: marked so (restrict_arrays), LLVM vectorises the loops over n without
+    run-time overlap checks, which it gives up on for this many arrays."""
+    prefer_vector_width()
+    restrict_arrays()
     P, N = cc.shape
     M = kr.shape[0]
     for r in range(M):
@@ -55,7 +60,60 @@ def _rows(cc, hp, a, kr, qr, vv, gy, X, Y, Z, lrow):
             Z[r, n] = ZERO
     da = 0.0
     if M == 1:
-        for p in range(P):
+        p = 0
+        while p + 4 <= P:
+            g0 = gy[0, p]
+            g1 = gy[0, p + 1]
+            g2 = gy[0, p + 2]
+            g3 = gy[0, p + 3]
+            v0 = vv[0, p]
+            v1 = vv[0, p + 1]
+            v2 = vv[0, p + 2]
+            v3 = vv[0, p + 3]
+            y0 = ZERO
+            y1 = ZERO
+            y2 = ZERO
+            y3 = ZERO
+            d0 = ZERO
+            d1 = ZERO
+            d2 = ZERO
+            d3 = ZERO
+            for n in range(N):
+                q = qr[0, n]
+                k = kr[0, n]
+                c0 = cc[p, n]
+                c1 = cc[p + 1, n]
+                c2 = cc[p + 2, n]
+                c3 = cc[p + 3, n]
+                h0 = hp[p, n]
+                h1 = hp[p + 1, n]
+                h2 = hp[p + 2, n]
+                h3 = hp[p + 3, n]
+                L0 = c0 + g0 * q
+                L1 = c1 + g1 * q
+                L2 = c2 + g2 * q
+                L3 = c3 + g3 * q
+                d0 += L0 * h0
+                d1 += L1 * h1
+                d2 += L2 * h2
+                d3 += L3 * h3
+                X[0, n] += (c0 * v0 + c1 * v1) + (c2 * v2 + c3 * v3)
+                Z[0, n] += (h0 * g0 + h1 * g1) + (h2 * g2 + h3 * g3)
+                y0 += c0 * k
+                y1 += c1 * k
+                y2 += c2 * k
+                y3 += c3 * k
+                cc[p, n] = a * L0
+                cc[p + 1, n] = a * L1
+                cc[p + 2, n] = a * L2
+                cc[p + 3, n] = a * L3
+            Y[0, p] = y0
+            Y[0, p + 1] = y1
+            Y[0, p + 2] = y2
+            Y[0, p + 3] = y3
+            da += np.float64(d0) + np.float64(d1) + np.float64(d2) + np.float64(d3)
+            p += 4
+        while p < P:
             gp = gy[0, p]
             vp = vv[0, p]
             yp = ZERO
@@ -71,6 +129,7 @@ def _rows(cc, hp, a, kr, qr, vv, gy, X, Y, Z, lrow):
                 cc[p, n] = a * L
             Y[0, p] = yp
             da += np.float64(dap)
+            p += 1
         return da
     for p in range(P):
         for r in range(M):
@@ -95,6 +154,54 @@ def _rows(cc, hp, a, kr, qr, vv, gy, X, Y, Z, lrow):
             cc[p, n] = a * lrow[n]
         da += np.float64(dap)
     return da
+
+
+@njit(**TASK)
+def _token_grads(a, sc, gam, kr, qr, vv, gy, X, Y, Z, kq, gv, dk, dq, dv):
+    """One token's O(M (N + P)) algebra after :func:`_rows`: kq[r, r2] = k^r·q^r2, gv[r, r2] =
+    g_y^r·v^r2, the rotated keys' and queries' gradients dk, dq (M, N) and the values' dv (M, P)
+    (without the final state's cotangents); returns (ds, the y term of dγ). Loops over n or p
+    innermost (vectorised); the arrays distinct (restrict_arrays)."""
+    prefer_vector_width()
+    restrict_arrays()
+    M, N = kr.shape
+    P = vv.shape[1]
+    ds = ZERO
+    for r in range(M):
+        for r2 in range(M):
+            acc = ZERO
+            for n in range(N):
+                acc += kr[r, n] * qr[r2, n]
+            kq[r, r2] = acc
+            acc = ZERO
+            for p in range(P):
+                acc += gy[r, p] * vv[r2, p]
+            gv[r, r2] = acc
+        acc = ZERO
+        for p in range(P):
+            acc += vv[r, p] * Y[r, p]
+        ds += acc
+    dgy = ZERO
+    for r in range(M):
+        for r2 in range(M):
+            dgy += kq[r, r2] * gv[r2, r]
+    for r in range(M):
+        for n in range(N):
+            dk[r, n] = sc * X[r, n]
+            dq[r, n] = a * Z[r, n]
+        for r2 in range(M):
+            ck = gam * gv[r2, r]
+            cq = gam * gv[r, r2]
+            for n in range(N):
+                dk[r, n] += ck * qr[r2, n]
+                dq[r, n] += cq * kr[r2, n]
+        for p in range(P):
+            dv[r, p] = sc * Y[r, p]
+        for r2 in range(M):
+            cv = gam * kq[r, r2]
+            for p in range(P):
+                dv[r, p] += cv * gy[r2, p]
+    return ds, dgy
 
 
 @njit(**TASK)
@@ -161,17 +268,17 @@ def backward(counter, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta
         for f in range(F):
             cth[0, f] = s_theta[j, h, f]
         if nseg > 1:                                        # checkpoints
-            st = sts[0]
-            st[:, :] = cps[0]
             th[:] = cth[0]
             for t in range((nseg - 1) * seg):
+                k = t % seg                                 # the state before token t, from cps or sts
+                src = cps[t // seg] if k == 0 else sts[k]
+                dst = cps[t // seg + 1] if k + 1 == seg else sts[k + 1]
                 advance_angles(th, dtheta, i, t, h)
                 token_vectors(i, t, h, x, B, C, B_bias, C_bias, psi, th, halved, css[0], sns[0], ks[0], qs[0], vv)
                 sc = lam[i, t, h] * dt[i, t, h] + dt[i, t + 1, h] * (ONE - lam[i, t + 1, h])
-                update_state(st, st, exp_f32(dA[i, t, h]), sc, vv, ks[0])
-                if (t + 1) % seg == 0:
-                    cps[(t + 1) // seg, :, :] = st
-                    cth[(t + 1) // seg, :] = th
+                update_state(src, dst, exp_f32(dA[i, t, h]), sc, vv, ks[0])
+                if k + 1 == seg:
+                    cth[t // seg + 1, :] = th
         for p in range(P):
             for n in range(N):
                 cc[p, n] = g_h[i, h, p, n]
@@ -207,38 +314,13 @@ def backward(counter, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta
                         vv[r, p] = psi[h, r, p] * x[i, t, h, p]
                         gy[r, p] = g_y[i, t, r, h, p]
                 da = _rows(cc, sts[k], a, kr, qr, vv, gy, X, Y, Z, lrow)
-                # the per-token algebra: O(M (N + P))
-                ds = ZERO
-                for r in range(M):
-                    for r2 in range(M):
-                        acc = ZERO
+                ds, dgy = _token_grads(a, sc, gam, kr, qr, vv, gy, X, Y, Z, kq, gv, dk, dq, dv)
+                if last:                                    # the final k and v are outputs too
+                    for r in range(M):
                         for n in range(N):
-                            acc += kr[r, n] * qr[r2, n]
-                        kq[r, r2] = acc
-                        acc = ZERO
+                            dk[r, n] += g_k[i, h, r, n]
                         for p in range(P):
-                            acc += gy[r, p] * vv[r2, p]
-                        gv[r, r2] = acc                     # g_y^r · v^r2
-                    for p in range(P):
-                        ds += vv[r, p] * Y[r, p]
-                dgy = ZERO
-                for r in range(M):
-                    for r2 in range(M):
-                        dgy += kq[r, r2] * gv[r2, r]
-                for r in range(M):
-                    for n in range(N):
-                        acc_k = sc * X[r, n]
-                        acc_q = a * Z[r, n]
-                        for r2 in range(M):
-                            acc_k += gam * gv[r2, r] * qr[r2, n]
-                            acc_q += gam * gv[r, r2] * kr[r2, n]
-                        dk[r, n] = acc_k + g_k[i, h, r, n] if last else acc_k
-                        dq[r, n] = acc_q
-                    for p in range(P):
-                        acc = sc * Y[r, p]
-                        for r2 in range(M):
-                            acc += gam * kq[r, r2] * gy[r2, p]
-                        dv[r, p] = acc + g_v[i, h, r, p] if last else acc
+                            dv[r, p] += g_v[i, h, r, p]
                 dgam = ds + dgy
                 d_dA[i, t, h] = np.float32(da) * a
                 d_dt[i, t, h] = dgam * lm
@@ -247,11 +329,13 @@ def backward(counter, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta
                     d_dt[i, t + 1, h] += ds * (ONE - lam[i, t + 1, h])
                     d_lam[i, t + 1, h] -= ds * dt[i, t + 1, h]
                 for p in range(P):
-                    acc = ZERO
-                    for r in range(M):
-                        acc += psi[h, r, p] * dv[r, p]
+                    d_x[i, t, h, p] = psi[h, 0, p] * dv[0, p]
+                for r in range(M):
+                    if r > 0:
+                        for p in range(P):
+                            d_x[i, t, h, p] += psi[h, r, p] * dv[r, p]
+                    for p in range(P):
                         dpsi[r, p] += np.float64(dv[r, p] * x[i, t, h, p])
-                    d_x[i, t, h, p] = acc
                 for r in range(M):
                     _rotate_back(dk[r], kr[r], css[k], sns[k], halved, gth)
                     _rotate_back(dq[r], qr[r], css[k], sns[k], halved, gth)

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from .config import DRIVER, TASK
-from .mathf import exp_f32
+from .mathf import exp_f32, sincos_f32
 from .pool import fetch_add
 from .simd import prefer_vector_width, restrict_arrays
 
@@ -66,8 +66,7 @@ def token_vectors(i, t, h, x, B, C, B_bias, C_bias, psi, th, halved, cs, sn, kr,
     F = th.shape[0]
     g = h // (x.shape[2] // G)
     for f in range(F):
-        cs[f] = np.cos(th[f])
-        sn[f] = np.sin(th[f])
+        sn[f], cs[f] = sincos_f32(th[f])
     for r in range(M):
         for n in range(N):
             kr[r, n] = B[i, t, r, g, n] + B_bias[h, r, n]
@@ -92,6 +91,8 @@ def token_vectors(i, t, h, x, B, C, B_bias, C_bias, psi, th, halved, cs, sn, kr,
 @njit(**TASK)
 def start_state(s_h, s_k, s_v, j, h, d0, st):
     """st (P, N) = h̃_{-1} = s_h[j, h] + δ_0 Σ_r s_v[j, h, r] s_k[j, h, r]ᵀ."""
+    prefer_vector_width()
+    restrict_arrays()
     P, N = st.shape
     M = s_k.shape[2]
     for p in range(P):
@@ -105,7 +106,9 @@ def start_state(s_h, s_k, s_v, j, h, d0, st):
 
 @njit(**TASK)
 def update_state(src, dst, a, sc, vv, kr):
-    """dst (P, N) = a src + sc Σ_r vv[r] kr[r]ᵀ (src may be dst)."""
+    """dst (P, N) = a src + sc Σ_r vv[r] kr[r]ᵀ; the arrays distinct (restrict_arrays)."""
+    prefer_vector_width()
+    restrict_arrays()
     P, N = dst.shape
     M = kr.shape[0]
     for p in range(P):
@@ -133,12 +136,44 @@ def dots(kr, qr, kq):
 @njit(**TASK)
 def _token_rows(i, t, h, st, a, gam, sc, kr, qr, vv, kq, ya, y):
     """One token's rows: y[i, t, :, h, :] from h̃_{t-1} (st on entry), and st <- h̃_t.
-    ya: (M,) scratch."""
+    ya: (M,) scratch. The arrays distinct (restrict_arrays)."""
+    prefer_vector_width()
+    restrict_arrays()
     P, N = st.shape
     M = kr.shape[0]
-    if M == 1:
+    if M == 1:   # four rows at a time: k and q loaded once per four rows
         g1 = gam * kq[0, 0]
-        for p in range(P):
+        p = 0
+        while p + 4 <= P:
+            w0 = sc * vv[0, p]
+            w1 = sc * vv[0, p + 1]
+            w2 = sc * vv[0, p + 2]
+            w3 = sc * vv[0, p + 3]
+            a0 = ZERO
+            a1 = ZERO
+            a2 = ZERO
+            a3 = ZERO
+            for n in range(N):
+                q = qr[0, n]
+                k = kr[0, n]
+                h0 = st[p, n]
+                h1 = st[p + 1, n]
+                h2 = st[p + 2, n]
+                h3 = st[p + 3, n]
+                a0 += h0 * q
+                a1 += h1 * q
+                a2 += h2 * q
+                a3 += h3 * q
+                st[p, n] = a * h0 + w0 * k
+                st[p + 1, n] = a * h1 + w1 * k
+                st[p + 2, n] = a * h2 + w2 * k
+                st[p + 3, n] = a * h3 + w3 * k
+            y[i, t, 0, h, p] = a * a0 + g1 * vv[0, p]
+            y[i, t, 0, h, p + 1] = a * a1 + g1 * vv[0, p + 1]
+            y[i, t, 0, h, p + 2] = a * a2 + g1 * vv[0, p + 2]
+            y[i, t, 0, h, p + 3] = a * a3 + g1 * vv[0, p + 3]
+            p += 4
+        while p < P:
             acc = ZERO
             w = sc * vv[0, p]
             for n in range(N):
@@ -146,6 +181,7 @@ def _token_rows(i, t, h, st, a, gam, sc, kr, qr, vv, kq, ya, y):
                 acc += hv * qr[0, n]
                 st[p, n] = a * hv + w * kr[0, n]
             y[i, t, 0, h, p] = a * acc + g1 * vv[0, p]
+            p += 1
         return
     for p in range(P):
         for r in range(M):
