@@ -388,6 +388,14 @@ def test_layer_loads_mamba_ssm_state_dict_and_equals_its_forward(ref, cfg):
         want_packed = theirs(u[:1], cu_seqlens=torch.tensor([0, 2, 6], dtype=torch.int32))
     close(ours(u), want, 1e-12, "forward")
     close(ours(u[:1], cu_seqlens=torch.tensor([0, 2, 6], dtype=torch.int32)), want_packed, 1e-12, "packed")
+    # and the other way: a state dict made by ours loads into mamba_ssm's layer, which then agrees
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(1.1)
+    theirs.load_state_dict(ours.state_dict())
+    with mr.float64():
+        want = theirs(u)
+    close(ours(u), want, 1e-12, "forward after loading ours")
 
 
 class _Params:
