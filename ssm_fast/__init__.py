@@ -42,14 +42,16 @@ from ssm_ref.scan import softplus, softplus_grad
 from . import compiling, config, guard, pool, threads
 from . import kernels_bwd as _kb
 from . import kernels_fwd as _kf
+from . import mamba3 as _m3
+from .mamba3 import mamba3_scan, mamba3_scan_back
 
 NAME = "ssm_fast"
 WHERE = "CPU"
 # K state snapshots (docs/SPEC.md section 3.1): every slot written, as ssm_ref's (docs/PORTING.md).
 SNAPSHOTS = "all"
 
-__all__ = ["NAME", "SNAPSHOTS", "__version__", "get_num_threads", "set_num_threads", "ssm_scan", "ssm_scan_back",
-           "supports", "warmup"]
+__all__ = ["NAME", "SNAPSHOTS", "__version__", "get_num_threads", "mamba3_scan", "mamba3_scan_back",
+           "set_num_threads", "ssm_scan", "ssm_scan_back", "supports", "warmup"]
 
 get_num_threads = threads.get_num_threads
 set_num_threads = threads.set_num_threads
@@ -231,10 +233,20 @@ def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, 
                      d_A=d_A.reshape(d.a_shape), d_B=d_B, d_C=d_C, where=WHERE, backend=NAME)
 
 
-def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
-             snapshots=1) -> Support:
-    """ssm_fast runs every shape the reference accepts, in every dt_softplus form and for every
-    K (``snapshots``). Takes the arguments of ssm_scan; bad input raises as there."""
+def supports(op, *args, **kw) -> Support:
+    """Whether ssm_fast runs a case: every shape the reference accepts. ``op`` "ssm_scan" or
+    "ssm_scan_back" takes the arguments of ssm_scan (every dt_softplus form and every K); "mamba3_scan"
+    or "mamba3_scan_back" those of mamba3_scan (float32). Bad input raises as the function would."""
+    if op in _m3.OPS:
+        return _m3.supports(op, *args, **kw)
+    if op not in ssm_ref.OPS:
+        raise ValueError(f"op: expected one of 'ssm_scan', 'ssm_scan_back', 'mamba3_scan', 'mamba3_scan_back', "
+                         f"got {op!r}")
+    return _supports_scan(op, *args, **kw)
+
+
+def _supports_scan(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
+                   snapshots=1) -> Support:
     check_op(op)
     check_dt_softplus(dt_softplus)
     p = check_forward(s, x, dt, A, B, C, ids, snapshots=snapshots)
@@ -246,7 +258,8 @@ def warmup() -> None:
     """Compile (or load from numba's on-disk cache) every kernel, on tiny inputs of both variants.
 
     The first call that needs a kernel compiles it anyway (a one-line message on stderr says so
-    when that happens); warmup does all of it up front, e.g. when a server starts."""
+    when that happens); warmup does all of it up front, e.g. when a server starts. The Mamba-3
+    kernels: ssm_fast.mamba3.warmup()."""
     rng = np.random.default_rng(0)
     S, T, H, P, N, G = 1, 2, 2, 2, 3, 1
     for a_shape in ((H,), (H, N)):

@@ -81,3 +81,13 @@ SECONDS_PER_STATE = {
     ("mamba1", "fwd"): 1.0e-9,
     ("mamba1", "bwd"): 2.5e-9,
 }
+
+# Mamba-3 (kernels_m3_fwd, kernels_m3_bwd): tasks are (sequence, head). The backward recomputes
+# the forward's pre-decay states segment by segment; a segment's buffers (the P x N state, the
+# rotated keys and queries and the rotation's cos and sin, per token) take at most
+# M3_SEGMENT_BYTES per task, half of a 2 MiB L2 cache, where they are read back.
+M3_SEGMENT_BYTES = 1024 * 1024
+# The single-thread cost model of threads' choice (see SERIAL_BELOW_S), per state element and
+# rank per token, and per state element; measured as the Mamba-2 figures above.
+M3_SECONDS_PER_UPDATE = {"fwd": 0.15e-9, "bwd": 0.8e-9}
+M3_SECONDS_PER_STATE = {"fwd": 1.0e-9, "bwd": 2.5e-9}

@@ -1,4 +1,4 @@
-"""float32 exp, softplus and sigmoid that LLVM can vectorise.
+"""float32 exp, softplus, sigmoid, sin and cos that LLVM can vectorise.
 
 numba lowers ``math.exp`` to a call of the C library's scalar ``expf`` (no vector math library is
 configured unless Intel SVML is installed), so a loop over n with an exp inside runs one element at
@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from .config import MATH, MATH_INLINE
 
-__all__ = ["exp_f32", "sigmoid_f32", "softplus_f32"]
+__all__ = ["exp_f32", "sigmoid_f32", "sincos_f32", "softplus_f32"]
 
 _F = np.float32
 ZERO = _F(0.0)
@@ -151,3 +151,46 @@ def softplus_f32(z):
 def sigmoid_f32(z):
     """d softplus / dz in float32: 1 / (1 + exp(-z)), and 1 when z > 20 (docs/SPEC.md section 4)."""
     return ONE if z > TWENTY else ONE / (ONE + exp_f32(-z))
+
+
+# sin and cos of an angle (Mamba-3's rotation): x = j pi/4 + r, |r| <= pi/4, with pi/4 split in
+# three parts (Cody-Waite) and Cephes sinf/cosf's minimax polynomials for sin and cos on r; the
+# octant j picks the polynomial and the signs. Exact reduction up to |x| = 8192 (the angles are
+# in [0, 2 pi]); beyond it, and for inf and nan, the result is nan.
+_FOPI = _F(1.27323954473516)
+_DP1 = _F(0.78515625)
+_DP2 = _F(2.4187564849853515625e-4)
+_DP3 = _F(3.77489497744594108e-8)
+_S0 = _F(-1.9515295891e-4)
+_S1 = _F(8.3321608736e-3)
+_S2 = _F(-1.6666654611e-1)
+_C0 = _F(2.443315711809948e-5)
+_C1 = _F(-1.388731625493765e-3)
+_C2 = _F(4.166664568298827e-2)
+_REDUCE_MAX = _F(8192.0)
+_NAN = _F(np.nan)
+
+
+@njit(**MATH_INLINE)
+def sincos_f32(x):
+    """(sin x, cos x) in float32, within 2 ulp of numpy's for |x| <= 8192; nan beyond, and for
+    inf and nan. Arithmetic, a float-to-int conversion and selects only: vectorisable."""
+    ax = np.abs(x)
+    ok = ax <= _REDUCE_MAX                   # False for nan too
+    axc = ax if ok else ZERO
+    j = np.int32(axc * _FOPI)
+    j = (j + np.int32(1)) & np.int32(-2)     # the even octant nearest below-or-at: r in [-pi/4, pi/4]
+    y = np.float32(j)
+    r = axc - y * _DP1
+    r = r - y * _DP2
+    r = r - y * _DP3
+    z = r * r
+    ps = ((_S0 * z + _S1) * z + _S2) * z * r + r
+    pc = ((_C0 * z + _C1) * z + _C2) * z * z - HALF * z + ONE
+    j = j & np.int32(7)
+    swap = (j & np.int32(2)) != 0            # octants 2, 6: sin and cos polynomials trade places
+    s = pc if swap else ps
+    c = ps if swap else pc
+    s = -s if (j >= np.int32(4)) != (x < ZERO) else s
+    c = -c if (j == np.int32(2)) or (j == np.int32(4)) else c
+    return (s if ok else _NAN), (c if ok else _NAN)

@@ -6,6 +6,7 @@
     y, states = ssm_jax.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
     y, states, snaps = ssm_jax.ssm_scan(s, x, dt, A, B, C, snapshots=4)   # snaps[k]: after T - k tokens
     ssm_jax.last_where()          # Where(op='ssm_scan', where='CPU', backend='ssm_fast', dtype='float32')
+    y, theta, h, k, v = ssm_jax.mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta)   # Mamba-3
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
 A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero start states.
@@ -41,7 +42,7 @@ from ssm_ref.checks import MISSING, check_five_arrays
 from ssm_ref.ops import SCAN
 from ssm_ref.results import Where
 
-__all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
+__all__ = ["BACKENDS", "Where", "last_where", "mamba3_scan", "ssm_scan"]
 
 
 def __dir__():
@@ -199,3 +200,6 @@ def _bwd(backend, dt_softplus, work, K, res, cotangents):
 
 
 _scan.defvjp(_fwd, _bwd)
+
+
+from ._mamba3 import mamba3_scan  # noqa: E402  (Mamba-3's scan, bridged the same way)

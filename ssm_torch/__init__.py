@@ -6,6 +6,7 @@
     y, states = ssm_torch.ssm_scan(None, x, dt, A, B, C, dt_softplus=True)  # zero start, mamba_ssm's softplus
     y, states, snaps = ssm_torch.ssm_scan(s, x, dt, A, B, C, snapshots=4)  # snaps[k]: after T - k tokens
     ssm_torch.last_where()         # Where(op='ssm_scan', where='CPU', backend='ssm_ref', dtype='float32')
+    y, theta, h, k, v = ssm_torch.mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta)  # Mamba-3
 
 Shapes as every backend takes them (docs/SPEC.md): s (R,H,P,N), x (S,T,H,P), dt (S,T,H),
 A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero start states.
@@ -13,6 +14,8 @@ A (H,) | (H,1) | (H,N), B and C (S,T,G,N), ids (S,) or None; s=None for zero sta
 and C, through every output (the snapshots too); registered with torch.library
 (``torch.ops.ssm_scan.scan``, ``torch.ops.ssm_scan.scan_snapshots``), so torch.compile traces it
 without a graph break. The drop-ins for mamba_ssm's functions are in :mod:`ssm_torch.mamba`.
+Mamba-3's scan is :func:`mamba3_scan` (``torch.ops.ssm_scan.mamba3_scan``); its drop-ins for
+mamba_ssm's Mamba-3 functions and its ``Mamba3`` layer are in :mod:`ssm_torch.mamba3`.
 docs/TORCH.md is the user's guide.
 """
 
@@ -36,11 +39,11 @@ from ssm_ref.ops import SCAN
 from . import _common, _op
 from ._op import BACKENDS, Where, last_where
 
-__all__ = ["BACKENDS", "Where", "last_where", "ssm_scan"]
+__all__ = ["BACKENDS", "Where", "last_where", "mamba3_scan", "ssm_scan"]
 
 
 def __dir__():
-    # The public names only (its public submodule: mamba); _op is internal.
+    # The public names only (its public submodules: mamba, mamba3); _op and _mamba3_op are internal.
     return sorted(__all__)
 
 _ARRAYS = SCAN.float_inputs
@@ -130,6 +133,66 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     return _op.scan_snapshots(s, x, dt, A, B, C, ids, backend, _common.encode(dt_softplus, invariant), K)
 
 
-from . import mamba  # noqa: E402  (the drop-ins call ssm_scan)
+def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
+                s_v=None, ids=None, *, rotation: str = "interleaved", backend=None):
+    """Mamba-3's scan (the op ``mamba3_scan``, docs/SPEC.md), differentiable in every float input,
+    the start states included.
 
-__all__ += ["mamba"]
+    SISO (B.ndim == 4): x (S,T,H,P), dt, dA, lam (S,T,H), B and C (S,T,G,N), B_bias and C_bias
+    (H,N), dtheta (S,T,H,F), psi None; states s_theta (R,H,F), s_h (R,H,P,N), s_k (R,H,N), s_v
+    (R,H,P). MIMO rank M (B.ndim == 5): B and C (S,T,M,G,N), biases (H,M,N), psi (H,M,P) or None
+    (ones), s_k (R,H,M,N), s_v (R,H,M,P). The four states all None (zero start; ids must then be
+    None) or all given; ids (S,) integers in [0, R) (a tensor, list or range) or None (arange(S)).
+    dt is the step (positive, no softplus inside), dA = A*dt, lam after its sigmoid, dtheta the
+    angle increment. rotation: "interleaved" (pairs (2j, 2j+1)) or "halved" (pairs (j, j + N/2)).
+    backend: "ssm_fast", "ssm_ref" (or "fast", "ref"), or None: ssm_fast where it computes the op,
+    else ssm_ref. Tensors of any float dtype on the CPU (or meta); computed in float32 (float64
+    with backend="ssm_ref" when every float input is float64).
+
+    Returns (y, theta, h, k, v): y (S,T,H,P) | (S,T,M,H,P) in x's dtype; the final states theta
+    (S,H,F), h (S,H,P,N), k (S,H,N) | (S,H,M,N), v (S,H,P) | (S,H,M,P), each in its start state's
+    dtype (without start states: theta in dtheta's, k in B's, h and v in x's). Registered as
+    ``torch.ops.ssm_scan.mamba3_scan``: torch.compile traces it without a graph break.
+
+    Raises TypeError for an argument that is not a tensor, ValueError for a tensor on a device
+    the backends cannot read (a CUDA tensor: no backend computes this op on the GPU; move it with
+    .cpu()), for a backend that does not compute the op, and the backends' TypeError / ValueError
+    naming the argument for shapes and dtypes (before any work).
+    """
+    from . import _mamba3_op
+
+    names = _mamba3_op.op().float_inputs
+    given = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
+    tensors = {n: t for n, t in zip(names, given, strict=True) if t is not None or n not in _M3_OPTIONAL}
+    _check_m3_tensors(tensors)
+    ids = _as_ids(ids)
+    if ids is not None:
+        _check_tensors({"ids": ids})
+    be = _mamba3_op.default_backend() if backend is None else resolve_backend(backend)
+    if not _mamba3_op.computes(be):
+        raise ValueError(f"backend: {be} does not compute {_mamba3_op.OP_NAME}; use backend='ssm_fast' or 'ssm_ref'")
+    if not isinstance(rotation, str) or rotation not in _mamba3_op.ROTATIONS:
+        raise ValueError(f"rotation: expected 'interleaved' or 'halved', got {rotation!r}")
+    return _mamba3_op.scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, ids,
+                           rotation, be)
+
+
+_M3_OPTIONAL = ("psi", "s_theta", "s_h", "s_k", "s_v")
+
+
+def _check_m3_tensors(named: dict) -> None:
+    """Every array a tensor, all on the CPU (or all meta): no backend computes Mamba-3's scan on a
+    GPU, so CUDA tensors are refused with what to do."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "cuda":
+            raise ValueError(f"{name}: a CUDA tensor; Mamba-3's scan runs on ssm-scan's CPU backends (no backend "
+                             "computes it on the GPU): move the tensors with .cpu()")
+    _check_tensors(named)
+
+
+# (the drop-ins call ssm_scan; Mamba-3's drop-ins and layer call mamba3_scan)
+from . import mamba, mamba3  # noqa: E402
+
+__all__ += ["mamba", "mamba3"]

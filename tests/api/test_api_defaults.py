@@ -221,7 +221,7 @@ PUBLIC_MODULES = {
     "ssm_ref": {"chunked", "jvp", "mamba3_chunked", "ops", "packing", "tolerance"},
     "ssm_fast": set(),
     "ssm_vk": {"config", "runtime"},
-    "ssm_torch": {"mamba"},
+    "ssm_torch": {"mamba", "mamba3"},
     "ssm_jax": set(),
     "ssm_ref.testing": {"cases", "fuzzing", "ports", "properties", "regressions", "strategies", "vectors",
                         "verification"},
@@ -230,7 +230,7 @@ INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extr
                          "arraylike", "mamba3", "mamba3_checks"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "replay_cache", "recording", "workspace", "api", "validate"],
-             "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}
+             "ssm_torch": ["_op", "_mamba3_op"], "ssm_jax": ["_mamba3"], "ssm_ref.testing": []}
 
 
 def _package(name):
