@@ -75,8 +75,11 @@ class Op:
     argument before any work); check_backward likewise with the cotangents
     tolerance: output and gradient name -> Tol, a float32 result against the float64 reference
     (or a function of no arguments that returns that table)
-    state: (the start-state input, the final-state output) a call carries from one token range to
-    the next, or None
+    state: the state a call carries from one token range to the next, as a tuple of (start-state
+    input, final-state output) pairs, one per part (the scan's one: (("s", "states"),); an op with
+    a state of several parts names each), or None. A start-state input with an "R" axis is a cache
+    read at the op's index input (axes "S": each sequence's row; None: arange(S)), as the scan's
+    ``s`` at ``ids``; the op-generic properties rely on that reading
     The testing kit's parts, each a callable or ``"module:attribute"`` text: make_case(seed,
     **dims) -> a case (``.op``, ``.dims``, ``.args()``, ``.cotangents``, ``.label``); cases(quick,
     seed) -> the fixed problems ``ssm-scan check`` runs; strategy() -> a hypothesis strategy of
@@ -93,7 +96,7 @@ class Op:
     check_forward: object
     check_backward: object
     tolerance: object = None
-    state: tuple | None = None
+    state: tuple | None = None    # ((input, output), ...)
     make_case: object = None
     cases: object = None
     strategy: object = None
@@ -156,6 +159,13 @@ def register(op: Op) -> Op:
     stray = [g.of for g in op.grads if g.of not in op.float_inputs]
     if stray:
         raise ValueError(f"op {op.name!r}: gradients of {stray}, which are no float inputs of it")
+    if op.state is not None:
+        pairs = op.state if isinstance(op.state, tuple) else ()
+        bad = [p for p in pairs if not (isinstance(p, tuple) and len(p) == 2 and p[0] in op.input_names
+                                        and p[1] in op.output_names)]
+        if not pairs or bad:
+            raise ValueError(f"op {op.name!r}: state must be a non-empty tuple of (input, output) pairs of its "
+                             f"names, got {op.state!r}")
     OPS[op.name] = op
     return op
 
@@ -232,7 +242,7 @@ SCAN = register(Op(
     check_forward=_check_forward,
     check_backward=_check_backward,
     tolerance=_scan_tolerance,
-    state=("s", "states"),
+    state=(("s", "states"),),
     make_case="ssm_ref.testing.cases:make_problem",
     strategy="ssm_ref.testing.strategies:problems",
     properties="ssm_ref.testing.properties:PROPERTIES",
