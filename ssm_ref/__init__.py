@@ -46,9 +46,10 @@ from .checks import (
     output_elems,
     write_cache_rows,
 )
+from .mamba3 import mamba3_scan, mamba3_scan_back
 from .memory import host_memory_bytes
 from .packing import pack_backward, pack_forward, unpack_backward, unpack_forward, unpack_snapshots
-from .results import GRAD_NAMES, ScanGrads, ScanResult, Support, Where
+from .results import GRAD_NAMES, Mamba3Grads, Mamba3Result, ScanGrads, ScanResult, Support, Where
 from .scan import backward as _backward
 from .scan import backward_workspace, forward_workspace, scatter_rows
 from .scan import forward as _forward
@@ -67,6 +68,8 @@ __all__ = [
     "OPS",
     "WHERE",
     "Dims",
+    "Mamba3Grads",
+    "Mamba3Result",
     "Problem",
     "ScanGrads",
     "ScanResult",
@@ -86,6 +89,8 @@ __all__ = [
     "ops",
     "packing",
     "jvp",
+    "mamba3_scan",
+    "mamba3_scan_back",
     "tolerance",
     "scatter_rows",
     "ssm_scan",

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-__all__ = ["OPS", "SCAN", "Arg", "Grad", "Op", "Output", "get", "register"]
+__all__ = ["MAMBA3", "OPS", "SCAN", "Arg", "Grad", "Op", "Output", "get", "register"]
 
 
 @dataclass(frozen=True)
@@ -249,4 +249,102 @@ SCAN = register(Op(
     letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
              "N": "state size", "G": "groups of heads sharing B and C", "R": "rows of the state cache",
              "K": "state snapshots (snapshots=K)"},
+))
+
+
+# ---- Mamba-3 (docs/SPEC.md, "Mamba-3"; ssm_ref.mamba3) ----
+
+def _mamba3(*args, **kw):
+    from .mamba3 import mamba3_scan
+
+    return mamba3_scan(*args, **kw)
+
+
+def _mamba3_back(*args, **kw):
+    from .mamba3 import mamba3_scan_back
+
+    return mamba3_scan_back(*args, **kw)
+
+
+def _mamba3_check_forward(*args, **kw):
+    from .mamba3_checks import check_mamba3_forward
+
+    return check_mamba3_forward(*args, **kw)
+
+
+def _mamba3_check_backward(*args, **kw):
+    from .mamba3_checks import check_mamba3_backward
+
+    return check_mamba3_backward(*args, **kw)
+
+
+def _mamba3_tolerance() -> Mapping:
+    from .tolerance import MAMBA3_F32_TOL  # (each bound with the measurement behind it)
+
+    return MAMBA3_F32_TOL
+
+
+_MIMO = "; MIMO: "   # where an array takes a rank axis with MIMO, ``what`` gives that shape
+
+MAMBA3 = register(Op(
+    name="mamba3_scan",
+    summary="the Mamba-3 scan: a trapezoid-rule SSM with rotated keys and queries (RoPE by a running "
+            "angle), SISO or MIMO rank M, mamba_ssm's mamba3 ops",
+    inputs=(
+        Arg("x", "STHP", "the value (mamba_ssm V)"),
+        Arg("dt", "STH", "the step, already positive (mamba_ssm DT)"),
+        Arg("dA", "STH", "the log decay A*dt (mamba_ssm ADT)"),
+        Arg("lam", "STH", "the trapezoid's weight, after the sigmoid (mamba_ssm sigmoid(Trap))"),
+        Arg("B", "STGN", "the key before bias and rotation (mamba_ssm K)" + _MIMO + "(S, T, M, G, N)"),
+        Arg("C", "STGN", "the query before bias and rotation (mamba_ssm Q)" + _MIMO + "(S, T, M, G, N)"),
+        Arg("B_bias", "HN", "the key's bias, per head (mamba_ssm K_bias)" + _MIMO + "(H, M, N)"),
+        Arg("C_bias", "HN", "the query's bias, per head (mamba_ssm Q_bias)" + _MIMO + "(H, M, N)"),
+        Arg("dtheta", "STHF", "the angle increments (mamba_ssm pi*tanh(Angles)*DT)"),
+        Arg("psi", "HMP", "MIMO's value projection (mamba_ssm MIMO_V); None: ones; SISO: None", optional=True),
+        Arg("s_theta", "RHF", "the start angles (cache rows); None: zeros (all four None or all given)",
+            optional=True),
+        Arg("s_h", "RHPN", "the start SSM state (cache rows); None: zeros", optional=True),
+        Arg("s_k", "RHN", "the start key state, biased and rotated (cache rows); None: zeros" + _MIMO
+            + "(R, H, M, N)", optional=True),
+        Arg("s_v", "RHP", "the start value state (cache rows); None: zeros" + _MIMO + "(R, H, M, P)",
+            optional=True),
+        Arg("ids", "S", "the cache row of each sequence; None: arange(S) (None without states)", optional=True,
+            kind="index"),
+    ),
+    outputs=(
+        Output("y", "STHP", "the output, y_t = h_t q_t" + _MIMO + "(S, T, M, H, P), per rank"),
+        Output("theta", "SHF", "each sequence's final angles, in [0, 2*pi)"),
+        Output("h", "SHPN", "each sequence's final SSM state"),
+        Output("k", "SHN", "each sequence's last key, biased and rotated" + _MIMO + "(S, H, M, N)"),
+        Output("v", "SHP", "each sequence's last value (after psi)" + _MIMO + "(S, H, M, P)"),
+    ),
+    grads=(
+        Grad("d_x", "x", "STHP", "the gradient of x"),
+        Grad("d_dt", "dt", "STH", "the gradient of dt"),
+        Grad("d_dA", "dA", "STH", "the gradient of dA"),
+        Grad("d_lam", "lam", "STH", "the gradient of lam"),
+        Grad("d_B", "B", "STGN", "the gradient of B, in B's shape"),
+        Grad("d_C", "C", "STGN", "the gradient of C, in C's shape"),
+        Grad("d_B_bias", "B_bias", "HN", "the gradient of B_bias, in its shape"),
+        Grad("d_C_bias", "C_bias", "HN", "the gradient of C_bias, in its shape"),
+        Grad("d_dtheta", "dtheta", "STHF", "the gradient of dtheta (through the mod 2*pi as 1)"),
+        Grad("d_psi", "psi", "HMP", "the gradient of psi; None when psi is None"),
+        Grad("d_s_theta", "s_theta", "RHF", "the start angles' gradient scatter-added by ids"),
+        Grad("d_s_h", "s_h", "RHPN", "the start SSM state's gradient scatter-added by ids"),
+        Grad("d_s_k", "s_k", "RHN", "the start key state's gradient scatter-added by ids"),
+        Grad("d_s_v", "s_v", "RHP", "the start value state's gradient scatter-added by ids"),
+    ),
+    forward=_mamba3,
+    backward=_mamba3_back,
+    check_forward=_mamba3_check_forward,
+    check_backward=_mamba3_check_backward,
+    tolerance=_mamba3_tolerance,
+    state=(("s_theta", "theta"), ("s_h", "h"), ("s_k", "k"), ("s_v", "v")),
+    make_case="ssm_ref.testing.mamba3_cases:make_case",
+    cases="ssm_ref.testing.mamba3_cases:cases",
+    strategy="ssm_ref.testing.mamba3_cases:strategy",
+    properties="ssm_ref.testing.properties.mamba3:PROPERTIES",
+    letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
+             "N": "state size", "G": "groups of heads sharing B and C", "M": "MIMO rank (SISO: no rank axis)",
+             "F": "rotated pairs (0 <= F <= N/2)", "R": "rows of the state cache"},
 ))

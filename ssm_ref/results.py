@@ -3,13 +3,13 @@ and Where (what ssm_torch.last_where / ssm_jax.last_where report)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 
 import numpy as np
 
-from .ops import SCAN
+from .ops import MAMBA3, SCAN
 
-__all__ = ["GRAD_NAMES", "ScanGrads", "ScanResult", "Support", "Where"]
+__all__ = ["GRAD_NAMES", "Mamba3Grads", "Mamba3Result", "NamedGrads", "ScanGrads", "ScanResult", "Support", "Where"]
 
 
 def _host(a) -> np.ndarray:
@@ -71,8 +71,50 @@ class ScanResult:
         return pack_forward(_host(self.y), _host(self.states))
 
 
+class NamedGrads:
+    """Read-only mapping access by name to a backward's gradients, the names its op declares
+    (``_names``, the op's ``grad_names``): ``g["d_x"]``, ``keys()``, ``values()``, ``items()``,
+    ``get()``, ``len(g)``, ``"d_x" in g``, ``dict(g)``, ``f(**g)``; iteration yields the names, as a
+    dict's does. Shared by ScanGrads and Mamba3Grads (each a frozen dataclass of those fields)."""
+
+    _names: tuple = ()
+
+    def as_dict(self) -> dict:
+        """The gradient arrays by name, in the op's order."""
+        return {k: getattr(self, k) for k in self._names}
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(f"{name!r}: a {type(self).__name__} holds {', '.join(self._names)}")
+        return getattr(self, name)
+
+    def keys(self) -> tuple:
+        """The gradients' names, in the op's order."""
+        return self._names
+
+    def values(self) -> tuple:
+        """The gradient arrays, in the order of :meth:`keys`."""
+        return tuple(getattr(self, k) for k in self._names)
+
+    def items(self) -> tuple:
+        """(name, array) pairs, in the order of :meth:`keys`."""
+        return tuple((k, getattr(self, k)) for k in self._names)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name) if name in self._names else default
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._names
+
+
 @dataclass(frozen=True, eq=False)
-class ScanGrads:
+class ScanGrads(NamedGrads):
     """Backward outputs: the gradient of the loss for every float input.
 
     d_s: (R, H, P, N), d_s0 scatter-added into rows ids[i] (the true gradient of the cache s)
@@ -96,6 +138,7 @@ class ScanGrads:
     d_C: np.ndarray
     where: str
     backend: str
+    _names = SCAN.grad_names   # (a class attribute: no annotation, so no dataclass field)
 
     def packed(self) -> np.ndarray:
         """1-D float32 in ggmlR's SSM_SCAN_BACK layout: ds0 | dx | ddt | dA | dB | dC."""
@@ -104,41 +147,42 @@ class ScanGrads:
         return pack_backward(*(_host(a) for a in (self.d_s0, self.d_x, self.d_dt, self.d_A,
                                                    self.d_B, self.d_C)))
 
-    def as_dict(self) -> dict:
-        """The seven gradient arrays by name (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C)."""
-        return {k: getattr(self, k) for k in GRAD_NAMES}
+GRAD_NAMES = SCAN.grad_names   # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: ScanGrads' fields, in order
 
-    def __getitem__(self, name: str):
-        if name not in GRAD_NAMES:
-            raise KeyError(f"{name!r}: a ScanGrads holds {', '.join(GRAD_NAMES)}")
-        return getattr(self, name)
 
-    def keys(self) -> tuple:
-        """The gradients' names, GRAD_NAMES."""
-        return GRAD_NAMES
+@dataclass(frozen=True, eq=False)
+class Mamba3Result:
+    """The Mamba-3 scan's outputs (ssm_ref.mamba3_scan, docs/SPEC.md "Mamba-3").
 
-    def values(self) -> tuple:
-        """The gradient arrays, in the order of :meth:`keys`."""
-        return tuple(getattr(self, k) for k in GRAD_NAMES)
+    y (S, T, H, P) SISO | (S, T, M, H, P) MIMO; the final state's four parts: theta (S, H, F),
+    h (S, H, P, N), k (S, H, N) | (S, H, M, N), v (S, H, P) | (S, H, M, P) -- None, all four, after
+    ``update_cache=True`` wrote them into the cache. where: the device it ran on ("CPU", ...).
+    Unpacks as five: ``y, theta, h, k, v = mamba3_scan(...)``. Frozen.
+    """
 
-    def items(self) -> tuple:
-        """(name, array) pairs, in the order of :meth:`keys`."""
-        return tuple((k, getattr(self, k)) for k in GRAD_NAMES)
-
-    def get(self, name: str, default=None):
-        return getattr(self, name) if name in GRAD_NAMES else default
+    y: np.ndarray
+    theta: np.ndarray | None
+    h: np.ndarray | None
+    k: np.ndarray | None
+    v: np.ndarray | None
+    where: str = "CPU"
 
     def __iter__(self):
-        return iter(GRAD_NAMES)
+        return iter((self.y, self.theta, self.h, self.k, self.v))
 
     def __len__(self) -> int:
-        return len(GRAD_NAMES)
-
-    def __contains__(self, name) -> bool:
-        return name in GRAD_NAMES
+        return 5
 
 
-GRAD_NAMES = SCAN.grad_names   # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: ScanGrads' fields, in order
+# The Mamba-3 backward's gradients: one field per name the op declares (MAMBA3.grad_names), then
+# where. Mapping access by name as ScanGrads' (NamedGrads); d_psi is None when psi was None.
+Mamba3Grads = make_dataclass(
+    "Mamba3Grads", [*MAMBA3.grad_names, ("where", str, field(default="CPU"))], bases=(NamedGrads,),
+    namespace={"_names": MAMBA3.grad_names, "__module__": __name__,
+               "__doc__": "The gradients of ssm_ref.mamba3_scan_back by name (" + ", ".join(MAMBA3.grad_names)
+                          + "), each in its input's shape (the d_s_* in the caches'); a read-only mapping like "
+                          "ScanGrads, plus ``where``. Frozen."},
+    frozen=True, eq=False)
 
 
 @dataclass(frozen=True)
