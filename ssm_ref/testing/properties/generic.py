@@ -289,10 +289,12 @@ def permute_sequences(module, case, tol: dict) -> bool:
         return False
     perm = _rng(case, "permute_sequences").permutation(S)
     axes = {a.name: a.axes for a in op.inputs}
-    named = {**{o.name: o.axes for o in op.outputs}, **{g.name: g.axes for g in op.grads}}
     cot_axes = {"g_" + o.name: o.axes for o in op.outputs}
     kw = keywords_of(case)
     args, cot = case.args(), case.cotangents
+    # a cache left None is zeros, one row per sequence: its gradient then has S rows, not R
+    named = {**{o.name: o.axes for o in op.outputs},
+             **{g.name: g.axes.replace("R", "S") if args.get(g.of) is None else g.axes for g in op.grads}}
     if _rows_by_index(op) and any(v is not None and "R" in axes[n] for n, v in args.items()):
         # ids None reads row i for sequence i: explicit, so that the rows move with their sequences
         args.update({a.name: np.arange(S, dtype=np.int64) for a in op.inputs
