@@ -203,8 +203,9 @@ def _check(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k,
             raise ValueError("ids: the start states are None (zero start states, one per sequence), so ids must be "
                              "None")
         R = S
+        rank = (M,) if mimo else ()   # the caller's layout: the rank axis is added below
         st = {"s_theta": np.zeros((S, H, F), work), "s_h": np.zeros((S, H, P, N), work),
-              "s_k": np.zeros((S, H, M, N), work), "s_v": np.zeros((S, H, M, P), work)}
+              "s_k": np.zeros((S, H, *rank, N), work), "s_v": np.zeros((S, H, *rank, P), work)}
         ids_ = None
     dims = M3Dims(S=S, T=T, H=H, P=P, N=N, G=G, M=M, F=F, R=R, mimo=mimo)
     out = {k: finish(v, work) for k, v in a.items()}
