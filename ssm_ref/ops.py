@@ -83,7 +83,9 @@ class Op:
     The testing kit's parts, each a callable or ``"module:attribute"`` text: make_case(seed,
     **dims) -> a case (``.op``, ``.dims``, ``.args()``, ``.cotangents``, ``.label``); cases(quick,
     seed) -> the fixed problems ``ssm-scan check`` runs; strategy() -> a hypothesis strategy of
-    cases; properties: name -> Property, those that apply to this op.
+    cases; properties: name -> Property, those that apply to this op; golden: name -> (what it
+    exercises, make_case's keyword arguments, seed included), the fixed cases of ``ssm-scan vectors
+    --op`` (None: its ``cases(quick=True, seed=0)``; the scan's are ssm_ref.testing.vectors.GOLDEN).
     letters: what each shape letter means."""
 
     name: str
@@ -101,6 +103,7 @@ class Op:
     cases: object = None
     strategy: object = None
     properties: object = None
+    golden: object = None
     letters: Mapping = field(default_factory=dict)
 
     # (the names below are derived once per op: the call paths read them)
@@ -344,6 +347,7 @@ MAMBA3 = register(Op(
     cases="ssm_ref.testing.mamba3_cases:cases",
     strategy="ssm_ref.testing.mamba3_cases:strategy",
     properties="ssm_ref.testing.properties.mamba3:PROPERTIES",
+    golden="ssm_ref.testing.mamba3_cases:GOLDEN",
     letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
              "N": "state size", "G": "groups of heads sharing B and C", "M": "MIMO rank (SISO: no rank axis)",
              "F": "rotated pairs (0 <= F <= N/2)", "R": "rows of the state cache"},

@@ -42,9 +42,41 @@ from ssm_ref.ops import MAMBA3
 
 from .cases import IDS_PATTERNS, OpCase, _default_R, _ids
 
-__all__ = ["IDS_PATTERNS", "REGIMES", "ROTATIONS", "cases", "elements", "make_case", "strategy"]
+__all__ = ["GOLDEN", "IDS_PATTERNS", "REGIMES", "ROTATIONS", "cases", "make_case", "strategy"]
 
 REGIMES = ("typical", "long_decay", "small_dA", "large_dt", "tiny", "large")
+
+
+# The golden vectors (``ssm-scan vectors --op mamba3_scan``): name -> (what it exercises, the
+# make_case arguments). Fixed seeds: the values never change.
+GOLDEN = {
+    "siso_tiny": ("the smallest interesting case: SISO, one group, one rotated pair, start states in rows 0..S-1",
+                  dict(seed=301, S=1, T=3, H=2, P=2, N=4, G=1, F=1)),
+    "siso_cache_rows": ("SISO, two groups of two heads, ids permuted into a cache of R = 3 > S = 2 rows",
+                        dict(seed=302, S=2, T=4, H=4, P=3, N=6, G=2, F=2, R=3, ids="permutation")),
+    "shared_rows": ("ids [2, 0, 2]: two sequences read one row, row 1 and 3 by none; d_s_* add the two",
+                    dict(seed=303, S=3, T=4, H=2, P=2, N=4, G=1, F=2, R=4, ids=[2, 0, 2])),
+    "no_states": ("no start states (all four None, ids None): zero start, the start gradients per sequence",
+                  dict(seed=304, S=2, T=3, H=2, P=2, N=4, G=1, F=1, states=False)),
+    "no_rotation": ("F = 0: nothing rotates (theta has no entries)", dict(seed=305, S=2, T=4, H=2, P=2, N=5, G=1, F=0)),
+    "mimo_halved": ("MIMO rank 2, halved pairs (j, j + N/2) on N/4 pairs, psi given, ids permuted",
+                    dict(seed=306, S=2, T=4, H=2, P=3, N=8, G=1, M=2, F=2, R=3, ids="permutation",
+                         rotation="halved")),
+    "mimo_psi_none": ("MIMO rank 4 with psi None (ones; no d_psi), halved pairs over the whole state (F = N/2)",
+                      dict(seed=307, S=2, T=3, H=2, P=2, N=4, G=2, M=4, F=2, psi=False, rotation="halved")),
+    "mimo_rank1": ("MIMO of rank 1: the rank axis of size 1 everywhere",
+                   dict(seed=308, S=1, T=3, H=2, P=2, N=4, G=1, M=1, F=1)),
+    "decode_step": ("T = 1 from cached states: one decoding step, MIMO rank 2",
+                    dict(seed=309, S=3, T=1, H=2, P=2, N=4, G=1, M=2, F=1, R=4, ids="unused")),
+    "no_tokens": ("T = 0: empty y, the outputs are the start states read at ids, the start gradients the "
+                  "cotangents", dict(seed=310, S=2, T=0, H=2, P=2, N=4, G=1, F=2, R=3, ids="permutation")),
+    "long_decay": ("T = 128 with alpha in [0.99, 0.9995]", dict(seed=311, S=1, T=128, H=2, P=2, N=4, G=1, F=1,
+                                                                 regime="long_decay")),
+    "large_dt": ("steps of 1 to 8: alpha near 0, the angles wrap mod 2*pi at most tokens",
+                 dict(seed=312, S=2, T=5, H=2, P=2, N=4, G=1, M=2, F=2, regime="large_dt")),
+    "wide_state": ("d_state 64, head_dim 16, 16 pairs (mamba_ssm's default rope_fraction 0.5)",
+                   dict(seed=313, S=1, T=4, H=2, P=16, N=64, G=1, F=16)),
+}
 
 
 def _rms_normed(rng, shape) -> np.ndarray:
@@ -167,13 +199,6 @@ def make_case(seed, *, S=2, T=5, H=2, P=3, N=4, G=1, M=None, F=None, R=None, ids
         inputs["ids"] = None
     dims = dict(S=S, T=T, H=H, P=P, N=N, G=G, **({"M": M} if mimo else {}), F=F, R=R if states else S)
     return OpCase(MAMBA3.name, dims, inputs, cot, regime, recipe, {"rotation": rotation})
-
-
-def elements(S, T, H, P, N, G, M, F, R) -> int:
-    """Elements of all inputs and loss gradients of a problem of these sizes (M = 1 for SISO)."""
-    per_token = S * (2 * H * P + 3 * H + 2 * M * G * N + H * F + M * H * P)
-    fixed = 2 * H * M * N + H * M * P + R * H * (F + P * N + M * N + M * P) + S * H * (F + P * N + M * N + M * P)
-    return T * per_token + fixed
 
 
 def cases(quick: bool = True, seed: int = 0) -> list:

@@ -278,7 +278,7 @@ def call(fn, op: str, args: Sequence, *, backend: str = "", K: int = 1, g_snapsh
 
 
 def kit_part(op: Op, what: str):
-    """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy" or "properties"):
+    """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy", "properties" or "golden"):
     what its declaration gives, or the attribute its ``"module:attribute"`` text names, imported
     here (the spec names the kit's parts, the kit imports them). ValueError when it declares none."""
     ref = getattr(op, what)
