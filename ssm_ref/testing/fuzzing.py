@@ -91,7 +91,7 @@ class FuzzReport:
             bad = any(f.backend == b and f.property == p for f in self.failures)
             skipped = self.unsupported.get((b, p), 0)
             with_k = self.with_k.get((b, p), 0)
-            lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
+            lines.append(f"  {b:10s} {p:20s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
                          + (f"  ({with_k} with K > 1)" if with_k else "")
                          + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
         for b, what in sorted(self.snapshots.items()):
