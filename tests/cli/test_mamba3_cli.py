@@ -59,7 +59,7 @@ def test_check_fails_a_wrong_port(wrong_port):
     assert "check: FAIL" in r.stdout and "y" in r.stdout
 
 
-def test_fuzz_runs_every_property_and_catches_a_wrong_port(wrong_port):
+def test_fuzz_runs_every_property_and_catches_a_wrong_port(wrong_port, tmp_path):
     from ssm_ref.testing.properties.mamba3 import PROPERTIES
 
     r = cli("fuzz", "--op", "mamba3", "--backend", "ref", "--minutes", "0.05", "--seed", "2")
@@ -67,10 +67,15 @@ def test_fuzz_runs_every_property_and_catches_a_wrong_port(wrong_port):
     lines = [x.split() for x in r.stdout.splitlines() if x.startswith("  ssm_ref")]
     assert sorted(x[1] for x in lines) == sorted(PROPERTIES) and all(x[-1] == "ok" for x in lines)
     r = cli("fuzz", "--op", "mamba3", "--backend", wrong_port, "--minutes", "0.05", "--seed", "2",
-            "--property", "oracle_forward")
+            "--property", "oracle_forward", "--save", tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL wrong_m3 oracle_forward" in r.stdout
     assert "reproduce: ssm_ref.testing.ports.kit_part(ssm_ref.ops.get('mamba3_scan'), 'make_case')(" in r.stdout
+    # the shrunk failure is saved as golden vectors of one case, which replay it
+    (saved,) = tmp_path.glob("mamba3_scan-wrong_m3-oracle_forward-*.vectors")
+    assert f"golden vectors: {saved}" in r.stdout
+    assert cli("verify", "--backend", wrong_port, "--vectors", saved).returncode == 1
+    assert cli("verify", "--backend", "ref", "--vectors", saved).returncode == 0
 
 
 def test_vectors_then_verify_of_a_port(tmp_path, wrong_port):
