@@ -135,7 +135,10 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False, op: str
     comes back with ``module=None`` and the reason. ``ssm_ggml:DEVICE`` is :func:`load_ggml`'s.
     """
     if is_ggml(name):
-        return load_ggml(name, requested, ggml_isolate)
+        b = load_ggml(name, requested, ggml_isolate)
+        if op != "ssm_scan" and b.module is not None and not hasattr(b.module, op):
+            return Backend(b.name, None, f"does not compute {op}", requested)
+        return b
     if is_path(name):
         mod = _load_file(name)
         label = re.sub(r"\.py$", "", Path(name).name)
