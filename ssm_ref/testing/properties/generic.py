@@ -188,7 +188,7 @@ def run_chunks(module, op: ops.Op, case, bounds: list, backward: bool) -> dict |
     grad_axes = {g.name: g.axes for g in op.grads}
     cot_axes = {"g_" + o.name: o.axes for o in op.outputs}
     state_out = {o for _, o in op.state}
-    state_grads = set(_grad_of_state(op).values()) | {g.name for g in op.grads if g.of in dict(op.state)}
+    state_grads = {g.name for g in op.grads if g.of in dict(op.state)}      # (the scan's d_s and d_s0)
     kw = keywords_of(case)
     args = case.args()
     calls = []
