@@ -116,9 +116,10 @@ __all__ = [
 
 
 def __dir__():
-    # The public names only (its public submodules: chunked, jvp, ops, packing, tolerance). The
-    # submodules that imports attach (checks, scan, results, memory, environ, testing) and numpy
-    # stay importable by their path, e.g. ``import ssm_ref.checks``, but are not the API.
+    # The public names only (its public submodules: chunked, jvp, mamba3_chunked, ops, packing,
+    # tolerance). The submodules that imports attach (checks, scan, mamba3, mamba3_checks, results,
+    # memory, environ, testing) and numpy stay importable by their path, e.g. ``import
+    # ssm_ref.checks``, but are not the API.
     return sorted(__all__)
 
 OPS = ("ssm_scan", "ssm_scan_back")

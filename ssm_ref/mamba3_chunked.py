@@ -31,15 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 from .chunked import chunk_tables
-from .mamba3 import rotate
+from .mamba3 import mod_2pi, rotate
 from .mamba3_checks import M3Problem, pair_index
 
 __all__ = ["forward"]
-
-
-def _mod_2pi(a: np.ndarray) -> np.ndarray:
-    two_pi = a.dtype.type(2 * np.pi)
-    return a - two_pi * np.floor(a / two_pi)
 
 
 def forward(p: M3Problem, L: int):
@@ -67,7 +62,7 @@ def forward(p: M3Problem, L: int):
             k_in, v_in = p.s_k[row, h], p.s_v[row, h]       # (M, N), (M, P)
             for t0 in range(0, T, L):
                 t1 = min(t0 + L, T)
-                ths = _mod_2pi(th[None] + np.cumsum(p.dtheta[i, t0:t1, h], axis=0))  # (Lc, F)
+                ths = mod_2pi(th[None] + np.cumsum(p.dtheta[i, t0:t1, h], axis=0))  # (Lc, F)
                 c, s = np.cos(ths)[:, None], np.sin(ths)[:, None]                   # (Lc, 1, F)
                 k = rotate(p.B[i, t0:t1, :, g] + p.B_bias[h][None], c, s, ia, ib)     # (Lc, M, N)
                 q = rotate(p.C[i, t0:t1, :, g] + p.C_bias[h][None], c, s, ia, ib)     # (Lc, M, N)
