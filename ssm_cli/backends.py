@@ -135,7 +135,10 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False, op: str
     comes back with ``module=None`` and the reason. ``ssm_ggml:DEVICE`` is :func:`load_ggml`'s.
     """
     if is_ggml(name):
-        return load_ggml(name, requested, ggml_isolate)
+        b = load_ggml(name, requested, ggml_isolate)
+        if op != "ssm_scan" and b.module is not None and not hasattr(b.module, op):
+            return Backend(b.name, None, f"does not compute {op}", requested)
+        return b
     if is_path(name):
         mod = _load_file(name)
         label = re.sub(r"\.py$", "", Path(name).name)
@@ -164,6 +167,8 @@ def load(name: str, requested: bool = False, ggml_isolate: bool = False, op: str
                          f"module of a port that computes it: {label} declares none)") from None
     problems = ports.interface_problems(mod, the_op)
     if problems:
+        if label in KNOWN and op != "ssm_scan" and not hasattr(mod, the_op.name):
+            return Backend(label, None, f"does not compute {op}", requested)
         if label in KNOWN:
             return Backend(label, None, f"not built yet ({', '.join(problems)})", requested)
         raise UsageError(f"--backend {label}: the module {', '.join(problems)} ({_HOW})")
@@ -195,15 +200,14 @@ def resolve(names: list[str] | None, device: str | None = None, ggml_isolate: bo
     """The backends of ``--backend`` (every known one when None: ssm_ggml only when named), in
     order. ``device`` sets SSM_VK_DEVICE first (before any Vulkan context exists);
     ``ggml_isolate`` runs ssm_ggml's calls in a worker process (check and fuzz). ``op``: the op
-    they must compute (ssm_ref.ops; another than the scan: only the backends named)."""
+    they must compute (ssm_ref.ops); without names, the built-in backends that do not compute it
+    come back unavailable, with that reason."""
     if device is not None:
         if not re.fullmatch(r"\d+", str(device)):
             raise UsageError(f"--device {device}: expected a device index (see ssm-scan info)")
         os.environ["SSM_VK_DEVICE"] = str(device)
     if not names:
-        if op != "ssm_scan":
-            raise UsageError(f"--op {op}: name the backends that compute it (--backend)")
-        return [load(n) for n in KNOWN]
+        return [load(n, op=op) for n in KNOWN]
     out = []
     for n in names:
         b = load(n, requested=True, ggml_isolate=ggml_isolate, op=op)

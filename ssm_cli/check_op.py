@@ -14,24 +14,26 @@ FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and ro
 FD_RTOL, FD_ATOL = 1e-7, 1e-11
 
 
-def fd_check(op, args: dict, cotangents: dict, rng) -> dict:
+def fd_check(op, args: dict, cotangents: dict, rng, keywords: dict | None = None) -> dict:
     """The float64 reference's gradients of ``op`` (ssm_ref.ops) against finite differences of its
-    forward, on :data:`FD_SAMPLES` entries of every float input, the loss the sum of each output
-    times its cotangent: {gradient: (max |fd - analytic|, bound)}."""
+    forward, on :data:`FD_SAMPLES` entries of every float input given (not None), the loss the sum
+    of each output times its cotangent, ``keywords`` (a case's, such as Mamba-3's rotation) passed
+    to every call: {gradient: (max |fd - analytic|, bound)}."""
     from ssm_ref.testing.properties.generic import output_of, reference_of
 
     args = {k: (np.asarray(v, dtype=np.float64) if v is not None and np.asarray(v).dtype.kind == "f" else v)
             for k, v in args.items()}
     cot = {k: np.asarray(v, dtype=np.float64) for k, v in cotangents.items()}
-    grads = reference_of(op, args, cot)
+    kw = dict(keywords or {})
+    grads = reference_of(op, args, cot, kw)
 
     def loss(**over) -> float:
-        r = op.forward(*(over.get(n, args.get(n)) for n in op.input_names), dtype=np.float64)
+        r = op.forward(*(over.get(n, args.get(n)) for n in op.input_names), dtype=np.float64, **kw)
         return float(sum(np.sum(np.asarray(output_of(r, o)) * cot["g_" + o]) for o in op.output_names))
 
     out = {}
     for name, gname in op.grad_of.items():
-        if args.get(name) is None:
+        if args.get(name) is None or grads.get(gname) is None or np.asarray(args[name]).size == 0:
             continue
         base = args[name]
         grad = np.asarray(grads[gname], dtype=np.float64)
@@ -57,7 +59,7 @@ def run(args, op, backs) -> int:
     (``Op.cases``), its reference in float64 checked against finite differences on the first two,
     then each backend's every output and gradient against it with the op's tolerance."""
     from ssm_ref.testing import ports
-    from ssm_ref.testing.properties.generic import reference
+    from ssm_ref.testing.properties.generic import keywords_of, reference
     from ssm_ref.tolerance import compare
 
     from . import check
@@ -76,18 +78,19 @@ def run(args, op, backs) -> int:
     for k, c in enumerate(cases):
         wants.append(reference(op, c, backward=True))
         if k < 2:
-            fd = fd_check(op, c.args(), c.cotangents, np.random.default_rng(args.seed + 100 + k))
+            fd = fd_check(op, c.args(), c.cotangents, np.random.default_rng(args.seed + 100 + k), keywords_of(c))
             report["oracle"][c.label] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
     for b in (b for b in backs if b.available):
         for c, want in zip(cases, wants, strict=True):
             row = {"backend": b.name, "problem": c.label, "ok": False, "where": "-", "computed_by": None,
                    "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
             try:
-                r = ports.call_op(b.module, op, c.args())
+                kw = keywords_of(c)
+                r = ports.call_op(b.module, op, c.args(), keywords=kw)
                 row["where"], row["computed_by"] = r.where, r.backend
                 got = dict(r.arrays)
                 try:
-                    got.update(ports.call_op(b.module, op, c.args(), c.cotangents).arrays)
+                    got.update(ports.call_op(b.module, op, c.args(), c.cotangents, keywords=kw).arrays)
                 except NotImplementedError:
                     row["no_backward"] = f"{op.backward_name} raised NotImplementedError"
             except Exception as e:   # a broken port is a failed check, reported, not a crash
@@ -96,7 +99,12 @@ def run(args, op, backs) -> int:
                 continue
             ok = True
             for name in cols:
-                if name in got:
+                if name in got and want.get(name) is None:
+                    continue        # the gradient of an input the case left None (d_psi): nothing to check
+                if name in got and got[name] is None:
+                    row["not_given"].append(name)
+                    ok = False
+                elif name in got:
                     cmp = compare(name, got[name], want[name], tol[name])
                     row["outputs"][name] = check.output_record(cmp, f"{b.name} {c.label}")
                     ok &= cmp.ok

@@ -70,10 +70,23 @@ def add_backend(p: argparse.ArgumentParser, what: str) -> None:
                         "cannot run here is exit code 2")
 
 
+# Short names --op takes for the declared ops (ssm_ref.ops), as --backend takes ref, fast, vk.
+OP_ALIASES = {"scan": "ssm_scan", "mamba3": "mamba3_scan"}
+
+
+def op_name(text: str) -> str:
+    """An argparse ``type``: the declared name of ``--op`` (a short name of :data:`OP_ALIASES`
+    becomes its op's name; any other name is kept, checked where the op is looked up: a port's
+    module may declare it)."""
+    return OP_ALIASES.get(text, text)
+
+
 def add_op(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--op", default="ssm_scan", metavar="NAME",
-                   help="the op: ssm_scan (the default), or an op declared in ssm_ref.ops or by the module of a "
-                        "--backend that computes it (docs/ARCHITECTURE.md, \"Adding an op\")")
+    short = ", ".join(f"{k} = {v}" for k, v in OP_ALIASES.items())
+    p.add_argument("--op", default="ssm_scan", metavar="NAME", type=op_name,
+                   help="the op: ssm_scan (the default), mamba3_scan, or an op declared in ssm_ref.ops or by the "
+                        "module of a --backend that computes it (docs/ARCHITECTURE.md, \"Adding an op\"); short "
+                        f"names: {short}")
 
 
 def scan_only(args, what: str) -> None:

@@ -94,7 +94,7 @@ def _fuzz_op(args, runnable, fuzz) -> int:
     tol = {k: t.times(args.tol_scale) for k, t in op.tol().items()}
     print(f"fuzzing {op.name} on " + ", ".join(b.name for b in runnable) + f" for {args.minutes:g} min", flush=True)
     report = fuzz([b.module for b in runnable], minutes=args.minutes, properties=args.property, tol=tol,
-                  seed=args.seed, log=print, op=op)
+                  seed=args.seed, log=print, op=op, save_dir=args.save)
     print(report.summary())
     return common.EXIT_OK if report.ok else common.EXIT_FAIL
 

@@ -6,7 +6,7 @@ A command is a module of this package, in one of two forms:
   shown verbatim), ``add_arguments(parser)`` and
   ``run(args) -> exit code`` (info, check, bench, build-shaders, demo);
 - ``add_parser(subparsers)``, which registers the command itself with ``set_defaults(func=run)``
-  (fuzz, vectors).
+  (fuzz, vectors, verify).
 
 Adding a command is one line in :data:`COMMANDS`. Modules import the heavy packages inside
 ``run`` so that ``--help`` and ``--version`` stay fast. The help is for users: what a command does
@@ -31,6 +31,7 @@ COMMANDS = (
     ("demo", "demo"),
     ("fuzz", "fuzz"),
     ("vectors", "vectors"),
+    ("verify", "verify"),
 )
 
 

@@ -75,12 +75,17 @@ class Op:
     argument before any work); check_backward likewise with the cotangents
     tolerance: output and gradient name -> Tol, a float32 result against the float64 reference
     (or a function of no arguments that returns that table)
-    state: (the start-state input, the final-state output) a call carries from one token range to
-    the next, or None
+    state: the state a call carries from one token range to the next, as a tuple of (start-state
+    input, final-state output) pairs, one per part (the scan's one: (("s", "states"),); an op with
+    a state of several parts names each), or None. A start-state input with an "R" axis is a cache
+    read at the op's index input (axes "S": each sequence's row; None: arange(S)), as the scan's
+    ``s`` at ``ids``; the op-generic properties rely on that reading
     The testing kit's parts, each a callable or ``"module:attribute"`` text: make_case(seed,
     **dims) -> a case (``.op``, ``.dims``, ``.args()``, ``.cotangents``, ``.label``); cases(quick,
     seed) -> the fixed problems ``ssm-scan check`` runs; strategy() -> a hypothesis strategy of
-    cases; properties: name -> Property, those that apply to this op.
+    cases; properties: name -> Property, those that apply to this op; golden: name -> (what it
+    exercises, make_case's keyword arguments, seed included), the fixed cases of ``ssm-scan vectors
+    --op`` (None: its ``cases(quick=True, seed=0)``; the scan's are ssm_ref.testing.vectors.GOLDEN).
     letters: what each shape letter means."""
 
     name: str
@@ -93,11 +98,12 @@ class Op:
     check_forward: object
     check_backward: object
     tolerance: object = None
-    state: tuple | None = None
+    state: tuple | None = None    # ((input, output), ...)
     make_case: object = None
     cases: object = None
     strategy: object = None
     properties: object = None
+    golden: object = None
     letters: Mapping = field(default_factory=dict)
 
     # (the names below are derived once per op: the call paths read them)
@@ -156,6 +162,13 @@ def register(op: Op) -> Op:
     stray = [g.of for g in op.grads if g.of not in op.float_inputs]
     if stray:
         raise ValueError(f"op {op.name!r}: gradients of {stray}, which are no float inputs of it")
+    if op.state is not None:
+        pairs = op.state if isinstance(op.state, tuple) else ()
+        bad = [p for p in pairs if not (isinstance(p, tuple) and len(p) == 2 and p[0] in op.input_names
+                                        and p[1] in op.output_names)]
+        if not pairs or bad:
+            raise ValueError(f"op {op.name!r}: state must be a non-empty tuple of (input, output) pairs of its "
+                             f"names, got {op.state!r}")
     OPS[op.name] = op
     return op
 
@@ -232,7 +245,7 @@ SCAN = register(Op(
     check_forward=_check_forward,
     check_backward=_check_backward,
     tolerance=_scan_tolerance,
-    state=("s", "states"),
+    state=(("s", "states"),),
     make_case="ssm_ref.testing.cases:make_problem",
     strategy="ssm_ref.testing.strategies:problems",
     properties="ssm_ref.testing.properties:PROPERTIES",
@@ -334,6 +347,7 @@ MAMBA3 = register(Op(
     cases="ssm_ref.testing.mamba3_cases:cases",
     strategy="ssm_ref.testing.mamba3_cases:strategy",
     properties="ssm_ref.testing.properties.mamba3:PROPERTIES",
+    golden="ssm_ref.testing.mamba3_cases:GOLDEN",
     letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
              "N": "state size", "G": "groups of heads sharing B and C", "M": "MIMO rank (SISO: no rank axis)",
              "F": "rotated pairs (0 <= F <= N/2)", "R": "rows of the state cache"},

@@ -8,8 +8,9 @@ executable spec (docs/PORTING.md). It imports the spec; the spec never imports i
 Modules, one per concern:
 
     verification   verify: a callable or a port against the golden cases, with a report
-    vectors        the golden cases (golden_cases, write_vectors, read_vectors)
-    cases          whole problems from a seed: make_problem, Case, the value regimes
+    vectors        the golden cases of any op (golden_cases, write_vectors, read_vectors)
+    cases          whole problems from a seed: make_problem, Case, the value regimes; OpCase (any op)
+    mamba3_cases   Mamba-3's problems (make_case, cases, strategy, GOLDEN)
     properties     the properties every backend must have, as plain functions (PROPERTIES)
     strategies     hypothesis strategies drawing whole problems (needs hypothesis)
     fuzzing        a time-boxed fuzzer over the properties (needs hypothesis); ``ssm-scan fuzz``

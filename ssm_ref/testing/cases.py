@@ -127,8 +127,11 @@ class Case:
 class OpCase:
     """One problem of any declared op (ssm_ref.ops): its sizes by shape letter, its inputs and the
     loss gradients (``cotangents``, "g_" + each output's name) by name, float32 (index inputs
-    int64 or None). What the op-generic properties (ssm_ref.testing.properties.generic) and
-    ``ssm-scan check --op`` run; the scan's own problems are :class:`Case`."""
+    int64 or None; an optional input may be None). ``keywords``: the keyword arguments of every
+    call of the op on this problem, the forward's, the backward's and the reference's alike
+    (Mamba-3's ``rotation``); empty for most ops. What the op-generic properties
+    (ssm_ref.testing.properties.generic) and ``ssm-scan check --op`` run; the scan's own
+    problems are :class:`Case`."""
 
     op: str
     dims: dict
@@ -136,6 +139,7 @@ class OpCase:
     cotangents: dict = field(repr=False)
     regime: str = "typical"
     recipe: dict | None = None
+    keywords: dict = field(default_factory=dict)
 
     def args(self, dtype=None) -> dict:
         """Fresh copies of the inputs (the float ones widened to ``dtype`` if given) by name."""
@@ -150,7 +154,9 @@ class OpCase:
     @property
     def label(self) -> str:
         seed = f" seed={self.recipe['seed']}" if self.recipe else ""
-        return f"{self.op} " + " ".join(f"{k}={v}" for k, v in self.dims.items()) + f" regime={self.regime}{seed}"
+        kw = "".join(f" {k}={v}" for k, v in self.keywords.items())
+        return (f"{self.op} " + " ".join(f"{k}={v}" for k, v in self.dims.items())
+                + f"{kw} regime={self.regime}{seed}")
 
 
 def _ids(rng, pattern: str, S: int, R: int):

@@ -91,7 +91,7 @@ class FuzzReport:
             bad = any(f.backend == b and f.property == p for f in self.failures)
             skipped = self.unsupported.get((b, p), 0)
             with_k = self.with_k.get((b, p), 0)
-            lines.append(f"  {b:10s} {p:18s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
+            lines.append(f"  {b:10s} {p:20s} {self.checked.get((b, p), 0):6d} checked  {'FAIL' if bad else 'ok'}"
                          + (f"  ({with_k} with K > 1)" if with_k else "")
                          + (f"  ({skipped} drawn problems declined by supports())" if skipped else ""))
         for b, what in sorted(self.snapshots.items()):
@@ -187,7 +187,8 @@ def fuzz(backends, *, minutes: float, properties=None, regimes=REGIMES, tol=None
     properties of the backward alone are listed as not applicable, the others check the forward.
     op: another declared op (ssm_ref.ops) than the scan: its own properties (``Op.properties``;
     default all), problems (``Op.strategy``, which takes no sizes) and tolerance; the scan's
-    snapshots, regression files and supports() filter are the scan's alone.
+    snapshots, regression files and supports() filter are the scan's alone (with ``save_dir`` another
+    op's failure is written as golden vectors of one case, which ``verify(port, vectors=...)`` replays).
     Raises ValueError for an unknown property or regime, a backend that is no port, or minutes
     that are not a positive number. Returns a FuzzReport; a failure caused by an exception
     carries its traceback in its message.
@@ -320,4 +321,11 @@ def _failure(module, key, prop, case: Case, tol, save_dir) -> Failure:
 
             folder = Path(save_dir) / (saved.stem + ".vectors")
             f.vectors = str(write_case(folder, case, saved.stem, message.splitlines()[0] if message else "").parent)
+    elif save_dir is not None:   # another op's failure: its golden vectors (verify(port, vectors=...) replays it)
+        from .vectors import write_case
+
+        seed = case.recipe["seed"] if case.recipe else 0
+        stem = f"{case.op}-{key[0]}-{key[1]}-{seed}"
+        folder = Path(save_dir) / (stem + ".vectors")
+        f.vectors = str(write_case(folder, case, stem, message.splitlines()[0] if message else "").parent)
     return f

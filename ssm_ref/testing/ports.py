@@ -278,7 +278,7 @@ def call(fn, op: str, args: Sequence, *, backend: str = "", K: int = 1, g_snapsh
 
 
 def kit_part(op: Op, what: str):
-    """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy" or "properties"):
+    """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy", "properties" or "golden"):
     what its declaration gives, or the attribute its ``"module:attribute"`` text names, imported
     here (the spec names the kit's parts, the kit imports them). ValueError when it declares none."""
     ref = getattr(op, what)
@@ -290,14 +290,18 @@ def kit_part(op: Op, what: str):
     return ref
 
 
-def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None) -> PortResult:
-    """Any declared op (ssm_ref.ops) on ``port``: its forward, ``port.<op.name>(*inputs)``, or with
-    ``cotangents`` its backward, ``port.<op.backward_name>(*inputs, *cotangents)``, the arguments
-    positional in the op's order (``args`` and ``cotangents`` by name, a missing one None). The
-    result is read by the op's names: an object with them as attributes, a mapping with them as
-    keys, or a tuple or list in the op's order. Raises TypeError for a result of no such form;
-    whatever the port raises propagates. (The scan's own reading, :func:`call`, also takes ggml's
-    packed layouts and the K state snapshots.)"""
+def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None, keywords: Mapping | None = None
+            ) -> PortResult:
+    """Any declared op (ssm_ref.ops) on ``port``: its forward, ``port.<op.name>(*inputs,
+    **keywords)``, or with ``cotangents`` its backward, ``port.<op.backward_name>(*inputs,
+    *cotangents, **keywords)``, the arguments positional in the op's order (``args`` and
+    ``cotangents`` by name, a missing one None) and ``keywords`` (a case's, such as Mamba-3's
+    rotation) by name. The result is read by the op's names: an object with them as attributes,
+    a mapping with them as keys, or a tuple or list in the op's order. The gradient of an optional
+    input given as None may be None (Mamba-3's d_psi without psi); it is kept as None. Raises
+    TypeError for a result of no such form, or None where an array is due; whatever the port
+    raises propagates. (The scan's own reading, :func:`call`, also takes ggml's packed layouts
+    and the K state snapshots.)"""
     backward = cotangents is not None
     fn_name = op.backward_name if backward else op.name
     fn = getattr(port, fn_name, None)
@@ -306,7 +310,7 @@ def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None) -> P
     pos = tuple(args.get(n) for n in op.input_names)
     if backward:
         pos += tuple(cotangents.get(n) for n in op.cotangent_names)
-    out = fn(*pos)
+    out = fn(*pos, **dict(keywords or {}))
     names = op.grad_names if backward else op.output_names
     forms = f"an object with the attributes {names}, a mapping with those keys, or a tuple in that order"
     if isinstance(out, Mapping):
@@ -322,7 +326,10 @@ def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None) -> P
         got = {k: getattr(out, k) for k in names}
     else:
         raise TypeError(f"{fn_name} returned {type(out).__name__}: expected {forms}")
-    return PortResult(fn_name, {k: _array(fn_name, k, v) for k, v in got.items()}, *origin(out, port_name(port)))
+    # the gradients that may be None: those of optional inputs the call left None
+    may_be_none = {g.name for g in op.grads if backward and args.get(g.of) is None} if backward else set()
+    arrays = {k: None if v is None and k in may_be_none else _array(fn_name, k, v) for k, v in got.items()}
+    return PortResult(fn_name, arrays, *origin(out, port_name(port)))
 
 
 def args_of(kwargs: Mapping, *extra) -> tuple:

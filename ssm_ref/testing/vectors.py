@@ -23,22 +23,33 @@ T the start state, slots k > T NaN) among the expected arrays; with K > 1 also `
 g_snapshots is the final state's gradient), g_packed and fwd_packed in the layout with K slots
 (g_y | g_snapshots, y | snapshots), and the gradients those of sum(y * g_y) + sum(snapshots *
 g_snapshots). ggml writes only the slots k < T (ssm_ref.testing.ports, "ggml").
+
+Any other declared op (ssm_ref.ops; ``op=`` of each function) has golden vectors by its
+declaration: its fixed cases (``Op.golden``: name -> (what it exercises, make_case's keyword
+arguments, seed included); without one, its ``cases(quick=True, seed=0)``), the inputs by the
+op's names (float32; index inputs int32; an optional input left None is not written), the
+cotangents (``g_`` + each output), and as expected arrays every output and gradient of the float64
+reference (a gradient the reference gives as None, such as Mamba-3's d_psi without psi, is not
+written). No packed layouts: those are ggml's SSM_SCAN's. The manifest names the op of every case
+(``"op"``; absent: ssm_scan) and the keyword arguments of its calls (``"keywords"``: Mamba-3's
+rotation).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ssm_ref import ops
 from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import F32_TOL, T_MEASURED
 
 from .cases import Case, make_problem
 
-__all__ = ["GOLDEN", "Golden", "golden_cases", "read_vectors", "write_case", "write_vectors"]
+__all__ = ["GOLDEN", "Golden", "golden_cases", "golden_table", "read_vectors", "write_case", "write_vectors"]
 
 FORMAT = "ssm-scan golden vectors 1"
 INPUTS = (*SCAN.input_names, *SCAN.cotangent_names, "g_packed")                     # s .. ids, g_y, g_states
@@ -83,8 +94,8 @@ GOLDEN = {
 @dataclass(frozen=True)
 class Golden:
     """One golden case: ``inputs`` and ``expected`` arrays by name (see the module docstring),
-    its dims (S T H P N G R, and K for a case of snapshots), the case it was made from, and the
-    tolerance table for its T."""
+    its dims (S T H P N G R, and K for a case of snapshots; another op's own letters), the op it is
+    a case of, the keyword arguments of its calls, and the tolerance table for its T."""
 
     name: str
     description: str
@@ -93,11 +104,15 @@ class Golden:
     regime: str
     inputs: dict
     expected: dict
+    op: str = SCAN.name
+    keywords: dict = field(default_factory=dict)
 
     @property
     def tol(self) -> dict:
         from ssm_ref.tolerance import scaled
 
+        if self.op != SCAN.name:
+            return dict(ops.get(self.op).tol())
         return scaled(F32_TOL, self.dims["T"])
 
     @property
@@ -131,14 +146,56 @@ def _golden(name: str, description: str, case: Case, snapshots: bool = False) ->
                   regime=case.regime, inputs=inputs, expected=expected)
 
 
-def golden_cases(names=None) -> list[Golden]:
-    """The golden cases (all of GOLDEN, or those named), computed with ssm_ref's float64 oracle.
-    Raises KeyError for an unknown name."""
+def golden_table(op=SCAN) -> dict:
+    """The golden cases of ``op`` (an Op or its name): name -> (what it exercises, keyword arguments
+    of its case maker, seed included). The scan's is :data:`GOLDEN`; another op's its declared
+    ``golden`` (else its ``cases(quick=True, seed=0)``, named ``<op>_<k>``, recipe None)."""
+    from . import ports
+
+    op = ops.get(op) if isinstance(op, str) else op
+    if op.name == SCAN.name:
+        return GOLDEN
+    if op.golden is not None:
+        return dict(ports.kit_part(op, "golden"))
+    return {f"{op.name}_{k}": (c.label, None) for k, c in enumerate(ports.kit_part(op, "cases")(quick=True, seed=0))}
+
+
+def _op_golden(op: ops.Op, name: str, description: str, case) -> Golden:
+    """One golden case of an op other than the scan, from its OpCase (module docstring)."""
+    from .properties.generic import keywords_of, reference_of
+
+    args, cot = case.args(), case.cotangents
+    kw = keywords_of(case)
+    want = reference_of(op, case.args(np.float64), cot, kw)
+    index = {a.name for a in op.inputs if a.kind == "index"}
+    inputs = {n: (args[n].astype(np.int32) if n in index else args[n])
+              for n in op.input_names if args.get(n) is not None}
+    inputs.update({n: np.asarray(cot[n], np.float32) for n in op.cotangent_names if cot.get(n) is not None})
+    expected = {n: want[n] for n in (*op.output_names, *op.grad_names) if want.get(n) is not None}
+    return Golden(name=name, description=description, dims=dict(case.dims), variant="", regime=case.regime,
+                  inputs=inputs, expected=expected, op=op.name, keywords=kw)
+
+
+def golden_cases(names=None, op=SCAN) -> list[Golden]:
+    """The golden cases of ``op`` (the scan by default; an Op or its name): all of its table
+    (:func:`golden_table`) or those named, computed with ssm_ref's float64 oracle. Raises KeyError
+    for an unknown name."""
+    from . import ports
+
+    op = ops.get(op) if isinstance(op, str) else op
+    table = golden_table(op)
     out = []
-    for name in (GOLDEN if names is None else names):
-        description, recipe = GOLDEN[name]
-        kw = dict(recipe)
-        out.append(_golden(name, description, make_problem(kw.pop("seed"), **kw), snapshots="K" in recipe))
+    for name in (table if names is None else names):
+        description, recipe = table[name]
+        if op.name == SCAN.name:
+            kw = dict(recipe)
+            out.append(_golden(name, description, make_problem(kw.pop("seed"), **kw), snapshots="K" in recipe))
+        elif recipe is None:       # an op without a golden table: its fixed cases, in order
+            case = ports.kit_part(op, "cases")(quick=True, seed=0)[list(table).index(name)]
+            out.append(_op_golden(op, name, description, case))
+        else:
+            kw = dict(recipe)
+            out.append(_op_golden(op, name, description, ports.kit_part(op, "make_case")(kw.pop("seed"), **kw)))
     return out
 
 
@@ -154,17 +211,20 @@ def _layout(g: Golden) -> list[dict]:
     return entries
 
 
-def write_vectors(out_dir, names=None) -> Path:
-    """Write the golden cases to ``out_dir`` (created if needed); returns the manifest's path."""
-    return _write(out_dir, golden_cases(names))
+def write_vectors(out_dir, names=None, op=SCAN) -> Path:
+    """Write the golden cases of ``op`` (the scan by default) to ``out_dir`` (created if needed);
+    returns the manifest's path."""
+    return _write(out_dir, golden_cases(names, op))
 
 
-def write_case(out_dir, case: Case, name: str, description: str = "") -> Path:
-    """Write one drawn or rebuilt :class:`ssm_ref.testing.cases.Case` (a fuzzer's shrunk failure, say) as
-    golden vectors in ``out_dir``, in the format of :func:`write_vectors` (a manifest.json of one
-    case, ``<name>.bin`` and ``<name>.npz``); the expected outputs are the float64 oracle's.
-    Returns the manifest's path."""
-    return _write(out_dir, [_golden(name, description, case)])
+def write_case(out_dir, case, name: str, description: str = "") -> Path:
+    """Write one drawn or rebuilt case (a fuzzer's shrunk failure, say) as golden vectors in
+    ``out_dir``, in the format of :func:`write_vectors` (a manifest.json of one case,
+    ``<name>.bin`` and ``<name>.npz``); the expected outputs are the float64 oracle's. ``case``:
+    a scan :class:`ssm_ref.testing.cases.Case` or another op's OpCase. Returns the manifest's path."""
+    if isinstance(case, Case):
+        return _write(out_dir, [_golden(name, description, case)])
+    return _write(out_dir, [_op_golden(ops.get(case.op), name, description, case)])
 
 
 def _write(out_dir, goldens: list[Golden]) -> Path:
@@ -183,17 +243,19 @@ def _write(out_dir, goldens: list[Golden]) -> Path:
             blob[e["offset"]:e["offset"] + e["nbytes"]] = le.tobytes()
         (d / f"{g.name}.bin").write_bytes(bytes(blob))
         np.savez(d / f"{g.name}.npz", **arrays)
-        cases.append({"name": g.name, "description": g.description, "dims": g.dims, "variant": g.variant,
+        cases.append({"name": g.name, "description": g.description, "op": g.op, "keywords": g.keywords,
+                      "dims": g.dims, "variant": g.variant,
                       "regime": g.regime, "bin": f"{g.name}.bin", "npz": f"{g.name}.npz",
                       "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in g.tol.items()},
                       "arrays": layout})
     manifest = {
         "format": FORMAT, "ssm_ref_version": ssm_ref.__version__, "byte_order": "little",
+        "ops": sorted({g.op for g in goldens}),
         "layout": "C order (numpy shape; ggml ne is the reverse); offsets are multiples of 8",
         "expected_precision": "float64 oracle for structured outputs; packed blocks rounded to float32",
         "tolerance_rule": "||got - want||_2 <= rtol * ||want||_2 + atol * sqrt(size), over finite entries; "
-                          f"non-finite entries (nan, +inf, -inf) must match exactly; when T > {T_MEASURED} the "
-                          f"table is scaled by T / {T_MEASURED} (already applied in each case's table)",
+                          f"non-finite entries (nan, +inf, -inf) must match exactly; each case's table is the one to "
+                          f"use (ssm_scan's: scaled by T / {T_MEASURED} when T > {T_MEASURED}, already applied)",
         "cases": cases,
     }
     path = d / "manifest.json"
@@ -220,5 +282,6 @@ def read_vectors(in_dir) -> list[Golden]:
             v = np.frombuffer(blob[e["offset"]:end], dtype=dt).reshape(e["shape"])
             arrays[e["role"]][e["name"]] = v.astype(dt.newbyteorder("="))
         out.append(Golden(name=c["name"], description=c["description"], dims=c["dims"], variant=c["variant"],
-                          regime=c["regime"], inputs=arrays["input"], expected=arrays["expected"]))
+                          regime=c["regime"], inputs=arrays["input"], expected=arrays["expected"],
+                          op=c.get("op", SCAN.name), keywords=dict(c.get("keywords") or {})))
     return out

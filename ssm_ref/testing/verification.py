@@ -23,6 +23,10 @@ the backward with ``g_snapshots=``; the cases of K > 1 are left out for one that
 ERROR row when named in ``cases``), and the K = 1 case checks its y and states. ``verify`` never
 raises: bad arguments (neither callable, a missing vectors directory, unknown case names) and
 whatever the callables raise become ERROR rows.
+
+Any other declared op (``op="mamba3_scan"``) is verified against its own golden cases
+(ssm_ref.testing.vectors: ``ssm-scan vectors --op NAME``) through its declaration: inputs,
+outputs and gradients by name, the case's keyword arguments passed to every call.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
+from ssm_ref import ops
 from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
 
@@ -138,18 +144,19 @@ def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dic
             rows.append(VerifyRow(g.name, "snapshots" if n == K else f"snapshots[:{n}]", c))
 
 
-def _callables(fn_forward, fn_backward) -> tuple:
-    """(forward, backward, name, problems, kind): a port module becomes its two functions and its
-    SNAPSHOTS kind ("" for callables)."""
-    if fn_forward is not None and not callable(fn_forward) and hasattr(fn_forward, "ssm_scan"):
+def _callables(fn_forward, fn_backward, op: ops.Op = SCAN) -> tuple:
+    """(forward, backward, name, problems, kind): a port module becomes its two functions of
+    ``op`` and its SNAPSHOTS kind ("" for callables and for ops other than the scan)."""
+    if fn_forward is not None and not callable(fn_forward) and hasattr(fn_forward, op.name):
         port = fn_forward
-        problems = [f"fn_forward: the port {ports.port_name(port)} {p}" for p in ports.interface_problems(port)]
+        problems = [f"fn_forward: the port {ports.port_name(port)} {p}" for p in ports.interface_problems(port, op)]
         if fn_backward is not None:
-            problems.append("fn_backward: give a port module alone (its ssm_scan_back is used), not with "
+            problems.append(f"fn_backward: give a port module alone (its {op.backward_name} is used), not with "
                             "fn_backward")
         if problems:
             return None, None, "", problems, ""
-        return port.ssm_scan, port.ssm_scan_back, ports.port_name(port), [], ports.snapshot_kind(port)
+        kind = ports.snapshot_kind(port) if op.name == SCAN.name else ""
+        return getattr(port, op.name), getattr(port, op.backward_name), ports.port_name(port), [], kind
     problems = []
     if fn_forward is None and fn_backward is None:
         problems.append("give fn_forward, fn_backward or both (or a port module as fn_forward)")
@@ -160,17 +167,60 @@ def _callables(fn_forward, fn_backward) -> tuple:
     return fn_forward, fn_backward, name, problems, ""
 
 
-def _tol_problem(tol) -> str:
+def _op_of(op, goldens) -> tuple:
+    """(the Op to verify, a problem or ""): ``op`` given (a name or an Op), else the one op of the
+    vectors read (``goldens``), else the scan."""
+    if op is None:
+        found = sorted({g.op for g in goldens or ()})
+        if len(found) > 1:
+            return None, f"op: the vectors hold cases of {found}: name the op to verify"
+        op = found[0] if found else SCAN
+    if isinstance(op, ops.Op):
+        return op, ""
+    try:
+        return ops.get(op), ""
+    except ValueError as e:
+        return None, str(e)
+
+
+def _check_op(rows: list, g, fn, op: ops.Op, backward: bool, tol: dict, backend: str) -> None:
+    """One golden case of an op other than the scan on ``fn`` (its forward, or with ``backward``
+    its backward), read through ssm_ref.testing.ports.call_op: a row per output (gradient)."""
+    fn_name = op.backward_name if backward else op.name
+    port = SimpleNamespace(NAME=backend, **{fn_name: fn})
+    args = {k: np.array(g.inputs[k]) for k in op.input_names if k in g.inputs}
+    cot = {k: np.array(g.inputs[k]) for k in op.cotangent_names if k in g.inputs} if backward else None
+    try:
+        got = ports.call_op(port, op, args, cot, keywords=g.keywords)
+    except Exception as e:  # the port's own error: reported, not raised
+        rows.append(VerifyRow(g.name, "backward" if backward else "forward", None, ports.error_text(e),
+                              ports.traceback_text(e)))
+        return
+    for k in op.grad_names if backward else op.output_names:
+        have, want = got.arrays.get(k), g.expected.get(k)
+        if have is None and want is None:     # the gradient of an input left None: none on either side
+            continue
+        if want is None:
+            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned {k}, expected None (its input "
+                                                   "was not given)"))
+        elif have is None:
+            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned None for {k}"))
+        else:
+            rows.append(VerifyRow(g.name, k, compare(k, have, want, tol[k])))
+
+
+def _tol_problem(tol, op: ops.Op = SCAN) -> str:
     if tol is None:
         return ""
     if not isinstance(tol, Mapping):
         return f"tol: expected a mapping output -> Tol (ssm_ref.tolerance.F32_TOL), got {type(tol).__name__}"
-    missing = [k for k in OUTPUTS if k not in tol]
-    bad = [k for k in OUTPUTS if k in tol and not all(
+    names = OUTPUTS if op.name == SCAN.name else (*op.output_names, *op.grad_names)
+    missing = [k for k in names if k not in tol]
+    bad = [k for k in names if k in tol and not all(
         isinstance(getattr(tol[k], a, None), int | float) and math.isfinite(getattr(tol[k], a)) and
         getattr(tol[k], a) >= 0 for a in ("rtol", "atol"))]
     if missing or bad:
-        return (f"tol: expected a Tol (finite rtol, atol >= 0) for every output of {list(OUTPUTS)}"
+        return (f"tol: expected a Tol (finite rtol, atol >= 0) for every output of {list(names)}"
                 + (f"; missing {missing}" if missing else "") + (f"; not a Tol: {bad}" if bad else ""))
     return ""
 
@@ -189,7 +239,8 @@ def _case_names(cases) -> tuple[list | None, str]:
     return names, ""
 
 
-def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, snapshots=None) -> VerifyReport:
+def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, snapshots=None,
+           op=None) -> VerifyReport:
     """Check ``fn_forward`` / ``fn_backward`` against the golden vectors; returns a VerifyReport.
 
     fn_forward may also be a port module (NAME, ssm_scan, ssm_scan_back, supports; docs/PORTING.md,
@@ -202,17 +253,36 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
     float64 implementation) scaled for the case's T. snapshots: what the callables take of K
     (a port's SNAPSHOTS: None, "all" or "ggml"; module docstring); default: the port module's
     own declaration, none for callables.
+    op: the declared op (ssm_ref.ops; a name or an Op) whose golden cases to check: default the op
+    of the ``vectors`` folder, else ssm_scan. For another op than the scan, a port module gives
+    its functions of that op (``mamba3_scan``, ``mamba3_scan_back``), the callables are called with
+    the op's inputs positional in its declared order (an input the case leaves None passed as None;
+    the backward then the cotangents) and the case's keywords (Mamba-3's ``rotation``), their
+    results read by the op's names (ssm_ref.testing.ports.call_op), every output and gradient
+    compared with the op's tolerance (``tol``: default the declaration's).
     Never raises: an exception from a callable becomes an ERROR row of that case (with its
     traceback), a bad argument an ERROR row of case "-"; either makes the report not ok.
     """
-    from .vectors import GOLDEN, golden_cases, read_vectors
+    from .vectors import golden_cases, golden_table, read_vectors
 
     report = VerifyReport()
 
     def arg_error(output: str, message: str) -> None:
         report.rows.append(VerifyRow("-", output, None, message))
 
-    fwd, back, name, problems, kind = _callables(fn_forward, fn_backward)
+    goldens = None
+    if vectors is not None:
+        try:
+            goldens = read_vectors(vectors)
+        except Exception as e:  # missing directory, unreadable or foreign files
+            arg_error("vectors", f"vectors: cannot read golden vectors from {str(vectors)!r}: {ports.error_text(e)}")
+            return report
+    the_op, why = _op_of(op, goldens)
+    if why:
+        arg_error("op", why)
+        return report
+    scan = the_op.name == SCAN.name
+    fwd, back, name, problems, kind = _callables(fn_forward, fn_backward, the_op)
     for msg in problems:
         arg_error("arguments", msg)
     if snapshots is not None:
@@ -220,7 +290,7 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
             kind = ports.snapshot_kind(type("Port", (), {"SNAPSHOTS": snapshots}))
         except TypeError:
             arg_error("snapshots", f"snapshots: expected None, 'all' or 'ggml', got {snapshots!r}")
-    why = _tol_problem(tol)
+    why = _tol_problem(tol, the_op)
     if why:
         arg_error("tol", why)
     names, why = _case_names(cases)
@@ -228,13 +298,14 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
         arg_error("cases", why)
     if report.rows:
         return report
-    if vectors is None:
-        available = list(GOLDEN)
+    if goldens is None:
+        available = list(golden_table(the_op))
     else:
-        try:
-            goldens = read_vectors(vectors)
-        except Exception as e:  # missing directory, unreadable or foreign files
-            arg_error("vectors", f"vectors: cannot read golden vectors from {str(vectors)!r}: {ports.error_text(e)}")
+        others = sorted({g.op for g in goldens if g.op != the_op.name})
+        goldens = [g for g in goldens if g.op == the_op.name]
+        if not goldens:
+            arg_error("vectors", f"vectors: {str(vectors)!r} holds no case of {the_op.name}"
+                                 + (f" (its cases are of {others})" if others else ""))
             return report
         available = [g.name for g in goldens]
     unknown = [n for n in names or () if n not in available]
@@ -242,10 +313,16 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
         arg_error("cases", f"cases: unknown case {n!r}; the cases are: {', '.join(available)}")
     wanted = [n for n in (available if names is None else names) if n in available]
     if vectors is None:
-        goldens = golden_cases(wanted)
+        goldens = golden_cases(wanted, the_op)
     else:
         goldens = [g for g in goldens if g.name in set(wanted)]
     for g in goldens:
+        if not scan:
+            t = g.tol if tol is None else tol
+            for fn, backward in ((fwd, False), (back, True)):
+                if fn is not None:
+                    _check_op(report.rows, g, fn, the_op, backward, t, name)
+            continue
         if g.K > 1 and not kind:
             if names is not None and g.name in names:
                 arg_error("cases", f"cases: {g.name} asks for K = {g.K} state snapshots; this port takes no "

@@ -90,11 +90,14 @@ class _Broken:
         g = toy_op.decayed_cumsum_back(*args)
         if self.defect == "d_a":
             g["d_a"] = np.roll(g["d_a"], 1, axis=1)
+        if self.defect == "d_s_first_token":   # the start state's gradient misses the first token's decay
+            g["d_s"] = g["d_s"] / np.where(args[2][:, 0] == 0, 1, args[2][:, 0])
         return g
 
 
 @pytest.mark.parametrize("prop,defect", [("oracle_forward", "y"), ("oracle_backward", "d_a"),
-                                         ("split_tokens", "ignores_s"), ("deterministic", "noise"),
+                                         ("split_tokens", "ignores_s"), ("decode_steps", "ignores_s"),
+                                         ("split_tokens", "d_s_first_token"), ("deterministic", "noise"),
                                          ("permute_sequences", "y_by_position")])
 def test_each_property_catches_a_defect(prop, defect):
     case = toy_op.make_case(11, S=3, T=12, H=2)

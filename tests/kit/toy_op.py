@@ -106,7 +106,7 @@ OP = ops.register(ops.Op(
     forward=reference, backward=reference_back, check_forward=check, check_backward=check,
     # float32 arithmetic on sums of at most a few hundred terms of order one
     tolerance={k: Tol(1e-5, 1e-6) for k in ("y", "last", "d_s", "d_x", "d_a")},
-    state=("s", "last"), make_case=make_case, cases=cases, strategy=strategy,
+    state=(("s", "last"),), make_case=make_case, cases=cases, strategy=strategy,
     properties="ssm_ref.testing.properties.generic:GENERIC",
     letters={"S": "sequences", "T": "tokens", "H": "channels"},
 ))
