@@ -24,6 +24,7 @@ import types
 from pathlib import Path
 
 import pytest
+from optional import need
 
 SISO_PATH = "tests/ops/triton/test_mamba3_siso.py"
 MIMO_PATH = "tests/ops/tilelang/test_mamba3_mimo.py"
@@ -50,8 +51,8 @@ def repo() -> Path:
     for rel in (SISO_PATH, MIMO_PATH):
         if not (path / rel).is_file():
             pytest.skip(f"SSM_MAMBA_REPO={where} has no {rel}")
-    pytest.importorskip("torch")
-    pytest.importorskip("einops")
+    need("torch")
+    need("einops", "torch")
     return path
 
 

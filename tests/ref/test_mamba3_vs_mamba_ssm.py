@@ -21,10 +21,11 @@ import math
 import numpy as np
 import pytest
 from mamba_refs import load_mimo, load_siso
+from optional import need
 
 import ssm_ref
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 AGREE = 1e-12   # relative to the largest magnitude of the compared output (at least 1)
 
