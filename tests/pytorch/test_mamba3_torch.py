@@ -5,7 +5,7 @@ The operator: gradcheck in float64 (ssm_ref) through every output, the start sta
 float32 against the float64 oracle (ssm_ref's numpy functions on the same numbers); torch.compile
 with fullgraph; errors. The drop-ins and the layer: against mamba_ssm's own pure-PyTorch
 references, loaded at test time from the source tree in SSM_MAMBA_REPO (tests/pytorch/
-mamba3_reference.py; skipped with the reason when unset), in float64 to ~1e-10 -- forward, final
+tests/mamba3_peer.py; skipped with the reason when unset), in float64 to ~1e-10 -- forward, final
 states and (through autograd on both sides) gradients; gradcheck of the drop-ins; mamba_ssm's
 Mamba3 layer built on its references, its state dict loaded into ours; prefill then decoding step
 by step equals the full forward.
@@ -28,7 +28,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def ref():
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     try:
         return mr.load()
@@ -200,7 +200,7 @@ def grads(outputs, inputs: dict, seed: int) -> dict:
 
 @pytest.mark.parametrize("case", ["plain", "states", "packed", "packed_states", "no_D_Z"])
 def test_siso_combined_equals_mamba3_siso_fwd_ref(ref, case):
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     a = siso_args(10, full=case != "no_D_Z")
     cu = None
@@ -234,7 +234,7 @@ def test_siso_combined_equals_mamba3_siso_fwd_ref(ref, case):
 
 
 def test_siso_step_equals_mamba3_siso_step_ref(ref):
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     a = siso_args(20, L=1)
     step = {k: v if v is None or k in ("Q_bias", "K_bias", "D") else v[:, 0] if k not in ("ADT", "DT", "Trap")
@@ -261,7 +261,7 @@ def mimo_args(seed, b=2, L=6, R=2, G=1, H=4, P=3, N=8, div=2):
 
 @pytest.mark.parametrize(("div", "variant"), [(2, "gated"), (4, "gated"), (4, "ranks"), (2, "fused"), (4, "packed")])
 def test_mimo_equals_mamba3_MIMO_chunk_ref(ref, div, variant):
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     a = mimo_args(30 + div, div=div)
     kw = dict(chunk_size=4, rotary_dim_divisor=div, dtype=F64)
@@ -292,7 +292,7 @@ def test_mimo_states_equal_mamba3_MIMO_step_ref(ref, states):
     """mamba3_MIMO_step_ref rotates the pairs (2j, 2j+1), the MIMO kernels (j, j + N/2): the state
     axis permuted maps one onto the other, so the reference runs on permuted keys, queries, biases
     and states."""
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     N, div, R, H, P, b = 8, 4, 2, 4, 3, 2
     Fr = N // div
@@ -372,7 +372,7 @@ def layer_kw(cfg):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(k for k, v in c.items() if v) or "siso")
 def test_layer_loads_mamba_ssm_state_dict_and_equals_its_forward(ref, cfg):
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     torch.manual_seed(70)
     theirs = ref.Mamba3(**layer_kw(cfg)).double()
@@ -473,7 +473,7 @@ def test_layer_compiles_fullgraph_as_eager():
 
 @pytest.mark.parametrize(("group_size", "before"), [(None, True), (4, True), (4, False)])
 def test_rmsnormgated_equals_mamba_ssm_rms_norm_ref(ref, group_size, before):
-    import mamba3_reference as mr
+    import mamba3_peer as mr
 
     torch.manual_seed(92)
     norm = m3.RMSNormGated(8, eps=1e-4, group_size=group_size, norm_before_gate=before, dtype=F64)
