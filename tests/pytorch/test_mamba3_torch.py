@@ -4,8 +4,8 @@ its Mamba3 layer.
 The operator: gradcheck in float64 (ssm_ref) through every output, the start states included;
 float32 against the float64 oracle (ssm_ref's numpy functions on the same numbers); torch.compile
 with fullgraph; errors. The drop-ins and the layer: against mamba_ssm's own pure-PyTorch
-references, loaded at test time from the source tree in SSM_MAMBA_REPO (tests/pytorch/
-tests/mamba3_peer.py; skipped with the reason when unset), in float64 to ~1e-10 -- forward, final
+references, loaded at test time from the source tree in SSM_MAMBA_REPO (tests/mamba3_peer.py;
+skipped with the reason when unset), in float64 to ~1e-10 -- forward, final
 states and (through autograd on both sides) gradients; gradcheck of the drop-ins; mamba_ssm's
 Mamba3 layer built on its references, its state dict loaded into ours; prefill then decoding step
 by step equals the full forward.
