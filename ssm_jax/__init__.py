@@ -97,18 +97,22 @@ def _standin(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dt), tuple(shape))
 
 
+def _ids_for_check(ids):
+    """``ids`` as the shared checker takes them: their values where they are concrete, a stand-in of
+    their shape and dtype under a trace (their values are checked when the call runs)."""
+    if ids is None:
+        return None
+    try:
+        return np.asarray(ids)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return _standin(jnp.shape(ids), jnp.result_type(ids))
+
+
 def _check(arrays, ids, snapshots=1) -> ssm_ref.Dims:
     """The shared checker on shapes and dtypes (and ids' values when they are concrete); K as
     ``snapshots``."""
-    if ids is None:
-        ids_ = None
-    else:
-        try:
-            ids_ = np.asarray(ids)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            ids_ = _standin(jnp.shape(ids), jnp.result_type(ids))  # values checked when the call runs
     return ssm_ref.checks.check_shapes(*(None if a is None else _standin(jnp.shape(a), jnp.result_type(a))
-                                         for a in arrays), ids_, snapshots=snapshots)
+                                         for a in arrays), _ids_for_check(ids), snapshots=snapshots)
 
 
 def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,

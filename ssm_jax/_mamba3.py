@@ -20,7 +20,7 @@ import ssm_ref.ops
 from ssm_ref.backend_names import resolve_backend
 from ssm_ref.results import Where
 
-from . import _LAST, _LOCK, _module, _standin
+from . import _LAST, _LOCK, _ids_for_check, _module, _standin
 
 __all__ = ["mamba3_scan"]
 
@@ -93,15 +93,8 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
 
 def _check(floats, ids, rotation) -> None:
     """The declared validator on shapes and dtypes (and ids' values when they are concrete)."""
-    if ids is None:
-        ids_ = None
-    else:
-        try:
-            ids_ = np.asarray(ids)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            ids_ = _standin(jnp.shape(ids), jnp.result_type(ids))   # values checked when the call runs
-    _op().check_forward(*(None if a is None else _standin(a.shape, a.dtype) for a in floats), ids_,
-                        rotation=rotation)
+    _op().check_forward(*(None if a is None else _standin(a.shape, a.dtype) for a in floats),
+                        _ids_for_check(ids), rotation=rotation)
 
 
 def _shapes(x, B, dtheta) -> tuple:

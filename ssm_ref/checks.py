@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arraylike import finish, float_array, is_device_array, zero_stand_in, zeros
-from .ids import arange_ids, check_ids
+from .ids import arange_ids, check_distinct_ids, check_ids
 from .memory import check_host_memory, host_memory_bytes
 from .shapes import MISSING, a_error, blame, check_five_arrays, expect_ndim, expect_shape
 
@@ -200,12 +200,7 @@ def check_update_cache(update_cache, s, ids: np.ndarray, *, device_arrays: bool 
         raise TypeError(f"s: update_cache=True writes the new states into s: expected {what}, got {got}")
     elif not s.flags.writeable:
         raise ValueError("s: update_cache=True writes the new states into s, which is read-only")
-    if ids.size > 1:
-        ordered = np.sort(ids)
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        if twice.size:
-            raise ValueError(f"ids: update_cache=True writes each sequence's final state into its row of s, so "
-                             f"the ids must be distinct; row {int(twice[0])} is named more than once")
+    check_distinct_ids(ids, "s")
     return True
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from .arraylike import as_array, finish, is_device_array
 from .shapes import expect_shape
 
-__all__ = ["arange_ids", "check_ids"]
+__all__ = ["arange_ids", "check_distinct_ids", "check_ids"]
 
 
 def check_ids(ids, S: int, R: int) -> np.ndarray | None:
@@ -74,3 +74,14 @@ def arange_ids(S: int) -> np.ndarray:
             _ARANGE.clear()
         _ARANGE[S] = out
     return out
+
+
+def check_distinct_ids(ids: np.ndarray, cache: str) -> None:
+    """update_cache=True writes sequence i's final state into row ids[i] of ``cache`` (the name in
+    the message), so two sequences must not name one row: ValueError naming ``ids`` otherwise."""
+    if ids.size > 1:
+        ordered = np.sort(ids)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if twice.size:
+            raise ValueError(f"ids: update_cache=True writes each sequence's final state into its row of {cache}, "
+                             f"so the ids must be distinct; row {int(twice[0])} is named more than once")

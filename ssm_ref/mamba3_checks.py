@@ -23,7 +23,7 @@ import numpy as np
 
 from .arraylike import finish, float_array
 from .checks import check_dtype
-from .ids import arange_ids, check_ids
+from .ids import arange_ids, check_distinct_ids, check_ids
 from .shapes import fmt
 
 __all__ = ["ROTATIONS", "STATE_NAMES", "M3Dims", "M3Problem", "check_mamba3_backward", "check_mamba3_forward",
@@ -278,11 +278,5 @@ def check_mamba3_update_cache(update_cache, caches: tuple, p: M3Problem) -> bool
                             f"numpy float array, got {got}")
         if not s.flags.writeable:
             raise ValueError(f"{name}: update_cache=True writes the final states into {name}, which is read-only")
-    ids = p.ids
-    if ids.size > 1:
-        ordered = np.sort(ids)
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        if twice.size:
-            raise ValueError(f"ids: update_cache=True writes each sequence's final state into its row of the cache, "
-                             f"so the ids must be distinct; row {int(twice[0])} is named more than once")
+    check_distinct_ids(p.ids, "the cache")
     return True
