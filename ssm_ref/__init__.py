@@ -17,9 +17,19 @@ See docs/SPEC.md and docs/API.md.
 
 The same names exist in ``ssm_fast`` (numba, CPU) and ``ssm_vk`` (Vulkan).
 
+Mamba-3 (docs/SPEC.md, "Mamba-3"):
+
+    y, theta, h, k, v = ssm_ref.mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta)  # SISO, zero start
+    r = ssm_ref.mamba3_scan(x2, dt2, dA2, lam2, B2, C2, B_bias, C_bias, dtheta2, None, theta, h, k, v)  # go on
+    g = ssm_ref.mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, g_y=g_y)  # g["d_dtheta"], ...
+
+MIMO of rank M: B, C (S,T,M,G,N), biases (H,M,N), psi (H,M,P); y per rank (S,T,M,H,P).
+``rotation="halved"`` is the pairing of mamba_ssm's MIMO kernels, "interleaved" (the default) SISO's.
+
 Also part of the spec: ``ssm_ref.tolerance`` (how close a float32 implementation must come to
 the float64 oracle), ``ssm_ref.jvp`` (forward mode: tangents of y and states), ``ssm_ref.chunked``
-(the chunked Mamba-2 form), ``ssm_ref.packing`` (ggml's 1-D layouts).
+(the chunked Mamba-2 form), ``ssm_ref.mamba3_chunked`` (the chunked Mamba-3 forward),
+``ssm_ref.packing`` (ggml's 1-D layouts).
 
 Testing an implementation against this spec (golden vectors, ``verify``, the properties, the
 fuzzer): the kit ``ssm_ref.testing`` (docs/PORTING.md). It imports the spec; nothing here imports it.
@@ -29,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import chunked, jvp, ops, packing, tolerance
+from . import chunked, jvp, mamba3_chunked, ops, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
@@ -89,6 +99,7 @@ __all__ = [
     "ops",
     "packing",
     "jvp",
+    "mamba3_chunked",
     "mamba3_scan",
     "mamba3_scan_back",
     "tolerance",
@@ -105,9 +116,10 @@ __all__ = [
 
 
 def __dir__():
-    # The public names only (its public submodules: chunked, jvp, ops, packing, tolerance). The
-    # submodules that imports attach (checks, scan, results, memory, environ, testing) and numpy
-    # stay importable by their path, e.g. ``import ssm_ref.checks``, but are not the API.
+    # The public names only (its public submodules: chunked, jvp, mamba3_chunked, ops, packing,
+    # tolerance). The submodules that imports attach (checks, scan, mamba3, mamba3_checks, results,
+    # memory, environ, testing) and numpy stay importable by their path, e.g. ``import
+    # ssm_ref.checks``, but are not the API.
     return sorted(__all__)
 
 OPS = ("ssm_scan", "ssm_scan_back")

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .mamba3_checks import M3Problem, pair_index
+from .mamba3_checks import M3Problem, check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache, pair_index
+from .results import Mamba3Grads, Mamba3Result
 
-__all__ = ["backward", "forward", "mamba3_scan", "mamba3_scan_back", "rotate", "rotate_back"]
+__all__ = ["backward", "forward", "mamba3_scan", "mamba3_scan_back", "mod_2pi", "rotate", "rotate_back"]
 
 
 def rotate(u: np.ndarray, c: np.ndarray, s: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
@@ -67,7 +68,8 @@ def _group_sum(p: M3Problem, v: np.ndarray) -> np.ndarray:
     return v.reshape(d.S, d.G, d.heads_per_group, d.M, d.N).sum(axis=2).transpose(0, 2, 1, 3)
 
 
-def _mod_2pi(a: np.ndarray) -> np.ndarray:
+def mod_2pi(a: np.ndarray) -> np.ndarray:
+    """a - 2π·floor(a / 2π) in a's dtype: the angle in [0, 2π) (up to rounding)."""
     two_pi = a.dtype.type(2 * np.pi)
     return a - two_pi * np.floor(a / two_pi)
 
@@ -109,7 +111,7 @@ def forward(p: M3Problem, keep: bool = False):
         y = np.empty((S, T, M, H, P), dtype=p.dtype)     # (S, T, M, H, P)
         kept = [[theta], [h], [k], [v]] if keep else None
         for t in range(T):
-            theta = _mod_2pi(theta + p.dtheta[:, t])     # (S, H, F)
+            theta = mod_2pi(theta + p.dtheta[:, t])     # (S, H, F)
             tok = _Token(p, t, theta)
             h = (tok.a[:, :, None, None] * h
                  + tok.beta[:, :, None, None] * _outer(v, k)
@@ -228,9 +230,6 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     empty, the states those of the start. Raises TypeError / ValueError naming the argument before
     any work. Same function: ssm_fast.mamba3_scan; ssm_torch / ssm_jax bridges.
     """
-    from .mamba3_checks import check_mamba3_forward, check_mamba3_update_cache
-    from .results import Mamba3Result
-
     p = check_mamba3_forward(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, ids,
                              rotation=rotation, dtype=dtype)
     update = check_mamba3_update_cache(update_cache, (s_theta, s_h, s_k, s_v), p)
@@ -257,9 +256,6 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     gradients of the zero start states, (S, ...). The mod 2π passes gradients as 1. Raises as
     :func:`mamba3_scan`. Same function: ssm_fast.mamba3_scan_back.
     """
-    from .mamba3_checks import check_mamba3_backward
-    from .results import Mamba3Grads
-
     p = check_mamba3_backward(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, ids,
                               g_y, g_theta, g_h, g_k, g_v, rotation=rotation, dtype=dtype)
     g = backward(p)

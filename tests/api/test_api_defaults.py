@@ -218,7 +218,7 @@ def test_scan_grads_is_a_read_only_mapping_by_name(backend):
 # The submodules each package presents as part of its API; every other module stays importable by
 # its path but is not listed.
 PUBLIC_MODULES = {
-    "ssm_ref": {"chunked", "jvp", "ops", "packing", "tolerance"},
+    "ssm_ref": {"chunked", "jvp", "mamba3_chunked", "ops", "packing", "tolerance"},
     "ssm_fast": set(),
     "ssm_vk": {"config", "runtime"},
     "ssm_torch": {"mamba"},
@@ -227,7 +227,7 @@ PUBLIC_MODULES = {
                         "verification"},
 }
 INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extras", "backend_names", "shapes", "ids",
-                         "arraylike"],
+                         "arraylike", "mamba3", "mamba3_checks"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "replay_cache", "recording", "workspace", "api", "validate"],
              "ssm_torch": ["_op"], "ssm_jax": [], "ssm_ref.testing": []}

@@ -31,10 +31,10 @@ def _ids(rng, kind: str, S: int, R: int):
 
 
 def make(rng, *, S=2, T=3, H=2, P=2, N=4, G=1, M=None, F=1, R=None, ids="none", states=True, psi=True,
-         rotation="interleaved"):
+         rotation="interleaved", wrap_margin=WRAP_MARGIN):
     """(kwargs of mamba3_scan in float64, the cotangents g_y, g_theta, g_h, g_k, g_v). ``M`` None:
     SISO; ``states`` False: no start state (ids must be "none"); ``R`` defaults to S (S + 1 with
-    duplicate or permuted ids)."""
+    duplicate or permuted ids). ``wrap_margin`` 0 takes the first problem drawn, wrap or not."""
     r = rng.standard_normal
     R = R or (S + 1 if ids in ("duplicates", "permutation") else S)
     rank = () if M is None else (M,)
@@ -53,7 +53,7 @@ def make(rng, *, S=2, T=3, H=2, P=2, N=4, G=1, M=None, F=1, R=None, ids="none", 
             a.update(s_theta=rng.uniform(0, TWO_PI, (R, H, F)), s_h=r((R, H, P, N)), s_k=r((R, H, *rank, N)),
                      s_v=r((R, H, *rank, P)), ids=_ids(rng, ids, S, R))
         theta = ssm_ref.mamba3_scan(**a, rotation=rotation, dtype=np.float64).theta
-        if np.all((theta > WRAP_MARGIN) & (theta < TWO_PI - WRAP_MARGIN)):
+        if np.all((theta >= wrap_margin) & (theta <= TWO_PI - wrap_margin)):
             break
     else:
         raise AssertionError("no problem with its final angles away from the wrap")
