@@ -83,9 +83,9 @@ def _plain_f32(a) -> bool:
     return isinstance(a, np.ndarray) and a.dtype == _F32 and a.flags.c_contiguous and a.flags.writeable
 
 
-def _cache_view(d, a: np.ndarray, rank_axis: int) -> np.ndarray:
-    """A SISO cache (no rank axis) seen with the rank axis of 1 the kernels read (a view)."""
-    return a if d.mimo else np.expand_dims(a, rank_axis)
+def _cache_view(d, a: np.ndarray) -> np.ndarray:
+    """A SISO k or v cache (R, H, N|P) seen with the rank axis of 1 the kernels read (a view)."""
+    return a if d.mimo else a[:, :, None]
 
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
@@ -117,7 +117,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     n = _kf.n_tasks(S, H)
     if update and T == 1 and all(_plain_f32(c) for c in caches):
         # the decode step: in place on the caches, each state element read and written once
-        c_k, c_v = _cache_view(d, s_k, 2), _cache_view(d, s_v, 2)
+        c_k, c_v = _cache_view(d, s_k), _cache_view(d, s_v)
         args = (np.zeros(1, np.int64), *_inputs(p), s_theta, s_h, c_k, c_v, _ro(p.ids), halved, n, y)
         pool.run(_kf.decode, args, _threads(d, "fwd"))
         return Mamba3Result(y=_drop_rank(d, y, 2), theta=None, h=None, k=None, v=None, where=WHERE)
