@@ -17,6 +17,8 @@ besides y.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ssm_ref.checks import check_dtype
@@ -150,14 +152,16 @@ def _float32_only(dtype) -> None:
 
 
 def backward_segment(d) -> int:
-    """Tokens per recompute segment of the backward: its buffers (the pre-decay state, rotated
-    keys and queries, cos and sin per token) fit config.M3_SEGMENT_BYTES, and so do the
-    checkpoints (one state per segment) up to T = (bytes / state)^2 tokens; at least
-    config.SEGMENT_MIN, at most T. A function of the shape only."""
+    """Tokens per recompute segment of the backward, a function of the shape only. Its buffers
+    (per token the pre-decay state, rotated keys and queries, cos and sin) fit
+    config.M3_SEGMENT_BYTES, at least config.SEGMENT_MIN tokens, at most T. Where the checkpoints
+    (one state per segment) would then take more than that budget too, segments of about sqrt(T)
+    tokens instead: the two buffers together at their smallest, O(sqrt(T) P N) per task."""
     per_token = 4 * (d.P * d.N + 2 * d.M * d.N + 2 * d.F)
     seg = config.M3_SEGMENT_BYTES // max(per_token, 1)
     max_cps = max(1, config.M3_SEGMENT_BYTES // max(4 * d.P * d.N, 1))
-    seg = max(seg, -(-d.T // max_cps))
+    if -(-d.T // max(seg, 1)) > max_cps:
+        seg = max(seg, math.isqrt(d.T) + 1)
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
