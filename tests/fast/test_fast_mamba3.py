@@ -469,3 +469,19 @@ def test_the_conditioning_floors_still_fail_a_wrong_gradient():
         wrong = (g64[name] * (1 + 1e-3)).astype(np.float32)
         with pytest.raises(AssertionError, match=name):
             assert_close(name, wrong, g32[name], g64[name], floor)
+
+
+@pytest.mark.parametrize("T", [0, 4])
+def test_update_cache_of_several_tokens_writes_the_final_states(T):
+    """update_cache=True with T != 1 (the forward, then a copy into the rows): the rows ids hold
+    the states the call without update_cache returns, the other rows are untouched."""
+    a, _ = make(np.random.default_rng(13), S=2, T=T, H=2, P=3, N=4, M=2, F=2, R=4, ids="permutation")
+    a = _f32(a)
+    ret = ssm_fast.mamba3_scan(**a)
+    caches = {k: a[k].copy() for k in STATE_NAMES}
+    step = ssm_fast.mamba3_scan(**{**a, **caches}, update_cache=True)
+    np.testing.assert_array_equal(step.y, ret.y)
+    others = np.setdiff1d(np.arange(4), a["ids"])
+    for k, want in zip(STATE_NAMES, (ret.theta, ret.h, ret.k, ret.v), strict=True):
+        np.testing.assert_array_equal(caches[k][a["ids"]], want, err_msg=k)
+        np.testing.assert_array_equal(caches[k][others], a[k][others], err_msg=k)
