@@ -17,6 +17,8 @@ besides y.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ssm_ref.checks import check_dtype
@@ -63,13 +65,29 @@ def _drop_rank(d, a: np.ndarray, axis: int) -> np.ndarray:
     return a if d.mimo else a.squeeze(axis)
 
 
+def _ro(a: np.ndarray) -> np.ndarray:
+    """``a`` read-only (a read-only view where it is writable). numba types a read-only array
+    apart from a writable one, so the checked problem's own arrays (zeros for a None cotangent or
+    start state, ones for psi None) and the caller's read-only views would otherwise compile one
+    kernel per combination (7 s each)."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _inputs(p) -> tuple:
+    """The forward's inputs as the kernels take them, all read-only."""
+    return tuple(_ro(a) for a in (p.x, p.dt, p.dA, p.lam, p.B, p.C, p.B_bias, p.C_bias, p.dtheta, p.psi))
+
+
 def _plain_f32(a) -> bool:
     return isinstance(a, np.ndarray) and a.dtype == _F32 and a.flags.c_contiguous and a.flags.writeable
 
 
-def _cache_view(d, a: np.ndarray, rank_axis: int) -> np.ndarray:
-    """A SISO cache (no rank axis) seen with the rank axis of 1 the kernels read (a view)."""
-    return a if d.mimo else np.expand_dims(a, rank_axis)
+def _cache_view(d, a: np.ndarray) -> np.ndarray:
+    """A SISO k or v cache (R, H, N|P) seen with the rank axis of 1 the kernels read (a view)."""
+    return a if d.mimo else a[:, :, None]
 
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
@@ -101,9 +119,8 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     n = _kf.n_tasks(S, H)
     if update and T == 1 and all(_plain_f32(c) for c in caches):
         # the decode step: in place on the caches, each state element read and written once
-        c_k, c_v = _cache_view(d, s_k, 2), _cache_view(d, s_v, 2)
-        args = (np.zeros(1, np.int64), p.x, p.dt, p.dA, p.lam, p.B, p.C, p.B_bias, p.C_bias, p.dtheta, p.psi,
-                s_theta, s_h, c_k, c_v, p.ids, halved, n, y)
+        c_k, c_v = _cache_view(d, s_k), _cache_view(d, s_v)
+        args = (np.zeros(1, np.int64), *_inputs(p), s_theta, s_h, c_k, c_v, _ro(p.ids), halved, n, y)
         pool.run(_kf.decode, args, _threads(d, "fwd"))
         return Mamba3Result(y=_drop_rank(d, y, 2), theta=None, h=None, k=None, v=None, where=WHERE)
     if T == 0:
@@ -114,8 +131,8 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         h = np.empty((S, H, P, N), dtype=_F32)
         k = np.empty((S, H, M, N), dtype=_F32)
         v = np.empty((S, H, M, P), dtype=_F32)
-        args = (np.zeros(1, np.int64), p.x, p.dt, p.dA, p.lam, p.B, p.C, p.B_bias, p.C_bias, p.dtheta, p.psi,
-                p.s_theta, p.s_h, p.s_k, p.s_v, p.ids, halved, n, y, theta, h, k, v)
+        args = (np.zeros(1, np.int64), *_inputs(p), _ro(p.s_theta), _ro(p.s_h), _ro(p.s_k), _ro(p.s_v),
+                _ro(p.ids), halved, n, y, theta, h, k, v)
         pool.run(_kf.forward, args, _threads(d, "fwd"))
     y, k, v = _drop_rank(d, y, 2), _drop_rank(d, k, 2), _drop_rank(d, v, 2)
     if update:
@@ -135,14 +152,16 @@ def _float32_only(dtype) -> None:
 
 
 def backward_segment(d) -> int:
-    """Tokens per recompute segment of the backward: its buffers (the pre-decay state, rotated
-    keys and queries, cos and sin per token) fit config.M3_SEGMENT_BYTES, and so do the
-    checkpoints (one state per segment) up to T = (bytes / state)^2 tokens; at least
-    config.SEGMENT_MIN, at most T. A function of the shape only."""
+    """Tokens per recompute segment of the backward, a function of the shape only. Its buffers
+    (per token the pre-decay state, rotated keys and queries, cos and sin) fit
+    config.M3_SEGMENT_BYTES, at least config.SEGMENT_MIN tokens, at most T. Where the checkpoints
+    (one state per segment) would then take more than that budget too, segments of about sqrt(T)
+    tokens instead: the two buffers together at their smallest, O(sqrt(T) P N) per task."""
     per_token = 4 * (d.P * d.N + 2 * d.M * d.N + 2 * d.F)
     seg = config.M3_SEGMENT_BYTES // max(per_token, 1)
     max_cps = max(1, config.M3_SEGMENT_BYTES // max(4 * d.P * d.N, 1))
-    seg = max(seg, -(-d.T // max_cps))
+    if -(-d.T // max(seg, 1)) > max_cps:
+        seg = max(seg, math.isqrt(d.T) + 1)
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
 
 
@@ -197,8 +216,8 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
         d0 = (np.empty((S, H, F), f32), np.empty((S, H, P, N), f32), np.empty((S, H, M, N), f32),
               np.empty((S, H, M, P), f32))
         seg = backward_segment(d)
-        args = (np.zeros(1, np.int64), p.x, p.dt, p.dA, p.lam, p.B, p.C, p.B_bias, p.C_bias, p.dtheta, p.psi,
-                p.s_theta, p.s_h, p.s_k, p.s_v, p.ids, p.g_y, p.g_theta, p.g_h, p.g_k, p.g_v,
+        args = (np.zeros(1, np.int64), *_inputs(p),
+                *(_ro(a) for a in (p.s_theta, p.s_h, p.s_k, p.s_v, p.ids, p.g_y, p.g_theta, p.g_h, p.g_k, p.g_v)),
                 p.rotation == "halved", seg, _kf.n_tasks(S, H),
                 d_x, d_dt, d_dA, d_lam, d_dtheta, slab_B, slab_C, psi_part, *d0)
         pool.run(_kb.backward, args, _threads(d, "bwd"))
