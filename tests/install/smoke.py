@@ -16,7 +16,8 @@ held to the tolerance table against the float64 oracle, and for ``ssm_vk``:
   shapes do and the others fall back; without the ``vulkan`` binding everything falls back and the
   reason says how to install it.
 
-Then ``ssm-scan check --quick`` and ``ssm-scan info`` must succeed, and (with a README path, and
+Then ``ssm-scan check --quick``, ``ssm-scan info`` and (mode glslc) ``ssm-scan check --quick --op
+mamba3`` must succeed, and (with a README path, and
 the binding there: the README's device examples upload with ``ssm_vk.to_device``) every Python
 block of the README runs. Exit status 0 when everything holds; each failure is printed.
 """
@@ -196,7 +197,10 @@ _CLI_CODES = ((["--version"], 0), (["fuzz", "--minutes", "0.01", "--property", "
 
 def run_cli(mode: str) -> None:
     exe = Path(sys.executable).with_name("ssm-scan")
-    for cmd in ([str(exe), "info"], [str(exe), "check", "--quick"]):
+    # Mamba-3's check once, in the first mode: its kernels are ssm_ref's and ssm_fast's (numba compiles
+    # them on first use, ~12 s, in every fresh environment), which no mode changes.
+    m3 = [[str(exe), "check", "--quick", "--op", "mamba3"]] if mode == "glslc" else []
+    for cmd in ([str(exe), "info"], [str(exe), "check", "--quick"], *m3):
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
         if run.returncode != 0:
             fail(f"{' '.join(cmd[1:])} exited {run.returncode}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
