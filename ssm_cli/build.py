@@ -95,11 +95,11 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 
 
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
-    """Every (shader, defines) of the packaged matrix: ssm_vk.registry.matrix under the knobs set
-    now (none, for a wheel)."""
+    """Every (shader, defines) of the packaged matrix: ssm_vk.registry.matrix_all (every op's)
+    under the knobs set now (none, for a wheel)."""
     from ssm_vk import config, registry
 
-    return registry.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
+    return registry.matrix_all(limits_list, n_values, p_values, chunked_n, config.settings())
 
 
 def n_list(text: str, what: str) -> list[int]:

@@ -1,0 +1,102 @@
+"""The plan of a Mamba-3 call on the token-sequential kernels (glsl/mamba3_scan.comp,
+mamba3_scan_back.comp): the workgroup size, the channel blocks per head and the scratch.
+
+The forward runs one workgroup per (sequence, head, block of channels), one invocation per
+channel: the workgroup size is the power of two at or above P, at least the device's subgroup
+size and at most its workgroup limits (and FWD_WG_MAX); P beyond it takes several blocks. The
+backward runs one workgroup per (sequence, head) with every channel of the head in it (its sums
+over the channels are in the workgroup), so P must fit one workgroup of the device. Its work
+buffer holds every token's state, keys and angles, and the channels' parts of a token's sums;
+a problem whose work buffer exceeds one storage-buffer binding of the device does not fit
+(TooLarge: the call runs on the CPU). Pure Python; the family reads no knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..sizing import TooLarge, binding_cap, grid
+
+if TYPE_CHECKING:
+    from ssm_ref.mamba3_checks import M3Dims
+
+    from ..family import Request
+
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "work_elems", "part_elems"]
+
+# The forward's largest workgroup: more channels per head take several blocks (more workgroups
+# to spread over the device) rather than one larger workgroup.
+FWD_WG_MAX = 128
+
+
+@dataclass(frozen=True)
+class M3Plan:
+    """``wg`` threads per workgroup, ``npb`` channel blocks per head (the backward: 1),
+    ``groups`` workgroups of the scan kernel and their (gx, gy) grid."""
+
+    wg: int
+    npb: int
+    groups: int
+    gx: int
+    gy: int
+
+
+def _pow2_at_least(n: int) -> int:
+    w = 1
+    while w < n:
+        w *= 2
+    return w
+
+
+def work_elems(d: M3Dims) -> int:
+    """Float32 elements of the backward's work buffer: h_t (S,H,T+1,P,N), k_t (S,H,T+1,M,N),
+    θ_t (S,H,T,F) and the channels' parts of a token's sums (S,H,P,3MN+3)."""
+    SH = d.S * d.H
+    MN = d.M * d.N
+    return SH * ((d.T + 1) * d.P * d.N + (d.T + 1) * MN + d.T * d.F + d.P * (3 * MN + 3))
+
+
+def part_elems(d: M3Dims) -> int:
+    """The backward's per-sequence parts of d_B_bias, d_C_bias, d_psi: (S, H, 2MN + MP)."""
+    return d.S * d.H * (2 * d.M * d.N + d.M * d.P)
+
+
+def plan_call(req: Request) -> M3Plan:
+    """The plan of the call (family.Family.plan); TooLarge where the device cannot hold it."""
+    d, lim = req.dims, req.lim
+    most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    least = min(max(lim.subgroup_size, 1), most)
+    if req.backward:
+        wg = max(least, _pow2_at_least(d.P))
+        if wg > most:
+            raise TooLarge(f"the Mamba-3 backward holds a head's P = {d.P} channels in one workgroup, above this "
+                           f"device's {most} invocations")
+        npb = 1
+        cap = binding_cap(lim)
+        for what, n in (("work buffer (every token's state)", work_elems(d)),
+                        ("per-head d_B slab", d.S * d.T * d.M * d.H * d.N),
+                        ("y gradient", d.S * d.T * d.M * d.H * d.P)):
+            if n > cap:
+                raise TooLarge(f"the Mamba-3 backward's {what} ({n * 4} bytes) exceeds one storage-buffer binding of "
+                               f"this device ({cap * 4} bytes)")
+    else:
+        wg = min(max(least, _pow2_at_least(d.P)), max(least, min(most, FWD_WG_MAX)))
+        npb = -(-d.P // wg)
+        cap = binding_cap(lim)
+        for what, n in (("y", d.S * d.T * d.M * d.H * d.P), ("B", d.S * d.T * d.M * d.G * d.N),
+                        ("state h", d.R * d.H * d.P * d.N)):
+            if n > cap:
+                raise TooLarge(f"the Mamba-3 scan's {what} ({n * 4} bytes) exceeds one storage-buffer binding of this "
+                               f"device ({cap * 4} bytes)")
+    groups = d.S * d.H * npb
+    gx, gy = grid(groups, lim)
+    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy)
+
+
+def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:
+    """The float32 elements of the scratch the recording requests, by name (family.Family.scratch)."""
+    if not backward:
+        return {}
+    slab = d.S * d.T * d.M * d.H * d.N
+    return {"m3_work": work_elems(d), "m3_dB_heads": slab, "m3_dC_heads": slab, "m3_parts": part_elems(d)}
