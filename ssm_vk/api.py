@@ -47,6 +47,7 @@ def supports(op, *args, **kw) -> Support:
     those of mamba3_scan (ssm_vk.mamba3_api.supports). Bad input raises as the call would."""
     if op in mamba3_api.OPS:
         return mamba3_api.supports(op, *args, **kw)
+    ssm_ref.check_op(op)   # (the scan's message for an op of neither)
     return supports_scan(op, *args, **kw)
 
 
