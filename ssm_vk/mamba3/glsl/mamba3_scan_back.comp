@@ -120,8 +120,9 @@ void main() {
         for (uint j = me; j < pc.F; j += NT) {
             float ang = work[oTh + (hs * pc.T + t) * pc.F + j];
             th_sh[j] = ang;
-            cs_sh[j] = cos(ang);
-            sn_sh[j] = sin(ang);
+            vec2 sc = sincos_f32(ang);
+            sn_sh[j] = sc.x;
+            cs_sh[j] = sc.y;
         }
         for (uint e = me; e < MN; e += NT) kp_sh[e] = work[oK + (hs * T1 + t) * MN + e];
         barrier();
