@@ -6,13 +6,17 @@ channel: the workgroup size is the power of two at or above P, at least the devi
 size and at most its workgroup limits (and FWD_WG_MAX); P beyond it takes several blocks. The
 backward runs one workgroup per (sequence, head) with every channel of the head in it (its sums
 over the channels are in the workgroup), so P must fit one workgroup of the device. Its work
-buffer holds every token's state, keys and angles, and the channels' parts of a token's sums;
-a problem whose work buffer exceeds one storage-buffer binding of the device does not fit
-(TooLarge: the call runs on the CPU). Pure Python; the family reads no knobs.
+buffer holds every token's keys and angles, the state at every ``seg``-th token (checkpoints),
+one segment's states (recomputed from its checkpoint before the segment is walked back) and the
+channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
+together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
+still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
+the CPU). Pure Python; the family reads no knobs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +27,7 @@ if TYPE_CHECKING:
 
     from ..family import Request
 
-__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "work_elems", "part_elems"]
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
@@ -33,13 +37,15 @@ FWD_WG_MAX = 128
 @dataclass(frozen=True)
 class M3Plan:
     """``wg`` threads per workgroup, ``npb`` channel blocks per head (the backward: 1),
-    ``groups`` workgroups of the scan kernel and their (gx, gy) grid."""
+    ``groups`` workgroups of the scan kernel and their (gx, gy) grid; ``seg`` the backward's
+    tokens per recomputed segment (the forward: 1)."""
 
     wg: int
     npb: int
     groups: int
     gx: int
     gy: int
+    seg: int = 1
 
 
 def _pow2_at_least(n: int) -> int:
@@ -49,12 +55,21 @@ def _pow2_at_least(n: int) -> int:
     return w
 
 
-def work_elems(d: M3Dims) -> int:
-    """Float32 elements of the backward's work buffer: h_t (S,H,T+1,P,N), k_t (S,H,T+1,M,N),
-    θ_t (S,H,T,F) and the channels' parts of a token's sums (S,H,P,3MN+3)."""
+def segment(T: int) -> int:
+    """The backward's tokens per segment: ceil(sqrt(T)), at least 1."""
+    k = max(1, math.isqrt(max(T, 0)))
+    return k if k * k >= T else k + 1
+
+
+def work_elems(d: M3Dims, seg: int | None = None) -> int:
+    """Float32 elements of the backward's work buffer for segments of ``seg`` tokens (default
+    :func:`segment`): the checkpoints (S,H,ceil(T/seg),P,N), a segment's states (S,H,seg+1,P,N),
+    k_t (S,H,T+1,M,N), θ_t (S,H,T,F) and the channels' parts of a token's sums (S,H,P,3MN+3)."""
+    seg = segment(d.T) if seg is None else seg
     SH = d.S * d.H
     MN = d.M * d.N
-    return SH * ((d.T + 1) * d.P * d.N + (d.T + 1) * MN + d.T * d.F + d.P * (3 * MN + 3))
+    nseg = -(-d.T // seg)
+    return SH * ((nseg + seg + 1) * d.P * d.N + (d.T + 1) * MN + d.T * d.F + d.P * (3 * MN + 3))
 
 
 def part_elems(d: M3Dims) -> int:
@@ -74,7 +89,7 @@ def plan_call(req: Request) -> M3Plan:
                            f"device's {most} invocations")
         npb = 1
         cap = binding_cap(lim)
-        for what, n in (("work buffer (every token's state)", work_elems(d)),
+        for what, n in (("work buffer (checkpoints, a segment's states, every token's keys)", work_elems(d)),
                         ("per-head d_B slab", d.S * d.T * d.M * d.H * d.N),
                         ("y gradient", d.S * d.T * d.M * d.H * d.P)):
             if n > cap:
@@ -91,7 +106,7 @@ def plan_call(req: Request) -> M3Plan:
                                f"device ({cap * 4} bytes)")
     groups = d.S * d.H * npb
     gx, gy = grid(groups, lim)
-    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy)
+    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy, seg=segment(d.T) if req.backward else 1)
 
 
 def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:

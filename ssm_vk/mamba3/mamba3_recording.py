@@ -26,7 +26,7 @@ __all__ = ["record_forward", "record_backward"]
 def _scan_push(p, plan, npb: int) -> bytes:
     d = p.dims
     return pack_push(m3k.SCAN_PUSH, dict(S=d.S, T=d.T, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, gx=plan.gx, NPB=npb,
-                                         halved=int(p.rotation == "halved")))
+                                         halved=int(p.rotation == "halved"), K=plan.seg))
 
 
 def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:

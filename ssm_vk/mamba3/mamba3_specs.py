@@ -18,7 +18,7 @@ __all__ = ["SCAN_PUSH", "REDUCE_PUSH", "FWD_BINDINGS", "BWD_BINDINGS", "PACKAGED
            "reduce_spec", "kernels", "packaged"]
 
 # mamba3_common.glsl's PC block (both scan kernels), mamba3_reduce.comp's.
-SCAN_PUSH = ("S", "T", "H", "P", "G", "F", "R", "gx", "NPB", "halved")
+SCAN_PUSH = ("S", "T", "H", "P", "G", "F", "R", "gx", "NPB", "halved", "K")
 REDUCE_PUSH = ("n_out", "INNER", "K", "gx", "o_in", "o_out")
 # The scan kernels' bindings, in order (the shaders' headers).
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v",
@@ -65,7 +65,7 @@ def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> lis
     from .mamba3_planner import M3Plan
 
     out = []
-    one = M3Plan(wg=64, npb=1, groups=1, gx=1, gy=1)
+    one = M3Plan(wg=64, npb=1, groups=1, gx=1, gy=1, seg=1)
     for n, m in PACKAGED:
         if n in n_values:
             d = M3Dims(S=1, T=1, H=1, P=1, N=n, G=1, M=m, F=0, R=1, mimo=m > 1)

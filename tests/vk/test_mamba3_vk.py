@@ -246,3 +246,34 @@ def test_every_property_of_the_kit(name):
                                     rotation="halved")]
     applied = [prop.check(ssm_vk, case, TOL) for case in cases]
     assert any(applied), f"{name} applied to neither case"
+
+
+def test_the_plan_reads_the_device_limits():
+    """The planner's workgroup sizes come from the device's limits (its subgroup size, workgroup
+    limits), never a constant: planned here on made-up devices of subgroup 8 and 32."""
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk import config, registry
+    from ssm_vk.mamba3.mamba3_planner import segment, work_elems
+    from ssm_vk.sizing import Limits
+
+    def lim(sg, most=1024):
+        return Limits(subgroup_size=sg, subgroup_ops=frozenset(), max_workgroup_invocations=most,
+                      max_shared_memory=32 << 10, max_workgroup_count=(65535, 65535, 65535),
+                      max_storage_buffer_range=1 << 27, max_memory_allocation_size=1 << 30,
+                      min_storage_buffer_offset_alignment=256, max_workgroup_size=(most, most, 64))
+
+    d = M3Dims(S=2, T=10, H=3, P=3, N=4, G=1, M=1, F=1, R=2, mimo=False)
+    knobs = config.settings()
+    for sg in (8, 32):
+        fwd = registry.plan(d, lim(sg), False, knobs, op="mamba3_scan").plan
+        bwd = registry.plan(d, lim(sg), True, knobs, op="mamba3_scan").plan
+        assert fwd.wg == bwd.wg == sg and fwd.npb == 1 and fwd.groups == bwd.groups == d.S * d.H
+    wide = M3Dims(S=1, T=10, H=1, P=300, N=4, G=1, M=1, F=1, R=1, mimo=False)
+    fwd = registry.plan(wide, lim(32), False, knobs, op="mamba3_scan").plan
+    assert fwd.wg * fwd.npb >= 300 and fwd.npb > 1
+    assert registry.plan(wide, lim(32), True, knobs, op="mamba3_scan").plan.wg == 512
+    with pytest.raises(ValueError, match="one workgroup"):   # (sizing.TooLarge)
+        registry.plan(wide, lim(32, most=256), True, knobs, op="mamba3_scan")
+    assert [segment(T) for T in (0, 1, 2, 4, 5, 16, 17, 1000)] == [1, 1, 2, 2, 3, 4, 5, 32]
+    long = M3Dims(S=1, T=4096, H=1, P=64, N=128, G=1, M=1, F=32, R=1, mimo=False)
+    assert work_elems(long) < work_elems(long, seg=long.T) / 10   # checkpoints: ~2 sqrt(T) states, not T

@@ -19,7 +19,8 @@
 //   6 B_bias (H,M,N)  7 C_bias (H,M,N)  8 dtheta (S,T,H,F)  9 psi (H,M,P)
 //   10 s_theta (R,H,F)  11 s_h (R,H,P,N)  12 s_k (R,H,M,N)  13 s_v (R,H,M,P)  14 ids (S) uint
 // Push constants (uint32, this order): S, T, H, P, G, F, R, gx, NPB (channel blocks per head),
-// halved (1: pairs (j, j + N/2), 0: pairs (2j, 2j + 1)).
+// halved (1: pairs (j, j + N/2), 0: pairs (2j, 2j + 1)), K (the backward's tokens per segment;
+// the forward: unused).
 
 #extension GL_EXT_control_flow_attributes : enable
 
@@ -42,7 +43,7 @@ layout(std430, binding = 13) readonly buffer Bsv { float sv_in[]; };
 layout(std430, binding = 14) readonly buffer Bids { uint ids_in[]; };
 
 layout(push_constant) uniform PC {
-    uint S, T, H, P, G, F, R, gx, NPB, halved;
+    uint S, T, H, P, G, F, R, gx, NPB, halved, K;
 } pc;
 
 const uint MN = MR * ND;
@@ -136,6 +137,12 @@ void make_kq(uint i, uint h, uint t) {
         k_sh[e] = rotated(n, kn, ko, j, first);
         q_sh[e] = rotated(n, qn, qo, j, first);
     }
+}
+
+// One row's state update h = α h + β Σ_r v_{t-1}^r k_{t-1}^r + γ Σ_r v^r k^r at entry n (the
+// forward, the backward's walk forward and its recompute of a segment: one expression).
+float update(float h, float a, float beta, float gamma, float prev, float cur) {
+    return a * h + beta * prev + gamma * cur;
 }
 
 // The start state's angles and keys (rows ids[i]) into th_sh, kp_sh.

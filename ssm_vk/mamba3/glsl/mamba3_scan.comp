@@ -9,7 +9,7 @@
 //
 // Bindings: mamba3_common.glsl's 0-14, then (written)
 //   15 y (S,T,M,H,P)  16 theta (S,H,F)  17 h (S,H,P,N)  18 k (S,H,M,N)  19 v (S,H,M,P)
-// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved).
+// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K).
 // Defines: ND, MR (mamba3_common.glsl). Specialisation constant 0: the workgroup size.
 
 #include "mamba3_common.glsl"
@@ -57,7 +57,7 @@ void main() {
                     prev += vp[r] * kp_sh[r * ND + n];
                     cur += v[r] * k_sh[r * ND + n];
                 }
-                hr[n] = a * hr[n] + beta * prev + gamma * cur;
+                hr[n] = update(hr[n], a, beta, gamma, prev, cur);
             }
             [[unroll]] for (uint r = 0; r < MR; ++r) {
                 float acc = 0.0;

@@ -1,8 +1,10 @@
 #version 450
 // The Mamba-3 scan, backward, token by token (docs/SPEC.md section 14.5): one workgroup per
 // (sequence i, head h) holding every channel of the head (one invocation per channel p: P <= the
-// workgroup size), which walks the tokens forward once, storing each token's state, keys and
-// angles in the work buffer, then back, carrying the cotangents of h (a row per invocation, in
+// workgroup size), which walks the tokens forward once, storing each token's keys and angles and
+// the state at every K-th token (a checkpoint) in the work buffer, then back, segment by segment
+// of K tokens from the last: each row recomputes its states of the segment from its checkpoint,
+// then the tokens are walked back carrying the cotangents of h (a row per invocation, in
 // registers), of k and θ (shared) and of v (per row). Each token back: g_h += Σ_r g_y^r q^rᵀ;
 // the per-row parts of g_q, of the k and k_prev cotangents and of g_α, g_β, g_γ into the work
 // buffer, summed over the rows in row order (fixed: bit-identical reruns); the step's
@@ -18,9 +20,10 @@
 //   20 d_B per head (S,T,M,H,N)   21 d_C per head (S,T,M,H,N)
 //   22 parts (S,H, 2MN + MP): d_B_bias (M,N) | d_C_bias (M,N) | d_psi (M,P) of sequence i
 //   23 d_start: the start state's gradients, laid out as binding 16
-//   24 work: h_t (S,H,T+1,P,N) | k_t (S,H,T+1,M,N) | θ_t (S,H,T,F) | row parts (S,H,P,3MN+3)
-// Push constants: mamba3_common.glsl's (NPB = 1). Defines: ND, MR. Specialisation constant 0:
-// the workgroup size (>= P).
+//   24 work: checkpoints h_{sK-1} (S,H,NSEG,P,N) | a segment's states (S,H,K+1,P,N) |
+//      k_t (S,H,T+1,M,N) | θ_t (S,H,T,F) | row parts (S,H,P,3MN+3);  NSEG = ceil(T / K)
+// Push constants: mamba3_common.glsl's (NPB = 1; K >= 1). Defines: ND, MR. Specialisation
+// constant 0: the workgroup size (>= P).
 
 #include "mamba3_common.glsl"
 
@@ -53,7 +56,9 @@ void main() {
     uint T1 = pc.T + 1u;
     uint PN = pc.P * ND;
     // the work buffer's parts (element offsets)
-    uint oK = pc.S * pc.H * T1 * PN;
+    uint NSEG = (pc.T + pc.K - 1u) / pc.K;
+    uint oSeg = pc.S * pc.H * NSEG * PN;
+    uint oK = oSeg + pc.S * pc.H * (pc.K + 1u) * PN;
     uint oTh = oK + pc.S * pc.H * T1 * MN;
     uint oRed = oTh + pc.S * pc.H * pc.T * pc.F;
     // the planes of g_state / d_start
@@ -67,14 +72,14 @@ void main() {
     [[unroll]] for (uint n = 0; n < ND; ++n) hr[n] = live ? sh_in[((row * pc.H + h) * pc.P + p) * ND + n] : 0.0;
     float vp[MR];
     [[unroll]] for (uint r = 0; r < MR; ++r) vp[r] = live ? sv_in[((row * pc.H + h) * MR + r) * pc.P + p] : 0.0;
-    if (live) {
-        [[unroll]] for (uint n = 0; n < ND; ++n) work[(hs * T1 * pc.P + p) * ND + n] = hr[n];
-    }
     for (uint e = me; e < MN; e += NT) work[oK + hs * T1 * MN + e] = kp_sh[e];
     for (uint e = me; e < LP; e += NT) part[hs * LP + e] = 0.0;
     memoryBarrierBuffer();
     barrier();
     for (uint t = 0; t < pc.T; ++t) {
+        if (live && t % pc.K == 0u) {   // a checkpoint: the state before token t
+            [[unroll]] for (uint n = 0; n < ND; ++n) work[((hs * NSEG + t / pc.K) * pc.P + p) * ND + n] = hr[n];
+        }
         step_angles(i, h, t);
         barrier();
         make_kq(i, h, t);
@@ -96,8 +101,7 @@ void main() {
                     prev += vp[r] * kp_sh[r * ND + n];
                     cur += v[r] * k_sh[r * ND + n];
                 }
-                hr[n] = a * hr[n] + beta * prev + gamma * cur;
-                work[((hs * T1 + t + 1u) * pc.P + p) * ND + n] = hr[n];
+                hr[n] = update(hr[n], a, beta, gamma, prev, cur);
             }
             [[unroll]] for (uint r = 0; r < MR; ++r) vp[r] = v[r];
         }
@@ -115,7 +119,42 @@ void main() {
     for (uint j = me; j < pc.F; j += NT) gth_sh[j] = gs_in[pTh + hs * pc.F + j];
     memoryBarrierBuffer();
     barrier();
-    for (uint tt = pc.T; tt > 0u; --tt) {
+    for (uint sg = NSEG; sg > 0u; --sg) {
+    uint t0 = (sg - 1u) * pc.K, t1 = min(pc.T, t0 + pc.K);
+    uint seg = oSeg + (hs * (pc.K + 1u)) * PN;   // the segment's states: h_{t0-1} .. h_{t1-1}
+    if (live) {   // this row's states of the segment, from its checkpoint (its own rows only: no barrier)
+        float vr[MR];
+        [[unroll]] for (uint n = 0; n < ND; ++n) {
+            hr[n] = work[((hs * NSEG + sg - 1u) * pc.P + p) * ND + n];
+            work[seg + p * ND + n] = hr[n];
+        }
+        [[unroll]] for (uint r = 0; r < MR; ++r) {
+            vr[r] = t0 > 0u ? psi_in[(h * MR + r) * pc.P + p] * x_in[((i * pc.T + t0 - 1u) * pc.H + h) * pc.P + p]
+                            : sv_in[((row * pc.H + h) * MR + r) * pc.P + p];
+        }
+        for (uint t = t0; t < t1; ++t) {
+            uint th_ = (i * pc.T + t) * pc.H + h;
+            float dt = dt_in[th_], lam = lam_in[th_];
+            float a = exp(dA_in[th_]);
+            float beta = a * dt * (1.0 - lam);
+            float gamma = lam * dt;
+            float xv = x_in[th_ * pc.P + p];
+            float v[MR];
+            [[unroll]] for (uint r = 0; r < MR; ++r) v[r] = psi_in[(h * MR + r) * pc.P + p] * xv;
+            uint kq = oK + (hs * T1 + t) * MN;   // k_{t-1}, then k_t at kq + MN
+            [[unroll]] for (uint n = 0; n < ND; ++n) {
+                float prev = 0.0, cur = 0.0;
+                [[unroll]] for (uint r = 0; r < MR; ++r) {
+                    prev += vr[r] * work[kq + r * ND + n];
+                    cur += v[r] * work[kq + MN + r * ND + n];
+                }
+                hr[n] = update(hr[n], a, beta, gamma, prev, cur);
+                work[seg + ((t - t0 + 1u) * pc.P + p) * ND + n] = hr[n];
+            }
+            [[unroll]] for (uint r = 0; r < MR; ++r) vr[r] = v[r];
+        }
+    }
+    for (uint tt = t1; tt > t0; --tt) {
         uint t = tt - 1u;
         for (uint j = me; j < pc.F; j += NT) {
             float ang = work[oTh + (hs * pc.T + t) * pc.F + j];
@@ -144,8 +183,8 @@ void main() {
                 gyr[r] = gy_in[(((i * pc.T + t) * MR + r) * pc.H + h) * pc.P + p];
             }
             uint rb = oRed + (hs * pc.P + p) * L;
-            uint hn = ((hs * T1 + t + 1u) * pc.P + p) * ND;   // h_t's row
-            uint hp = ((hs * T1 + t) * pc.P + p) * ND;        // h_{t-1}'s row
+            uint hn = seg + ((t - t0 + 1u) * pc.P + p) * ND;   // h_t's row
+            uint hp = seg + ((t - t0) * pc.P + p) * ND;        // h_{t-1}'s row
             float ga = 0.0, gb = 0.0, gg = 0.0;
             float gkv[MR], gkp[MR];
             [[unroll]] for (uint r = 0; r < MR; ++r) { gkv[r] = 0.0; gkp[r] = 0.0; }
@@ -240,6 +279,7 @@ void main() {
             [[unroll]] for (uint r = 0; r < MR; ++r) gv[r] = gvp[r];
         }
         barrier();
+    }
     }
 
     // ---- the start state's gradients ----
