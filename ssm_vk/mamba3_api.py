@@ -10,11 +10,19 @@ and reads the results back; one it cannot is computed by ssm_fast on the CPU (``
 the reason logged once. Inputs are host arrays (DeviceArrays are read back to the host); results
 are numpy arrays. float32 only (the float64 oracle is ssm_ref's).
 
+A call's buffers and its recorded command sequence are kept for its repeats (:class:`Kept`: per
+context, by op, dims, rotation and plan, the MAX_KEPT most recent): a repeat of a shape -- a decode loop,
+a training loop -- uploads its inputs into the same buffers and submits the sequence recorded
+the first time.
+
 update_cache=True (a decode step: T = 1) writes the four final state parts into the rows ids of
 the caller's four cache arrays in place, once the call has run.
 """
 
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -32,7 +40,9 @@ from .engine import engine_of
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
 
-__all__ = ["OPS", "M3Call", "decide", "mamba3_scan", "mamba3_scan_back", "supports"]
+__all__ = ["MAX_KEPT", "OPS", "Kept", "M3Call", "decide", "kept", "mamba3_scan", "mamba3_scan_back", "supports"]
+
+MAX_KEPT = 8   # calls (buffers and a recorded sequence each) kept per context for their repeats
 
 OPS = (MAMBA3.name, MAMBA3.backward_name)   # "mamba3_scan", "mamba3_scan_back"
 _F32 = np.dtype(np.float32)
@@ -106,8 +116,10 @@ def decide(op: str, d, knobs=None) -> _Decided:
 
 
 class M3Call:
-    """One call's buffers on the device, by name (the recording binds them: ``bind``), with the
-    plan (``plan``) and the planner's ``limits``; ``close`` gives them back to the pool."""
+    """One call shape's buffers on the device, by name (the recording binds them: ``bind``), with
+    the plan (``plan``), the planner's ``limits`` and the sequence recorded by its first run;
+    ``close`` gives them back to the pool. A repeat of the shape (:class:`Kept`) fills the same
+    buffers and submits the same sequence."""
 
     def __init__(self, ctx, engine, fp, knobs):
         self.ctx, self.plan = ctx, fp.plan
@@ -115,18 +127,21 @@ class M3Call:
         self.pool = pool(ctx)
         self.bufs: dict = {}        # name -> (Buffer, nbytes)
         self._dummy = None
+        self.seq = None             # recorded by the first run
 
     def put(self, name: str, arr: np.ndarray) -> None:
-        """A buffer holding ``arr`` (float32 or uint32, C order) under ``name``."""
+        """``arr`` (float32 or uint32, C order) into the buffer ``name`` (made on first use)."""
         a = np.ascontiguousarray(arr)
         if a.nbytes:
-            buf = self.pool.acquire(a.nbytes)
-            self.bufs[name] = (buf, a.nbytes)
-            rt.upload(buf, a)
+            hit = self.bufs.get(name)
+            if hit is None:
+                hit = self.bufs[name] = (self.pool.acquire(a.nbytes), a.nbytes)
+            assert hit[1] == a.nbytes, name
+            rt.upload(hit[0], a)
 
     def empty(self, name: str, n_elems: int) -> None:
-        """A buffer of ``n_elems`` float32 under ``name`` (written by the kernels)."""
-        if n_elems:
+        """A buffer of ``n_elems`` float32 under ``name`` (written by the kernels; made once)."""
+        if n_elems and name not in self.bufs:
             self.bufs[name] = (self.pool.acquire(4 * n_elems), 4 * n_elems)
 
     def get(self, name: str, shape: tuple) -> np.ndarray:
@@ -144,22 +159,78 @@ class M3Call:
         return (hit[0], 0, hit[1])
 
     def run(self, record) -> None:
-        """Record with ``record(seq)``, submit, wait."""
-        seq = rt.Sequence(self.ctx)
-        try:
-            record(seq)
-            seq.finish()
-            seq.submit()
-        finally:
-            seq.close()
+        """Submit the sequence (recorded with ``record(seq)`` the first time) and wait."""
+        if self.seq is None:
+            seq = rt.Sequence(self.ctx)
+            try:
+                record(seq)
+                seq.finish()
+            except BaseException:
+                seq.close()
+                raise
+            self.seq = seq
+        self.seq.submit()
 
     def close(self) -> None:
-        for buf, _ in self.bufs.values():
-            self.pool.release(buf)
-        if self._dummy is not None:
-            self.pool.release(self._dummy)
+        """The sequence freed, the buffers back to the pool (unless the context closed: its
+        pool frees them)."""
+        if self.seq is not None:
+            self.seq.close()
+            self.seq = None
+        bufs = [b for b, _ in self.bufs.values()] + ([self._dummy] if self._dummy is not None else [])
         self.bufs.clear()
         self._dummy = None
+        if self.ctx.closed or self.pool.closed:
+            return
+        for buf in bufs:
+            try:
+                self.pool.release(buf)
+            except ValueError:   # (the pool was replaced meanwhile: it is no longer this one's)
+                pass
+
+
+class Kept:
+    """The M3Calls of one context kept for their repeats, by key (op, dims, rotation, plan): a call
+    takes its shape's (:meth:`take`: exclusive, so two threads never share one) and gives it
+    back after (:meth:`give`); the least recent beyond MAX_KEPT are closed. Closed with the
+    context."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.lock = threading.Lock()
+        self.calls: OrderedDict = OrderedDict()
+        self.closed = False
+        ctx.owned.adopt(self)
+
+    def take(self, key) -> M3Call | None:
+        with self.lock:
+            return self.calls.pop(key, None)
+
+    def give(self, key, call: M3Call) -> None:
+        with self.lock:
+            if self.closed:
+                old = [call]
+            else:
+                old = [self.calls.pop(key)] if key in self.calls else []
+                self.calls[key] = call
+                while len(self.calls) > MAX_KEPT:
+                    old.append(self.calls.popitem(last=False)[1])
+        for c in old:
+            c.close()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            calls = list(self.calls.values())
+            self.calls.clear()
+        for c in calls:
+            c.close()
+        self.ctx.owned.forget(self)
+
+
+def kept(ctx) -> Kept:
+    """The context's kept Mamba-3 calls (made on first use, closed with the context)."""
+    return ctx.owned.extension("mamba3_calls", Kept)
 
 
 def _put_inputs(call: M3Call, p) -> None:
@@ -168,15 +239,22 @@ def _put_inputs(call: M3Call, p) -> None:
     call.put("ids", p.ids.astype(np.uint32))
 
 
-def _on_device(dec: _Decided, body):
-    """``body(call)`` on the decided device, its buffers given back after, the context held."""
+def _on_device(dec: _Decided, key: tuple, body):
+    """``body(call)`` on the decided device, the context held, in the call kept for ``key`` (or
+    a new one, kept after it ran; one that raised is closed)."""
     ctx = dec.ctx
     token = ctx.enter()
-    call = M3Call(ctx, dec.engine, dec.fp, config.settings())
     try:
-        return body(call)
+        store = kept(ctx)
+        call = store.take(key) or M3Call(ctx, dec.engine, dec.fp, config.settings())
+        try:
+            out = body(call)
+        except BaseException:
+            call.close()
+            raise
+        store.give(key, call)
+        return out
     finally:
-        call.close()
         ctx.leave(token)
 
 
@@ -246,7 +324,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         return (call.get("y", (S, T, M, H, P)), call.get("theta", (S, H, F)), call.get("h", (S, H, P, N)),
                 call.get("k", (S, H, M, N)), call.get("v", (S, H, M, P)))
 
-    y, theta, h, k, v = _on_device(dec, body)
+    y, theta, h, k, v = _on_device(dec, (MAMBA3.name, d, p.rotation, dec.fp.plan), body)
     where = dec.ctx.info.where
     y, k, v = _drop_rank(d, y, 2), _drop_rank(d, k, 2), _drop_rank(d, v, 2)
     if update:
@@ -302,7 +380,7 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
             ("d_x", (S, T, H, P)), ("d_step", (3, S, T, H)), ("d_dtheta", (S, T, H, F)), ("d_B", (S, T, M, G, N)),
             ("d_C", (S, T, M, G, N)), ("d_parts", (H, 2 * MN + MP)), ("d_start", (sum(st),)))}
 
-    g = _on_device(dec, body)
+    g = _on_device(dec, (MAMBA3.backward_name, d, p.rotation, dec.fp.plan), body)
     parts, start = g["d_parts"], g["d_start"]
     cut = np.cumsum(st)
     d0_th, d0_h, d0_k, d0_v = np.split(start, cut[:-1])
