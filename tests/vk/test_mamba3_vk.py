@@ -277,3 +277,20 @@ def test_the_plan_reads_the_device_limits():
     assert [segment(T) for T in (0, 1, 2, 4, 5, 16, 17, 1000)] == [1, 1, 2, 2, 3, 4, 5, 32]
     long = M3Dims(S=1, T=4096, H=1, P=64, N=128, G=1, M=1, F=32, R=1, mimo=False)
     assert work_elems(long) < work_elems(long, seg=long.T) / 10   # checkpoints: ~2 sqrt(T) states, not T
+
+
+def test_kept_calls_are_bounded_and_reused():
+    """A repeat of a shape runs in the call kept for it (its recorded sequence resubmitted, the
+    same results); at most MAX_KEPT shapes are kept per context, the older ones closed."""
+    store = mamba3_api.kept(rt.get_context())
+    case = mamba3_cases.make_case(71, S=1, T=2, H=2, P=3, N=4, G=1, F=1)
+    first = ssm_vk.mamba3_scan(**_args(case))
+    held = [c for c in store.calls.values()]
+    again = ssm_vk.mamba3_scan(**_args(case))
+    assert [c for c in store.calls.values()] == held and all(c.seq is not None for c in held)
+    assert again.y.tobytes() == first.y.tobytes()
+    closed = list(store.calls.values())
+    for T in range(3, 3 + mamba3_api.MAX_KEPT + 1):
+        ssm_vk.mamba3_scan(**_args(mamba3_cases.make_case(72, S=1, T=T, H=2, P=3, N=4, G=1, F=1)))
+    assert len(store.calls) == mamba3_api.MAX_KEPT
+    assert all(c.seq is None and not c.bufs for c in closed)
