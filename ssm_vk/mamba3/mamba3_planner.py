@@ -80,6 +80,8 @@ def part_elems(d: M3Dims) -> int:
 def plan_call(req: Request) -> M3Plan:
     """The plan of the call (family.Family.plan); TooLarge where the device cannot hold it."""
     d, lim = req.dims, req.lim
+    if d.N < 1:   # (the kernels hold a state row in registers: an array of N >= 1 entries)
+        raise TooLarge("the Mamba-3 kernels need a state size N >= 1, got N = 0")
     most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
     least = min(max(lim.subgroup_size, 1), most)
     if req.backward:
@@ -97,7 +99,7 @@ def plan_call(req: Request) -> M3Plan:
                                f"this device ({cap * 4} bytes)")
     else:
         wg = min(max(least, _pow2_at_least(d.P)), max(least, min(most, FWD_WG_MAX)))
-        npb = -(-d.P // wg)
+        npb = max(1, -(-d.P // wg))   # (P = 0: one block still writes θ and k)
         cap = binding_cap(lim)
         for what, n in (("y", d.S * d.T * d.M * d.H * d.P), ("B", d.S * d.T * d.M * d.G * d.N),
                         ("state h", d.R * d.H * d.P * d.N)):

@@ -294,3 +294,17 @@ def test_kept_calls_are_bounded_and_reused():
         ssm_vk.mamba3_scan(**_args(mamba3_cases.make_case(72, S=1, T=T, H=2, P=3, N=4, G=1, F=1)))
     assert len(store.calls) == mamba3_api.MAX_KEPT
     assert all(c.seq is None and not c.bufs for c in closed)
+
+
+@pytest.mark.parametrize("sizes", [dict(N=0, F=0), dict(P=0), dict(H=0)], ids=str)
+def test_empty_axes(sizes):
+    """N = 0 runs on the CPU (supports() says why); no channels or no heads run on the device;
+    all as the reference."""
+    case = mamba3_cases.make_case(81, S=2, T=2, **{**dict(H=2, P=2, N=4, G=1, F=1), **sizes})
+    a = _args(case)
+    sup = ssm_vk.supports("mamba3_scan", **a)
+    assert sup.ok == (sizes.get("N") != 0), sup
+    if not sup.ok:
+        assert "N >= 1" in sup.reason
+    assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
+    assert GENERIC["oracle_backward"].check(ssm_vk, case, TOL)
