@@ -308,3 +308,13 @@ def test_empty_axes(sizes):
         assert "N >= 1" in sup.reason
     assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
     assert GENERIC["oracle_backward"].check(ssm_vk, case, TOL)
+
+
+@pytest.mark.parametrize("what,value", [("dtheta", np.nan), ("x", np.inf), ("dA", np.nan), ("B", -np.inf)])
+def test_non_finite_inputs_flow_as_the_reference(what, value):
+    """inf and nan flow through the forward and the backward where the reference's do (the
+    comparisons require the same non-finite entries: docs/SPEC.md section 8)."""
+    case = mamba3_cases.make_case(91, S=2, T=3, H=2, P=2, N=4, G=1, M=2, F=2)
+    case.inputs[what].reshape(-1)[1] = value
+    assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
+    assert GENERIC["oracle_backward"].check(ssm_vk, case, TOL)
