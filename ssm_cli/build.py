@@ -95,11 +95,11 @@ def profiles(spec: str) -> list[tuple[str, object]]:
 
 
 def variants(limits_list, n_values: list[int], p_values: tuple = (), chunked_n=None) -> list[tuple[str, dict]]:
-    """Every (shader, defines) of the packaged matrix: ssm_vk.registry.matrix under the knobs set
-    now (none, for a wheel)."""
+    """Every (shader, defines) of the packaged matrix: ssm_vk.registry.matrix_all (every op's)
+    under the knobs set now (none, for a wheel)."""
     from ssm_vk import config, registry
 
-    return registry.matrix(limits_list, n_values, p_values, chunked_n, config.settings())
+    return registry.matrix_all(limits_list, n_values, p_values, chunked_n, config.settings())
 
 
 def n_list(text: str, what: str) -> list[int]:
@@ -141,7 +141,8 @@ def run(args) -> int:
     print(f"wrote {len(written)} SPIR-V variants ({bytes_(total)}) and index.json to {out}")
     print(f"  token-sequential kernels (Mamba-1 and Mamba-2, forward and backward; also with state snapshots and in "
           f"the invariant mode) for N = {_ranges(n_values)}; "
-          f"chunked Mamba-2 kernels for P = {_ranges(p_values)} x N = {_ranges(chunked_n)}")
+          f"chunked Mamba-2 kernels for P = {_ranges(p_values)} x N = {_ranges(chunked_n)}; Mamba-3 token-sequential "
+          f"kernels (mamba3_scan) for the packaged N x M among those N")
     for label, _ in profs:
         if label.startswith("local"):
             print(f"  for {label}")

@@ -2,7 +2,8 @@
 family's ssm_vk/<family>/glsl/), driven from
 Python through the ``vulkan`` binding.
 
-Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``), plus
+Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``; the
+Mamba-3 scan's ``mamba3_scan``, ``mamba3_scan_back``: ssm_vk/mamba3/), plus
 device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``, and calls prepared once
 and replayed (``prepare_scan``, ``prepare_scan_back``). ``SSM_VK_DEVICE=<index>``
 picks the device (default: first discrete GPU, else integrated, else a CPU implementation such
@@ -20,6 +21,7 @@ from ssm_ref._version import __version__
 from . import config, runtime
 from .api import NAME, ssm_scan, ssm_scan_back, supports
 from .arrays import DeviceArray, to_device
+from .mamba3_api import mamba3_scan, mamba3_scan_back
 from .prepared import PreparedCall, prepare_scan, prepare_scan_back
 from .runtime import DeviceInfo
 
@@ -41,4 +43,5 @@ def __dir__():
 
 
 __all__ = ["NAME", "SNAPSHOTS", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
-           "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan", "ssm_scan_back", "supports", "to_device"]
+           "mamba3_scan", "mamba3_scan_back", "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan",
+           "ssm_scan_back", "supports", "to_device"]

@@ -1,5 +1,6 @@
 """The functions of docs/API.md for the Vulkan backend: validate -> decide (ssm_vk.decision) -> run
-(ssm_vk.run) or fall back to the CPU; the results."""
+(ssm_vk.run) or fall back to the CPU; the results. The Mamba-3 op's (``mamba3_scan``,
+``mamba3_scan_back``) are ssm_vk.mamba3_api's; :func:`supports` answers for every op."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_updat
 from ssm_ref.checks import MISSING, write_cache_rows
 from ssm_ref.ops import SCAN
 
-from . import config, outputs, replay_cache, run
+from . import config, mamba3_api, outputs, replay_cache, run
 from .arrays import DeviceArray, upload_to
 from .support import FORMS, INPUTS, NAME, decision, form_code, log_once
 from .validate import check_backward, check_forward, frozen_result
@@ -40,9 +41,19 @@ def _out_result(out: dict, where: str, K: int) -> ScanResult:
     return r
 
 
-def supports(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
-             invariant=False) -> Support:
-    """Whether ssm_vk runs this case on the GPU; ``reason`` says why not (then ssm_scan /
+def supports(op, *args, **kw) -> Support:
+    """Whether ssm_vk runs this case on the GPU, and why not. ``op`` "ssm_scan" or "ssm_scan_back"
+    takes the arguments of ssm_scan (:func:`supports_scan`); "mamba3_scan" or "mamba3_scan_back"
+    those of mamba3_scan (ssm_vk.mamba3_api.supports). Bad input raises as the call would."""
+    if op in mamba3_api.OPS:
+        return mamba3_api.supports(op, *args, **kw)
+    ssm_ref.check_op(op)   # (the scan's message for an op of neither)
+    return supports_scan(op, *args, **kw)
+
+
+def supports_scan(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
+                  invariant=False) -> Support:
+    """Whether ssm_vk runs this case of the selective scan on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
     the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
     (``s=None`` and ``snapshots=K`` included: for ``ssm_scan_back`` the answer for a backward

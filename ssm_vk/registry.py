@@ -49,6 +49,7 @@ from .config import DEFAULTS, Settings, settings
 from .family import Family, FamilyPlan, Request
 from .kernel_specs import KernelSpec, reduce_spec, rows_spec
 from .m1 import FAMILY as M1
+from .mamba3 import FAMILY as MAMBA3
 from .sequential import FAMILY as SEQUENTIAL
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ if TYPE_CHECKING:
 
     from .sizing import Limits
 
-__all__ = ["Op", "OPS", "plan", "fallback_of", "kernels_needed", "matrix", "MODES", "MODES_N", "modes_matrix"]
+__all__ = ["Op", "OPS", "plan", "fallback_of", "kernels_needed", "matrix", "matrix_all", "MODES", "MODES_N",
+           "modes_matrix"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Op:
 
 # The chunked kernels first (where they take a shape they are the fastest), then Mamba-1 with time
 # in threads, then the token-sequential kernels (over time chunks where those apply, else token by
-# token). Every family declares the op it computes: an op lists its own.
-OPS = {"ssm_scan": Op("ssm_scan", (CHUNKED, M1, SEQUENTIAL))}
+# token). Every family declares the op it computes: an op lists its own. Mamba-3 (docs/SPEC.md
+# section 14): its token-sequential kernels, for now its one family.
+OPS = {"ssm_scan": Op("ssm_scan", (CHUNKED, M1, SEQUENTIAL)), "mamba3_scan": Op("mamba3_scan", (MAMBA3,))}
 assert all(f.op == op.name for op in OPS.values() for f in op.families)
 
 
@@ -141,11 +144,26 @@ def matrix(limits_list: list[Limits], n_values, p_values=(), chunked_n=None, kno
     pn_values = n_values if chunked_n is None else chunked_n
     for fam in OPS[op].families:
         add(fam.matrix(limits_list, n_values, p_values, pn_values, knobs))
-    add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
-    modes_n = [n for n in n_values if n in MODES_N]
-    for lim in limits_list:
-        add(modes_matrix(lim, modes_n, knobs, op))
+    if op == "ssm_scan":   # the scan's shared kernels and its modes (only its fallback takes them)
+        add((reduce_spec(0), reduce_spec(1), reduce_spec(2), rows_spec()))
+        modes_n = [n for n in n_values if n in MODES_N]
+        for lim in limits_list:
+            add(modes_matrix(lim, modes_n, knobs, op))
     return [(name, dict(defines)) for name, defines in seen]
+
+
+def matrix_all(limits_list: list[Limits], n_values, p_values=(), chunked_n=None,
+               knobs: Settings = DEFAULTS) -> list[tuple[str, dict]]:
+    """:func:`matrix` of every op, the scan's first (its part the same, in the same order, as
+    before any other op was added), without duplicates."""
+    out, seen = [], set()
+    for op in OPS:
+        for name, defines in matrix(limits_list, n_values, p_values, chunked_n, knobs, op):
+            key = (name, tuple(sorted(defines.items())))
+            if key not in seen:
+                seen.add(key)
+                out.append((name, defines))
+    return out
 
 
 # The modes whose plans only the op's fallback runs (:func:`plan`), as (invariant, snap): K > 1

@@ -20,7 +20,7 @@ from .kernel_specs import SOFTPLUS
 if TYPE_CHECKING:
     from . import config
 
-__all__ = ["NAME", "INPUTS", "FORMS", "Decided", "decision", "form_code", "log_once"]
+__all__ = ["NAME", "INPUTS", "FORMS", "Decided", "context_or_reason", "decision", "form_code", "log_once"]
 
 NAME = "ssm_vk"
 log = logging.getLogger("ssm_vk")
@@ -37,7 +37,9 @@ def log_once(message: str) -> None:
     log.warning("%s", message)
 
 
-def _context_or_reason():
+def context_or_reason():
+    """(the open context, "") or (None, why no device can be used in this process): opened on
+    first use; a device that would not open here is not tried again by this process."""
     ctx = rt.current_context()
     if ctx is not None and not ctx.closed and not ctx.lost:
         return ctx, ""  # the per-call fast path
@@ -93,7 +95,7 @@ def decision(op: str, p, knobs: config.Settings, softplus: int = 0) -> Decided:
     step's form."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:  # (current_context() is open or None)
-        ctx, reason = _context_or_reason()
+        ctx, reason = context_or_reason()
         if ctx is None:
             return Decided(Support(False, reason))
     engine = engine_of(ctx)

@@ -36,7 +36,7 @@ LAYERS = (
     ("ssm_vk.recording",),
     # the kernel families, side by side: each its planner, kernel specs, recording (and shaders);
     # none imports another
-    ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1"),
+    ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1", "ssm_vk.mamba3"),
     # what lists them (the registry: plan, kernels needed, packaged matrix); the budget (a plan's
     # memory, asked of its family)
     ("ssm_vk.registry", "ssm_vk.budget"),
@@ -52,6 +52,7 @@ LAYERS = (
     ("ssm_vk.replay",),
     ("ssm_vk.prepared", "ssm_vk.replay_cache"),
     # the plain calls
+    ("ssm_vk.mamba3_api",),
     ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names
 )
@@ -125,7 +126,7 @@ def test_imports_go_one_way_down(module):
                                         f"a layer above it")
 
 
-FAMILIES = ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1")
+FAMILIES = ("ssm_vk.sequential", "ssm_vk.chunked", "ssm_vk.m1", "ssm_vk.mamba3")
 REGISTRY = "ssm_vk.registry"
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "ssm_vk"
-FAMILIES = ("sequential", "chunked", "m1")
+FAMILIES = ("sequential", "chunked", "m1", "mamba3")
 # Each family's kernel specs and recording (not its <family>_planner.py: its planner), what the families share
 # after planning, and what runs a call.
 AFTER_PLANNING = sorted([PKG / "recording.py",

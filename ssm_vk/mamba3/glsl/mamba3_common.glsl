@@ -1,0 +1,156 @@
+// Shared parts of the token-sequential Mamba-3 kernels (mamba3_scan.comp, mamba3_scan_back.comp):
+// the inputs' bindings 0-14, the push constants, the pair of a rotated entry, the rotation of
+// a token's biased keys and queries. Letters as in docs/SPEC.md section 14: S sequences,
+// T tokens, H heads, P channels per head, N state size, G groups, M rank, F rotated pairs,
+// R cache rows.
+//
+// Layout: one invocation per state row p of a head (its N values in registers); the token's
+// rotated keys and queries, the previous token's keys and the angles in shared memory, made by
+// the workgroup's invocations together (entries strided over the workgroup).
+//
+// Defines (ssm_vk/mamba3/mamba3_specs.py):
+//   ND  the state size N (register rows, shared arrays)
+//   MR  the rank M (1: SISO)
+// The workgroup size is specialisation constant 0 (local_size_x_id): the planner's, from the
+// device's limits.
+//
+// Bindings 0-14 (float32 unless noted; every array whole, from element 0):
+//   0 x (S,T,H,P)  1 dt (S,T,H)  2 dA (S,T,H)  3 lam (S,T,H)  4 B (S,T,M,G,N)  5 C (S,T,M,G,N)
+//   6 B_bias (H,M,N)  7 C_bias (H,M,N)  8 dtheta (S,T,H,F)  9 psi (H,M,P)
+//   10 s_theta (R,H,F)  11 s_h (R,H,P,N)  12 s_k (R,H,M,N)  13 s_v (R,H,M,P)  14 ids (S) uint
+// Push constants (uint32, this order): S, T, H, P, G, F, R, gx, NPB (channel blocks per head),
+// halved (1: pairs (j, j + N/2), 0: pairs (2j, 2j + 1)), K (the backward's tokens per segment;
+// the forward: unused).
+
+#extension GL_EXT_control_flow_attributes : enable
+
+layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
+
+layout(std430, binding = 0) readonly buffer Bx { float x_in[]; };
+layout(std430, binding = 1) readonly buffer Bdt { float dt_in[]; };
+layout(std430, binding = 2) readonly buffer BdA { float dA_in[]; };
+layout(std430, binding = 3) readonly buffer Blam { float lam_in[]; };
+layout(std430, binding = 4) readonly buffer BB { float B_in[]; };
+layout(std430, binding = 5) readonly buffer BC { float C_in[]; };
+layout(std430, binding = 6) readonly buffer BBb { float Bb_in[]; };
+layout(std430, binding = 7) readonly buffer BCb { float Cb_in[]; };
+layout(std430, binding = 8) readonly buffer Bdth { float dth_in[]; };
+layout(std430, binding = 9) readonly buffer Bpsi { float psi_in[]; };
+layout(std430, binding = 10) readonly buffer Bsth { float sth_in[]; };
+layout(std430, binding = 11) readonly buffer Bsh { float sh_in[]; };
+layout(std430, binding = 12) readonly buffer Bsk { float sk_in[]; };
+layout(std430, binding = 13) readonly buffer Bsv { float sv_in[]; };
+layout(std430, binding = 14) readonly buffer Bids { uint ids_in[]; };
+
+layout(push_constant) uniform PC {
+    uint S, T, H, P, G, F, R, gx, NPB, halved, K;
+} pc;
+
+const uint MN = MR * ND;
+const uint NF = ND / 2 + 1;   // room for the F <= N/2 angles
+const float TWO_PI = 6.28318530717958647692;
+
+shared float th_sh[NF];      // θ of the token
+shared float cs_sh[NF];      // cos θ_j
+shared float sn_sh[NF];      // sin θ_j
+shared float k_sh[MN];       // the token's keys k^r (biased, rotated)
+shared float q_sh[MN];       // the token's queries q^r
+shared float kp_sh[MN];      // the previous token's keys
+
+// Entry n's rotated pair: its angle's index j (-1: n passes through), whether n is the pair's
+// first member (a), and the other member's index.
+int pair_of(uint n, out bool first, out uint other) {
+    first = false;
+    other = n;
+    if (pc.halved != 0u) {
+        uint half_n = ND / 2u;
+        if (n < pc.F) { first = true; other = n + half_n; return int(n); }
+        if (n >= half_n && n - half_n < pc.F) { other = n - half_n; return int(n - half_n); }
+        return -1;
+    }
+    uint j = n >> 1u;
+    if (j < pc.F) { first = (n & 1u) == 0u; other = n ^ 1u; return int(j); }
+    return -1;
+}
+
+// Rot(θ) of entry n of u, whose own value is u_n and whose pair's other member is u_o:
+// (u_a, u_b) -> (u_a cos - u_b sin, u_a sin + u_b cos).
+float rotated(uint n, float u_n, float u_o, int j, bool first) {
+    if (j < 0) return u_n;
+    float c = cs_sh[j], s = sn_sh[j];
+    return first ? u_n * c - u_o * s : u_o * s + u_n * c;
+}
+
+// (sin x, cos x) in float32 within about 2 ulp on every device, whatever its own sin and cos (a
+// GPU's are often approximations): x = j π/4 + r, |r| <= π/4, with π/4 in three parts
+// (Cody-Waite) and Cephes sinf/cosf's minimax polynomials on r; the octant j picks the
+// polynomial and the signs (as ssm_fast.mathf.sincos_f32). Exact reduction up to |x| = 8192 (the
+// angles are in [0, 2π]); beyond it, and for inf and nan, nan.
+vec2 sincos_f32(float x) {
+    float ax = abs(x);
+    if (!(ax <= 8192.0)) return vec2(uintBitsToFloat(0x7fc00000u));
+    int j = int(ax * 1.27323954473516);
+    j = (j + 1) & -2;                        // the even octant nearest below-or-at: r in [-π/4, π/4]
+    float y = float(j);
+    float r = ax - y * 0.78515625;
+    r = r - y * 2.4187564849853515625e-4;
+    r = r - y * 3.77489497744594108e-8;
+    float z = r * r;
+    float ps = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+    float pc = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+    j = j & 7;
+    bool swap = (j & 2) != 0;                // octants 2, 6: sin and cos polynomials trade places
+    float sn = swap ? pc : ps;
+    float cs = swap ? ps : pc;
+    if ((j >= 4) != (x < 0.0)) sn = -sn;
+    if (j == 2 || j == 4) cs = -cs;
+    return vec2(sn, cs);
+}
+
+// θ_t = (θ_{t-1} + dθ_t) mod 2π and its cos, sin, for sequence i, head h, token t (every
+// invocation must reach it; a barrier after it is the caller's).
+void step_angles(uint i, uint h, uint t) {
+    for (uint j = gl_LocalInvocationIndex; j < pc.F; j += gl_WorkGroupSize.x) {
+        float a = th_sh[j] + dth_in[((i * pc.T + t) * pc.H + h) * pc.F + j];
+        a = a - TWO_PI * floor(a / TWO_PI);
+        th_sh[j] = a;
+        vec2 sc = sincos_f32(a);
+        sn_sh[j] = sc.x;
+        cs_sh[j] = sc.y;
+    }
+}
+
+// The token's rotated keys and queries into k_sh, q_sh (after step_angles and a barrier).
+void make_kq(uint i, uint h, uint t) {
+    uint g = h / (pc.H / pc.G);
+    for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) {
+        uint r = e / ND, n = e % ND;
+        bool first;
+        uint o;
+        int j = pair_of(n, first, o);
+        uint base = (((i * pc.T + t) * MR + r) * pc.G + g) * ND;
+        uint bb = (h * MR + r) * ND;
+        float kn = B_in[base + n] + Bb_in[bb + n];
+        float qn = C_in[base + n] + Cb_in[bb + n];
+        float ko = B_in[base + o] + Bb_in[bb + o];
+        float qo = C_in[base + o] + Cb_in[bb + o];
+        k_sh[e] = rotated(n, kn, ko, j, first);
+        q_sh[e] = rotated(n, qn, qo, j, first);
+    }
+}
+
+// One row's state update h = α h + β Σ_r v_{t-1}^r k_{t-1}^r + γ Σ_r v^r k^r at entry n (the
+// forward, the backward's walk forward and its recompute of a segment: one expression).
+float update(float h, float a, float beta, float gamma, float prev, float cur) {
+    return a * h + beta * prev + gamma * cur;
+}
+
+// The start state's angles and keys (rows ids[i]) into th_sh, kp_sh.
+void load_start(uint row, uint h) {
+    for (uint j = gl_LocalInvocationIndex; j < pc.F; j += gl_WorkGroupSize.x) {
+        th_sh[j] = sth_in[(row * pc.H + h) * pc.F + j];
+    }
+    for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) {
+        kp_sh[e] = sk_in[(row * pc.H + h) * MN + e];
+    }
+}

@@ -1,0 +1,83 @@
+#version 450
+// The Mamba-3 scan, forward, token by token (docs/SPEC.md section 14.2): one workgroup per
+// (sequence i, head h, block of channels), one invocation per channel p of the block, which
+// holds its state row h[p, :] (N values) in registers across every token; the angles, the
+// token's rotated keys and queries and the previous token's keys in shared memory; v_{t-1}^r[p]
+// in registers. Each token: θ_t and its cos, sin; k_t, q_t (bias, then rotation); the row's
+// update h = α h + β Σ_r v_{t-1}^r k_{t-1}^r + γ Σ_r v_t^r k_t^r; y_t^r[p] = h · q^r.
+// At the end the final state: θ and k by the block-0 workgroup, h and v by each row.
+//
+// Bindings: mamba3_common.glsl's 0-14, then (written)
+//   15 y (S,T,M,H,P)  16 theta (S,H,F)  17 h (S,H,P,N)  18 k (S,H,M,N)  19 v (S,H,M,P)
+// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K).
+// Defines: ND, MR (mamba3_common.glsl). Specialisation constant 0: the workgroup size.
+
+#include "mamba3_common.glsl"
+
+layout(std430, binding = 15) writeonly buffer By { float y_out[]; };
+layout(std430, binding = 16) writeonly buffer Bth { float th_out[]; };
+layout(std430, binding = 17) writeonly buffer Bh { float h_out[]; };
+layout(std430, binding = 18) writeonly buffer Bk { float k_out[]; };
+layout(std430, binding = 19) writeonly buffer Bv { float v_out[]; };
+
+void main() {
+    uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
+    if (wg >= pc.S * pc.H * pc.NPB) return;   // (the whole workgroup: no barrier is split)
+    uint blk = wg % pc.NPB;
+    uint h = (wg / pc.NPB) % pc.H;
+    uint i = wg / (pc.NPB * pc.H);
+    uint p = blk * gl_WorkGroupSize.x + gl_LocalInvocationIndex;
+    bool live = p < pc.P;
+    uint row = ids_in[i];
+
+    float hr[ND];
+    float vp[MR];
+    load_start(row, h);
+    [[unroll]] for (uint n = 0; n < ND; ++n) hr[n] = live ? sh_in[((row * pc.H + h) * pc.P + p) * ND + n] : 0.0;
+    [[unroll]] for (uint r = 0; r < MR; ++r) vp[r] = live ? sv_in[((row * pc.H + h) * MR + r) * pc.P + p] : 0.0;
+    barrier();
+
+    for (uint t = 0; t < pc.T; ++t) {
+        step_angles(i, h, t);
+        barrier();
+        make_kq(i, h, t);
+        barrier();
+        uint th_ = (i * pc.T + t) * pc.H + h;
+        float dt = dt_in[th_], lam = lam_in[th_];
+        float a = exp(dA_in[th_]);
+        float beta = a * dt * (1.0 - lam);
+        float gamma = lam * dt;
+        if (live) {
+            float xv = x_in[th_ * pc.P + p];
+            float v[MR];
+            [[unroll]] for (uint r = 0; r < MR; ++r) v[r] = psi_in[(h * MR + r) * pc.P + p] * xv;
+            [[unroll]] for (uint n = 0; n < ND; ++n) {
+                float prev = 0.0, cur = 0.0;
+                [[unroll]] for (uint r = 0; r < MR; ++r) {
+                    prev += vp[r] * kp_sh[r * ND + n];
+                    cur += v[r] * k_sh[r * ND + n];
+                }
+                hr[n] = update(hr[n], a, beta, gamma, prev, cur);
+            }
+            [[unroll]] for (uint r = 0; r < MR; ++r) {
+                float acc = 0.0;
+                [[unroll]] for (uint n = 0; n < ND; ++n) acc += hr[n] * q_sh[r * ND + n];
+                y_out[(((i * pc.T + t) * MR + r) * pc.H + h) * pc.P + p] = acc;
+                vp[r] = v[r];
+            }
+        }
+        barrier();
+        for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) kp_sh[e] = k_sh[e];
+        barrier();
+    }
+
+    uint hs = i * pc.H + h;
+    if (blk == 0u) {
+        for (uint j = gl_LocalInvocationIndex; j < pc.F; j += gl_WorkGroupSize.x) th_out[hs * pc.F + j] = th_sh[j];
+        for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) k_out[hs * MN + e] = kp_sh[e];
+    }
+    if (live) {
+        [[unroll]] for (uint n = 0; n < ND; ++n) h_out[(hs * pc.P + p) * ND + n] = hr[n];
+        [[unroll]] for (uint r = 0; r < MR; ++r) v_out[(hs * MR + r) * pc.P + p] = vp[r];
+    }
+}

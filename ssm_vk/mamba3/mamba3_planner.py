@@ -1,0 +1,119 @@
+"""The plan of a Mamba-3 call on the token-sequential kernels (glsl/mamba3_scan.comp,
+mamba3_scan_back.comp): the workgroup size, the channel blocks per head and the scratch.
+
+The forward runs one workgroup per (sequence, head, block of channels), one invocation per
+channel: the workgroup size is the power of two at or above P, at least the device's subgroup
+size and at most its workgroup limits (and FWD_WG_MAX); P beyond it takes several blocks. The
+backward runs one workgroup per (sequence, head) with every channel of the head in it (its sums
+over the channels are in the workgroup), so P must fit one workgroup of the device. Its work
+buffer holds every token's keys and angles, the state at every ``seg``-th token (checkpoints),
+one segment's states (recomputed from its checkpoint before the segment is walked back) and the
+channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
+together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
+still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
+the CPU). Pure Python; the family reads no knobs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..sizing import TooLarge, binding_cap, grid
+
+if TYPE_CHECKING:
+    from ssm_ref.mamba3_checks import M3Dims
+
+    from ..family import Request
+
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems"]
+
+# The forward's largest workgroup: more channels per head take several blocks (more workgroups
+# to spread over the device) rather than one larger workgroup.
+FWD_WG_MAX = 128
+
+
+@dataclass(frozen=True)
+class M3Plan:
+    """``wg`` threads per workgroup, ``npb`` channel blocks per head (the backward: 1),
+    ``groups`` workgroups of the scan kernel and their (gx, gy) grid; ``seg`` the backward's
+    tokens per recomputed segment (the forward: 1)."""
+
+    wg: int
+    npb: int
+    groups: int
+    gx: int
+    gy: int
+    seg: int = 1
+
+
+def _pow2_at_least(n: int) -> int:
+    w = 1
+    while w < n:
+        w *= 2
+    return w
+
+
+def segment(T: int) -> int:
+    """The backward's tokens per segment: ceil(sqrt(T)), at least 1."""
+    k = max(1, math.isqrt(max(T, 0)))
+    return k if k * k >= T else k + 1
+
+
+def work_elems(d: M3Dims, seg: int | None = None) -> int:
+    """Float32 elements of the backward's work buffer for segments of ``seg`` tokens (default
+    :func:`segment`): the checkpoints (S,H,ceil(T/seg),P,N), a segment's states (S,H,seg+1,P,N),
+    k_t (S,H,T+1,M,N), θ_t (S,H,T,F) and the channels' parts of a token's sums (S,H,P,3MN+3)."""
+    seg = segment(d.T) if seg is None else seg
+    SH = d.S * d.H
+    MN = d.M * d.N
+    nseg = -(-d.T // seg)
+    return SH * ((nseg + seg + 1) * d.P * d.N + (d.T + 1) * MN + d.T * d.F + d.P * (3 * MN + 3))
+
+
+def part_elems(d: M3Dims) -> int:
+    """The backward's per-sequence parts of d_B_bias, d_C_bias, d_psi: (S, H, 2MN + MP)."""
+    return d.S * d.H * (2 * d.M * d.N + d.M * d.P)
+
+
+def plan_call(req: Request) -> M3Plan:
+    """The plan of the call (family.Family.plan); TooLarge where the device cannot hold it."""
+    d, lim = req.dims, req.lim
+    if d.N < 1:   # (the kernels hold a state row in registers: an array of N >= 1 entries)
+        raise TooLarge("the Mamba-3 kernels need a state size N >= 1, got N = 0")
+    most = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    least = min(max(lim.subgroup_size, 1), most)
+    if req.backward:
+        wg = max(least, _pow2_at_least(d.P))
+        if wg > most:
+            raise TooLarge(f"the Mamba-3 backward holds a head's P = {d.P} channels in one workgroup, above this "
+                           f"device's {most} invocations")
+        npb = 1
+        cap = binding_cap(lim)
+        for what, n in (("work buffer (checkpoints, a segment's states, every token's keys)", work_elems(d)),
+                        ("per-head d_B slab", d.S * d.T * d.M * d.H * d.N),
+                        ("y gradient", d.S * d.T * d.M * d.H * d.P)):
+            if n > cap:
+                raise TooLarge(f"the Mamba-3 backward's {what} ({n * 4} bytes) exceeds one storage-buffer binding of "
+                               f"this device ({cap * 4} bytes)")
+    else:
+        wg = min(max(least, _pow2_at_least(d.P)), max(least, min(most, FWD_WG_MAX)))
+        npb = max(1, -(-d.P // wg))   # (P = 0: one block still writes θ and k)
+        cap = binding_cap(lim)
+        for what, n in (("y", d.S * d.T * d.M * d.H * d.P), ("B", d.S * d.T * d.M * d.G * d.N),
+                        ("state h", d.R * d.H * d.P * d.N)):
+            if n > cap:
+                raise TooLarge(f"the Mamba-3 scan's {what} ({n * 4} bytes) exceeds one storage-buffer binding of this "
+                               f"device ({cap * 4} bytes)")
+    groups = d.S * d.H * npb
+    gx, gy = grid(groups, lim)
+    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy, seg=segment(d.T) if req.backward else 1)
+
+
+def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:
+    """The float32 elements of the scratch the recording requests, by name (family.Family.scratch)."""
+    if not backward:
+        return {}
+    slab = d.S * d.T * d.M * d.H * d.N
+    return {"m3_work": work_elems(d), "m3_dB_heads": slab, "m3_dC_heads": slab, "m3_parts": part_elems(d)}
