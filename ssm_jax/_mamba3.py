@@ -59,7 +59,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     s_h (R,H,P,N), s_k (R,H,N), s_v (R,H,P); MIMO rank M: B and C (S,T,M,G,N), biases (H,M,N),
     psi (H,M,P) or None, s_k (R,H,M,N), s_v (R,H,M,P). The four states all None (zero start, ids
     None) or all given; ids (S,) integers or None. rotation "interleaved" or "halved". backend:
-    "ssm_fast", "ssm_ref" (or "fast", "ref"), or None: ssm_fast where it computes the op, else
+    "ssm_fast", "ssm_vk", "ssm_ref" (or "fast", "vk", "ref"), or None: ssm_fast where it computes the op, else
     ssm_ref. Computed in float32 (float64 with backend="ssm_ref", x64 enabled and every float
     input float64).
 

@@ -145,7 +145,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     None) or all given; ids (S,) integers in [0, R) (a tensor, list or range) or None (arange(S)).
     dt is the step (positive, no softplus inside), dA = A*dt, lam after its sigmoid, dtheta the
     angle increment. rotation: "interleaved" (pairs (2j, 2j+1)) or "halved" (pairs (j, j + N/2)).
-    backend: "ssm_fast", "ssm_ref" (or "fast", "ref"), or None: ssm_fast where it computes the op,
+    backend: "ssm_fast", "ssm_vk", "ssm_ref" (or "fast", "vk", "ref"), or None: ssm_fast where it computes the op,
     else ssm_ref. Tensors of any float dtype on the CPU (or meta); computed in float32 (float64
     with backend="ssm_ref" when every float input is float64).
 
@@ -155,7 +155,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     ``torch.ops.ssm_scan.mamba3_scan``: torch.compile traces it without a graph break.
 
     Raises TypeError for an argument that is not a tensor, ValueError for a tensor on a device
-    the backends cannot read (a CUDA tensor: no backend computes this op on the GPU; move it with
+    the backends cannot read (a CUDA tensor: ssm_vk's Mamba-3 kernels take host arrays; move it with
     .cpu()), for a backend that does not compute the op, and the backends' TypeError / ValueError
     naming the argument for shapes and dtypes (before any work).
     """
