@@ -5,6 +5,9 @@ VENV     := .venv
 VPY      := $(VENV)/bin/python
 APT_PKGS := python3 python3-venv libvulkan1 mesa-vulkan-drivers glslc vulkan-validationlayers cmake g++
 STAMP    := $(VENV)/.installed
+# pytest-xdist workers: one more than the cores, since many tests wait on a child process or on
+# lavapipe's threads (on 2 cores: 3 workers, 265 s, against 292 s with one per core)
+WORKERS  ?= $(shell echo $$(( $$(nproc) + 1 )))
 TEST_STAMP := $(VENV)/.test-extras
 # ggml's CPU backend, built from the sdist of ggml-python 0.0.45 (its vendored ggml 0.15.3, whose
 # ggml_ssm_scan has no K), for ssm_ggml's tests and the check and fuzz below; and from the sdist of
@@ -20,9 +23,9 @@ GGML_ENV := SSM_GGML_LIB=$(GGML_LIB) SSM_GGML_K_LIB=$(GGML_K_LIB)
 GGML_PROPS := --min-T 1 --property oracle_forward --property permute_sequences \
              --property group_broadcast --property mamba2_as_mamba1 --property deterministic \
              --property nonfinite_pattern
-GGML_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
+GGML_FUZZ := --minutes 0.25 --seed 0 $(GGML_PROPS)
 # On the K build the fuzzer also draws K = 1..5 state snapshots (slots k < T compared: ggml's).
-GGML_K_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
+GGML_K_FUZZ := --minutes 0.25 --seed 0 $(GGML_PROPS)
 
 .PHONY: demo test setup apt lint dist wheel check-install clean ggml ggml-check
 
@@ -30,13 +33,13 @@ GGML_K_FUZZ := --minutes 0.5 --seed 0 $(GGML_PROPS)
 demo: setup
 	$(VENV)/bin/ssm-scan demo
 
-# ruff, the test suite (a worker process per core, pytest-xdist; ssm_ggml's tests against the ggml
-# builds), ssm-scan check and a short fuzz of ggml's CPU backend, then the built sdist and wheel
+# ruff, the test suite (pytest-xdist, WORKERS processes; ssm_ggml's tests against the ggml
+# builds), ssm-scan check and a short fuzz of ggml's CPU backend, then the wheel built from the sdist
 # installed into fresh virtual environments outside the checkout and run from another directory
 # (tests/install/run.sh).
 test: setup $(TEST_STAMP) ggml
 	$(VPY) -m ruff check .
-	$(GGML_ENV) $(VPY) -m pytest -q -n auto
+	$(GGML_ENV) $(VPY) -m pytest -q -n $(WORKERS)
 	$(MAKE) ggml-check
 	$(MAKE) check-install
 
@@ -47,7 +50,7 @@ ggml: setup
 	PYTHON=$(VPY) bash tools/build_ggml.sh --sdist $(GGML_K_SDIST)
 
 # ggml's own SSM_SCAN against the float64 oracle, on each build: the quick check (K = 4 snapshots
-# too on the K build), then half a minute of fuzzing.
+# too on the K build), then a quarter of a minute of fuzzing (ssm-scan fuzz --minutes M: longer).
 ggml-check: ggml
 	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
 	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ)
@@ -84,11 +87,12 @@ lint: setup
 # The sdist and the wheel (dist/), both carrying the GLSL sources and the SPIR-V of the documented
 # matrix (docs/INSTALL.md): this machine's Vulkan device and GPUs of subgroup size
 # 8-64 go into ssm_vk/spirv/ (package data) first, so those shapes run without glslc. Needs a Vulkan
-# device (lavapipe will do: `make setup` installs it).
+# device (lavapipe will do: `make setup` installs it). The wheel is built from the sdist (build's
+# default without --sdist/--wheel), as pip builds one from it: check-install's wheel is the sdist's.
 dist: setup
 	$(VENV)/bin/ssm-scan build-shaders --subgroup-sizes local,8,16,32,64
 	rm -rf dist
-	$(VPY) -m build -q --sdist --wheel --outdir dist .
+	$(VPY) -m build -q --outdir dist .
 
 wheel: dist
 

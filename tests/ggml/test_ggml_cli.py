@@ -46,7 +46,7 @@ def test_check_reports_the_unwritten_final_state_of_an_empty_scan(ggml_lib, empt
 
 def test_fuzz_of_the_forward_passes_past_the_empty_scan(ggml_lib):
     # Six seconds: the first round gives every property its batch whatever the time, and make test
-    # fuzzes ggml's CPU for half a minute more on these properties (Makefile, ggml-check).
+    # fuzzes ggml's CPU for a quarter of a minute more on these properties (Makefile, ggml-check).
     r = ssm_scan("fuzz", "--backend", "ssm_ggml:CPU", "--minutes", "0.1", "--seed", "3", "--min-T", "1",
                  "--property", "oracle_forward", "--property", "permute_sequences", "--property", "deterministic",
                  "--property", "nonfinite_pattern", "--property", "oracle_backward")
