@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import once
 import pytest
 
 from ssm_cli.main import COMMANDS, main
@@ -83,16 +84,36 @@ def assert_one_line_error(p: subprocess.CompletedProcess, *fragments: str) -> No
         assert f in lines[0], lines[0]
 
 
+def _run_and_publish(folder: Path, *argv) -> None:
+    try:
+        p = ssm_scan(*argv)
+    except Exception as e:  # the timeout: the tests that wait report it
+        once.publish(folder, [None, "", f"ssm-scan {argv[0]} did not finish: {e!r}"])
+    else:
+        once.publish(folder, [p.returncode, p.stdout, p.stderr])
+
+
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory):
     """The two commands that compile the most shader variants (info's support table, build-shaders),
-    started together at the first test that needs either, each in its own process and folder:
-    name -> (future of its CompletedProcess, its folder)."""
-    info, built = tmp_path_factory.mktemp("info"), tmp_path_factory.mktemp("build-shaders")
-    build = ["build-shaders", "--out", built, "--n", "16"] + (["--chunked-n", "16", "--p", "64"] if VULKAN else [])
+    started together at the first test that needs either, each in its own process and folder, once
+    in the session (tests/once.py: the worker that claims each runs it): name -> (a function that
+    waits for its CompletedProcess, its folder)."""
+    shared = once.shared_dir(tmp_path_factory, "cli-slow-runs")
+    info, built = shared / "info", shared / "build-shaders"
+    build = ["build-shaders", "--out", built / "out", "--n", "16"] + (
+        ["--chunked-n", "16", "--p", "64"] if VULKAN else [])
+    runs = {"info": (info, ["info", "--json", info / "info.json"]), "build-shaders": (built, build)}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {"info": (pool.submit(ssm_scan, "info", "--json", info / "info.json"), info),
-               "build-shaders": (pool.submit(ssm_scan, *build), built)}
+        for folder, argv in runs.values():
+            if once.claim(folder):
+                pool.submit(_run_and_publish, folder, *argv)
+
+        def result(folder: Path, argv: list) -> subprocess.CompletedProcess:
+            return subprocess.CompletedProcess(argv, *once.wait(folder, 600))
+
+        yield {"info": (lambda: result(info, runs["info"][1]), info),
+               "build-shaders": (lambda: result(built, build), built / "out")}
 
 
 def test_the_console_script_is_this_main():
@@ -113,8 +134,8 @@ def test_help_works_for_every_command(command):
 
 
 def test_info_reports_versions_backends_devices_and_placement(slow_runs):
-    run, folder = slow_runs["info"]
-    p, out = run.result(), folder / "info.json"
+    result, folder = slow_runs["info"]
+    p, out = result(), folder / "info.json"
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""  # quiet by default
     text = p.stdout
@@ -437,8 +458,8 @@ def test_bench_json_on_stdout_is_only_json():
 
 
 def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
-    run, tmp_path = slow_runs["build-shaders"]
-    p = run.result()
+    result, tmp_path = slow_runs["build-shaders"]
+    p = result()
     if not VULKAN:
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
