@@ -10,7 +10,8 @@
   GPU runs: benchmarks/gpu_tests.sh).
 - SPIR-V compiled by the tests goes to a cache of the test runs, not the user's: kept across runs
   in pytest's cache of the checkout (or $SSM_TEST_CACHE/spirv), so a second run compiles only the
-  shaders whose source or glslc changed; one of the session's own with ``-p no:cacheprovider``.
+  shaders whose source or glslc changed; one of the session's own with ``-p no:cacheprovider``
+  (shared by its pytest-xdist workers).
 - Tests marked ``soak`` (long loops, huge arrays) run only when selected: ``-m soak`` or
   ``SSM_SOAK=1``; otherwise they are reported as skipped with that hint.
 """
@@ -101,7 +102,10 @@ def _test_spirv_cache(config, tmp_path_factory) -> Path:
         return Path(root) / "spirv"
     if getattr(config, "cache", None) is not None:
         return Path(config.cache.mkdir("spirv"))
-    return tmp_path_factory.mktemp("spirv-cache")
+    # The session's own: under pytest-xdist one for all its workers (the parent of their base
+    # folders), as the cache of the checkout is, not one per worker (each compiling the same variants).
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "spirv-cache"
 
 
 @pytest.fixture(scope="session", autouse=True)

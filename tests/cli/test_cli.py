@@ -1,4 +1,8 @@
 """The ``ssm-scan`` command, run as a user runs it: a subprocess, its output, files and exit code.
+The tests of argument parsing, help texts and the errors before any work call main() in this
+process instead (ssm_scan_here: the same stdout, stderr and status, without an interpreter start
+and the imports each time); the status main() returns is the process's (``sys.exit(main())``),
+which the tests through a subprocess check.
 
 Exit codes: 0 success, 1 a check failed, 2 a usage error (one line on stderr, no traceback), 3 an
 I/O error (an output that cannot be written).
@@ -7,7 +11,10 @@ Shapes stay tiny: lavapipe is slow.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import once
 import pytest
 
-from ssm_cli.main import COMMANDS
+from ssm_cli.main import COMMANDS, main
 from ssm_ref.extras import install_hint
 from ssm_vk import runtime as rt
 from ssm_vk.sizing import Limits
@@ -40,6 +48,32 @@ def ssm_scan(*argv, extra_path: Path | None = None, timeout: float = 120, env_ex
                           text=True, env=env, timeout=timeout, check=False, cwd=ROOT)
 
 
+def ssm_scan_here(*argv, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """``ssm-scan argv...`` run by main() in this process: its status, stdout and stderr, as
+    ssm_scan returns them. Help is as wide as in a child whose output is a pipe (80 columns)
+    unless env_extra sets COLUMNS; the root logger main() sets up is put back afterwards."""
+    out, err = io.StringIO(), io.StringIO()
+    env = {"COLUMNS": "80", **(env_extra or {})}
+    saved_env = {k: os.environ.get(k) for k in env}
+    root = logging.getLogger()
+    saved_log = root.handlers[:], root.level
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main([str(a) for a in argv])
+            except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+                status = e.code
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        root.handlers[:], root.level = saved_log
+    return subprocess.CompletedProcess(["ssm-scan", *map(str, argv)], status, out.getvalue(), err.getvalue())
+
+
 def assert_one_line_error(p: subprocess.CompletedProcess, *fragments: str) -> None:
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
@@ -50,16 +84,36 @@ def assert_one_line_error(p: subprocess.CompletedProcess, *fragments: str) -> No
         assert f in lines[0], lines[0]
 
 
+def _run_and_publish(folder: Path, *argv) -> None:
+    try:
+        p = ssm_scan(*argv)
+    except Exception as e:  # the timeout: the tests that wait report it
+        once.publish(folder, [None, "", f"ssm-scan {argv[0]} did not finish: {e!r}"])
+    else:
+        once.publish(folder, [p.returncode, p.stdout, p.stderr])
+
+
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory):
     """The two commands that compile the most shader variants (info's support table, build-shaders),
-    started together at the first test that needs either, each in its own process and folder:
-    name -> (future of its CompletedProcess, its folder)."""
-    info, built = tmp_path_factory.mktemp("info"), tmp_path_factory.mktemp("build-shaders")
-    build = ["build-shaders", "--out", built, "--n", "16"] + (["--chunked-n", "16", "--p", "64"] if VULKAN else [])
+    started together at the first test that needs either, each in its own process and folder, once
+    in the session (tests/once.py: the worker that claims each runs it): name -> (a function that
+    waits for its CompletedProcess, its folder)."""
+    shared = once.shared_dir(tmp_path_factory, "cli-slow-runs")
+    info, built = shared / "info", shared / "build-shaders"
+    build = ["build-shaders", "--out", built / "out", "--n", "16"] + (
+        ["--chunked-n", "16", "--p", "64"] if VULKAN else [])
+    runs = {"info": (info, ["info", "--json", info / "info.json"]), "build-shaders": (built, build)}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {"info": (pool.submit(ssm_scan, "info", "--json", info / "info.json"), info),
-               "build-shaders": (pool.submit(ssm_scan, *build), built)}
+        for folder, argv in runs.values():
+            if once.claim(folder):
+                pool.submit(_run_and_publish, folder, *argv)
+
+        def result(folder: Path, argv: list) -> subprocess.CompletedProcess:
+            return subprocess.CompletedProcess(argv, *once.wait(folder, 600))
+
+        yield {"info": (lambda: result(info, runs["info"][1]), info),
+               "build-shaders": (lambda: result(built, build), built / "out")}
 
 
 def test_the_console_script_is_this_main():
@@ -69,7 +123,7 @@ def test_the_console_script_is_this_main():
 
 @pytest.mark.parametrize("command", ["", *[name for name, _ in COMMANDS]])
 def test_help_works_for_every_command(command):
-    p = ssm_scan(*([command] if command else []), "--help")
+    p = ssm_scan_here(*([command] if command else []), "--help")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"usage: ssm-scan {command}".rstrip())
     assert "exit codes: 0 success, 1 a check failed, 2 usage error" in " ".join(p.stdout.split())
@@ -80,8 +134,8 @@ def test_help_works_for_every_command(command):
 
 
 def test_info_reports_versions_backends_devices_and_placement(slow_runs):
-    run, folder = slow_runs["info"]
-    p, out = run.result(), folder / "info.json"
+    result, folder = slow_runs["info"]
+    p, out = result(), folder / "info.json"
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""  # quiet by default
     text = p.stdout
@@ -279,7 +333,7 @@ def test_without_a_vulkan_driver_info_says_why_and_a_named_vk_is_exit_2():
     (["vectors", "--out", "x", "--case", "nonesuch"], ["--case nonesuch: unknown"]),
 ])
 def test_a_bad_argument_is_one_line_and_exit_2(argv, fragments):
-    assert_one_line_error(ssm_scan(*argv), *fragments)
+    assert_one_line_error(ssm_scan_here(*argv), *fragments)
 
 
 # What each command needs besides -v to parse.
@@ -404,8 +458,8 @@ def test_bench_json_on_stdout_is_only_json():
 
 
 def test_build_shaders_writes_what_the_runtime_looks_up(slow_runs):
-    run, tmp_path = slow_runs["build-shaders"]
-    p = run.result()
+    result, tmp_path = slow_runs["build-shaders"]
+    p = result()
     if not VULKAN:
         assert_one_line_error(p, "--subgroup-sizes local: no Vulkan device")
         return
@@ -481,7 +535,7 @@ def test_version_names_the_package_python_and_the_backends_libraries_without_sta
 
 @pytest.mark.parametrize("command", ["", *[name for name, _ in COMMANDS]])
 def test_every_help_opens_with_one_complete_plain_sentence(command):
-    p = ssm_scan(*([command] if command else []), "--help", env_extra={"COLUMNS": "100"})
+    p = ssm_scan_here(*([command] if command else []), "--help", env_extra={"COLUMNS": "100"})
     assert p.returncode == 0, p.stderr
     text = p.stdout
     assert "`" not in text                     # no reST markup
@@ -495,7 +549,7 @@ def test_every_help_opens_with_one_complete_plain_sentence(command):
 
 
 def test_build_shaders_help_says_what_it_does_not_how():
-    p = ssm_scan("build-shaders", "--help")
+    p = ssm_scan_here("build-shaders", "--help")
     description = p.stdout.split("\n\n")[1:3]
     assert "packaged SPIR-V" in description[1] and "glslc" in description[1]
     for internal in ("push constants", "plan.py", "kernels.py", "lanes"):
@@ -509,18 +563,18 @@ def test_the_choices_of_property_case_regime_and_backend_are_listed():
     from ssm_ref.testing.properties import PROPERTIES
     from ssm_ref.testing.vectors import GOLDEN
 
-    fuzz = " ".join(ssm_scan("fuzz", "--help").stdout.split())
+    fuzz = " ".join(ssm_scan_here("fuzz", "--help").stdout.split())
     assert all(name in fuzz for name in PROPERTIES) and all(r in fuzz for r in REGIMES)
-    vectors = " ".join(ssm_scan("vectors", "--help").stdout.split())
+    vectors = " ".join(ssm_scan_here("vectors", "--help").stdout.split())
     assert all(name in vectors for name in GOLDEN)
     for command in ("check", "bench", "fuzz", "demo"):
-        text = " ".join(ssm_scan(command, "--help").stdout.split())
+        text = " ".join(ssm_scan_here(command, "--help").stdout.split())
         assert "the built-in ssm_ref, ssm_fast, ssm_vk (or ref, fast, vk)" in text
         assert "ssm_ggml:DEVICE" in text and "dotted module path" in text and ".py file" in text
 
 
 def test_an_unknown_property_stops_fuzz_before_it_starts():
-    p = ssm_scan("fuzz", "--minutes", "0.01", "--backend", "ref", "--property", "nope")
+    p = ssm_scan_here("fuzz", "--minutes", "0.01", "--backend", "ref", "--property", "nope")
     assert_one_line_error(p, "--property nope: unknown", "oracle_forward", "deterministic")
     assert p.stdout == ""                      # nothing printed, "fuzzing ..." included
 
@@ -544,7 +598,7 @@ def test_a_custom_shape_takes_the_python_api_order_or_names():
     (["custom", "16,1,8,1,32,1,mamba1"], "custom:1,32,8,1,16,1,mamba1"),
 ])
 def test_ggml_order_is_refused_naming_both_orders(argv, translation):
-    p = ssm_scan("bench", "--backend", "ref", "--shape", *argv)
+    p = ssm_scan_here("bench", "--backend", "ref", "--shape", *argv)
     assert_one_line_error(p, "custom:S,T,H,P,N[,G] (the Python API's order)", "N,P,H,G,T,S (ggml's order)",
                           f"this is {translation}")
     assert p.stdout == ""
@@ -557,7 +611,7 @@ def test_ggml_order_is_refused_naming_both_orders(argv, translation):
     ("custom:1,8,3,64,128,2", "H % G must be 0"),
 ])
 def test_a_malformed_custom_shape_is_exit_2(shape, fragment):
-    assert_one_line_error(ssm_scan("bench", "--backend", "ref", "--shape", shape), fragment)
+    assert_one_line_error(ssm_scan_here("bench", "--backend", "ref", "--shape", shape), fragment)
 
 
 # --- each exit code of each command (0, 1, 2, 3 where a command can give it) --------------------
@@ -624,7 +678,7 @@ def test_vectors_exit_0_writes_the_cases_asked_for(tmp_path):
     (["build-shaders", "--p", "0"], ["--p: values must be >= 1"]),
 ])
 def test_exit_2_for_each_command(argv, fragments):
-    p = ssm_scan(*argv)
+    p = ssm_scan_here(*argv)
     assert_one_line_error(p, *fragments)
     assert p.stdout == ""
 
@@ -641,7 +695,7 @@ def test_exit_2_for_each_command(argv, fragments):
 def test_exit_3_for_each_command_before_any_work(tmp_path, argv, flag):
     bad = tmp_path / "a_file"
     bad.write_text("")
-    p = ssm_scan(*[a.format(bad=bad) for a in argv])
+    p = ssm_scan_here(*[a.format(bad=bad) for a in argv])
     assert p.returncode == 3, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"error: {flag} {bad}/" in lines[0] and "is a file, not a folder" in lines[0]
