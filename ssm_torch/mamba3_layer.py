@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's and mamba_ssm's name)
 from torch import nn
 
-from .mamba3 import mamba3_mimo, mamba3_siso_combined, mamba3_siso_step
+from ._mamba3_dropins import mamba3_mimo, mamba3_siso_combined, mamba3_siso_step
 
 __all__ = ["Mamba3", "RMSNormGated", "heavy_tail_activation"]
 
