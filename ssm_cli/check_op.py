@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import common
+from .check_report import FD_SAMPLES, output_record, render
 
-FD_SAMPLES = 4        # entries of each input's gradient checked
 FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and rounding near 1e-12
 FD_RTOL, FD_ATOL = 1e-7, 1e-11
 
@@ -62,8 +62,6 @@ def run(args, op, backs) -> int:
     from ssm_ref.testing.properties.generic import keywords_of, reference
     from ssm_ref.tolerance import compare
 
-    from . import check
-
     cases = list(ports.kit_part(op, "cases")(quick=bool(args.quick), seed=args.seed))
     tol = op.tol()
     cols = (*op.output_names, *op.grad_names)
@@ -106,7 +104,7 @@ def run(args, op, backs) -> int:
                     ok = False
                 elif name in got:
                     cmp = compare(name, got[name], want[name], tol[name])
-                    row["outputs"][name] = check.output_record(cmp, f"{b.name} {c.label}")
+                    row["outputs"][name] = output_record(cmp, f"{b.name} {c.label}")
                     ok &= cmp.ok
                 elif not row["no_backward"]:
                     row["not_given"].append(name)
@@ -115,6 +113,6 @@ def run(args, op, backs) -> int:
             report["runs"].append(row)
     report["oracle_ok"] = all(v["ok"] for per in report["oracle"].values() for v in per.values())
     report["ok"] = report["oracle_ok"] and all(r["ok"] for r in report["runs"])
-    common.say(args, check.render(report))
+    common.say(args, render(report))
     common.write_json(args, report)
     return common.EXIT_OK if report["ok"] else common.EXIT_FAIL
