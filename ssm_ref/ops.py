@@ -258,13 +258,13 @@ SCAN = register(Op(
 # ---- Mamba-3 (docs/SPEC.md, "Mamba-3"; ssm_ref.mamba3) ----
 
 def _mamba3(*args, **kw):
-    from .mamba3 import mamba3_scan
+    from . import mamba3_scan
 
     return mamba3_scan(*args, **kw)
 
 
 def _mamba3_back(*args, **kw):
-    from .mamba3 import mamba3_scan_back
+    from . import mamba3_scan_back
 
     return mamba3_scan_back(*args, **kw)
 
