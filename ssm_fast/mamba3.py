@@ -26,8 +26,10 @@ from ssm_ref.mamba3_checks import (
     check_mamba3_backward,
     check_mamba3_forward,
     check_mamba3_update_cache,
+    drop_rank,
 )
 from ssm_ref.results import Mamba3Grads, Mamba3Result, Support
+from ssm_ref.scan import scatter_rows
 
 from . import config, guard, pool, threads
 from . import kernels_m3_bwd as _kb
@@ -58,11 +60,6 @@ def _threads(d, op: str) -> int:
     if tasks < 2 or est < config.SERIAL_BELOW_S:
         return 1
     return max(1, min(tasks, threads.get_num_threads()))
-
-
-def _drop_rank(d, a: np.ndarray, axis: int) -> np.ndarray:
-    """SISO's arrays have no rank axis: drop the one of size 1 (a view)."""
-    return a if d.mimo else a.squeeze(axis)
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
@@ -122,7 +119,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         c_k, c_v = _cache_view(d, s_k), _cache_view(d, s_v)
         args = (np.zeros(1, np.int64), *_inputs(p), s_theta, s_h, c_k, c_v, _ro(p.ids), halved, n, y)
         pool.run(_kf.decode, args, _threads(d, "fwd"))
-        return Mamba3Result(y=_drop_rank(d, y, 2), theta=None, h=None, k=None, v=None, where=WHERE)
+        return Mamba3Result(y=drop_rank(d, y, 2), theta=None, h=None, k=None, v=None, where=WHERE)
     if T == 0:
         ids_ = p.ids
         theta, h, k, v = (p.s_theta[ids_], p.s_h[ids_], p.s_k[ids_], p.s_v[ids_])
@@ -134,7 +131,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         args = (np.zeros(1, np.int64), *_inputs(p), _ro(p.s_theta), _ro(p.s_h), _ro(p.s_k), _ro(p.s_v),
                 _ro(p.ids), halved, n, y, theta, h, k, v)
         pool.run(_kf.forward, args, _threads(d, "fwd"))
-    y, k, v = _drop_rank(d, y, 2), _drop_rank(d, k, 2), _drop_rank(d, v, 2)
+    y, k, v = drop_rank(d, y, 2), drop_rank(d, k, 2), drop_rank(d, v, 2)
     if update:
         for cache, final in zip(caches, (theta, h, k, v), strict=True):
             cache[p.ids] = final
@@ -163,15 +160,6 @@ def backward_segment(d) -> int:
     if -(-d.T // max(seg, 1)) > max_cps:
         seg = max(seg, math.isqrt(d.T) + 1)
     return int(max(config.SEGMENT_MIN, min(seg, max(d.T, 1))))
-
-
-def _scatter(d0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
-    """Row ids[i] receives d0[i], i = 0..S-1 in order (repeated ids add; unread rows 0): the
-    reference's scatter, the same additions in the same order."""
-    out = np.zeros((R, *d0.shape[1:]), dtype=d0.dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, ids, d0)
-    return out
 
 
 def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
@@ -232,12 +220,12 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
         d_C_bias = slab_C.sum(axis=(0, 1), dtype=np.float64).transpose(1, 0, 2).astype(f32)
         d_psi = psi_part.sum(axis=0).astype(f32)
     R = d.R
-    d_s_theta, d_s_h = _scatter(d0[0], p.ids, R), _scatter(d0[1], p.ids, R)
-    d_s_k, d_s_v = _scatter(_drop_rank(d, d0[2], 2), p.ids, R), _scatter(_drop_rank(d, d0[3], 2), p.ids, R)
+    d_s_theta, d_s_h = scatter_rows(d0[0], p.ids, R), scatter_rows(d0[1], p.ids, R)
+    d_s_k, d_s_v = scatter_rows(drop_rank(d, d0[2], 2), p.ids, R), scatter_rows(drop_rank(d, d0[3], 2), p.ids, R)
     return Mamba3Grads(
         d_x=d_x, d_dt=d_dt, d_dA=d_dA, d_lam=d_lam,
-        d_B=_drop_rank(d, d_B, 2), d_C=_drop_rank(d, d_C, 2),
-        d_B_bias=_drop_rank(d, d_B_bias, 1), d_C_bias=_drop_rank(d, d_C_bias, 1),
+        d_B=drop_rank(d, d_B, 2), d_C=drop_rank(d, d_C, 2),
+        d_B_bias=drop_rank(d, d_B_bias, 1), d_C_bias=drop_rank(d, d_C_bias, 1),
         d_dtheta=d_dtheta, d_psi=d_psi if p.psi_given else None,
         d_s_theta=d_s_theta, d_s_h=d_s_h, d_s_k=d_s_k, d_s_v=d_s_v, where=WHERE)
 

@@ -28,8 +28,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .mamba3_checks import M3Problem, check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache, pair_index
+from .mamba3_checks import (
+    M3Problem,
+    check_mamba3_backward,
+    check_mamba3_forward,
+    check_mamba3_update_cache,
+    drop_rank,
+    pair_index,
+)
 from .results import Mamba3Grads, Mamba3Result
+from .scan import scatter_rows
 
 __all__ = ["backward", "forward", "mamba3_scan", "mamba3_scan_back", "mod_2pi", "rotate", "rotate_back"]
 
@@ -196,19 +204,6 @@ def backward(p: M3Problem) -> dict[str, np.ndarray]:
 
 # ---- the public functions (exported as ssm_ref.mamba3_scan, ssm_ref.mamba3_scan_back) ----
 
-def _drop_rank(p: M3Problem, a: np.ndarray, axis: int) -> np.ndarray:
-    """SISO's arrays have no rank axis: drop the one of size 1 the Problem added."""
-    return a if p.dims.mimo else np.take(a, 0, axis=axis)
-
-
-def _scatter(d0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
-    """Row ids[i] receives d0[i], in order i = 0..S-1 (repeated ids add; unread rows stay 0)."""
-    out = np.zeros((R, *d0.shape[1:]), dtype=d0.dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, ids, d0)
-    return out
-
-
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
                 s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False):
     """The Mamba-3 scan (docs/SPEC.md, "Mamba-3"), token by token.
@@ -234,7 +229,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
                              rotation=rotation, dtype=dtype)
     update = check_mamba3_update_cache(update_cache, (s_theta, s_h, s_k, s_v), p)
     y, (theta, h, k, v) = forward(p)
-    y, k, v = _drop_rank(p, y, 2), _drop_rank(p, k, 2), _drop_rank(p, v, 2)
+    y, k, v = drop_rank(p.dims, y, 2), drop_rank(p.dims, k, 2), drop_rank(p.dims, v, 2)
     if update:
         if p.dims.S:
             for cache, final in zip((s_theta, s_h, s_k, s_v), (theta, h, k, v), strict=True):
@@ -262,12 +257,12 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     R = p.dims.R
     out = {k: g[k] for k in ("d_x", "d_dt", "d_dA", "d_lam", "d_dtheta")}
     for k in ("d_B", "d_C"):
-        out[k] = _drop_rank(p, g[k], 2)
+        out[k] = drop_rank(p.dims, g[k], 2)
     for k in ("d_B_bias", "d_C_bias"):
-        out[k] = _drop_rank(p, g[k], 1)
+        out[k] = drop_rank(p.dims, g[k], 1)
     out["d_psi"] = g["d_psi"] if p.psi_given else None
-    out["d_s_theta"] = _scatter(g["d0_theta"], p.ids, R)
-    out["d_s_h"] = _scatter(g["d0_h"], p.ids, R)
-    out["d_s_k"] = _scatter(_drop_rank(p, g["d0_k"], 2), p.ids, R)
-    out["d_s_v"] = _scatter(_drop_rank(p, g["d0_v"], 2), p.ids, R)
+    out["d_s_theta"] = scatter_rows(g["d0_theta"], p.ids, R)
+    out["d_s_h"] = scatter_rows(g["d0_h"], p.ids, R)
+    out["d_s_k"] = scatter_rows(drop_rank(p.dims, g["d0_k"], 2), p.ids, R)
+    out["d_s_v"] = scatter_rows(drop_rank(p.dims, g["d0_v"], 2), p.ids, R)
     return Mamba3Grads(**out)

@@ -27,7 +27,7 @@ from .ids import arange_ids, check_distinct_ids, check_ids
 from .shapes import fmt
 
 __all__ = ["ROTATIONS", "STATE_NAMES", "M3Dims", "M3Problem", "check_mamba3_backward", "check_mamba3_forward",
-           "check_mamba3_update_cache", "check_rotation", "pair_index"]
+           "check_mamba3_update_cache", "check_rotation", "drop_rank", "pair_index"]
 
 ROTATIONS = ("interleaved", "halved")
 STATE_NAMES = ("s_theta", "s_h", "s_k", "s_v")
@@ -101,6 +101,12 @@ def check_rotation(rotation) -> str:
         raise ValueError(f"rotation: expected 'interleaved' (pairs (2j, 2j+1)) or 'halved' (pairs (j, j + N/2)), "
                          f"got {rotation!r}")
     return rotation
+
+
+def drop_rank(dims: M3Dims, a: np.ndarray, axis: int) -> np.ndarray:
+    """SISO's arrays have no rank axis: ``a`` without the one of size 1 at ``axis`` that the
+    problem carries throughout (a view); MIMO's unchanged. Every backend's results go through it."""
+    return a if dims.mimo else a.squeeze(axis)
 
 
 def pair_index(rotation: str, N: int, F: int) -> tuple[np.ndarray, np.ndarray]:

@@ -28,9 +28,10 @@ import numpy as np
 
 from ssm_ref import Support
 from ssm_ref.checks import check_dtype
-from ssm_ref.mamba3_checks import check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache
+from ssm_ref.mamba3_checks import check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache, drop_rank
 from ssm_ref.ops import MAMBA3
 from ssm_ref.results import Mamba3Grads, Mamba3Result
+from ssm_ref.scan import scatter_rows
 
 from . import budget, config, registry
 from . import runtime as rt
@@ -265,10 +266,6 @@ def _fall_back(reason: str):
     return ssm_fast
 
 
-def _drop_rank(d, a: np.ndarray, axis: int) -> np.ndarray:
-    return a if d.mimo else np.take(a, 0, axis=axis)
-
-
 def supports(op, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
              s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False) -> Support:
     """Whether ssm_vk runs this Mamba-3 case on the device (else the call computes it with ssm_fast
@@ -326,20 +323,12 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
 
     y, theta, h, k, v = _on_device(dec, (MAMBA3.name, d, p.rotation, dec.fp.plan), body)
     where = dec.ctx.info.where
-    y, k, v = _drop_rank(d, y, 2), _drop_rank(d, k, 2), _drop_rank(d, v, 2)
+    y, k, v = drop_rank(d, y, 2), drop_rank(d, k, 2), drop_rank(d, v, 2)
     if update:
         for cache, final in zip(caches, (theta, h, k, v), strict=True):
             cache[p.ids] = final
         return Mamba3Result(y=y, theta=None, h=None, k=None, v=None, where=where)
     return Mamba3Result(y=y, theta=theta, h=h, k=k, v=v, where=where)
-
-
-def _scatter(d0: np.ndarray, ids: np.ndarray, R: int) -> np.ndarray:
-    """Row ids[i] receives d0[i], i = 0..S-1 in order (repeated ids add; unread rows 0)."""
-    out = np.zeros((R, *d0.shape[1:]), dtype=d0.dtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, ids, d0)
-    return out
 
 
 def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
@@ -386,12 +375,12 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     d0_th, d0_h, d0_k, d0_v = np.split(start, cut[:-1])
     out = {"d_x": g["d_x"], "d_dt": g["d_step"][0], "d_dA": g["d_step"][1], "d_lam": g["d_step"][2],
            "d_dtheta": g["d_dtheta"],
-           "d_B": _drop_rank(d, g["d_B"], 2), "d_C": _drop_rank(d, g["d_C"], 2),
-           "d_B_bias": _drop_rank(d, parts[:, :MN].reshape(H, M, N), 1),
-           "d_C_bias": _drop_rank(d, parts[:, MN:2 * MN].reshape(H, M, N), 1),
+           "d_B": drop_rank(d, g["d_B"], 2), "d_C": drop_rank(d, g["d_C"], 2),
+           "d_B_bias": drop_rank(d, parts[:, :MN].reshape(H, M, N), 1),
+           "d_C_bias": drop_rank(d, parts[:, MN:2 * MN].reshape(H, M, N), 1),
            "d_psi": parts[:, 2 * MN:].reshape(H, M, P) if p.psi_given else None,
-           "d_s_theta": _scatter(d0_th.reshape(S, H, F), p.ids, R),
-           "d_s_h": _scatter(d0_h.reshape(S, H, P, N), p.ids, R),
-           "d_s_k": _scatter(_drop_rank(d, d0_k.reshape(S, H, M, N), 2), p.ids, R),
-           "d_s_v": _scatter(_drop_rank(d, d0_v.reshape(S, H, M, P), 2), p.ids, R)}
+           "d_s_theta": scatter_rows(d0_th.reshape(S, H, F), p.ids, R),
+           "d_s_h": scatter_rows(d0_h.reshape(S, H, P, N), p.ids, R),
+           "d_s_k": scatter_rows(drop_rank(d, d0_k.reshape(S, H, M, N), 2), p.ids, R),
+           "d_s_v": scatter_rows(drop_rank(d, d0_v.reshape(S, H, M, P), 2), p.ids, R)}
     return Mamba3Grads(**out, where=dec.ctx.info.where)
