@@ -94,6 +94,7 @@ import ssm_vk
 from ssm_vk import run as vk_run
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import vs_mamba3 as m3
 from processes import Spread, children, fmt, spread, without
 from vk_gpu_check import inputs, rel
 from vk_speed import warm
@@ -114,7 +115,9 @@ WORKLOADS = {  # name: (family, dims); mamba2 / mamba1: S, T, H, P, N; decode: S
     "m1-train": ("mamba1", dict(S=8, T=2048, H=1536, P=1, N=16)),
     "m1-long": ("mamba1", dict(S=1, T=16384, H=1536, P=1, N=16)),
     "m1-wide": ("mamba1", dict(S=4, T=1024, H=5120, P=1, N=16)),
+    **m3.WORKLOADS,   # Mamba-3 (benchmarks/vs_mamba3.py): m3-* and m3dec-*
 }
+M3 = ("mamba3", "m3decode")
 # Where a prepared call (ssm_vk.prepare_scan: recorded once, replayed) is timed too, beside the
 # peer's same call: the decode steps and the demo training step, whose wall time is mostly the host's.
 OPS = {"dec-1": ("fwd", "fwd prepared"), "dec-16": ("fwd", "fwd prepared"), "dec-128": ("fwd", "fwd prepared"),
@@ -128,14 +131,17 @@ OPS = {"dec-1": ("fwd", "fwd prepared"), "dec-16": ("fwd", "fwd prepared"), "dec
 def shrink(family: str, dims: dict, f: int = 8) -> dict:
     d = dict(dims)
     d["H"] = max(1, d["H"] // f)
-    if family != "decode":
+    if "T" in d:
         d["T"] = max(8, d["T"] // f)
     return d
 
 
 def problem(family: str, dims: dict, seed: int = 0) -> dict:
     """Inputs a (s, x, dt, A, B, C as ssm_ref takes them, float32), ids, g_y, g_states (None for
-    decode). G = 1. Mamba-1: s = 0 and g_states = 0 (mamba's Mamba-1 has neither)."""
+    decode). G = 1. Mamba-1: s = 0 and g_states = 0 (mamba's Mamba-1 has neither). Mamba-3:
+    vs_mamba3.problem's."""
+    if family in M3:
+        return m3.problem(family, dims, seed)
     if family == "decode":
         S, R, H = dims["S"], dims["R"], dims["H"]
         rng = np.random.default_rng(seed)
@@ -158,6 +164,8 @@ def problem(family: str, dims: dict, seed: int = 0) -> dict:
 def check_slice(p: dict, cap: float) -> tuple[dict, str]:
     """``p`` itself when it has at most ``cap`` updates, else its first sequences (2, or 1 when
     that leaves fewer than 512 tokens) and tokens (a multiple of 64), with a note saying which."""
+    if p["family"] in M3:
+        return m3.check_slice(p, cap)
     if p["family"] == "decode":
         return p, ""
     S, T, H, P = p["a"]["x"].shape
@@ -178,6 +186,8 @@ def check_slice(p: dict, cap: float) -> tuple[dict, str]:
 
 
 def oracle(p: dict, backward: bool) -> dict:
+    if p["family"] in M3:
+        return m3.oracle(p, backward)
     r = ssm_ref.ssm_scan(**p["a"], ids=p["ids"], dtype=np.float64, dt_softplus=FORM)
     out = {"y": r.y, "states": r.states}
     if backward:
@@ -193,7 +203,11 @@ def ours_side(p: dict, invariant: bool = False) -> dict:
     """Timed calls of ssm_vk on device-resident inputs: {"fwd", "fwd+bwd" (not for decode): () ->
     (GPU us, wall us), "outputs": () -> numpy dict, "where": () -> str, "close"}. ids stay a numpy
     array (as an engine passes them per token; a DeviceArray of ids is read back for the range check).
-    ``invariant``: every call in ssm_vk's invariant mode."""
+    ``invariant``: every call in ssm_vk's invariant mode. Mamba-3: vs_mamba3.ours_side's."""
+    if p["family"] in M3:
+        if invariant:
+            raise ValueError("--invariant: not for the Mamba-3 workloads")
+        return m3.ours_side(p)
     dev = {k: ssm_vk.to_device(v) for k, v in p["a"].items()}
     ids = p["ids"]
     back = p["g_y"] is not None
@@ -543,6 +557,8 @@ def peer_side(p: dict, ops: dict, device="cuda") -> dict:
     import torch
 
     fam = p["family"]
+    if fam in M3:
+        return m3.peer_side(p, ops, device)
     if fam == "mamba2":
         combined = ops["combined"]
         t = m2_to_mamba(p, device)
@@ -639,6 +655,8 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
     shape = " ".join(f"{k}={v}" for k, v in dims.items())
     if family == "decode":
         shape = f"S={dims['S']} of R={dims['R']} H={dims['H']} P={DEC_P} N={DEC_N}"
+    elif family in M3:
+        shape = m3.shape_text(dims)
     base = dict(workload=name, family=family, shape=shape, dims=dims)
     peer_why = ops.get("why", {}).get(family)
     ours = ours_side(p)
@@ -650,7 +668,7 @@ def run_workload(name: str, args, ops: dict, notes: list, out_of_time) -> list[d
         except Exception as e:
             peer_why = f"setup failed: {type(e).__name__}: {e}"
     rows = []
-    op_names = OPS.get(name) or (("fwd", "fwd+bwd") if family != "decode" else ("fwd",))
+    op_names = OPS.get(name) or (("fwd", "fwd+bwd") if family not in ("decode", "m3decode") else ("fwd",))
     try:
         for op in () if args.accuracy_only else op_names:
             if out_of_time():
@@ -755,8 +773,8 @@ def row_err(row: dict, side: str) -> str:
     e = row.get(f"{side}_err")
     if not e:
         return "-"
-    keys = ("y", "states") if row["op"].split()[0] == "fwd" else GRADS
-    v = [e[k] for k in keys if k in e]
+    fwd = row["op"].split()[0] == "fwd"
+    v = [x for k, x in e.items() if k.startswith("d_") != fwd]   # outputs and states, or the gradients
     return f"{max(v):.1e}" if v else "-"
 
 
@@ -904,9 +922,9 @@ def report(h: dict, build: dict | None, rows: list, notes: list, clk) -> str:
     lines.append("GPU: mamba_ssm = CUDA events around the call (its launch gaps included), ssm_vk = timestamps of its "
                  "command buffer (fwd+bwd: forward + backward); wall: the call (+ synchronize for mamba_ssm). "
                  "Medians of all rounds; ratio = mamba_ssm time / ssm_vk time, a speed ratio (> 1: ssm_vk faster). "
-                 "Errors: norm-relative "
-                 "against float64 ssm_ref (dt_softplus log1p), fwd: max of y, states; fwd+bwd: max of the "
-                 "gradients. SM MHz: min/median/max while each side's timed calls ran.")
+                 "Errors: norm-relative against float64 ssm_ref (dt_softplus log1p), fwd: max over the outputs "
+                 "and final states; fwd+bwd: max of the gradients. SM MHz: min/median/max while each side's timed "
+                 "calls ran.")
     checked = [r for r in rows if r.get("check_note") and r["op"].split()[0] == "fwd"]
     for r in checked:
         lines.append(f"\n\\* {r['workload']}: errors {r['check_note']}")
@@ -1115,7 +1133,7 @@ def main(argv=None) -> int:
                 raise RuntimeError("torch sees no CUDA device")
         except Exception as e:
             why = f"not run: {type(e).__name__}: {e}"
-            ops["why"] = {"mamba2": why, "mamba1": why, "decode": why}
+            ops["why"] = {"mamba2": why, "mamba1": why, "decode": why, "mamba3": why, "m3decode": why}
         if args.build_only and ops["why"]:
             print(f"selective_scan_cuda: {ops['why']['mamba1']}")
             return 1
@@ -1130,8 +1148,14 @@ def main(argv=None) -> int:
             except Exception as e:
                 traceback.print_exc()
                 ops["why"]["mamba2"] = ops["why"]["decode"] = f"not loaded: {type(e).__name__}: {e}"
+            if any(WORKLOADS[n][0] in M3 for n in names) and "mamba2" not in ops["why"]:
+                try:
+                    ops.update(m3.load_peer())
+                except Exception as e:
+                    traceback.print_exc()
+                    ops["why"]["mamba3"] = ops["why"]["m3decode"] = f"not loaded: {type(e).__name__}: {e}"
     else:
-        ops["why"] = {"mamba2": "not run (--no-peer)", "mamba1": "not run (--no-peer)", "decode": "not run (--no-peer)"}
+        ops["why"] = {f: "not run (--no-peer)" for f in ("mamba2", "mamba1", "decode", *M3)}
 
     h = header(args, argv, src)
     for k, v in h.items():

@@ -38,6 +38,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import kernels_problem
 from .engine import engine_of
+from .run import set_last_sequence
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
 
@@ -164,13 +165,19 @@ class M3Call:
         if self.seq is None:
             seq = rt.Sequence(self.ctx)
             try:
+                stamps = self.ctx.info.timestamps   # the work between "start" and "end" (last_gpu_ns)
+                if stamps:
+                    seq.timestamp("start")
                 record(seq)
+                if stamps:
+                    seq.timestamp("end")
                 seq.finish()
             except BaseException:
                 seq.close()
                 raise
             self.seq = seq
         self.seq.submit()
+        set_last_sequence(self.seq)   # ssm_vk.run.last_gpu_ns reads its timestamps (the benchmarks)
 
     def close(self) -> None:
         """The sequence freed, the buffers back to the pool (unless the context closed: its
