@@ -19,8 +19,8 @@ A call's bindings, by name (what the family's recording asks with :meth:`M3Works
 - the ids: a constant of the recorded sequence (the ids' bytes are part of its key).
 
 The sequence begins with those copies and fills and ends with what turns the kernels' buffers
-into the op's outputs on the device: update_cache's final states put into the cache rows
-(recording.put_rows), the backward's d_dt / d_dA / d_lam and d_B_bias / d_C_bias / d_psi copied
+into the op's outputs on the device: update_cache's final states copied into the cache rows
+(a copy per run of consecutive rows), the backward's d_dt / d_dA / d_lam and d_B_bias / d_C_bias / d_psi copied
 out of the kernels' joint buffers, and the start-state gradients scatter-added by ids
 (recording.scatter_rows, in sequence order as ssm_ref's). ssm_vk.mamba3_run runs calls in it.
 """
@@ -36,7 +36,7 @@ import numpy as np
 
 from . import runtime as rt
 from .arrays import DeviceArray, pool
-from .recording import put_rows, scatter_rows
+from .recording import scatter_rows
 from .sizing import F32
 
 if TYPE_CHECKING:
@@ -48,6 +48,18 @@ MAX_SEQUENCES = 4   # recorded sequences kept per workspace (sets of buffers)
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v")
 STATE_PARTS = ("theta", "h", "k", "v")   # the final state's outputs, in the order of the start-state inputs
 COTANGENTS = ("g_y", "g_theta", "g_h", "g_k", "g_v")
+
+
+def _runs(ids) -> list[tuple[int, int, int]]:
+    """(first sequence, its row, count) of each run of sequences i, i+1, ... whose rows are
+    ids[i], ids[i]+1, ...: one copy each (a decode step of ids arange(S) copies each part once)."""
+    out: list = []
+    for i, r in enumerate(int(v) for v in ids):
+        if out and out[-1][0] + out[-1][2] == i and out[-1][1] + out[-1][2] == r:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((i, r, 1))
+    return out
 
 
 class _Rows:
@@ -68,8 +80,12 @@ class _Rows:
     def host_outputs(self, shapes: dict) -> dict:
         """DeviceArrays of ``shapes`` over buffers of the workspace's own (a host call's outputs,
         read back after it: never handed out)."""
-        return {k: DeviceArray(self.ctx, self.own("out:" + k, math.prod(v) * F32), v, owned=False)
-                for k, v in shapes.items()}
+        key = tuple(shapes)
+        hit = self._host_outs.get(key)
+        if hit is None:   # (made once per set of names: they never leave the workspace)
+            hit = self._host_outs[key] = {k: DeviceArray(self.ctx, self.own("out:" + k, math.prod(v) * F32), v,
+                                                         owned=False) for k, v in shapes.items()}
+        return hit
 
     def constant(self, arr: np.ndarray):
         return self.ws.constant(arr)
@@ -100,6 +116,7 @@ class M3Workspace:
         self._own: dict = {}          # name -> Buffer this workspace holds until it closes
         self._named: dict = {}        # the bindings of the recording in progress
         self._constants: list = []
+        self._host_outs: dict = {}    # names -> a host call's output DeviceArrays over buffers of its own
         self.sequences: OrderedDict = OrderedDict()   # key -> (Sequence, constant buffers)
         S, H, P, N, M, F, R = d.S, d.H, d.P, d.N, d.M, d.F, d.R
         # elements of one sequence's (one cache row's) part of each state, in STATE_PARTS' order
@@ -122,8 +139,12 @@ class M3Workspace:
     def host_outputs(self, shapes: dict) -> dict:
         """DeviceArrays of ``shapes`` over buffers of the workspace's own (a host call's outputs,
         read back after it: never handed out)."""
-        return {k: DeviceArray(self.ctx, self.own("out:" + k, math.prod(v) * F32), v, owned=False)
-                for k, v in shapes.items()}
+        key = tuple(shapes)
+        hit = self._host_outs.get(key)
+        if hit is None:   # (made once per set of names: they never leave the workspace)
+            hit = self._host_outs[key] = {k: DeviceArray(self.ctx, self.own("out:" + k, math.prod(v) * F32), v,
+                                                         owned=False) for k, v in shapes.items()}
+        return hit
 
     def constant(self, arr: np.ndarray):
         """A small buffer holding ``arr``, kept with the sequence being recorded."""
@@ -173,7 +194,7 @@ class M3Workspace:
     def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
         """The inputs' bindings of problem ``p`` (an M3Problem whose arrays are DeviceArrays, host
         arrays, or None: zeros) -> ({name: (buffer, byte offset, bytes)}, the start of the
-        sequence's key). The copies and fills the sequence makes first are ``bufs["_pre"]``.
+        sequence's key). The copies and fills the sequence makes first are ``bufs["_pre"][1]``.
         Raises RuntimeError for a released DeviceArray, ValueError for one of another context."""
         from .arrays import check_live
 
@@ -196,7 +217,7 @@ class M3Workspace:
             d = self.dims
             self._array("g_y", p.g_y, d.S * d.T * d.M * d.H * d.P * F32, pre, key, bufs)
             self._g_state(p, pre, key, bufs)
-        bufs["_pre"] = tuple(pre)
+        bufs["_pre"] = (None, tuple(pre))   # (a binding's form: no buffer of its own to mark busy)
         return bufs, key
 
     def _zeros_bytes(self, name: str) -> int:
@@ -238,7 +259,7 @@ class M3Workspace:
 
     # -- recorded sequences -------------------------------------------------------------------
     def sequence(self, key, p, bufs: dict, post) -> rt.Sequence:
-        """The sequence recorded for binding ``key``: the copies and fills of ``bufs["_pre"]``, the
+        """The sequence recorded for binding ``key``: the copies and fills of ``bufs["_pre"][1]``, the
         family's kernels over ``bufs`` (the ids a constant of it), then ``post(seq)``."""
         hit = self.sequences.get(key)
         if hit is not None:
@@ -249,12 +270,13 @@ class M3Workspace:
         try:
             ids = self.constant(p.ids.astype(np.uint32))
             self._named = {**bufs, "ids": (ids, 0, ids.size)}
-            for step in bufs["_pre"]:
+            pre = bufs["_pre"][1]
+            for step in pre:
                 if step[0] == "fill":
                     seq.fill(step[1], 0, step[2], step[3])
                 else:
                     seq.copy(step[1], step[3], step[5], step[2], step[4])
-            if bufs["_pre"]:
+            if pre:
                 seq.barrier()
             if self.ctx.info.timestamps:
                 seq.timestamp("start")
@@ -283,10 +305,13 @@ class M3Workspace:
         """Record the final states (``finals``: part -> its buffer) into the rows ids of the
         DeviceArray caches (``caches``: part -> DeviceArray), after the kernels."""
         seq.barrier()
+        runs = _runs(ids)
         for part, row in zip(STATE_PARTS, self.rows, strict=True):
             cache = caches.get(part)
-            if cache is not None and finals[part] is not None:
-                put_rows(seq, finals[part], 0, cache.buffer, cache.offset, ids, row)
+            if cache is None or finals[part] is None:
+                continue
+            for i, r, n in runs:   # (recording.put_rows' copies, a run of consecutive rows in one)
+                seq.copy(finals[part], cache.buffer, n * row * F32, i * row * F32, (cache.offset + r * row) * F32)
 
     def split_grads(self, seq, p, outs: dict) -> None:
         """Record, after the backward's kernels, its outputs made of the kernels' joint buffers:
@@ -351,3 +376,4 @@ class M3Workspace:
         if not self.ctx.closed and not self.pool.closed:
             self._drop([*self._own.values(), *consts])
         self._own.clear()
+        self._host_outs.clear()

@@ -94,7 +94,7 @@ class Replay:
     call's. ``ids``: (bytes, checked copy) of the last ids a plain call of it passed."""
 
     __slots__ = ("backward", "bound", "calls", "copy", "ctx", "dims", "engine", "ids", "info", "outputs", "outs",
-                 "planned", "seq", "template", "update", "where", "ws")
+                 "planned", "problem_of", "run_plain", "seq", "template", "update", "where", "ws")
 
     def __init__(self, engine, info, planned, p, ws: Workspace, backward: bool, update: bool = False,
                  outs: dict | None = None, calls: OpCalls = SCAN_CALLS):
@@ -111,12 +111,13 @@ class Replay:
         self.backward = backward
         self.update = update
         self.calls = calls
+        # (the two a plain repeat calls, in slots of their own: a slot's read is the cheapest)
+        self.problem_of, self.run_plain = calls.problem, calls.run_bound
         # what a repeat's problem takes of the first (Mamba-3's rotation, psi and states given; never
         # an array: a Replay must not keep its first call's inputs alive)
         self.template = calls.template(p)
         bufs, key = ws.bind_inputs(p, backward)
-        # and the buffers to mark busy (the bindings' first entries; Mamba-3's "_pre" holds its steps)
-        self.bound = (bufs, key, tuple(v[0] for k, v in bufs.items() if k != "_pre" and v[0] is not None))
+        self.bound = (bufs, key, tuple(v[0] for v in bufs.values() if v[0] is not None))  # and the buffers to mark busy
         self.ids = None
         self.outs = outs
         if outs is not None:   # (``seq``, ``copy``, ``outputs``: a prepared call's alone)
@@ -127,7 +128,7 @@ class Replay:
         """validate.problem of a plain call of this replay (its float arguments ``arrays``): its
         ids checked (or known from its last call: the same bytes), the host memory rule; None:
         the full path (which raises what is wrong)."""
-        p = self.calls.problem(self.dims, arrays, ids, self.ids, self.template)
+        p = self.problem_of(self.dims, arrays, ids, self.ids, self.template)
         if p is not None and type(ids) is np.ndarray:
             known = self.ids
             if known is None or known[1] is not p.ids:
@@ -161,8 +162,8 @@ class Replay:
                     try:
                         check_live(inputs)
                         if own is None:   # fresh outputs, their sequence looked up (recorded on first use)
-                            out = self.calls.run_bound(self.engine, ws, p, self.backward, True, dict(bufs), list(key),
-                                                       self.update)
+                            out = self.run_plain(self.engine, ws, p, self.backward, True, dict(bufs), list(key),
+                                                 self.update)
                         else:             # the call's own outputs and its one sequence
                             try:
                                 check_live(self.outputs)

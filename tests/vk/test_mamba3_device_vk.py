@@ -81,13 +81,15 @@ def test_views_at_offsets_the_device_cannot_bind_are_copied_on_the_device():
     assert all(_bits(x) == _bits(y) for x, y in zip(r, want, strict=True))
 
 
+@pytest.mark.parametrize("rows", ["permutation", [1, 2]], ids=["permuted", "consecutive"])
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_update_cache_on_device_arrays_writes_the_rows_ids_alone(name):
+def test_update_cache_on_device_arrays_writes_the_rows_ids_alone(name, rows):
     """Decode steps (T = 1) with update_cache=True on DeviceArray caches: the rows ids hold the
     final state of the float64 reference's call over the same tokens (within the op's tolerance)
     and the same bits as the host caches' update; every other row keeps its bits; y stays on the
-    device and equals the host call's."""
-    a, _ = _host(name, seed=9, T=1)
+    device and equals the host call's. Rows named in any order, and consecutive rows (one copy each
+    part)."""
+    a, _ = _host(name, seed=9, T=1, ids=rows)
     host = {k: a[k].copy() for k in STATES}
     dev = {k: ssm_vk.to_device(a[k]) for k in STATES}
     before = {k: a[k].copy() for k in STATES}
