@@ -207,18 +207,8 @@ def retry(engine: Engine, p, backward: bool, planned: Planned, device_out: bool,
 def run_call(engine: Engine, p, backward: bool, planned: Planned, device_out: bool, update: bool = False,
              given: dict | None = None) -> dict:
     """The call, its context held (DeviceLost when lost meanwhile); out of device memory once, the
-    call again after the other workspaces gave their buffers back."""
-    ctx = engine.ctx
-    token = ctx.enter()
-    try:
-        try:
-            return run_once(engine, p, backward, planned, device_out, update=update, given=given)
-        except rt.OutOfDeviceMemory:
-            return retry(engine, p, backward, planned, device_out, update, given)
-    finally:
-        ctx.leave(token)
-
-
+    call again after the other workspaces gave their buffers back (run.in_context)."""
+    return run.in_context(engine, run_once, retry, p, backward, planned, device_out, update, given)
 
 
 def problem(dims, arrays: tuple, ids, known_ids=None, template=None):

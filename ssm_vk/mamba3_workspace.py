@@ -38,13 +38,13 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .recording import scatter_rows
 from .sizing import F32
+from .workspace import close_sequences, keep_sequence, wait_sequences
 
 if TYPE_CHECKING:
     from .family import Planned
 
 __all__ = ["COTANGENTS", "INPUTS", "M3Workspace", "STATE_PARTS"]
 
-MAX_SEQUENCES = 4   # recorded sequences kept per workspace (sets of buffers)
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v")
 STATE_PARTS = ("theta", "h", "k", "v")   # the final state's outputs, in the order of the start-state inputs
 COTANGENTS = ("g_y", "g_theta", "g_h", "g_k", "g_v")
@@ -76,16 +76,6 @@ class _Rows:
         aligned = byte0 - byte0 % self.align
         resid = (byte0 - aligned) // F32
         return (buf, aligned, (resid + count) * F32), resid
-
-    def host_outputs(self, shapes: dict) -> dict:
-        """DeviceArrays of ``shapes`` over buffers of the workspace's own (a host call's outputs,
-        read back after it: never handed out)."""
-        key = tuple(shapes)
-        hit = self._host_outs.get(key)
-        if hit is None:   # (made once per set of names: they never leave the workspace)
-            hit = self._host_outs[key] = {k: DeviceArray(self.ctx, self.own("out:" + k, math.prod(v) * F32), v,
-                                                         owned=False) for k, v in shapes.items()}
-        return hit
 
     def constant(self, arr: np.ndarray):
         return self.ws.constant(arr)
@@ -294,11 +284,7 @@ class M3Workspace:
             raise
         finally:
             self._named = {}
-        self.sequences[key] = (seq, self._constants)
-        while len(self.sequences) > MAX_SEQUENCES:
-            _, (old, consts) = self.sequences.popitem(last=False)
-            old.close()
-            self._drop(consts)
+        keep_sequence(self.sequences, key, seq, self._constants, self._drop)
         return seq
 
     def put_states(self, seq, finals: dict, caches: dict, ids) -> None:
@@ -361,18 +347,13 @@ class M3Workspace:
     def settle(self) -> None:
         """Wait for every pending submission of this workspace's sequences (a call whose wait timed
         out): nothing may write the buffers that work reads until it ends."""
-        if not self.ctx.pending:
-            return
-        for seq, _ in self.sequences.values():
-            if seq.pending:
-                seq.wait()
+        if self.ctx.pending:
+            wait_sequences(self.sequences)
 
     def close(self) -> None:
         self.closed = True
-        for seq, _ in self.sequences.values():
-            seq.close()
         consts = [b for _, cs in self.sequences.values() for b in cs]
-        self.sequences.clear()
+        close_sequences(self.sequences)
         if not self.ctx.closed and not self.pool.closed:
             self._drop([*self._own.values(), *consts])
         self._own.clear()

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .family import Planned
 
-__all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
-           "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
+__all__ = ["forward", "backward", "in_context", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
+           "retry", "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
@@ -84,13 +84,20 @@ def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tr
 
 def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
          given: dict | None = None) -> dict:
+    return in_context(engine, run_once, retry, p, backward, planned, device_out, update, given)
+
+
+def in_context(engine: Engine, once, again, p, backward: bool, planned: Planned, device_out: bool,
+               update: bool = False, given: dict | None = None) -> dict:
+    """``once(engine, p, ...)`` (an op's run_once) with the context held; out of device memory,
+    ``again`` (its retry: the other shapes' workspaces closed first)."""
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return run_once(engine, p, backward, planned, device_out, update=update, given=given)
+            return once(engine, p, backward, planned, device_out, update=update, given=given)
         except rt.OutOfDeviceMemory:
-            return retry(engine, p, backward, planned, device_out, update, given)
+            return again(engine, p, backward, planned, device_out, update, given)
     finally:
         ctx.leave(token)
 
