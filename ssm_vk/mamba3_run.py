@@ -208,7 +208,7 @@ def run_call(engine: Engine, p, backward: bool, planned: Planned, device_out: bo
              given: dict | None = None) -> dict:
     """The call, its context held (DeviceLost when lost meanwhile); out of device memory once, the
     call again after the other workspaces gave their buffers back (run.in_context)."""
-    return run.in_context(engine, run_once, retry, p, backward, planned, device_out, update, given)
+    return run.in_context(engine, p, backward, planned, device_out, update, given, run_once, retry)
 
 
 def problem(dims, arrays: tuple, ids, known_ids=None, template=None):

@@ -108,13 +108,12 @@ class M3Workspace:
         self._constants: list = []
         self._host_outs: dict = {}    # names -> a host call's output DeviceArrays over buffers of its own
         self.sequences: OrderedDict = OrderedDict()   # key -> (Sequence, constant buffers)
-        S, H, P, N, M, F, R = d.S, d.H, d.P, d.N, d.M, d.F, d.R
+        S, H, P, N, M, F = d.S, d.H, d.P, d.N, d.M, d.F
         # elements of one sequence's (one cache row's) part of each state, in STATE_PARTS' order
         self.rows = (H * F, H * P * N, H * M * N, H * M * P)
         self.scratch = dict(fp.family.scratch(d, fp.plan, True)) if self.backward else {}
         if self.backward:
             self.scratch.update(d_step=3 * S * d.T * H, d_parts=H * (2 * M * N + M * P), d_start=S * sum(self.rows))
-        del R
 
     # -- buffers ------------------------------------------------------------------------------
     def own(self, name: str, nbytes: int):

@@ -74,7 +74,7 @@ def _nothing_kept(engine, p) -> None:
 
 
 def _no_template(p) -> None:
-    return None
+    """(The scan's repeats make their problem of the dims alone: validate.problem.)"""
 
 
 SCAN_CALLS = OpCalls(SCAN, validate.problem, run.run_bound, run.run_once, run.retry, _scan_record_own, _scan_written,
@@ -115,7 +115,7 @@ class Replay:
         self.problem_of, self.run_plain = calls.problem, calls.run_bound
         # what a repeat's problem takes of the first (Mamba-3's rotation, psi and states given; never
         # an array: a Replay must not keep its first call's inputs alive)
-        self.template = calls.template(p)
+        self.template = None if calls is SCAN_CALLS else calls.template(p)
         bufs, key = ws.bind_inputs(p, backward)
         self.bound = (bufs, key, tuple(v[0] for v in bufs.values() if v[0] is not None))  # and the buffers to mark busy
         self.ids = None

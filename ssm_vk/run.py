@@ -83,23 +83,22 @@ def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tr
 
 
 def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
-         given: dict | None = None) -> dict:
-    return in_context(engine, run_once, retry, p, backward, planned, device_out, update, given)
-
-
-def in_context(engine: Engine, once, again, p, backward: bool, planned: Planned, device_out: bool,
-               update: bool = False, given: dict | None = None) -> dict:
-    """``once(engine, p, ...)`` (an op's run_once) with the context held; out of device memory,
-    ``again`` (its retry: the other shapes' workspaces closed first)."""
+         given: dict | None = None, once=None, again=None) -> dict:
+    """The call (``once``: an op's run_once, default the scan's) with the context held; out of
+    device memory, ``again`` (its retry, default the scan's: the other shapes' workspaces closed
+    first). Another op's calls take it as :func:`in_context`."""
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return once(engine, p, backward, planned, device_out, update=update, given=given)
+            return (once or run_once)(engine, p, backward, planned, device_out, update=update, given=given)
         except rt.OutOfDeviceMemory:
-            return again(engine, p, backward, planned, device_out, update, given)
+            return (again or retry)(engine, p, backward, planned, device_out, update, given)
     finally:
         ctx.leave(token)
+
+
+in_context = _run   # (the name Mamba-3's calls take it by; tests patch ``_run``, the scan's)
 
 
 def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
