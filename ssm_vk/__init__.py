@@ -5,7 +5,8 @@ Python through the ``vulkan`` binding.
 Same names as ssm_ref / ssm_fast (``ssm_scan``, ``ssm_scan_back``, ``supports``, ``NAME``; the
 Mamba-3 scan's ``mamba3_scan``, ``mamba3_scan_back``: ssm_vk/mamba3/), plus
 device-resident work: ``devices()``, ``to_device()``, ``DeviceArray``, and calls prepared once
-and replayed (``prepare_scan``, ``prepare_scan_back``). ``SSM_VK_DEVICE=<index>``
+and replayed (``prepare_scan``, ``prepare_scan_back``, ``prepare_mamba3_scan``,
+``prepare_mamba3_scan_back``). ``SSM_VK_DEVICE=<index>``
 picks the device (default: first discrete GPU, else integrated, else a CPU implementation such
 as lavapipe); every setting is in :mod:`ssm_vk.config`. Importing works without Vulkan; the
 functions then fall back to ssm_fast and say so. The layers, one way down: api -> prepared,
@@ -22,6 +23,7 @@ from . import config, runtime
 from .api import NAME, ssm_scan, ssm_scan_back, supports
 from .arrays import DeviceArray, to_device
 from .mamba3_api import mamba3_scan, mamba3_scan_back
+from .mamba3_prepared import prepare_mamba3_scan, prepare_mamba3_scan_back
 from .prepared import PreparedCall, prepare_scan, prepare_scan_back
 from .runtime import DeviceInfo
 
@@ -43,5 +45,6 @@ def __dir__():
 
 
 __all__ = ["NAME", "SNAPSHOTS", "__version__", "config", "DeviceArray", "DeviceInfo", "PreparedCall", "devices",
-           "mamba3_scan", "mamba3_scan_back", "prepare_scan", "prepare_scan_back", "runtime", "ssm_scan",
+           "mamba3_scan", "mamba3_scan_back", "prepare_mamba3_scan", "prepare_mamba3_scan_back", "prepare_scan",
+           "prepare_scan_back", "runtime", "ssm_scan",
            "ssm_scan_back", "supports", "to_device"]

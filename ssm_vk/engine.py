@@ -4,7 +4,8 @@ by a context, and a lost or forked-away context takes all of it along.
 
 It owns:
 
-- the workspaces (workspace.Workspace: one per problem shape, knobs and limits), a bounded LRU;
+- the workspaces (one per problem shape, knobs and limits: the scan's workspace.Workspace,
+  Mamba-3's mamba3_workspace.M3Workspace, by the op of the plan's family), a bounded LRU;
 - the support decisions (decision.decide), by problem signature;
 - the replay cache (replay_cache.py): the prepared calls (replay.Replay) that plain
   device-resident calls keep for their repeats, by signature;
@@ -27,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .mamba3_workspace import M3Workspace
 from .sizing import Limits
 from .workspace import Workspace
 
@@ -116,7 +118,8 @@ class Engine:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                ws = self.workspaces[key] = Workspace(self.ctx, planned, rerun)
+                make = Workspace if planned.first.family.op == "ssm_scan" else M3Workspace
+                ws = self.workspaces[key] = make(self.ctx, planned, rerun)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))
                     if old.recent:  # replayed (replay_cache.py) since it came to the front: not the least recent

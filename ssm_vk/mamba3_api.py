@@ -1,57 +1,55 @@
 """The Mamba-3 scan on the Vulkan device (docs/SPEC.md section 14; docs/API.md): ``mamba3_scan``,
 ``mamba3_scan_back`` and their support decision, beside the selective scan's (api.py).
 
-A call: ssm_ref's validator (ssm_ref.mamba3_checks) checks every argument before any Vulkan
-call; the support decision (:func:`decide`: the context, the plan of the op's family through
-ssm_vk.registry, the memory budget, the kernels' SPIR-V and limits through ssm_vk.decision)
-is cached in the context's Engine; a call the device runs takes buffers from the context's pool,
-uploads its inputs, records its family's kernels (registry: op "mamba3_scan") in one submission
-and reads the results back; one it cannot is computed by ssm_fast on the CPU (``where == "CPU"``),
-the reason logged once. Inputs are host arrays (DeviceArrays are read back to the host); results
-are numpy arrays. float32 only (the float64 oracle is ssm_ref's).
+A call: ssm_ref's validator (ssm_ref.mamba3_checks) checks every argument before any Vulkan call
+(a DeviceArray by its shape and dtype: never read back); the support decision (:func:`decide`: the
+context, the plan of the op's family through ssm_vk.registry, the memory budget, the kernels'
+SPIR-V and limits) is cached in the context's Engine; a call the device runs goes through
+ssm_vk.mamba3_run in the Engine's workspace of its shape (float32 DeviceArrays bound in place,
+host arrays uploaded), one submission; one it cannot is computed by ssm_fast on the CPU
+(``where == "CPU"``), the reason logged once. As the scan's: when any input is a DeviceArray the
+results are DeviceArrays (also from the CPU, uploaded), else numpy arrays.
 
-A call's buffers and its recorded command sequence are kept for its repeats (:class:`Kept`: per
-context, by op, dims, rotation and plan, the MAX_KEPT most recent): a repeat of a shape -- a decode loop,
-a training loop -- uploads its inputs into the same buffers and submits the sequence recorded
-the first time.
-
-update_cache=True (a decode step: T = 1) writes the four final state parts into the rows ids of
-the caller's four cache arrays in place, once the call has run.
+A call whose every input is a DeviceArray (or None) and that repeats one that ran on the device
+runs through the Replay kept for its signature (replay_cache.py, ``m3_signature``; the scan's one
+mechanism for repeated calls), skipping the validator's shape checks, the decision and the
+bindings. update_cache=True writes the four final state parts into the rows ids of the caches:
+DeviceArray caches on the device, by the call's own sequence; host caches after the call.
 """
 
 from __future__ import annotations
-
-import threading
-from collections import OrderedDict
 
 import numpy as np
 
 from ssm_ref import Support
 from ssm_ref.checks import check_dtype
-from ssm_ref.mamba3_checks import check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache, drop_rank
+from ssm_ref.ids import check_distinct_ids
+from ssm_ref.mamba3_checks import ROTATIONS, check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache
 from ssm_ref.ops import MAMBA3
 from ssm_ref.results import Mamba3Grads, Mamba3Result
-from ssm_ref.scan import scatter_rows
 
-from . import budget, config, registry
-from . import runtime as rt
-from .arrays import DeviceArray, pool
+from . import budget, config, mamba3_run, outputs, registry, replay_cache
+from .arrays import DeviceArray, upload_to
 from .decision import kernels_problem
 from .engine import engine_of
-from .run import set_last_sequence
+from .family import Planned
+from .mamba3_workspace import STATE_PARTS
+from .replay import MAMBA3_CALLS
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
+from .validate import frozen_result
 
-__all__ = ["MAX_KEPT", "OPS", "Kept", "M3Call", "decide", "kept", "mamba3_scan", "mamba3_scan_back", "supports"]
-
-MAX_KEPT = 8   # calls (buffers and a recorded sequence each) kept per context for their repeats
+__all__ = ["OPS", "check_update", "decide", "device_problem", "float32_only", "mamba3_scan", "mamba3_scan_back",
+           "stand_ins", "supports"]
 
 OPS = (MAMBA3.name, MAMBA3.backward_name)   # "mamba3_scan", "mamba3_scan_back"
 _F32 = np.dtype(np.float32)
 _STATES = ("s_theta", "s_h", "s_k", "s_v")
+_INPUTS = MAMBA3.float_inputs      # the 14 float inputs, x .. s_v
+_COTS = MAMBA3.cotangent_names     # g_y, g_theta, g_h, g_k, g_v
 
 
-def _float32_only(dtype) -> None:
+def float32_only(dtype) -> None:
     """dtype checked as ssm_ref checks it (the same TypeError), then float32 only (ValueError)."""
     if dtype is np.float32:
         return
@@ -60,16 +58,21 @@ def _float32_only(dtype) -> None:
                          f"(the float64 oracle is ssm_ref.mamba3_scan)")
 
 
-def _host(a):
-    """A DeviceArray read back to the host (the Mamba-3 kernels take host arrays); else as it is."""
-    return a.numpy() if isinstance(a, DeviceArray) else a
+def stand_ins(arrays) -> list:
+    """What the validator reads of each argument: a DeviceArray as an uninitialised host array of
+    its shape and dtype (its shape and dtype checked as a host array's, nothing read back; the
+    memory is never touched, so not even allocated for a large one); the rest as given."""
+    return [np.empty(a.shape, a.dtype) if type(a) is DeviceArray else a for a in arrays]
 
 
 class _Decided:
-    __slots__ = ("ctx", "engine", "fp", "sup")
+    """A support decision (support.Decided's fields): ``sup``, ``engine``, ``info`` (the context's
+    then), ``planned`` (family.Planned: its ``softplus`` slot holds the rotation's code)."""
 
-    def __init__(self, sup: Support, ctx=None, engine=None, fp=None):
-        self.sup, self.ctx, self.engine, self.fp = sup, ctx, engine, fp
+    __slots__ = ("engine", "info", "planned", "sup")
+
+    def __init__(self, sup: Support, engine=None, info=None, planned=None):
+        self.sup, self.engine, self.info, self.planned = sup, engine, info, planned
 
 
 def _sizes(d, backward: bool, fp) -> dict:
@@ -80,30 +83,31 @@ def _sizes(d, backward: bool, fp) -> dict:
              y=S * T * M * H * P, finals=S * H * (F + P * N + M * N + M * P))
     if backward:
         n.update(grads=2 * n["y"] + 2 * n["finals"] + n["x"] + n["steps"] + n["dtheta"] + n["B"]
-                 + H * (2 * M * N + M * P))
+                 + H * (2 * M * N + M * P) + n["states"])
         n.update(fp.family.scratch(d, fp.plan, True))
     return {k: 4 * v for k, v in n.items() if v}
 
 
-def decide(op: str, d, knobs=None) -> _Decided:
+def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
     """Whether a problem of dims ``d`` (ssm_ref.mamba3_checks.M3Dims) runs on the device for ``op``
-    ("mamba3_scan" or "mamba3_scan_back"), and its plan -- cached in the context's Engine."""
+    ("mamba3_scan" or "mamba3_scan_back"), and its plans -- cached in the context's Engine."""
     ctx, reason = context_or_reason()
     if ctx is None:
         return _Decided(Support(False, reason))
     knobs = config.settings() if knobs is None else knobs
     engine = engine_of(ctx)
     info = ctx.info
-    key = (id(info), op, d, knobs.key)
+    form = ROTATIONS.index(rotation)
+    key = (id(info), op, d, knobs.key, form)
     hit = engine.decision(key)
-    if hit is not None and hit.ctx is ctx:
+    if hit is not None and hit.info is info:
         return hit
     backward = op == MAMBA3.backward_name
     lim = engine.limits(info, knobs)
     try:
         fp = registry.plan(d, lim, backward, knobs, op=MAMBA3.name)
     except TooLarge as e:
-        out = _Decided(Support(False, str(e)))
+        out = _Decided(Support(False, str(e)), info=info)
         engine.remember(key, out)
         return out
     why = budget.check(info, _sizes(d, backward, fp), ctx.live_allocations.count)
@@ -112,158 +116,10 @@ def decide(op: str, d, knobs=None) -> _Decided:
     why = kernels_problem(lim, registry.kernels_needed(d, fp, backward))
     if why:   # (not cached: glslc on PATH or a warm cache may lift it)
         return _Decided(Support(False, why))
-    out = _Decided(Support(True, f"runs on {info.where} ({info.name})"), ctx, engine, fp)
+    out = _Decided(Support(True, f"runs on {info.where} ({info.name})"), engine, info,
+                   Planned(fp, d, lim, backward, knobs, form))
     engine.remember(key, out)
     return out
-
-
-class M3Call:
-    """One call shape's buffers on the device, by name (the recording binds them: ``bind``), with
-    the plan (``plan``), the planner's ``limits`` and the sequence recorded by its first run;
-    ``close`` gives them back to the pool. A repeat of the shape (:class:`Kept`) fills the same
-    buffers and submits the same sequence."""
-
-    def __init__(self, ctx, engine, fp, knobs):
-        self.ctx, self.plan = ctx, fp.plan
-        self.limits = engine.limits(ctx.info, knobs)
-        self.pool = pool(ctx)
-        self.bufs: dict = {}        # name -> (Buffer, nbytes)
-        self._dummy = None
-        self.seq = None             # recorded by the first run
-
-    def put(self, name: str, arr: np.ndarray) -> None:
-        """``arr`` (float32 or uint32, C order) into the buffer ``name`` (made on first use)."""
-        a = np.ascontiguousarray(arr)
-        if a.nbytes:
-            hit = self.bufs.get(name)
-            if hit is None:
-                hit = self.bufs[name] = (self.pool.acquire(a.nbytes), a.nbytes)
-            assert hit[1] == a.nbytes, name
-            rt.upload(hit[0], a)
-
-    def empty(self, name: str, n_elems: int) -> None:
-        """A buffer of ``n_elems`` float32 under ``name`` (written by the kernels; made once)."""
-        if n_elems and name not in self.bufs:
-            self.bufs[name] = (self.pool.acquire(4 * n_elems), 4 * n_elems)
-
-    def get(self, name: str, shape: tuple) -> np.ndarray:
-        """The float32 array ``name`` read back, in ``shape``."""
-        if name not in self.bufs:
-            return np.zeros(shape, _F32)
-        return rt.download(self.bufs[name][0], (shape, _F32))
-
-    def bind(self, name: str) -> tuple:
-        hit = self.bufs.get(name)
-        if hit is None:
-            if self._dummy is None:
-                self._dummy = self.pool.acquire(16)
-            return (self._dummy, 0, 16)
-        return (hit[0], 0, hit[1])
-
-    def run(self, record) -> None:
-        """Submit the sequence (recorded with ``record(seq)`` the first time) and wait."""
-        if self.seq is None:
-            seq = rt.Sequence(self.ctx)
-            try:
-                stamps = self.ctx.info.timestamps   # the work between "start" and "end" (last_gpu_ns)
-                if stamps:
-                    seq.timestamp("start")
-                record(seq)
-                if stamps:
-                    seq.timestamp("end")
-                seq.finish()
-            except BaseException:
-                seq.close()
-                raise
-            self.seq = seq
-        self.seq.submit()
-        set_last_sequence(self.seq)   # ssm_vk.run.last_gpu_ns reads its timestamps (the benchmarks)
-
-    def close(self) -> None:
-        """The sequence freed, the buffers back to the pool (unless the context closed: its
-        pool frees them)."""
-        if self.seq is not None:
-            self.seq.close()
-            self.seq = None
-        bufs = [b for b, _ in self.bufs.values()] + ([self._dummy] if self._dummy is not None else [])
-        self.bufs.clear()
-        self._dummy = None
-        if self.ctx.closed or self.pool.closed:
-            return
-        for buf in bufs:
-            try:
-                self.pool.release(buf)
-            except ValueError:   # (the pool was replaced meanwhile: it is no longer this one's)
-                pass
-
-
-class Kept:
-    """The M3Calls of one context kept for their repeats, by key (op, dims, rotation, plan): a call
-    takes its shape's (:meth:`take`: exclusive, so two threads never share one) and gives it
-    back after (:meth:`give`); the least recent beyond MAX_KEPT are closed. Closed with the
-    context."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.lock = threading.Lock()
-        self.calls: OrderedDict = OrderedDict()
-        self.closed = False
-        ctx.owned.adopt(self)
-
-    def take(self, key) -> M3Call | None:
-        with self.lock:
-            return self.calls.pop(key, None)
-
-    def give(self, key, call: M3Call) -> None:
-        with self.lock:
-            if self.closed:
-                old = [call]
-            else:
-                old = [self.calls.pop(key)] if key in self.calls else []
-                self.calls[key] = call
-                while len(self.calls) > MAX_KEPT:
-                    old.append(self.calls.popitem(last=False)[1])
-        for c in old:
-            c.close()
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            calls = list(self.calls.values())
-            self.calls.clear()
-        for c in calls:
-            c.close()
-        self.ctx.owned.forget(self)
-
-
-def kept(ctx) -> Kept:
-    """The context's kept Mamba-3 calls (made on first use, closed with the context)."""
-    return ctx.owned.extension("mamba3_calls", Kept)
-
-
-def _put_inputs(call: M3Call, p) -> None:
-    for k in ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", *_STATES):
-        call.put(k, getattr(p, k))
-    call.put("ids", p.ids.astype(np.uint32))
-
-
-def _on_device(dec: _Decided, key: tuple, body):
-    """``body(call)`` on the decided device, the context held, in the call kept for ``key`` (or
-    a new one, kept after it ran; one that raised is closed)."""
-    ctx = dec.ctx
-    token = ctx.enter()
-    try:
-        store = kept(ctx)
-        call = store.take(key) or M3Call(ctx, dec.engine, dec.fp, config.settings())
-        try:
-            out = body(call)
-        except BaseException:
-            call.close()
-            raise
-        store.give(key, call)
-        return out
-    finally:
-        ctx.leave(token)
 
 
 def _fall_back(reason: str):
@@ -273,69 +129,135 @@ def _fall_back(reason: str):
     return ssm_fast
 
 
+def _host(a):
+    return a.numpy() if type(a) is DeviceArray else a
+
+
+def _ctx_of(arrays):
+    """The context of the first DeviceArray of ``arrays``, or None (every one on the host)."""
+    return next((a.ctx for a in arrays if type(a) is DeviceArray), None)
+
+
+def device_problem(p, given: dict):
+    """Checked problem ``p`` with the caller's DeviceArrays (``given``: name -> argument) in place of
+    the validator's stand-ins, and None for absent cotangents (zeros the call fills)."""
+    q = object.__new__(type(p))
+    q.__dict__.update(p.__dict__)
+    q.__dict__.update({k: v for k, v in given.items() if type(v) is DeviceArray or (v is None and k in _COTS)})
+    return q
+
+
+def check_update(update_cache, caches: tuple, p) -> bool:
+    """check_mamba3_update_cache, a DeviceArray cache taking the place of a writeable array (its
+    dtype checked: a float32 one)."""
+    if update_cache is not True:
+        return check_mamba3_update_cache(update_cache, caches, p)
+    return check_mamba3_update_cache(True, tuple(stand_ins(caches)), p)
+
+
 def supports(op, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
              s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False) -> Support:
     """Whether ssm_vk runs this Mamba-3 case on the device (else the call computes it with ssm_fast
     on the CPU, ``where == "CPU"``), and why not: the decision the call takes. ``op``:
-    "mamba3_scan" or "mamba3_scan_back"; the arguments are mamba3_scan's. Bad input raises as
-    the call would."""
+    "mamba3_scan" or "mamba3_scan_back"; the arguments are mamba3_scan's (DeviceArrays or host
+    arrays). Bad input raises as the call would."""
     if op not in OPS:
         raise ValueError(f"op: expected one of {', '.join(map(repr, OPS))}, got {op!r}")
-    _float32_only(dtype)
-    args = [_host(a) for a in (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)]
+    float32_only(dtype)
+    args = stand_ins((x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v))
     p = check_mamba3_forward(*args, ids, rotation=rotation, dtype=_F32)
     if update_cache is not False:
         if op != MAMBA3.name:
             raise ValueError(f"update_cache: only mamba3_scan writes into the cache, expected False for {op}")
-        check_mamba3_update_cache(update_cache, (s_theta, s_h, s_k, s_v), p)
-    return decide(op, p.dims).sup
+        check_update(update_cache, (s_theta, s_h, s_k, s_v), p)
+    return decide(op, p.dims, rotation=p.rotation).sup
+
+
+def _result(out: dict, where: str, ctx=None) -> Mamba3Result:
+    """The Mamba3Result of a call's outputs (``ctx``: a CPU call's arrays uploaded there)."""
+    if ctx is not None:
+        out = {k: None if v is None else upload_to(ctx, v) for k, v in out.items()}
+    return frozen_result(Mamba3Result, {"y": out["y"], "theta": out["theta"], "h": out["h"], "k": out["k"],
+                                        "v": out["v"], "where": where})
 
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
-                s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False) -> Mamba3Result:
+                s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False,
+                out=None) -> Mamba3Result:
     """The Mamba-3 scan on the Vulkan device. Arguments, shapes and errors as ssm_ref.mamba3_scan
     (docs/SPEC.md section 14): x (S,T,H,P), dt dA lam (S,T,H), B C (S,T,G,N) SISO | (S,T,M,G,N)
     MIMO, B_bias C_bias (H,N) | (H,M,N), dtheta (S,T,H,F), psi (H,M,P) or None, the start state
     s_theta (R,H,F), s_h (R,H,P,N), s_k (R,H,N)|(R,H,M,N), s_v (R,H,P)|(R,H,M,P) (all four or
     none), ids (S,) or None; rotation "interleaved" | "halved"; ``dtype`` np.float32 only
-    (ValueError otherwise). update_cache=True writes the four final states into rows ids of the
-    caches in place (writeable numpy float arrays, ids distinct) and returns them as None.
+    (ValueError otherwise). Each array a host array or a float32 DeviceArray of the open context
+    (``ssm_vk.to_device``: bound in place, never read back); when any input is a DeviceArray the
+    results are DeviceArrays on that device (also when the call falls back to the CPU), else numpy
+    arrays. update_cache=True writes the four final states into rows ids of the caches (ids
+    distinct) and returns them as None: a DeviceArray cache on the device, by the call itself
+    (nothing read back); a host cache (a writeable numpy float array) after the call.
+    ``out``: {name: DeviceArray} of every output (y, theta, h, k, v in their shapes), written by
+    the call and returned as the result's arrays (the rules of ssm_vk.ssm_scan's ``out``; not
+    with update_cache).
 
-    Returns Mamba3Result(y, theta, h, k, v, where="Vulkan<i>"), float32 numpy arrays; a case the
-    device cannot run (supports() says why) is computed by ssm_fast (where="CPU"). Raises
-    TypeError / ValueError naming the argument before any Vulkan call.
+    Returns Mamba3Result(y, theta, h, k, v, where="Vulkan<i>"); a case the device cannot run
+    (supports() says why) is computed by ssm_fast (where="CPU"). Raises TypeError / ValueError
+    naming the argument before any Vulkan call; RuntimeError for a released DeviceArray.
     """
-    _float32_only(dtype)
-    states = tuple(_host(s) for s in (s_theta, s_h, s_k, s_v))
-    p = check_mamba3_forward(*(_host(a) for a in (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi)), *states, ids,
-                             rotation=rotation, dtype=_F32)
+    float32_only(dtype)
+    arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
+    if out is None and (update_cache is False or update_cache is True) and type(rotation) is str:
+        replay, sig = replay_cache.find(False, arrays, config.settings(), ROTATIONS.index(rotation)
+                                        if rotation in ROTATIONS else -1, update_cache, sign=replay_cache.m3_signature)
+        if replay is not None:
+            p = replay.problem(arrays, ids)
+            if p is not None:
+                if update_cache:
+                    check_distinct_ids(p.ids, "the cache")
+                return _result(replay.run(p, arrays), replay.where)
+    else:
+        sig = None
+    p = check_mamba3_forward(*stand_ins(arrays), ids, rotation=rotation, dtype=_F32)
     caches = (s_theta, s_h, s_k, s_v)
-    update = check_mamba3_update_cache(update_cache, caches, p)
-    d = p.dims
-    dec = decide(MAMBA3.name, d)
+    update = check_update(update_cache, caches, p)
+    given = None if out is None else outputs.check(out, p, False, update_cache, mamba3_run.forward_shapes(p.dims),
+                                                   MAMBA3.name, _INPUTS)
+    dec = decide(MAMBA3.name, p.dims, rotation=p.rotation)
     if not dec.sup:
-        return _fall_back(dec.sup.reason).mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, *caches, ids,
-                                                      rotation=rotation, update_cache=update_cache)
-    S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
-    fam = dec.fp.family
-
-    def body(call: M3Call):
-        _put_inputs(call, p)
-        for k, n in (("y", S * T * M * H * P), ("theta", S * H * F), ("h", S * H * P * N), ("k", S * H * M * N),
-                     ("v", S * H * M * P)):
-            call.empty(k, n)
-        call.run(lambda seq: fam.record_forward(seq, call, p, call.bufs))
-        return (call.get("y", (S, T, M, H, P)), call.get("theta", (S, H, F)), call.get("h", (S, H, P, N)),
-                call.get("k", (S, H, M, N)), call.get("v", (S, H, M, P)))
-
-    y, theta, h, k, v = _on_device(dec, (MAMBA3.name, d, p.rotation, dec.fp.plan), body)
-    where = dec.ctx.info.where
-    y, k, v = drop_rank(d, y, 2), drop_rank(d, k, 2), drop_rank(d, v, 2)
+        return _scan_on_cpu(dec.sup.reason, arrays, ids, p, update, given)
+    q = device_problem(p, dict(zip(_INPUTS, arrays, strict=True)))
+    device_out = given is not None or _ctx_of(arrays) is not None
+    res = mamba3_run.run_call(dec.engine, q, False, dec.planned, device_out, update, given)
+    if sig is not None:
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, False, arrays, update, MAMBA3_CALLS)
     if update:
-        for cache, final in zip(caches, (theta, h, k, v), strict=True):
-            cache[p.ids] = final
-        return Mamba3Result(y=y, theta=None, h=None, k=None, v=None, where=where)
-    return Mamba3Result(y=y, theta=theta, h=h, k=k, v=v, where=where)
+        for cache, part in zip(caches, STATE_PARTS, strict=True):
+            if type(cache) is not DeviceArray:
+                cache[p.ids] = res[part].reshape((p.dims.S, *cache.shape[1:]))
+                res[part] = None
+    return _result(res, dec.info.where)
+
+
+def _scan_on_cpu(reason: str, arrays: tuple, ids, p, update: bool, given) -> Mamba3Result:
+    """mamba3_scan computed by ssm_fast: host copies of DeviceArrays in, the results uploaded when
+    any input was a DeviceArray (into ``given`` when given), DeviceArray caches' rows uploaded."""
+    host = [_host(a) for a in arrays]
+    caches = arrays[10:]
+    device_caches = update and any(type(c) is DeviceArray for c in caches)
+    cpu = _fall_back(reason)
+    r = cpu.mamba3_scan(*host, ids, rotation=p.rotation, update_cache=update and not device_caches)
+    res = {"y": r.y, "theta": r.theta, "h": r.h, "k": r.k, "v": r.v}
+    if device_caches:   # the final states into the rows: host caches in place, DeviceArray ones uploaded
+        for cache, part in zip(caches, STATE_PARTS, strict=True):
+            if type(cache) is DeviceArray:
+                cache._write_rows(p.ids, res[part])
+            else:
+                cache[p.ids] = res[part]
+            res[part] = None
+    if given is not None:
+        for k, a in given.items():
+            a.write(res[k])
+        return _result(given, r.where)
+    return _result(res, r.where, _ctx_of(arrays))
 
 
 def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
@@ -343,51 +265,38 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
                      rotation="interleaved", dtype=np.float32) -> Mamba3Grads:
     """Backward of :func:`mamba3_scan` on the Vulkan device for the loss Σ y·g_y + Σ theta·g_theta
     + Σ h·g_h + Σ k·g_k + Σ v·g_v (each cotangent in its output's shape, or None for zeros);
-    arguments and errors as ssm_ref.mamba3_scan_back. Returns Mamba3Grads (a read-only mapping by
+    arguments and errors as ssm_ref.mamba3_scan_back, DeviceArrays as :func:`mamba3_scan` takes
+    them (results DeviceArrays when any input is one). Returns Mamba3Grads (a read-only mapping by
     name), float32: d_x, d_dt, d_dA, d_lam, d_B, d_C, d_B_bias, d_C_bias, d_dtheta, d_psi (None
     when psi is None), d_s_theta, d_s_h, d_s_k, d_s_v in the caches' shapes (each sequence's
     start-state gradient added into row ids[i], in sequence order). Every sum over heads,
     channels and sequences is taken in a fixed order: reruns are bit-identical. A case the
     device cannot run is computed by ssm_fast (where="CPU")."""
-    _float32_only(dtype)
-    args = [_host(a) for a in (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)]
-    cots = [_host(a) for a in (g_y, g_theta, g_h, g_k, g_v)]
-    p = check_mamba3_backward(*args, ids, *cots, rotation=rotation, dtype=_F32)
-    d = p.dims
-    dec = decide(MAMBA3.backward_name, d)
+    float32_only(dtype)
+    arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, g_y, g_theta, g_h, g_k, g_v)
+    sig = None
+    if type(rotation) is str:
+        replay, sig = replay_cache.find(True, arrays, config.settings(), ROTATIONS.index(rotation)
+                                        if rotation in ROTATIONS else -1, sign=replay_cache.m3_signature)
+        if replay is not None:
+            p = replay.problem(arrays, ids)
+            if p is not None:
+                return _grads(replay.run(p, arrays), replay.where, p.psi_given)
+    p = check_mamba3_backward(*stand_ins(arrays[:14]), ids, *stand_ins(arrays[14:]), rotation=rotation, dtype=_F32)
+    dec = decide(MAMBA3.backward_name, p.dims, rotation=p.rotation)
     if not dec.sup:
-        return _fall_back(dec.sup.reason).mamba3_scan_back(*args, ids, *cots, rotation=rotation)
-    S, T, H, P, N, G, M, F, R = d.S, d.T, d.H, d.P, d.N, d.G, d.M, d.F, d.R
-    MN, MP = M * N, M * P
-    fam = dec.fp.family
-    st = (S * H * F, S * H * P * N, S * H * MN, S * H * MP)
-    gstate = np.concatenate([a.reshape(-1) for a in (p.g_theta, p.g_h, p.g_k, p.g_v)])
+        host = [_host(a) for a in arrays]
+        g = _fall_back(dec.sup.reason).mamba3_scan_back(*host[:14], ids, *host[14:], rotation=p.rotation)
+        ctx = _ctx_of(arrays)
+        if ctx is None:
+            return g
+        return _grads({k: None if v is None else upload_to(ctx, v) for k, v in g.items()}, g.where, p.psi_given)
+    q = device_problem(p, dict(zip((*_INPUTS, *_COTS), arrays, strict=True)))
+    g = mamba3_run.run_call(dec.engine, q, True, dec.planned, _ctx_of(arrays) is not None)
+    if sig is not None:
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, True, arrays, False, MAMBA3_CALLS)
+    return _grads(g, dec.info.where, p.psi_given)
 
-    def body(call: M3Call):
-        _put_inputs(call, p)
-        call.put("g_y", p.g_y)
-        call.put("g_state", gstate)
-        for k, n in (("d_x", S * T * H * P), ("d_step", 3 * S * T * H), ("d_dtheta", S * T * H * F),
-                     ("d_B", S * T * MN * G), ("d_C", S * T * MN * G), ("d_parts", H * (2 * MN + MP)),
-                     ("d_start", sum(st)), *fam.scratch(d, call.plan, True).items()):
-            call.empty(k, n)
-        call.run(lambda seq: fam.record_backward(seq, call, p, call.bufs))
-        return {k: call.get(k, shape) for k, shape in (
-            ("d_x", (S, T, H, P)), ("d_step", (3, S, T, H)), ("d_dtheta", (S, T, H, F)), ("d_B", (S, T, M, G, N)),
-            ("d_C", (S, T, M, G, N)), ("d_parts", (H, 2 * MN + MP)), ("d_start", (sum(st),)))}
 
-    g = _on_device(dec, (MAMBA3.backward_name, d, p.rotation, dec.fp.plan), body)
-    parts, start = g["d_parts"], g["d_start"]
-    cut = np.cumsum(st)
-    d0_th, d0_h, d0_k, d0_v = np.split(start, cut[:-1])
-    out = {"d_x": g["d_x"], "d_dt": g["d_step"][0], "d_dA": g["d_step"][1], "d_lam": g["d_step"][2],
-           "d_dtheta": g["d_dtheta"],
-           "d_B": drop_rank(d, g["d_B"], 2), "d_C": drop_rank(d, g["d_C"], 2),
-           "d_B_bias": drop_rank(d, parts[:, :MN].reshape(H, M, N), 1),
-           "d_C_bias": drop_rank(d, parts[:, MN:2 * MN].reshape(H, M, N), 1),
-           "d_psi": parts[:, 2 * MN:].reshape(H, M, P) if p.psi_given else None,
-           "d_s_theta": scatter_rows(d0_th.reshape(S, H, F), p.ids, R),
-           "d_s_h": scatter_rows(d0_h.reshape(S, H, P, N), p.ids, R),
-           "d_s_k": scatter_rows(drop_rank(d, d0_k.reshape(S, H, M, N), 2), p.ids, R),
-           "d_s_v": scatter_rows(drop_rank(d, d0_v.reshape(S, H, M, P), 2), p.ids, R)}
-    return Mamba3Grads(**out, where=dec.ctx.info.where)
+def _grads(g: dict, where: str, psi_given: bool) -> Mamba3Grads:
+    return Mamba3Grads(**{k: g.get(k) for k in MAMBA3.grad_names}, where=where)

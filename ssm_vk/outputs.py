@@ -1,4 +1,4 @@
-"""``out=`` of ssm_scan / ssm_scan_back: the caller's DeviceArrays that a call writes its outputs
+"""``out=`` of ssm_scan / ssm_scan_back (and mamba3_scan's): the caller's DeviceArrays that a call writes its outputs
 into (docs/API.md). :func:`check` validates them before any work; :func:`fill` uploads a CPU
 fallback's results into them.
 
@@ -37,20 +37,25 @@ def _overlap(u: tuple | None, v: tuple | None) -> bool:
     return u is not None and v is not None and u[0] is v[0] and u[1] < v[2] and v[1] < u[2]
 
 
-def check(out, p, backward: bool, update_cache=False) -> dict:
+def check(out, p, backward: bool, update_cache=False, shapes: dict | None = None, op: str | None = None,
+          inputs: tuple = _INPUTS) -> dict:
     """``out`` checked for problem ``p`` (ssm_ref's checked Problem): {name: DeviceArray} in the
-    order of the outputs. Raises, naming ``out[name]``: ValueError for update_cache (its states go
-    into the cache rows), a missing or unknown name, another shape, a view that does not start its
-    buffer (offset 0: what the recordings take), a released array, one of
-    another context than the open one, one that overlaps an input or another output; TypeError
-    for ``out`` not a mapping, a value not a DeviceArray or not float32."""
-    op = "ssm_scan_back" if backward else "ssm_scan"
+    order of the outputs. Another op's call (Mamba-3's) gives its outputs' ``shapes`` by name, its
+    name ``op`` and its inputs' names ``inputs`` (the scan's by default). Raises, naming
+    ``out[name]``: ValueError for update_cache (its states go into the cache rows), a missing or
+    unknown name, another shape, a view that does not start its buffer (offset 0: what the
+    recordings take), a released array, one of another context than the open one, one that
+    overlaps an input or another output; TypeError for ``out`` not a mapping, a value not a
+    DeviceArray or not float32."""
+    if op is None:
+        op = "ssm_scan_back" if backward else "ssm_scan"
     if update_cache is not False:
-        raise ValueError("out: not with update_cache (the final states go into the cache rows s[ids]; ssm_scan's "
+        raise ValueError(f"out: not with update_cache (the final states go into the cache rows; {op}'s "
                          "outputs are then y and the snapshots alone): pass one or the other")
     if not isinstance(out, Mapping):
         raise TypeError(f"out: a dict {{name: DeviceArray}} of every output of {op}, got {type(out).__name__}")
-    shapes = output_shapes(p.dims, backward)
+    if shapes is None:
+        shapes = output_shapes(p.dims, backward)
     every = ", ".join(shapes)
     for k in out:
         if k not in shapes:
@@ -81,7 +86,7 @@ def check(out, p, backward: bool, update_cache=False) -> dict:
         for j, other in spans:
             if _overlap(span, other):
                 raise ValueError(f"{what}: overlaps out[{j!r}] (outputs take memory of their own)")
-        for j in _INPUTS:
+        for j in inputs:
             v = getattr(p, j, None)
             if isinstance(v, DeviceArray) and _overlap(span, _span(v)):
                 raise ValueError(f"{what}: overlaps the input {j} (outputs take memory of their own)")

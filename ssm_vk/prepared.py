@@ -23,7 +23,7 @@ from ssm_ref.ops import SCAN
 from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, upload_to
-from .replay import Replay
+from .replay import SCAN_CALLS, OpCalls, Replay
 from .support import NAME, decision, form_code
 from .validate import check_backward, check_forward, frozen_result
 from .workspace import BWD_IN, FWD_IN, Workspace, release_all
@@ -106,8 +106,9 @@ def _check_resident(fn: str, p, names: tuple) -> None:
 
 
 class PreparedCall:
-    """A prepared ssm_scan (``op == "ssm_scan"``) or ssm_scan_back: :meth:`run`, :meth:`close`,
-    a ``with`` block. Attributes: ``op``, ``where`` (the device), ``dims``, ``closed``.
+    """A prepared ssm_scan (``op == "ssm_scan"``) or ssm_scan_back -- or, made by
+    ssm_vk.mamba3_prepared, mamba3_scan or mamba3_scan_back: :meth:`run`, :meth:`close`, a
+    ``with`` block. Attributes: ``op``, ``where`` (the device), ``dims``, ``closed``.
 
     ``run()`` returns the same result object every time, its arrays overwritten by each run (copy
     what must outlive the next run: ``.numpy()``); ``close()`` releases them and the call's
@@ -116,32 +117,15 @@ class PreparedCall:
     """
 
     def __init__(self, backward: bool, p, softplus: int, update: bool, zeros: tuple = (), knobs=None):
+        """The scan's prepared call of the checked problem ``p`` (``zeros``: the DeviceArrays it
+        made for inputs given as None, its own)."""
         op = "ssm_scan_back" if backward else "ssm_scan"
         knobs = config.settings() if knobs is None else knobs
-        self._zeros = zeros   # the zeros of inputs given as None: this call's own
         dec = decision(op, p, knobs, softplus)
-        if not dec.sup:
-            for a in zeros:
-                a.release()
-            raise ValueError(f"prepare: the Vulkan device cannot run this {op} ({dec.sup.reason}); "
-                             f"ssm_vk.{op} computes it on the CPU")
-        self.op, self.dims, self.where = op, p.dims, dec.info.where
-        self._p = p
-        ctx = self._ctx = dec.engine.ctx
         names = BWD_IN if backward else FWD_IN
-        self._inputs = tuple(a for a in (*(getattr(p, k) for k in names), p.g_snapshots if backward else None)
-                             if a is not None)
-        token = ctx.enter()
-        try:
-            try:
-                self._replay = self._build(dec, backward, update)
-            except rt.OutOfDeviceMemory:
-                # As an ordinary call does: the other shapes' workspaces give their buffers back
-                # (the pool frees its idle ones when it next runs out), then once more.
-                dec.engine.clear()
-                self._replay = self._build(dec, backward, update)
-        finally:
-            ctx.leave(token)
+        inputs = tuple(a for a in (*(getattr(p, k) for k in names), p.g_snapshots if backward else None)
+                       if a is not None)
+        self._setup(op, dec, p, backward, update, zeros, inputs, SCAN_CALLS)
         outs = self._replay.outs
         if backward:
             fields = {k: outs[k] for k in ssm_ref.GRAD_NAMES}
@@ -155,18 +139,55 @@ class PreparedCall:
             self._result = frozen_result(ScanResult, {"y": outs["y"], "states": None if update else states,
                                                       "where": self.where, "backend": NAME, "snapshots": snaps})
 
+    def _setup(self, op: str, dec, p, backward: bool, update: bool, zeros: tuple, inputs: tuple,
+               calls: OpCalls) -> None:
+        """What every op's prepared call holds: the decision ``dec`` (support.Decided's fields:
+        ``sup``, ``engine``, ``info``, ``planned``) taken, its own workspace, outputs and recorded
+        sequence (a replay.Replay of ``calls``), the DeviceArrays ``inputs`` each run checks live.
+        Raises ValueError (the device cannot run it: the reason), releasing ``zeros``."""
+        self._zeros = zeros   # the zeros of inputs given as None: this call's own
+        if not dec.sup:
+            for a in zeros:
+                a.release()
+            raise ValueError(f"prepare: the Vulkan device cannot run this {op} ({dec.sup.reason}); "
+                             f"ssm_vk.{op} computes it on the CPU")
+        self.op, self.dims, self.where = op, p.dims, dec.info.where
+        self._p = p
+        self._calls = calls
+        ctx = self._ctx = dec.engine.ctx
+        self._inputs = inputs
+        token = ctx.enter()
+        try:
+            try:
+                self._replay = self._build(dec, backward, update)
+            except rt.OutOfDeviceMemory:
+                # As an ordinary call does: the other shapes' workspaces give their buffers back
+                # (the pool frees its idle ones when it next runs out), then once more.
+                dec.engine.clear()
+                self._replay = self._build(dec, backward, update)
+        finally:
+            ctx.leave(token)
+
     def _build(self, dec, backward: bool, update: bool) -> Replay:
         """The call's own workspace, its outputs and its recorded sequence (all or nothing)."""
-        ws = Workspace(self._ctx, dec.planned)
+        ws = self._workspace(dec.planned)
         outs = {}
         try:
-            outs = ws.outputs(True)
-            return Replay(dec.engine, dec.info, dec.planned, self._p, ws, backward, update, outs)
+            outs = self._outputs(ws, backward, update)
+            return Replay(dec.engine, dec.info, dec.planned, self._p, ws, backward, update, outs, self._calls)
         except BaseException:
             release_all(outs)
             with ws.lock:
                 ws.close()
             raise
+
+    def _workspace(self, planned):
+        """A workspace of its own for ``planned`` (an op's prepared call: its class's)."""
+        return Workspace(self._ctx, planned)
+
+    def _outputs(self, ws, backward: bool, update: bool) -> dict:
+        """Its own outputs, by name."""
+        return ws.outputs(True)
 
     @property
     def closed(self) -> bool:

@@ -1,5 +1,8 @@
-"""Replay: a device-resident ssm_scan or ssm_scan_back checked, planned and bound once, then
-replayed -- the one mechanism for calls that repeat. Two hold one:
+"""Replay: a device-resident call of an op (ssm_scan / ssm_scan_back, mamba3_scan /
+mamba3_scan_back) checked, planned and bound once, then replayed -- the one mechanism for calls
+that repeat. What differs between the ops -- how a repeat's problem is made, how a call runs in its
+workspace, what a prepared call records -- is the op's :class:`OpCalls` (:data:`SCAN_CALLS`,
+:data:`MAMBA3_CALLS`); the rest is shared. Two hold a Replay:
 
 - a prepared call (prepared.PreparedCall: ``prepare_scan`` / ``prepare_scan_back``): its own
   workspace and outputs, and so one recorded sequence;
@@ -17,14 +20,67 @@ is) -- into a prepared call's own outputs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from . import run, validate
+from ssm_ref.ops import MAMBA3, SCAN
+
+from . import mamba3_run, run, validate
 from . import runtime as rt
 from .arrays import check_live, pool
 from .workspace import Workspace, release_all
 
-__all__ = ["Replay"]
+__all__ = ["MAMBA3_CALLS", "SCAN_CALLS", "OpCalls", "Replay"]
+
+
+class OpCalls(NamedTuple):
+    """What a Replay asks of its op: ``op`` (its ssm_ref.ops declaration: the names in messages);
+    ``problem(dims, arrays, ids, known_ids, template)`` -> the Problem of a plain repeat (None: the
+    full path, which raises what is wrong); ``run_bound``, ``run_once``, ``retry``: ssm_vk.run's
+    functions of that name for the op; ``record_own(ws, p, backward, bufs, outs, update)`` -> (the
+    prepared call's one sequence over its own outputs ``outs``, whether the new states are copied
+    into the cache rows after it); ``written(engine, p)``: a forward with update_cache wrote ``p``'s
+    cache (the kept tables that read it go); ``template(p)``: what ``problem`` takes of the first
+    call's problem ``p`` (no arrays)."""
+
+    op: object
+    problem: object
+    run_bound: object
+    run_once: object
+    retry: object
+    record_own: object
+    written: object
+    template: object
+
+
+def _scan_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
+    for k, a in outs.items():
+        bufs[k] = (a.buffer, a.offset)
+    scatter = update and ws.family.scatters(ws, p, bufs["s"])
+    return run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter), update and not scatter
+
+
+def _scan_written(engine, p) -> None:
+    engine.written(p.s)
+
+
+def _m3_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
+    return mamba3_run.record(ws, p, backward, bufs, ["prepared"], outs, update), False
+
+
+def _nothing_kept(engine, p) -> None:
+    """(Mamba-3 keeps no forward tables for its backward.)"""
+
+
+def _no_template(p) -> None:
+    """(The scan's repeats make their problem of the dims alone: validate.problem.)"""
+
+
+SCAN_CALLS = OpCalls(SCAN, validate.problem, run.run_bound, run.run_once, run.retry, _scan_record_own, _scan_written,
+                     _no_template)
+MAMBA3_CALLS = OpCalls(MAMBA3, mamba3_run.problem, mamba3_run.run_bound, mamba3_run.run_once, mamba3_run.retry,
+                       _m3_record_own, _nothing_kept, mamba3_run.template)
 
 
 class Replay:
@@ -37,11 +93,11 @@ class Replay:
     (and ``copy`` whether the new states are copied into the cache rows after it); None: a plain
     call's. ``ids``: (bytes, checked copy) of the last ids a plain call of it passed."""
 
-    __slots__ = ("backward", "bound", "copy", "ctx", "dims", "engine", "ids", "info", "outputs", "outs",
-                 "planned", "seq", "update", "where", "ws")
+    __slots__ = ("backward", "bound", "calls", "copy", "ctx", "dims", "engine", "ids", "info", "outputs", "outs",
+                 "planned", "problem_of", "run_plain", "seq", "template", "update", "where", "ws")
 
     def __init__(self, engine, info, planned, p, ws: Workspace, backward: bool, update: bool = False,
-                 outs: dict | None = None):
+                 outs: dict | None = None, calls: OpCalls = SCAN_CALLS):
         """Bind the inputs of Problem ``p`` (device arrays: checked, nothing uploaded; raises
         RuntimeError or ValueError for one released or of another context) in ``ws``; with
         ``outs``, record the one sequence of those inputs, these outputs and ``p.ids``."""
@@ -54,24 +110,25 @@ class Replay:
         self.ws = ws
         self.backward = backward
         self.update = update
+        self.calls = calls
+        # (the two a plain repeat calls, in slots of their own: a slot's read is the cheapest)
+        self.problem_of, self.run_plain = calls.problem, calls.run_bound
+        # what a repeat's problem takes of the first (Mamba-3's rotation, psi and states given; never
+        # an array: a Replay must not keep its first call's inputs alive)
+        self.template = None if calls is SCAN_CALLS else calls.template(p)
         bufs, key = ws.bind_inputs(p, backward)
-        self.bound = (bufs, key, tuple(b for b, _ in bufs.values() if b is not None))  # and the buffers to mark busy
+        self.bound = (bufs, key, tuple(v[0] for v in bufs.values() if v[0] is not None))  # and the buffers to mark busy
         self.ids = None
         self.outs = outs
         if outs is not None:   # (``seq``, ``copy``, ``outputs``: a prepared call's alone)
-            bufs = dict(bufs)
-            for k, a in outs.items():
-                bufs[k] = (a.buffer, a.offset)
-            scatter = update and ws.family.scatters(ws, p, bufs["s"])
-            self.copy = update and not scatter
             self.outputs = tuple(a for a in outs.values() if a.buffer is not None)
-            self.seq = run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter)
+            self.seq, self.copy = calls.record_own(ws, p, backward, dict(bufs), outs, update)
 
     def problem(self, arrays: tuple, ids):
         """validate.problem of a plain call of this replay (its float arguments ``arrays``): its
         ids checked (or known from its last call: the same bytes), the host memory rule; None:
         the full path (which raises what is wrong)."""
-        p = validate.problem(self.dims, arrays, ids, known_ids=self.ids)
+        p = self.problem_of(self.dims, arrays, ids, self.ids, self.template)
         if p is not None and type(ids) is np.ndarray:
             known = self.ids
             if known is None or known[1] is not p.ids:
@@ -105,8 +162,8 @@ class Replay:
                     try:
                         check_live(inputs)
                         if own is None:   # fresh outputs, their sequence looked up (recorded on first use)
-                            out = run.run_bound(self.engine, ws, p, self.backward, True, dict(bufs), list(key),
-                                                self.update)
+                            out = self.run_plain(self.engine, ws, p, self.backward, True, dict(bufs), list(key),
+                                                 self.update)
                         else:             # the call's own outputs and its one sequence
                             try:
                                 check_live(self.outputs)
@@ -122,13 +179,13 @@ class Replay:
                             elif self.copy:
                                 run.copy_rows(ctx, own["states"], p.s, p.ids)
                             if self.update:
-                                self.engine.written(p.s)
+                                self.calls.written(self.engine, p)
                             out = own
                     finally:
                         if busy is not None:
                             buffers.idle(busy)
             if evicted:
-                return run.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
+                return self.calls.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
             if out is None:  # a flagged result held inf or nan: computed again (as in run.run_once)
                 run.note_rerun(self.engine, self.dims)
                 return run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
@@ -137,13 +194,14 @@ class Replay:
         except rt.OutOfDeviceMemory:
             if own is not None:
                 raise
-            return run.retry(self.engine, p, self.backward, self.planned, True, self.update)
+            return self.calls.retry(self.engine, p, self.backward, self.planned, True, self.update)
         finally:
             ctx.leave(token)
 
     @property
     def op(self) -> str:
-        return "ssm_scan_back" if self.backward else "ssm_scan"
+        op = self.calls.op
+        return op.backward_name if self.backward else op.name
 
     def _recompute(self, p) -> None:
         """A prepared call's result its kernels flagged inf or nan: the call again on the

@@ -1,5 +1,6 @@
 """The replay cache: the prepared calls (replay.Replay) that plain calls keep for their repeats,
-by signature (the engine's ``replays``).
+by signature (the engine's ``replays``) -- the scan's and Mamba-3's (:func:`m3_signature`: the op,
+its rotation, which of its optional inputs are None, each given one's shape, buffer and offset).
 
 A training loop calls ssm_scan / ssm_scan_back with the same shapes every step, its inputs
 DeviceArrays whose buffers the pool hands back step after step. Past the ids, everything such a
@@ -33,17 +34,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ssm_ref.checks import Problem
-
 from . import runtime as rt
 from .arrays import DeviceArray
-from .replay import Replay
+from .replay import SCAN_CALLS, OpCalls, Replay
 
 if TYPE_CHECKING:
     from . import config
     from .engine import Engine
 
-__all__ = ["find", "keep", "signature"]
+__all__ = ["find", "keep", "m3_signature", "signature"]
 
 _F32 = np.dtype(np.float32)
 
@@ -78,15 +77,20 @@ def signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, softpl
 
 
 def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 0,
-         update: bool = False, K: int = 1) -> tuple[Replay | None, tuple | None]:
-    """(the Replay kept for this call or None, its signature or None)."""
+         update: bool = False, K: int = 1, sign=None) -> tuple[Replay | None, tuple | None]:
+    """(the Replay kept for this call or None, its signature or None). ``sign``: another op's
+    signature function (``sign(ctx, backward, arrays, knobs, form, update)``: Mamba-3's
+    :func:`m3_signature`, its rotation the form); None: the scan's, :func:`signature`."""
     ctx = rt.current_context()
     if ctx is None or ctx.lost:
         return None, None
     engine = ctx.owned.extension("engine")
     if engine is None:
         return None, None
-    sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
+    if sign is None:
+        sig = signature(ctx, backward, arrays, knobs, softplus, update, K)
+    else:
+        sig = sign(ctx, backward, arrays, knobs, softplus, update)
     if sig is None:
         return None, None
     replay = engine.replay(sig)
@@ -95,23 +99,46 @@ def find(backward: bool, arrays: tuple, knobs: config.Settings, softplus: int = 
     return replay, sig
 
 
-def keep(sig: tuple, engine: Engine, info, planned, p: Problem, backward: bool, arrays: tuple,
-         update: bool = False) -> None:
+def m3_signature(ctx, backward: bool, arrays: tuple, knobs: config.Settings, rotation: int = 0,
+                 update: bool = False) -> tuple | None:
+    """The signature of a Mamba-3 call (op mamba3_scan, ``backward`` its backward) on ``ctx`` with the
+    float arguments ``arrays`` -- the 14 inputs, and the backward's 5 cotangents -- each a float32
+    DeviceArray of ``ctx`` or None (psi, the start state, a cotangent: None is part of the
+    signature), ``rotation`` (0 interleaved, 1 halved) and ``update``; None when any is neither."""
+    sig = ["mamba3_scan", backward, rotation, update]
+    for a in arrays:
+        if a is None:
+            sig.append(None)
+            continue
+        if type(a) is not DeviceArray or a.dtype is not _F32 or a.ctx is not ctx:
+            return None
+        b = a.buffer
+        sig += (a.shape, None if b is None else b.serial, a.offset)
+    sig.append(knobs.key)
+    return tuple(sig)
+
+
+def keep(sig: tuple, engine: Engine, info, planned, p, backward: bool, arrays: tuple,
+         update: bool = False, calls: OpCalls | None = None) -> None:
     """Keep the Replay of signature ``sig``, after the full path ran ``p`` (of the float arguments
     ``arrays``) on the device of ``engine``, whose support decision was taken with ``info`` and
     planned ``planned`` (family.Planned). Nothing is kept when the signature moved meanwhile
-    (the knobs changed, an input was released: another thread) or the limits did."""
+    (the knobs changed, an input was released: another thread) or the limits did. ``calls``:
+    another op's (replay.MAMBA3_CALLS; its signature :func:`m3_signature`); None: the scan's."""
     ctx = engine.ctx
     if ctx.info is not info:
         return
-    if backward and type(p.g_states) is not DeviceArray:
-        return   # (a packed g_y of K > 1 slots: the validator's host zeros for g_states, uploaded per call)
+    if calls is None:
+        if backward and type(p.g_states) is not DeviceArray:
+            return   # (a packed g_y of K > 1 slots: the validator's host zeros for g_states, uploaded per call)
+        again = signature(ctx, backward, arrays, planned.knobs, planned.softplus, update, 1 if backward else p.dims.K)
+    else:
+        again = m3_signature(ctx, backward, arrays, planned.knobs, planned.softplus, update)
     ws = engine.workspace(planned)
-    K = 1 if backward else p.dims.K
-    if ws.closed or signature(ctx, backward, arrays, planned.knobs, planned.softplus, update, K) != sig:
+    if ws.closed or again != sig:
         return
     try:
-        replay = Replay(engine, info, planned, p, ws, backward, update)
+        replay = Replay(engine, info, planned, p, ws, backward, update, calls=SCAN_CALLS if calls is None else calls)
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
     if ctx.info is not info:

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .family import Planned
 
-__all__ = ["forward", "backward", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once", "retry",
-           "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
+__all__ = ["forward", "backward", "in_context", "last_gpu_ns", "last_sequence", "set_last_sequence", "run_once",
+           "retry", "run_bound", "note_rerun", "recorded_sequence", "copy_rows"]
 
 _timing = threading.local()
 log = logging.getLogger("ssm_vk")
@@ -83,16 +83,22 @@ def backward(engine: Engine, p: Problem, planned: Planned, device_out: bool = Tr
 
 
 def _run(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,
-         given: dict | None = None) -> dict:
+         given: dict | None = None, once=None, again=None) -> dict:
+    """The call (``once``: an op's run_once, default the scan's) with the context held; out of
+    device memory, ``again`` (its retry, default the scan's: the other shapes' workspaces closed
+    first). Another op's calls take it as :func:`in_context`."""
     ctx = engine.ctx
     token = ctx.enter()  # the context outlives this call, whatever another thread does to it (DeviceLost if lost)
     try:
         try:
-            return run_once(engine, p, backward, planned, device_out, update=update, given=given)
+            return (once or run_once)(engine, p, backward, planned, device_out, update=update, given=given)
         except rt.OutOfDeviceMemory:
-            return retry(engine, p, backward, planned, device_out, update, given)
+            return (again or retry)(engine, p, backward, planned, device_out, update, given)
     finally:
         ctx.leave(token)
+
+
+in_context = _run   # (the name Mamba-3's calls take it by; tests patch ``_run``, the scan's)
 
 
 def retry(engine: Engine, p: Problem, backward: bool, planned: Planned, device_out: bool, update: bool = False,

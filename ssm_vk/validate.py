@@ -99,7 +99,7 @@ def check_backward(s, x, dt, A, B, C, ids=None, g_y=None, g_states=None, g_snaps
     return p
 
 
-def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
+def problem(dims: Dims, arrays: tuple, ids, known_ids=None, template=None) -> Problem | None:
     """The Problem the validator makes of a call whose float arguments ``arrays`` -- (s, x, dt, A,
     B, C), and for the backward (g_y, g_states) and maybe g_snapshots, g_states None for a packed
     g_y -- are float32
@@ -109,7 +109,8 @@ def problem(dims: Dims, arrays: tuple, ids, known_ids=None) -> Problem | None:
 
     ``known_ids``: (bytes, ids) of an earlier call that passed, its checked read-only int64 copy:
     an int64 ``ids`` whose bytes (one read of the caller's memory) equal them takes that copy
-    instead of being checked again.
+    instead of being checked again. ``template``: unused (replay.OpCalls' signature: Mamba-3's
+    problem takes the first call's keywords from it).
     """
     ids_ = None
     if known_ids is not None and type(ids) is np.ndarray and ids.dtype is _I64 and ids.shape == known_ids[1].shape:

@@ -27,7 +27,8 @@ from .sizing import F32, output_shapes
 if TYPE_CHECKING:
     from .family import Planned
 
-__all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "FWD_IN", "BWD_IN"]
+__all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "close_sequences", "keep_sequence",
+           "wait_sequences", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 MAX_ATTRIBUTES = 29         # a Workspace's attributes, at most (Workspace.__init__ says why)
@@ -255,11 +256,7 @@ class Workspace:
             seq.close()
             self._drop(self._constants)  # a recording that failed keeps none of its constants
             raise
-        self.sequences[key] = (seq, self._constants)
-        while len(self.sequences) > MAX_SEQUENCES:
-            _, (old, consts) = self.sequences.popitem(last=False)
-            old.close()
-            self._drop(consts)
+        keep_sequence(self.sequences, key, seq, self._constants, self._drop)
         return seq
 
     def _drop(self, buffers: list) -> None:
@@ -276,15 +273,11 @@ class Workspace:
         if self.host.lent:   # a call that read this workspace's upload buffers failed: it may still run
             self.ctx.wait_idle()
             self.host.lent = False
-        for seq, _ in self.sequences.values():
-            if seq.pending:
-                seq.wait()
+        wait_sequences(self.sequences)
 
     def close(self) -> None:
         self.closed = True
-        for seq, _ in self.sequences.values():
-            seq.close()
-        self.sequences.clear()
+        close_sequences(self.sequences)
         if not self.ctx.closed:
             for b in self._owned:
                 try:
@@ -303,6 +296,30 @@ class Workspace:
             for bufs in self._out_sets:
                 self.pool.unreserve(bufs)
         self._out_sets = []
+
+
+def keep_sequence(sequences: OrderedDict, key, seq, constants: list, drop) -> None:
+    """Keep ``seq`` (and the constant buffers recorded with it) in a workspace's ``sequences``
+    under ``key``; the least recent beyond MAX_SEQUENCES closed, their constants given to ``drop``."""
+    sequences[key] = (seq, constants)
+    while len(sequences) > MAX_SEQUENCES:
+        _, (old, consts) = sequences.popitem(last=False)
+        old.close()
+        drop(consts)
+
+
+def wait_sequences(sequences: dict) -> None:
+    """Wait for each pending sequence of a workspace's ``sequences`` (key -> (Sequence, ...))."""
+    for seq, *_ in sequences.values():
+        if seq.pending:
+            seq.wait()
+
+
+def close_sequences(sequences: dict) -> None:
+    """Close every sequence of a workspace's ``sequences`` and forget them."""
+    for seq, *_ in sequences.values():
+        seq.close()
+    sequences.clear()
 
 
 def release_all(arrays: dict) -> None:

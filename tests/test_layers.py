@@ -42,17 +42,18 @@ LAYERS = (
     ("ssm_vk.registry", "ssm_vk.budget"),
     ("ssm_vk.decision",),
     ("ssm_vk.hostdata",),
-    ("ssm_vk.workspace",),
+    ("ssm_vk.workspace", "ssm_vk.mamba3_workspace"),
     ("ssm_vk.engine",),
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
     # the cached decision); neither imports the other
     ("ssm_vk.run", "ssm_vk.support"),
+    ("ssm_vk.mamba3_run",),
     # a call bound once and replayed (Replay), and the two that hold one: prepare_scan's prepared
     # calls and the plain calls' repeats, kept by signature
     ("ssm_vk.replay",),
     ("ssm_vk.prepared", "ssm_vk.replay_cache"),
     # the plain calls
-    ("ssm_vk.mamba3_api",),
+    ("ssm_vk.mamba3_api", "ssm_vk.mamba3_prepared"),
     ("ssm_vk.api",),
     ("ssm_vk",),            # the package's __init__: the public names
 )

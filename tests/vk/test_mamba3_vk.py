@@ -279,21 +279,35 @@ def test_the_plan_reads_the_device_limits():
     assert work_elems(long) < work_elems(long, seg=long.T) / 10   # checkpoints: ~2 sqrt(T) states, not T
 
 
-def test_kept_calls_are_bounded_and_reused():
-    """A repeat of a shape runs in the call kept for it (its recorded sequence resubmitted, the
-    same results); at most MAX_KEPT shapes are kept per context, the older ones closed."""
-    store = mamba3_api.kept(rt.get_context())
+def test_repeats_reuse_the_workspace_and_the_kept_replay():
+    """A repeat of a host call records nothing new (its workspace's sequence is resubmitted); a
+    repeat of a call of DeviceArrays runs through the Replay kept for its signature
+    (replay_cache.py, the scan's mechanism), with the same bits."""
+    from ssm_vk import engine as vk_engine
+    from ssm_vk.mamba3_workspace import M3Workspace
+
+    eng = vk_engine.current()
     case = mamba3_cases.make_case(71, S=1, T=2, H=2, P=3, N=4, G=1, F=1)
     first = ssm_vk.mamba3_scan(**_args(case))
-    held = [c for c in store.calls.values()]
+    spaces = [w for w in eng.workspaces.values() if isinstance(w, M3Workspace) and w.dims.T == 2]
+    recorded = {id(seq) for w in spaces for seq, _ in w.sequences.values()}
     again = ssm_vk.mamba3_scan(**_args(case))
-    assert [c for c in store.calls.values()] == held and all(c.seq is not None for c in held)
+    assert {id(seq) for w in spaces for seq, _ in w.sequences.values()} == recorded
     assert again.y.tobytes() == first.y.tobytes()
-    closed = list(store.calls.values())
-    for T in range(3, 3 + mamba3_api.MAX_KEPT + 1):
-        ssm_vk.mamba3_scan(**_args(mamba3_cases.make_case(72, S=1, T=T, H=2, P=3, N=4, G=1, F=1)))
-    assert len(store.calls) == mamba3_api.MAX_KEPT
-    assert all(c.seq is None and not c.bufs for c in closed)
+    dev = {k: ssm_vk.to_device(v) if isinstance(v, np.ndarray) and k != "ids" else v for k, v in _args(case).items()}
+    kept = len(eng.replays)
+    one = ssm_vk.mamba3_scan(**dev)
+    assert len(eng.replays) == kept + 1
+    replay = next(r for r in eng.replays.values() if r.calls.op.name == "mamba3_scan" and r.dims.T == 2)
+    runs = []
+    real = replay.run
+    replay.__class__.run, saved = (lambda self, *a: runs.append(1) or real(*a)), replay.__class__.run
+    try:
+        two = ssm_vk.mamba3_scan(**dev)
+    finally:
+        replay.__class__.run = saved
+    assert runs == [1]
+    assert one.y.numpy().tobytes() == two.y.numpy().tobytes() == first.y.tobytes()
 
 
 @pytest.mark.parametrize("sizes", [dict(N=0, F=0), dict(P=0), dict(H=0)], ids=str)

@@ -1,0 +1,244 @@
+"""Running a Mamba-3 call on the device, once it is decided (ssm_vk.mamba3_api): its workspace
+(mamba3_workspace.M3Workspace, the Engine's for its shape), inputs bound, the sequence recorded for
+those buffers replayed (or recorded), submit and wait, the outputs -- as ssm_vk.run does for the
+scan, and with the same signatures, so that replay.Replay runs either op (replay.MAMBA3_CALLS).
+
+Outputs are DeviceArrays from the context's pool in the op's shapes (SISO without the rank axis:
+the kernels' layout with M = 1 is the same memory), or the caller's (``out=``); a call whose every
+input is on the host reads them back and releases them. update_cache=True writes the final state
+into the rows ids of the caches: of a DeviceArray cache on the device, by copies at the end of the
+call's own sequence (nothing read back); of a host cache, from the final states read back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ssm_ref.checks import arange_ids, check_ids
+from ssm_ref.mamba3_checks import M3Problem
+from ssm_ref.ops import MAMBA3
+
+from . import run
+from . import runtime as rt
+from .arrays import DeviceArray, check_live, pool
+from .mamba3_workspace import STATE_PARTS, M3Workspace
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .family import Planned
+
+__all__ = ["backward_shapes", "finish", "forward_shapes", "fresh", "output_shapes", "problem", "record", "retry",
+           "run_bound", "run_call", "run_once", "template"]
+
+_CACHES = ("s_theta", "s_h", "s_k", "s_v")
+
+
+def forward_shapes(d) -> dict:
+    """The forward's outputs' shapes, by name, in the op's layout (SISO: no rank axis)."""
+    S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
+    r = (M,) if d.mimo else ()
+    return {"y": (S, T, *r, H, P), "theta": (S, H, F), "h": (S, H, P, N), "k": (S, H, *r, N), "v": (S, H, *r, P)}
+
+
+def backward_shapes(d, psi_given: bool) -> dict:
+    """The backward's gradients' shapes, by name (MAMBA3.grad_names; d_psi only where psi was given)."""
+    S, T, H, P, N, G, M, F, R = d.S, d.T, d.H, d.P, d.N, d.G, d.M, d.F, d.R
+    r = (M,) if d.mimo else ()
+    out = {"d_x": (S, T, H, P), "d_dt": (S, T, H), "d_dA": (S, T, H), "d_lam": (S, T, H), "d_B": (S, T, *r, G, N),
+           "d_C": (S, T, *r, G, N), "d_B_bias": (H, *r, N), "d_C_bias": (H, *r, N), "d_dtheta": (S, T, H, F),
+           "d_psi": (H, M, P), "d_s_theta": (R, H, F), "d_s_h": (R, H, P, N), "d_s_k": (R, H, *r, N),
+           "d_s_v": (R, H, *r, P)}
+    if not psi_given:
+        del out["d_psi"]
+    return out
+
+
+def fresh(ws: M3Workspace, shapes: dict) -> dict:
+    """DeviceArrays of ``shapes`` from the pool, the buffers taken at once."""
+    ctx = ws.ctx
+    buffers = ws.pool if not ws.pool.closed else pool(ctx)
+    sizes = [math.prod(s) * 4 for s in shapes.values()]
+    bufs = buffers.acquire_all([n for n in sizes if n])
+    out, i = {}, 0
+    for (k, shape), n in zip(shapes.items(), sizes, strict=True):
+        out[k] = DeviceArray._from_pool(ctx, bufs[i] if n else None, tuple(int(v) for v in shape), buffers)
+        i += 1 if n else 0
+    return out
+
+
+def _release(arrays: dict) -> None:
+    for a in arrays.values():
+        if isinstance(a, DeviceArray):
+            a.release()
+
+
+def run_bound(engine: Engine, ws: M3Workspace, p, backward: bool, device_out: bool, bufs: dict, key: list,
+              update: bool = False, given: dict | None = None) -> dict:
+    """The call with its inputs bound (``bufs``, ``key``: M3Workspace.bind_inputs): its outputs
+    (``given``: the caller's; else fresh), the sequence, submit and wait. Returns the outputs by
+    name: DeviceArrays (``device_out``) or numpy arrays; with ``update`` the final state's four
+    parts are None (written into the cache rows). A call that raises releases its own outputs."""
+    if given is not None:
+        outs = given
+    elif device_out:
+        outs = fresh(ws, output_shapes(ws.dims, p, backward, update))
+    else:   # (the workspace's own: a host call's repeat replays the sequence recorded for them)
+        outs = ws.host_outputs(output_shapes(ws.dims, p, backward, update))
+    try:
+        seq = record(ws, p, backward, bufs, key, outs, update)
+        seq.submit()
+        run.set_last_sequence(seq)
+        return finish(ws, p, bufs, outs, update, device_out)
+    except BaseException:
+        if given is None and device_out:
+            _release(outs)
+        raise
+
+
+def output_shapes(d, p, backward: bool, update: bool) -> dict:
+    """The shapes of the outputs a call hands out (with ``update``: y alone)."""
+    if backward:
+        return backward_shapes(d, p.psi_given)
+    if update:
+        return {"y": forward_shapes(d)["y"]}
+    return forward_shapes(d)
+
+
+def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict, update: bool):
+    """The sequence of the call over its inputs' bindings and the outputs ``outs`` (DeviceArrays):
+    looked up by their buffers and the ids, recorded on first use. With ``update`` the final state
+    goes into the workspace's buffers, and from there into the rows of the DeviceArray caches at
+    the sequence's end."""
+    d = ws.dims
+    for k, a in outs.items():
+        b = a.buffer
+        bufs[k] = (b, a.offset * 4, a.nbytes)
+        key += (None if b is None else b.serial, a.offset)
+    if backward:
+        for k, n in ws.scratch.items():
+            bufs[k] = (ws.own(k, n * 4), 0, n * 4)
+
+        def post(seq):
+            ws.split_grads(seq, p, outs)
+    else:
+        caches = {}
+        if update:
+            for part, row in zip(STATE_PARTS, ws.rows, strict=True):
+                n = d.S * row * 4
+                bufs[part] = (ws.own("fin:" + part, n), 0, n)
+            caches = {part: c for part, name in zip(STATE_PARTS, _CACHES, strict=True)
+                      if type(c := getattr(p, name)) is DeviceArray}
+            key.append(("update", tuple(caches)))
+        finals = {part: bufs[part][0] for part in STATE_PARTS} if update else {}
+
+        def post(seq):
+            if caches:
+                ws.put_states(seq, finals, caches, p.ids)
+    key.append(p.ids.tobytes())
+    return ws.sequence(tuple(key), p, bufs, post)
+
+
+def finish(ws: M3Workspace, p, bufs: dict, outs: dict, update: bool, device_out: bool) -> dict:
+    """After the submit: the outputs by name, read back unless ``device_out``; with
+    ``update`` y and, flat, the final state of each part whose cache is a host array (for the
+    caller to write into its rows; None where the sequence wrote a DeviceArray cache)."""
+    if update:
+        out = {"y": outs["y"], **_finals(ws, p, bufs)}
+    else:
+        out = dict(outs)
+    if device_out:
+        return out
+    return {k: a.numpy() if type(a) is DeviceArray else a for k, a in out.items()}
+
+
+def _finals(ws: M3Workspace, p, bufs: dict) -> dict:
+    """update_cache's final state, read back, of the parts whose cache is a host array (the caller
+    writes their rows); None for those the sequence put into a DeviceArray cache."""
+    d = ws.dims
+    out = {}
+    for part, name, row in zip(STATE_PARTS, _CACHES, ws.rows, strict=True):
+        if type(getattr(p, name)) is DeviceArray:
+            out[part] = None
+            continue
+        buf = bufs[part][0]
+        out[part] = rt.download(buf, ((d.S * row,), np.float32)) if buf is not None else np.zeros(0, np.float32)
+    return out
+
+
+def run_once(engine: Engine, p, backward: bool, planned: Planned, device_out: bool, rerun: bool = False,
+             update: bool = False, given: dict | None = None) -> dict:
+    """One call in the engine's workspace of ``planned`` (looked up again when another thread
+    closed it meanwhile), its inputs' buffers marked busy while it runs."""
+    while True:
+        ws = engine.workspace(planned)
+        with ws.lock:
+            if ws.closed:
+                continue
+            ws.settle()
+            buffers = ws.pool if not ws.pool.closed else pool(ws.ctx)
+            held = tuple(a.buffer for a in _resident(p, backward, given) if a.buffer is not None)
+            token = buffers.busy(held) if held else None
+            try:
+                if given is not None:
+                    check_live(given.values())
+                bufs, key = ws.bind_inputs(p, backward)
+                return run_bound(engine, ws, p, backward, device_out, bufs, key, update, given)
+            finally:
+                if token is not None:
+                    buffers.idle(token)
+
+
+def _resident(p, backward: bool, given) -> list:
+    names = (*MAMBA3.float_inputs, *MAMBA3.cotangent_names) if backward else MAMBA3.float_inputs
+    out = [a for a in (getattr(p, k) for k in names) if type(a) is DeviceArray]
+    return out + list(given.values()) if given else out
+
+
+def retry(engine: Engine, p, backward: bool, planned: Planned, device_out: bool, update: bool = False,
+          given: dict | None = None) -> dict:
+    """The call once more after it ran out of device memory, the other shapes' workspaces closed."""
+    engine.clear()
+    return run_once(engine, p, backward, planned, device_out, update=update, given=given)
+
+
+def run_call(engine: Engine, p, backward: bool, planned: Planned, device_out: bool, update: bool = False,
+             given: dict | None = None) -> dict:
+    """The call, its context held (DeviceLost when lost meanwhile); out of device memory once, the
+    call again after the other workspaces gave their buffers back (run.in_context)."""
+    return run.in_context(engine, p, backward, planned, device_out, update, given, run_once, retry)
+
+
+def problem(dims, arrays: tuple, ids, known_ids=None, template=None):
+    """The problem of a plain call that repeats one whose problem was ``template`` (its float
+    arguments ``arrays``: the 14 inputs, and for the backward the 5 cotangents, DeviceArrays of the
+    shapes and buffers the replay's signature fixed, None where the first call had None): its ids
+    checked as ssm_ref's validator checks them (raising as it does; ``known_ids``: (bytes, checked
+    copy) of an earlier call: int64 ids of those bytes take that copy); None: the full path."""
+    if not template["states_given"]:
+        if ids is not None:
+            return None   # (the validator's message)
+        ids_ = arange_ids(dims.S)
+    else:
+        ids_ = None
+        if (known_ids is not None and type(ids) is np.ndarray and ids.dtype == np.int64
+                and ids.shape == known_ids[1].shape and ids.tobytes() == known_ids[0]):
+            ids_ = known_ids[1]
+        if ids_ is None:
+            ids_ = check_ids(ids, dims.S, dims.R)
+            if ids_ is None:
+                ids_ = arange_ids(dims.S)
+    p = object.__new__(M3Problem)
+    fields = dict(template, dims=dims, ids=ids_)
+    fields.update(zip(MAMBA3.float_inputs, arrays[:14], strict=True))
+    fields.update(zip(MAMBA3.cotangent_names, arrays[14:] if len(arrays) > 14 else (None,) * 5, strict=True))
+    p.__dict__.update(fields)
+    return p
+
+
+def template(p) -> dict:
+    """What :func:`problem` takes of a first call's problem ``p``: its keywords and which optional
+    inputs it had (never an array: the replay must not keep the first call's alive)."""
+    return {"rotation": p.rotation, "psi_given": p.psi_given, "states_given": p.states_given, "dtype": p.dtype}
