@@ -48,6 +48,7 @@ MAX_KEPT = 8   # calls (buffers and a recorded sequence each) kept per context f
 OPS = (MAMBA3.name, MAMBA3.backward_name)   # "mamba3_scan", "mamba3_scan_back"
 _F32 = np.dtype(np.float32)
 _STATES = ("s_theta", "s_h", "s_k", "s_v")
+_FLAG = "m3c_flag"   # the chunked kernels' non-finite flag (ssm_vk/mamba3/mamba3_chunked_recording.py)
 
 
 def _float32_only(dtype) -> None:
@@ -80,7 +81,7 @@ def _sizes(d, backward: bool, fp) -> dict:
     if backward:
         n.update(grads=2 * n["y"] + 2 * n["finals"] + n["x"] + n["steps"] + n["dtheta"] + n["B"]
                  + H * (2 * M * N + M * P))
-        n.update(fp.family.scratch(d, fp.plan, True))
+    n.update(fp.family.scratch(d, fp.plan, backward))
     return {k: 4 * v for k, v in n.items() if v}
 
 
@@ -240,14 +241,15 @@ def _put_inputs(call: M3Call, p) -> None:
     call.put("ids", p.ids.astype(np.uint32))
 
 
-def _on_device(dec: _Decided, key: tuple, body):
+def _on_device(dec: _Decided, key: tuple, body, fp=None):
     """``body(call)`` on the decided device, the context held, in the call kept for ``key`` (or
-    a new one, kept after it ran; one that raised is closed)."""
+    a new one, kept after it ran; one that raised is closed). ``fp``: the plan the call runs
+    (default the decision's; its recompute's for a flagged result)."""
     ctx = dec.ctx
     token = ctx.enter()
     try:
         store = kept(ctx)
-        call = store.take(key) or M3Call(ctx, dec.engine, dec.fp, config.settings())
+        call = store.take(key) or M3Call(ctx, dec.engine, dec.fp if fp is None else fp, config.settings())
         try:
             out = body(call)
         except BaseException:
@@ -310,18 +312,28 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         return _fall_back(dec.sup.reason).mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, *caches, ids,
                                                       rotation=rotation, update_cache=update_cache)
     S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
-    fam = dec.fp.family
 
-    def body(call: M3Call):
-        _put_inputs(call, p)
-        for k, n in (("y", S * T * M * H * P), ("theta", S * H * F), ("h", S * H * P * N), ("k", S * H * M * N),
-                     ("v", S * H * M * P)):
-            call.empty(k, n)
-        call.run(lambda seq: fam.record_forward(seq, call, p, call.bufs))
-        return (call.get("y", (S, T, M, H, P)), call.get("theta", (S, H, F)), call.get("h", (S, H, P, N)),
-                call.get("k", (S, H, M, N)), call.get("v", (S, H, M, P)))
+    def forward(fp):
+        """The outputs on plan ``fp``, or None where its kernels flagged a non-finite value."""
+        fam = fp.family
 
-    y, theta, h, k, v = _on_device(dec, (MAMBA3.name, d, p.rotation, dec.fp.plan), body)
+        def body(call: M3Call):
+            _put_inputs(call, p)
+            for k, n in (("y", S * T * M * H * P), ("theta", S * H * F), ("h", S * H * P * N),
+                         ("k", S * H * M * N), ("v", S * H * M * P), *fam.scratch(d, fp.plan, False).items()):
+                call.empty(k, n)
+            call.run(lambda seq: fam.record_forward(seq, call, p, call.bufs))
+            if fam.flags(fp.plan) and call.get(_FLAG, (4,)).view(np.uint32)[0]:
+                return None
+            return (call.get("y", (S, T, M, H, P)), call.get("theta", (S, H, F)), call.get("h", (S, H, P, N)),
+                    call.get("k", (S, H, M, N)), call.get("v", (S, H, M, P)))
+
+        return _on_device(dec, (MAMBA3.name, d, p.rotation, fp.plan), body, fp)
+
+    # A result the chunked kernels flag (an input or output not finite) is computed again by the
+    # token-sequential kernels, whose inf and nan follow the spec.
+    out = forward(dec.fp)
+    y, theta, h, k, v = out if out is not None else forward(dec.fp.rerun)
     where = dec.ctx.info.where
     y, k, v = drop_rank(d, y, 2), drop_rank(d, k, 2), drop_rank(d, v, 2)
     if update:

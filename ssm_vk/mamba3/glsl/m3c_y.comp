@@ -1,0 +1,142 @@
+#version 450
+// The chunked Mamba-3 forward's output, per (sequence i, chunk c, head h) and 64 channels of
+// the head (ssm_ref/mamba3_chunked.py): the chunk's rows a = t M + r (Lc M <= 64, one tile),
+//     A[a, b]   = W[t, s] (q_t^r · k_s^r')  for s <= t (b = s M + r'), 0 above the diagonal,
+//     W[t, s]   = exp(ℓ_t + ... + ℓ_{s+1}) (γ_s + [s < t] σ_s),
+//     y_t^r[p]  = Σ_b A[a, b] v_s^r'[p]  +  din_t Σ_n H'_in[p, n] q_t^r[n],
+//     din_t     = exp(ℓ_0 + ... + ℓ_t),  v_s^r' = psi^r' ⊙ x_s,
+// three products of the tile (m3c_tile.glsl): Q Kᵀ over N (A kept in shared memory), A V over
+// the chunk's rows, Q H'_inᵀ over N, each in index order. H'_in is what m3c_pass.comp left in hz.
+// The flag for a y that is not finite.
+//
+// Bindings and push constants: m3c_common.glsl's. Grid: S * NC * H * ceil(P / 64).
+
+#include "m3c_common.glsl"
+#include "m3c_tile.glsl"
+
+shared float a_sh[TILE * TILE];   // A[a][b]
+shared float ell_sh[TILE];        // ℓ_s
+shared float gam_sh[TILE];        // γ_s
+shared float sig_sh[TILE];        // σ_s
+shared float din_sh[TILE];        // din_t
+
+void main() {
+    uint PT = (pc.P + TILE - 1u) / TILE;
+    uint wg = wg_index();
+    if (wg >= pc.S * pc.NC * pc.H * PT) return;
+    uint pt = wg % PT;
+    uint h = (wg / PT) % pc.H;
+    uint c = (wg / (PT * pc.H)) % pc.NC;
+    uint i = wg / (PT * pc.H * pc.NC);
+    uint tid = gl_LocalInvocationIndex;
+    uint t0 = c * pc.L;
+    uint Lc = min(pc.L, pc.T - t0);
+    uint rows = Lc * pc.M;
+    uint p0 = pt * TILE;
+    uint hs = i * pc.H + h;
+    uint r0 = 4u * tile_ty(), c0 = 4u * tile_tx();
+
+    if (tid < Lc) {
+        uint th_ = (i * pc.T + t0 + tid) * pc.H + h;
+        ell_sh[tid] = dA_in[th_];
+        gam_sh[tid] = lam_in[th_] * dt_in[th_];
+        sig_sh[tid] = tid + 1u < Lc ? dt_in[th_ + pc.H] * (1.0 - lam_in[th_ + pc.H]) : 0.0;
+    }
+    barrier();
+    if (tid < Lc) {
+        float s = 0.0;
+        for (uint u = 0u; u <= tid; ++u) s += ell_sh[u];
+        din_sh[tid] = exp(s);
+    }
+
+    // A = W ⊙ (Q Kᵀ): the chunk's rows against its rows, over N.
+    float acc[4][4];
+    tile_zero(acc);
+    for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
+        uint kn = min(KS, pc.N - k0);
+        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
+            uint a = e / KS, k = e % KS;
+            float qa = 0.0, ka = 0.0;
+            if (k < kn && a < rows) {
+                uint at = qk_row(i, h, t0, 0u) * pc.N + a * pc.N + k0 + k;
+                qa = qr[at];
+                ka = kr[at];
+            }
+            as_sh[k * TILE + a] = qa;
+            bs_sh[k * TILE + a] = ka;
+        }
+        barrier();
+        tile_mma(acc, kn);
+        barrier();
+    }
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        uint a = r0 + u, t = a / pc.M;
+        [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+            uint b = c0 + v, s = b / pc.M;
+            float w = 0.0;
+            if (a < rows && b < rows && s <= t) {
+                float seg = 0.0;
+                for (uint q = t; q > s; --q) seg += ell_sh[q];
+                w = exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0));
+                w = acc[u][v] * w;
+            }
+            a_sh[a * TILE + b] = w;
+        }
+    }
+    barrier();
+
+    // A V over the chunk's rows.
+    tile_zero(acc);
+    for (uint b0 = 0u; b0 < rows; b0 += KS) {
+        uint kn = min(KS, rows - b0);
+        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
+            uint col = e / KS, k = e % KS;
+            uint b = b0 + k, p = p0 + col;
+            float vv = 0.0;
+            if (k < kn && p < pc.P) {
+                uint s = b / pc.M, r = b % pc.M;
+                vv = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
+            }
+            bs_sh[k * TILE + col] = vv;
+            as_sh[k * TILE + col] = a_sh[col * TILE + b0 + k];   // A's column slice, by row
+        }
+        barrier();
+        tile_mma(acc, kn);
+        barrier();
+    }
+
+    // Q H'_inᵀ over N.
+    float acc2[4][4];
+    tile_zero(acc2);
+    uint hat = (hs * pc.NC + c) * pc.P;
+    for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
+        uint kn = min(KS, pc.N - k0);
+        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
+            uint col = e / KS, k = e % KS;
+            float qa = 0.0, hv = 0.0;
+            if (k < kn) {
+                if (col < rows) qa = qr[qk_row(i, h, t0, 0u) * pc.N + col * pc.N + k0 + k];
+                uint p = p0 + col;
+                if (p < pc.P) hv = hz[(hat + p) * pc.N + k0 + k];
+            }
+            as_sh[k * TILE + col] = qa;
+            bs_sh[k * TILE + col] = hv;
+        }
+        barrier();
+        tile_mma(acc2, kn);
+        barrier();
+    }
+
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        uint a = r0 + u;
+        if (a >= rows) continue;
+        uint t = a / pc.M, r = a % pc.M;
+        [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+            uint p = p0 + c0 + v;
+            if (p >= pc.P) continue;
+            float y = acc[u][v] + din_sh[t] * acc2[u][v];
+            y_out[(((i * pc.T + t0 + t) * pc.M + r) * pc.H + h) * pc.P + p] = y;
+            guard(y);
+        }
+    }
+}
