@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ssm_ref
 import ssm_vk
 from ssm_ref import ops
 from ssm_ref.mamba3_checks import M3Dims, check_mamba3_forward
@@ -103,6 +102,17 @@ def test_several_tiles_of_channels_and_state(rotation):
     """P = 70 and N = 72: two 64-wide tiles of each (the tiles' edges), MIMO rank 2, F = N/2."""
     case = mamba3_cases.make_case(7, S=1, T=9, H=2, P=70, N=72, G=1, M=2, F=36, ids="identity", rotation=rotation)
     with _chunked(4):
+        assert _family(case) == "mamba3_chunked"
+        assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
+
+
+@pytest.mark.parametrize("M", [None, 3])
+def test_default_chunk_length_over_long_decays(M):
+    """The planner's own chunk length (64 / M tokens: 64 SISO, 21 at rank 3) over 150 tokens of
+    decays near 1 (the state sums every token), the last chunk partial."""
+    case = mamba3_cases.make_case(5, S=2, T=150, H=2, P=4, N=8, G=1, M=M, F=2, ids="permutation",
+                                  regime="long_decay")
+    with config.configure(tune={"M3_CHUNK_MIN_T": 1}):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
 

@@ -11,7 +11,7 @@
 // entry of a pair by one invocation, which reads both members); dch = exp(ℓ_0 + ... + ℓ_{Lc-1});
 // the flag for any input of the chunk that is not finite (dt, dA, λ, and through k, q: B, C, the
 // biases, dθ) or a decay that overflows.
-// Tokens are taken TBK at a time: their cos and sin in shared memory (2 TBK FMAX floats).
+// Tokens are taken TBK at a time: their dθ (read together), cos and sin in shared memory.
 //
 // Bindings and push constants: m3c_common.glsl's. Workgroup: 128 invocations (F <= 128).
 
@@ -23,8 +23,18 @@ layout(local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 const uint TBK = 8u;      // tokens whose angles are in shared memory at a time
 const uint FMAX = 128u;   // the most pairs (N <= 256)
 
+shared float dth_sh[TBK * FMAX];   // the block's dθ (token-major), read from global memory together
 shared float cs_sh[TBK * FMAX];
 shared float sn_sh[TBK * FMAX];
+shared float ell_sh[64];           // the chunk's ℓ (Lc <= 64)
+
+// The dθ of tokens u0 .. u0 + nb - 1 of the chunk into dth_sh (a barrier after it is the caller's).
+void stage_dtheta(uint i, uint h, uint t0, uint u0, uint nb) {
+    for (uint e = gl_LocalInvocationIndex; e < nb * pc.F; e += gl_WorkGroupSize.x) {
+        uint u = e / pc.F, j = e % pc.F;
+        dth_sh[e] = dth_in[((i * pc.T + t0 + u0 + u) * pc.H + h) * pc.F + j];
+    }
+}
 
 void main() {
     uint wg = wg_index();
@@ -38,9 +48,17 @@ void main() {
     uint at = ((i * pc.H + h) * pc.NC + c) * pc.F;   // this chunk's entries of ang
 
     if (pc.mode == 0u) {
+        float s = 0.0;
+        for (uint u0 = 0u; u0 < Lc; u0 += TBK) {
+            uint nb = min(TBK, Lc - u0);
+            stage_dtheta(i, h, t0, u0, nb);
+            barrier();
+            if (tid < pc.F) {
+                for (uint u = 0u; u < nb; ++u) s += dth_sh[u * pc.F + tid];
+            }
+            barrier();
+        }
         if (tid < pc.F) {
-            float s = 0.0;
-            for (uint u = 0u; u < Lc; ++u) s += dth_in[((i * pc.T + t0 + u) * pc.H + h) * pc.F + tid];
             ang[at + tid] = s;
             guard(s);
         }
@@ -48,19 +66,22 @@ void main() {
     }
 
     // The chunk's decay, and the per-token inputs checked.
+    for (uint u = tid; u < Lc; u += gl_WorkGroupSize.x) {
+        uint th_ = (i * pc.T + t0 + u) * pc.H + h;
+        float l = dA_in[th_];
+        ell_sh[u] = l;
+        guard(dt_in[th_]);
+        guard(lam_in[th_]);
+        guard(l);
+        guard(exp(l));
+    }
+    barrier();
     if (tid == 0u) {
         float s = 0.0;
-        for (uint u = 0u; u < Lc; ++u) s += dA_in[(i * pc.T + t0 + u) * pc.H + h];
+        for (uint u = 0u; u < Lc; ++u) s += ell_sh[u];
         float e = exp(s);
         dch[(i * pc.H + h) * pc.NC + c] = e;
         guard(e);
-    }
-    for (uint u = tid; u < Lc; u += gl_WorkGroupSize.x) {
-        uint th_ = (i * pc.T + t0 + u) * pc.H + h;
-        guard(dt_in[th_]);
-        guard(lam_in[th_]);
-        guard(dA_in[th_]);
-        guard(exp(dA_in[th_]));
     }
 
     uint g = h / (pc.H / pc.G);
@@ -70,9 +91,11 @@ void main() {
     float s = 0.0;
     for (uint u0 = 0u; u0 < Lc; u0 += TBK) {
         uint nb = min(TBK, Lc - u0);
+        stage_dtheta(i, h, t0, u0, nb);
+        barrier();
         if (tid < pc.F) {
             for (uint u = 0u; u < nb; ++u) {
-                s += dth_in[((i * pc.T + t0 + u0 + u) * pc.H + h) * pc.F + tid];
+                s += dth_sh[u * pc.F + tid];
                 float a = th_in + s;
                 a = a - TWO_PI * floor(a / TWO_PI);
                 vec2 sc = sincos_f32(a);

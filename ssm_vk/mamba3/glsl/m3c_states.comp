@@ -12,7 +12,10 @@
 #include "m3c_common.glsl"
 #include "m3c_tile.glsl"
 
-shared float w_sh[TILE];
+shared float w_sh[TILE];     // w_s
+shared float ell_sh[TILE];   // ℓ_s
+shared float gam_sh[TILE];   // γ_s
+shared float sig_sh[TILE];   // σ_s
 
 void main() {
     uint PT = (pc.P + TILE - 1u) / TILE, NT = (pc.N + TILE - 1u) / TILE;
@@ -30,14 +33,16 @@ void main() {
     uint p0 = pt * TILE, n0 = nt * TILE;
 
     if (tid < Lc) {
-        uint s = tid;
+        uint th_ = (i * pc.T + t0 + tid) * pc.H + h;
+        ell_sh[tid] = dA_in[th_];
+        gam_sh[tid] = lam_in[th_] * dt_in[th_];
+        sig_sh[tid] = tid + 1u < Lc ? dt_in[th_ + pc.H] * (1.0 - lam_in[th_ + pc.H]) : 0.0;
+    }
+    barrier();
+    if (tid < Lc) {
         float seg = 0.0;
-        for (uint u = Lc - 1u; u > s; --u) seg += dA_in[(i * pc.T + t0 + u) * pc.H + h];
-        uint th_ = (i * pc.T + t0 + s) * pc.H + h;
-        float gam = lam_in[th_] * dt_in[th_];
-        float sig = 0.0;
-        if (s + 1u < Lc) sig = dt_in[th_ + pc.H] * (1.0 - lam_in[th_ + pc.H]);
-        w_sh[s] = exp(seg) * (gam + sig);
+        for (uint u = Lc - 1u; u > tid; --u) seg += ell_sh[u];
+        w_sh[tid] = exp(seg) * (gam_sh[tid] + sig_sh[tid]);
     }
     barrier();
 
@@ -62,8 +67,8 @@ void main() {
                 uint n = n0 + col;
                 if (n < pc.N) vb = kr[qk_row(i, h, t0 + s, r) * pc.N + n];
             }
-            as_sh[k * TILE + col] = va;
-            bs_sh[k * TILE + col] = vb;
+            stage_a(k, col, va);
+            stage_b(k, col, vb);
         }
         barrier();
         tile_mma(acc, kn);

@@ -1,7 +1,7 @@
 // The 64 x 64 tile of the chunked Mamba-3 products (m3c_states.comp, m3c_y.comp): 256
 // invocations, each the 4 x 4 block of rows 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3
 // (ty = invocation / 16, tx = invocation % 16); a contraction runs KS indices at a time through
-// shared memory, the left operand's slice in as_sh[k][row], the right's in bs_sh[k][col], each
+// shared memory, the left operand's slice as (k, row), the right's as (k, col) (stage_a, stage_b), each
 // product added in index order (fixed: reruns are bit-identical).
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
@@ -9,22 +9,24 @@ layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 const uint TILE = 64u;
 const uint KS = 16u;
 
-shared float as_sh[KS * TILE];
-shared float bs_sh[KS * TILE];
+// (vec4: an invocation reads its four rows, or columns, of a slice in one 16-byte load)
+shared vec4 as4[KS * TILE / 4u];
+shared vec4 bs4[KS * TILE / 4u];
 
 uint tile_tx() { return gl_LocalInvocationIndex % 16u; }
 uint tile_ty() { return gl_LocalInvocationIndex / 16u; }
 
-// acc += as_sh[0..kn)ᵀ bs_sh[0..kn) for this invocation's block (after a barrier that covers the
-// slices' stores).
+// Entry (k, row) of the left slice, (k, col) of the right one.
+void stage_a(uint k, uint row, float v) { as4[k * (TILE / 4u) + row / 4u][row % 4u] = v; }
+void stage_b(uint k, uint col, float v) { bs4[k * (TILE / 4u) + col / 4u][col % 4u] = v; }
+
+// acc += as_slice[0..kn)ᵀ bs_slice[0..kn) for this invocation's block (after a barrier that covers
+// the slices' stores).
 void tile_mma(inout float acc[4][4], uint kn) {
-    uint r0 = 4u * tile_ty(), c0 = 4u * tile_tx();
+    uint ty = tile_ty(), tx = tile_tx();
     for (uint k = 0u; k < kn; ++k) {
-        float a[4], b[4];
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-            a[u] = as_sh[k * TILE + r0 + u];
-            b[u] = bs_sh[k * TILE + c0 + u];
-        }
+        vec4 a = as4[k * (TILE / 4u) + ty];
+        vec4 b = bs4[k * (TILE / 4u) + tx];
         [[unroll]] for (uint u = 0u; u < 4u; ++u) {
             [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += a[u] * b[v];
         }

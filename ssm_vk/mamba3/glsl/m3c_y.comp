@@ -2,7 +2,7 @@
 // The chunked Mamba-3 forward's output, per (sequence i, chunk c, head h) and 64 channels of
 // the head (ssm_ref/mamba3_chunked.py): the chunk's rows a = t M + r (Lc M <= 64, one tile),
 //     A[a, b]   = W[t, s] (q_t^r · k_s^r')  for s <= t (b = s M + r'), 0 above the diagonal,
-//     W[t, s]   = exp(ℓ_t + ... + ℓ_{s+1}) (γ_s + [s < t] σ_s),
+//     W[t, s]   = exp(ℓ_{s+1} + ... + ℓ_t) (γ_s + [s < t] σ_s),
 //     y_t^r[p]  = Σ_b A[a, b] v_s^r'[p]  +  din_t Σ_n H'_in[p, n] q_t^r[n],
 //     din_t     = exp(ℓ_0 + ... + ℓ_t),  v_s^r' = psi^r' ⊙ x_s,
 // three products of the tile (m3c_tile.glsl): Q Kᵀ over N (A kept in shared memory), A V over
@@ -62,23 +62,25 @@ void main() {
                 qa = qr[at];
                 ka = kr[at];
             }
-            as_sh[k * TILE + a] = qa;
-            bs_sh[k * TILE + a] = ka;
+            stage_a(k, a, qa);
+            stage_b(k, a, ka);
         }
         barrier();
         tile_mma(acc, kn);
         barrier();
     }
-    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-        uint a = r0 + u, t = a / pc.M;
-        [[unroll]] for (uint v = 0u; v < 4u; ++v) {
-            uint b = c0 + v, s = b / pc.M;
+    // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
+    // block's rows in turn (each range the last one and the tokens after it).
+    [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+        uint b = c0 + v, s = b / pc.M;
+        float seg = 0.0;
+        uint upto = s;   // the range summed so far: ℓ_{s+1} .. ℓ_upto
+        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+            uint a = r0 + u, t = a / pc.M;
             float w = 0.0;
             if (a < rows && b < rows && s <= t) {
-                float seg = 0.0;
-                for (uint q = t; q > s; --q) seg += ell_sh[q];
-                w = exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0));
-                w = acc[u][v] * w;
+                for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
+                w = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
             }
             a_sh[a * TILE + b] = w;
         }
@@ -97,8 +99,8 @@ void main() {
                 uint s = b / pc.M, r = b % pc.M;
                 vv = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
             }
-            bs_sh[k * TILE + col] = vv;
-            as_sh[k * TILE + col] = a_sh[col * TILE + b0 + k];   // A's column slice, by row
+            stage_b(k, col, vv);
+            stage_a(k, col, a_sh[col * TILE + b0 + k]);   // A's column slice, by row
         }
         barrier();
         tile_mma(acc, kn);
@@ -119,8 +121,8 @@ void main() {
                 uint p = p0 + col;
                 if (p < pc.P) hv = hz[(hat + p) * pc.N + k0 + k];
             }
-            as_sh[k * TILE + col] = qa;
-            bs_sh[k * TILE + col] = hv;
+            stage_a(k, col, qa);
+            stage_b(k, col, hv);
         }
         barrier();
         tile_mma(acc2, kn);
