@@ -138,7 +138,7 @@ KNOBS: dict[str, Knob] = {
     "M3_CHUNK": Knob(None, _between(0, 64), "chunk length of the Mamba-3 chunked forward, tokens, at most 64 / M; 0: "
                      "never the chunked kernels (default 64 / M)"),
     "M3_CHUNK_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked forward takes "
-                           "(default 64 on a GPU; on a CPU device it runs only where this is set)"),
+                           "(default 64; 128 on a CPU device)"),
 }
 
 

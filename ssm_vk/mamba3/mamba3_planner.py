@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ..family import Request
 
-__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T",
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T", "CHUNK_MIN_T_CPU",
            "CHUNK_ROWS", "M3ChunkPlan", "chunk_elems", "chunk_plan_call", "chunk_scratch"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
@@ -131,13 +131,14 @@ CHUNK_WG = 256
 # Shared memory of the largest (m3c_y.comp): A (64 x 64), the two operand slices (2 x 16 x 64),
 # four per-token tables (4 x 64), float32.
 CHUNK_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 4 * CHUNK_ROWS)
-# The shortest sequence the chunked forward takes on a GPU (knob M3_CHUNK_MIN_T): below it the
+# The shortest sequence the chunked forward takes (knob M3_CHUNK_MIN_T): below it the
 # token-sequential walk is short and the chunked kernels' six dispatches and scratch cost more.
-# On a CPU device (lavapipe) the chunked form does about the token-sequential walk's multiply-adds
-# (P N (6 M + 5) per token against about 8 L N + 4 P N at P = N = L = 64) with nothing to gain
-# from parallelism over time, and never won (docs/KERNELS.md): there it runs only where the knob
-# is set.
+# On a GPU: 64 (as the Mamba-2 chunked kernels' forward), where the walk's few workgroups leave
+# most of the device idle. On a CPU device (lavapipe, 2 cores) the chunked form does about the
+# walk's multiply-adds and gains only from its tiles: measured there (P = 64, N = 64 and 128, SISO
+# and rank 2) it starts winning between 128 and 256 tokens (docs/KERNELS.md).
 CHUNK_MIN_T = 64
+CHUNK_MIN_T_CPU = 128
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def chunk_elems(d: M3Dims, L: int) -> dict:
 def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     """The chunked forward's plan of the call (family.Family.plan), or None where it does not take
     it: a backward, the recompute of a flagged result, the invariant mode, T below M3_CHUNK_MIN_T
-    (default :data:`CHUNK_MIN_T` on a GPU; a CPU device only where the knob is set),
+    (default :data:`CHUNK_MIN_T`, on a CPU device :data:`CHUNK_MIN_T_CPU`),
     M3_CHUNK = 0, a rank above 64, N outside 1..256, P = 0, a device without 256-invocation
     workgroups or the shared memory, scratch beyond one binding. The token-sequential plan takes
     those."""
@@ -181,9 +182,9 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     min_t = knobs.knob("M3_CHUNK_MIN_T")
     L = knobs.knob("M3_CHUNK")
     L = CHUNK_ROWS // max(d.M, 1) if L is None else min(L, CHUNK_ROWS // max(d.M, 1))
-    if min_t is None and lim.device_type == "cpu":
-        return None
-    if L < 1 or d.T < max(1, CHUNK_MIN_T if min_t is None else min_t):
+    if min_t is None:
+        min_t = CHUNK_MIN_T_CPU if lim.device_type == "cpu" else CHUNK_MIN_T
+    if L < 1 or d.T < max(1, min_t):
         return None
     if not 1 <= d.N <= CHUNK_N_MAX or d.P < 1 or d.M > CHUNK_ROWS:
         return None

@@ -5,8 +5,8 @@ op's float32 tolerance; bit-identical reruns; the chunked and the token-sequenti
 recomputed token by token; update_cache; and the planner's choice (ssm_vk.registry.plan for op
 "mamba3_scan", the family's name in mamba3_api.decide's plan).
 
-The chunked kernels take sequences of M3_CHUNK_MIN_T tokens or more (on a GPU by default; on lavapipe only
-where the knob is set): these tests set the knobs (ssm_vk.config.configure) to run them on short sequences
+The chunked kernels take sequences of M3_CHUNK_MIN_T tokens or more (default 64 on a GPU, 128 on lavapipe):
+these tests set the knobs (ssm_vk.config.configure) to run them on short sequences
 in short chunks. Every test runs under the validation layer (tests/conftest.py fails a test on any
 message)."""
 
@@ -205,7 +205,8 @@ def _plan(d, lim=GPU, backward=False, knobs=None):
 def test_the_planner_takes_long_forwards_on_a_gpu():
     """From CHUNK_MIN_T tokens a GPU's forward is chunked (chunks of 64 / M tokens, its recompute
     the token-sequential plan); shorter ones, the backward, the invariant mode, ranks above 64, N
-    above 256 and devices without 256-invocation workgroups or the shared memory are token by token."""
+    above 256 and devices without 256-invocation workgroups or the shared memory are token by token;
+    a CPU device's threshold is CHUNK_MIN_T_CPU."""
     T0 = mamba3_planner.CHUNK_MIN_T
     fp = _plan(_d(T=T0))
     assert fp.family.name == "mamba3_chunked" and fp.plan.L == 64 and fp.plan.NC == T0 // 64
@@ -221,7 +222,9 @@ def test_the_planner_takes_long_forwards_on_a_gpu():
     assert _plan(_d(T=T0), lim=replace(GPU, max_workgroup_invocations=128)).family.name == "mamba3"
     assert _plan(_d(T=T0), lim=replace(GPU, max_shared_memory=16 << 10)).family.name == "mamba3"
     cpu = replace(GPU, device_type="cpu")
-    assert _plan(_d(T=4096), lim=cpu).family.name == "mamba3"
+    T1 = mamba3_planner.CHUNK_MIN_T_CPU
+    assert _plan(_d(T=T1 - 1), lim=cpu).family.name == "mamba3"
+    assert _plan(_d(T=T1), lim=cpu).family.name == "mamba3_chunked"
     assert _plan(_d(T=8), lim=cpu, knobs=config.DEFAULTS.with_knobs(M3_CHUNK_MIN_T=8)).family.name == "mamba3_chunked"
     assert _plan(_d(T=T0), knobs=config.DEFAULTS.with_knobs(M3_CHUNK=0)).family.name == "mamba3"
 
@@ -235,7 +238,7 @@ def test_the_device_decision_names_the_chunked_family():
             and info.max_shared_memory >= mamba3_planner.CHUNK_SHARED)
     with _chunked(2):
         assert _family(case) == ("mamba3_chunked" if fits else "mamba3")
-    assert _family(case) == "mamba3"   # (T = 6: short of the default)
+    assert _family(case) == "mamba3"   # (T = 6: short of the defaults)
 
 
 def test_the_packaged_matrix_holds_five_chunked_modules():
