@@ -1,5 +1,7 @@
-"""The plan of a Mamba-3 call on the token-sequential kernels (glsl/mamba3_scan.comp,
-mamba3_scan_back.comp): the workgroup size, the channel blocks per head and the scratch.
+"""The plans of a Mamba-3 call: on the token-sequential kernels (glsl/mamba3_scan.comp,
+mamba3_scan_back.comp; :func:`plan_call`, an M3Plan: the workgroup size, the channel blocks per
+head and the scratch) and, in the section at the end, on the chunked forward (glsl/m3c_*.comp;
+:func:`chunk_plan_call`, an M3ChunkPlan: when it runs, the chunk length, the grids, its scratch).
 
 The forward runs one workgroup per (sequence, head, block of channels), one invocation per
 channel: the workgroup size is the power of two at or above P, at least the device's subgroup
@@ -11,7 +13,8 @@ one segment's states (recomputed from its checkpoint before the segment is walke
 channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
-the CPU). Pure Python; the family reads no knobs.
+the CPU). Pure Python; the token-sequential family reads no knobs, the chunked one M3_CHUNK and
+M3_CHUNK_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ if TYPE_CHECKING:
 
     from ..family import Request
 
-__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T", "CHUNK_MIN_T_CPU",
-           "CHUNK_ROWS", "M3ChunkPlan", "chunk_elems", "chunk_plan_call", "chunk_scratch"]
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T",
+           "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan", "chunk_elems",
+           "chunk_plan_call", "chunk_scratch"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
