@@ -51,7 +51,7 @@ void main() {
     for (uint b0 = 0u; b0 < rows; b0 += KS) {
         uint kn = min(KS, rows - b0);
         for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint col = e / KS, k = e % KS;
+            uint k = e / TILE, col = e % TILE;   // (neighbours read neighbouring p, n)
             uint b = b0 + k;
             uint s = b / pc.M, r = b % pc.M;
             float va = 0.0, vb = 0.0;

@@ -14,7 +14,7 @@
 #include "m3c_common.glsl"
 #include "m3c_tile.glsl"
 
-shared float a_sh[TILE * TILE];   // A[a][b]
+shared vec4 a4[TILE * TILE / 4u];  // A transposed: A[a][b] at (b, a), a row's four entries in a vec4
 shared float ell_sh[TILE];        // ℓ_s
 shared float gam_sh[TILE];        // γ_s
 shared float sig_sh[TILE];        // σ_s
@@ -82,17 +82,18 @@ void main() {
                 for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
                 w = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
             }
-            a_sh[a * TILE + b] = w;
+            a4[b * (TILE / 4u) + a / 4u][a % 4u] = w;
         }
     }
     barrier();
 
-    // A V over the chunk's rows.
+    // A V over the chunk's rows (A's slices read where they lie).
     tile_zero(acc);
+    uint ty = tile_ty(), tx = tile_tx();
     for (uint b0 = 0u; b0 < rows; b0 += KS) {
         uint kn = min(KS, rows - b0);
         for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint col = e / KS, k = e % KS;
+            uint k = e / TILE, col = e % TILE;   // (neighbours read neighbouring channels)
             uint b = b0 + k, p = p0 + col;
             float vv = 0.0;
             if (k < kn && p < pc.P) {
@@ -100,10 +101,15 @@ void main() {
                 vv = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
             }
             stage_b(k, col, vv);
-            stage_a(k, col, a_sh[col * TILE + b0 + k]);   // A's column slice, by row
         }
         barrier();
-        tile_mma(acc, kn);
+        for (uint k = 0u; k < kn; ++k) {
+            vec4 a = a4[(b0 + k) * (TILE / 4u) + ty];
+            vec4 bv = bs4[k * (TILE / 4u) + tx];
+            [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+                [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += a[u] * bv[v];
+            }
+        }
         barrier();
     }
 
