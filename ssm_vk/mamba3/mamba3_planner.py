@@ -139,8 +139,8 @@ CHUNK_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 4 * CHUNK_RO
 # token-sequential walk is short and the chunked kernels' six dispatches and scratch cost more.
 # On a GPU: 64 (as the Mamba-2 chunked kernels' forward), where the walk's few workgroups leave
 # most of the device idle. On a CPU device (lavapipe, 2 cores) the chunked form does about the
-# walk's multiply-adds and gains only from its tiles: measured there (P = 64, N = 64 and 128, SISO
-# and rank 2) it starts winning between 128 and 256 tokens (docs/KERNELS.md).
+# walk's multiply-adds and gains only from its tiles: measured there (P = 64, SISO and rank 2) it
+# wins from 64 to 128 tokens at N = 128 and breaks even from 128 at N = 64 (docs/KERNELS.md).
 CHUNK_MIN_T = 64
 CHUNK_MIN_T_CPU = 128
 
