@@ -38,6 +38,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .decision import kernels_problem
 from .engine import engine_of
+from .run import note_rerun
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
 
@@ -314,8 +315,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
 
     def forward(fp):
-        """The outputs on plan ``fp``, or None where its kernels flagged a non-finite value."""
-        fam = fp.family
+        fam = fp.family   # (the outputs on plan fp, or None where its kernels flagged a non-finite value)
 
         def body(call: M3Call):
             _put_inputs(call, p)
@@ -331,8 +331,10 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         return _on_device(dec, (MAMBA3.name, d, p.rotation, fp.plan), body, fp)
 
     # A result the chunked kernels flag (an input or output not finite) is computed again by the
-    # token-sequential kernels, whose inf and nan follow the spec.
+    # token-sequential kernels, whose inf and nan follow the spec (counted in engine.reruns).
     out = forward(dec.fp)
+    if out is None:
+        note_rerun(dec.engine, d)
     y, theta, h, k, v = out if out is not None else forward(dec.fp.rerun)
     where = dec.ctx.info.where
     y, k, v = drop_rank(d, y, 2), drop_rank(d, k, 2), drop_rank(d, v, 2)

@@ -27,6 +27,7 @@ from ssm_ref.testing import mamba3_cases
 from ssm_ref.testing.properties.generic import GENERIC
 from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api, registry
+from ssm_vk.engine import engine_of
 from ssm_vk.mamba3 import mamba3_chunked_specs, mamba3_planner
 from ssm_vk.sizing import Limits
 
@@ -54,6 +55,11 @@ def _args(case) -> dict:
 def _chunked(L: int):
     """The knobs that send every forward to the chunked kernels, in chunks of ``L`` tokens."""
     return config.configure(tune={"M3_CHUNK": L, "M3_CHUNK_MIN_T": 1})
+
+
+def _reruns() -> int:
+    """Calls recomputed on the token-sequential kernels after the chunked ones flagged them."""
+    return engine_of(ssm_vk.runtime.get_context()).reruns
 
 
 def _family(case) -> str:
@@ -91,10 +97,12 @@ def test_drawn_problems_meet_the_float64_reference(lc):
     """y and the four final state parts within the op's tolerance of the float64 reference, on the
     chunked kernels (the plan asserted), computed on the device."""
     L, case = lc
+    before = _reruns()
     with _chunked(L):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
         assert WHERE.fullmatch(ssm_vk.mamba3_scan(**_args(case)).where)
+    assert _reruns() == before   # (finite: the chunked kernels' own results)
 
 
 @pytest.mark.parametrize("rotation", ["interleaved", "halved"])
@@ -112,9 +120,11 @@ def test_default_chunk_length_over_long_decays(M):
     decays near 1 (the state sums every token), the last chunk partial."""
     case = mamba3_cases.make_case(5, S=2, T=150, H=2, P=4, N=8, G=1, M=M, F=2, ids="permutation",
                                   regime="long_decay")
+    before = _reruns()
     with config.configure(tune={"M3_CHUNK_MIN_T": 1}):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
+    assert _reruns() == before
 
 
 def test_reruns_are_bit_identical():
@@ -168,8 +178,10 @@ def test_nonfinite_calls_are_recomputed_token_by_token(where, value):
     else:
         bad.reshape(-1)[bad.size // 2] = value
     args[where] = bad
+    before = _reruns()
     with _chunked(4):
         c = ssm_vk.mamba3_scan(**args)
+    assert _reruns() == before + 1
     with config.configure(tune={"M3_CHUNK": 0}):
         s = ssm_vk.mamba3_scan(**args)
     assert not all(np.isfinite(getattr(s, n)).all() for n in OUTPUTS)
