@@ -78,8 +78,8 @@ def chunked_cases(draw):
     S = draw(st.integers(1, 2))
     G = draw(st.integers(1, 2))
     H = G * draw(st.integers(1, 2))
-    N = 2 * draw(st.integers(1, 4))
-    F = draw(st.sampled_from((0, N // 2, max(1, N // 4))))
+    N = draw(st.integers(1, 8))
+    F = draw(st.sampled_from((0, N // 2, max(1, N // 4)))) if N % 2 == 0 else 0
     states = draw(st.booleans())
     pattern = draw(st.sampled_from(("permutation", "duplicates", "unused") if S > 1 else ("unused", "identity"))) \
         if states else "none"
