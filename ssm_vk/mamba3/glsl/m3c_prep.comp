@@ -93,15 +93,18 @@ void main() {
         uint nb = min(TBK, Lc - u0);
         stage_dtheta(i, h, t0, u0, nb);
         barrier();
-        if (tid < pc.F) {
+        if (tid < pc.F) {   // the running sum, serial per pair: θ_t in place of dθ_t
             for (uint u = 0u; u < nb; ++u) {
                 s += dth_sh[u * pc.F + tid];
                 float a = th_in + s;
-                a = a - TWO_PI * floor(a / TWO_PI);
-                vec2 sc = sincos_f32(a);
-                sn_sh[u * pc.F + tid] = sc.x;
-                cs_sh[u * pc.F + tid] = sc.y;
+                dth_sh[u * pc.F + tid] = a - TWO_PI * floor(a / TWO_PI);
             }
+        }
+        barrier();
+        for (uint e = tid; e < nb * pc.F; e += gl_WorkGroupSize.x) {   // their sin and cos, all at once
+            vec2 sc = sincos_f32(dth_sh[e]);
+            sn_sh[e] = sc.x;
+            cs_sh[e] = sc.y;
         }
         barrier();
         uint total = nb * pc.M * per;
