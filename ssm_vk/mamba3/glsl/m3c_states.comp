@@ -17,6 +17,33 @@ shared float ell_sh[TILE];   // ℓ_s
 shared float gam_sh[TILE];   // γ_s
 shared float sig_sh[TILE];   // σ_s
 
+// This invocation's entries of the slice of rows b0 .. b0 + KS - 1 (b = s M + r): w_s psi^r[p] x_s[p]
+// for the channels p0 .. p0 + 63 and k_s^r[n] for the state entries n0 .. n0 + 63 (index-major:
+// neighbours read neighbouring channels and entries). x and psi checked.
+void fetch(uint i, uint h, uint t0, uint rows, uint p0, uint n0, uint b0, out float va[PER], out float vb[PER]) {
+    uint kn = min(KS, rows - b0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint k = e / TILE, col = e % TILE;
+        va[j] = 0.0;
+        vb[j] = 0.0;
+        if (k < kn) {
+            uint b = b0 + k;
+            uint s = b / pc.M, r = b % pc.M;
+            uint p = p0 + col;
+            if (p < pc.P) {
+                float xv = x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
+                float ps = psi_in[(h * pc.M + r) * pc.P + p];
+                guard(xv);
+                guard(ps);
+                va[j] = w_sh[s] * (ps * xv);
+            }
+            uint n = n0 + col;
+            if (n < pc.N) vb[j] = kr[qk_row(i, h, t0 + s, r) * pc.N + n];
+        }
+    }
+}
+
 void main() {
     uint PT = (pc.P + TILE - 1u) / TILE, NT = (pc.N + TILE - 1u) / TILE;
     uint wg = wg_index();
@@ -48,30 +75,13 @@ void main() {
 
     float acc[4][4];
     tile_zero(acc);
+    float va[PER], vb[PER];
+    fetch(i, h, t0, rows, p0, n0, 0u, va, vb);
     for (uint b0 = 0u; b0 < rows; b0 += KS) {
-        uint kn = min(KS, rows - b0);
-        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint k = e / TILE, col = e % TILE;   // (neighbours read neighbouring p, n)
-            uint b = b0 + k;
-            uint s = b / pc.M, r = b % pc.M;
-            float va = 0.0, vb = 0.0;
-            if (k < kn) {
-                uint p = p0 + col;
-                if (p < pc.P) {
-                    float xv = x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
-                    float ps = psi_in[(h * pc.M + r) * pc.P + p];
-                    guard(xv);
-                    guard(ps);
-                    va = w_sh[s] * (ps * xv);
-                }
-                uint n = n0 + col;
-                if (n < pc.N) vb = kr[qk_row(i, h, t0 + s, r) * pc.N + n];
-            }
-            stage_a(k, col, va);
-            stage_b(k, col, vb);
-        }
+        put_cols(va, vb);
         barrier();
-        tile_mma(acc, kn);
+        if (b0 + KS < rows) fetch(i, h, t0, rows, p0, n0, b0 + KS, va, vb);
+        tile_mma(acc, min(KS, rows - b0));
         barrier();
     }
 

@@ -20,6 +20,28 @@ uint tile_ty() { return gl_LocalInvocationIndex / 16u; }
 void stage_a(uint k, uint row, float v) { as4[k * (TILE / 4u) + row / 4u][row % 4u] = v; }
 void stage_b(uint k, uint col, float v) { bs4[k * (TILE / 4u) + col / 4u][col % 4u] = v; }
 
+// Each invocation stages PER entries of a slice: e = invocation + j 256 (j < PER), either row-major
+// (row e / KS, index e % KS: neighbours read along a row of a row-major operand) or index-major
+// (index e / TILE, column e % TILE: neighbours read neighbouring columns). The entries of the next
+// slice are read into registers before the products of the current one (their loads overlap).
+const uint PER = KS * TILE / 256u;
+
+void put_rows(float va[PER], float vb[PER]) {
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        stage_a(e % KS, e / KS, va[j]);
+        stage_b(e % KS, e / KS, vb[j]);
+    }
+}
+
+void put_cols(float va[PER], float vb[PER]) {
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        stage_a(e / TILE, e % TILE, va[j]);
+        stage_b(e / TILE, e % TILE, vb[j]);
+    }
+}
+
 // acc += as_slice[0..kn)ᵀ bs_slice[0..kn) for this invocation's block (after a barrier that covers
 // the slices' stores).
 void tile_mma(inout float acc[4][4], uint kn) {

@@ -20,6 +20,38 @@ shared float gam_sh[TILE];        // γ_s
 shared float sig_sh[TILE];        // σ_s
 shared float din_sh[TILE];        // din_t
 
+// This invocation's entries (row, k0 + k) of Q and K (the chunk's rows from qk0 in qr, kr).
+void fetch_qk(uint qk0, uint rows, uint k0, out float qa[PER], out float ka[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint a = e / KS, k = e % KS;
+        qa[j] = 0.0;
+        ka[j] = 0.0;
+        if (k < kn && a < rows) {
+            uint at = qk0 + a * pc.N + k0 + k;
+            qa[j] = qr[at];
+            ka[j] = kr[at];
+        }
+    }
+}
+
+// This invocation's entries (row, k0 + k) of Q and of H'_in (rows p0 + row, from (hat + p) N in hz).
+void fetch_qh(uint qk0, uint hat, uint rows, uint p0, uint k0, out float qa[PER], out float hv[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint col = e / KS, k = e % KS;
+        qa[j] = 0.0;
+        hv[j] = 0.0;
+        if (k < kn) {
+            if (col < rows) qa[j] = qr[qk0 + col * pc.N + k0 + k];
+            uint p = p0 + col;
+            if (p < pc.P) hv[j] = hz[(hat + p) * pc.N + k0 + k];
+        }
+    }
+}
+
 void main() {
     uint PT = (pc.P + TILE - 1u) / TILE;
     uint wg = wg_index();
@@ -52,21 +84,14 @@ void main() {
     // A = W ⊙ (Q Kᵀ): the chunk's rows against its rows, over N.
     float acc[4][4];
     tile_zero(acc);
+    uint qk0 = qk_row(i, h, t0, 0u) * pc.N;   // the chunk's first row of qr, kr
+    float va[PER], vb[PER];
+    fetch_qk(qk0, rows, 0u, va, vb);
     for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
-        uint kn = min(KS, pc.N - k0);
-        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint a = e / KS, k = e % KS;
-            float qa = 0.0, ka = 0.0;
-            if (k < kn && a < rows) {
-                uint at = qk_row(i, h, t0, 0u) * pc.N + a * pc.N + k0 + k;
-                qa = qr[at];
-                ka = kr[at];
-            }
-            stage_a(k, a, qa);
-            stage_b(k, a, ka);
-        }
+        put_rows(va, vb);
         barrier();
-        tile_mma(acc, kn);
+        if (k0 + KS < pc.N) fetch_qk(qk0, rows, k0 + KS, va, vb);
+        tile_mma(acc, min(KS, pc.N - k0));
         barrier();
     }
     // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
@@ -117,21 +142,12 @@ void main() {
     float acc2[4][4];
     tile_zero(acc2);
     uint hat = (hs * pc.NC + c) * pc.P;
+    fetch_qh(qk0, hat, rows, p0, 0u, va, vb);
     for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
-        uint kn = min(KS, pc.N - k0);
-        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint col = e / KS, k = e % KS;
-            float qa = 0.0, hv = 0.0;
-            if (k < kn) {
-                if (col < rows) qa = qr[qk_row(i, h, t0, 0u) * pc.N + col * pc.N + k0 + k];
-                uint p = p0 + col;
-                if (p < pc.P) hv = hz[(hat + p) * pc.N + k0 + k];
-            }
-            stage_a(k, col, qa);
-            stage_b(k, col, hv);
-        }
+        put_rows(va, vb);
         barrier();
-        tile_mma(acc2, kn);
+        if (k0 + KS < pc.N) fetch_qh(qk0, hat, rows, p0, k0 + KS, va, vb);
+        tile_mma(acc2, min(KS, pc.N - k0));
         barrier();
     }
 
