@@ -121,7 +121,8 @@ M3 = ("mamba3", "m3decode")
 # Where a prepared call (ssm_vk.prepare_scan: recorded once, replayed) is timed too, beside the
 # peer's same call: the decode steps and the demo training step, whose wall time is mostly the host's.
 OPS = {"dec-1": ("fwd", "fwd prepared"), "dec-16": ("fwd", "fwd prepared"), "dec-128": ("fwd", "fwd prepared"),
-       "m2-demo": ("fwd", "fwd+bwd", "fwd+bwd prepared")}
+       "m2-demo": ("fwd", "fwd+bwd", "fwd+bwd prepared"),
+       **{n: ("fwd", "fwd prepared") for n, (fam, _) in m3.WORKLOADS.items() if fam == "m3decode"}}
 
 # Decode and Mamba-2 come before Mamba-1: the first m1 workload waits for the CUDA build.
 

@@ -84,7 +84,9 @@ def _sizes(d, backward: bool, fp) -> dict:
     if backward:
         n.update(grads=2 * n["y"] + 2 * n["finals"] + n["x"] + n["steps"] + n["dtheta"] + n["B"]
                  + H * (2 * M * N + M * P) + n["states"])
-        n.update(fp.family.scratch(d, fp.plan, True))
+    n.update(fp.family.scratch(d, fp.plan, backward))
+    if fp.rerun is not None:   # (a flagged call is computed again on the recompute's plan, in its own workspace)
+        n.update({"rerun:" + k: v for k, v in fp.rerun.family.scratch(d, fp.rerun.plan, backward).items()})
     return {k: 4 * v for k, v in n.items() if v}
 
 

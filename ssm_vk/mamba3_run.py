@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .family import Planned
 
 __all__ = ["backward_shapes", "finish", "forward_shapes", "fresh", "output_shapes", "problem", "record", "retry",
-           "run_bound", "run_call", "run_once", "template"]
+           "put_states_after", "run_bound", "run_call", "run_once", "template"]
 
 _CACHES = ("s_theta", "s_h", "s_k", "s_v")
 
@@ -91,11 +91,31 @@ def run_bound(engine: Engine, ws: M3Workspace, p, backward: bool, device_out: bo
         seq = record(ws, p, backward, bufs, key, outs, update)
         seq.submit()
         run.set_last_sequence(seq)
+        if ws.flags_nonfinite:
+            if ws.nonfinite():   # (the caller computes it again on the recompute's plan)
+                if given is None and device_out:
+                    _release(outs)
+                return None
+            if update:   # the cache rows written only now: a flagged call's recompute reads them as they were
+                put_states_after(ws, p)
         return finish(ws, p, bufs, outs, update, device_out)
     except BaseException:
         if given is None and device_out:
             _release(outs)
         raise
+
+
+def put_states_after(ws: M3Workspace, p) -> None:
+    """update_cache's final states (the workspace's "fin:" buffers) into the rows ids of the
+    DeviceArray caches, in a one-shot submission of its own: a flagging plan's call, once its flag
+    was read (a flagged call's recompute must read the caches as they were)."""
+    caches = {part: c for part, name in zip(STATE_PARTS, _CACHES, strict=True)
+              if type(c := getattr(p, name)) is DeviceArray}
+    if caches:
+        finals = {part: ws.own("fin:" + part, ws.dims.S * row * 4) for part, row in zip(STATE_PARTS, ws.rows,
+                                                                                          strict=True)}
+        with rt.oneshot(ws.ctx) as seq:
+            ws.put_states(seq, finals, caches, p.ids)
 
 
 def output_shapes(d, p, backward: bool, update: bool) -> dict:
@@ -117,10 +137,9 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
         b = a.buffer
         bufs[k] = (b, a.offset * 4, a.nbytes)
         key += (None if b is None else b.serial, a.offset)
+    for k, n in ws.scratch.items():
+        bufs[k] = (ws.own(k, n * 4), 0, n * 4)
     if backward:
-        for k, n in ws.scratch.items():
-            bufs[k] = (ws.own(k, n * 4), 0, n * 4)
-
         def post(seq):
             ws.split_grads(seq, p, outs)
     else:
@@ -135,7 +154,7 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
         finals = {part: bufs[part][0] for part in STATE_PARTS} if update else {}
 
         def post(seq):
-            if caches:
+            if caches and not ws.flags_nonfinite:   # (flagging plans: after the check, put_flagged_states)
                 ws.put_states(seq, finals, caches, p.ids)
     key.append(p.ids.tobytes())
     return ws.sequence(tuple(key), p, bufs, post)
@@ -171,9 +190,11 @@ def _finals(ws: M3Workspace, p, bufs: dict) -> dict:
 def run_once(engine: Engine, p, backward: bool, planned: Planned, device_out: bool, rerun: bool = False,
              update: bool = False, given: dict | None = None) -> dict:
     """One call in the engine's workspace of ``planned`` (looked up again when another thread
-    closed it meanwhile), its inputs' buffers marked busy while it runs."""
+    closed it meanwhile), its inputs' buffers marked busy while it runs; ``rerun``: on the
+    recompute's plan (a result the first plan's kernels flagged as not finite is computed again
+    so: the token-sequential kernels, whose inf and nan are the spec's)."""
     while True:
-        ws = engine.workspace(planned)
+        ws = engine.workspace(planned, rerun)
         with ws.lock:
             if ws.closed:
                 continue
@@ -185,10 +206,14 @@ def run_once(engine: Engine, p, backward: bool, planned: Planned, device_out: bo
                 if given is not None:
                     check_live(given.values())
                 bufs, key = ws.bind_inputs(p, backward)
-                return run_bound(engine, ws, p, backward, device_out, bufs, key, update, given)
+                out = run_bound(engine, ws, p, backward, device_out, bufs, key, update, given)
             finally:
                 if token is not None:
                     buffers.idle(token)
+        if out is not None:
+            return out
+        run.note_rerun(engine, p.dims)
+        return run_once(engine, p, backward, planned, device_out, rerun=True, update=update, given=given)
 
 
 def _resident(p, backward: bool, given) -> list:

@@ -38,7 +38,7 @@ from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .recording import scatter_rows
 from .sizing import F32
-from .workspace import close_sequences, keep_sequence, wait_sequences
+from .workspace import FlagHost, close_sequences, keep_sequence, wait_sequences
 
 if TYPE_CHECKING:
     from .family import Planned
@@ -81,7 +81,7 @@ class _Rows:
         return self.ws.constant(arr)
 
 
-class M3Workspace:
+class M3Workspace(FlagHost):
     """Everything one Mamba-3 call shape needs on one context (see the module's docstring): the
     decision's plan (``plan``, ``family``, ``limits``, ``dims``, ``backward``), its own buffers by
     name, the sequences recorded for sets of bindings. Used under ``lock``; ``closed`` once
@@ -111,7 +111,10 @@ class M3Workspace:
         S, H, P, N, M, F = d.S, d.H, d.P, d.N, d.M, d.F
         # elements of one sequence's (one cache row's) part of each state, in STATE_PARTS' order
         self.rows = (H * F, H * P * N, H * M * N, H * M * P)
-        self.scratch = dict(fp.family.scratch(d, fp.plan, True)) if self.backward else {}
+        self.scratch = dict(fp.family.scratch(d, fp.plan, self.backward))
+        # whether the plan's kernels flag inf and nan (the call is then computed again on the
+        # recompute's plan: mamba3_run.run_once)
+        self.flags_nonfinite = fp.family.flags(fp.plan)
         if self.backward:
             self.scratch.update(d_step=3 * S * d.T * H, d_parts=H * (2 * M * N + M * P), d_start=S * sum(self.rows))
 
@@ -357,3 +360,4 @@ class M3Workspace:
             self._drop([*self._own.values(), *consts])
         self._own.clear()
         self._host_outs.clear()
+        self.close_flag(not (self.ctx.closed or self.ctx.lost))

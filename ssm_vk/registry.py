@@ -49,6 +49,7 @@ from .config import DEFAULTS, Settings, settings
 from .family import Family, FamilyPlan, Request
 from .kernel_specs import KernelSpec, reduce_spec, rows_spec
 from .m1 import FAMILY as M1
+from .mamba3 import CHUNKED as MAMBA3_CHUNKED
 from .mamba3 import FAMILY as MAMBA3
 from .sequential import FAMILY as SEQUENTIAL
 
@@ -77,8 +78,9 @@ class Op:
 # The chunked kernels first (where they take a shape they are the fastest), then Mamba-1 with time
 # in threads, then the token-sequential kernels (over time chunks where those apply, else token by
 # token). Every family declares the op it computes: an op lists its own. Mamba-3 (docs/SPEC.md
-# section 14): its token-sequential kernels, for now its one family.
-OPS = {"ssm_scan": Op("ssm_scan", (CHUNKED, M1, SEQUENTIAL)), "mamba3_scan": Op("mamba3_scan", (MAMBA3,))}
+# section 14): its chunked forward where it takes the call, then its token-sequential kernels.
+OPS = {"ssm_scan": Op("ssm_scan", (CHUNKED, M1, SEQUENTIAL)),
+       "mamba3_scan": Op("mamba3_scan", (MAMBA3_CHUNKED, MAMBA3))}
 assert all(f.op == op.name for op in OPS.values() for f in op.families)
 
 

@@ -40,7 +40,8 @@ class OpCalls(NamedTuple):
     full path, which raises what is wrong); ``run_bound``, ``run_once``, ``retry``: ssm_vk.run's
     functions of that name for the op; ``record_own(ws, p, backward, bufs, outs, update)`` -> (the
     prepared call's one sequence over its own outputs ``outs``, whether the new states are copied
-    into the cache rows after it); ``written(engine, p)``: a forward with update_cache wrote ``p``'s
+    into the cache rows after it); ``copy_states(ws, own, p)``: that copy, after the sequence ran
+    and its flag was read; ``written(engine, p)``: a forward with update_cache wrote ``p``'s
     cache (the kept tables that read it go); ``template(p)``: what ``problem`` takes of the first
     call's problem ``p`` (no arrays)."""
 
@@ -50,6 +51,7 @@ class OpCalls(NamedTuple):
     run_once: object
     retry: object
     record_own: object
+    copy_states: object
     written: object
     template: object
 
@@ -61,12 +63,21 @@ def _scan_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool
     return run.recorded_sequence(ws, p, backward, bufs, ("prepared",), scatter), update and not scatter
 
 
+def _scan_copy_states(ws, own: dict, p) -> None:
+    run.copy_rows(ws.ctx, own["states"], p.s, p.ids)
+
+
 def _scan_written(engine, p) -> None:
     engine.written(p.s)
 
 
 def _m3_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
-    return mamba3_run.record(ws, p, backward, bufs, ["prepared"], outs, update), False
+    # (a flagging plan's sequence leaves the cache rows to mamba3_run.put_states_after, once its flag was read)
+    return mamba3_run.record(ws, p, backward, bufs, ["prepared"], outs, update), update and ws.flags_nonfinite
+
+
+def _m3_copy_states(ws, own: dict, p) -> None:
+    mamba3_run.put_states_after(ws, p)
 
 
 def _nothing_kept(engine, p) -> None:
@@ -77,10 +88,10 @@ def _no_template(p) -> None:
     """(The scan's repeats make their problem of the dims alone: validate.problem.)"""
 
 
-SCAN_CALLS = OpCalls(SCAN, validate.problem, run.run_bound, run.run_once, run.retry, _scan_record_own, _scan_written,
-                     _no_template)
+SCAN_CALLS = OpCalls(SCAN, validate.problem, run.run_bound, run.run_once, run.retry, _scan_record_own,
+                     _scan_copy_states, _scan_written, _no_template)
 MAMBA3_CALLS = OpCalls(MAMBA3, mamba3_run.problem, mamba3_run.run_bound, mamba3_run.run_once, mamba3_run.retry,
-                       _m3_record_own, _nothing_kept, mamba3_run.template)
+                       _m3_record_own, _m3_copy_states, _nothing_kept, mamba3_run.template)
 
 
 class Replay:
@@ -177,7 +188,7 @@ class Replay:
                             if ws.flags_nonfinite and ws.nonfinite():
                                 self._recompute(p)   # (under the lock: a run is one whole)
                             elif self.copy:
-                                run.copy_rows(ctx, own["states"], p.s, p.ids)
+                                self.calls.copy_states(ws, own, p)
                             if self.update:
                                 self.calls.written(self.engine, p)
                             out = own
@@ -188,8 +199,8 @@ class Replay:
                 return self.calls.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
             if out is None:  # a flagged result held inf or nan: computed again (as in run.run_once)
                 run.note_rerun(self.engine, self.dims)
-                return run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
-                                    update=self.update)
+                return self.calls.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
+                                           update=self.update)
             return out
         except rt.OutOfDeviceMemory:
             if own is not None:
@@ -207,7 +218,7 @@ class Replay:
         """A prepared call's result its kernels flagged inf or nan: the call again on the
         token-sequential kernels (whose non-finite results are the spec's), copied into its outputs."""
         run.note_rerun(self.engine, self.dims)
-        out = run.run_once(self.engine, p, self.backward, self.planned, True, rerun=True, update=self.update)
+        out = self.calls.run_once(self.engine, p, self.backward, self.planned, True, rerun=True, update=self.update)
         try:
             with rt.oneshot(self.ctx) as seq:
                 for k, dst in self.outs.items():

@@ -27,8 +27,8 @@ from .sizing import F32, output_shapes
 if TYPE_CHECKING:
     from .family import Planned
 
-__all__ = ["Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "close_sequences", "keep_sequence",
-           "wait_sequences", "FWD_IN", "BWD_IN"]
+__all__ = ["FlagHost", "Workspace", "MAX_SEQUENCES", "MAX_ATTRIBUTES", "release_all", "close_sequences",
+           "keep_sequence", "wait_sequences", "FWD_IN", "BWD_IN"]
 
 MAX_SEQUENCES = 4           # recorded sequences kept per workspace (sets of buffers)
 MAX_ATTRIBUTES = 29         # a Workspace's attributes, at most (Workspace.__init__ says why)
@@ -37,7 +37,34 @@ BWD_IN = (*FWD_IN, *SCAN.cotangent_names)
 _ZEROS = frozenset(("s", "g_y", "g_states"))   # the inputs an absent argument stands zeros in for (s=None, ...)
 
 
-class Workspace:
+
+class FlagHost:
+    """The host-visible copy of a flagging plan's non-finite flag (recording.flag_end copies the
+    kernels' flag into it), made on first use: both ops' workspaces."""
+
+    _flag_host = None
+
+    def flag_host(self):
+        """The host-visible buffer the kernels' non-finite flag is copied into."""
+        if self._flag_host is None:
+            self._flag_host = rt.Buffer(self.ctx, 16, staging=True)
+        return self._flag_host
+
+    def nonfinite(self) -> bool:
+        """Whether the last (waited-for) call of a flagging plan flagged a non-finite output."""
+        buf = self._flag_host
+        word = buf.peek(4)   # host-visible: read in place (a uint32)
+        if word is not None:
+            return word != b"\0\0\0\0"
+        return bool(rt.download(buf, ((1,), np.uint32))[0])
+
+    def close_flag(self, live: bool) -> None:
+        """The flag's buffer closed (``live``: the context neither closed nor lost)."""
+        if self._flag_host is not None and live:
+            self._flag_host.close()
+        self._flag_host = None
+
+class Workspace(FlagHost):
     """Everything one problem shape needs on one context, kept between calls: the plan and the
     family that records and runs it (``plan``, ``family``), upload buffers for host inputs,
     output buffers for host calls, scratch, recorded sequences.
@@ -122,20 +149,6 @@ class Workspace:
         if self._dummy is None:
             self._dummy = self.acquire(16)
         return self._dummy
-
-    def flag_host(self):
-        """The host-visible buffer the kernels' non-finite flag is copied into."""
-        if self._flag_host is None:
-            self._flag_host = rt.Buffer(self.ctx, 16, staging=True)
-        return self._flag_host
-
-    def nonfinite(self) -> bool:
-        """Whether the last (waited-for) call of a flagging plan flagged a non-finite output."""
-        buf = self._flag_host
-        word = buf.peek(4)   # host-visible: read in place (a uint32)
-        if word is not None:
-            return word != b"\0\0\0\0"
-        return bool(rt.download(buf, ((1,), np.uint32))[0])
 
     def bind(self, buf, base: int, start: int, count: int) -> tuple[tuple, int]:
         """A binding of elements [base + start, base + start + count) of ``buf`` and the residual
@@ -288,9 +301,7 @@ class Workspace:
         # Buffers of its own, not the pool's: closed here, unless the context is lost -- work that
         # timed out may still read them, and the context's close frees them after its wait.
         live = not (self.ctx.closed or self.ctx.lost)
-        if self._flag_host is not None and live:
-            self._flag_host.close()
-        self._flag_host = None
+        self.close_flag(live)
         self.host.close(live)
         if not self.ctx.closed and not self.pool.closed:
             for bufs in self._out_sets:
@@ -323,6 +334,8 @@ def close_sequences(sequences: dict) -> None:
 
 
 def release_all(arrays: dict) -> None:
-    """Release every DeviceArray of ``arrays`` (a call's outputs it will not hand out)."""
+    """Release every DeviceArray of ``arrays`` (a call's outputs it will not hand out; None: a
+    state part that update_cache wrote into the cache)."""
     for a in arrays.values():
-        a.release()
+        if a is not None:
+            a.release()

@@ -1,18 +1,24 @@
-"""The Mamba-3 token-sequential kernels (op "mamba3_scan", forward and backward; docs/SPEC.md
-section 14): glsl/mamba3_scan.comp, mamba3_scan_back.comp, mamba3_reduce.comp over
-mamba3_common.glsl. ``mamba3_planner``: the M3Plan; ``mamba3_specs``: their specs;
-``mamba3_recording``: the recording.
+"""The Mamba-3 kernels (op "mamba3_scan"; docs/SPEC.md section 14), two families:
 
-:data:`FAMILY` declares it (family.Family); ssm_vk.registry lists it as the op's one family
-(its fallback). Its results are not flagged: inf and nan flow through as the spec says.
+- :data:`FAMILY`, the token-sequential kernels (forward and backward): glsl/mamba3_scan.comp,
+  mamba3_scan_back.comp, mamba3_reduce.comp over mamba3_common.glsl. ``mamba3_planner``: the
+  M3Plan; ``mamba3_specs``: their specs; ``mamba3_recording``: the recording. The op's fallback:
+  it takes every call. Its results are not flagged: inf and nan flow through as the spec says.
+- :data:`CHUNKED`, the chunked forward (the matrix form, ssm_ref/mamba3_chunked.py):
+  glsl/m3c_*.comp. ``mamba3_planner``'s chunked section: the M3ChunkPlan (sequences of
+  M3_CHUNK_MIN_T tokens or more, forward only); ``mamba3_chunked_specs``,
+  ``mamba3_chunked_recording``. Its results are flagged when an input or an output is not
+  finite, and such a call is computed again on the token-sequential kernels.
+
+ssm_vk.registry lists them in the planner's order: CHUNKED, then FAMILY.
 """
 
 from __future__ import annotations
 
-from ..family import Family
-from . import mamba3_planner, mamba3_recording, mamba3_specs
+from ..family import Family, always
+from . import mamba3_chunked_recording, mamba3_chunked_specs, mamba3_planner, mamba3_recording, mamba3_specs
 
-__all__ = ["FAMILY"]
+__all__ = ["FAMILY", "CHUNKED"]
 
 
 def _never(plan) -> bool:
@@ -24,3 +30,9 @@ FAMILY = Family(
     plan=mamba3_planner.plan_call, kernels=mamba3_specs.kernels, scratch=mamba3_planner.scratch, flags=_never,
     record_forward=mamba3_recording.record_forward, record_backward=mamba3_recording.record_backward,
     matrix=mamba3_specs.packaged)
+
+CHUNKED = Family(
+    name="mamba3_chunked", op="mamba3_scan", title="the Mamba-3 chunked kernels",
+    plan=mamba3_planner.chunk_plan_call, kernels=mamba3_chunked_specs.kernels, scratch=mamba3_planner.chunk_scratch,
+    flags=always, record_forward=mamba3_chunked_recording.record_forward,
+    record_backward=mamba3_chunked_recording.record_backward, matrix=mamba3_chunked_specs.packaged)

@@ -1,5 +1,7 @@
-"""The plan of a Mamba-3 call on the token-sequential kernels (glsl/mamba3_scan.comp,
-mamba3_scan_back.comp): the workgroup size, the channel blocks per head and the scratch.
+"""The plans of a Mamba-3 call: on the token-sequential kernels (glsl/mamba3_scan.comp,
+mamba3_scan_back.comp; :func:`plan_call`, an M3Plan: the workgroup size, the channel blocks per
+head and the scratch) and, in the section at the end, on the chunked forward (glsl/m3c_*.comp;
+:func:`chunk_plan_call`, an M3ChunkPlan: when it runs, the chunk length, the grids, its scratch).
 
 The forward runs one workgroup per (sequence, head, block of channels), one invocation per
 channel: the workgroup size is the power of two at or above P, at least the device's subgroup
@@ -11,7 +13,8 @@ one segment's states (recomputed from its checkpoint before the segment is walke
 channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
-the CPU). Pure Python; the family reads no knobs.
+the CPU). Pure Python; the token-sequential family reads no knobs, the chunked one M3_CHUNK and
+M3_CHUNK_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ if TYPE_CHECKING:
 
     from ..family import Request
 
-__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems"]
+__all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T",
+           "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan", "chunk_elems",
+           "chunk_plan_call", "chunk_scratch"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
@@ -117,3 +122,93 @@ def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:
         return {}
     slab = d.S * d.T * d.M * d.H * d.N
     return {"m3_work": work_elems(d), "m3_dB_heads": slab, "m3_dC_heads": slab, "m3_parts": part_elems(d)}
+
+
+# -- The chunked forward (glsl/m3c_*.comp; docs/KERNELS.md "Mamba-3 chunked forward") ----------
+
+# A chunk's rows (tokens x rank, L M) are one 64 x 64 tile of m3c_y.comp / m3c_states.comp.
+CHUNK_ROWS = 64
+# The state sizes the chunked kernels take (m3c_prep.comp holds F <= N/2 <= 128 angles).
+CHUNK_N_MAX = 256
+# Their workgroups: 256 invocations (the tile's 16 x 16 threads; m3c_pass.comp's entries).
+CHUNK_WG = 256
+# Shared memory of the largest (m3c_y.comp): A (64 x 64), the two operand slices (2 x 16 x 64),
+# four per-token tables (4 x 64), float32.
+CHUNK_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 4 * CHUNK_ROWS)
+# The shortest sequence the chunked forward takes (knob M3_CHUNK_MIN_T): below it the
+# token-sequential walk is short and the chunked kernels' six dispatches and scratch cost more.
+# On a GPU: 64 (as the Mamba-2 chunked kernels' forward), where the walk's few workgroups leave
+# most of the device idle. On a CPU device (lavapipe, 2 cores) the chunked form does about the
+# walk's multiply-adds and gains only from its tiles: measured there (P = 64, SISO and rank 2) it
+# wins from 64 to 128 tokens at N = 128 and breaks even from 128 at N = 64 (docs/KERNELS.md).
+CHUNK_MIN_T = 64
+CHUNK_MIN_T_CPU = 128
+
+
+@dataclass(frozen=True)
+class M3ChunkPlan:
+    """The chunked forward's plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
+    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head), ``angle`` (per sequence,
+    head and 64 pairs), ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n)),
+    ``pass_`` (per sequence, head and 256 state entries), ``y`` (per sequence, chunk, head and 64
+    channels)."""
+
+    L: int
+    NC: int
+    prep: tuple
+    angle: tuple
+    states: tuple
+    pass_: tuple
+    y: tuple
+
+
+def chunk_elems(d: M3Dims, L: int) -> dict:
+    """Float32 elements of the chunked forward's scratch for chunks of ``L`` tokens, by name:
+    the rotated queries and keys (S,H,T,M,N) each, the chunk states (S,H,NC,P,N), the chunks'
+    decays (S,H,NC), angles (S,H,NC,F) and the non-finite flag (4)."""
+    NC = -(-d.T // L)
+    SH = d.S * d.H
+    qk = SH * d.T * d.M * d.N
+    return {"m3c_q": qk, "m3c_k": qk, "m3c_hz": SH * NC * d.P * d.N, "m3c_dch": SH * NC, "m3c_ang": SH * NC * d.F,
+            "m3c_flag": 4}
+
+
+def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
+    """The chunked forward's plan of the call (family.Family.plan), or None where it does not take
+    it: a backward, the recompute of a flagged result, the invariant mode, T below M3_CHUNK_MIN_T
+    (default :data:`CHUNK_MIN_T`, on a CPU device :data:`CHUNK_MIN_T_CPU`),
+    M3_CHUNK = 0, a rank above 64, N outside 1..256, P = 0, a device without 256-invocation
+    workgroups or the shared memory, scratch beyond one binding. The token-sequential plan takes
+    those."""
+    d, lim, knobs = req.dims, req.lim, req.knobs
+    if req.backward or req.rerun or req.snap or knobs.invariant:
+        return None
+    min_t = knobs.knob("M3_CHUNK_MIN_T")
+    L = knobs.knob("M3_CHUNK")
+    L = CHUNK_ROWS // max(d.M, 1) if L is None else min(L, CHUNK_ROWS // max(d.M, 1))
+    if min_t is None:
+        min_t = CHUNK_MIN_T_CPU if lim.device_type == "cpu" else CHUNK_MIN_T
+    if L < 1 or d.T < max(1, min_t):
+        return None
+    if not 1 <= d.N <= CHUNK_N_MAX or d.P < 1 or d.M > CHUNK_ROWS:
+        return None
+    if (min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < CHUNK_WG
+            or lim.max_shared_memory < CHUNK_SHARED or lim.max_storage_buffers_per_stage < 26):
+        return None
+    cap = binding_cap(lim)
+    sizes = chunk_elems(d, L)
+    if max(*sizes.values(), d.S * d.T * d.M * d.H * d.P, d.S * d.T * d.M * d.G * d.N, d.R * d.H * d.P * d.N) > cap:
+        return None
+    NC = -(-d.T // L)
+    tiles = -(-d.P // CHUNK_ROWS)
+    try:
+        return M3ChunkPlan(L=L, NC=NC, prep=grid(d.S * NC * d.H, lim), angle=grid(d.S * d.H * -(-d.F // 64), lim),
+                           states=grid(d.S * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
+                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim))
+    except TooLarge:
+        return None
+
+
+def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
+    """The chunked forward's scratch, by name (family.Family.scratch; it has no backward)."""
+    return {} if backward else chunk_elems(d, plan.L)

@@ -8,7 +8,7 @@ The backward: the walk forward and back per (sequence, head) (mamba3_scan_back.c
 fixed-order sums (mamba3_reduce.comp) of the per-head d_B / d_C slabs over each group's heads
 and of the per-sequence d_B_bias / d_C_bias / d_psi parts over the sequences.
 
-``ws``: the call's workspace (ssm_vk.mamba3_api.M3Call): ``ctx``, ``plan``, ``limits`` and
+``ws``: the call's workspace (ssm_vk.mamba3_workspace.M3Workspace): ``ctx``, ``plan``, ``limits`` and
 ``bind(name) -> (buffer, offset, nbytes)`` of a named array (a stand-in for an empty one).
 ``p``: the checked problem (ssm_ref.mamba3_checks.M3Problem).
 """

@@ -1,0 +1,117 @@
+"""The Mamba-3 forward on ssm_vk, device time of its kernels: the chunked forward (ssm_vk/mamba3/glsl/m3c_*.comp)
+step by step beside the token-sequential kernel, from GPU timestamps around each dispatch of one recorded call
+(inputs DeviceArrays: no upload or readback counted), and the wall time of ``ssm_vk.mamba3_scan`` from
+host arrays for both. SISO unless --M; the issue's shape by default: H = 32, P = 64, N = 128, F = 32, G = 1.
+
+    python benchmarks/vk_mamba3.py --shapes 1x512,8x2048 [--M 2] [--reps 5]
+
+Prints one block per (S, T): each plan's kernels (ms, the best of --reps submissions) and the call's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import numpy as np
+
+
+def _timed_sequences():
+    """ssm_vk.runtime.Sequence replaced by one that takes a GPU timestamp after each dispatch
+    (labelled by its kernel): every sequence recorded from here on in this process."""
+    from ssm_vk import runtime as rt
+
+    base = rt.Sequence
+
+    class Timed(base):
+        def dispatch(self, kernel, *args, **kw):
+            super().dispatch(kernel, *args, **kw)
+            self._n = getattr(self, "_n", 0) + 1
+            self.timestamp(f"{self._n}:{kernel.name}")
+
+    rt.Sequence = Timed
+
+
+def _problem(S, T, H, P, N, M, F, rng):
+    B = (S, T, M, 1, N) if M else (S, T, 1, N)
+    bias = (H, M, N) if M else (H, N)
+    f32 = np.float32
+    return dict(x=rng.standard_normal((S, T, H, P)).astype(f32), dt=np.full((S, T, H), 0.05, f32),
+                dA=np.full((S, T, H), -0.1, f32), lam=np.full((S, T, H), 0.5, f32),
+                B=(rng.standard_normal(B) / 11).astype(f32), C=(rng.standard_normal(B) / 11).astype(f32),
+                B_bias=(rng.standard_normal(bias) / 10).astype(f32),
+                C_bias=(rng.standard_normal(bias) / 10).astype(f32),
+                dtheta=(rng.standard_normal((S, T, H, F)) / 10).astype(f32))
+
+
+def _device_times(a, tune, reps):
+    """(family name, {kernel: ms}) of one forward's kernels under knobs ``tune``, its inputs
+    DeviceArrays (the best of ``reps`` runs of the recorded sequence)."""
+    import ssm_vk
+    from ssm_vk import config, run
+
+    dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
+    try:
+        with config.configure(tune=tune):
+            best: dict = {}
+            for _ in range(reps + 1):
+                r = ssm_vk.mamba3_scan(**dev)
+                t = run.last_sequence().gpu_times()
+                for a_, b_ in itertools.pairwise(t):
+                    if ":" in b_:
+                        ms = (t[b_] - t[a_]) * 1e-6
+                        best[b_] = min(best.get(b_, ms), ms)
+                for v in r:
+                    if v is not None:
+                        v.release()
+            from ssm_ref.mamba3_checks import check_mamba3_forward
+            from ssm_vk import mamba3_api
+
+            p = check_mamba3_forward(*(a[k] for k in ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias",
+                                                      "dtheta")), rotation="interleaved", dtype=np.float32)
+            name = mamba3_api.decide("mamba3_scan", p.dims).planned.first.family.name
+        return name, best
+    finally:
+        for v in dev.values():
+            v.release()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="1x512,8x2048", help="SxT,... (default 1x512,8x2048)")
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--P", type=int, default=64)
+    ap.add_argument("--N", type=int, default=128)
+    ap.add_argument("--F", type=int, default=32)
+    ap.add_argument("--M", type=int, default=0, help="MIMO rank (0: SISO)")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+
+    import ssm_vk
+    from ssm_vk import config
+
+    _timed_sequences()
+    rng = np.random.default_rng(0)
+    print(f"device: {ssm_vk.runtime.get_context().info.name}; H={args.H} P={args.P} N={args.N} F={args.F} "
+          f"{'M=' + str(args.M) if args.M else 'SISO'}")
+    for shape in args.shapes.split(","):
+        S, T = (int(v) for v in shape.lower().split("x"))
+        a = _problem(S, T, args.H, args.P, args.N, args.M, args.F, rng)
+        print(f"(S, T) = ({S}, {T})")
+        for label, tune in (("chunked", {"M3_CHUNK_MIN_T": 1}), ("token-sequential", {"M3_CHUNK": 0})):
+            name, times = _device_times(a, tune, args.reps)
+            with config.configure(tune=tune):
+                ssm_vk.mamba3_scan(**a)
+                wall = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    ssm_vk.mamba3_scan(**a)
+                    wall.append(time.perf_counter() - t0)
+            steps = ", ".join(f"{k.split(':', 1)[1]} {v:.3f}" for k, v in times.items())
+            print(f"  {label} ({name}): kernels {sum(times.values()):.3f} ms [{steps}]; "
+                  f"call from host arrays {min(wall) * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+#version 450
+// The chunked Mamba-3 forward's output, per (sequence i, chunk c, head h) and 64 channels of
+// the head (ssm_ref/mamba3_chunked.py): the chunk's rows a = t M + r (Lc M <= 64, one tile),
+//     A[a, b]   = W[t, s] (q_t^r · k_s^r')  for s <= t (b = s M + r'), 0 above the diagonal,
+//     W[t, s]   = exp(ℓ_{s+1} + ... + ℓ_t) (γ_s + [s < t] σ_s),
+//     y_t^r[p]  = Σ_b A[a, b] v_s^r'[p]  +  din_t Σ_n H'_in[p, n] q_t^r[n],
+//     din_t     = exp(ℓ_0 + ... + ℓ_t),  v_s^r' = psi^r' ⊙ x_s,
+// three products of the tile (m3c_tile.glsl): Q Kᵀ over N (A kept in shared memory), A V over
+// the chunk's rows, Q H'_inᵀ over N, each in index order. H'_in is what m3c_pass.comp left in hz.
+// The flag for a y that is not finite.
+//
+// Bindings and push constants: m3c_common.glsl's. Grid: S * NC * H * ceil(P / 64).
+
+#include "m3c_common.glsl"
+#include "m3c_tile.glsl"
+
+shared vec4 a4[TILE * TILE / 4u];  // A transposed: A[a][b] at (b, a), a row's four entries in a vec4
+shared float ell_sh[TILE];        // ℓ_s
+shared float gam_sh[TILE];        // γ_s
+shared float sig_sh[TILE];        // σ_s
+shared float din_sh[TILE];        // din_t
+
+// This invocation's entries (row, k0 + k) of Q and K (the chunk's rows from qk0 in qr, kr).
+void fetch_qk(uint qk0, uint rows, uint k0, out float qa[PER], out float ka[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint a = e / KS, k = e % KS;
+        qa[j] = 0.0;
+        ka[j] = 0.0;
+        if (k < kn && a < rows) {
+            uint at = qk0 + a * pc.N + k0 + k;
+            qa[j] = qr[at];
+            ka[j] = kr[at];
+        }
+    }
+}
+
+// This invocation's entries (row, k0 + k) of Q and of H'_in (rows p0 + row, from (hat + p) N in hz).
+void fetch_qh(uint qk0, uint hat, uint rows, uint p0, uint k0, out float qa[PER], out float hv[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint col = e / KS, k = e % KS;
+        qa[j] = 0.0;
+        hv[j] = 0.0;
+        if (k < kn) {
+            if (col < rows) qa[j] = qr[qk0 + col * pc.N + k0 + k];
+            uint p = p0 + col;
+            if (p < pc.P) hv[j] = hz[(hat + p) * pc.N + k0 + k];
+        }
+    }
+}
+
+void main() {
+    uint PT = (pc.P + TILE - 1u) / TILE;
+    uint wg = wg_index();
+    if (wg >= pc.S * pc.NC * pc.H * PT) return;
+    uint pt = wg % PT;
+    uint h = (wg / PT) % pc.H;
+    uint c = (wg / (PT * pc.H)) % pc.NC;
+    uint i = wg / (PT * pc.H * pc.NC);
+    uint tid = gl_LocalInvocationIndex;
+    uint t0 = c * pc.L;
+    uint Lc = min(pc.L, pc.T - t0);
+    uint rows = Lc * pc.M;
+    uint p0 = pt * TILE;
+    uint hs = i * pc.H + h;
+    uint r0 = 4u * tile_ty(), c0 = 4u * tile_tx();
+
+    if (tid < Lc) {
+        uint th_ = (i * pc.T + t0 + tid) * pc.H + h;
+        ell_sh[tid] = dA_in[th_];
+        gam_sh[tid] = lam_in[th_] * dt_in[th_];
+        sig_sh[tid] = tid + 1u < Lc ? dt_in[th_ + pc.H] * (1.0 - lam_in[th_ + pc.H]) : 0.0;
+    }
+    barrier();
+    if (tid < Lc) {
+        float s = 0.0;
+        for (uint u = 0u; u <= tid; ++u) s += ell_sh[u];
+        din_sh[tid] = exp(s);
+    }
+
+    // A = W ⊙ (Q Kᵀ): the chunk's rows against its rows, over N.
+    float acc[4][4];
+    tile_zero(acc);
+    uint qk0 = qk_row(i, h, t0, 0u) * pc.N;   // the chunk's first row of qr, kr
+    float va[PER], vb[PER];
+    fetch_qk(qk0, rows, 0u, va, vb);
+    for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
+        put_rows(va, vb);
+        barrier();
+        if (k0 + KS < pc.N) fetch_qk(qk0, rows, k0 + KS, va, vb);
+        tile_mma(acc, min(KS, pc.N - k0));
+        barrier();
+    }
+    // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
+    // block's rows in turn (each range the last one and the tokens after it).
+    [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+        uint b = c0 + v, s = b / pc.M;
+        float seg = 0.0;
+        uint upto = s;   // the range summed so far: ℓ_{s+1} .. ℓ_upto
+        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+            uint a = r0 + u, t = a / pc.M;
+            float w = 0.0;
+            if (a < rows && b < rows && s <= t) {
+                for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
+                w = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
+            }
+            a4[b * (TILE / 4u) + a / 4u][a % 4u] = w;
+        }
+    }
+    barrier();
+
+    // A V over the chunk's rows (A's slices read where they lie).
+    tile_zero(acc);
+    uint ty = tile_ty(), tx = tile_tx();
+    for (uint b0 = 0u; b0 < rows; b0 += KS) {
+        uint kn = min(KS, rows - b0);
+        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
+            uint k = e / TILE, col = e % TILE;   // (neighbours read neighbouring channels)
+            uint b = b0 + k, p = p0 + col;
+            float vv = 0.0;
+            if (k < kn && p < pc.P) {
+                uint s = b / pc.M, r = b % pc.M;
+                vv = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
+            }
+            stage_b(k, col, vv);
+        }
+        barrier();
+        for (uint k = 0u; k < kn; ++k) {
+            vec4 a = a4[(b0 + k) * (TILE / 4u) + ty];
+            vec4 bv = bs4[k * (TILE / 4u) + tx];
+            [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+                [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += a[u] * bv[v];
+            }
+        }
+        barrier();
+    }
+
+    // Q H'_inᵀ over N.
+    float acc2[4][4];
+    tile_zero(acc2);
+    uint hat = (hs * pc.NC + c) * pc.P;
+    fetch_qh(qk0, hat, rows, p0, 0u, va, vb);
+    for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
+        put_rows(va, vb);
+        barrier();
+        if (k0 + KS < pc.N) fetch_qh(qk0, hat, rows, p0, k0 + KS, va, vb);
+        tile_mma(acc2, min(KS, pc.N - k0));
+        barrier();
+    }
+
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        uint a = r0 + u;
+        if (a >= rows) continue;
+        uint t = a / pc.M, r = a % pc.M;
+        [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+            uint p = p0 + c0 + v;
+            if (p >= pc.P) continue;
+            float y = acc[u][v] + din_sh[t] * acc2[u][v];
+            y_out[(((i * pc.T + t0 + t) * pc.M + r) * pc.H + h) * pc.P + p] = y;
+            guard(y);
+        }
+    }
+}
