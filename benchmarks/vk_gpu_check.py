@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -55,6 +56,29 @@ def rel(got, want) -> float:
     w = np.asarray(want, dtype=np.float64)
     n = np.linalg.norm(w)
     return float(np.linalg.norm(g - w) / n) if n else float(np.linalg.norm(g))
+
+
+def vk_timed(forward, backward=None, where=None):
+    """() -> (GPU us, wall us) of ``forward()`` (and ``backward()`` after it, the two summed):
+    the wall time of the calls, the GPU time from their command buffers' timestamps
+    (ssm_vk.run.last_gpu_ns, read between the calls, outside the wall time). ``where``: a list
+    that gets the first result's ``where``."""
+    def call():
+        t0 = time.perf_counter()
+        r = forward()
+        t1 = time.perf_counter()
+        if where is not None and not where:
+            where.append(r.where)
+        gpu = vk_run.last_gpu_ns() or math.nan
+        if backward is None:
+            return gpu / 1e3, (t1 - t0) * 1e6
+        t2 = time.perf_counter()
+        backward()
+        t3 = time.perf_counter()
+        del r
+        return (gpu + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
+
+    return call
 
 
 def timed(fn, reps):

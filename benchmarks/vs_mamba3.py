@@ -29,6 +29,7 @@ import math
 import time
 
 import numpy as np
+from vk_gpu_check import vk_timed
 
 import ssm_vk
 from ssm_vk import run as vk_run
@@ -197,24 +198,8 @@ def ours_side(p: dict) -> dict:
             return ssm_vk.mamba3_scan(**dev, ids=ids, update_cache=True, **rot)
         return ssm_vk.mamba3_scan(**dev, **rot)
 
-    def fwd():
-        t0 = time.perf_counter()
-        r = call()
-        w = time.perf_counter() - t0
-        if not where:
-            where.append(r.where)
-        return (vk_run.last_gpu_ns() or math.nan) / 1e3, w * 1e6
-
-    def step():
-        t0 = time.perf_counter()
-        call()
-        t1 = time.perf_counter()
-        gf = vk_run.last_gpu_ns() or math.nan
-        t2 = time.perf_counter()
-        g = ssm_vk.mamba3_scan_back(**dev, g_y=dgy, **rot)
-        t3 = time.perf_counter()
-        where.append(g.where)
-        return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
+    fwd = vk_timed(call, where=where)
+    step = vk_timed(call, lambda: ssm_vk.mamba3_scan_back(**dev, g_y=dgy, **rot))
 
     prepared = []
 

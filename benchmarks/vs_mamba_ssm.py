@@ -96,7 +96,7 @@ from ssm_vk import run as vk_run
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import vs_mamba3 as m3
 from processes import Spread, children, fmt, spread, without
-from vk_gpu_check import inputs, rel
+from vk_gpu_check import inputs, rel, vk_timed
 from vk_speed import warm
 
 FORM = "log1p"   # dt_softplus of every ssm_vk and oracle call: torch's and mamba's softplus
@@ -216,24 +216,12 @@ def ours_side(p: dict, invariant: bool = False) -> dict:
     dgs = ssm_vk.to_device(p["g_states"]) if back else None
     where = []
 
-    def fwd():
-        t0 = time.perf_counter()
-        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
-        w = time.perf_counter() - t0
-        if not where:
-            where.append(r.where)
-        return (vk_run.last_gpu_ns() or math.nan) / 1e3, w * 1e6
+    def forward():
+        return ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
 
-    def step():
-        t0 = time.perf_counter()
-        r = ssm_vk.ssm_scan(**dev, ids=ids, dt_softplus=FORM, invariant=invariant)
-        t1 = time.perf_counter()
-        gf = vk_run.last_gpu_ns() or math.nan           # read between the calls, outside the wall time
-        t2 = time.perf_counter()
-        ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM, invariant=invariant)
-        t3 = time.perf_counter()
-        del r
-        return (gf + (vk_run.last_gpu_ns() or math.nan)) / 1e3, ((t1 - t0) + (t3 - t2)) * 1e6
+    fwd = vk_timed(forward, where=where)
+    step = vk_timed(forward, lambda: ssm_vk.ssm_scan_back(**dev, ids=ids, g_y=dgy, g_states=dgs, dt_softplus=FORM,
+                                                          invariant=invariant))
 
     prepared = {}
 

@@ -26,21 +26,7 @@
 
 layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 
-layout(std430, binding = 0) readonly buffer Bx { float x_in[]; };
-layout(std430, binding = 1) readonly buffer Bdt { float dt_in[]; };
-layout(std430, binding = 2) readonly buffer BdA { float dA_in[]; };
-layout(std430, binding = 3) readonly buffer Blam { float lam_in[]; };
-layout(std430, binding = 4) readonly buffer BB { float B_in[]; };
-layout(std430, binding = 5) readonly buffer BC { float C_in[]; };
-layout(std430, binding = 6) readonly buffer BBb { float Bb_in[]; };
-layout(std430, binding = 7) readonly buffer BCb { float Cb_in[]; };
-layout(std430, binding = 8) readonly buffer Bdth { float dth_in[]; };
-layout(std430, binding = 9) readonly buffer Bpsi { float psi_in[]; };
-layout(std430, binding = 10) readonly buffer Bsth { float sth_in[]; };
-layout(std430, binding = 11) readonly buffer Bsh { float sh_in[]; };
-layout(std430, binding = 12) readonly buffer Bsk { float sk_in[]; };
-layout(std430, binding = 13) readonly buffer Bsv { float sv_in[]; };
-layout(std430, binding = 14) readonly buffer Bids { uint ids_in[]; };
+#include "mamba3_inputs.glsl"
 
 layout(push_constant) uniform PC {
     uint S, T, H, P, G, F, R, gx, NPB, halved, K;
