@@ -1,7 +1,6 @@
-"""What ``ssm-scan check`` prints and writes, for the scan's check (ssm_cli.check) and any declared
-op's (ssm_cli.check_op): one output's record in the JSON, and the report as text -- the oracle's
-finite-difference line, the table of runs, what was not run or not given, each backend's summary
-and the failures."""
+"""What ``ssm-scan check`` (ssm_cli.check) prints and writes, for any declared op: one output's
+record in the JSON, and the report as text -- the oracle's finite-difference line, the table of
+runs, what was not run or not given, each backend's summary and the failures."""
 
 from __future__ import annotations
 

@@ -70,8 +70,10 @@ def reference(op: ops.Op, case, backward: bool) -> dict:
 
 def port_outputs(module, op: ops.Op, args: dict, cotangents: dict | None, keywords: dict | None = None) -> dict | None:
     """The port's forward outputs, and its gradients where ``cotangents`` are given (None when its
-    backward raises NotImplementedError: it has none)."""
-    out = dict(ports.call_op(module, op, args, keywords=keywords).arrays)
+    backward raises NotImplementedError: it has none); the extras a result carries (the scan's
+    snapshots) left out: these properties are of the declared outputs."""
+    r = ports.call_op(module, op, args, keywords=keywords)
+    out = {k: v for k, v in r.arrays.items() if k in op.output_names}
     if cotangents is not None:
         try:
             out.update(ports.call_op(module, op, args, cotangents, keywords=keywords).arrays)
