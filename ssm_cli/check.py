@@ -13,8 +13,6 @@ device-resident inputs (``resident``), the bit-for-bit invariance rows (``invari
 from __future__ import annotations
 
 import time
-from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -146,9 +144,9 @@ def _calls(port, op, c, device_resident: bool = False):
 def reference(op, c) -> dict:
     """The op's float64 reference on case ``c``, read as a port's results are: outputs (the
     extras the case asks for, such as K snapshots, too) and gradients by name."""
-    ref = SimpleNamespace(NAME="reference", **{op.name: partial(op.forward, dtype=np.float64),
-                                               op.backward_name: partial(op.backward, dtype=np.float64)})
-    r, g, _ = _calls(ref, op, c)
+    from ssm_ref.testing import ports
+
+    r, g, _ = _calls(ports.reference_port(op), op, c)
     return {**r.arrays, **g.arrays}
 
 

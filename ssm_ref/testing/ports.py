@@ -47,6 +47,8 @@ import importlib
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,6 +71,7 @@ __all__ = [
     "normalise",
     "origin",
     "port_name",
+    "reference_port",
     "snapshot_keywords",
     "snapshot_kind",
     "support",
@@ -214,6 +217,13 @@ def case_keywords(case, backward: bool = False) -> dict:
     ``g_snapshots``), :func:`snapshot_keywords`."""
     return {**(getattr(case, "keywords", None) or {}),
             **snapshot_keywords(getattr(case, "K", 1), getattr(case, "g_snapshots", None), backward)}
+
+
+def reference_port(op: Op, dtype=np.float64):
+    """The op's declared reference (forward and backward) as a port computing in ``dtype``: the
+    oracle the kit and ``ssm-scan check`` call through :func:`call_op`, read as any port is."""
+    return SimpleNamespace(NAME="reference", **{op.name: partial(op.forward, dtype=dtype),
+                                                op.backward_name: partial(op.backward, dtype=dtype)})
 
 
 def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None, keywords: Mapping | None = None

@@ -118,15 +118,12 @@ def oracle(args: dict, g_y, g_states, backward: bool = True, *, K: int = 1, g_sn
            slots: int = 0) -> dict:
     """The float64 oracle's outputs (ssm_ref with dtype=np.float64): K and ``g_snapshots`` as
     :func:`run`, "snapshots" its first ``slots`` slots (none: left out)."""
-    import ssm_ref
-
-    r = ssm_ref.ssm_scan(**args, dtype=np.float64, snapshots=K)
-    out = {"y": r.y, "states": r.states, "snapshots": r.snapshots}
+    ref = ports.reference_port(SCAN)
+    out = dict(ports.call_op(ref, SCAN, args, keywords={"snapshots": K}).arrays)
     _slots(out, slots)
     if backward:
-        g = ssm_ref.ssm_scan_back(**args, g_y=g_y, g_states=g_states, dtype=np.float64,
-                                  g_snapshots=g_snapshots if K > 1 else None)
-        out.update(g.as_dict())
+        out.update(ports.call_op(ref, SCAN, args, {"g_y": g_y, "g_states": g_states},
+                                 ports.snapshot_keywords(K, g_snapshots, backward=True)).arrays)
     return out
 
 
