@@ -1,25 +1,25 @@
-"""``ssm-scan check``: every backend against the float64 oracle, with the tests' tolerance table.
+"""``ssm-scan check``: every backend against the float64 reference of an op (the scan, or ``--op
+NAME`` any op declared in ssm_ref.ops), with the op's tolerance table, by its declaration.
 
-First the oracle itself is checked: its gradients against finite differences of its forward.
-Then each backend runs the forward and the backward of a set of problems (Mamba-1 and Mamba-2,
-groups, permuted and shared cache rows, d_state that is no power of two, ggml's layouts) and every
-output is judged against the oracle with ``ssm_ref.tolerance`` -- the table the test suite uses.
+First the reference itself is checked: its gradients against finite differences of its forward.
+Then each backend runs the forward and the backward of the op's fixed problems (its declared
+``cases``; the scan's: Mamba-1 and Mamba-2, groups, permuted and shared cache rows, d_state that
+is no power of two, ggml's layouts, K state snapshots) and every output is judged against the
+reference with the op's tolerance (ssm_ref.tolerance, scaled as the op declares) -- the table the
+test suite uses. What the op declares besides adds to it: the first problem again with a port's
+device-resident inputs (``resident``), the bit-for-bit invariance rows (``invariance``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from ssm_ref.ops import SCAN
-
 from . import backends as bk
-from . import check_invariance, check_op, common
-from .check_report import output_record, render
+from . import check_invariance, common
+from .check_report import FD_SAMPLES, output_record, render
 from .progress import Progress
-from .shapes import SHAPES, Shape, make_inputs
 
 HELP = "check every backend against the float64 reference; exit 1 on any result out of tolerance"
 DESCRIPTION = """Check every backend against the float64 reference, with the tests' tolerance table.
@@ -29,7 +29,8 @@ named by --backend), compares every output with the float64 reference (ssm_ref w
 itself checked against finite differences first) and prints, per backend and problem, where it
 ran, the norm-relative error of each output and PASS/FAIL against the tolerance table of
 ssm_ref/tolerance.py (the one the tests, ssm_ref.testing.verify and the fuzzer use; bounds grow as
-T/16 beyond 16 tokens). Run it after installing a new driver.
+T/16 beyond 16 tokens). Run it after installing a new driver. --op NAME checks another declared
+op (mamba3_scan) on its own problems, by its declaration.
 
 Exit code 1 when a result is out of tolerance or a backend raises; 2 when a backend named by
 --backend cannot run here (no Vulkan device, no ggml build, ...): the message says why.
@@ -56,49 +57,15 @@ too (ggml's: the slots k < T it writes), the backward with the snapshots' loss t
 listed as not run on a backend that declares none, or whose supports() declines them (a ggml
 build without K)."""
 
-
-@dataclass(frozen=True)
-class Problem:
-    name: str
-    shape: Shape
-    R: int | None = None     # rows of the state cache (default S)
-    ids: str = "none"        # "none" | "permutation" | "duplicates"
-    what: str = ""
-    K: int = 1               # state snapshots (snapshots=K)
-
-
-QUICK = (
-    Problem("mamba2", Shape("mamba2", N=16, P=8, H=4, G=2, T=16, S=2), R=3, ids="permutation",
-            what="Mamba-2, 2 groups, 2 of 3 cache rows in shuffled order"),
-    Problem("mamba1", Shape("mamba1", N=16, P=1, H=8, G=1, T=20, S=1, mamba1=True),
-            what="Mamba-1: A (H, N)"),
-    Problem("shared-rows", Shape("shared-rows", N=5, P=3, H=2, G=1, T=17, S=3), R=2, ids="duplicates",
-            what="3 sequences on 2 cache rows, N = 5 (no power of two)"),
-    Problem("ggml", Shape("ggml", N=128, P=16, H=2, G=1, T=8, S=1),
-            what="a layout ggml's Vulkan kernels take: d_state 128, head_dim 16"),
-    Problem("snapshots", Shape("snapshots", N=16, P=8, H=4, G=2, T=3, S=2), R=3, ids="permutation", K=4,
-            what="K = 4 state snapshots over T = 3 tokens: slot 3 the start state, ggml writes slots 0-2"),
-)
-FULL = (
-    *QUICK,
-    Problem("demo", SHAPES["demo"], what="the demo shape (Mamba-2, d_state 128, head_dim 64)"),
-    Problem("n256", Shape("n256", N=256, P=16, H=4, G=2, T=40, S=2), what="d_state 256, 2 groups"),
-    Problem("n256-odd", Shape("n256-odd", N=256, P=16, H=3, G=1, T=9, S=1),
-            what="d_state 256 with H*P = 48, no multiple of 32 (a layout ggml's Vulkan kernel takes)"),
-    Problem("mamba1-long", Shape("mamba1-long", N=16, P=1, H=64, G=1, T=300, S=2, mamba1=True),
-            what="Mamba-1, T not a multiple of the checkpoint interval"),
-    Problem("many-groups", Shape("many-groups", N=64, P=32, H=8, G=4, T=33, S=3), R=5, ids="permutation",
-            what="4 groups, 3 of 5 cache rows"),
-    Problem("no-tokens", Shape("no-tokens", N=8, P=4, H=2, G=1, T=0, S=2), what="T = 0"),
-    Problem("snapshots-long", Shape("snapshots-long", N=128, P=16, H=4, G=2, T=40, S=2), K=5,
-            what="K = 5 state snapshots of a 40-token scan, d_state 128"),
-)
-FD_PROBLEMS = ("mamba2", "mamba1")
+FD_H = 1e-3           # SPEC.md section 10: 4th-order stencil, truncation and rounding near 1e-12
+FD_RTOL, FD_ATOL = 1e-7, 1e-11
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--quick", action="store_true", help=f"only the {len(QUICK)} small problems "
-                                                        f"(default: all {len(FULL)})")
+    from ssm_ref.testing.cases import CHECK_MORE, CHECK_QUICK
+
+    p.add_argument("--quick", action="store_true", help=f"only the {len(CHECK_QUICK)} small problems "
+                                                        f"(default: all {len(CHECK_QUICK) + len(CHECK_MORE)})")
     common.add_backend(p, "check")
     common.add_op(p)
     common.add_device(p)
@@ -108,36 +75,92 @@ def add_arguments(p) -> None:
     common.add_verbose(p)
 
 
-def _run_one(mod, kw, g_y, g_states, device_resident: bool, K: int = 1, g_snapshots=None):
-    """Forward and backward of ``mod`` through ssm_ref.testing.ports (the reading verify and the fuzzer
-    use), with K state snapshots: (forward PortResult, backward PortResult or the
-    NotImplementedError of a port without a backward, seconds)."""
+def fd_check(op, args: dict, cotangents: dict, rng, keywords: dict | None = None) -> dict:
+    """The float64 reference's gradients of ``op`` (ssm_ref.ops) against finite differences of its
+    forward, on :data:`FD_SAMPLES` entries of every float input given (not None), the loss the sum
+    of each output times its cotangent, ``keywords`` (a case's, such as Mamba-3's rotation) passed
+    to every call: {gradient: (max |fd - analytic|, bound)}."""
+    from ssm_ref.testing.properties.generic import output_of, reference_of
+
+    args = {k: (np.asarray(v, dtype=np.float64) if v is not None and np.asarray(v).dtype.kind == "f" else v)
+            for k, v in args.items()}
+    cot = {k: np.asarray(v, dtype=np.float64) for k, v in cotangents.items()}
+    kw = dict(keywords or {})
+    grads = reference_of(op, args, cot, kw)
+
+    def loss(**over) -> float:
+        r = op.forward(*(over.get(n, args.get(n)) for n in op.input_names), dtype=np.float64, **kw)
+        return float(sum(np.sum(np.asarray(output_of(r, o)) * cot["g_" + o]) for o in op.output_names))
+
+    out = {}
+    for name, gname in op.grad_of.items():
+        if args.get(name) is None or grads.get(gname) is None or np.asarray(args[name]).size == 0:
+            continue
+        base = args[name]
+        grad = np.asarray(grads[gname], dtype=np.float64)
+        fds, ans = [], []
+        for flat in rng.choice(base.size, size=min(FD_SAMPLES, base.size), replace=False):
+            i = np.unravel_index(flat, base.shape)
+            f = {}
+            for k in (-2, -1, 1, 2):
+                moved = base.copy()
+                moved[i] += k * FD_H
+                f[k] = loss(**{name: moved})
+            fds.append((f[-2] - 8 * f[-1] + 8 * f[1] - f[2]) / (12 * FD_H))
+            ans.append(grad[i])
+        fds_a, ans_a = np.array(fds), np.array(ans)
+        err = float(np.max(np.abs(fds_a - ans_a))) if fds else 0.0
+        bound = FD_RTOL * float(np.max(np.abs(fds_a), initial=0.0)) + FD_ATOL
+        out[gname] = (err, bound)
+    return out
+
+
+def _name(c) -> str:
+    return c.name or c.label
+
+
+def _calls(port, op, c, device_resident: bool = False):
+    """Forward and backward of ``port`` on case ``c`` through ssm_ref.testing.ports (the reading
+    verify and the fuzzer use), the case's keywords with them (K state snapshots included);
+    ``device_resident``: its float inputs and the cotangents through the port's ``to_device``.
+    (forward PortResult, backward PortResult or the NotImplementedError of a port without a
+    backward, seconds)."""
     from ssm_ref.testing import ports
 
+    args, cot = c.args(), dict(c.cotangents)
     if device_resident:
-        kw = {k: (mod.to_device(v) if isinstance(v, np.ndarray) and k != "ids" else v) for k, v in kw.items()}
-        g_y, g_states = mod.to_device(g_y), mod.to_device(g_states)
-    name = ports.port_name(mod)
-    pos = ports.args_of(kw)
+        args = {k: (port.to_device(v) if isinstance(v, np.ndarray) and k in op.float_inputs else v)
+                for k, v in args.items()}
+        cot = {k: port.to_device(v) for k, v in cot.items()}
     t0 = time.perf_counter()
-    r = ports.call(mod.ssm_scan, "ssm_scan", pos, backend=name, K=K)
+    r = ports.call_op(port, op, args, keywords=ports.case_keywords(c))
     try:
-        g = ports.call(mod.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name, K=K,
-                       g_snapshots=g_snapshots)
+        g = ports.call_op(port, op, args, cot, ports.case_keywords(c, backward=True))
     except NotImplementedError as e:
         g = e
     return r, g, time.perf_counter() - t0
 
 
-def not_run(b: bk.Backend, prob: Problem, kw) -> str:
-    """Why ``b`` does not run ``prob`` ("" when it does): a problem of K > 1 state snapshots on a
+def reference(op, c) -> dict:
+    """The op's float64 reference on case ``c``, read as a port's results are: outputs (the
+    extras the case asks for, such as K snapshots, too) and gradients by name."""
+    from ssm_ref.testing import ports
+
+    r, g, _ = _calls(ports.reference_port(op), op, c)
+    return {**r.arrays, **g.arrays}
+
+
+def not_run(b: bk.Backend, op, c) -> str:
+    """Why ``b`` does not run case ``c`` ("" when it does): a problem of K > 1 state snapshots on a
     backend that declares no SNAPSHOTS, or whose supports() declines them."""
     from ssm_ref.testing import ports
 
-    if prob.K == 1:
+    if getattr(c, "K", 1) == 1:
         return ""
+    args = c.args()
     try:
-        sup = ports.support(b.module.supports("ssm_scan", *ports.args_of(kw), snapshots=prob.K))
+        sup = ports.support(b.module.supports(op.name, *(args.get(n) for n in op.input_names),
+                                              **ports.case_keywords(c)))
     except Exception:  # no snapshots keyword, or a supports() that raises: the run reports it
         sup = None
     if not ports.snapshot_kind(b.module):   # its supports' reason says why, when it has one (ggml's)
@@ -146,119 +169,106 @@ def not_run(b: bk.Backend, prob: Problem, kw) -> str:
     return "" if sup is None or sup.ok else sup.reason or "its supports() declines it"
 
 
-def check_backend(b: bk.Backend, prob: Problem, kw, g_y, g_states, oracle, device_resident=False,
-                  g_snapshots=None) -> dict:
-    """Run one backend on one problem and compare every output it gives with the oracle, with the
-    tolerance table scaled for the problem's T (ssm_ref.tolerance.scaled). An output the port
-    does not give (d_s from a 6-tuple or the packed layout) is listed in ``not_given``; an
-    exception is recorded with its traceback. A problem of K > 1 state snapshots: the snapshot
-    slots the backend's SNAPSHOTS says it writes, against the states' bound."""
+def check_backend(b: bk.Backend, op, c, want: dict, device_resident: bool = False) -> dict:
+    """Run one backend on one case and compare every output it gives with the reference ``want``,
+    with the op's tolerance for the case's T. An output the port does not give (the scan's d_s
+    from a 6-tuple or the packed layout) is listed in ``not_given``; an exception is recorded
+    with its traceback. A case of K > 1 state snapshots: the snapshot slots the backend's
+    SNAPSHOTS says it writes, against the states' bound."""
     from ssm_ref.testing import ports
-    from ssm_ref.tolerance import F32_TOL, OUTPUTS, compare, scaled
+    from ssm_ref.tolerance import compare
 
-    label = prob.name + (" (device)" if device_resident else "")
+    label = _name(c) + (" (device)" if device_resident else "")
     row = {"backend": b.name, "problem": label, "ok": False, "where": "-", "computed_by": None,
            "outputs": {}, "not_given": [], "no_backward": None, "error": None, "traceback": None}
     try:
-        r, g, secs = _run_one(b.module, kw, g_y, g_states, device_resident, prob.K, g_snapshots)
+        r, g, row["seconds"] = _calls(b.module, op, c, device_resident)
     except Exception as e:  # a broken backend is a failed check, reported, not a crash
-        row["error"] = ports.error_text(e)
-        row["traceback"] = ports.traceback_text(e) or None
+        row["error"], row["traceback"] = ports.error_text(e), ports.traceback_text(e) or None
         return row
-    row["seconds"] = secs
     if isinstance(g, NotImplementedError):
         row["no_backward"] = ports.error_text(g)
-        g = ports.PortResult("ssm_scan_back", {}, r.where, r.backend)
+        g = ports.PortResult(op.backward_name, {}, r.where, r.backend)
     row["where"] = "/".join(sorted({r.where, g.where}))
     row["computed_by"] = "/".join(sorted({r.backend, g.backend}))
     got = {**r.arrays, **g.arrays}
-    tol = scaled(F32_TOL, prob.shape.T)
+    tol = op.tol(c.dims.get("T"))
     ok = True
-    for out in OUTPUTS:
-        if row["no_backward"] and out not in SCAN.output_names:
+    for name in (*op.output_names, *op.grad_names):
+        if name not in got:
+            if not (row["no_backward"] and name in op.grad_names):
+                row["not_given"].append(name)
             continue
-        if out not in got:
-            row["not_given"].append(out)
-            continue
-        c = compare(out, got[out], oracle[out], tol[out])
-        row["outputs"][out] = output_record(c, f"{b.name} {label}")
-        ok &= c.ok
-    if prob.K > 1:
-        n = ports.compared_slots(ports.snapshot_kind(b.module), prob.K, prob.shape.T)
+        if got[name] is None or want.get(name) is None:
+            continue        # the gradient of an input the case left None (d_psi): nothing to check
+        cmp = compare(name, got[name], want[name], tol[name])
+        row["outputs"][name] = output_record(cmp, f"{b.name} {label}")
+        ok &= cmp.ok
+    K = getattr(c, "K", 1)
+    if K > 1:
+        n = ports.compared_slots(ports.snapshot_kind(b.module), K, c.dims["T"])
         if "snapshots" not in got:
             row["not_given"].append("snapshots")
             ok = False
         else:
-            c = compare("snapshots", got["snapshots"][:n], oracle["snapshots"][:n], tol["states"])
-            row["outputs"]["snapshots"] = output_record(c, f"{b.name} {label}")
-            ok &= c.ok
+            cmp = compare("snapshots", got["snapshots"][:n], want["snapshots"][:n], tol["states"])
+            row["outputs"]["snapshots"] = output_record(cmp, f"{b.name} {label}")
+            ok &= cmp.ok
     row["ok"] = ok
     return row
 
 
 def run(args) -> int:
     import ssm_ref
-    from ssm_ref.tolerance import F32_TOL, OUTPUTS
+    from ssm_ref.testing import ports
+    from ssm_ref.testing.properties.generic import keywords_of
 
     common.check_json_dest(args)
     names = common.split_list(args.backend, "--backend")
     backs = bk.require(bk.resolve(names or None, args.device, ggml_isolate=not args.in_process, op=args.op))
-    if args.op != ssm_ref.ops.SCAN.name:
-        return check_op.run(args, ssm_ref.ops.get(args.op), backs)
-    problems = QUICK if args.quick else FULL
-    report = {"ok": True, "quick": bool(args.quick), "seed": args.seed,
-              "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in F32_TOL.items()},
-              "problems": [{"name": p.name, "dims": p.shape.dims, "variant": p.shape.variant,
-                            "R": p.R or p.shape.S, "ids": p.ids, "what": p.what} for p in problems],
+    op = ssm_ref.ops.get(args.op)
+    cases = list(ports.kit_part(op, "cases")(quick=bool(args.quick), seed=args.seed))
+    in_ref = op.forward.__module__.partition(".")[0] == "ssm_ref"
+    report = {"ok": True, "op": op.name, "reference": "ssm_ref" if in_ref else f"{op.name}'s reference in",
+              "quick": bool(args.quick), "seed": args.seed, "columns": [*op.output_names, *op.grad_names],
+              "tolerance": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in op.tol().items()},
+              "problems": [{"name": _name(c), "dims": c.dims, "what": c.what} for c in cases],
               "backends": [{"name": b.name, "available": b.available, "reason": b.reason,
                             "where": b.where() if b.available else None} for b in backs],
-              "oracle": {}, "runs": [], "not_run": []}
+              "oracle": {}, "runs": [], "not_run": [], "invariance": []}
     runnable = [b for b in backs if b.available]
-    steps = len(problems) * (1 + len(runnable)) + sum(1 for b in runnable if hasattr(b.module, "to_device"))
-    steps += len(runnable)
-    report["invariance"] = []
-    prog = Progress(steps, args.verbose)
-    inputs = {}
+    resident = [b for b in runnable if op.resident and hasattr(b.module, "to_device")]
+    prog = Progress(len(cases) * (1 + len(runnable)) + len(resident)
+                    + (len(runnable) if op.invariance is not None else 0), args.verbose)
+    wants = []
     try:
-        for k, p in enumerate(problems):
-            prog.update(f"oracle (float64) on {p.name}")
-            kw, g_y, g_states = make_inputs(p.shape, args.seed + k, R=p.R, ids=p.ids)
-            g_snap = None
-            if p.K > 1:   # the snapshots' loss term: the backward of a port with one is checked with it
-                g_snap = np.random.default_rng(args.seed + 200 + k).uniform(
-                    -1, 1, (p.K, p.shape.S, p.shape.H, p.shape.P, p.shape.N)).astype(np.float32)
-            r64 = ssm_ref.ssm_scan(**kw, dtype=np.float64, snapshots=p.K)
-            g64 = ssm_ref.ssm_scan_back(**kw, g_y=g_y, g_states=g_states, dtype=np.float64, g_snapshots=g_snap)
-            oracle = {"y": r64.y, "states": r64.states, "snapshots": r64.snapshots,
-                      **{o: getattr(g64, o) for o in OUTPUTS[2:]}}
-            inputs[p.name] = (kw, g_y, g_states, oracle, g_snap)
-            if p.name in FD_PROBLEMS:
-                fd = check_op.fd_check(ssm_ref.ops.SCAN, kw, {"g_y": g_y, "g_states": g_states},
-                              np.random.default_rng(args.seed + 100 + k))
-                report["oracle"][p.name] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
-            prog.update(f"oracle (float64) on {p.name}", advance=1)
+        for k, c in enumerate(cases):
+            prog.update(f"oracle (float64) on {_name(c)}")
+            wants.append(reference(op, c))
+            if k < 2:
+                fd = fd_check(op, c.args(), c.cotangents, np.random.default_rng(args.seed + 100 + k), keywords_of(c))
+                report["oracle"][_name(c)] = {n: {"err": e, "bound": bd, "ok": e <= bd} for n, (e, bd) in fd.items()}
+            prog.update(f"oracle (float64) on {_name(c)}", advance=1)
         for b in runnable:
-            for k, p in enumerate(problems):
-                prog.update(f"{b.name} on {p.name}")
-                kw, g_y, g_states, oracle, g_snap = inputs[p.name]
-                why = not_run(b, p, kw)
+            for k, (c, want) in enumerate(zip(cases, wants, strict=True)):
+                prog.update(f"{b.name} on {_name(c)}")
+                why = not_run(b, op, c)
                 if why:
-                    report["not_run"].append({"backend": b.name, "problem": p.name, "reason": why})
+                    report["not_run"].append({"backend": b.name, "problem": _name(c), "reason": why})
                 else:
-                    report["runs"].append(check_backend(b, p, kw, g_y, g_states, oracle, g_snapshots=g_snap))
-                if k == 0 and hasattr(b.module, "to_device"):
-                    prog.update(f"{b.name} on {p.name}, device-resident inputs", advance=1)
-                    report["runs"].append(check_backend(b, p, kw, g_y, g_states, oracle, device_resident=True,
-                                                        g_snapshots=g_snap))
-                prog.update(f"{b.name} on {p.name}", advance=1)
-            prog.update(f"{b.name}: batch and split invariance")
-            report["invariance"] += check_invariance.rows(b, args.seed)
-            prog.update(f"{b.name}: batch and split invariance", advance=1)
+                    report["runs"].append(check_backend(b, op, c, want))
+                if k == 0 and b in resident:
+                    prog.update(f"{b.name} on {_name(c)}, device-resident inputs", advance=1)
+                    report["runs"].append(check_backend(b, op, c, want, device_resident=True))
+                prog.update(f"{b.name} on {_name(c)}", advance=1)
+            if op.invariance is not None:
+                prog.update(f"{b.name}: batch and split invariance")
+                report["invariance"] += check_invariance.rows(b, op, args.seed)
+                prog.update(f"{b.name}: batch and split invariance", advance=1)
     finally:
         prog.close()
-    fd_ok = all(v["ok"] for per in report["oracle"].values() for v in per.values())
-    report["oracle_ok"] = fd_ok
-    report["ok"] = fd_ok and all(r["ok"] for r in report["runs"])   # invariance: information only
+    report["oracle_ok"] = all(v["ok"] for per in report["oracle"].values() for v in per.values())
+    report["ok"] = report["oracle_ok"] and all(r["ok"] for r in report["runs"])   # invariance: information only
     common.say(args, render(report))
     common.write_json(args, report)
     return common.EXIT_OK if report["ok"] else common.EXIT_FAIL

@@ -1,7 +1,6 @@
-"""What ``ssm-scan check`` prints and writes, for the scan's check (ssm_cli.check) and any declared
-op's (ssm_cli.check_op): one output's record in the JSON, and the report as text -- the oracle's
-finite-difference line, the table of runs, what was not run or not given, each backend's summary
-and the failures."""
+"""What ``ssm-scan check`` (ssm_cli.check) prints and writes, for any declared op: one output's
+record in the JSON, and the report as text -- the oracle's finite-difference line, the table of
+runs, what was not run or not given, each backend's summary and the failures."""
 
 from __future__ import annotations
 
@@ -20,21 +19,21 @@ def output_record(c, label: str) -> dict:
 
 
 def render(rep: dict) -> str:
-    from ssm_ref.tolerance import OUTPUTS, share_text
+    from ssm_ref.tolerance import share_text
 
     out = []
     for name, per in rep["oracle"].items():
         worst_k, worst = max(per.items(), key=lambda kv: kv[1]["err"] / kv[1]["bound"])
         ok = all(v["ok"] for v in per.values())
         used = worst["err"] / worst["bound"]
-        out.append(f"oracle: {rep.get('reference', 'ssm_ref')} float64 gradients vs 4th-order finite differences "
+        out.append(f"oracle: {rep['reference']} float64 gradients vs 4th-order finite differences "
                    f"({FD_SAMPLES} entries of each input) on {name}: {'PASS' if ok else 'FAIL'}, worst {worst_k} "
                    f"|error| {sci(worst['err'])} = {share_text(used)}" + (" of its bound" if used <= 1 else ""))
     out.append("each float32 backend vs the float64 oracle: norm-relative error per output; "
                "PASS = every output within ssm_ref/tolerance.py (! marks a miss)")
     out.append("")
     rows = []
-    cols = (*rep.get("columns", OUTPUTS),
+    cols = (*rep["columns"],
             *(("snapshots",) if any("snapshots" in r["outputs"] for r in rep["runs"]) else ()))
     for r in rep["runs"]:
         cells = [r["problem"], r["backend"], r["where"]
@@ -47,7 +46,7 @@ def render(rep: dict) -> str:
                       else "-" for o in cols]
             cells.append("PASS" if r["ok"] else "FAIL")
         rows.append(cells)
-    inv = rep.get("invariance", [])
+    inv = rep["invariance"]
     rows += check_invariance.table_rows(inv, cols, {r["backend"]: r["where"] for r in rep["runs"] if not r["error"]})
     if rows:
         out.append(table(["problem", "backend", "where", *cols, "result"], rows,
@@ -59,7 +58,7 @@ def render(rep: dict) -> str:
     no_bwd = {r["backend"]: r["no_backward"] for r in rep["runs"] if r.get("no_backward")}
     for backend, why in no_bwd.items():
         out.append(f"{backend}: no backward ({why}); its gradients are not checked (-)")
-    for n in rep.get("not_run", ()):
+    for n in rep["not_run"]:
         out.append(f"{n['backend']}: {n['problem']} not run: {n['reason']}")
     for b in rep["backends"]:  # those asked for by name stopped the command before (exit code 2)
         if not b["available"]:

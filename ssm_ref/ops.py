@@ -86,7 +86,16 @@ class Op:
     cases; properties: name -> Property, those that apply to this op; golden: name -> (what it
     exercises, make_case's keyword arguments, seed included), the fixed cases of ``ssm-scan vectors
     --op`` (None: its ``cases(quick=True, seed=0)``; the scan's are ssm_ref.testing.vectors.GOLDEN).
-    letters: what each shape letter means."""
+    letters: what each shape letter means.
+    What a port's result may differ in, and what ``ssm-scan check`` adds, also declared here (the
+    scan's; none for most ops): extras, the outputs a forward gives only when a keyword asks for
+    them (the scan's snapshots, with snapshots=K); may_omit, the outputs and gradients a result may
+    leave out (the scan's d_s: a 6-tuple or ggml's packed layout gives none); unpack(array, args,
+    keywords, backward) -> arrays by name, the reading of a result given as one packed 1-D array
+    (ValueError when it does not fit); scaled(table, T) -> the tolerance of a problem of T tokens;
+    resident: a port's ``to_device`` arrays are inputs its functions take (``ssm-scan check`` runs
+    its first problem so too); invariance(module, kind, seed) -> the bit-for-bit reports ("batch",
+    "split") ``ssm-scan check`` prints as information, a kit part."""
 
     name: str
     summary: str
@@ -105,6 +114,12 @@ class Op:
     properties: object = None
     golden: object = None
     letters: Mapping = field(default_factory=dict)
+    extras: tuple = ()
+    may_omit: tuple = ()
+    unpack: object = None
+    scaled: object = None
+    resident: bool = False
+    invariance: object = None
 
     # (the names below are derived once per op: the call paths read them)
     @cached_property
@@ -140,9 +155,11 @@ class Op:
             out.setdefault(g.of, g.name)
         return out
 
-    def tol(self) -> Mapping:
-        """The tolerance table (the declared one, or what its function returns)."""
-        return self.tolerance() if callable(self.tolerance) else self.tolerance
+    def tol(self, T: int | None = None) -> Mapping:
+        """The tolerance table (the declared one, or what its function returns); given T, that of a
+        problem of T tokens (``scaled``, where the op declares it)."""
+        table = self.tolerance() if callable(self.tolerance) else self.tolerance
+        return table if T is None or self.scaled is None else self.scaled(table, T)
 
 
 OPS: dict[str, Op] = {}
@@ -202,6 +219,18 @@ def _scan_tolerance() -> Mapping:
     return F32_TOL
 
 
+def _scan_scaled(table: Mapping, T: int) -> Mapping:
+    from .tolerance import scaled
+
+    return scaled(table, T)
+
+
+def _scan_unpack(packed, args: Mapping, keywords: Mapping, backward: bool) -> dict:
+    from .packing import unpack_result
+
+    return unpack_result(packed, args, keywords, backward)
+
+
 def _check_forward(*args, **kw):
     from .checks import check_forward
 
@@ -247,11 +276,18 @@ SCAN = register(Op(
     tolerance=_scan_tolerance,
     state=(("s", "states"),),
     make_case="ssm_ref.testing.cases:make_problem",
+    cases="ssm_ref.testing.cases:check_cases",
     strategy="ssm_ref.testing.strategies:problems",
     properties="ssm_ref.testing.properties:PROPERTIES",
     letters={"S": "sequences", "T": "tokens per sequence", "H": "heads", "P": "channels per head",
              "N": "state size", "G": "groups of heads sharing B and C", "R": "rows of the state cache",
              "K": "state snapshots (snapshots=K)"},
+    extras=(Output("snapshots", "KSHPN", "the K state snapshots, with snapshots=K (docs/SPEC.md section 3.1)"),),
+    may_omit=("d_s",),
+    unpack=_scan_unpack,
+    scaled=_scan_scaled,
+    resident=True,
+    invariance="ssm_ref.testing.properties.invariance:check_reports",
 ))
 
 

@@ -15,10 +15,12 @@ from .checks import Dims
 
 __all__ = [
     "BACKWARD_BLOCKS",
+    "dims_of",
     "pack_backward",
     "pack_forward",
     "unpack_backward",
     "unpack_forward",
+    "unpack_result",
     "unpack_snapshots",
 ]
 
@@ -83,3 +85,36 @@ def unpack_backward(packed, dims: Dims) -> dict[str, np.ndarray]:
         out[name] = arr[o:o + n].reshape(shapes[name]).copy()
         o += n
     return out
+
+
+def _shape(a) -> tuple:
+    s = getattr(a, "shape", None)
+    return tuple(int(v) for v in (s if s is not None else np.shape(a)))
+
+
+def dims_of(args, K: int = 1) -> Dims | None:
+    """The Dims of the scan's inputs by name (s, x, A, B, ...; arrays or anything with a shape)
+    with K state slots, or None when their shapes do not make a problem (then a packed result
+    cannot be unpacked)."""
+    try:
+        R, H, P, N = _shape(args["s"])
+        S, T, _, _ = _shape(args["x"])
+        G = _shape(args["B"])[2]
+        a_shape = _shape(args["A"])
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=a_shape == (H, N) and N > 1, a_shape=a_shape, K=K)
+
+
+def unpack_result(packed, args, keywords, backward: bool) -> dict[str, np.ndarray]:
+    """A port's result given as ggml's packed 1-D array, by name: the forward's y and states (and,
+    with ``keywords`` snapshots=K > 1, the K "snapshots"), or the backward's six blocks. ``args``:
+    the call's inputs by name, which give the sizes. Raises ValueError when it does not fit them."""
+    K = int((keywords or {}).get("snapshots", 1) or 1)
+    dims = dims_of(args, K)
+    if dims is None:
+        raise ValueError("the inputs' shapes do not say how to unpack it")
+    if backward:
+        return unpack_backward(packed, dims)
+    y, states = unpack_forward(packed, dims)
+    return {"y": y, "states": states, **({"snapshots": unpack_snapshots(packed, dims)} if K > 1 else {})}

@@ -44,8 +44,11 @@ __all__ = [
     "INPUT_NAMES",
     "ORACLE_REGIMES",
     "REGIMES",
+    "CHECK_MORE",
+    "CHECK_QUICK",
     "Case",
     "OpCase",
+    "check_cases",
     "make_problem",
 ]
 
@@ -85,6 +88,8 @@ class Case:
     recipe: dict | None = None
     K: int = 1
     g_snapshots: np.ndarray | None = field(default=None, repr=False)
+    name: str = ""                  # a short name for reports (check's problems); empty: the label
+    what: str = ""                  # what the case exercises, for reports
 
     op = SCAN.name   # the op these are problems of (ssm_ref.ops); the op-generic properties read it
 
@@ -140,6 +145,8 @@ class OpCase:
     regime: str = "typical"
     recipe: dict | None = None
     keywords: dict = field(default_factory=dict)
+    name: str = ""                  # a short name for reports (check's problems); empty: the label
+    what: str = ""                  # what the case exercises, for reports
 
     def args(self, dtype=None) -> dict:
         """Fresh copies of the inputs (the float ones widened to ``dtype`` if given) by name."""
@@ -295,3 +302,43 @@ def make_problem(rng, *, S=2, T=3, H=4, P=2, N=3, G=2, R=None, ids="permutation"
     return Case(dims=dict(S=S, T=T, H=H, P=P, N=N, G=G, R=R), variant=variant, ids_pattern=pattern,
                 inputs=inputs, g_y=g_y, g_states=g_states, regime=regime, recipe=recipe, K=K,
                 g_snapshots=g_snapshots)
+
+
+# The fixed problems of ``ssm-scan check`` (name, what it exercises, make_problem's arguments; the
+# first two are the ones held to finite differences); ``quick=False`` adds the second group.
+CHECK_QUICK = (
+    ("mamba2", "Mamba-2, 2 groups, 2 of 3 cache rows in shuffled order",
+     dict(N=16, P=8, H=4, G=2, T=16, S=2, R=3, ids="permutation")),
+    ("mamba1", "Mamba-1: A (H, N)", dict(N=16, P=1, H=8, G=1, T=20, S=1, variant="mamba1")),
+    ("shared-rows", "3 sequences on 2 cache rows, N = 5 (no power of two)",
+     dict(N=5, P=3, H=2, G=1, T=17, S=3, R=2, ids="duplicates")),
+    ("ggml", "a layout ggml's Vulkan kernels take: d_state 128, head_dim 16", dict(N=128, P=16, H=2, G=1, T=8, S=1)),
+    ("snapshots", "K = 4 state snapshots over T = 3 tokens: slot 3 the start state, ggml writes slots 0-2",
+     dict(N=16, P=8, H=4, G=2, T=3, S=2, R=3, ids="permutation", K=4)),
+)
+CHECK_MORE = (
+    ("demo", "the demo shape (Mamba-2, d_state 128, head_dim 64)", dict(N=128, P=64, H=16, G=1, T=64, S=1)),
+    ("n256", "d_state 256, 2 groups", dict(N=256, P=16, H=4, G=2, T=40, S=2)),
+    ("n256-odd", "d_state 256 with H*P = 48, no multiple of 32 (a layout ggml's Vulkan kernel takes)",
+     dict(N=256, P=16, H=3, G=1, T=9, S=1)),
+    ("mamba1-long", "Mamba-1, T not a multiple of the checkpoint interval",
+     dict(N=16, P=1, H=64, G=1, T=300, S=2, variant="mamba1")),
+    ("many-groups", "4 groups, 3 of 5 cache rows", dict(N=64, P=32, H=8, G=4, T=33, S=3, R=5, ids="permutation")),
+    ("no-tokens", "T = 0", dict(N=8, P=4, H=2, G=1, T=0, S=2)),
+    ("snapshots-long", "K = 5 state snapshots of a 40-token scan, d_state 128",
+     dict(N=128, P=16, H=4, G=2, T=40, S=2, K=5)),
+)
+
+
+def check_cases(quick: bool = True, seed: int = 0) -> list[Case]:
+    """The fixed problems of ``ssm-scan check`` (the scan's declared ``cases``): Mamba-1 and
+    Mamba-2, groups, permuted and shared cache rows, d_state that is no power of two, ggml's
+    layouts, K state snapshots; ``quick=False`` adds larger ones, T = 0 and a long Mamba-1. Case k
+    is drawn from ``seed + k``, ids "none" (R = S) unless given."""
+    specs = CHECK_QUICK if quick else (*CHECK_QUICK, *CHECK_MORE)
+    out = []
+    for k, (name, what, dims) in enumerate(specs):
+        c = make_problem(seed + k, **{"ids": "none", **dims})
+        c.name, c.what = name, what
+        out.append(c)
+    return out

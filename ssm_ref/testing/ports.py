@@ -1,19 +1,22 @@
-"""The port interface: how ``ssm_ref.testing.verify``, ``ssm-scan check`` and ``ssm-scan fuzz``
-call an implementation of the scan, and what they accept back (docs/PORTING.md, "The port
-interface").
+"""The port interface: how ``ssm_ref.testing.verify``, ``ssm-scan check``, ``ssm-scan fuzz`` and the
+properties call an implementation of any declared op (ssm_ref.ops), and what they accept back
+(docs/PORTING.md, "The port interface").
 
-All three call :func:`call`, which calls the port and hands its result to :func:`normalise`, so
-they accept exactly the same results and cannot disagree about a port.
+All of them call :func:`call_op`, which calls the port and hands its result to :func:`normalise`,
+the one reading of a result, by the op's declaration: they accept exactly the same results and
+cannot disagree about a port.
 
-A port is a module (or any object) with four names::
+A port is a module (or any object) with four names; the scan's::
 
     NAME                                                  a str: the port's name in reports
     ssm_scan(s, x, dt, A, B, C, ids)                      the forward
     ssm_scan_back(s, x, dt, A, B, C, ids, g_y, g_states)  the backward
     supports(op, s, x, dt, A, B, C, ids)                  whether it runs a case on its device
 
-and, optionally, ``SNAPSHOTS``: whether it takes K state snapshots (docs/SPEC.md section 3.1),
-one of :data:`SNAPSHOT_KINDS`::
+(another op's: its two functions, the inputs positional in the declared order, the backward then
+the cotangents, and a case's keywords by name, such as Mamba-3's rotation) and, optionally for the
+scan, ``SNAPSHOTS``: whether it takes K state snapshots (docs/SPEC.md section 3.1), one of
+:data:`SNAPSHOT_KINDS`::
 
     absent, None, False   it takes no K: called exactly as above, checked with K = 1 only
     "all" (or True)       ssm_scan and supports take the keyword snapshots=K, ssm_scan_back takes
@@ -22,46 +25,45 @@ one of :data:`SNAPSHOT_KINDS`::
     "ggml"                as "all", but the slots k >= T are ggml's: unwritten, anything; only
                           the slots k < T are compared
 
-The keywords are passed only when K > 1 (a K = 1 call is the call above). The functions are called
-positionally. Results, forward: ``ssm_ref.ScanResult`` or any object with ``.y`` and ``.states``
-(``.snapshots`` (K, S, H, P, N) read when it is not None); a mapping with keys "y" and "states"
-("snapshots" optional); a tuple or list ``(y, states)`` or ``(y, states, snapshots)``; the packed
-1-D array of ggml's SSM_SCAN (y then the K state slots: states is slot 0). Backward: ``ssm_ref.ScanGrads`` or any object
-with the attributes d_s0, d_x, d_dt, d_A, d_B, d_C (d_s optional); a mapping with those keys (d_s
-optional); a 7-tuple in ScanGrads' field order (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C); a 6-tuple in
-ggmlR's SSM_SCAN_BACK order (d_s0, d_x, d_dt, d_A, d_B, d_C: d_s not given); the packed 1-D array
-of SSM_SCAN_BACK (d_s not given). Arrays may be anything numpy can read, or objects with a
-``.numpy()`` method (device arrays, CPU torch tensors). ``where`` and ``backend`` are taken from
-the result when it has them (as ScanResult and ScanGrads do), else they are "unknown" and the
-port's NAME. ``supports`` may return ``ssm_ref.Support``, a bool, or ``(bool, reason)``.
-numpy only.
+The keywords are passed only when K > 1 (:func:`snapshot_keywords`; a K = 1 call is the call
+above). Results, by the op's names (its outputs, or its gradients): an object with them as
+attributes, a mapping with them as keys, a tuple or list in the declared order; the op's
+``extras`` (the scan's snapshots) read where given, its ``may_omit`` (the scan's d_s) may be left
+out (a tuple without them), and an op that declares ``unpack`` takes one packed 1-D array (the
+scan: ggml's SSM_SCAN, y then the K state slots; SSM_SCAN_BACK's six blocks, no d_s). The scan's
+forward is thus ``ssm_ref.ScanResult``, a mapping with keys "y" and "states" ("snapshots"
+optional), ``(y, states)`` or ``(y, states, snapshots)``, or the packed array; its backward
+``ssm_ref.ScanGrads``, a mapping of d_s0, d_x, d_dt, d_A, d_B, d_C (d_s optional), a 7-tuple in
+ScanGrads' field order, a 6-tuple in ggmlR's order (d_s0 ... d_C), or the packed array. Arrays may
+be anything numpy can read, or objects with a ``.numpy()`` method (device arrays, CPU torch
+tensors). ``where`` and ``backend`` are taken from the result when it has them (as ScanResult and
+ScanGrads do), else they are "unknown" and the port's NAME. ``supports`` may return
+``ssm_ref.Support``, a bool, or ``(bool, reason)``. numpy only.
 """
 
 from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 
-from ssm_ref.checks import Dims
 from ssm_ref.ops import SCAN, Op
-from ssm_ref.packing import BACKWARD_BLOCKS, unpack_backward, unpack_forward, unpack_snapshots
-from ssm_ref.results import GRAD_NAMES, Support
+from ssm_ref.results import Support
 
 __all__ = [
-    "BACKWARD",
-    "FORWARD",
     "INTERFACE",
     "SNAPSHOT_KINDS",
     "UNKNOWN",
     "PortResult",
-    "call",
+    "args_of",
     "call_op",
+    "case_keywords",
     "compared_slots",
-    "dims_of",
     "error_text",
     "host",
     "interface_problems",
@@ -69,37 +71,28 @@ __all__ = [
     "normalise",
     "origin",
     "port_name",
+    "reference_port",
+    "snapshot_keywords",
     "snapshot_kind",
     "support",
     "traceback_text",
 ]
 
 INTERFACE = ("NAME", "ssm_scan", "ssm_scan_back", "supports")
-OPS = ("ssm_scan", "ssm_scan_back")
-FORWARD = SCAN.output_names                 # y, states
-FORWARD_WITH_SNAPSHOTS = (*FORWARD, "snapshots")
 SNAPSHOT_KINDS = ("all", "ggml")
-BACKWARD = GRAD_NAMES                       # d_s, d_s0, d_x, d_dt, d_A, d_B, d_C: a 7-tuple's order
-BACKWARD_WITHOUT_D_S = BACKWARD_BLOCKS      # d_s0, d_x, d_dt, d_A, d_B, d_C: a 6-tuple's order
 INPUTS = SCAN.input_names                   # s, x, dt, A, B, C, ids
 UNKNOWN = "unknown"
 _META = ("where", "backend")
 
-_FORWARD_FORMS = "an object with .y and .states (.snapshots optional; ssm_ref.ScanResult), a mapping with " \
-                 "keys 'y' and 'states' ('snapshots' optional), a tuple (y, states) or (y, states, snapshots), " \
-                 "or the packed 1-D array (y then the K state slots)"
-_BACKWARD_FORMS = "an object with .d_s0 .d_x .d_dt .d_A .d_B .d_C (.d_s optional; ssm_ref.ScanGrads), a " \
-                  "mapping with those keys, a 7-tuple (d_s, d_s0, d_x, d_dt, d_A, d_B, d_C), a 6-tuple " \
-                  "(d_s0, d_x, d_dt, d_A, d_B, d_C), or the packed 1-D array of SSM_SCAN_BACK"
-
 
 @dataclass(frozen=True)
 class PortResult:
-    """A port's result, normalised: ``arrays`` holds the outputs it gave (host numpy arrays, by
-    name: y, states and, when given, snapshots; or d_s, d_s0, d_x, d_dt, d_A, d_B, d_C, where d_s
-    may be missing), ``where``
-    the device it says it ran on ("unknown" when the result does not say), ``backend`` what computed
-    it (the port's NAME when the result does not say)."""
+    """A port's result, normalised: ``arrays`` holds what it gave by the op's names, host numpy
+    arrays (the forward's outputs and the extras given, the scan's y, states, snapshots; or the
+    gradients, where those the op may omit may be missing, the scan's d_s; None for the gradient of
+    an optional input left None), ``where`` the device it says it ran on ("unknown" when the
+    result does not say), ``backend`` what computed it (the port's NAME when the result does not
+    say). ``op`` names the function called."""
 
     op: str
     arrays: dict
@@ -171,25 +164,6 @@ def host(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def _shape(a) -> tuple:
-    s = getattr(a, "shape", None)
-    return tuple(int(v) for v in (s if s is not None else np.shape(a)))
-
-
-def dims_of(args: Sequence, K: int = 1) -> Dims | None:
-    """The Dims of positional inputs (s, x, dt, A, B, C, ids, ...) with K state slots, or None
-    when their shapes do not make a problem (then a packed result cannot be unpacked)."""
-    try:
-        s, x, _dt, A, B = args[:5]
-        R, H, P, N = _shape(s)
-        S, T, _, _ = _shape(x)
-        G = _shape(B)[2]
-        a_shape = _shape(A)
-    except (ValueError, TypeError, IndexError):
-        return None
-    return Dims(S=S, T=T, H=H, P=P, N=N, G=G, R=R, mamba1=a_shape == (H, N) and N > 1, a_shape=a_shape, K=K)
-
-
 def _array(op: str, name: str, v) -> np.ndarray:
     try:
         a = host(v)
@@ -213,70 +187,6 @@ def origin(out, backend: str = "") -> tuple[str, str]:
     return _meta(out, "where", UNKNOWN), _meta(out, "backend", backend or UNKNOWN)
 
 
-def normalise(op: str, out, dims: Dims | None, *, backend: str = "") -> PortResult:
-    """The one reading of a port's result (the module docstring lists the forms). ``op`` is
-    "ssm_scan" or "ssm_scan_back"; ``dims`` is needed only for packed 1-D results (its K: the
-    slots of a packed forward; K > 1 unpacks them as "snapshots"). Raises TypeError naming what
-    was returned and what was expected."""
-    if op not in OPS:
-        raise ValueError(f"op: expected 'ssm_scan' or 'ssm_scan_back', got {op!r}")
-    forward = op == "ssm_scan"
-    required = FORWARD if forward else BACKWARD_WITHOUT_D_S
-    known = FORWARD_WITH_SNAPSHOTS if forward else BACKWARD
-    forms = _FORWARD_FORMS if forward else _BACKWARD_FORMS
-    kind = type(out).__name__
-    if isinstance(out, Mapping):
-        missing = [k for k in required if k not in out]
-        unknown = sorted(str(k) for k in out if k not in known and k not in _META)
-        if missing or unknown:
-            what = "; ".join(([f"without {missing}"] if missing else []) + ([f"with unknown keys {unknown}"]
-                                                                             if unknown else []))
-            raise TypeError(f"{op} returned a mapping {what}: expected {forms}")
-        got = {k: out[k] for k in known if k in out and not (k == "snapshots" and out[k] is None)}
-    elif all(hasattr(out, k) for k in required) and not isinstance(out, np.ndarray):
-        got = {k: getattr(out, k) for k in known if getattr(out, k, None) is not None or k in required}
-    elif isinstance(out, tuple | list):
-        orders = (FORWARD, FORWARD_WITH_SNAPSHOTS) if forward else (BACKWARD, BACKWARD_WITHOUT_D_S)
-        order = next((o for o in orders if len(o) == len(out)), None)
-        if order is None:
-            raise TypeError(f"{op} returned a {kind} of {len(out)} items: expected {forms}")
-        got = dict(zip(order, out, strict=True))
-    elif isinstance(out, np.ndarray) or hasattr(out, "numpy"):
-        a = _array(op, "its result", out)
-        if a.ndim != 1:
-            raise TypeError(f"{op} returned an array of shape {a.shape}: expected {forms}")
-        if dims is None:
-            raise TypeError(f"{op} returned a 1-D array, but the inputs' shapes do not say how to unpack it")
-        try:
-            if forward:
-                got = dict(zip(FORWARD, unpack_forward(a, dims), strict=True))
-                if dims.K > 1:
-                    got["snapshots"] = unpack_snapshots(a, dims)
-            else:
-                got = unpack_backward(a, dims)
-        except ValueError as e:
-            raise TypeError(f"{op} returned a packed 1-D array: {e}") from None
-    else:
-        raise TypeError(f"{op} returned {kind}: expected {forms}")
-    arrays = {k: _array(op, k, v) for k, v in got.items()}
-    return PortResult(op, arrays, *origin(out, backend))
-
-
-def call(fn, op: str, args: Sequence, *, backend: str = "", K: int = 1, g_snapshots=None) -> PortResult:
-    """``fn(*args)`` normalised (:func:`normalise`); ``args`` are the positional inputs (s, x, dt,
-    A, B, C, ids, and g_y, g_states for the backward). K > 1 (a port that declares SNAPSHOTS):
-    the forward is called with ``snapshots=K``, the backward, given ``g_snapshots``, with
-    ``g_snapshots=``; K = 1 calls ``fn(*args)`` alone, as for a port that takes no K.
-    Whatever ``fn`` raises propagates; a result of no accepted form raises TypeError."""
-    kw = {}
-    if K > 1 and op == "ssm_scan":
-        kw["snapshots"] = K
-    elif K > 1 and g_snapshots is not None:
-        kw["g_snapshots"] = g_snapshots
-    out = fn(*args, **kw)
-    return normalise(op, out, dims_of(args, K), backend=backend)
-
-
 def kit_part(op: Op, what: str):
     """The testing kit's part ``what`` of ``op`` ("make_case", "cases", "strategy", "properties" or "golden"):
     what its declaration gives, or the attribute its ``"module:attribute"`` text names, imported
@@ -290,18 +200,41 @@ def kit_part(op: Op, what: str):
     return ref
 
 
+def snapshot_keywords(K: int, g_snapshots=None, backward: bool = False) -> dict:
+    """The scan's keywords of K state snapshots, for a port that declares SNAPSHOTS: none for
+    K = 1 (the plain call), snapshots=K for the forward, g_snapshots= for the backward (when
+    given)."""
+    if K <= 1:
+        return {}
+    if backward:
+        return {} if g_snapshots is None else {"g_snapshots": g_snapshots}
+    return {"snapshots": K}
+
+
+def case_keywords(case, backward: bool = False) -> dict:
+    """The keyword arguments of a call on ``case``: its own (an OpCase's ``keywords``, such as
+    Mamba-3's rotation) and, for a case of K > 1 state snapshots (the scan's ``K`` and
+    ``g_snapshots``), :func:`snapshot_keywords`."""
+    return {**(getattr(case, "keywords", None) or {}),
+            **snapshot_keywords(getattr(case, "K", 1), getattr(case, "g_snapshots", None), backward)}
+
+
+def reference_port(op: Op, dtype=np.float64):
+    """The op's declared reference (forward and backward) as a port computing in ``dtype``: the
+    oracle the kit and ``ssm-scan check`` call through :func:`call_op`, read as any port is."""
+    return SimpleNamespace(NAME="reference", **{op.name: partial(op.forward, dtype=dtype),
+                                                op.backward_name: partial(op.backward, dtype=dtype)})
+
+
 def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None, keywords: Mapping | None = None
             ) -> PortResult:
     """Any declared op (ssm_ref.ops) on ``port``: its forward, ``port.<op.name>(*inputs,
     **keywords)``, or with ``cotangents`` its backward, ``port.<op.backward_name>(*inputs,
     *cotangents, **keywords)``, the arguments positional in the op's order (``args`` and
     ``cotangents`` by name, a missing one None) and ``keywords`` (a case's, such as Mamba-3's
-    rotation) by name. The result is read by the op's names: an object with them as attributes,
-    a mapping with them as keys, or a tuple or list in the op's order. The gradient of an optional
-    input given as None may be None (Mamba-3's d_psi without psi); it is kept as None. Raises
-    TypeError for a result of no such form, or None where an array is due; whatever the port
-    raises propagates. (The scan's own reading, :func:`call`, also takes ggml's packed layouts
-    and the K state snapshots.)"""
+    rotation, or the scan's :func:`snapshot_keywords`) by name; the result read by
+    :func:`normalise`. Raises TypeError for a result of no accepted form, or None where an array
+    is due; whatever the port raises propagates."""
     backward = cotangents is not None
     fn_name = op.backward_name if backward else op.name
     fn = getattr(port, fn_name, None)
@@ -311,25 +244,59 @@ def call_op(port, op: Op, args: Mapping, cotangents: Mapping | None = None, keyw
     if backward:
         pos += tuple(cotangents.get(n) for n in op.cotangent_names)
     out = fn(*pos, **dict(keywords or {}))
+    return normalise(op, out, args, keywords, backward=backward, backend=port_name(port))
+
+
+def normalise(op: Op, out, args: Mapping | None = None, keywords: Mapping | None = None, *,
+              backward: bool = False, backend: str = "") -> PortResult:
+    """The one reading of a result of ``op``'s forward (or, ``backward``, its backward) called on
+    ``args`` with ``keywords`` (the module docstring lists the forms; ``args`` and ``keywords``
+    size a packed result). The gradient of an optional input given as None may be None (Mamba-3's
+    d_psi without psi); it is kept as None. Raises TypeError naming what was returned and what
+    was expected."""
+    args = args or {}
+    fn_name = op.backward_name if backward else op.name
     names = op.grad_names if backward else op.output_names
-    forms = f"an object with the attributes {names}, a mapping with those keys, or a tuple in that order"
+    extras = () if backward else tuple(o.name for o in op.extras)
+    required = tuple(n for n in names if n not in op.may_omit)
+    known = (*names, *extras)
+    orders = [o for o in (names, (*names, *extras), required) if o]
+    forms = (f"an object with the attributes {required}, a mapping with those keys"
+             + (f" ({[n for n in known if n not in required]} optional)" if known != required else "")
+             + ", or a tuple of " + " or ".join(str(o) for o in dict.fromkeys(orders))
+             + (", or the packed 1-D array" if op.unpack is not None else ""))
+    kind = type(out).__name__
     if isinstance(out, Mapping):
-        missing = [k for k in names if k not in out]
-        if missing:
-            raise TypeError(f"{fn_name} returned a mapping without {missing}: expected {forms}")
-        got = {k: out[k] for k in names}
+        missing = [k for k in required if k not in out]
+        unknown = sorted(str(k) for k in out if k not in known and k not in _META)
+        if missing or unknown:
+            what = "; ".join(([f"without {missing}"] if missing else [])
+                             + ([f"with unknown keys {unknown}"] if unknown else []))
+            raise TypeError(f"{fn_name} returned a mapping {what}: expected {forms}")
+        got = {k: out[k] for k in known if k in out}
+    elif all(hasattr(out, k) for k in required) and not isinstance(out, np.ndarray):
+        got = {k: getattr(out, k, None) for k in known if hasattr(out, k)}
     elif isinstance(out, tuple | list):
-        if len(out) != len(names):
-            raise TypeError(f"{fn_name} returned a {type(out).__name__} of {len(out)} items: expected {forms}")
-        got = dict(zip(names, out, strict=True))
-    elif all(hasattr(out, k) for k in names):
-        got = {k: getattr(out, k) for k in names}
+        order = next((o for o in orders if len(o) == len(out)), None)
+        if order is None:
+            raise TypeError(f"{fn_name} returned a {kind} of {len(out)} items: expected {forms}")
+        got = dict(zip(order, out, strict=True))
+    elif op.unpack is not None and (isinstance(out, np.ndarray) or hasattr(out, "numpy")):
+        a = _array(fn_name, "its result", out)
+        if a.ndim != 1:
+            raise TypeError(f"{fn_name} returned an array of shape {a.shape}: expected {forms}")
+        try:
+            got = op.unpack(a, args, keywords or {}, backward)
+        except ValueError as e:
+            raise TypeError(f"{fn_name} returned a packed 1-D array: {e}") from None
     else:
-        raise TypeError(f"{fn_name} returned {type(out).__name__}: expected {forms}")
-    # the gradients that may be None: those of optional inputs the call left None
-    may_be_none = {g.name for g in op.grads if backward and args.get(g.of) is None} if backward else set()
+        raise TypeError(f"{fn_name} returned {kind}: expected {forms}")
+    # an optional output left None is not given; the gradients that may be None: those of optional
+    # inputs the call left None
+    got = {k: v for k, v in got.items() if v is not None or k in required}
+    may_be_none = {g.name for g in op.grads if args.get(g.of) is None} if backward else set()
     arrays = {k: None if v is None and k in may_be_none else _array(fn_name, k, v) for k, v in got.items()}
-    return PortResult(fn_name, arrays, *origin(out, port_name(port)))
+    return PortResult(fn_name, arrays, *origin(out, backend))
 
 
 def args_of(kwargs: Mapping, *extra) -> tuple:
@@ -359,14 +326,14 @@ def error_text(e: BaseException) -> str:
 
 
 def traceback_text(e: BaseException) -> str:
-    """The formatted traceback of an exception raised by a port through :func:`call`: the port's
-    own frames (those of the tool that called it left out), chained exceptions included. An
+    """The formatted traceback of an exception raised by a port through :func:`call_op`: the
+    port's own frames (those of the tool that called it left out), chained exceptions included. An
     exception of :func:`normalise` (a result of no accepted form: :func:`error_text` says it all)
-    gives ""; one raised outside :func:`call` keeps every frame."""
+    gives ""; one raised outside :func:`call_op` keeps every frame."""
     tb = e.__traceback__
     t, inside = tb, False
     while t is not None:
-        if t.tb_frame.f_code is call.__code__:
+        if t.tb_frame.f_code is call_op.__code__:
             tb, inside = t.tb_next, True
         t = t.tb_next
     if inside:

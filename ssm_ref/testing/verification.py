@@ -40,13 +40,11 @@ import numpy as np
 
 from ssm_ref import ops
 from ssm_ref.ops import SCAN
-from ssm_ref.tolerance import F32_TOL, OUTPUTS, Comparison, compare, scaled, share_text, value_text
+from ssm_ref.tolerance import Comparison, compare, share_text, value_text
 
 from . import ports
 
 __all__ = ["VerifyReport", "VerifyRow", "verify"]
-
-BLOCKS = ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 
 
 @dataclass(frozen=True)
@@ -116,29 +114,42 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _args(g, *extra) -> tuple:
-    """Fresh copies of the inputs, positional, in the port interface's order."""
-    return tuple(np.array(g.inputs[k]) for k in (*SCAN.input_names, *extra))
-
-
-def _check(rows: list, g, label: str, fn, op: str, extra: tuple, names, tol: dict, backend: str,
-           kind: str = "") -> None:
+def _check(rows: list, g, fn, op: ops.Op, backward: bool, tol: dict, backend: str, kind: str = "") -> None:
+    """One golden case on ``fn`` (the op's forward, or with ``backward`` its backward), read through
+    ssm_ref.testing.ports.call_op (fresh copies of the inputs; the case's keywords, and for a port
+    of SNAPSHOTS ``kind`` its K state snapshots): a row per output (gradient) it gives, and the
+    scan's snapshot slots."""
+    fn_name = op.backward_name if backward else op.name
+    port = SimpleNamespace(NAME=backend, **{fn_name: fn})
+    args = {k: np.array(g.inputs[k]) for k in op.input_names if k in g.inputs}
+    cot = {k: np.array(g.inputs[k]) for k in op.cotangent_names if k in g.inputs} if backward else None
     K = g.K if kind else 1
+    kw = {**g.keywords, **ports.snapshot_keywords(K, g.inputs.get("g_snapshots"), backward)}
     try:
-        got = ports.call(fn, op, _args(g, *extra), backend=backend, K=K,
-                         g_snapshots=g.inputs.get("g_snapshots") if op == "ssm_scan_back" else None)
+        got = ports.call_op(port, op, args, cot, keywords=kw)
     except Exception as e:  # the port's own error: reported, not raised
-        rows.append(VerifyRow(g.name, label, None, ports.error_text(e), ports.traceback_text(e)))
+        rows.append(VerifyRow(g.name, "backward" if backward else "forward", None, ports.error_text(e),
+                              ports.traceback_text(e)))
         return
-    for k in names:
-        if k in got:
-            rows.append(VerifyRow(g.name, k, compare(k, got[k], g.expected[k], tol[k])))
-    if op == "ssm_scan" and kind and "snapshots" in g.expected:
+    for k in op.grad_names if backward else op.output_names:
+        if k not in got:                      # left out (the scan's d_s of a 6-tuple): not checked
+            continue
+        have, want = got[k], g.expected.get(k)
+        if have is None and want is None:     # the gradient of an input left None: none on either side
+            continue
+        if want is None:
+            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned {k}, expected None (its input "
+                                                   "was not given)"))
+        elif have is None:
+            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned None for {k}"))
+        else:
+            rows.append(VerifyRow(g.name, k, compare(k, have, want, tol[k])))
+    if not backward and kind and "snapshots" in g.expected:
         n = ports.compared_slots(kind, K, g.dims["T"])
         snaps = got["snapshots"] if "snapshots" in got else got["states"][None] if K == 1 and "states" in got \
             else None                           # K = 1: the one slot is the states (y | states packed)
         if snaps is None:
-            rows.append(VerifyRow(g.name, "snapshots", None, f"TypeError: {op} returned no snapshots (K = {K})"))
+            rows.append(VerifyRow(g.name, "snapshots", None, f"TypeError: {fn_name} returned no snapshots (K = {K})"))
         else:
             c = compare("snapshots", snaps[:n], g.expected["snapshots"][:n], tol["states"])
             rows.append(VerifyRow(g.name, "snapshots" if n == K else f"snapshots[:{n}]", c))
@@ -183,38 +194,12 @@ def _op_of(op, goldens) -> tuple:
         return None, str(e)
 
 
-def _check_op(rows: list, g, fn, op: ops.Op, backward: bool, tol: dict, backend: str) -> None:
-    """One golden case of an op other than the scan on ``fn`` (its forward, or with ``backward``
-    its backward), read through ssm_ref.testing.ports.call_op: a row per output (gradient)."""
-    fn_name = op.backward_name if backward else op.name
-    port = SimpleNamespace(NAME=backend, **{fn_name: fn})
-    args = {k: np.array(g.inputs[k]) for k in op.input_names if k in g.inputs}
-    cot = {k: np.array(g.inputs[k]) for k in op.cotangent_names if k in g.inputs} if backward else None
-    try:
-        got = ports.call_op(port, op, args, cot, keywords=g.keywords)
-    except Exception as e:  # the port's own error: reported, not raised
-        rows.append(VerifyRow(g.name, "backward" if backward else "forward", None, ports.error_text(e),
-                              ports.traceback_text(e)))
-        return
-    for k in op.grad_names if backward else op.output_names:
-        have, want = got.arrays.get(k), g.expected.get(k)
-        if have is None and want is None:     # the gradient of an input left None: none on either side
-            continue
-        if want is None:
-            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned {k}, expected None (its input "
-                                                   "was not given)"))
-        elif have is None:
-            rows.append(VerifyRow(g.name, k, None, f"TypeError: {fn_name} returned None for {k}"))
-        else:
-            rows.append(VerifyRow(g.name, k, compare(k, have, want, tol[k])))
-
-
 def _tol_problem(tol, op: ops.Op = SCAN) -> str:
     if tol is None:
         return ""
     if not isinstance(tol, Mapping):
         return f"tol: expected a mapping output -> Tol (ssm_ref.tolerance.F32_TOL), got {type(tol).__name__}"
-    names = OUTPUTS if op.name == SCAN.name else (*op.output_names, *op.grad_names)
+    names = (*op.output_names, *op.grad_names)
     missing = [k for k in names if k not in tol]
     bad = [k for k in names if k in tol and not all(
         isinstance(getattr(tol[k], a, None), int | float) and math.isfinite(getattr(tol[k], a)) and
@@ -281,7 +266,6 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
     if why:
         arg_error("op", why)
         return report
-    scan = the_op.name == SCAN.name
     fwd, back, name, problems, kind = _callables(fn_forward, fn_backward, the_op)
     for msg in problems:
         arg_error("arguments", msg)
@@ -317,21 +301,13 @@ def verify(fn_forward, fn_backward=None, *, vectors=None, cases=None, tol=None, 
     else:
         goldens = [g for g in goldens if g.name in set(wanted)]
     for g in goldens:
-        if not scan:
-            t = g.tol if tol is None else tol
-            for fn, backward in ((fwd, False), (back, True)):
-                if fn is not None:
-                    _check_op(report.rows, g, fn, the_op, backward, t, name)
-            continue
         if g.K > 1 and not kind:
             if names is not None and g.name in names:
                 arg_error("cases", f"cases: {g.name} asks for K = {g.K} state snapshots; this port takes no "
                                    "snapshots=K (declare SNAPSHOTS, docs/PORTING.md)")
             continue
-        t = scaled(F32_TOL if tol is None else tol, g.dims["T"])
-        if fwd is not None:
-            _check(report.rows, g, "forward", fwd, "ssm_scan", (), SCAN.output_names, t, name, kind)
-        if back is not None:
-            _check(report.rows, g, "backward", back, "ssm_scan_back", SCAN.cotangent_names, ("d_s", *BLOCKS), t,
-                   name, kind)
+        t = g.tol if tol is None else tol if the_op.scaled is None else the_op.scaled(tol, g.dims["T"])
+        for fn, backward in ((fwd, False), (back, True)):
+            if fn is not None:
+                _check(report.rows, g, fn, the_op, backward, t, name, kind)
     return report

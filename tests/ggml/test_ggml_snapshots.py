@@ -15,6 +15,7 @@ import pytest
 from children import REPO, child_env
 
 import ssm_ref
+from ssm_ref.ops import SCAN
 from ssm_ref.testing import ports, verify
 from ssm_ref.testing.cases import make_problem
 from ssm_ref.testing.properties import PROPERTIES
@@ -61,7 +62,7 @@ def test_the_packed_layout_holds_y_then_the_k_slots(ggml_k):
     r = ggml_k.ssm_scan(**case.args(), snapshots=3)
     packed = r.packed()
     assert packed.size == r.y.size + r.snapshots.size
-    got = ports.normalise("ssm_scan", packed, ports.dims_of(ports.args_of(case.args()), 3))
+    got = ports.normalise(SCAN, packed, case.args(), {"snapshots": 3})
     assert np.array_equal(got["snapshots"], r.snapshots) and np.array_equal(got["states"], r.states)
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import ssm_ref
 import ssm_ref.testing
+from ssm_ref.ops import SCAN
 from ssm_ref.testing import ports
 from ssm_ref.tolerance import Tol, compare, share_text
 
@@ -99,11 +100,11 @@ def _problem():
 
 
 def test_every_documented_result_form_reads_the_same():
-    pos, _case, r, g = _problem()
-    dims = ports.dims_of(pos)
+    _pos, case, r, g = _problem()
+    a = case.args()
     forward_forms = [r, {"y": r.y, "states": r.states}, (r.y, r.states), [r.y, r.states], r.packed()]
     for form in forward_forms:
-        got = ports.normalise("ssm_scan", form, dims, backend="mine")
+        got = ports.normalise(SCAN, form, a, backend="mine")
         # a ScanResult carries its K = 1 snapshot slot (the states) too
         assert set(got.arrays) == {"y", "states"} | ({"snapshots"} if form is r else set()), type(form)
         assert np.array_equal(got["y"], r.y) and np.array_equal(got["states"], r.states)
@@ -112,13 +113,13 @@ def test_every_documented_result_form_reads_the_same():
     full = [g, g.as_dict(), seven, list(seven)]
     without_d_s = [six, g.packed(), {k: v for k, v in g.as_dict().items() if k != "d_s"}]
     for form in full + without_d_s:
-        got = ports.normalise("ssm_scan_back", form, dims)
+        got = ports.normalise(SCAN, form, a, backward=True)
         assert set(got.arrays) == set(ssm_ref.GRAD_NAMES) - ({"d_s"} if any(form is f for f in without_d_s) else set())
         for k, v in got.arrays.items():
             assert np.array_equal(v, getattr(g, k)), (type(form), k)
     # where/backend from the result when it has them, else "unknown" and the port's name
-    assert ports.normalise("ssm_scan", r, dims, backend="mine").where == "CPU"
-    plain = ports.normalise("ssm_scan", (r.y, r.states), dims, backend="mine")
+    assert ports.normalise(SCAN, r, a, backend="mine").where == "CPU"
+    plain = ports.normalise(SCAN, (r.y, r.states), a, backend="mine")
     assert (plain.where, plain.backend) == ("unknown", "mine")
 
 
@@ -132,9 +133,9 @@ def test_every_documented_result_form_reads_the_same():
     ("ssm_scan", (None, None), "expected an array of real numbers"),
 ])
 def test_a_result_of_no_documented_form_is_a_type_error_naming_both(op, form, fragment):
-    pos, *_ = _problem()
+    _pos, case, *_ = _problem()
     with pytest.raises(TypeError, match=re.escape(fragment)):
-        ports.normalise(op, form, ports.dims_of(pos))
+        ports.normalise(SCAN, form, case.args(), backward=op == "ssm_scan_back")
 
 
 def test_supports_may_answer_with_a_support_a_bool_or_a_pair():

@@ -14,6 +14,7 @@ from hypothesis.errors import NoSuchExample
 
 import ssm_ref
 from ssm_ref import ScanResult
+from ssm_ref.ops import SCAN
 from ssm_ref.testing import GOLDEN, ports, verify
 from ssm_ref.testing.cases import make_problem
 from ssm_ref.testing.fuzzing import fuzz
@@ -126,11 +127,10 @@ def test_the_declaration_is_read_and_a_bad_one_is_named():
 
 def test_the_packed_layout_and_the_three_tuple_read_the_k_slots():
     case = make_problem(4, S=2, T=3, H=2, P=2, N=3, G=1, K=4)
-    pos = ports.args_of(case.args())
-    r = ssm_ref.ssm_scan(*pos, snapshots=4)
-    dims = ports.dims_of(pos, 4)
+    a = case.args()
+    r = ssm_ref.ssm_scan(**a, snapshots=4)
     for form in (r.packed(), (r.y, r.states, r.snapshots), {"y": r.y, "states": r.states, "snapshots": r.snapshots}):
-        got = ports.normalise("ssm_scan", form, dims)
+        got = ports.normalise(SCAN, form, a, {"snapshots": 4})
         assert np.array_equal(got["snapshots"], r.snapshots, equal_nan=True)
         assert np.array_equal(got["states"], r.states)
 

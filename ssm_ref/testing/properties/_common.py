@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ssm_ref.ops import SCAN
 from ssm_ref.tolerance import Comparison, Tol, compare, scaled
 
 from .. import ports
@@ -97,14 +98,12 @@ def run(module, args: dict, g_y, g_states, backward: bool = True, *, K: int = 1,
     all three for a case). A backward result without d_s gets the scatter-add of its d_s0 (named
     in ``derived``). A backward that raises NotImplementedError leaves the forward's outputs only
     (``no_backward``)."""
-    name = ports.port_name(module)
-    pos = ports.args_of(args)
-    out = Outputs(ports.call(module.ssm_scan, "ssm_scan", pos, backend=name, K=K).arrays)
+    out = Outputs(ports.call_op(module, SCAN, args, keywords=ports.snapshot_keywords(K)).arrays)
     _slots(out, slots)
     if backward:
         try:
-            g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*pos, g_y, g_states), backend=name, K=K,
-                           g_snapshots=g_snapshots)
+            g = ports.call_op(module, SCAN, args, {"g_y": g_y, "g_states": g_states},
+                              ports.snapshot_keywords(K, g_snapshots, backward=True))
         except NotImplementedError as e:  # a port without a backward: its forward is still checked
             out.no_backward = ports.error_text(e)
             return out
@@ -119,15 +118,12 @@ def oracle(args: dict, g_y, g_states, backward: bool = True, *, K: int = 1, g_sn
            slots: int = 0) -> dict:
     """The float64 oracle's outputs (ssm_ref with dtype=np.float64): K and ``g_snapshots`` as
     :func:`run`, "snapshots" its first ``slots`` slots (none: left out)."""
-    import ssm_ref
-
-    r = ssm_ref.ssm_scan(**args, dtype=np.float64, snapshots=K)
-    out = {"y": r.y, "states": r.states, "snapshots": r.snapshots}
+    ref = ports.reference_port(SCAN)
+    out = dict(ports.call_op(ref, SCAN, args, keywords={"snapshots": K}).arrays)
     _slots(out, slots)
     if backward:
-        g = ssm_ref.ssm_scan_back(**args, g_y=g_y, g_states=g_states, dtype=np.float64,
-                                  g_snapshots=g_snapshots if K > 1 else None)
-        out.update(g.as_dict())
+        out.update(ports.call_op(ref, SCAN, args, {"g_y": g_y, "g_states": g_states},
+                                 ports.snapshot_keywords(K, g_snapshots, backward=True)).arrays)
     return out
 
 

@@ -51,15 +51,10 @@ def reference_of(op: ops.Op, args: dict, cotangents: dict | None = None, keyword
     """The op's reference in float64 on ``args`` (by name, with ``keywords``) and, given
     ``cotangents``, its gradients too: outputs (and gradients) by name. A gradient the reference
     gives as None (that of an optional input left None) stays None."""
-    kw = dict(keywords or {})
-    pos = [args.get(n) for n in op.input_names]
-    r = op.forward(*pos, dtype=np.float64, **kw)
-    out = {k: _host(output_of(r, k)) for k in op.output_names}
+    ref = ports.reference_port(op)
+    out = {k: v for k, v in ports.call_op(ref, op, args, keywords=keywords).arrays.items() if k in op.output_names}
     if cotangents is not None:
-        cot = (None if cotangents.get(n) is None else np.asarray(cotangents[n], np.float64)
-               for n in op.cotangent_names)
-        g = op.backward(*pos, *cot, dtype=np.float64, **kw)
-        out.update({k: _host(output_of(g, k)) for k in op.grad_names})
+        out.update(ports.call_op(ref, op, args, cotangents, keywords).arrays)
     return out
 
 
@@ -70,8 +65,10 @@ def reference(op: ops.Op, case, backward: bool) -> dict:
 
 def port_outputs(module, op: ops.Op, args: dict, cotangents: dict | None, keywords: dict | None = None) -> dict | None:
     """The port's forward outputs, and its gradients where ``cotangents`` are given (None when its
-    backward raises NotImplementedError: it has none)."""
-    out = dict(ports.call_op(module, op, args, keywords=keywords).arrays)
+    backward raises NotImplementedError: it has none); the extras a result carries (the scan's
+    snapshots) left out: these properties are of the declared outputs."""
+    r = ports.call_op(module, op, args, keywords=keywords)
+    out = {k: v for k, v in r.arrays.items() if k in op.output_names}
     if cotangents is not None:
         try:
             out.update(ports.call_op(module, op, args, cotangents, keywords=keywords).arrays)

@@ -37,8 +37,8 @@ from .. import ports
 from ..cases import Case
 from ._common import PropertyFailed, case_rng
 
-__all__ = ["Difference", "InvarianceReport", "batch_invariant", "batch_report", "invariant_port", "split_invariant",
-           "split_report", "takes_keyword"]
+__all__ = ["CHECK_CASES", "Difference", "InvarianceReport", "batch_invariant", "batch_report", "check_reports",
+           "invariant_port", "split_invariant", "split_report", "takes_keyword"]
 
 PER_TOKEN = ("x", "dt", "B", "C")
 OWN_GRADS = ("d_s0", "d_x", "d_dt", "d_B", "d_C")
@@ -128,16 +128,15 @@ def takes_keyword(fn, name: str) -> bool:
 
 
 def _forward(module, args: dict, **kw) -> dict:
-    """y, states (and snapshots when asked for with ``snapshots=K``) of the port's forward."""
-    name = ports.port_name(module)
-    pos = ports.args_of(args)
-    out = module.ssm_scan(*pos, **kw)
-    got = dict(ports.normalise("ssm_scan", out, ports.dims_of(pos), backend=name).arrays) \
-        if not kw.get("update_cache") else {"y": ports.host(out.y)}
-    if "snapshots" in kw:
-        snaps = out.get("snapshots") if isinstance(out, dict) else getattr(out, "snapshots", None)
-        got["snapshots"] = None if snaps is None else ports.host(snaps)
-    return got
+    """y, states (and snapshots when asked for with ``snapshots=K``) of the port's forward; y
+    alone with ``update_cache=True`` (its result's states are the cache's business)."""
+    if not kw.get("update_cache"):
+        got = dict(ports.call_op(module, SCAN, args, keywords=kw).arrays)
+        return {"snapshots": None, **got} if "snapshots" in kw else got
+    out = module.ssm_scan(*ports.args_of(args), **kw)
+    snaps = out.get("snapshots") if isinstance(out, dict) else getattr(out, "snapshots", None)
+    return {"y": ports.host(out.y), **({"snapshots": None if snaps is None else ports.host(snaps)}
+                                      if "snapshots" in kw else {})}
 
 
 def _backward(module, args: dict, g_y, g_states) -> dict | None:
@@ -145,12 +144,10 @@ def _backward(module, args: dict, g_y, g_states) -> dict | None:
     None for a port whose ssm_scan_back raises NotImplementedError."""
     from ._common import _scatter
 
-    name = ports.port_name(module)
     try:
-        g = ports.call(module.ssm_scan_back, "ssm_scan_back", (*ports.args_of(args), g_y, g_states), backend=name)
+        got = dict(ports.call_op(module, SCAN, args, {"g_y": g_y, "g_states": g_states}).arrays)
     except NotImplementedError:
         return None
-    got = dict(g.arrays)
     if "d_s" not in got:
         got["d_s"] = _scatter(got["d_s0"], args["s"], args.get("ids"))
     return got
@@ -313,6 +310,26 @@ def split_report(module, case: Case, *, cuts=None, in_cache: bool | None = None,
     rep.add("d_s", grads[0]["d_s"], gw["d_s"])
     rep.not_compared["d_A"] = D_A_NOTE
     return rep
+
+
+# The drawn set ``ssm-scan check`` reports on (make_problem's arguments; the arrangements are drawn
+# from the case): a small Mamba-2 with groups and shuffled rows, a Mamba-1 with shared rows, and a
+# Mamba-2 of 64 tokens (long enough for a backend to choose another plan by batch size).
+CHECK_CASES = (
+    dict(S=3, T=5, H=4, P=3, N=5, G=2, ids="permutation", variant="mamba2"),
+    dict(S=3, T=17, H=2, P=4, N=8, G=1, ids="duplicates", variant="mamba1"),
+    dict(S=4, T=64, H=4, P=16, N=16, G=1, ids="permutation", variant="mamba2"),
+)
+
+
+def check_reports(module, kind: str, seed: int) -> list[InvarianceReport]:
+    """The ``kind`` ("batch" or "split") reports of ``module`` on each of :data:`CHECK_CASES`, drawn
+    from ``seed``: what ``ssm-scan check`` prints as information (the scan's declared
+    ``invariance``)."""
+    from ..cases import make_problem
+
+    report = {"batch": batch_report, "split": split_report}[kind]
+    return [report(module, make_problem(seed + k, **c)) for k, c in enumerate(CHECK_CASES)]
 
 
 def _raise(name: str, rep: InvarianceReport, case: Case) -> None:
