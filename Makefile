@@ -51,11 +51,17 @@ ggml: setup
 
 # ggml's own SSM_SCAN against the float64 oracle, on each build: the quick check (K = 4 snapshots
 # too on the K build), then a quarter of a minute of fuzzing (ssm-scan fuzz --minutes M: longer).
+# The two builds side by side (each a single-threaded Python loop over small problems: two cores
+# take both in the time of one), the output of each kept apart and printed in turn.
 ggml-check: ggml
-	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
-	SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ)
-	SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU
-	SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_K_FUZZ)
+	@out=$$(mktemp -d); \
+	( SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU && \
+	  SSM_GGML_LIB=$(GGML_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_FUZZ) ) >$$out/a 2>&1 & a=$$!; \
+	( SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan check --quick --backend ssm_ggml:CPU && \
+	  SSM_GGML_LIB=$(GGML_K_LIB) $(VENV)/bin/ssm-scan fuzz --backend ssm_ggml:CPU $(GGML_K_FUZZ) ) >$$out/b 2>&1 & b=$$!; \
+	wait $$a; ra=$$?; wait $$b; rb=$$?; \
+	echo "== ggml $(GGML_LIB)"; cat $$out/a; echo "== ggml (K) $(GGML_K_LIB)"; cat $$out/b; rm -rf $$out; \
+	[ $$ra = 0 ] && [ $$rb = 0 ]
 
 setup: apt $(STAMP)
 
