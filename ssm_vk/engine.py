@@ -26,15 +26,17 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .mamba3_workspace import M3Workspace
 from .sizing import Limits
-from .workspace import Workspace
 
 if TYPE_CHECKING:
     from .config import Settings
     from .family import Planned
+    # The workspaces it keeps are either op's (workspace.Workspace, mamba3_workspace.M3Workspace),
+    # made by the caller's class (Engine.workspace's ``make``): neither is imported here, so the
+    # engine sits below both (the layers: tests/test_layers.py).
+    Workspace = Any
 
 __all__ = ["Engine", "KeptForward", "clear", "current", "engine_of", "MAX_WORKSPACES"]
 
@@ -107,18 +109,18 @@ class Engine:
         return lim
 
     # -- workspaces -----------------------------------------------------------------------------
-    def workspace(self, planned: Planned, rerun: bool = False) -> Workspace:
+    def workspace(self, planned: Planned, make, rerun: bool = False) -> Workspace:
         """The workspace of the shape, knobs, limits and step's form the decision planned
         (``planned``: family.Planned), running its first plan or (``rerun``) the recompute's
-        -- made on first use with that plan; the least recently used beyond MAX_WORKSPACES is
-        closed."""
+        -- made on first use with that plan by ``make(ctx, planned, rerun)`` (the op's workspace
+        class: workspace.Workspace, mamba3_workspace.M3Workspace); the least recently used beyond
+        MAX_WORKSPACES is closed."""
         key = (planned.key, rerun)
         with self.lock:
             if self.closed:
                 raise RuntimeError("this Vulkan context is closed")
             ws = self.workspaces.get(key)
             if ws is None:
-                make = Workspace if planned.first.family.op == "ssm_scan" else M3Workspace
                 ws = self.workspaces[key] = make(self.ctx, planned, rerun)
                 while len(self.workspaces) > MAX_WORKSPACES:
                     k, old = next(iter(self.workspaces.items()))

@@ -34,7 +34,6 @@ from .decision import kernels_problem
 from .engine import engine_of
 from .family import Planned
 from .mamba3_workspace import STATE_PARTS
-from .replay import MAMBA3_CALLS
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
 from .validate import frozen_result
@@ -230,7 +229,8 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     device_out = given is not None or _ctx_of(arrays) is not None
     res = mamba3_run.run_call(dec.engine, q, False, dec.planned, device_out, update, given)
     if sig is not None:
-        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, False, arrays, update, MAMBA3_CALLS)
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, False, arrays, update,
+                          mamba3_run.MAMBA3_CALLS)
     if update:
         for cache, part in zip(caches, STATE_PARTS, strict=True):
             if type(cache) is not DeviceArray:
@@ -296,7 +296,7 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     q = device_problem(p, dict(zip((*_INPUTS, *_COTS), arrays, strict=True)))
     g = mamba3_run.run_call(dec.engine, q, True, dec.planned, _ctx_of(arrays) is not None)
     if sig is not None:
-        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, True, arrays, False, MAMBA3_CALLS)
+        replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, True, arrays, False, mamba3_run.MAMBA3_CALLS)
     return _grads(g, dec.info.where, p.psi_given)
 
 

@@ -3,7 +3,7 @@ of prepare_scan (ssm_vk.prepared) for the Mamba-3 scan -- a call of DeviceArrays
 and bound once, its work recorded once in a workspace of its own with its own outputs, then
 ``run()`` again and again on the inputs as they are then (a decode step per token and layer:
 the submit and the wait, nothing else). The same PreparedCall and replay.Replay as the scan's
-(replay.MAMBA3_CALLS: what differs by op)."""
+(mamba3_run.MAMBA3_CALLS: what differs by op)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from .arrays import DeviceArray
 from .mamba3_api import check_update, decide, device_problem, float32_only, stand_ins
 from .mamba3_workspace import M3Workspace
 from .prepared import PreparedCall
-from .replay import MAMBA3_CALLS
 from .validate import frozen_result
 
 __all__ = ["prepare_mamba3_scan", "prepare_mamba3_scan_back"]
@@ -81,7 +80,8 @@ class _M3Prepared(PreparedCall):
 
     def __init__(self, backward: bool, p, update: bool, inputs: tuple):
         op = MAMBA3.backward_name if backward else MAMBA3.name
-        self._setup(op, decide(op, p.dims, rotation=p.rotation), p, backward, update, (), inputs, MAMBA3_CALLS)
+        self._setup(op, decide(op, p.dims, rotation=p.rotation), p, backward, update, (), inputs,
+                    mamba3_run.MAMBA3_CALLS)
         outs = self._replay.outs
         if backward:
             self._result = Mamba3Grads(**{k: outs.get(k) for k in MAMBA3.grad_names}, where=self.where)

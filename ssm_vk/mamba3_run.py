@@ -1,7 +1,7 @@
 """Running a Mamba-3 call on the device, once it is decided (ssm_vk.mamba3_api): its workspace
 (mamba3_workspace.M3Workspace, the Engine's for its shape), inputs bound, the sequence recorded for
 those buffers replayed (or recorded), submit and wait, the outputs -- as ssm_vk.run does for the
-scan, and with the same signatures, so that replay.Replay runs either op (replay.MAMBA3_CALLS).
+scan, and with the same signatures, so that replay.Replay runs either op (:data:`MAMBA3_CALLS`, at the end).
 
 Outputs are DeviceArrays from the context's pool in the op's shapes (SISO without the rank axis:
 the kernels' layout with M = 1 is the same memory), or the caller's (``out=``); a call whose every
@@ -25,13 +25,14 @@ from . import run
 from . import runtime as rt
 from .arrays import DeviceArray, check_live, pool
 from .mamba3_workspace import STATE_PARTS, M3Workspace
+from .replay import OpCalls
 
 if TYPE_CHECKING:
     from .engine import Engine
     from .family import Planned
 
-__all__ = ["backward_shapes", "finish", "forward_shapes", "fresh", "output_shapes", "problem", "record", "retry",
-           "put_states_after", "run_bound", "run_call", "run_once", "template"]
+__all__ = ["MAMBA3_CALLS", "backward_shapes", "finish", "forward_shapes", "fresh", "output_shapes", "problem",
+           "record", "retry", "put_states_after", "run_bound", "run_call", "run_once", "template"]
 
 _CACHES = ("s_theta", "s_h", "s_k", "s_v")
 
@@ -194,7 +195,7 @@ def run_once(engine: Engine, p, backward: bool, planned: Planned, device_out: bo
     recompute's plan (a result the first plan's kernels flagged as not finite is computed again
     so: the token-sequential kernels, whose inf and nan are the spec's)."""
     while True:
-        ws = engine.workspace(planned, rerun)
+        ws = engine.workspace(planned, M3Workspace, rerun)
         with ws.lock:
             if ws.closed:
                 continue
@@ -267,3 +268,22 @@ def template(p) -> dict:
     """What :func:`problem` takes of a first call's problem ``p``: its keywords and which optional
     inputs it had (never an array: the replay must not keep the first call's alive)."""
     return {"rotation": p.rotation, "psi_given": p.psi_given, "states_given": p.states_given, "dtype": p.dtype}
+
+
+# -- what replay.Replay asks of the op (replay.OpCalls) ------------------------------------------------
+
+def _record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
+    # (a flagging plan's sequence leaves the cache rows to put_states_after, once its flag was read)
+    return record(ws, p, backward, bufs, ["prepared"], outs, update), update and ws.flags_nonfinite
+
+
+def _copy_states(ws, own: dict, p) -> None:
+    put_states_after(ws, p)
+
+
+def _nothing_kept(engine, p) -> None:
+    """(Mamba-3 keeps no forward tables for its backward.)"""
+
+
+MAMBA3_CALLS = OpCalls(MAMBA3, problem, run_bound, run_once, retry, _record_own, _copy_states, _nothing_kept,
+                       template, M3Workspace)

@@ -2,7 +2,7 @@
 mamba3_scan_back) checked, planned and bound once, then replayed -- the one mechanism for calls
 that repeat. What differs between the ops -- how a repeat's problem is made, how a call runs in its
 workspace, what a prepared call records -- is the op's :class:`OpCalls` (:data:`SCAN_CALLS`,
-:data:`MAMBA3_CALLS`); the rest is shared. Two hold a Replay:
+mamba3_run.MAMBA3_CALLS); the rest is shared. Two hold a Replay:
 
 - a prepared call (prepared.PreparedCall: ``prepare_scan`` / ``prepare_scan_back``): its own
   workspace and outputs, and so one recorded sequence;
@@ -24,14 +24,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ssm_ref.ops import MAMBA3, SCAN
+from ssm_ref.ops import SCAN
 
-from . import mamba3_run, run, validate
+from . import run, validate
 from . import runtime as rt
 from .arrays import check_live, pool
 from .workspace import Workspace, release_all
 
-__all__ = ["MAMBA3_CALLS", "SCAN_CALLS", "OpCalls", "Replay"]
+__all__ = ["SCAN_CALLS", "OpCalls", "Replay"]
 
 
 class OpCalls(NamedTuple):
@@ -43,7 +43,8 @@ class OpCalls(NamedTuple):
     into the cache rows after it); ``copy_states(ws, own, p)``: that copy, after the sequence ran
     and its flag was read; ``written(engine, p)``: a forward with update_cache wrote ``p``'s
     cache (the kept tables that read it go); ``template(p)``: what ``problem`` takes of the first
-    call's problem ``p`` (no arrays)."""
+    call's problem ``p`` (no arrays); ``workspace``: the op's workspace class (engine.workspace
+    makes one of it). The scan's: :data:`SCAN_CALLS`; Mamba-3's: mamba3_run.MAMBA3_CALLS."""
 
     op: object
     problem: object
@@ -54,6 +55,7 @@ class OpCalls(NamedTuple):
     copy_states: object
     written: object
     template: object
+    workspace: object
 
 
 def _scan_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
@@ -71,27 +73,12 @@ def _scan_written(engine, p) -> None:
     engine.written(p.s)
 
 
-def _m3_record_own(ws, p, backward: bool, bufs: dict, outs: dict, update: bool):
-    # (a flagging plan's sequence leaves the cache rows to mamba3_run.put_states_after, once its flag was read)
-    return mamba3_run.record(ws, p, backward, bufs, ["prepared"], outs, update), update and ws.flags_nonfinite
-
-
-def _m3_copy_states(ws, own: dict, p) -> None:
-    mamba3_run.put_states_after(ws, p)
-
-
-def _nothing_kept(engine, p) -> None:
-    """(Mamba-3 keeps no forward tables for its backward.)"""
-
-
 def _no_template(p) -> None:
     """(The scan's repeats make their problem of the dims alone: validate.problem.)"""
 
 
 SCAN_CALLS = OpCalls(SCAN, validate.problem, run.run_bound, run.run_once, run.retry, _scan_record_own,
-                     _scan_copy_states, _scan_written, _no_template)
-MAMBA3_CALLS = OpCalls(MAMBA3, mamba3_run.problem, mamba3_run.run_bound, mamba3_run.run_once, mamba3_run.retry,
-                       _m3_record_own, _m3_copy_states, _nothing_kept, mamba3_run.template)
+                     _scan_copy_states, _scan_written, _no_template, Workspace)
 
 
 class Replay:

@@ -124,7 +124,7 @@ def keep(sig: tuple, engine: Engine, info, planned, p, backward: bool, arrays: t
     ``arrays``) on the device of ``engine``, whose support decision was taken with ``info`` and
     planned ``planned`` (family.Planned). Nothing is kept when the signature moved meanwhile
     (the knobs changed, an input was released: another thread) or the limits did. ``calls``:
-    another op's (replay.MAMBA3_CALLS; its signature :func:`m3_signature`); None: the scan's."""
+    another op's (mamba3_run.MAMBA3_CALLS; its signature :func:`m3_signature`); None: the scan's."""
     ctx = engine.ctx
     if ctx.info is not info:
         return
@@ -134,11 +134,12 @@ def keep(sig: tuple, engine: Engine, info, planned, p, backward: bool, arrays: t
         again = signature(ctx, backward, arrays, planned.knobs, planned.softplus, update, 1 if backward else p.dims.K)
     else:
         again = m3_signature(ctx, backward, arrays, planned.knobs, planned.softplus, update)
-    ws = engine.workspace(planned)
+    calls = SCAN_CALLS if calls is None else calls
+    ws = engine.workspace(planned, calls.workspace)
     if ws.closed or again != sig:
         return
     try:
-        replay = Replay(engine, info, planned, p, ws, backward, update, calls=SCAN_CALLS if calls is None else calls)
+        replay = Replay(engine, info, planned, p, ws, backward, update, calls=calls)
     except (RuntimeError, ValueError):
         return  # released (or closed) since: the next call takes the full path and says so
     if ctx.info is not info:

@@ -116,7 +116,7 @@ def run_once(engine, p: Problem, backward: bool, planned: Planned, device_out: b
     a result the first plan's kernels flag as non-finite is computed again so (into the ``given``
     outputs too: the recompute binds them in its own workspace, no copy)."""
     while True:
-        ws = engine.workspace(planned, rerun)
+        ws = engine.workspace(planned, Workspace, rerun)
         with ws.lock:
             if ws.closed:  # another thread evicted it after our look-up: look again
                 continue

@@ -47,11 +47,11 @@ LAYERS = (
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
     # the cached decision); neither imports the other
     ("ssm_vk.run", "ssm_vk.support"),
-    ("ssm_vk.mamba3_run",),
-    # a call bound once and replayed (Replay), and the two that hold one: prepare_scan's prepared
+    # a call bound once and replayed (Replay; the scan's OpCalls), then side by side: Mamba-3's call
+    # in its workspace (and its OpCalls), and the two that hold a Replay: prepare_scan's prepared
     # calls and the plain calls' repeats, kept by signature
     ("ssm_vk.replay",),
-    ("ssm_vk.prepared", "ssm_vk.replay_cache"),
+    ("ssm_vk.mamba3_run", "ssm_vk.prepared", "ssm_vk.replay_cache"),
     # the plain calls
     ("ssm_vk.mamba3_api", "ssm_vk.mamba3_prepared"),
     ("ssm_vk.api",),
