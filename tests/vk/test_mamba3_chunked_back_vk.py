@@ -242,3 +242,28 @@ def test_the_packaged_matrix_holds_five_backward_modules():
     assert sorted(names) == sorted(s.name for s in mamba3_chunked_specs.packaged([GPU], [128], (), (), None)
                                    if s.name.startswith("m3b_"))
     assert len(names) == 5
+
+
+def test_device_arrays_and_a_prepared_call_give_the_host_call_bits(fit):
+    """DeviceArray inputs and cotangents (the gradients DeviceArrays), a repeat (the kept replay)
+    and a prepared backward on the chunked kernels: the host call's gradients bit for bit, a
+    cotangent None zeros on the device."""
+    case = mamba3_cases.make_case(29, S=2, T=10, H=2, P=3, N=8, G=1, M=2, F=2, R=3, ids="unused")
+    args, cot = _args(case), dict(case.cotangents)
+    cot["g_v"] = None
+    with _chunked(4):
+        host = ssm_vk.mamba3_scan_back(**args, **cot)
+        dev = {k: ssm_vk.to_device(v) for k, v in {**args, **cot}.items()
+               if k not in ("ids", "rotation") and v is not None}
+        dev["rotation"] = args["rotation"]
+        for _ in range(2):
+            g = ssm_vk.mamba3_scan_back(**dev, ids=args["ids"])
+            for name in GRADS:
+                assert g[name].numpy().tobytes() == np.asarray(host[name]).tobytes(), name
+        call = ssm_vk.prepare_mamba3_scan_back(**dev, ids=args["ids"])
+        try:
+            g = call.run()
+            for name in GRADS:
+                assert g[name].numpy().tobytes() == np.asarray(host[name]).tobytes(), name
+        finally:
+            call.close()

@@ -290,5 +290,6 @@ def test_the_packaged_matrix_holds_five_chunked_modules():
     """The chunked kernels are one SPIR-V module each for every N, M, P and chunk length."""
     names = [name for name, _ in registry.matrix([GPU], [16, 32, 64, 128, 256], op="mamba3_scan")
              if name.startswith("m3c_")]
-    assert sorted(names) == sorted(s.name for s in mamba3_chunked_specs.packaged([GPU], [128], (), (), None))
+    assert sorted(names) == sorted(s.name for s in mamba3_chunked_specs.packaged([GPU], [128], (), (), None)
+                                   if s.name.startswith("m3c_"))
     assert len(names) == 5
