@@ -7,7 +7,8 @@
 //     W = D (γ_s + [s < t] σ_s) (zero above the diagonal);
 //     gWD[t, s] = D[t, s] Σ_{r,r'} S ⊙ GV, its column suffix sums (the decays' and the weights' sums);
 //     g_v = (W ⊙ S)ᵀ g_Y + wout ⊙ (K G_outᵀ)  -> d_x = Σ_r psi^r ⊙ g_v^r, the chunk's part of d_psi;
-//     g_q = (W ⊙ GV) K + din ⊙ (g_Y H'_in),  g_k = (W ⊙ GV)ᵀ Q + wout ⊙ (V G_out)  -> gqk;
+//     g_k = (W ⊙ GV)ᵀ Q + wout ⊙ (V G_out),  g_q = (W ⊙ GV) K + din ⊙ (g_Y H'_in)  -> gqk
+//     (W ⊙ GV in shared memory row-major for g_k, then transposed for g_q: both read it as vec4);
 //     gdin_t, b_s (those products' second parts dotted with q, k by rows), <G_out, H'_in>,
 //     gσ_in = Σ_r v_inᵀ G'_in k_in  -> d_dt, d_dA, d_lam of the chunk's tokens;
 //     chunk 0: the start state's d0_k = σ_in G'_inᵀ v_in, d0_v = σ_in G'_in k_in.
@@ -297,67 +298,13 @@ void main() {
         barrier();
     }
 
-    // ---- g_q, g_k per tile of 64 state entries, from W ⊙ GV (row-major in sm4) ----
+    // ---- g_k per tile of 64 state entries, from W ⊙ GV (row-major in sm4: its columns b read as vec4) ----
     sm_put(accG);
     barrier();
     uint gk0 = gk_at();
     for (uint n0 = 0u; n0 < pc.N; n0 += TILE) {
-        // g_q = (W ⊙ GV) K + din ⊙ (g_Y H'_in)
-        float acc[4][4], acc2[4][4];
-        tile_zero(acc);
-        tile_zero(acc2);
-        for (uint b0 = 0u; b0 < rows; b0 += KS) {
-            uint kn = min(KS, rows - b0);
-            for (uint e = tid; e < KS * TILE; e += 256u) {
-                uint k = e / TILE, col = e % TILE;
-                float kv = 0.0;
-                if (k < kn && n0 + col < pc.N) kv = kr[qk0 + (b0 + k) * pc.N + n0 + col];
-                stage_b(k, col, kv);
-            }
-            barrier();
-            for (uint k = 0u; k < kn; ++k) {
-                vec4 bv = bs4[k * (TILE / 4u) + tx];
-                [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-                    float av = sm_get(r0 + u, b0 + k);
-                    [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += av * bv[v];
-                }
-            }
-            barrier();
-        }
-        for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
-            uint kn = min(KS, pc.P - k0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {
-                uint e = tid + 256u * j;
-                uint a = e / KS, k = e % KS;               // g_Y: row-major over p
-                float g = 0.0;
-                if (k < kn && a < rows) g = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + k0 + k];
-                stage_a(k, a, g);
-                uint kk = e / TILE, col = e % TILE;        // H'_in: index p, column n
-                float hv = 0.0;
-                if (kk < kn && n0 + col < pc.N) hv = hz[gat + (k0 + kk) * pc.N + n0 + col];
-                stage_b(kk, col, hv);
-            }
-            barrier();
-            tile_mma(acc2, kn);
-            barrier();
-        }
-        float part4[4];
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-            uint a = r0 + u;
-            part4[u] = 0.0;
-            [[unroll]] for (uint v = 0u; v < 4u; ++v) {
-                uint n = n0 + c0 + v;
-                if (a < rows && n < pc.N) {
-                    part4[u] += acc2[u][v] * qr[qk0 + a * pc.N + n];
-                    float g = acc[u][v] + din_sh[a / pc.M] * acc2[u][v];
-                    gqk[qk0 + a * pc.N + n] = g;
-                    guard(g);
-                }
-            }
-        }
-        row_sums(part4, rows, true);
-
         // g_k = (W ⊙ GV)ᵀ Q + wout ⊙ (V G_out)
+        float acc[4][4], acc2[4][4];
         tile_zero(acc);
         tile_zero(acc2);
         for (uint a0 = 0u; a0 < rows; a0 += KS) {
@@ -395,6 +342,7 @@ void main() {
             tile_mma(acc2, kn);
             barrier();
         }
+        float part4[4];
         [[unroll]] for (uint u = 0u; u < 4u; ++u) {
             uint b = r0 + u;
             uint s = b / pc.M, r = b % pc.M;
@@ -411,6 +359,69 @@ void main() {
             }
         }
         row_sums(part4, rows, false);
+    }
+
+    // ---- g_q per tile, from W ⊙ GV transposed (its rows a read as vec4) ----
+    barrier();
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+        [[unroll]] for (uint v = 0u; v < 4u; ++v) sm_set(c0 + v, r0 + u, accG[u][v]);
+    }
+    barrier();
+    for (uint n0 = 0u; n0 < pc.N; n0 += TILE) {
+        // g_q = (W ⊙ GV) K + din ⊙ (g_Y H'_in)
+        float acc[4][4], acc2[4][4];
+        tile_zero(acc);
+        tile_zero(acc2);
+        for (uint b0 = 0u; b0 < rows; b0 += KS) {
+            uint kn = min(KS, rows - b0);
+            for (uint e = tid; e < KS * TILE; e += 256u) {
+                uint k = e / TILE, col = e % TILE;
+                float kv = 0.0;
+                if (k < kn && n0 + col < pc.N) kv = kr[qk0 + (b0 + k) * pc.N + n0 + col];
+                stage_b(k, col, kv);
+            }
+            barrier();
+            for (uint k = 0u; k < kn; ++k) {
+                vec4 av = sm4[(b0 + k) * (TILE / 4u) + ty];   // (W ⊙ GV)[a][b0 + k] for the block's rows a
+                vec4 bv = bs4[k * (TILE / 4u) + tx];
+                [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+                    [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += av[u] * bv[v];
+                }
+            }
+            barrier();
+        }
+        for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
+            uint kn = min(KS, pc.P - k0);
+            [[unroll]] for (uint j = 0u; j < PER; ++j) {
+                uint e = tid + 256u * j;
+                uint a = e / KS, k = e % KS;               // g_Y: row-major over p
+                float g = 0.0;
+                if (k < kn && a < rows) g = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + k0 + k];
+                stage_a(k, a, g);
+                uint kk = e / TILE, col = e % TILE;        // H'_in: index p, column n
+                float hv = 0.0;
+                if (kk < kn && n0 + col < pc.N) hv = hz[gat + (k0 + kk) * pc.N + n0 + col];
+                stage_b(kk, col, hv);
+            }
+            barrier();
+            tile_mma(acc2, kn);
+            barrier();
+        }
+        float part4[4];
+        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
+            uint a = r0 + u;
+            part4[u] = 0.0;
+            [[unroll]] for (uint v = 0u; v < 4u; ++v) {
+                uint n = n0 + c0 + v;
+                if (a < rows && n < pc.N) {
+                    part4[u] += acc2[u][v] * qr[qk0 + a * pc.N + n];
+                    float g = acc[u][v] + din_sh[a / pc.M] * acc2[u][v];
+                    gqk[qk0 + a * pc.N + n] = g;
+                    guard(g);
+                }
+            }
+        }
+        row_sums(part4, rows, true);
     }
 
     // ---- <G_out, H'_in> and gσ_in = <G'_in, Σ_r v_in k_inᵀ>, each summed in a fixed order ----
