@@ -160,11 +160,12 @@ CHUNK_BWD_BINDINGS = 32
 
 @dataclass(frozen=True)
 class M3ChunkPlan:
-    """The chunked forward's plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
-    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head), ``angle`` (per sequence,
-    head and 64 pairs), ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n)),
-    ``pass_`` (per sequence, head and 256 state entries), ``y`` (per sequence, chunk, head and 64
-    channels)."""
+    """The chunked kernels' plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
+    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head; also the backward's
+    m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle),
+    ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_``
+    (per sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head
+    and 64 channels)."""
 
     L: int
     NC: int
