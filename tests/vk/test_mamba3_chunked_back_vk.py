@@ -41,7 +41,7 @@ GRADS = ("d_x", "d_dt", "d_dA", "d_lam", "d_B", "d_C", "d_B_bias", "d_C_bias", "
          "d_s_h", "d_s_k", "d_s_v")
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v",
           "ids")
-FEW = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Roomy limits of a GPU (an H100's, about): only the knobs and the shape decide.
 GPU = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic"}), max_workgroup_invocations=1024,
              max_shared_memory=48 << 10, max_workgroup_count=(2**31 - 1, 65535, 65535),
