@@ -110,6 +110,13 @@ void main() {
     barrier();
 
     // ---- S = Q Kᵀ over N, GV = g_Y Vᵀ over P (registers) ----
+    // An invocation's block lies wholly above the diagonal (s > t for all its entries: masked) when
+    // its first column's token follows its last row's: it skips the products. The transposed
+    // products' contractions run only over the rows that can be unmasked for the block's rows:
+    // a >= alo (token(a) >= token(r0): g_v, g_k) or b < bhi (token(b) <= token(r0 + 3): g_q).
+    bool above = c0 / pc.M > (r0 + 3u) / pc.M;
+    uint alo = (r0 / pc.M) * pc.M;
+    uint bhi = ((r0 + 3u) / pc.M + 1u) * pc.M;
     float accS[4][4], accG[4][4];
     tile_zero(accS);
     tile_zero(accG);
@@ -127,7 +134,7 @@ void main() {
             stage_b(k, a, kv);
         }
         barrier();
-        tile_mma(accS, kn);
+        if (!above) tile_mma(accS, kn);
         barrier();
     }
     for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
@@ -145,7 +152,7 @@ void main() {
             stage_b(k, a, vv);
         }
         barrier();
-        tile_mma(accG, kn);
+        if (!above) tile_mma(accG, kn);
         barrier();
     }
 
@@ -238,7 +245,7 @@ void main() {
                 stage_b(k, col, g);
             }
             barrier();
-            for (uint k = 0u; k < kn; ++k) {
+            for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
                 vec4 av = sm4[(a0 + k) * (TILE / 4u) + ty];   // A[a][b] for the block's rows b
                 vec4 bv = bs4[k * (TILE / 4u) + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -316,7 +323,7 @@ void main() {
                 stage_b(k, col, qv);
             }
             barrier();
-            for (uint k = 0u; k < kn; ++k) {
+            for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
                 vec4 av = sm4[(a0 + k) * (TILE / 4u) + ty];
                 vec4 bv = bs4[k * (TILE / 4u) + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -381,7 +388,8 @@ void main() {
                 stage_b(k, col, kv);
             }
             barrier();
-            for (uint k = 0u; k < kn; ++k) {
+            uint kend = bhi > b0 ? min(bhi - b0, kn) : 0u;
+            for (uint k = 0u; k < kend; ++k) {
                 vec4 av = sm4[(b0 + k) * (TILE / 4u) + ty];   // (W ⊙ GV)[a][b0 + k] for the block's rows a
                 vec4 bv = bs4[k * (TILE / 4u) + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
