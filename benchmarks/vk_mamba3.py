@@ -1,11 +1,14 @@
-"""The Mamba-3 forward on ssm_vk, device time of its kernels: the chunked forward (ssm_vk/mamba3/glsl/m3c_*.comp)
-step by step beside the token-sequential kernel, from GPU timestamps around each dispatch of one recorded call
-(inputs DeviceArrays: no upload or readback counted), and the wall time of ``ssm_vk.mamba3_scan`` from
-host arrays for both. SISO unless --M; the issue's shape by default: H = 32, P = 64, N = 128, F = 32, G = 1.
+"""The Mamba-3 forward and backward on ssm_vk, device time of their kernels: the chunked forward
+(ssm_vk/mamba3/glsl/m3c_*.comp) and backward (m3b_*.comp after the forward's first four) step by step beside
+the token-sequential kernels, from GPU timestamps around each dispatch of one recorded call (inputs
+DeviceArrays: no upload or readback counted), and the wall time of ``ssm_vk.mamba3_scan`` /
+``mamba3_scan_back`` from host arrays for both. SISO unless --M; the issue's shape by default: H = 32, P = 64,
+N = 128, F = 32, G = 1.
 
-    python benchmarks/vk_mamba3.py --shapes 1x512,8x2048 [--M 2] [--reps 5]
+    python benchmarks/vk_mamba3.py --shapes 1x512,8x2048 [--M 2] [--reps 5] [--pass fwd|bwd|both]
 
-Prints one block per (S, T): each plan's kernels (ms, the best of --reps submissions) and the call's wall time.
+Prints one block per (S, T) and pass: each plan's kernels (ms, the best of --reps submissions) and the call's
+wall time.
 """
 
 from __future__ import annotations
@@ -45,24 +48,33 @@ def _problem(S, T, H, P, N, M, F, rng):
                 dtheta=(rng.standard_normal((S, T, H, F)) / 10).astype(f32))
 
 
-def _device_times(a, tune, reps):
-    """(family name, {kernel: ms}) of one forward's kernels under knobs ``tune``, its inputs
-    DeviceArrays (the best of ``reps`` runs of the recorded sequence)."""
+def _cotangents(a, rng):
+    """g_y and g_h of the forward of ``a`` (the other cotangents None: zeros)."""
+    S, T, H, P = a["x"].shape
+    N = a["B"].shape[-1]
+    y = (S, T, a["B"].shape[2], H, P) if a["B"].ndim == 5 else (S, T, H, P)
+    return {"g_y": rng.standard_normal(y).astype(np.float32),
+            "g_h": rng.standard_normal((S, H, P, N)).astype(np.float32)}
+
+
+def _device_times(a, tune, reps, cot=None):
+    """(family name, {kernel: ms}) of one forward's kernels (with ``cot``: one backward's) under knobs
+    ``tune``, its inputs DeviceArrays (the best of ``reps`` runs of the recorded sequence)."""
     import ssm_vk
     from ssm_vk import config, run
 
-    dev = {k: ssm_vk.to_device(v) for k, v in a.items()}
+    dev = {k: ssm_vk.to_device(v) for k, v in {**a, **(cot or {})}.items()}
     try:
         with config.configure(tune=tune):
             best: dict = {}
             for _ in range(reps + 1):
-                r = ssm_vk.mamba3_scan(**dev)
+                r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
                 t = run.last_sequence().gpu_times()
                 for a_, b_ in itertools.pairwise(t):
                     if ":" in b_:
                         ms = (t[b_] - t[a_]) * 1e-6
                         best[b_] = min(best.get(b_, ms), ms)
-                for v in r:
+                for v in (r.values() if cot else r):
                     if v is not None:
                         v.release()
             from ssm_ref.mamba3_checks import check_mamba3_forward
@@ -70,7 +82,8 @@ def _device_times(a, tune, reps):
 
             p = check_mamba3_forward(*(a[k] for k in ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias",
                                                       "dtheta")), rotation="interleaved", dtype=np.float32)
-            name = mamba3_api.decide("mamba3_scan", p.dims).planned.first.family.name
+            op = "mamba3_scan_back" if cot else "mamba3_scan"
+            name = mamba3_api.decide(op, p.dims).planned.first.family.name
         return name, best
     finally:
         for v in dev.values():
@@ -86,6 +99,7 @@ def main() -> None:
     ap.add_argument("--F", type=int, default=32)
     ap.add_argument("--M", type=int, default=0, help="MIMO rank (0: SISO)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd", "both"), default="both")
     args = ap.parse_args()
 
     import ssm_vk
@@ -98,19 +112,25 @@ def main() -> None:
     for shape in args.shapes.split(","):
         S, T = (int(v) for v in shape.lower().split("x"))
         a = _problem(S, T, args.H, args.P, args.N, args.M, args.F, rng)
-        print(f"(S, T) = ({S}, {T})")
-        for label, tune in (("chunked", {"M3_CHUNK_MIN_T": 1}), ("token-sequential", {"M3_CHUNK": 0})):
-            name, times = _device_times(a, tune, args.reps)
-            with config.configure(tune=tune):
-                ssm_vk.mamba3_scan(**a)
-                wall = []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    ssm_vk.mamba3_scan(**a)
-                    wall.append(time.perf_counter() - t0)
-            steps = ", ".join(f"{k.split(':', 1)[1]} {v:.3f}" for k, v in times.items())
-            print(f"  {label} ({name}): kernels {sum(times.values()):.3f} ms [{steps}]; "
-                  f"call from host arrays {min(wall) * 1e3:.2f} ms")
+        cot = _cotangents(a, rng)
+        passes = {"fwd": (False,), "bwd": (True,), "both": (False, True)}[args.which]
+        for backward in passes:
+            print(f"(S, T) = ({S}, {T}) {'backward' if backward else 'forward'}")
+            chunked = {"M3_CHUNK_BWD_MIN_T" if backward else "M3_CHUNK_MIN_T": 1}
+            for label, tune in (("chunked", chunked), ("token-sequential", {"M3_CHUNK": 0})):
+                name, times = _device_times(a, tune, args.reps, cot if backward else None)
+                kw = {**a, **cot} if backward else a
+                call = ssm_vk.mamba3_scan_back if backward else ssm_vk.mamba3_scan
+                with config.configure(tune=tune):
+                    call(**kw)
+                    wall = []
+                    for _ in range(3):
+                        t0 = time.perf_counter()
+                        call(**kw)
+                        wall.append(time.perf_counter() - t0)
+                steps = ", ".join(f"{k.split(':', 1)[1]} {v:.3f}" for k, v in times.items())
+                print(f"  {label} ({name}): kernels {sum(times.values()):.3f} ms [{steps}]; "
+                      f"call from host arrays {min(wall) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ MIMO of rank M: B, C (S,T,M,G,N), biases (H,M,N), psi (H,M,P); y per rank (S,T,M
 
 Also part of the spec: ``ssm_ref.tolerance`` (how close a float32 implementation must come to
 the float64 oracle), ``ssm_ref.jvp`` (forward mode: tangents of y and states), ``ssm_ref.chunked``
-(the chunked Mamba-2 form), ``ssm_ref.mamba3_chunked`` (the chunked Mamba-3 forward),
-``ssm_ref.packing`` (ggml's 1-D layouts).
+(the chunked Mamba-2 form), ``ssm_ref.mamba3_chunked`` and ``ssm_ref.mamba3_chunked_back`` (the
+chunked Mamba-3 forward and backward), ``ssm_ref.packing`` (ggml's 1-D layouts).
 
 Testing an implementation against this spec (golden vectors, ``verify``, the properties, the
 fuzzer): the kit ``ssm_ref.testing`` (docs/PORTING.md). It imports the spec; nothing here imports it.
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import chunked, jvp, mamba3_chunked, ops, packing, tolerance
+from . import chunked, jvp, mamba3_chunked, mamba3_chunked_back, ops, packing, tolerance
 from ._version import __version__
 from .checks import (
     DT_SOFTPLUS,
@@ -100,6 +100,7 @@ __all__ = [
     "packing",
     "jvp",
     "mamba3_chunked",
+    "mamba3_chunked_back",
     "mamba3_scan",
     "mamba3_scan_back",
     "tolerance",
@@ -116,10 +117,10 @@ __all__ = [
 
 
 def __dir__():
-    # The public names only (its public submodules: chunked, jvp, mamba3_chunked, ops, packing,
-    # tolerance). The submodules that imports attach (checks, scan, mamba3, mamba3_checks, results,
-    # memory, environ, testing) and numpy stay importable by their path, e.g. ``import
-    # ssm_ref.checks``, but are not the API.
+    # The public names only (its public submodules: chunked, jvp, mamba3_chunked,
+    # mamba3_chunked_back, ops, packing, tolerance). The submodules that imports attach (checks,
+    # scan, mamba3, mamba3_checks, results, memory, environ, testing) and numpy stay importable by
+    # their path, e.g. ``import ssm_ref.checks``, but are not the API.
     return sorted(__all__)
 
 OPS = ("ssm_scan", "ssm_scan_back")

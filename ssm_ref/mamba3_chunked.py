@@ -1,6 +1,6 @@
-"""The chunked (matrix) form of the Mamba-3 scan, forward only: the spec of a chunked kernel, the
-same function as the token-by-token :mod:`ssm_ref.mamba3` with other sums (tested equal to it in
-float64 to 1e-12, tests/ref/test_mamba3_chunked.py).
+"""The chunked (matrix) form of the Mamba-3 scan's forward (its backward: mamba3_chunked_back):
+the spec of a chunked kernel, the same function as the token-by-token :mod:`ssm_ref.mamba3` with
+other sums (tested equal to it in float64 to 1e-12, tests/ref/test_mamba3_chunked.py).
 
 Glossary: S sequences · T tokens · H heads · P channels · N state size · G groups · M rank ·
 F rotated pairs · L chunk length (the last chunk of a sequence may be shorter, Lc <= L).
@@ -34,15 +34,23 @@ from .chunked import chunk_tables
 from .mamba3 import mod_2pi, rotate
 from .mamba3_checks import M3Problem, pair_index
 
-__all__ = ["forward"]
+__all__ = ["check_chunk_length", "forward"]
 
 
-def forward(p: M3Problem, L: int):
-    """The forward in chunks of ``L`` tokens. Returns what :func:`ssm_ref.mamba3.forward` does:
-    y (S, T, M, H, P) and the final state (theta (S, H, F), h (S, H, P, N), k (S, H, M, N),
-    v (S, H, M, P)). ValueError for L < 1."""
+def check_chunk_length(L) -> None:
+    """ValueError unless L is an integer >= 1 (bool excluded)."""
     if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
         raise ValueError(f"L: the chunk length must be an integer >= 1, got {L!r}")
+
+
+def forward(p: M3Problem, L: int, keep: bool = False):
+    """The forward in chunks of ``L`` tokens. Returns what :func:`ssm_ref.mamba3.forward` does:
+    y (S, T, M, H, P) and the final state (theta (S, H, F), h (S, H, P, N), k (S, H, M, N),
+    v (S, H, M, P)); with ``keep`` also the state each chunk receives, NC = ceil(T / L) chunks:
+    theta_in (S, H, NC, F), H'_in (S, H, NC, P, N) (the incoming h with the trapezoid's term of
+    k_in, v_in added), k_in (S, H, NC, M, N), v_in (S, H, NC, M, P) -- what the chunked backward
+    (:mod:`ssm_ref.mamba3_chunked_back`) reads. ValueError for L < 1."""
+    check_chunk_length(L)
     d = p.dims
     S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
     one = p.dtype.type(1)
@@ -53,6 +61,9 @@ def forward(p: M3Problem, L: int):
     h_out = np.empty((S, H, P, N), dtype=p.dtype)
     k_out = np.empty((S, H, M, N), dtype=p.dtype)
     v_out = np.empty((S, H, M, P), dtype=p.dtype)
+    NC = -(-T // L)
+    kept = (np.empty((S, H, NC, F), p.dtype), np.empty((S, H, NC, P, N), p.dtype),
+            np.empty((S, H, NC, M, N), p.dtype), np.empty((S, H, NC, M, P), p.dtype))
     for i in range(S):
         row = p.ids[i]
         for h in range(H):
@@ -75,10 +86,14 @@ def forward(p: M3Problem, L: int):
                 strict = np.tri(t1 - t0, k=-1, dtype=bool)                            # s < t
                 W = D * (gamma[None, :] + np.where(strict, sigma[None, :], p.dtype.type(0)))  # (Lc, Lc)
                 H_in = Hc + dt[0] * (one - lam[0]) * np.einsum("mp,mn->pn", v_in, k_in)  # (P, N)
+                for arr, val in zip(kept, (th, H_in, k_in, v_in), strict=True):
+                    arr[i, h, t0 // L] = val
                 scores = np.einsum("trn,sqn->trsq", q, k) * W[:, None, :, None]       # (Lc, M, Lc, M)
                 y[i, t0:t1, :, h] = (np.einsum("trsq,sqp->trp", scores, v)
                                      + din[:, None, None] * np.einsum("pn,trn->trp", H_in, q))  # (Lc, M, P)
                 Hc = dch * H_in + np.einsum("s,sqp,sqn->pn", W[-1], v, k)             # (P, N)
                 th, k_in, v_in = ths[-1], k[-1], v[-1]
             theta[i, h], h_out[i, h], k_out[i, h], v_out[i, h] = th, Hc, k_in, v_in
+    if keep:
+        return y, (theta, h_out, k_out, v_out), kept
     return y, (theta, h_out, k_out, v_out)

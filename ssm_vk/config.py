@@ -139,6 +139,8 @@ KNOBS: dict[str, Knob] = {
                      "never the chunked kernels (default 64 / M)"),
     "M3_CHUNK_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked forward takes "
                            "(default 64; 128 on a CPU device)"),
+    "M3_CHUNK_BWD_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked backward takes "
+                               "(default 64; 128 on a CPU device)"),
 }
 
 

@@ -4,11 +4,12 @@
   mamba3_scan_back.comp, mamba3_reduce.comp over mamba3_common.glsl. ``mamba3_planner``: the
   M3Plan; ``mamba3_specs``: their specs; ``mamba3_recording``: the recording. The op's fallback:
   it takes every call. Its results are not flagged: inf and nan flow through as the spec says.
-- :data:`CHUNKED`, the chunked forward (the matrix form, ssm_ref/mamba3_chunked.py):
-  glsl/m3c_*.comp. ``mamba3_planner``'s chunked section: the M3ChunkPlan (sequences of
-  M3_CHUNK_MIN_T tokens or more, forward only); ``mamba3_chunked_specs``,
-  ``mamba3_chunked_recording``. Its results are flagged when an input or an output is not
-  finite, and such a call is computed again on the token-sequential kernels.
+- :data:`CHUNKED`, the chunked forward and backward (the matrix forms, ssm_ref/mamba3_chunked.py
+  and mamba3_chunked_back.py): glsl/m3c_*.comp, and glsl/m3b_*.comp after the forward's first
+  kernels for the backward. ``mamba3_planner``'s chunked section: the M3ChunkPlan (sequences of
+  M3_CHUNK_MIN_T tokens or more forward, M3_CHUNK_BWD_MIN_T backward); ``mamba3_chunked_specs``,
+  ``mamba3_chunked_recording``. Its results are flagged when an input, a cotangent or an output
+  is not finite, and such a call is computed again on the token-sequential kernels.
 
 ssm_vk.registry lists them in the planner's order: CHUNKED, then FAMILY.
 """

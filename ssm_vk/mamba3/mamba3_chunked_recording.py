@@ -1,11 +1,24 @@
-"""Recording the chunked Mamba-3 forward (ws.plan: an M3ChunkPlan; glsl/m3c_*.comp).
+"""Recording the chunked Mamba-3 forward and backward (ws.plan: an M3ChunkPlan; glsl/m3c_*.comp,
+glsl/m3b_*.comp).
 
+The forward:
 In order, a barrier between each: the non-finite flag zeroed; where F > 0 the chunks' angle sums
 (m3c_prep MODE 0) and the pass over them (m3c_angle: each chunk's θ_in, the final θ); the
 rotated keys and queries and the chunks' decays (m3c_prep MODE 1); each chunk's own state
 contribution (m3c_states); the pass over the chunks (m3c_pass: the state each chunk receives,
 the final h, k, v); y (m3c_y); the flag copied where the host reads it after the wait
 (ssm_vk.mamba3_run recomputes a flagged call on the token-sequential kernels).
+
+The backward (ssm_ref/mamba3_chunked_back.py), a barrier between each step: the flag zeroed; the
+forward's first steps again (the angle sums and pass, the rotation, the chunk states, the pass:
+the chunks' θ_in, q, k, H'_in, decays); each chunk's part of the state cotangent (m3b_gstates)
+and the pass back over the chunks (m3b_gpass: G_out of each chunk, d0_h); each chunk's gradients
+(m3b_chunk: d_x, d_dt, d_dA, d_lam, d_psi's parts, the cotangents of the rotated q and k, d0_k,
+d0_v); the rotation's adjoint (m3b_rot MODE 0: d_B, d_C per head, the biases' parts, the angle
+cotangents); where F > 0 the pass back over the chunks' angle cotangents (m3b_angle, d0_theta)
+and d_dtheta's suffix sums (m3b_rot MODE 1); the fixed-order sums over a group's heads (d_B,
+d_C) and over the sequences' chunks (the biases' and d_psi's parts; mamba3_reduce.comp, as the
+token-sequential backward); the flag copied where the host reads it.
 
 ``ws``: the call's workspace (ssm_vk.mamba3_workspace.M3Workspace): ``ctx``, ``plan``,
 ``bind(name)`` and ``flag_host()``.
@@ -14,9 +27,11 @@ the final h, k, v); y (m3c_y); the flag copied where the host reads it after the
 
 from __future__ import annotations
 
-from ..kernel_specs import pack_push
+from ..kernel_specs import FLAT_WG, pack_push
 from ..recording import flag_end, kernel
+from ..sizing import grid
 from . import mamba3_chunked_specs as m3c
+from . import mamba3_specs as m3k
 
 __all__ = ["record_forward", "record_backward", "FLAG"]
 
@@ -51,5 +66,47 @@ def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
     flag_end(seq, ws, flag[0])   # (the workspace reads it after the wait: a flagged call is computed again)
 
 
+def _reduce(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int) -> None:
+    """dst[a * inner + b] = Σ_{k < K} src[(a K + k) inner + b], k in order (mamba3_reduce.comp)."""
+    if n_out == 0:
+        return
+    gx, gy = grid(-(-n_out // FLAT_WG), ws.limits)
+    push = pack_push(m3k.REDUCE_PUSH, dict(n_out=n_out, INNER=inner, K=K, gx=gx, o_in=0, o_out=0))
+    seq.dispatch(kernel(ws.ctx, m3k.reduce_spec()), [ws.bind(src), ws.bind(dst)], push, (gx, gy, 1))
+
+
 def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
-    raise AssertionError("the chunked Mamba-3 kernels have no backward: its planner never takes one")
+    """Record the chunked backward (``bufs``: unused, the workspace binds by name; ``kept``: never
+    -- it recomputes the forward's tables). Its outputs are the token-sequential backward's: d_x,
+    d_dtheta, d_B, d_C, and d_step, d_parts, d_start, which the workspace splits (split_grads)."""
+    d = p.dims
+    plan = ws.plan
+    fwd = [ws.bind(k) for k in m3c.RECOMPUTE_BINDINGS]
+    bwd = [ws.bind(k) for k in m3c.BWD_BINDINGS]
+    flag = ws.bind(FLAG)
+    seq.fill(flag[0], 0, 0, flag[2])
+
+    def run(spec, grid_, binds, mode: int = 0) -> None:
+        seq.barrier()
+        seq.dispatch(kernel(ws.ctx, spec), binds, _push(p, plan, grid_[0], mode), (grid_[0], grid_[1], 1))
+
+    if d.F:
+        run(m3c.prep_spec(), plan.prep, fwd, 0)
+        run(m3c.angle_spec(), plan.angle, fwd)
+    run(m3c.prep_spec(), plan.prep, fwd, 1)
+    run(m3c.states_spec(), plan.states, fwd)
+    run(m3c.pass_spec(), plan.pass_, fwd)
+    run(m3c.gstates_spec(), plan.states, bwd)
+    run(m3c.gpass_spec(), plan.pass_, bwd)
+    run(m3c.chunk_spec(), plan.prep, bwd)
+    run(m3c.rot_spec(), plan.prep, bwd, 0)
+    if d.F:
+        run(m3c.bangle_spec(), plan.angle, bwd)
+        run(m3c.rot_spec(), plan.prep, bwd, 1)
+    seq.barrier()
+    slab = d.S * d.T * d.M * d.G * d.N
+    _reduce(seq, ws, "m3b_dBh", "d_B", slab, d.N, d.H // d.G)
+    _reduce(seq, ws, "m3b_dCh", "d_C", slab, d.N, d.H // d.G)
+    per = d.H * (2 * d.M * d.N + d.M * d.P)
+    _reduce(seq, ws, "m3b_parts", "d_parts", per, per, d.S * plan.NC)
+    flag_end(seq, ws, flag[0])

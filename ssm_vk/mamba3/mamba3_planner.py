@@ -1,7 +1,8 @@
 """The plans of a Mamba-3 call: on the token-sequential kernels (glsl/mamba3_scan.comp,
 mamba3_scan_back.comp; :func:`plan_call`, an M3Plan: the workgroup size, the channel blocks per
-head and the scratch) and, in the section at the end, on the chunked forward (glsl/m3c_*.comp;
-:func:`chunk_plan_call`, an M3ChunkPlan: when it runs, the chunk length, the grids, its scratch).
+head and the scratch) and, in the section at the end, on the chunked kernels (forward:
+glsl/m3c_*.comp; backward: glsl/m3b_*.comp after the forward's first four; :func:`chunk_plan_call`,
+an M3ChunkPlan: when it runs, the chunk length, the grids, its scratch).
 
 The forward runs one workgroup per (sequence, head, block of channels), one invocation per
 channel: the workgroup size is the power of two at or above P, at least the device's subgroup
@@ -13,8 +14,8 @@ one segment's states (recomputed from its checkpoint before the segment is walke
 channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
-the CPU). Pure Python; the token-sequential family reads no knobs, the chunked one M3_CHUNK and
-M3_CHUNK_MIN_T (here only: tests/vk/test_knob_reads.py).
+the CPU). Pure Python; the token-sequential family reads no knobs, the chunked one M3_CHUNK,
+M3_CHUNK_MIN_T and M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T",
            "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan", "chunk_elems",
-           "chunk_plan_call", "chunk_scratch"]
+           "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU", "CHUNK_BWD_SHARED",
+           "CHUNK_BWD_BINDINGS", "chunk_bwd_elems"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
@@ -143,15 +145,27 @@ CHUNK_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 4 * CHUNK_RO
 # wins from 64 to 128 tokens at N = 128 and breaks even from 128 at N = 64 (docs/KERNELS.md).
 CHUNK_MIN_T = 64
 CHUNK_MIN_T_CPU = 128
+# The shortest sequence the chunked backward takes (knob M3_CHUNK_BWD_MIN_T). The token-sequential
+# backward walks every token twice per (sequence, head) with S H workgroups; on a GPU the chunked
+# one replaces that chain by S NC H independent chunks from one chunk on. On a CPU device the
+# chunked backward's products cost about what the walk does (docs/KERNELS.md measures both).
+CHUNK_BWD_MIN_T = 64
+CHUNK_BWD_MIN_T_CPU = 128
+# Shared memory of the backward's largest kernel (m3b_chunk.comp): a 64 x 64 matrix, the two
+# operand slices (2 x 16 x 64), ten per-token tables (10 x 64) and two scalars, float32.
+CHUNK_BWD_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 10 * CHUNK_ROWS + 2)
+# Storage buffers the backward's kernels bind (m3b_common.glsl).
+CHUNK_BWD_BINDINGS = 32
 
 
 @dataclass(frozen=True)
 class M3ChunkPlan:
-    """The chunked forward's plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
-    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head), ``angle`` (per sequence,
-    head and 64 pairs), ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n)),
-    ``pass_`` (per sequence, head and 256 state entries), ``y`` (per sequence, chunk, head and 64
-    channels)."""
+    """The chunked kernels' plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
+    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head; also the backward's
+    m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle),
+    ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_``
+    (per sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head
+    and 64 channels)."""
 
     L: int
     NC: int
@@ -173,30 +187,51 @@ def chunk_elems(d: M3Dims, L: int) -> dict:
             "m3c_flag": 4}
 
 
+def chunk_bwd_elems(d: M3Dims, L: int) -> dict:
+    """Float32 elements of the chunked backward's own scratch for chunks of ``L`` tokens, by name
+    (beside :func:`chunk_elems`, which its recompute of the forward fills): G per chunk and the
+    chunks' angle cotangents (S,H,NC,PN + F), the cotangents of the rotated queries and keys
+    (2,S,H,T,M,N), d_B and d_C per head (S,T,M,H,N) each, each chunk's parts of d_B_bias, d_C_bias,
+    d_psi (S,NC,H,2MN+MP), the recompute's final state (S,H,F), (S,H,P,N), (S,H,M,N), (S,H,M,P)."""
+    NC = -(-d.T // L)
+    SH = d.S * d.H
+    slab = d.S * d.T * d.M * d.H * d.N
+    return {"m3b_gz": SH * NC * (d.P * d.N + d.F), "m3b_gqk": 2 * SH * d.T * d.M * d.N, "m3b_dBh": slab,
+            "m3b_dCh": slab, "m3b_parts": d.S * NC * d.H * (2 * d.M * d.N + d.M * d.P), "m3b_th": SH * d.F,
+            "m3b_h": SH * d.P * d.N, "m3b_k": SH * d.M * d.N, "m3b_v": SH * d.M * d.P}
+
+
 def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
-    """The chunked forward's plan of the call (family.Family.plan), or None where it does not take
-    it: a backward, the recompute of a flagged result, the invariant mode, T below M3_CHUNK_MIN_T
-    (default :data:`CHUNK_MIN_T`, on a CPU device :data:`CHUNK_MIN_T_CPU`),
+    """The chunked kernels' plan of the call (family.Family.plan), or None where they do not take
+    it: the recompute of a flagged result, the invariant mode, T below M3_CHUNK_MIN_T (a forward;
+    default :data:`CHUNK_MIN_T`, on a CPU device :data:`CHUNK_MIN_T_CPU`) or M3_CHUNK_BWD_MIN_T (a
+    backward; default :data:`CHUNK_BWD_MIN_T`, on a CPU device :data:`CHUNK_BWD_MIN_T_CPU`),
     M3_CHUNK = 0, a rank above 64, N outside 1..256, P = 0, a device without 256-invocation
-    workgroups or the shared memory, scratch beyond one binding. The token-sequential plan takes
-    those."""
+    workgroups, the shared memory or (a backward) 32 storage buffers per stage, scratch beyond one
+    binding. The token-sequential plan takes those."""
     d, lim, knobs = req.dims, req.lim, req.knobs
-    if req.backward or req.rerun or req.snap or knobs.invariant:
+    if req.rerun or req.snap or knobs.invariant:
         return None
-    min_t = knobs.knob("M3_CHUNK_MIN_T")
+    min_t = knobs.knob("M3_CHUNK_BWD_MIN_T" if req.backward else "M3_CHUNK_MIN_T")
     L = knobs.knob("M3_CHUNK")
     L = CHUNK_ROWS // max(d.M, 1) if L is None else min(L, CHUNK_ROWS // max(d.M, 1))
     if min_t is None:
-        min_t = CHUNK_MIN_T_CPU if lim.device_type == "cpu" else CHUNK_MIN_T
+        if req.backward:
+            min_t = CHUNK_BWD_MIN_T_CPU if lim.device_type == "cpu" else CHUNK_BWD_MIN_T
+        else:
+            min_t = CHUNK_MIN_T_CPU if lim.device_type == "cpu" else CHUNK_MIN_T
     if L < 1 or d.T < max(1, min_t):
         return None
     if not 1 <= d.N <= CHUNK_N_MAX or d.P < 1 or d.M > CHUNK_ROWS:
         return None
+    shared, buffers = (CHUNK_BWD_SHARED, CHUNK_BWD_BINDINGS) if req.backward else (CHUNK_SHARED, 26)
     if (min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < CHUNK_WG
-            or lim.max_shared_memory < CHUNK_SHARED or lim.max_storage_buffers_per_stage < 26):
+            or lim.max_shared_memory < shared or lim.max_storage_buffers_per_stage < buffers):
         return None
     cap = binding_cap(lim)
     sizes = chunk_elems(d, L)
+    if req.backward:
+        sizes.update(chunk_bwd_elems(d, L))
     if max(*sizes.values(), d.S * d.T * d.M * d.H * d.P, d.S * d.T * d.M * d.G * d.N, d.R * d.H * d.P * d.N) > cap:
         return None
     NC = -(-d.T // L)
@@ -210,5 +245,9 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
 
 
 def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
-    """The chunked forward's scratch, by name (family.Family.scratch; it has no backward)."""
-    return {} if backward else chunk_elems(d, plan.L)
+    """The chunked kernels' scratch, by name (family.Family.scratch): the forward's tables, and for
+    a backward its own beside them."""
+    out = chunk_elems(d, plan.L)
+    if backward:
+        out.update(chunk_bwd_elems(d, plan.L))
+    return out

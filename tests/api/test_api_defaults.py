@@ -218,7 +218,7 @@ def test_scan_grads_is_a_read_only_mapping_by_name(backend):
 # The submodules each package presents as part of its API; every other module stays importable by
 # its path but is not listed.
 PUBLIC_MODULES = {
-    "ssm_ref": {"chunked", "jvp", "mamba3_chunked", "ops", "packing", "tolerance"},
+    "ssm_ref": {"chunked", "jvp", "mamba3_chunked", "mamba3_chunked_back", "ops", "packing", "tolerance"},
     "ssm_fast": set(),
     "ssm_vk": {"config", "runtime"},
     "ssm_torch": {"mamba", "mamba3"},
