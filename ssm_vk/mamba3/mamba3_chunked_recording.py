@@ -27,11 +27,10 @@ token-sequential backward); the flag copied where the host reads it.
 
 from __future__ import annotations
 
-from ..kernel_specs import FLAT_WG, pack_push
+from ..kernel_specs import pack_push
 from ..recording import flag_end, kernel
-from ..sizing import grid
 from . import mamba3_chunked_specs as m3c
-from . import mamba3_specs as m3k
+from .mamba3_recording import reduce_sums
 
 __all__ = ["record_forward", "record_backward", "FLAG"]
 
@@ -66,15 +65,6 @@ def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
     flag_end(seq, ws, flag[0])   # (the workspace reads it after the wait: a flagged call is computed again)
 
 
-def _reduce(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int) -> None:
-    """dst[a * inner + b] = Σ_{k < K} src[(a K + k) inner + b], k in order (mamba3_reduce.comp)."""
-    if n_out == 0:
-        return
-    gx, gy = grid(-(-n_out // FLAT_WG), ws.limits)
-    push = pack_push(m3k.REDUCE_PUSH, dict(n_out=n_out, INNER=inner, K=K, gx=gx, o_in=0, o_out=0))
-    seq.dispatch(kernel(ws.ctx, m3k.reduce_spec()), [ws.bind(src), ws.bind(dst)], push, (gx, gy, 1))
-
-
 def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     """Record the chunked backward (``bufs``: unused, the workspace binds by name; ``kept``: never
     -- it recomputes the forward's tables). Its outputs are the token-sequential backward's: d_x,
@@ -105,8 +95,8 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
         run(m3c.rot_spec(), plan.prep, bwd, 1)
     seq.barrier()
     slab = d.S * d.T * d.M * d.G * d.N
-    _reduce(seq, ws, "m3b_dBh", "d_B", slab, d.N, d.H // d.G)
-    _reduce(seq, ws, "m3b_dCh", "d_C", slab, d.N, d.H // d.G)
+    reduce_sums(seq, ws, "m3b_dBh", "d_B", slab, d.N, d.H // d.G)
+    reduce_sums(seq, ws, "m3b_dCh", "d_C", slab, d.N, d.H // d.G)
     per = d.H * (2 * d.M * d.N + d.M * d.P)
-    _reduce(seq, ws, "m3b_parts", "d_parts", per, per, d.S * plan.NC)
+    reduce_sums(seq, ws, "m3b_parts", "d_parts", per, per, d.S * plan.NC)
     flag_end(seq, ws, flag[0])

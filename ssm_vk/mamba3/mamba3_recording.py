@@ -20,7 +20,7 @@ from ..recording import kernel
 from ..sizing import grid
 from . import mamba3_specs as m3k
 
-__all__ = ["record_forward", "record_backward"]
+__all__ = ["record_forward", "record_backward", "reduce_sums"]
 
 
 def _scan_push(p, plan, npb: int) -> bytes:
@@ -38,7 +38,7 @@ def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
                  (plan.gx, plan.gy, 1))
 
 
-def _reduce(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int) -> None:
+def reduce_sums(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int) -> None:
     """dst[a * inner + b] = Σ_{k < K} src[(a K + k) inner + b], k in order (mamba3_reduce.comp)."""
     if n_out == 0:
         return
@@ -58,7 +58,7 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     seq.barrier()
     hpg = d.H // d.G
     slab = d.S * d.T * d.M * d.G * d.N
-    _reduce(seq, ws, "m3_dB_heads", "d_B", slab, d.N, hpg)
-    _reduce(seq, ws, "m3_dC_heads", "d_C", slab, d.N, hpg)
+    reduce_sums(seq, ws, "m3_dB_heads", "d_B", slab, d.N, hpg)
+    reduce_sums(seq, ws, "m3_dC_heads", "d_C", slab, d.N, hpg)
     per = d.H * (2 * d.M * d.N + d.M * d.P)
-    _reduce(seq, ws, "m3_parts", "d_parts", per, per, d.S)
+    reduce_sums(seq, ws, "m3_parts", "d_parts", per, per, d.S)

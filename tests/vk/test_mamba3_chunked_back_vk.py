@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from mamba3_chunks import GPU, INPUTS, args_of, chunked_cases, reruns
 
 import ssm_vk
 from ssm_ref import ops
@@ -30,7 +30,6 @@ from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api, registry
 from ssm_vk.engine import engine_of
 from ssm_vk.mamba3 import mamba3_chunked_specs, mamba3_planner
-from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -39,21 +38,7 @@ TOL = OP.tol()
 WHERE = re.compile(r"Vulkan\d+")
 GRADS = ("d_x", "d_dt", "d_dA", "d_lam", "d_B", "d_C", "d_B_bias", "d_C_bias", "d_dtheta", "d_psi", "d_s_theta",
          "d_s_h", "d_s_k", "d_s_v")
-INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v",
-          "ids")
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# Roomy limits of a GPU (an H100's, about): only the knobs and the shape decide.
-GPU = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic"}), max_workgroup_invocations=1024,
-             max_shared_memory=48 << 10, max_workgroup_count=(2**31 - 1, 65535, 65535),
-             max_storage_buffer_range=2**32 - 1, max_memory_allocation_size=2**32,
-             min_storage_buffer_offset_alignment=16, max_workgroup_size=(1024, 1024, 64),
-             max_push_constants_size=256, max_storage_buffers_per_stage=2**20, device_type="discrete")
-
-
-def _args(case) -> dict:
-    return {**case.args(), **case.keywords}
-
-
 def _chunked(L: int):
     """The knobs that send every backward to the chunked kernels, in chunks of ``L`` tokens."""
     return config.configure(tune={"M3_CHUNK": L, "M3_CHUNK_BWD_MIN_T": 1})
@@ -63,12 +48,8 @@ def _token():
     return config.configure(tune={"M3_CHUNK": 0})
 
 
-def _reruns() -> int:
-    return engine_of(ssm_vk.runtime.get_context()).reruns
-
-
 def _family(case) -> str:
-    a = _args(case)
+    a = args_of(case)
     p = check_mamba3_backward(*(a[k] for k in INPUTS), rotation=a["rotation"], dtype=np.float32)
     return mamba3_api.decide("mamba3_scan_back", p.dims, rotation=a["rotation"]).planned.first.family.name
 
@@ -88,41 +69,18 @@ def fit():
         pytest.skip("this device lacks the chunked backward's limits (workgroup, shared memory, storage buffers)")
 
 
-@st.composite
-def chunked_cases(draw):
-    """A case of several chunks of L tokens, the last one partial where T is not a multiple of L."""
-    L = draw(st.integers(2, 4))
-    T = draw(st.integers(L + 1, 3 * L + 1))
-    mimo = draw(st.booleans())
-    M = draw(st.integers(1, 3)) if mimo else None
-    S = draw(st.integers(1, 2))
-    G = draw(st.integers(1, 2))
-    H = G * draw(st.integers(1, 2))
-    N = draw(st.integers(1, 8))
-    F = draw(st.sampled_from((0, N // 2, max(1, N // 4)))) if N % 2 == 0 else 0
-    states = draw(st.booleans())
-    pattern = draw(st.sampled_from(("permutation", "duplicates", "unused") if S > 1 else ("unused", "identity"))) \
-        if states else "none"
-    case = mamba3_cases.make_case(draw(st.integers(0, 2**32 - 1)), S=S, T=T, H=H, P=draw(st.integers(1, 5)), N=N,
-                                  G=G, M=M, F=F, ids=pattern, states=states,
-                                  psi=draw(st.booleans()) if mimo else True,
-                                  rotation=draw(st.sampled_from(("interleaved", "halved"))),
-                                  regime=draw(st.sampled_from(("typical", "small_dA", "large_dt", "tiny", "large"))))
-    return L, case
-
-
 @given(lc=chunked_cases())
 @FEW
 def test_drawn_problems_meet_the_float64_reference(fit, lc):
     """Every gradient within the op's tolerance of the float64 reference, on the chunked backward
     (the plan asserted), computed on the device by its own kernels (no recompute)."""
     L, case = lc
-    before = _reruns()
+    before = reruns()
     with _chunked(L):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_backward"].check(ssm_vk, case, TOL)
-        assert WHERE.fullmatch(ssm_vk.mamba3_scan_back(**_args(case), **case.cotangents).where)
-    assert _reruns() == before
+        assert WHERE.fullmatch(ssm_vk.mamba3_scan_back(**args_of(case), **case.cotangents).where)
+    assert reruns() == before
 
 
 @pytest.mark.parametrize("rotation", ["interleaved", "halved"])
@@ -138,11 +96,11 @@ def test_default_chunk_length_over_long_decays(fit):
     """The planner's own chunk length (64 tokens, SISO) over 150 tokens of decays near 1, the last
     chunk partial."""
     case = mamba3_cases.make_case(5, S=1, T=150, H=2, P=4, N=8, G=1, F=2, ids="permutation", regime="long_decay")
-    before = _reruns()
+    before = reruns()
     with config.configure(tune={"M3_CHUNK_BWD_MIN_T": 1}):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_backward"].check(ssm_vk, case, TOL)
-    assert _reruns() == before
+    assert reruns() == before
 
 
 def test_reruns_are_bit_identical(fit):
@@ -150,9 +108,9 @@ def test_reruns_are_bit_identical(fit):
     (d_B, d_C summed over a group's heads, the biases over sequences and chunks, in fixed orders)."""
     case = mamba3_cases.make_case(11, S=2, T=11, H=4, P=5, N=8, G=2, M=2, F=2, ids="duplicates")
     with _chunked(3):
-        runs = [ssm_vk.mamba3_scan_back(**_args(case), **case.cotangents) for _ in range(2)]
+        runs = [ssm_vk.mamba3_scan_back(**args_of(case), **case.cotangents) for _ in range(2)]
         engine_of(ssm_vk.runtime.get_context()).clear()
-        runs.append(ssm_vk.mamba3_scan_back(**_args(case), **case.cotangents))
+        runs.append(ssm_vk.mamba3_scan_back(**args_of(case), **case.cotangents))
     for r in runs[1:]:
         for name in GRADS:
             assert np.asarray(r[name]).tobytes() == np.asarray(runs[0][name]).tobytes(), name
@@ -165,10 +123,10 @@ def test_chunked_and_token_sequential_backwards_agree(fit, M):
                                   rotation="halved" if M else "interleaved")
     with _chunked(4):
         assert _family(case) == "mamba3_chunked"
-        c = ssm_vk.mamba3_scan_back(**_args(case), **case.cotangents)
+        c = ssm_vk.mamba3_scan_back(**args_of(case), **case.cotangents)
     with _token():
         assert _family(case) == "mamba3"
-        s = ssm_vk.mamba3_scan_back(**_args(case), **case.cotangents)
+        s = ssm_vk.mamba3_scan_back(**args_of(case), **case.cotangents)
     tol = scaled(MAMBA3_F32_TOL, case.dims["T"])
     for name in GRADS:
         if c[name] is None:
@@ -185,7 +143,7 @@ def test_nonfinite_calls_are_recomputed_token_by_token(fit, where, value):
     """An input or a cotangent that is not finite: the chunked kernels flag the call and the
     token-sequential backward computes it, so the gradients are its own bit for bit."""
     case = mamba3_cases.make_case(17, S=2, T=9, H=2, P=3, N=4, G=1, F=1, ids="permutation")
-    args, cot = _args(case), dict(case.cotangents)
+    args, cot = args_of(case), dict(case.cotangents)
     src = cot if where.startswith("g_") else args
     bad = np.array(src[where], copy=True)
     if where.startswith("s_"):
@@ -193,10 +151,10 @@ def test_nonfinite_calls_are_recomputed_token_by_token(fit, where, value):
     else:
         bad.reshape(-1)[bad.size // 2] = value
     src[where] = bad
-    before = _reruns()
+    before = reruns()
     with _chunked(4):
         c = ssm_vk.mamba3_scan_back(**args, **cot)
-    assert _reruns() == before + 1
+    assert reruns() == before + 1
     with _token():
         s = ssm_vk.mamba3_scan_back(**args, **cot)
     assert not all(np.isfinite(s[n]).all() for n in GRADS if s[n] is not None)
@@ -249,7 +207,7 @@ def test_device_arrays_and_a_prepared_call_give_the_host_call_bits(fit):
     and a prepared backward on the chunked kernels: the host call's gradients bit for bit, a
     cotangent None zeros on the device."""
     case = mamba3_cases.make_case(29, S=2, T=10, H=2, P=3, N=8, G=1, M=2, F=2, R=3, ids="unused")
-    args, cot = _args(case), dict(case.cotangents)
+    args, cot = args_of(case), dict(case.cotangents)
     cot["g_v"] = None
     with _chunked(4):
         host = ssm_vk.mamba3_scan_back(**args, **cot)

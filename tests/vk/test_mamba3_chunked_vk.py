@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from mamba3_chunks import GPU, INPUTS, args_of, chunked_cases, reruns
 
 import ssm_vk
 from ssm_ref import ops
@@ -29,7 +29,6 @@ from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api, registry
 from ssm_vk.engine import engine_of
 from ssm_vk.mamba3 import mamba3_chunked_specs, mamba3_planner
-from ssm_vk.sizing import Limits
 
 pytestmark = pytest.mark.vulkan
 
@@ -37,58 +36,16 @@ OP = ops.get("mamba3_scan")
 TOL = OP.tol()
 WHERE = re.compile(r"Vulkan\d+")
 OUTPUTS = ("y", "theta", "h", "k", "v")
-INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v",
-          "ids")
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# Roomy limits of a GPU (an H100's, about): only the knobs and the shape decide.
-GPU = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic"}), max_workgroup_invocations=1024,
-             max_shared_memory=48 << 10, max_workgroup_count=(2**31 - 1, 65535, 65535),
-             max_storage_buffer_range=2**32 - 1, max_memory_allocation_size=2**32,
-             min_storage_buffer_offset_alignment=16, max_workgroup_size=(1024, 1024, 64),
-             max_push_constants_size=256, max_storage_buffers_per_stage=2**20, device_type="discrete")
-
-
-def _args(case) -> dict:
-    return {**case.args(), **case.keywords}
-
-
 def _chunked(L: int):
     """The knobs that send every forward to the chunked kernels, in chunks of ``L`` tokens."""
     return config.configure(tune={"M3_CHUNK": L, "M3_CHUNK_MIN_T": 1})
 
 
-def _reruns() -> int:
-    """Calls recomputed on the token-sequential kernels after the chunked ones flagged them."""
-    return engine_of(ssm_vk.runtime.get_context()).reruns
-
-
 def _family(case) -> str:
-    a = _args(case)
+    a = args_of(case)
     p = check_mamba3_forward(*(a[k] for k in INPUTS), rotation=a["rotation"], dtype=np.float32)
     return mamba3_api.decide("mamba3_scan", p.dims, rotation=a["rotation"]).planned.first.family.name
-
-
-@st.composite
-def chunked_cases(draw):
-    """A case of several chunks of L tokens, the last one partial where T is not a multiple of L."""
-    L = draw(st.integers(2, 4))
-    T = draw(st.integers(L + 1, 3 * L + 1))
-    mimo = draw(st.booleans())
-    M = draw(st.integers(1, 3)) if mimo else None
-    S = draw(st.integers(1, 2))
-    G = draw(st.integers(1, 2))
-    H = G * draw(st.integers(1, 2))
-    N = draw(st.integers(1, 8))
-    F = draw(st.sampled_from((0, N // 2, max(1, N // 4)))) if N % 2 == 0 else 0
-    states = draw(st.booleans())
-    pattern = draw(st.sampled_from(("permutation", "duplicates", "unused") if S > 1 else ("unused", "identity"))) \
-        if states else "none"
-    case = mamba3_cases.make_case(draw(st.integers(0, 2**32 - 1)), S=S, T=T, H=H, P=draw(st.integers(1, 5)), N=N,
-                                  G=G, M=M, F=F, ids=pattern, states=states,
-                                  psi=draw(st.booleans()) if mimo else True,
-                                  rotation=draw(st.sampled_from(("interleaved", "halved"))),
-                                  regime=draw(st.sampled_from(("typical", "small_dA", "large_dt", "tiny", "large"))))
-    return L, case
 
 
 @given(lc=chunked_cases())
@@ -97,12 +54,12 @@ def test_drawn_problems_meet_the_float64_reference(lc):
     """y and the four final state parts within the op's tolerance of the float64 reference, on the
     chunked kernels (the plan asserted), computed on the device."""
     L, case = lc
-    before = _reruns()
+    before = reruns()
     with _chunked(L):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
-        assert WHERE.fullmatch(ssm_vk.mamba3_scan(**_args(case)).where)
-    assert _reruns() == before   # (finite: the chunked kernels' own results)
+        assert WHERE.fullmatch(ssm_vk.mamba3_scan(**args_of(case)).where)
+    assert reruns() == before   # (finite: the chunked kernels' own results)
 
 
 @pytest.mark.parametrize("rotation", ["interleaved", "halved"])
@@ -120,20 +77,20 @@ def test_default_chunk_length_over_long_decays(M):
     decays near 1 (the state sums every token), the last chunk partial."""
     case = mamba3_cases.make_case(5, S=2, T=150, H=2, P=4, N=8, G=1, M=M, F=2, ids="permutation",
                                   regime="long_decay")
-    before = _reruns()
+    before = reruns()
     with config.configure(tune={"M3_CHUNK_MIN_T": 1}):
         assert _family(case) == "mamba3_chunked"
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
-    assert _reruns() == before
+    assert reruns() == before
 
 
 def test_reruns_are_bit_identical():
     """The same call twice, and again after the kept calls are dropped (a new recording): the same bits."""
     case = mamba3_cases.make_case(11, S=2, T=11, H=4, P=5, N=8, G=2, M=2, F=2, ids="permutation")
     with _chunked(3):
-        runs = [ssm_vk.mamba3_scan(**_args(case)) for _ in range(2)]
+        runs = [ssm_vk.mamba3_scan(**args_of(case)) for _ in range(2)]
         engine_of(ssm_vk.runtime.get_context()).clear()   # (the workspaces and their recorded sequences)
-        runs.append(ssm_vk.mamba3_scan(**_args(case)))
+        runs.append(ssm_vk.mamba3_scan(**args_of(case)))
     for r in runs[1:]:
         for name in OUTPUTS:
             assert getattr(r, name).tobytes() == getattr(runs[0], name).tobytes(), name
@@ -152,10 +109,10 @@ def test_chunked_and_token_sequential_plans_agree(M):
                                   rotation="halved" if M else "interleaved")
     with _chunked(4):
         assert _family(case) == "mamba3_chunked"
-        c = ssm_vk.mamba3_scan(**_args(case))
+        c = ssm_vk.mamba3_scan(**args_of(case))
     with config.configure(tune={"M3_CHUNK": 0}):
         assert _family(case) == "mamba3"
-        s = ssm_vk.mamba3_scan(**_args(case))
+        s = ssm_vk.mamba3_scan(**args_of(case))
     tol = scaled(MAMBA3_F32_TOL, case.dims["T"])
     for name in OUTPUTS:
         got, want = getattr(c, name), getattr(s, name).astype(np.float64)
@@ -171,17 +128,17 @@ def test_nonfinite_calls_are_recomputed_token_by_token(where, value):
     """An input that is not finite: the chunked kernels flag the call and the token-sequential
     kernels compute it, so the result is theirs bit for bit (inf and nan where the spec puts them)."""
     case = mamba3_cases.make_case(17, S=2, T=9, H=2, P=3, N=4, G=1, F=1, ids="permutation")
-    args = _args(case)
+    args = args_of(case)
     bad = np.array(args[where], copy=True)
     if where.startswith("s_"):   # (a row the call reads)
         bad[args["ids"][0]].flat[0] = value
     else:
         bad.reshape(-1)[bad.size // 2] = value
     args[where] = bad
-    before = _reruns()
+    before = reruns()
     with _chunked(4):
         c = ssm_vk.mamba3_scan(**args)
-    assert _reruns() == before + 1
+    assert reruns() == before + 1
     with config.configure(tune={"M3_CHUNK": 0}):
         s = ssm_vk.mamba3_scan(**args)
     assert not all(np.isfinite(getattr(s, n)).all() for n in OUTPUTS)
@@ -193,7 +150,7 @@ def test_update_cache_writes_the_final_states():
     """update_cache=True on the chunked kernels: the four cache rows ids hold the call's final
     states (those of update_cache=False), the other rows untouched."""
     case = mamba3_cases.make_case(19, S=2, T=10, H=2, P=3, N=8, G=2, M=2, F=2, R=4, ids="unused")
-    args = _args(case)
+    args = args_of(case)
     with _chunked(4):
         r = ssm_vk.mamba3_scan(**args)
         caches = {k: np.array(args[k], copy=True) for k in ("s_theta", "s_h", "s_k", "s_v")}
@@ -213,7 +170,7 @@ def test_flagged_update_on_device_caches_reads_the_caches_as_they_were(prepared)
     caches as they were -- the rows equal a token-sequential update's bit for bit, plain and
     prepared."""
     case = mamba3_cases.make_case(23, S=2, T=9, H=2, P=3, N=4, G=1, F=1, R=3, ids="unused")
-    args = _args(case)
+    args = args_of(case)
     args["x"] = np.array(args["x"], copy=True)
     args["x"][1, 4, 0, 0] = np.inf
     names = ("s_theta", "s_h", "s_k", "s_v")
@@ -230,9 +187,9 @@ def test_flagged_update_on_device_caches_reads_the_caches_as_they_were(prepared)
                 y = ssm_vk.mamba3_scan(**dev, ids=args["ids"], update_cache=True).y.numpy()
             return y, {k: dev[k].numpy() for k in names}
 
-    before = _reruns()
+    before = reruns()
     y_c, c = update({"M3_CHUNK": 4, "M3_CHUNK_MIN_T": 1}, prepared)
-    assert _reruns() == before + 1
+    assert reruns() == before + 1
     y_s, s = update({"M3_CHUNK": 0}, False)
     assert y_c.tobytes() == y_s.tobytes()
     for k in names:

@@ -42,21 +42,7 @@ layout(std430, binding = 29) buffer Bflag { uint flag[]; };
 layout(std430, binding = 30) buffer Bgz { float gz[]; };
 layout(std430, binding = 31) buffer Bgqk { float gqk[]; };
 
-layout(push_constant) uniform PC {
-    uint S, T, H, P, G, F, R, N, M, L, NC, halved, gx, mode;
-} pc;
-
-const float TWO_PI = 6.28318530717958647692;
-
-uint wg_index() { return gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x; }
-
-// Raise the flag for a value that is not finite (the host then computes the call again token by token).
-void guard(float v) {
-    if (!(abs(v) <= 3.4028234664e38)) atomicOr(flag[0], 1u);
-}
-
-// The row of token t (of sequence i, head h), rank r in qr / kr / the halves of gqk.
-uint qk_row(uint i, uint h, uint t, uint r) { return ((i * pc.H + h) * pc.T + t) * pc.M + r; }
+#include "m3_chunks.glsl"
 
 // The planes of g_state and d_start (element offsets): θ, h, k, v.
 uint plane_h() { return pc.S * pc.H * pc.F; }

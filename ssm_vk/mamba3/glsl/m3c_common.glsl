@@ -43,19 +43,4 @@ layout(std430, binding = 23) buffer Bdch { float dch[]; };
 layout(std430, binding = 24) buffer Bang { float ang[]; };
 layout(std430, binding = 25) buffer Bflag { uint flag[]; };
 
-layout(push_constant) uniform PC {
-    uint S, T, H, P, G, F, R, N, M, L, NC, halved, gx, mode;
-} pc;
-
-const float TWO_PI = 6.28318530717958647692;
-
-uint wg_index() { return gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x; }
-
-// Raise the flag for a value that is not finite (nan fails the comparison too). Rare: the
-// atomic runs only then.
-void guard(float v) {
-    if (!(abs(v) <= 3.4028234664e38)) atomicOr(flag[0], 1u);
-}
-
-// The row of token t (of sequence i, head h), rank r in qr / kr: (S,H,T,M,N) row-major.
-uint qk_row(uint i, uint h, uint t, uint r) { return ((i * pc.H + h) * pc.T + t) * pc.M + r; }
+#include "m3_chunks.glsl"
