@@ -27,7 +27,8 @@ from ssm_ref.results import Where
 __all__ = ["Bridge", "backend_module", "ids_for_check", "last_where", "standin"]
 
 _LOCK = threading.Lock()
-_LAST: list = [None]   # the Where of the last call (one slot: replaced whole, read under the lock)
+# the fields of the last call's Where, made when asked for (one slot: replaced whole, read under the lock)
+_LAST: list = [None]
 
 
 def last_where() -> Where | None:
@@ -35,14 +36,15 @@ def last_where() -> Where | None:
     this process (callbacks may run on another thread), or None before the first. The type
     ssm_torch.last_where returns."""
     with _LOCK:
-        return _LAST[0]
+        last = _LAST[0]
+    return None if last is None else Where(*last)
 
 
 def _record(op: str, r, work: np.dtype, backend: str) -> None:
     """The last call: ``op`` by the backend whose result is ``r`` (``backend`` when it names none)."""
-    w = Where(op=op, where=getattr(r, "where", "CPU"), backend=getattr(r, "backend", backend), dtype=work.name)
+    last = (op, getattr(r, "where", "CPU"), getattr(r, "backend", backend), work.name)
     with _LOCK:
-        _LAST[0] = w
+        _LAST[0] = last
 
 
 def standin(a) -> np.ndarray | None:

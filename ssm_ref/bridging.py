@@ -20,12 +20,18 @@ from .backend_names import BACKENDS, refusal
 __all__ = ["BridgeLayout", "backend_module", "computes", "default_backend"]
 
 
+_MODULES: dict = {}   # (a dict look-up per call instead of the import machinery's)
+
+
 def backend_module(backend: str):
     """The backend module named ``backend`` (one of BACKENDS: the module name the entry points
     resolved), imported on first use; ValueError naming the backends otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: {refusal(backend)}")
-    return importlib.import_module(backend)
+    mod = _MODULES.get(backend)
+    if mod is None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: {refusal(backend)}")
+        mod = _MODULES[backend] = importlib.import_module(backend)
+    return mod
 
 
 def computes(op, backend: str) -> bool:

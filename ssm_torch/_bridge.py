@@ -17,6 +17,7 @@ input's dtype. The backends never write their inputs, so the caller's tensors ar
 
 from __future__ import annotations
 
+import operator
 import threading
 
 import numpy as np
@@ -96,6 +97,7 @@ class Bridge(BridgeLayout):
         super().__init__(op, like, extra)
         self.keywords, self.shapes, self.device, self.fresh = keywords, shapes, device, fresh
         self._n_back = len(statics)   # the static arguments the backward takes
+        self._results = operator.attrgetter(*self.outputs)   # a forward's outputs, by name (two or more)
 
         ins = [(a.name, "Tensor?" if a.optional else "Tensor") for a in op.inputs]
         cots = [("g_" + o, "Tensor") for o in self.outputs]
@@ -109,30 +111,32 @@ class Bridge(BridgeLayout):
         self.backward.register_fake(self._backward_fake)
         self.forward.register_autograd(self._autograd, setup_context=self._setup_context)
 
-    def _call(self, inputs, statics, work):
-        """The module of the backend, the inputs as it takes them, and the call's keywords."""
+    def _call(self, inputs, statics):
+        """The backend's module, the working dtype, the inputs as the backend takes them, and the
+        call's keywords."""
         backend = statics[0]
+        kw = self.keywords(statics)
+        work = torch.float32
+        if backend == "ssm_ref":   # (float64 where every float input is)
+            work = work_dtype(backend, [inputs[i] for i in self.floats])
+            kw["dtype"] = np.float64 if work == torch.float64 else np.float32
         arrays = [None if t is None else _host(t, work) if f else t.detach().cpu().numpy()
                   for t, f in zip(inputs, self.is_float, strict=True)]
-        kw = self.keywords(statics)
-        if backend == "ssm_ref":
-            kw["dtype"] = np.float64 if work == torch.float64 else np.float32
-        return backend_module(backend), arrays, kw
+        return backend_module(backend), work, arrays, kw
 
     def _forward(self, *args):
         n = self.n_inputs
         inputs, statics = args[:n], args[n:]
         if self.device is not None and inputs[self.anchor].device.type == "cuda":
             return self.device.forward(inputs, statics)
-        work = work_dtype(statics[0], [inputs[i] for i in self.floats])
-        mod, arrays, kw = self._call(inputs, statics, work)
+        mod, work, arrays, kw = self._call(inputs, statics)
         name = self.op.name
         r = getattr(mod, name)(*arrays, **kw)
         _common.record(name, r, work, statics[0])
-        outs = [getattr(r, o) for o in self.outputs]
+        outs = self._results(r)
         if self.fresh:
             outs = [_fresh(a, arrays) for a in outs]
-        return tuple(_tensor(a, d) for a, d in zip(outs, self.dtypes(inputs), strict=True))
+        return tuple(map(_tensor, outs, self.dtypes(inputs)))
 
     def _forward_fake(self, *args):
         inputs, statics = args[:self.n_inputs], args[self.n_inputs:]
@@ -146,8 +150,7 @@ class Bridge(BridgeLayout):
         inputs, cots, statics = args[:n], args[n:m], args[m:]
         if self.device is not None and inputs[self.anchor].device.type == "cuda":
             return self.device.backward(inputs, cots, statics)
-        work = work_dtype(statics[0], [inputs[i] for i in self.floats])
-        mod, arrays, kw = self._call(inputs, statics, work)
+        mod, work, arrays, kw = self._call(inputs, statics)
         k = self.n_declared
         for key, c in zip(self.extra_keywords, cots[k:], strict=True):
             kw[key] = _host(c, work)

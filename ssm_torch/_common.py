@@ -25,10 +25,12 @@ __all__ = ["Where", "backend_kwargs", "check_shapes", "decode", "encode", "for_c
 _NONE = "none"
 
 
-_LAST = threading.local()     # .value: this thread's last Where; .seq: when (a number of _SEQ)
+# .value: this thread's last computation, the fields of its Where (made when asked for: a frozen
+# dataclass costs a call about a microsecond to make); .seq: when (a number of _SEQ)
+_LAST = threading.local()
 _SEQ = itertools.count()
 # Autograd runs the backward of CUDA tensors on a thread of its own (one per device): the thread
-# that ran the forward still sees that backward as its last computation. thread id -> (seq, Where).
+# that ran the forward still sees that backward as its last computation. thread id -> (seq, fields).
 _BACKWARDS: dict = {}
 
 
@@ -37,11 +39,11 @@ def last_where() -> Where | None:
     before the first); a backward is this thread's when its forward was, whichever thread autograd
     ran it on (CUDA tensors: a device thread of autograd's). Set when the computation runs: under
     torch.compile when the compiled code runs, not when it is traced."""
-    mine = getattr(_LAST, "value", None)
+    last = getattr(_LAST, "value", None)
     other = _BACKWARDS.get(threading.get_ident())
     if other is not None and other[0] > getattr(_LAST, "seq", -1):
-        return other[1]
-    return mine
+        last = other[1]
+    return None if last is None else Where(*last)
 
 
 _INVARIANT = "+invariant"   # the invariant mode rides on the form's string (the ops' schemas stay as they are)
@@ -57,12 +59,16 @@ def decode(dt_softplus: str):
     return None if form == _NONE else form
 
 
-def backend_kwargs(backend: str, code: str) -> dict:
-    """The keywords of a scan call of the encoded form ``code``: the form, checked (every backend
-    takes the three), and ssm_vk's invariant mode when asked for."""
+def backend_kwargs(statics: tuple) -> dict:
+    """The keywords of a scan call from its operator's static arguments (backend, the encoded form
+    [, K]): the form, checked (every backend takes the three), ssm_vk's invariant mode when asked
+    for, ``snapshots=K``."""
+    code = statics[1]
     kw = {"dt_softplus": ssm_ref.check_dt_softplus(decode(code))}
-    if backend == "ssm_vk" and code.endswith(_INVARIANT):
+    if statics[0] == "ssm_vk" and code.endswith(_INVARIANT):
         kw["invariant"] = True
+    if len(statics) > 2:
+        kw["snapshots"] = statics[2]
     return kw
 
 
@@ -105,8 +111,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 def record(op: str, r, work: torch.dtype, backend: str | None = None) -> None:
     """This thread's last computation: ``op`` by the backend whose result is ``r`` (``backend``
     when the result names none), in ``work``."""
-    _LAST.value = Where(op=op, where=getattr(r, "where", "CPU"), backend=getattr(r, "backend", backend),
-                        dtype=_DTYPE_NAMES[work])
+    _LAST.value = (op, getattr(r, "where", "CPU"), getattr(r, "backend", backend), _DTYPE_NAMES[work])
     _LAST.seq = next(_SEQ)
 
 

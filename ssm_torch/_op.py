@@ -53,15 +53,6 @@ class _Cuda:
         return list(_cuda(backend).backward(*inputs, *(*cotangents, None)[:3], code))
 
 
-def _keywords(statics) -> dict:
-    """The backend call's keywords: the form (and ssm_vk's invariant mode), ``snapshots=K``."""
-    backend, code, *K = statics
-    kw = backend_kwargs(backend, code)
-    if K:
-        kw["snapshots"] = K[0]
-    return kw
-
-
 def _shapes(inputs, statics) -> tuple:
     """y (S,T,H,P), states (S,H,P,N) [, snapshots (K,S,H,P,N)], the inputs and the form checked
     as the backends check them."""
@@ -73,7 +64,7 @@ def _shapes(inputs, statics) -> tuple:
 
 # y in x's dtype, the states (and the snapshots) in s's (the start state of the declared pair)
 _STATICS = (("backend", "str"), ("dt_softplus", "str"))
-_PARTS = {"keywords": _keywords, "shapes": _shapes, "like": {"y": "x", "states": "x"}, "device": _Cuda}
+_PARTS = {"keywords": backend_kwargs, "shapes": _shapes, "like": {"y": "x", "states": "x"}, "device": _Cuda}
 _SCAN = Bridge(SCAN, "scan", _STATICS, **_PARTS)
 _SNAPSHOTS = Bridge(SCAN, "scan_snapshots", _STATICS, forward_only=(("K", "int"),), extra=(("snapshots", "s"),),
                     **_PARTS)

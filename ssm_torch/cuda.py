@@ -313,9 +313,7 @@ def forward(*args, side=None) -> tuple:
     d = _common.check_shapes(inputs, snapshots=1 if K is None else K)
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _common.backend_kwargs("ssm_vk", dt_softplus)
-    if K is not None:
-        kw["snapshots"] = K
+    kw = _common.backend_kwargs(("ssm_vk", dt_softplus) if K is None else ("ssm_vk", dt_softplus, K))
     ids_ = _ids(arg["ids"])
     outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
     if K is not None:
@@ -343,7 +341,7 @@ def backward(*args, side=None) -> tuple:
         named["g_snapshots"] = g_snapshots
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _common.backend_kwargs("ssm_vk", dt_softplus)
+    kw = _common.backend_kwargs(("ssm_vk", dt_softplus))
     ids_ = _ids(arg["ids"])
     n = len(_FWD)
 
