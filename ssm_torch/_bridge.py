@@ -17,6 +17,7 @@ input's dtype. The backends never write their inputs, so the caller's tensors ar
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 
@@ -68,8 +69,15 @@ def _fresh(a, arrays) -> np.ndarray:
     return a
 
 
+_is_none = functools.partial(operator.is_, None)
+
+
 def _schema(params, returns: str) -> str:
     return "(" + ", ".join(f"{kind} {name}" for name, kind in params) + ") -> " + returns
+
+
+def _tensors(n: int) -> str:
+    return "(" + ", ".join(["Tensor"] * n) + ")"   # (a fixed count: cheaper to return than Tensor[])
 
 
 class Bridge(BridgeLayout):
@@ -88,8 +96,8 @@ class Bridge(BridgeLayout):
     ``forward(inputs, statics)`` and ``backward(inputs, cotangents, statics)`` compute on CUDA
     tensors (the scan's ssm_vk path). fresh: copy a result that may share memory with an input.
 
-    The forward returns the outputs (declared, then extra); the backward a list of the float
-    inputs' gradients in the declared order (an empty tensor for an input that is None).
+    The forward returns the outputs (declared, then extra); the backward the float inputs'
+    gradients in the declared order (an empty tensor for an input that is None).
     """
 
     def __init__(self, op, name: str, statics: tuple, *, keywords, shapes, like: dict, forward_only: tuple = (),
@@ -98,15 +106,20 @@ class Bridge(BridgeLayout):
         self.keywords, self.shapes, self.device, self.fresh = keywords, shapes, device, fresh
         self._n_back = len(statics)   # the static arguments the backward takes
         self._results = operator.attrgetter(*self.outputs)   # a forward's outputs, by name (two or more)
+        # autograd's gradients: the backward's, then None for the index inputs and the static
+        # arguments; None too for an optional input that is absent
+        if self.floats != tuple(range(len(self.floats))):
+            raise ValueError(f"op {op.name!r}: its float inputs must lead its index inputs")
+        self._tail = (None,) * (self.n_inputs - len(self.floats) + len(statics) + len(forward_only))
+        self._optional = tuple(i for i in self.floats if op.inputs[i].optional)
 
         ins = [(a.name, "Tensor?" if a.optional else "Tensor") for a in op.inputs]
         cots = [("g_" + o, "Tensor") for o in self.outputs]
-        ret = "(" + ", ".join(["Tensor"] * len(self.outputs)) + ")"
         lib = "ssm_scan::" + name
         self.forward = torch.library.custom_op(lib, self._forward, mutates_args=(), schema=_schema(
-            ins + list(statics) + list(forward_only), ret))
+            ins + list(statics) + list(forward_only), _tensors(len(self.outputs))))
         self.backward = torch.library.custom_op(lib + "_back", self._backward, mutates_args=(), schema=_schema(
-            ins + cots + list(statics), "Tensor[]"))
+            ins + cots + list(statics), _tensors(len(self.floats))))
         self.forward.register_fake(self._forward_fake)
         self.backward.register_fake(self._backward_fake)
         self.forward.register_autograd(self._autograd, setup_context=self._setup_context)
@@ -158,14 +171,15 @@ class Bridge(BridgeLayout):
         g = getattr(mod, name)(*arrays, *(_host(c, work) for c in cots[:k]), **kw)
         _common.record(name, g, work, statics[0])
         empty = inputs[self.anchor].new_empty
-        return [empty(0) if inputs[i] is None else _tensor(getattr(g, d), inputs[i].dtype)
-                for i, d in zip(self.floats, self.grads, strict=True)]
+        return tuple([empty(0) if inputs[i] is None else _tensor(getattr(g, d), inputs[i].dtype)
+                      for i, d in zip(self.floats, self.grads, strict=True)])
 
     def _backward_fake(self, *args):
         inputs = args[:self.n_inputs]
         empty = inputs[self.anchor].new_empty
-        return [empty(0) if inputs[i] is None else torch.empty_like(inputs[i], memory_format=torch.contiguous_format)
-                for i in self.floats]
+        fmt = torch.contiguous_format
+        return tuple(empty(0) if inputs[i] is None else torch.empty_like(inputs[i], memory_format=fmt)
+                     for i in self.floats)
 
     def _setup_context(self, ctx, inputs, output):
         ctx.save_for_backward(*inputs[:self.n_inputs])
@@ -174,7 +188,7 @@ class Bridge(BridgeLayout):
 
     def _autograd(self, ctx, *cots):
         inputs = ctx.saved_tensors
-        if any(c is None for c in cots):
+        if any(map(_is_none, cots)):
             # autograd hands zeros for an output the loss does not use (materialized grads); None is
             # handled the same way should that ever change
             shapes = self.shapes(inputs, ctx.statics)
@@ -183,8 +197,8 @@ class Bridge(BridgeLayout):
                     for c, s, d in zip(cots, shapes, self.dtypes(inputs), strict=True)]
         grads = self.backward(*inputs, *cots, *ctx.statics[:self._n_back])
         _common.for_caller(ctx)
-        out = [None] * (self.n_inputs + len(ctx.statics))
-        for j, i in enumerate(self.floats):
-            if inputs[i] is not None:
-                out[i] = grads[j]
+        out = [*grads, *self._tail]
+        for i in self._optional:
+            if inputs[i] is None:
+                out[i] = None
         return tuple(out)

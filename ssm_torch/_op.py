@@ -50,7 +50,7 @@ class _Cuda:
     @staticmethod
     def backward(inputs, cotangents, statics):
         backend, code = statics
-        return list(_cuda(backend).backward(*inputs, *(*cotangents, None)[:3], code))
+        return _cuda(backend).backward(*inputs, *(*cotangents, None)[:3], code)
 
 
 def _shapes(inputs, statics) -> tuple:
