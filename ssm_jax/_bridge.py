@@ -15,13 +15,14 @@ which the declared validators check arrays and tracers before any work.
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssm_ref.bridging import BridgeLayout, backend_module
+from ssm_ref.bridging import BridgeLayout, module_name
 from ssm_ref.results import Where
 
 __all__ = ["Bridge", "backend_module", "ids_for_check", "last_where", "standin"]
@@ -45,6 +46,17 @@ def _record(op: str, r, work: np.dtype, backend: str) -> None:
     last = (op, getattr(r, "where", "CPU"), getattr(r, "backend", backend), work.name)
     with _LOCK:
         _LAST[0] = last
+
+
+_MODULES: dict = {}
+
+
+def backend_module(backend: str):
+    """The module of ``backend`` (a name ssm_ref.bridging.module_name takes), on first use imported."""
+    mod = _MODULES.get(backend)
+    if mod is None:
+        mod = _MODULES[backend] = importlib.import_module(module_name(backend))
+    return mod
 
 
 def standin(a) -> np.ndarray | None:

@@ -16,7 +16,7 @@ from ssm_ref.bridging import computes, default_backend
 from ssm_ref.mamba3_checks import check_rotation, output_shapes
 from ssm_ref.ops import MAMBA3
 
-from ._bridge import Bridge, ids_for_check, standin
+from ._bridge import Bridge, backend_module, ids_for_check, standin
 
 __all__ = ["mamba3_scan"]
 
@@ -40,10 +40,10 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     argument for shapes and dtypes, before any work.
     """
     if backend is None:
-        backend = default_backend(MAMBA3)
+        backend = default_backend(MAMBA3, backend_module)
     else:
         backend = resolve_backend(backend)
-        if not computes(MAMBA3, backend):
+        if not computes(MAMBA3, backend_module(backend)):
             raise ValueError(f"backend: {backend} does not compute {MAMBA3.name}; use backend='ssm_fast' or 'ssm_ref'")
     rotation = check_rotation(rotation)
     inputs = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, ids)

@@ -12,39 +12,31 @@ op by its declared function names (the bridges' default: ssm_fast where it compu
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 
 from .backend_names import BACKENDS, refusal
 
-__all__ = ["BridgeLayout", "backend_module", "computes", "default_backend"]
+__all__ = ["BridgeLayout", "computes", "default_backend", "module_name"]
 
 
-_MODULES: dict = {}   # (a dict look-up per call instead of the import machinery's)
+def module_name(backend: str) -> str:
+    """``backend`` when it names a backend module (one of BACKENDS: the module name the entry points
+    resolved), else ValueError naming them (each bridge imports the module: the spec imports none)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {refusal(backend)}")
+    return backend
 
 
-def backend_module(backend: str):
-    """The backend module named ``backend`` (one of BACKENDS: the module name the entry points
-    resolved), imported on first use; ValueError naming the backends otherwise."""
-    mod = _MODULES.get(backend)
-    if mod is None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: {refusal(backend)}")
-        mod = _MODULES[backend] = importlib.import_module(backend)
-    return mod
+def computes(op, module) -> bool:
+    """Whether the backend ``module`` has ``op``'s forward and backward."""
+    return callable(getattr(module, op.name, None)) and callable(getattr(module, op.backward_name, None))
 
 
-def computes(op, backend: str) -> bool:
-    """Whether the backend module named ``backend`` has ``op``'s forward and backward (its import
-    errors raised: ssm_fast without numba)."""
-    mod = backend_module(backend)
-    return callable(getattr(mod, op.name, None)) and callable(getattr(mod, op.backward_name, None))
-
-
-def default_backend(op) -> str:
-    """ssm_fast where it computes ``op`` (and can be imported), else ssm_ref."""
+def default_backend(op, backend_module) -> str:
+    """ssm_fast where it computes ``op`` (and ``backend_module("ssm_fast")`` can import it), else
+    ssm_ref."""
     try:
-        if computes(op, "ssm_fast"):
+        if computes(op, backend_module("ssm_fast")):
             return "ssm_fast"
     except ImportError:   # (numba missing: ssm_fast cannot be imported)
         pass

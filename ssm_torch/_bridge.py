@@ -18,13 +18,14 @@ input's dtype. The backends never write their inputs, so the caller's tensors ar
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 import threading
 
 import numpy as np
 import torch
 
-from ssm_ref.bridging import BridgeLayout, backend_module
+from ssm_ref.bridging import BridgeLayout, module_name
 
 from . import _common
 
@@ -32,6 +33,17 @@ __all__ = ["Bridge", "backend_module", "work_dtype"]
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+_MODULES: dict = {}   # (a dict look-up per call instead of the import machinery's)
+
+
+def backend_module(backend: str):
+    """The backend module named ``backend``, imported on first use (ValueError for another name)."""
+    mod = _MODULES.get(backend)
+    if mod is None:
+        mod = _MODULES[backend] = importlib.import_module(module_name(backend))
+    return mod
 
 
 def work_dtype(backend: str, tensors) -> torch.dtype:
@@ -131,7 +143,7 @@ class Bridge(BridgeLayout):
         kw = self.keywords(statics)
         work = torch.float32
         if backend == "ssm_ref":   # (float64 where every float input is)
-            work = work_dtype(backend, [inputs[i] for i in self.floats])
+            work = work_dtype(backend, inputs[:len(self.floats)])
             kw["dtype"] = np.float64 if work == torch.float64 else np.float32
         arrays = [None if t is None else _host(t, work) if f else t.detach().cpu().numpy()
                   for t, f in zip(inputs, self.is_float, strict=True)]

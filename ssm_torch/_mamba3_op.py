@@ -19,7 +19,7 @@ from ssm_ref.mamba3_checks import output_shapes
 from ssm_ref.ops import MAMBA3
 
 from . import _common
-from ._bridge import Bridge
+from ._bridge import Bridge, backend_module
 
 __all__ = ["check", "computes", "default_backend", "scan", "scan_back"]
 
@@ -28,13 +28,13 @@ __all__ = ["check", "computes", "default_backend", "scan", "scan_back"]
 @torch.compiler.assume_constant_result
 def computes(backend: str) -> bool:
     """Whether the backend module named ``backend`` has the op's forward and backward."""
-    return bridging.computes(MAMBA3, backend)
+    return bridging.computes(MAMBA3, backend_module(backend))
 
 
 @torch.compiler.assume_constant_result
 def default_backend() -> str:
     """ssm_fast where it computes the op, else ssm_ref (the scan's default is ssm_fast)."""
-    return bridging.default_backend(MAMBA3)
+    return bridging.default_backend(MAMBA3, backend_module)
 
 
 def check(inputs: tuple, rotation: str) -> None:
