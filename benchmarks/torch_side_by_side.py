@@ -68,7 +68,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssm_torch
-from ssm_torch import _op
+from ssm_torch import _bridge
 from ssm_torch import cuda as vk_cuda
 from ssm_torch.mamba import mamba_chunk_scan_combined, selective_scan_fn
 
@@ -125,7 +125,7 @@ def _timed(fwd, bwd, backend):
 
 
 def host_path(p, backend, device=False):
-    mod = _op.backend_module(backend)
+    mod = _bridge.backend_module(backend)
     a = {k: p[k] for k in ("x", "dt", "A", "B", "C")}
     gy, gs = p["g_y"], p["g_states"]
     s = None
@@ -283,24 +283,24 @@ class _Count(TorchDispatchMode):
 
 class _Copies:
     """Counts the operator's conversions that copy (a tensor handed to the backend that is not a
-    contiguous tensor of the working dtype), through ssm_torch._op._host where it exists."""
+    contiguous tensor of the working dtype), through ssm_torch._bridge._host where it exists."""
 
     def __init__(self):
         self.n = 0
 
     def __enter__(self):
-        self.orig = getattr(_op, "_host", None)
+        self.orig = getattr(_bridge, "_host", None)
         if self.orig is not None:
             def host(t, work, _orig=self.orig):
                 if t.dtype != work or not t.is_contiguous():
                     self.n += 1
                 return _orig(t, work)
-            _op._host = host
+            _bridge._host = host
         return self
 
     def __exit__(self, *exc):
         if self.orig is not None:
-            _op._host = self.orig
+            _bridge._host = self.orig
 
 
 def _split(ops: collections.Counter) -> dict:

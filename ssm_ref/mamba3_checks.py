@@ -27,7 +27,7 @@ from .ids import arange_ids, check_distinct_ids, check_ids
 from .shapes import fmt
 
 __all__ = ["ROTATIONS", "STATE_NAMES", "M3Dims", "M3Problem", "check_mamba3_backward", "check_mamba3_forward",
-           "check_mamba3_update_cache", "check_rotation", "drop_rank", "pair_index"]
+           "check_mamba3_update_cache", "check_rotation", "drop_rank", "output_shapes", "pair_index"]
 
 ROTATIONS = ("interleaved", "halved")
 STATE_NAMES = ("s_theta", "s_h", "s_k", "s_v")
@@ -101,6 +101,16 @@ def check_rotation(rotation) -> str:
         raise ValueError(f"rotation: expected 'interleaved' (pairs (2j, 2j+1)) or 'halved' (pairs (j, j + N/2)), "
                          f"got {rotation!r}")
     return rotation
+
+
+def output_shapes(x_shape, B_shape, dtheta_shape) -> tuple:
+    """The forward's outputs' shapes (y, theta, h, k, v) from the shapes of x (S, T, H, P), B
+    (S, T, G, N) SISO | (S, T, M, G, N) MIMO and dtheta (S, T, H, F), as the bridges declare them
+    before the call (the arguments checked already)."""
+    S, T, H, P = x_shape
+    N, F = B_shape[-1], dtheta_shape[-1]
+    rk = (B_shape[2],) if len(B_shape) == 5 else ()   # MIMO's rank axis; SISO has none
+    return (S, T, *rk, H, P), (S, H, F), (S, H, P, N), (S, H, *rk, N), (S, H, *rk, P)
 
 
 def drop_rank(dims: M3Dims, a: np.ndarray, axis: int) -> np.ndarray:

@@ -32,18 +32,19 @@ except ModuleNotFoundError as e:   # torch is an optional dependency of ssm-scan
                               + install_hint("torch", "torch"), name="torch") from e
 
 import ssm_ref
-from ssm_ref.backend_names import lookup, resolve_backend
+from ssm_ref.backend_names import BACKENDS, lookup, resolve_backend
 from ssm_ref.checks import MISSING, check_five_arrays
-from ssm_ref.ops import SCAN
+from ssm_ref.mamba3_checks import check_rotation
+from ssm_ref.ops import MAMBA3, SCAN
 
 from . import _common, _op
-from ._op import BACKENDS, Where, last_where
+from ._common import Where, last_where
 
 __all__ = ["BACKENDS", "Where", "last_where", "mamba3_scan", "ssm_scan"]
 
 
 def __dir__():
-    # The public names only (its public submodules: mamba, mamba3); _op and _mamba3_op are internal.
+    # The public names only (its public submodules: mamba, mamba3); the operators' modules are internal.
     return sorted(__all__)
 
 _ARRAYS = SCAN.float_inputs
@@ -125,7 +126,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     K = None if snapshots is None else ssm_ref.check_snapshots(snapshots)
     if s is None:   # zero start states (S, H, P, N), N from B's last axis, as the shared checker makes them
         if ids is not None or x.dim() != 4 or B.dim() != 4:
-            _common.check_shapes(None, x, dt, A, B, C, ids)   # raises what is wrong (ids given with s=None)
+            _common.check_shapes((None, x, dt, A, B, C, ids))   # raises what is wrong (ids given with s=None)
         # (from the shapes alone, no numpy: torch.compile traces this without a graph break)
         s = x.new_zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
     if K is None:   # the two outputs of every caller that does not ask for snapshots
@@ -161,23 +162,16 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     """
     from . import _mamba3_op
 
-    names = _mamba3_op.op().float_inputs
     given = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
-    tensors = {n: t for n, t in zip(names, given, strict=True) if t is not None or n not in _M3_OPTIONAL}
-    _check_m3_tensors(tensors)
+    _check_m3_tensors({a.name: t for a, t in zip(MAMBA3.inputs, given, strict=False) if t is not None
+                       or not a.optional})
     ids = _as_ids(ids)
     if ids is not None:
         _check_tensors({"ids": ids})
     be = _mamba3_op.default_backend() if backend is None else resolve_backend(backend)
     if not _mamba3_op.computes(be):
-        raise ValueError(f"backend: {be} does not compute {_mamba3_op.OP_NAME}; use backend='ssm_fast' or 'ssm_ref'")
-    if not isinstance(rotation, str) or rotation not in _mamba3_op.ROTATIONS:
-        raise ValueError(f"rotation: expected 'interleaved' or 'halved', got {rotation!r}")
-    return _mamba3_op.scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, ids,
-                           rotation, be)
-
-
-_M3_OPTIONAL = ("psi", "s_theta", "s_h", "s_k", "s_v")
+        raise ValueError(f"backend: {be} does not compute {MAMBA3.name}; use backend='ssm_fast' or 'ssm_ref'")
+    return _mamba3_op.scan(*given, ids, be, check_rotation(rotation))
 
 
 def _check_m3_tensors(named: dict) -> None:

@@ -1,7 +1,9 @@
-"""What ssm_torch's operators (ssm_torch/_op.py) and their CUDA-tensor path (ssm_torch/cuda.py)
-share: the step's form as the operators' schemas carry it (a string, the invariant mode riding on
-it), the keywords of a backend call, the shape check before any data is touched, and the record
-of each thread's last computation (``last_where``), whose state this module owns.
+"""What ssm_torch's operators (ssm_torch/_bridge.py, the scan's ssm_torch/_op.py, Mamba-3's
+ssm_torch/_mamba3_op.py) and the scan's CUDA-tensor path (ssm_torch/cuda.py) share: the scan's step
+form as its operators' schemas carry it (a string, the invariant mode riding on it) and the
+keywords it makes, the stand-ins on which the declared validators check tensors before any data
+is touched, and the record of each thread's last computation (``last_where``), whose state this
+module owns.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import ssm_ref
 import ssm_ref.checks
 from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
-__all__ = ["Where", "backend_kwargs", "check_shapes", "decode", "encode", "for_caller", "last_where", "record"]
+__all__ = ["Where", "backend_kwargs", "check_shapes", "decode", "encode", "for_caller", "ids_for_check", "last_where",
+           "record", "standin"]
 
 # The custom op's schema has no Optional[str]: None travels as this name.
 _NONE = "none"
 
 
-_LAST = threading.local()     # .value: this thread's last Where; .seq: when (a number of _SEQ)
+# .value: this thread's last computation, the fields of its Where (made when asked for: a frozen
+# dataclass costs a call about a microsecond to make); .seq: when (a number of _SEQ)
+_LAST = threading.local()
 _SEQ = itertools.count()
 # Autograd runs the backward of CUDA tensors on a thread of its own (one per device): the thread
-# that ran the forward still sees that backward as its last computation. thread id -> (seq, Where).
+# that ran the forward still sees that backward as its last computation. thread id -> (seq, fields).
 _BACKWARDS: dict = {}
 
 
@@ -34,11 +39,11 @@ def last_where() -> Where | None:
     before the first); a backward is this thread's when its forward was, whichever thread autograd
     ran it on (CUDA tensors: a device thread of autograd's). Set when the computation runs: under
     torch.compile when the compiled code runs, not when it is traced."""
-    mine = getattr(_LAST, "value", None)
+    last = getattr(_LAST, "value", None)
     other = _BACKWARDS.get(threading.get_ident())
     if other is not None and other[0] > getattr(_LAST, "seq", -1):
-        return other[1]
-    return mine
+        last = other[1]
+    return None if last is None else Where(*last)
 
 
 _INVARIANT = "+invariant"   # the invariant mode rides on the form's string (the ops' schemas stay as they are)
@@ -54,15 +59,16 @@ def decode(dt_softplus: str):
     return None if form == _NONE else form
 
 
-def backend_kwargs(backend: str, code: str, work: torch.dtype) -> dict:
-    """The keywords of a backend call of the encoded form ``code``: the form, checked (every
-    backend takes the three), ssm_vk's invariant mode when asked for, and ssm_ref's working
-    dtype."""
+def backend_kwargs(statics: tuple) -> dict:
+    """The keywords of a scan call from its operator's static arguments (backend, the encoded form
+    [, K]): the form, checked (every backend takes the three), ssm_vk's invariant mode when asked
+    for, ``snapshots=K``."""
+    code = statics[1]
     kw = {"dt_softplus": ssm_ref.check_dt_softplus(decode(code))}
-    if backend == "ssm_vk" and code.endswith(_INVARIANT):
+    if statics[0] == "ssm_vk" and code.endswith(_INVARIANT):
         kw["invariant"] = True
-    if backend == "ssm_ref":
-        kw["dtype"] = np.float64 if work == torch.float64 else np.float32
+    if len(statics) > 2:
+        kw["snapshots"] = statics[2]
     return kw
 
 
@@ -74,27 +80,38 @@ _NP_OF = {torch.float16: np.float16, torch.bfloat16: np.float32, torch.float32: 
           torch.complex64: np.complex64, torch.complex128: np.complex128}
 
 
-def _standin(t: torch.Tensor) -> np.ndarray:
-    """A zero-stride numpy array of ``t``'s shape whose dtype the checker judges as ``t``'s."""
-    return np.broadcast_to(np.zeros((), _NP_OF.get(t.dtype, np.object_)), tuple(t.shape))
+def standin(t: torch.Tensor | None) -> np.ndarray | None:
+    """A zero-stride numpy array of ``t``'s shape whose dtype the checker judges as ``t``'s (None
+    for None)."""
+    return None if t is None else np.broadcast_to(np.zeros((), _NP_OF.get(t.dtype, np.object_)), tuple(t.shape))
 
 
-def check_shapes(s, x, dt, A, B, C, ids, snapshots=1) -> ssm_ref.Dims:
-    """The shared checker on the tensors' shapes and dtypes (and the ids' values when they are
-    real): the backends' errors, before any data is touched. ``s`` None: zero start states, as
-    the backends take it (ids must then be None). ``snapshots``: K, checked and kept as dims.K."""
+def ids_for_check(ids):
+    """``ids`` as a validator takes them: their values where they are real, a stand-in of their
+    shape where they are fake or meta (their values are unknown until the call runs)."""
     if ids is None:
-        ids_ = None
-    elif isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
-        ids_ = np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))  # values unknown until run
-    else:
-        ids_ = ids.detach().cpu().numpy()
-    return ssm_ref.checks.check_shapes(*(None if t is None else _standin(t) for t in (s, x, dt, A, B, C)), ids_,
-                                       snapshots=snapshots)
+        return None
+    if isinstance(ids, torch._subclasses.FakeTensor) or ids.device.type == "meta":
+        return np.broadcast_to(np.zeros((), np.int64), tuple(ids.shape))
+    return ids.detach().cpu().numpy()
 
 
-def record(op: str, r, work: torch.dtype) -> None:
-    _LAST.value = Where(op=op, where=r.where, backend=r.backend, dtype=str(work).removeprefix("torch."))
+def check_shapes(inputs, snapshots=1) -> ssm_ref.Dims:
+    """The scan's checker on the tensors' shapes and dtypes (and the ids' values when they are
+    real): the backends' errors, before any data is touched. ``inputs``: the scan's, in the
+    declared order; ``s`` None: zero start states, as the backends take it (ids must then be
+    None). ``snapshots``: K, checked and kept as dims.K."""
+    *floats, ids = inputs
+    return ssm_ref.checks.check_shapes(*map(standin, floats), ids_for_check(ids), snapshots=snapshots)
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def record(op: str, r, work: torch.dtype, backend: str | None = None) -> None:
+    """This thread's last computation: ``op`` by the backend whose result is ``r`` (``backend``
+    when the result names none), in ``work``."""
+    _LAST.value = (op, getattr(r, "where", "CPU"), getattr(r, "backend", backend), _DTYPE_NAMES[work])
     _LAST.seq = next(_SEQ)
 
 

@@ -32,8 +32,8 @@ import torch
 
 from . import _mamba3_op
 from . import mamba3_scan as _scan
+from ._bridge import work_dtype
 from ._gate import gate as _gate
-from ._op import work_dtype
 
 __all__ = ["mamba3_mimo", "mamba3_siso_combined", "mamba3_siso_step"]
 
@@ -187,7 +187,7 @@ def mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None,
     cu = _cu(cu_seqlens, b, L)
     n = b if cu is None else len(cu) - 1
     be = _backend(backend)
-    work = work_dtype(be, [t for t in (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z) if t is not None])
+    work = work_dtype(be, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z))
     states = _states("Input_States", Input_States,
                      [((n, H, F), "(num_sequences, nheads, headdim_angles)"),
                       ((n, H, P, N), "(num_sequences, nheads, headdim_v, headdim_qk)"),
@@ -296,8 +296,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
                              f"({H * P},), got {tuple(w.shape)}")
     cu = _cu(cu_seqlens, b, L)
     be = _backend(backend)
-    work = work_dtype(be, [t for t in (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D,
-                                       Z, w) if t is not None])
+    work = work_dtype(be, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z, w))
 
     n, F = (b if cu is None else len(cu) - 1), Angles.shape[3]
     x, psi = V.to(work), MIMO_V.to(work)

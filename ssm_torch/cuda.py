@@ -38,6 +38,7 @@ __all__ = ["available", "backward", "forward", "release_memory", "require", "sha
 
 _F32 = 4
 _FWD = SCAN.float_inputs
+_N = len(SCAN.inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,22 +297,24 @@ def _ids(ids):
     return None if ids is None else ids.detach().cpu().numpy()
 
 
-def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) -> tuple:
-    """ssm_torch's forward operator on CUDA tensors: (y, states) or, with ``K``, (y, states,
-    snapshots), in the dtypes the CPU path gives (y in x's, the states in s's). ``dt_softplus``:
-    the operator's encoded form. Raises ValueError when the tensors' GPU is not the Vulkan
+def forward(*args, side=None) -> tuple:
+    """ssm_torch's forward operators on CUDA tensors. ``args``: the scan's inputs in the declared
+    order (s, x, dt, A, B, C, ids), the operators' encoded form ``dt_softplus`` and K (None: no
+    snapshots). Returns (y, states) or, with K, (y, states, snapshots), in the dtypes the CPU path
+    gives (y in x's, the states in s's). Raises ValueError when the tensors' GPU is not the Vulkan
     device's, RuntimeError when CUDA or the memory sharing is not available."""
     import ssm_vk
 
+    inputs, (dt_softplus, K) = args[:_N], args[_N:]
+    arg = dict(zip(SCAN.input_names, inputs, strict=True))
+    x, s = arg["x"], arg["s"]
     side = side if side is not None else _side_for(x.device)
-    named = dict(zip(_FWD, (s, x, dt, A, B, C), strict=True))
-    d = _common.check_shapes(s, x, dt, A, B, C, ids, snapshots=1 if K is None else K)
+    named = {n: arg[n] for n in _FWD}
+    d = _common.check_shapes(inputs, snapshots=1 if K is None else K)
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _common.backend_kwargs("ssm_vk", dt_softplus, torch.float32)
-    if K is not None:
-        kw["snapshots"] = K
-    ids_ = _ids(ids)
+    kw = _common.backend_kwargs(("ssm_vk", dt_softplus) if K is None else ("ssm_vk", dt_softplus, K))
+    ids_ = _ids(arg["ids"])
     outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
     if K is not None:
         outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
@@ -320,26 +323,31 @@ def forward(s, x, dt, A, B, C, ids, dt_softplus: str, K: int | None, side=None) 
     return tensors
 
 
-def backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots, dt_softplus: str, side=None) -> tuple:
-    """ssm_torch's backward operators on CUDA tensors: (d_s, d_x, d_dt, d_A, d_B, d_C), each in its
-    input's dtype and shape. ``g_snapshots`` None: no ``g_snapshots`` keyword. Raises as
-    :func:`forward`."""
+def backward(*args, side=None) -> tuple:
+    """ssm_torch's backward operators on CUDA tensors. ``args``: the scan's inputs in the declared
+    order, the cotangents g_y, g_states and g_snapshots (None: no ``g_snapshots`` keyword), the
+    encoded form ``dt_softplus``. Returns (d_s, d_x, d_dt, d_A, d_B, d_C), each in its input's
+    dtype and shape. Raises as :func:`forward`."""
     import ssm_vk
 
+    inputs, (g_y, g_states, g_snapshots, dt_softplus) = args[:_N], args[_N:]
+    arg = dict(zip(SCAN.input_names, inputs, strict=True))
+    x, s = arg["x"], arg["s"]
     side = side if side is not None else _side_for(x.device)
-    named = dict(zip(_FWD, (s, x, dt, A, B, C), strict=True))
+    named = {n: arg[n] for n in _FWD}
+    outs = {SCAN.grad_of[n]: (tuple(t.shape), t.dtype) for n, t in named.items()}
     named["g_y"], named["g_states"] = g_y, g_states
     if g_snapshots is not None:
         named["g_snapshots"] = g_snapshots
     ctx = rt.get_context()
     side.check(ctx, named)
-    kw = _common.backend_kwargs("ssm_vk", dt_softplus, torch.float32)
-    ids_ = _ids(ids)
-    outs = {SCAN.grad_of[n]: (tuple(t.shape), t.dtype) for n, t in zip(_FWD, (s, x, dt, A, B, C), strict=True)}
+    kw = _common.backend_kwargs(("ssm_vk", dt_softplus))
+    ids_ = _ids(arg["ids"])
+    n = len(_FWD)
 
     def call(a, out):
-        extra = {"g_snapshots": a[8]} if g_snapshots is not None else {}
-        return ssm_vk.ssm_scan_back(*a[:6], ids_, a[6], a[7], **kw, **extra, out=out)
+        extra = {"g_snapshots": a[n + 2]} if g_snapshots is not None else {}
+        return ssm_vk.ssm_scan_back(*a[:n], ids_, a[n], a[n + 1], **kw, **extra, out=out)
 
     d_s0 = {"d_s0": (x.shape[0], *s.shape[1:])}   # written by the call, no tensor of it (no gradient of s0)
     g, tensors = _run(ctx, side, named, outs, call, False, d_s0)

@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: N812 (PyTorch's and mamba_ssm's name)
 
 from ssm_ref.backend_names import resolve_backend
 
-from . import _op
+from . import _bridge
 from . import ssm_scan as _ssm_scan
 from ._gate import gate as _gate
 
@@ -56,7 +56,7 @@ def _backend(backend):
 
 def _work(backend: str, *tensors) -> torch.dtype:
     """float64 when the backend is ssm_ref and every float tensor given is float64, else float32."""
-    return _op.work_dtype(backend, [t for t in tensors if t is not None])
+    return _bridge.work_dtype(backend, tensors)
 
 
 def _shape_error(name: str, t, want: str, got=None) -> ValueError:

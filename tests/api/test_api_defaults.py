@@ -230,7 +230,7 @@ INTERNALS = {"ssm_ref": ["checks", "scan", "results", "memory", "environ", "extr
                          "arraylike", "mamba3", "mamba3_checks"],
              "ssm_fast": ["config", "pool", "threads", "kernels_fwd"],
              "ssm_vk": ["engine", "replay_cache", "recording", "workspace", "api", "validate"],
-             "ssm_torch": ["_op", "_mamba3_op"], "ssm_jax": ["_mamba3"], "ssm_ref.testing": []}
+             "ssm_torch": ["_bridge", "_op", "_mamba3_op"], "ssm_jax": ["_bridge", "_mamba3"], "ssm_ref.testing": []}
 
 
 def _package(name):
