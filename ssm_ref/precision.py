@@ -30,11 +30,11 @@ One product C = A B (A: (m, k), B: (k, n), both float32) at "high" or "medium":
    blocks of ``k_block`` (the unit's K, 16) in ascending order; per block, the products are
    accumulated into one float32 accumulator as the unit's fused multiply-adds: lo_a*hi_b, then
    hi_a*lo_b, then hi_a*hi_b (small terms first), each as ``acc = float32(acc + sum of the block's
-   products)``, the sum formed in float64 in a fixed order (exact unless its terms span more than
-   29 binades) and rounded once to float32, to nearest even. Hardware rounds inside a block its
-   own way (NVIDIA's tensor cores truncate the aligned sum: Fasi et al. 2021,
-   https://doi.org/10.7717/peerj-cs.330), so a GPU's products are held to this emulation by a
-   tolerance, not bit for bit.
+   products)``, the sum formed in float64 in a fixed order (exact while its terms span fewer than
+   27 binades; beyond, one float64 rounding, far below the float32 one) and rounded to float32,
+   to nearest even. Hardware rounds inside a block its own way (NVIDIA's tensor cores truncate
+   the aligned sum: Fasi et al. 2021, https://doi.org/10.7717/peerj-cs.330), so a GPU's products
+   are held to this emulation by a tolerance, not bit for bit.
 4. **Unscale.** ``C = acc * 2^-(e_a + e_b)`` in float32: exact unless the result is subnormal or
    overflows in float32, as a float32 product would.
 
