@@ -37,13 +37,23 @@ G_c = dL/dH_{c+1} from later chunks (G of the last chunk = g_states):
 Q_t is the sequential backward's sum over (p, n) of lam_t * a_t * st_{t-1} (the decay's share),
 written with the chunk's matrices: lam_t and a_t st_{t-1} expanded into their in-chunk and
 boundary terms, multiplied out.
+
+Every matrix product above (CB, GU, the masked products, those with H_c and G_c, the chunk states
+and their mirror) goes through :func:`ssm_ref.precision.matmul` at the ``precision`` given:
+"highest" (the default) is numpy's float32 or float64 arithmetic; "high" and "medium" emulate the
+float16 matrix units on a float32 problem, one operand block per matrix as written here (e.g. one
+chunk's B of a group, whose scale serves C B^T and the chunk states alike). The element-wise
+products and the row sums (alpha, beta, Q) stay float32 arithmetic.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .checks import Problem
+from .precision import check_precision, matmul
 from .scan import softplus, softplus_grad
 
 __all__ = ["forward", "backward", "chunk_tables"]
@@ -71,7 +81,10 @@ def _chunks(T: int, L: int):
     return [(t0, min(t0 + L, T)) for t0 in range(0, T, L)]
 
 
-def _check(p: Problem, L: int) -> None:
+def _check(p: Problem, L: int, precision: str) -> None:
+    check_precision(precision)
+    if precision != "highest" and p.dtype != np.float32:
+        raise ValueError(f"precision: {precision!r} emulates float32 matrix units; the problem is {np.dtype(p.dtype)}")
     if p.dims.mamba1:
         raise ValueError("the chunked form needs Mamba-2 (A of shape (H,) or (H, 1))")
     if L < 1:
@@ -90,26 +103,34 @@ def _chunk_inputs(p: Problem, i: int, t0: int, t1: int, h: int):
     return d, la, u, p.B[i, t0:t1, g, :], p.C[i, t0:t1, g, :]
 
 
-def _masked_rows(Mw: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """out[t] = sum_{s <= t} Mw[t, s] V[s]: only the causal entries are summed."""
+def _masked_rows(Mw: np.ndarray, V: np.ndarray, precision: str = "highest") -> np.ndarray:
+    """out[t] = sum_{s <= t} Mw[t, s] V[s]: only the causal entries are summed. On the matrix
+    units, one product with the entries above the diagonal set to zero (the units skip those
+    slices; a zero adds nothing to a finite sum)."""
+    if precision != "highest":
+        return matmul(np.tril(Mw), V, precision)
     out = np.zeros((Mw.shape[0], V.shape[1]), dtype=V.dtype)
     for t in range(Mw.shape[0]):
         out[t] = Mw[t, : t + 1] @ V[: t + 1]
     return out
 
 
-def _masked_cols(Mw: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """out[s] = sum_{r >= s} Mw[r, s] V[r]."""
+def _masked_cols(Mw: np.ndarray, V: np.ndarray, precision: str = "highest") -> np.ndarray:
+    """out[s] = sum_{r >= s} Mw[r, s] V[r] (on the matrix units as :func:`_masked_rows`)."""
+    if precision != "highest":
+        return matmul(np.ascontiguousarray(np.tril(Mw).T), V, precision)
     out = np.zeros((Mw.shape[0], V.shape[1]), dtype=V.dtype)
     for s in range(Mw.shape[0]):
         out[s] = Mw[s:, s] @ V[s:]
     return out
 
 
-def forward(p: Problem, L: int = 64, keep_chunk_states: bool = False):
+def forward(p: Problem, L: int = 64, keep_chunk_states: bool = False, precision: str = "highest"):
     """y (S, T, H, P) and states (S, H, P, N) by chunks of L tokens; with ``keep_chunk_states``
-    also every chunk's incoming state, (S, n_chunks, H, P, N)."""
-    _check(p, L)
+    also every chunk's incoming state, (S, n_chunks, H, P, N). ``precision``: the products'
+    arithmetic (module docstring; "high" and "medium" need a float32 problem, else ValueError)."""
+    _check(p, L, precision)
+    mm = partial(matmul, precision=precision)
     d_ = p.dims
     chunks = _chunks(d_.T, L)
     y = np.zeros((d_.S, d_.T, d_.H, d_.P), dtype=p.dtype)
@@ -122,20 +143,22 @@ def forward(p: Problem, L: int = 64, keep_chunk_states: bool = False):
                 M, din, dout, dch = chunk_tables(la)
                 Hc = states[i, h]                                  # (P, N)
                 kept[i, c, h] = Hc
-                CB = C @ B.T                                       # (Lc, Lc)
-                y[i, t0:t1, h] = _masked_rows(M * CB, u) + din[:, None] * (C @ Hc.T)
-                states[i, h] = dch * Hc + (dout[:, None] * u).T @ B
+                CB = mm(C, B.T)                                    # (Lc, Lc)
+                y[i, t0:t1, h] = _masked_rows(M * CB, u, precision) + din[:, None] * mm(C, Hc.T)
+                states[i, h] = dch * Hc + mm((dout[:, None] * u).T, B)
     return (y, states, kept) if keep_chunk_states else (y, states)
 
 
-def backward(p: Problem, L: int = 64) -> dict[str, np.ndarray]:
-    """The seven gradients (names as ssm_ref.scan.backward) by chunks of L tokens."""
+def backward(p: Problem, L: int = 64, precision: str = "highest") -> dict[str, np.ndarray]:
+    """The seven gradients (names as ssm_ref.scan.backward) by chunks of L tokens; ``precision``
+    as :func:`forward`."""
     from .scan import scatter_rows
 
-    _check(p, L)
+    _check(p, L, precision)
+    mm = partial(matmul, precision=precision)
     d_ = p.dims
     chunks = _chunks(d_.T, L)
-    _, _, kept = forward(p, L, keep_chunk_states=True)            # (S, n_chunks, H, P, N)
+    _, _, kept = forward(p, L, True, precision)                   # (S, n_chunks, H, P, N)
     d_x = np.zeros_like(p.x)
     d_dt = np.zeros_like(p.dt)
     d_A = np.zeros((d_.H,), dtype=p.dtype)                         # (H,)
@@ -152,14 +175,14 @@ def backward(p: Problem, L: int = 64) -> dict[str, np.ndarray]:
                 M, din, dout, dch = chunk_tables(la)
                 Hc, Gc = kept[i, c, h], Gs[h]                      # (P, N) each
                 gy = p.g_y[i, t0:t1, h, :]                         # (Lc, P)
-                CB = C @ B.T                                       # (Lc, Lc)
-                GU = gy @ u.T                                      # (Lc, Lc)
-                Gam = _masked_cols(M * CB, gy) + dout[:, None] * (B @ Gc.T)     # (Lc, P)
+                CB = mm(C, B.T)                                    # (Lc, Lc)
+                GU = mm(gy, u.T)                                   # (Lc, Lc)
+                Gam = _masked_cols(M * CB, gy, precision) + dout[:, None] * mm(B, Gc.T)   # (Lc, P)
                 d_x[i, t0:t1, h] = Gam * d[:, None]
-                dBi = dout[:, None] * (u @ Gc)                     # (Lc, N) boundary part
-                dCi = din[:, None] * (gy @ Hc)                     # (Lc, N)
-                d_B[i, t0:t1, g] += _masked_cols(M * GU, C) + dBi
-                d_C[i, t0:t1, g] += _masked_rows(M * GU, B) + dCi
+                dBi = dout[:, None] * mm(u, Gc)                    # (Lc, N) boundary part
+                dCi = din[:, None] * mm(gy, Hc)                    # (Lc, N)
+                d_B[i, t0:t1, g] += _masked_cols(M * GU, C, precision) + dBi
+                d_C[i, t0:t1, g] += _masked_rows(M * GU, B, precision) + dCi
                 alpha = (C * dCi).sum(axis=1)                      # (Lc,) = din_r g_y_r . (H C_r)
                 beta = (B * dBi).sum(axis=1)                       # (Lc,) = dout_s u_s . (G B_s)
                 W = M * GU * CB                                    # (Lc, Lc), zero above the diagonal
@@ -169,7 +192,7 @@ def backward(p: Problem, L: int = 64) -> dict[str, np.ndarray]:
                 dd = (Gam * p.x[i, t0:t1, h]).sum(axis=1) + p.A[h, 0] * Q
                 d_dt[i, t0:t1, h] = dd * softplus_grad(p.dt[i, t0:t1, h])
                 d_A[h] += (d * Q).sum()
-                Gs[h] = dch * Gc + (din[:, None] * gy).T @ C
+                Gs[h] = dch * Gc + mm((din[:, None] * gy).T, C)
         d_s0[i] = Gs
     d_A = d_A.reshape(d_.a_shape)
     return {"d_s": scatter_rows(d_s0, p.ids, d_.R), "d_s0": d_s0, "d_x": d_x, "d_dt": d_dt,
