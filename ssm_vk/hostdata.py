@@ -68,11 +68,12 @@ class HostData:
     with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py). Used under the
     workspace's lock."""
 
-    __slots__ = ("donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out", "uploads",
-                 "views")
+    __slots__ = ("cuts", "donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out",
+                 "uploads", "views")
 
-    def __init__(self, pair: int):
+    def __init__(self, pair: int, cuts: dict | None = None):
         self.pair = pair
+        self.cuts = cuts or {}   # name -> byte offsets of its pieces (budget.pieces): the arrays held in pieces
         self.uploads: dict = {}
         self.out: dict = {}
         self.views: dict | None = None
@@ -96,7 +97,7 @@ class HostData:
                 return buf, 0
         buf = self.uploads.get(name)
         if buf is None or buf.size < a.nbytes:
-            buf = self.uploads[name] = ws.acquire(a.nbytes)
+            buf = self.uploads[name] = ws.acquire(a.nbytes, name)
         if self.held:
             self.held.pop(name, None)   # written now: its slot no longer tells what it holds
         if not buf.mappable or ws.ctx.seams.force_staging:   # (not rt.direct(buf), inlined: each input)
@@ -113,7 +114,7 @@ class HostData:
         stand-in): ``ws``'s own upload buffer, which the call's sequence fills with zeros."""
         buf = self.uploads.get(name)
         if buf is None or buf.size < nbytes:
-            buf = self.uploads[name] = ws.acquire(nbytes)
+            buf = self.uploads[name] = ws.acquire(nbytes, name)
         if self.held:
             self.held.pop(name, None)   # it will hold zeros, not its slot's bytes: never bound by a backward
         self.staged += ((name, buf, nbytes, True),)
@@ -148,6 +149,8 @@ class HostData:
             sizes = {k: math.prod(v) * F32 for k, v in input_shapes(ws.dims, ws.backward).items()}
             sizes.update({"out:" + k: n * F32 for k, n in ws.sizes.items()})
             self.stage_bytes = {k: n for k, n in sizes.items() if n}
+        if self.cuts:   # arrays in pieces: more than one allocation, so more than the slots' one buffer
+            return None
         self.stage = rt.Stage.within_budget(ws.ctx, self.stage_bytes)
         return self.stage
 

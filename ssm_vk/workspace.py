@@ -22,7 +22,7 @@ from . import config
 from . import runtime as rt
 from .arrays import DeviceArray, pool
 from .hostdata import HostData
-from .sizing import F32, output_shapes
+from .sizing import F32, output_shapes, piece_sizes
 
 if TYPE_CHECKING:
     from .family import Planned
@@ -104,7 +104,8 @@ class Workspace(FlagHost):
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
-        self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
+        self.host = HostData(hash(self.kept_key), planned.cuts.get(rerun))   # the buffers and staging of host
+                                                    # inputs and outputs, and where those in pieces are cut
                                                     # (one attribute: hostdata.HostData says why)
         self._dummy = None
         self._flag_host = None            # host-visible copy of the kernels' non-finite flag
@@ -119,8 +120,16 @@ class Workspace(FlagHost):
         self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
-    def acquire(self, nbytes: int):
-        """A buffer of the pool that this workspace holds until it closes."""
+    def acquire(self, nbytes: int, name: str = ""):
+        """A buffer of the pool that this workspace holds until it closes; for the host array
+        ``name`` that the plan holds in pieces (``host.cuts``), an rt.Pieces of such buffers."""
+        starts = self.host.cuts.get(name) if name else None
+        if starts is not None:
+            bufs = []
+            for n in piece_sizes(nbytes, starts):
+                bufs.append(self.pool.acquire(n))
+                self._owned.append(bufs[-1])
+            return rt.Pieces(bufs, starts, nbytes)
         buf = self.pool.acquire(nbytes)
         self._owned.append(buf)
         return buf
@@ -156,6 +165,8 @@ class Workspace(FlagHost):
         if buf is None or count <= 0:
             return (self.dummy(), 0, 16), 0
         byte0 = (base + start) * F32
+        if type(buf) is rt.Pieces:   # an array in pieces: the piece this window lies in
+            buf, byte0 = buf.at(byte0, count * F32)
         aligned = byte0 - byte0 % self.align
         resid = (byte0 - aligned) // F32
         return (buf, aligned, (resid + count) * F32), resid
@@ -239,7 +250,7 @@ class Workspace(FlagHost):
             for k, shape in self.shapes.items():
                 n = self.sizes[k] * F32
                 if n and k not in host.out:
-                    host.out[k] = self.acquire(n)
+                    host.out[k] = self.acquire(n, k)
                 out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
             host.views = out
         return host.views

@@ -21,6 +21,7 @@ from .checks import check_int
 from .commands import oneshot
 from .memory import Buffer, check_range, fill_range
 from .owned import Slot
+from .pieces import Pieces
 
 if TYPE_CHECKING:
     from .context import Context
@@ -44,6 +45,11 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     data = np.ascontiguousarray(array)
     if data.dtype.hasobject:
         raise TypeError("upload: object arrays have no byte representation")
+    if type(buffer) is Pieces:   # (never for a Buffer: one type test)
+        raw = data.reshape(-1).view(np.uint8)
+        for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
+            upload(b, raw[at:at + n], off)
+        return
     offset = check_range(buffer, offset, data.nbytes, "upload")
     if data.nbytes == 0:
         return
@@ -75,6 +81,11 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
     else:
         shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
     out = np.empty(shape, dtype)
+    if type(buffer) is Pieces:
+        raw = out.reshape(-1).view(np.uint8)
+        for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
+            raw[at:at + n] = download(b, n, off)
+        return out
     offset = check_range(buffer, offset, out.nbytes, "download")
     if out.nbytes == 0:
         return out
@@ -124,6 +135,10 @@ def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None)
     RuntimeError, DeviceLost, VulkanTimeout.
     """
 
+    if type(buffer) is Pieces:
+        with oneshot(buffer.ctx) as seq:
+            seq.fill(buffer, value, offset, nbytes)
+        return
     offset, nbytes = fill_range(buffer, value, offset, nbytes)
     with oneshot(buffer.ctx) as seq:
         seq.fill(buffer, value, offset, nbytes)
