@@ -16,8 +16,9 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
+from .sizing import even_cuts, piece_sizes
 
-__all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty"]
+__all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
 _F32 = np.dtype(np.float32)
 _INTS = frozenset([int])  # the types of a shape of Python ints
@@ -294,11 +295,32 @@ def check_live(arrays) -> None:
 
 
 def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
-    """An uninitialised DeviceArray from the pool (no buffer when it has no elements)."""
+    """An uninitialised DeviceArray from the pool (no buffer when it has no elements); beyond one
+    allocation (maxMemoryAllocationSize, or the largest device-local heap), in pieces
+    (rt.Pieces: cut as the planners cut, sizing.even_cuts)."""
     shape = tuple(int(s) for s in shape)
-    n = math.prod(shape) * np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    n = math.prod(shape) * itemsize
+    cap = min(ctx.info.max_memory_allocation_size, ctx.info.device_local_bytes)
+    if n > cap:
+        return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, cap)), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None
     return DeviceArray(ctx, buf, shape, dtype)
+
+
+def pieces(ctx, nbytes: int, starts: tuple) -> rt.Pieces:
+    """An rt.Pieces of ``nbytes`` cut at byte offsets ``starts``, its buffers from the pool (all of
+    them given back when one cannot be had). The owner gives it back whole (BufferPool.release)."""
+    buffers = pool(ctx)
+    got = []
+    try:
+        for n in piece_sizes(nbytes, starts):
+            got.append(buffers.acquire(n))
+    except BaseException:
+        for b in got:
+            buffers.release(b)
+        raise
+    return rt.Pieces(got, starts, nbytes)
 
 
 def to_device(array, device=None) -> DeviceArray:

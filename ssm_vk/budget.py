@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .family import FamilyPlan
     from .sizing import Limits
 
-__all__ = ["buffers", "check", "allocations", "pieces"]
+__all__ = ["buffers", "check", "allocations", "pieces", "whole"]
 
 
 def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
@@ -79,13 +79,22 @@ def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=froze
     return {k: v for k, v in sizes.items() if v > 0}
 
 
-def pieces(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, sizes: dict[str, int],
-           device_out: bool) -> tuple[dict, str]:
+def whole(d: Dims, lim: Limits, backward: bool, resident: frozenset) -> frozenset:
+    """The device-resident inputs of ``resident`` within one allocation. Those beyond it are
+    DeviceArrays in pieces, cut where no call's windows were known (arrays.empty): the budget
+    counts each as an input the call copies into buffers of its own (HostData.in_pieces), and
+    :func:`pieces` refuses one that is not an array of tokens."""
+    cap = piece_cap(lim)
+    shapes = input_shapes(d, backward)
+    return frozenset(k for k in resident if k not in shapes or prod(shapes[k]) * F32 <= cap)
+
+
+def pieces(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, sizes: dict[str, int]) -> tuple[dict, str]:
     """Where the buffers of ``sizes`` (:func:`buffers`) beyond one allocation are cut: ({False:
     {name: byte offsets of its pieces} of the first plan's workspace, True: those of the plan that
     recomputes flagged results}, ""), both empty when nothing is beyond; or ({}, why the call
-    cannot be cut so -- an array other than the host inputs and results of tokens, results that
-    would be DeviceArrays, a plan without windows -- in the words of :func:`check`)."""
+    cannot be cut so -- an array other than the inputs and results of tokens, a plan without
+    windows -- in the words of :func:`check`)."""
     cap = piece_cap(lim)
     big = [k for k, n in sizes.items() if n > cap]
     if not big:
@@ -98,8 +107,6 @@ def pieces(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, sizes: dict[str
                 f"{lim.max_memory_allocation_size} bytes, the heap {lim.device_local_bytes})")
         if name not in tokens or where[-1:] not in (["in"], ["out"]):
             return {}, f"{what}, and only arrays of tokens are held in pieces"
-        if device_out and where[-1] == "out":
-            return {}, f"{what}: results in pieces are host arrays only (the inputs are DeviceArrays)"
         rerun = where[0] == "rerun"
         keys = [False, True] if where == ["in"] else [rerun]   # (each workspace uploads its own inputs)
         for r in keys:

@@ -121,8 +121,10 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
         if n > binding_cap(lim):
             return Support(False, f"snapshots: the {d.K} state slots ({n * 4} bytes) exceed one storage-buffer "
                                   f"binding of this device ({binding_cap(lim) * 4} bytes)"), True, None
+    if resident:   # a DeviceArray beyond one allocation is in pieces: counted as a copy the call may make
+        resident = budget.whole(p.dims, lim, backward, resident)
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)
-    cut, why = budget.pieces(p.dims, pl, lim, backward, sizes, bool(resident))
+    cut, why = budget.pieces(p.dims, pl, lim, backward, sizes)
     if why:
         return Support(False, why), True, None
     why = budget.check(ctx.info, sizes, ctx.live_allocations.count, cut)

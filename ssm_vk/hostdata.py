@@ -43,7 +43,7 @@ import math
 import numpy as np
 
 from . import runtime as rt
-from .sizing import F32, input_shapes
+from .sizing import F32, input_shapes, token_arrays, window_ranges
 
 __all__ = ["HostData"]
 
@@ -68,12 +68,13 @@ class HostData:
     with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py). Used under the
     workspace's lock."""
 
-    __slots__ = ("cuts", "donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out",
-                 "uploads", "views")
+    __slots__ = ("cuts", "donor", "held", "lent", "moved", "out", "pair", "stage", "stage_bytes", "staged",
+                 "staged_out", "uploads", "views")
 
     def __init__(self, pair: int, cuts: dict | None = None):
         self.pair = pair
         self.cuts = cuts or {}   # name -> byte offsets of its pieces (budget.pieces): the arrays held in pieces
+        self.moved: tuple = ()   # (own buffer, the caller's out= array's Pieces, bytes) the sequence copies out
         self.uploads: dict = {}
         self.out: dict = {}
         self.views: dict | None = None
@@ -109,6 +110,45 @@ class HostData:
         rt.upload(buf, a)
         return buf, 0
 
+    def in_pieces(self, ws, name: str, src, offset: int, nbytes: int) -> tuple:
+        """(buffer, element offset) of input ``name``, a DeviceArray of ``nbytes`` at byte
+        ``offset`` of ``src`` (an rt.Pieces): ``src`` itself where each window of ``ws``'s plan
+        binds bytes of one piece, else ``ws``'s own upload buffer for ``name`` (cut at the plan's
+        windows: budget.pieces counted it), which the call's sequence copies ``src`` into first."""
+        tokens = name in token_arrays(ws.dims, ws.backward)
+        ranges = window_ranges(ws.dims, ws.plan, ws.backward, name) if tokens else []
+        if ranges and all(_one_piece(src, offset + a, b - a) for a, b in ranges):
+            return src, offset // F32
+        buf = self.uploads.get(name)
+        if buf is None or buf.size < nbytes:
+            buf = self.uploads[name] = ws.acquire(nbytes, name)
+        if self.held:
+            self.held.pop(name, None)
+        self.staged += ((name, buf, nbytes, (src, offset)),)
+        return buf, 0
+
+    def given_in_pieces(self, ws, outs: dict, bufs: dict) -> tuple:
+        """For a call of ``ws`` given out= arrays (``outs``, bound in ``bufs``): each one in pieces
+        cut unlike the plan's windows is bound to ``ws``'s own output buffer instead (cut at the
+        windows), which the call's sequence copies into it after the work (:meth:`copy_out`);
+        the part of the sequence's key that says so."""
+        moved = []
+        for k, a in outs.items():
+            dst = a.buffer
+            if type(dst) is not rt.Pieces:
+                continue
+            ranges = window_ranges(ws.dims, ws.plan, ws.backward, k) if k in token_arrays(ws.dims, ws.backward) else []
+            if ranges and all(_one_piece(dst, a.offset * F32 + lo, hi - lo) for lo, hi in ranges):
+                continue
+            own = self.out.get(k)
+            if own is None:
+                own = self.out[k] = ws.acquire(a.nbytes, k)
+                self.views = None   # (the host results' views are made again over it)
+            bufs[k] = (own, 0)
+            moved.append((own, dst, a.nbytes, a.offset * F32))
+        self.moved = tuple(moved)
+        return ("moved", *((own.serial, dst.serial, off) for own, dst, _, off in moved))
+
     def zeros(self, ws, name: str, nbytes: int) -> tuple:
         """(buffer, 0) of host input ``name`` given as zeros of ``nbytes`` (a zero-stride
         stand-in): ``ws``'s own upload buffer, which the call's sequence fills with zeros."""
@@ -128,7 +168,7 @@ class HostData:
             return ()
         stage = self.stage
         return ("staged", None if stage is None else stage.buffer.serial,
-                *((n, 0) if z else n for n, _, _, z in staged))
+                *(n if z is False else (n, 0) if z is True else (n, z[0].serial, z[1]) for n, _, _, z in staged))
 
     def holding(self, name: str, a: np.ndarray):
         """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
@@ -180,15 +220,22 @@ class HostData:
         """Record the copies of the staged inputs into their upload buffers and the fills of the
         zeros (before the work)."""
         for name, buf, nbytes, zeros in self.staged:
-            if zeros:
+            if zeros is True:
                 seq.fill(buf, 0, 0, nbytes)
-            else:
+            elif zeros is False:
                 self.stage.copy_in(seq, name, buf, nbytes)
+            else:   # a DeviceArray in pieces cut unlike the windows: (its Pieces, byte offset)
+                seq.copy(zeros[0], buf, nbytes, zeros[1], 0)
         if self.staged:
             seq.barrier()
 
     def copy_out(self, seq) -> None:
-        """Record the copies of the staged outputs into their slots (after the work)."""
+        """Record the copies of the staged outputs into their slots (after the work), and those
+        of the outputs written for out= arrays in pieces (:meth:`given_in_pieces`)."""
+        if self.moved:
+            seq.barrier()
+            for own, dst, nbytes, off in self.moved:
+                seq.copy(own, dst, nbytes, 0, off)
         if self.staged_out:
             seq.barrier()
             for name, buf, nbytes in self.staged_out:
@@ -197,7 +244,7 @@ class HostData:
     def staged_done(self) -> None:
         """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
         for name, buf, nbytes, zeros in self.staged:
-            if not zeros:
+            if zeros is False:
                 self.held[name] = (buf, nbytes)
 
     def unstage(self) -> None:
@@ -212,3 +259,12 @@ class HostData:
             self.stage.close()
         self.stage = None
         self.held.clear()
+
+
+def _one_piece(src, offset: int, nbytes: int) -> bool:
+    """Whether bytes [offset, offset + nbytes) of ``src`` (an rt.Pieces) lie in one piece."""
+    try:
+        src.at(offset, nbytes)
+    except ValueError:
+        return False
+    return True

@@ -128,6 +128,10 @@ class Replay:
         # an array: a Replay must not keep its first call's inputs alive)
         self.template = None if calls is SCAN_CALLS else calls.template(p)
         bufs, key = ws.bind_inputs(p, backward)
+        if any(type(z) is tuple for *_, z in ws.host.staged):
+            ws.host.unstage()   # a DeviceArray in pieces cut unlike the windows: each call copies it (run.py)
+            raise ValueError("an input DeviceArray is held in pieces cut other than this call's windows: "
+                             "the call copies it each time, and is not prepared")
         self.bound = (bufs, key, tuple(v[0] for v in bufs.values() if v[0] is not None))  # and the buffers to mark busy
         self.ids = None
         self.outs = outs

@@ -217,6 +217,8 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
         for k, a in outs.items():
             b, off = bufs[k] = (a.buffer, a.offset)
             key += (None if b is None else b.serial, off)
+        if not own and ws.host.cuts:   # out= arrays in pieces cut unlike the windows: written through ws's own
+            key.append(ws.host.given_in_pieces(ws, outs, bufs))
         ids = p.ids.tobytes()
         key.append(ids)
         scatter = update and ws.family.scatters(ws, p, bufs["s"])
@@ -238,6 +240,8 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
         finally:
             if kept is not None:
                 kept.ws.lock.release()
+            if not own:
+                ws.host.moved = ()   # (recorded, or found recorded, by now)
         _timing.seq = seq
         if ws.flags_nonfinite and ws.nonfinite():
             if device_out and own:

@@ -20,7 +20,7 @@ from ssm_ref.ops import SCAN
 
 from . import config
 from . import runtime as rt
-from .arrays import DeviceArray, pool
+from .arrays import DeviceArray, pieces, pool
 from .hostdata import HostData
 from .sizing import F32, output_shapes, piece_sizes
 
@@ -106,6 +106,8 @@ class Workspace(FlagHost):
         self._k = 0
         self.host = HostData(hash(self.kept_key), planned.cuts.get(rerun))   # the buffers and staging of host
                                                     # inputs and outputs, and where those in pieces are cut
+        if any(k in self.host.cuts for k in self.shapes):
+            self._out_nbytes = None   # outputs in pieces: made per call (outputs), no recorded sets of them
                                                     # (one attribute: hostdata.HostData says why)
         self._dummy = None
         self._flag_host = None            # host-visible copy of the kernels' non-finite flag
@@ -182,7 +184,10 @@ class Workspace(FlagHost):
             arr._check_live()
             if arr.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
-            return arr.buffer, arr.offset
+            buf = arr.buffer
+            if type(buf) is rt.Pieces:   # in pieces: bound in place where the windows lie in them, else copied
+                return self.host.in_pieces(self, name, buf, arr.offset * F32, arr.nbytes)
+            return buf, arr.offset
         # (the inputs the validator stands zeros in for; a contiguous array pays the flag test alone)
         if name in _ZEROS and not arr.flags.c_contiguous and zero_stand_in(arr):
             return self.host.zeros(self, name, arr.size * F32)
@@ -225,6 +230,8 @@ class Workspace(FlagHost):
             sets = self._out_sets
             bufs = p.acquire_set(sets) if sets else None
             if bufs is None:
+                if self._out_nbytes is None:
+                    return self._outputs_in_pieces(ctx, p)
                 bufs = p.acquire_all(self._out_nbytes)
                 p.reserve(bufs)
             else:
@@ -254,6 +261,24 @@ class Workspace(FlagHost):
                 out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
             host.views = out
         return host.views
+
+    def _outputs_in_pieces(self, ctx, p) -> dict:
+        """outputs(True) of a plan that holds outputs in pieces (``host.cuts``): fresh DeviceArrays,
+        those beyond one allocation over rt.Pieces cut at the plan's windows (arrays.pieces)."""
+        out: dict = {}
+        cuts = self.host.cuts
+        try:
+            for k, shape, nbytes in self._out_specs:
+                if not nbytes:
+                    out[k] = DeviceArray._from_pool(ctx, None, shape, p)
+                elif k in cuts:
+                    out[k] = DeviceArray._from_pool(ctx, pieces(ctx, nbytes, cuts[k]), shape, p)
+                else:
+                    out[k] = DeviceArray._from_pool(ctx, p.acquire(nbytes), shape, p)
+        except BaseException:
+            release_all(out)
+            raise
+        return out
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):

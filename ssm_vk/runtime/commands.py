@@ -175,14 +175,14 @@ class Sequence:
         """Record a copy of ``nbytes`` bytes. Raises TypeError/ValueError (ranges outside the
         buffers, overlapping ranges of one buffer), RuntimeError."""
         self._recording()
-        if type(src) is Pieces or type(dst) is Pieces:   # an array in pieces: one copy per piece it covers
-            for s, d, n, so, do in split_copy(src, dst, check_int("copy: nbytes", nbytes, 1),
-                                              check_int("copy: src_offset", src_offset),
-                                              check_int("copy: dst_offset", dst_offset)):
-                self.copy(s, d, n, so, do)
-            return
         for name, b in (("src", src), ("dst", dst)):
             if not isinstance(b, Buffer) or b.ctx is not self.ctx or b.closed:
+                if type(src) is Pieces or type(dst) is Pieces:   # an array in pieces: a copy per piece it covers
+                    for s, d, n, so, do in split_copy(src, dst, check_int("copy: nbytes", nbytes, 1),
+                                                      check_int("copy: src_offset", src_offset),
+                                                      check_int("copy: dst_offset", dst_offset)):
+                        self.copy(s, d, n, so, do)
+                    return
                 raise TypeError(f"copy: {name} must be an open Buffer of this context, got {b!r}")
         nbytes = check_int("copy: nbytes", nbytes, 1)
         src_offset = check_int("copy: src_offset", src_offset)
@@ -201,12 +201,15 @@ class Sequence:
         """Record a fill with the 32-bit word ``value``; see ``memory.fill`` for the arguments
         (``buffer`` may be in Pieces: one fill per piece the range covers)."""
         self._recording()
-        if type(buffer) is Pieces:
+        try:
+            offset, nbytes = fill_range(buffer, value, offset, nbytes)
+        except TypeError:
+            if type(buffer) is not Pieces:
+                raise
             n = buffer.size - offset if nbytes is None else nbytes
             for b, off, _, k in buffer.parts(check_int("fill: offset", offset), n // 4 * 4):
                 self.fill(b, value, off, k)
             return
-        offset, nbytes = fill_range(buffer, value, offset, nbytes)
         if buffer.ctx is not self.ctx:
             raise ValueError("fill: the buffer belongs to another context")
         binding.require().vkCmdFillBuffer(self._cmd, buffer.handle, offset, nbytes, int(value))

@@ -45,12 +45,15 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     data = np.ascontiguousarray(array)
     if data.dtype.hasobject:
         raise TypeError("upload: object arrays have no byte representation")
-    if type(buffer) is Pieces:   # (never for a Buffer: one type test)
+    try:
+        offset = check_range(buffer, offset, data.nbytes, "upload")
+    except TypeError:
+        if type(buffer) is not Pieces:   # (tested only here: a Buffer's upload pays nothing for pieces)
+            raise
         raw = data.reshape(-1).view(np.uint8)
         for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
             upload(b, raw[at:at + n], off)
         return
-    offset = check_range(buffer, offset, data.nbytes, "upload")
     if data.nbytes == 0:
         return
     stats = buffer.ctx.stats
@@ -81,12 +84,15 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
     else:
         shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
     out = np.empty(shape, dtype)
-    if type(buffer) is Pieces:
+    try:
+        offset = check_range(buffer, offset, out.nbytes, "download")
+    except TypeError:
+        if type(buffer) is not Pieces:   # (as upload)
+            raise
         raw = out.reshape(-1).view(np.uint8)
         for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
             raw[at:at + n] = download(b, n, off)
         return out
-    offset = check_range(buffer, offset, out.nbytes, "download")
     if out.nbytes == 0:
         return out
     raw = out.reshape(-1).view(np.uint8)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .limits import Limits
 
-__all__ = ["token_arrays", "cuts", "piece_sizes", "piece_cap"]
+__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges"]
 
 
 def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
@@ -63,6 +63,37 @@ def cuts(d: Dims, plan, lim: Limits, backward: bool, names) -> tuple[dict[str, t
                 starts.append(a)
         out[name] = tuple(starts)
     return out, ""
+
+
+def window_ranges(d: Dims, plan, backward: bool, name: str) -> list[tuple[int, int]]:
+    """The byte ranges [a, b) of token array ``name`` that ``plan``'s windows bind ([] for a plan
+    without windows of its own: then no array in pieces is bound in place)."""
+    windows = getattr(plan, "windows", None)
+    if not windows or getattr(plan, "tchunk", 0):
+        return []
+    row = token_arrays(d, backward)[name] * F32
+    return [((w.i0 * d.T + w.t0) * row, (w.i0 * d.T + w.t0 + w.S * w.T) * row) for w in windows]
+
+
+def even_cuts(shape: tuple, itemsize: int, cap: int) -> tuple:
+    """Byte offsets where an array of ``shape`` beyond one allocation of ``cap`` bytes is cut when
+    no call's windows are known (``to_device``): as the planners cut -- runs of whole entries of
+    the first axis (whole sequences), else of the second within one entry of the first (token
+    ranges of one sequence), and so on; a piece is at most ``cap`` bytes."""
+    def cut(shape, base):
+        row = itemsize
+        for n in shape[1:]:
+            row *= n
+        n0 = shape[0] if shape else 1
+        if row <= cap or len(shape) <= 1:
+            per = max(1, cap // row)
+            return [base + i * row for i in range(0, n0, per)]
+        out = []
+        for i in range(n0):
+            out += cut(shape[1:], base + i * row)
+        return out
+
+    return tuple(cut(tuple(shape), 0)) if shape else (0,)
 
 
 def piece_sizes(nbytes: int, starts: tuple) -> list[int]:

@@ -12,6 +12,8 @@ checked against a flat model.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +21,9 @@ from hypothesis import strategies as st
 
 import ssm_vk
 from ssm_ref.testing.cases import make_problem
+from ssm_vk import engine as vk_engine
 from ssm_vk import runtime as rt
+from ssm_vk.arrays import pool
 from ssm_vk.runtime.pieces import Pieces, split_copy
 
 pytestmark = pytest.mark.vulkan
@@ -210,15 +214,61 @@ def test_arrays_that_are_not_of_tokens_are_refused_with_the_reason_and_nothing_a
         assert ssm_vk.ssm_scan(**a).where == "CPU"
 
 
-def test_results_in_pieces_that_would_be_device_arrays_are_refused():
-    # DeviceArray inputs make DeviceArray results, which are not held in pieces: refused, and the
-    # call says why
+@given(cases(), st.booleans())
+@SETTINGS
+def test_device_arrays_in_pieces_in_out_and_given_equal_the_unpieced_call(case, given_out):
+    # to_device cuts an array beyond one allocation where no call is known (whole sequences, else
+    # token ranges): the call binds its pieces in place where its windows lie in them, else copies
+    # them into pieces of its own; its results are DeviceArrays in pieces; out= arrays in pieces
+    # take them (copied out where cut unlike the windows). Bit for bit the host call's, forward and
+    # backward, and every piece goes back to the pool.
+    kw, ways, stretch = case
+    case = make_problem(kw.pop("seed"), **kw)
     ctx = rt.get_context()
-    case = make_problem(9, S=1, T=64, H=2, P=4, N=8, G=1)
+    K = case.K
     a = case.args()
-    x = a["x"].nbytes
-    with ctx.seams.override_limits(max_storage_buffer_range=x // 4, max_memory_allocation_size=x // 2):
-        dev = {**a, "A": ssm_vk.to_device(a["A"])}
-        s = ssm_vk.supports("ssm_scan", **dev)
-        assert not s and "results in pieces" in s.reason
+    rng, alloc = _limits(ctx, case, ways, stretch)
+    with ctx.seams.override_limits(max_storage_buffer_range=rng):
+        want = ssm_vk.ssm_scan(**a, snapshots=K)
+        gwant = ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states,
+                                     **({"g_snapshots": case.g_snapshots} if K > 1 else {}))
+    if not (want.where.startswith("Vulkan") and gwant.where.startswith("Vulkan")):
+        return
+    vk_engine.clear(ctx)
+    gc.collect()
+    before = pool(ctx).in_use
+    with ctx.seams.override_limits(max_storage_buffer_range=rng, max_memory_allocation_size=alloc):
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in a.items()}
+        s = ssm_vk.supports("ssm_scan", **dev, snapshots=K)
+        out = None
+        if given_out and K == 1:
+            out = {k: ssm_vk.to_device(np.full_like(getattr(want, k), np.nan)) for k in ("y", "states")}
+        r = ssm_vk.ssm_scan(**dev, snapshots=K, **({"out": out} if out else {}))
+        assert r.where.startswith("Vulkan") == bool(s.ok), s.reason
+        if s.ok:
+            _same(r, want, ["y", "states"] + (["snapshots"] if K > 1 else []))
+        gy = ssm_vk.to_device(case.g_y)
+        g = ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=ssm_vk.to_device(case.g_states),
+                                 **({"g_snapshots": ssm_vk.to_device(case.g_snapshots)} if K > 1 else {}))
+        if g.where.startswith("Vulkan"):
+            _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+        del r, g, gy, dev, out
+    vk_engine.clear(ctx)
+    gc.collect()
+    assert pool(ctx).in_use == before
 
+
+def test_a_device_array_in_pieces_round_trips_and_views_read_across_cuts():
+    ctx = rt.get_context()
+    x = np.arange(3 * 50 * 4, dtype=np.float32).reshape(3, 50, 4)
+    with ctx.seams.override_limits(max_memory_allocation_size=4 * 4 * 37):
+        d = ssm_vk.to_device(x)
+        assert isinstance(d.buffer, rt.Pieces) and len(d.buffer.buffers) > 3
+        assert np.array_equal(d.numpy(), x)
+        assert np.array_equal(d.view(130, (3, 100)).numpy(), x.reshape(-1)[130:430].reshape(3, 100))
+        d.write(-x)
+        assert np.array_equal(d.numpy(), -x)
+        before = pool(ctx).in_use
+        d.release()
+        assert pool(ctx).in_use == before - len(d.buffer.buffers)
