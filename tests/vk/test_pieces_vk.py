@@ -272,3 +272,29 @@ def test_a_device_array_in_pieces_round_trips_and_views_read_across_cuts():
         before = pool(ctx).in_use
         d.release()
         assert pool(ctx).in_use == before - len(d.buffer.buffers)
+
+
+@pytest.mark.parametrize("cut", ["windows", "other"])
+def test_a_prepared_call_of_device_arrays_in_pieces_replays_what_the_plain_call_computes(cut):
+    # the prepared call binds the pieces once (or records their copy into its own pieces in its one
+    # sequence): each run() reads the inputs as they are then -- written in place between runs
+    ctx = rt.get_context()
+    case = make_problem(11, S=1, T=256, H=2, P=4, N=8, G=1)
+    a = case.args()
+    x = a["x"].nbytes
+    rng = x // 4
+    alloc = rng if cut == "windows" else rng + 4 * 8 * 3   # pieces of even cuts: at the windows, or not
+    x2 = np.asarray(a["x"]) * np.float32(0.5)
+    with ctx.seams.override_limits(max_storage_buffer_range=rng):
+        want = [ssm_vk.ssm_scan(**{**a, "x": v}) for v in (a["x"], x2)]
+    with ctx.seams.override_limits(max_storage_buffer_range=rng, max_memory_allocation_size=alloc):
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in a.items()}
+        assert isinstance(dev["x"].buffer, rt.Pieces)
+        call = ssm_vk.prepare_scan(**dev)
+        for v, w in zip((a["x"], x2, a["x"]), (*want, want[0]), strict=True):
+            dev["x"].write(v)
+            r = call.run()
+            assert isinstance(r.y.buffer, rt.Pieces)
+            _same(r, w, ["y", "states"])
+        call.close()
