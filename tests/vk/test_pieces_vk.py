@@ -298,3 +298,28 @@ def test_a_prepared_call_of_device_arrays_in_pieces_replays_what_the_plain_call_
             assert isinstance(r.y.buffer, rt.Pieces)
             _same(r, w, ["y", "states"])
         call.close()
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["host", "device"])
+def test_the_chunked_kernels_run_arrays_in_pieces(resident):
+    # windows of whole sequences of the chunked Mamba-2 kernels (their scratch within one
+    # allocation, x and y beyond it): bit for bit the unpieced call's, forward and backward (the
+    # backward taking the forward's tables where its inputs are DeviceArrays)
+    ctx = rt.get_context()
+    case = make_problem(12, S=4, T=128, H=2, P=64, N=8, G=1)
+    a = case.args()
+    x = a["x"].nbytes
+    rng, alloc = x // 4 + 64, x // 2
+    with ctx.seams.override_limits(max_storage_buffer_range=rng):
+        want = ssm_vk.ssm_scan(**a)
+        gwant = ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states)
+    with ctx.seams.override_limits(max_storage_buffer_range=rng, max_memory_allocation_size=alloc):
+        up = ssm_vk.to_device if resident else (lambda v: v)
+        dev = {k: (up(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v) for k, v in a.items()}
+        r = ssm_vk.ssm_scan(**dev)
+        g = ssm_vk.ssm_scan_back(**dev, g_y=up(case.g_y), g_states=up(case.g_states))
+        assert r.where.startswith("Vulkan") and g.where.startswith("Vulkan")
+        _same(r, want, ["y", "states"])
+        _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+        pieced = [ws for ws in vk_engine.engine_of(ctx).workspaces.values() if ws.host.cuts and ws.dims.T == 128]
+        assert {ws.family.title for ws in pieced} == {"the chunked kernels"} and len(pieced) == 2
