@@ -131,7 +131,7 @@ class Replay:
         # DeviceArrays in pieces cut unlike the windows, which the call's sequence copies into the
         # workspace's own (HostData.in_pieces): a prepared call records the copies in its one
         # sequence; a plain call is not kept (each repeat takes the full path, which copies them)
-        copied = tuple(z[0] for *_, z in ws.host.staged if type(z) is tuple)
+        copied = tuple(z[0] for *_, z in ws.host.staged if type(z) is tuple) if calls is SCAN_CALLS else ()
         if copied and outs is None:
             ws.host.unstage()
             raise ValueError("an input DeviceArray in pieces cut unlike this call's windows: each call copies it")
