@@ -68,13 +68,12 @@ class HostData:
     with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py). Used under the
     workspace's lock."""
 
-    __slots__ = ("cuts", "donor", "held", "lent", "moved", "out", "pair", "stage", "stage_bytes", "staged",
-                 "staged_out", "uploads", "views")
+    __slots__ = ("cuts", "donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out",
+                 "uploads", "views")
 
     def __init__(self, pair: int, cuts: dict | None = None):
         self.pair = pair
         self.cuts = cuts or {}   # name -> byte offsets of its pieces (budget.pieces): the arrays held in pieces
-        self.moved: tuple = ()   # (own buffer, the caller's out= array's Pieces, bytes) the sequence copies out
         self.uploads: dict = {}
         self.out: dict = {}
         self.views: dict | None = None
@@ -110,44 +109,44 @@ class HostData:
         rt.upload(buf, a)
         return buf, 0
 
-    def in_pieces(self, ws, name: str, src, offset: int, nbytes: int) -> tuple:
-        """(buffer, element offset) of input ``name``, a DeviceArray of ``nbytes`` at byte
-        ``offset`` of ``src`` (an rt.Pieces): ``src`` itself where each window of ``ws``'s plan
-        binds bytes of one piece, else ``ws``'s own upload buffer for ``name`` (cut at the plan's
-        windows: budget.pieces counted it), which the call's sequence copies ``src`` into first."""
-        tokens = name in token_arrays(ws.dims, ws.backward)
-        ranges = window_ranges(ws.dims, ws.plan, ws.backward, name) if tokens else []
-        if ranges and all(_one_piece(src, offset + a, b - a) for a, b in ranges):
-            return src, offset // F32
-        buf = self.uploads.get(name)
-        if buf is None or buf.size < nbytes:
-            buf = self.uploads[name] = ws.acquire(nbytes, name)
-        if self.held:
-            self.held.pop(name, None)
-        self.staged += ((name, buf, nbytes, (src, offset)),)
-        return buf, 0
-
-    def given_in_pieces(self, ws, outs: dict, bufs: dict) -> tuple:
-        """For a call of ``ws`` given out= arrays (``outs``, bound in ``bufs``): each one in pieces
-        cut unlike the plan's windows is bound to ``ws``'s own output buffer instead (cut at the
-        windows), which the call's sequence copies into it after the work (:meth:`copy_out`);
-        the part of the sequence's key that says so."""
-        moved = []
-        for k, a in outs.items():
-            dst = a.buffer
-            if type(dst) is not rt.Pieces:
+    def rebind_pieces(self, seq, ws, bufs: dict) -> list:
+        """At the recording of a call of ``ws`` (``bufs``: name -> (buffer, element offset), as
+        bound): each array in pieces (an rt.Pieces: a DeviceArray made in pieces, or a view of one)
+        whose pieces do not hold each window of the plan whole is bound to ``ws``'s own buffer for
+        its name instead (cut at the windows where it is beyond one allocation: budget.pieces
+        counted it): an input copied into it now, before the work; an output (out=) copied out
+        of it after the work -- those copies returned, (own, the caller's Pieces, bytes, byte
+        offset) each, for the caller to record. The key of the sequence names the arrays' buffers
+        and offsets, so the same key records the same copies."""
+        after = []
+        d, backward = ws.dims, ws.backward
+        tokens = token_arrays(d, backward)
+        sizes = {k: math.prod(v) * F32 for k, v in input_shapes(d, backward).items()}
+        sizes.update({k: n * F32 for k, n in ws.sizes.items()})
+        for name, (buf, off) in list(bufs.items()):
+            if type(buf) is not rt.Pieces or name not in sizes:
                 continue
-            ranges = window_ranges(ws.dims, ws.plan, ws.backward, k) if k in token_arrays(ws.dims, ws.backward) else []
-            if ranges and all(_one_piece(dst, a.offset * F32 + lo, hi - lo) for lo, hi in ranges):
-                continue
-            own = self.out.get(k)
-            if own is None:
-                own = self.out[k] = ws.acquire(a.nbytes, k)
-                self.views = None   # (the host results' views are made again over it)
-            bufs[k] = (own, 0)
-            moved.append((own, dst, a.nbytes, a.offset * F32))
-        self.moved = tuple(moved)
-        return ("moved", *((own.serial, dst.serial, off) for own, dst, _, off in moved))
+            offset, nbytes = off * F32, sizes[name]
+            ranges = window_ranges(d, ws.plan, backward, name) if name in tokens else []
+            if ranges and all(_one_piece(buf, offset + a, b - a) for a, b in ranges):
+                continue   # bound in place: every window in one piece
+            if name in ws.sizes:   # an out= array
+                own = self.out.get(name)
+                if own is None:
+                    own = self.out[name] = ws.acquire(nbytes, name)
+                    self.views = None   # (the host results' views are made again over it)
+                after.append((own, buf, nbytes, offset))
+            else:
+                own = self.uploads.get(name)
+                if own is None or own.size < nbytes:
+                    own = self.uploads[name] = ws.acquire(nbytes, name)
+                self.held.pop(name, None)
+                seq.copy(buf, own, nbytes, offset, 0)
+                seq.barrier()
+                if name == "s":   # the cache, which a forward with update_cache may write in place: back after
+                    after.append((own, buf, nbytes, offset))
+            bufs[name] = (own, 0)
+        return after
 
     def zeros(self, ws, name: str, nbytes: int) -> tuple:
         """(buffer, 0) of host input ``name`` given as zeros of ``nbytes`` (a zero-stride
@@ -168,7 +167,7 @@ class HostData:
             return ()
         stage = self.stage
         return ("staged", None if stage is None else stage.buffer.serial,
-                *(n if z is False else (n, 0) if z is True else (n, z[0].serial, z[1]) for n, _, _, z in staged))
+                *((n, 0) if z else n for n, _, _, z in staged))
 
     def holding(self, name: str, a: np.ndarray):
         """The upload buffer of ``name`` when it holds exactly the bytes of ``a`` (float32, C
@@ -220,22 +219,15 @@ class HostData:
         """Record the copies of the staged inputs into their upload buffers and the fills of the
         zeros (before the work)."""
         for name, buf, nbytes, zeros in self.staged:
-            if zeros is True:
+            if zeros:
                 seq.fill(buf, 0, 0, nbytes)
-            elif zeros is False:
+            else:
                 self.stage.copy_in(seq, name, buf, nbytes)
-            else:   # a DeviceArray in pieces cut unlike the windows: (its Pieces, byte offset)
-                seq.copy(zeros[0], buf, nbytes, zeros[1], 0)
         if self.staged:
             seq.barrier()
 
     def copy_out(self, seq) -> None:
-        """Record the copies of the staged outputs into their slots (after the work), and those
-        of the outputs written for out= arrays in pieces (:meth:`given_in_pieces`)."""
-        if self.moved:
-            seq.barrier()
-            for own, dst, nbytes, off in self.moved:
-                seq.copy(own, dst, nbytes, 0, off)
+        """Record the copies of the staged outputs into their slots (after the work)."""
         if self.staged_out:
             seq.barrier()
             for name, buf, nbytes in self.staged_out:
@@ -244,7 +236,7 @@ class HostData:
     def staged_done(self) -> None:
         """The call's submission ran: each upload buffer staged now holds its slot's bytes."""
         for name, buf, nbytes, zeros in self.staged:
-            if zeros is False:
+            if not zeros:
                 self.held[name] = (buf, nbytes)
 
     def unstage(self) -> None:

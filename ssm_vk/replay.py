@@ -128,24 +128,12 @@ class Replay:
         # an array: a Replay must not keep its first call's inputs alive)
         self.template = None if calls is SCAN_CALLS else calls.template(p)
         bufs, key = ws.bind_inputs(p, backward)
-        # DeviceArrays in pieces cut unlike the windows, which the call's sequence copies into the
-        # workspace's own (HostData.in_pieces): a prepared call records the copies in its one
-        # sequence; a plain call is not kept (each repeat takes the full path, which copies them)
-        copied = tuple(z[0] for *_, z in ws.host.staged if type(z) is tuple) if calls is SCAN_CALLS else ()
-        if copied and outs is None:
-            ws.host.unstage()
-            raise ValueError("an input DeviceArray in pieces cut unlike this call's windows: each call copies it")
-        held = tuple(v[0] for v in bufs.values() if v[0] is not None) + copied
-        self.bound = (bufs, key, held)  # and the buffers to mark busy
+        self.bound = (bufs, key, tuple(v[0] for v in bufs.values() if v[0] is not None))  # and the buffers to mark busy
         self.ids = None
         self.outs = outs
         if outs is not None:   # (``seq``, ``copy``, ``outputs``: a prepared call's alone)
             self.outputs = tuple(a for a in outs.values() if a.buffer is not None)
-            try:
-                self.seq, self.copy = calls.record_own(ws, p, backward, dict(bufs), outs, update)
-            finally:
-                if copied:
-                    ws.host.unstage()
+            self.seq, self.copy = calls.record_own(ws, p, backward, dict(bufs), outs, update)
 
     def problem(self, arrays: tuple, ids):
         """validate.problem of a plain call of this replay (its float arguments ``arrays``): its

@@ -217,8 +217,6 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
         for k, a in outs.items():
             b, off = bufs[k] = (a.buffer, a.offset)
             key += (None if b is None else b.serial, off)
-        if not own and ws.host.cuts:   # out= arrays in pieces cut unlike the windows: written through ws's own
-            key.append(ws.host.given_in_pieces(ws, outs, bufs))
         ids = p.ids.tobytes()
         key.append(ids)
         scatter = update and ws.family.scatters(ws, p, bufs["s"])
@@ -240,8 +238,6 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
         finally:
             if kept is not None:
                 kept.ws.lock.release()
-            if not own:
-                ws.host.moved = ()   # (recorded, or found recorded, by now)
         _timing.seq = seq
         if ws.flags_nonfinite and ws.nonfinite():
             if device_out and own:
@@ -269,9 +265,22 @@ def recorded_sequence(ws: Workspace, p: Problem, backward: bool, bufs: dict, key
     """The call's sequence in ``ws`` under binding ``key``, recorded on first use: the backward
     (with the forward's ``kept`` tables where given) or the forward (``scatter``: its final states
     into the cache rows)."""
+    return ws.sequence(key, lambda seq: _record(seq, ws, p, backward, bufs, scatter, kept))
+
+
+def _record(seq, ws: Workspace, p: Problem, backward: bool, bufs: dict, scatter: bool, kept) -> None:
+    """The recording of a call's sequence (on a miss): DeviceArrays in pieces cut unlike the plan's
+    windows copied into (out of) the workspace's own pieces around the family's recording
+    (HostData.rebind_pieces), which binds ``bufs``."""
+    after = ws.host.rebind_pieces(seq, ws, bufs)
     if backward:
-        return ws.sequence(key, lambda seq: ws.family.record_backward(seq, ws, p, bufs, kept))
-    return ws.sequence(key, lambda seq: ws.family.record_forward(seq, ws, p, bufs, scatter))
+        ws.family.record_backward(seq, ws, p, bufs, kept)
+    else:
+        ws.family.record_forward(seq, ws, p, bufs, scatter)
+    if after:
+        seq.barrier()
+        for src, dst, nbytes, off in after:
+            seq.copy(src, dst, nbytes, 0, off)
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:

@@ -184,10 +184,7 @@ class Workspace(FlagHost):
             arr._check_live()
             if arr.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
-            buf = arr.buffer
-            if type(buf) is rt.Pieces:   # in pieces: bound in place where the windows lie in them, else copied
-                return self.host.in_pieces(self, name, buf, arr.offset * F32, arr.nbytes)
-            return buf, arr.offset
+            return arr.buffer, arr.offset   # (in pieces: bound in place or copied, HostData.rebind_pieces)
         # (the inputs the validator stands zeros in for; a contiguous array pays the flag test alone)
         if name in _ZEROS and not arr.flags.c_contiguous and zero_stand_in(arr):
             return self.host.zeros(self, name, arr.size * F32)

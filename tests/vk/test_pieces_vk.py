@@ -297,7 +297,27 @@ def test_a_prepared_call_of_device_arrays_in_pieces_replays_what_the_plain_call_
             r = call.run()
             assert isinstance(r.y.buffer, rt.Pieces)
             _same(r, w, ["y", "states"])
+            _same(ssm_vk.ssm_scan(**dev), w, ["y", "states"])   # the plain call, kept for its repeats
         call.close()
+
+
+def test_a_cache_that_is_a_view_across_a_cut_is_written_by_update_cache():
+    # the cache s a view of a DeviceArray in pieces that crosses a cut: the call copies it into a
+    # buffer of its own and back, so the rows update_cache writes land in the caller's array
+    ctx = rt.get_context()
+    case = make_problem(13, S=2, T=8, H=2, P=4, N=8, G=1, ids=[1, 0])
+    a = case.args()
+    host = np.array(a["s"], dtype=np.float32, copy=True)
+    want = ssm_vk.ssm_scan(**{**a, "s": host}, update_cache=True)
+    with ctx.seams.override_limits(max_memory_allocation_size=1024):
+        big = ssm_vk.to_device(np.zeros(512, np.float32))
+        assert isinstance(big.buffer, rt.Pieces) and big.buffer.starts[1] == 1024
+        s = big.view(200, a["s"].shape)                 # elements [200, 328): across the cut at 256
+        s.write(a["s"])
+        r = ssm_vk.ssm_scan(**{**a, "s": s}, update_cache=True)
+        assert r.where.startswith("Vulkan")
+        assert np.array_equal(r.y.numpy(), want.y) and np.array_equal(s.numpy(), host)
+        assert not big.numpy()[:200].any() and not big.numpy()[328:].any()
 
 
 @pytest.mark.parametrize("resident", [False, True], ids=["host", "device"])
