@@ -5,6 +5,8 @@
 loop pays no host round trips. A DeviceArray owns its buffer (or views another's); the buffer goes
 back to the context's pool when the owner is released -- explicitly with ``release()``, or when
 the last Python reference goes (a weak reference's callback, as ``weakref.finalize``; not ``__del__``).
+An array larger than one allocation is held in pieces (an rt.Pieces of pool buffers, cut as the
+planners cut its shape: sizing.even_cuts), given back together.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ class DeviceArray:
     ("Vulkan<i>"), ``size``, ``nbytes``, ``ndim``. Methods: ``numpy()``, ``write(values)``,
     ``reshape()``, ``view(start, shape)``, ``release()``.
 
-    Internal fields: ``buffer`` (a runtime Buffer, or None when empty) and ``offset`` (elements
-    from the start of the buffer).
+    Internal fields: ``buffer`` (a runtime Buffer; an rt.Pieces beyond one allocation; None when
+    empty) and ``offset`` (elements from the start of the buffer).
     """
 
     _ssm_device_array = True

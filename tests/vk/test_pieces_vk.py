@@ -81,6 +81,7 @@ def cases(draw, backward=False):
     kw = dict(S=S, T=T, H=H, P=P, N=N, G=1, variant=variant, K=K, seed=draw(st.integers(0, 2**31)))
     ways = draw(st.integers(2, 7))                 # windows: x over about this many bindings
     stretch = draw(st.sampled_from([1.0, 1.3, 2.0]))  # pieces of one window or more
+    kw["invariant"] = draw(st.booleans())            # the invariant mode plans its own windows
     return kw, ways, stretch
 
 
@@ -124,12 +125,13 @@ def _pair(ctx, case, ways, stretch, call, sup):
 @SETTINGS
 def test_a_pieced_forward_equals_the_unpieced_one_bit_for_bit(case):
     kw, ways, stretch = case
+    inv = kw.pop("invariant")
     case = make_problem(kw.pop("seed"), **kw)
     ctx = rt.get_context()
     K = case.K
     a = case.args()
-    out = _pair(ctx, case, ways, stretch, lambda: ssm_vk.ssm_scan(**a, snapshots=K),
-                lambda: ssm_vk.supports("ssm_scan", **a, snapshots=K))
+    out = _pair(ctx, case, ways, stretch, lambda: ssm_vk.ssm_scan(**a, snapshots=K, invariant=inv),
+                lambda: ssm_vk.supports("ssm_scan", **a, snapshots=K, invariant=inv))
     if out is None:
         return
     want, got, _ = out
@@ -140,6 +142,7 @@ def test_a_pieced_forward_equals_the_unpieced_one_bit_for_bit(case):
 @SETTINGS
 def test_a_pieced_update_cache_writes_the_rows_the_unpieced_one_writes(case):
     kw, ways, stretch = case
+    kw.pop("invariant")
     case = make_problem(kw.pop("seed"), **kw)
     ctx = rt.get_context()
     a = case.args()
@@ -161,14 +164,15 @@ def test_a_pieced_update_cache_writes_the_rows_the_unpieced_one_writes(case):
 @SETTINGS
 def test_a_pieced_backward_equals_the_unpieced_one_bit_for_bit(case):
     kw, ways, stretch = case
+    inv = kw.pop("invariant")
     case = make_problem(kw.pop("seed"), **kw)
     ctx = rt.get_context()
     K = case.K
     a = case.args()
     extra = {"g_snapshots": case.g_snapshots} if K > 1 else {}
     out = _pair(ctx, case, ways, stretch,
-                lambda: ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states, **extra),
-                lambda: ssm_vk.supports("ssm_scan_back", **a, snapshots=K))
+                lambda: ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states, invariant=inv, **extra),
+                lambda: ssm_vk.supports("ssm_scan_back", **a, snapshots=K, invariant=inv))
     if out is None:
         return
     want, got, _ = out
@@ -223,6 +227,7 @@ def test_device_arrays_in_pieces_in_out_and_given_equal_the_unpieced_call(case, 
     # take them (copied out where cut unlike the windows). Bit for bit the host call's, forward and
     # backward, and every piece goes back to the pool.
     kw, ways, stretch = case
+    kw.pop("invariant")
     case = make_problem(kw.pop("seed"), **kw)
     ctx = rt.get_context()
     K = case.K
