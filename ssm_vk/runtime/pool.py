@@ -208,10 +208,8 @@ class BufferPool:
                         self._release_locked(b)
                     return
                 raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
-            if self._busy and any(buffer in bufs for bufs in list(self._busy.values())):
-                self._deferred[buffer.serial] = buffer
-                return
-            if self._busy and _in_pieces(buffer, self._busy):
+            if self._busy and (any(buffer in bufs for bufs in list(self._busy.values()))
+                               or _in_pieces(buffer, self._busy)):
                 self._deferred[buffer.serial] = buffer
                 return
             self._take_back(buffer)
