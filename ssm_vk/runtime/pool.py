@@ -208,14 +208,15 @@ class BufferPool:
                         self._release_locked(b)
                     return
                 raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
-            if self._busy and (any(buffer in bufs for bufs in list(self._busy.values()))
-                               or _in_pieces(buffer, self._busy)):
+            if self._busy and any(buffer in bufs for bufs in list(self._busy.values())):
                 self._deferred[buffer.serial] = buffer
                 return
             self._take_back(buffer)
 
     def _release_locked(self, buffer: Buffer) -> None:
-        """:meth:`release` of one piece of an array in pieces (the caller holds the lock)."""
+        """:meth:`release` of one piece of an array in pieces (the caller holds the lock). (Only
+        the pieces of a DeviceArray's Pieces can be marked busy, through it: they are given back
+        here, never one by one; a workspace's own pieces are no call's input.)"""
         if buffer.serial not in self._out or buffer.serial in self._deferred:
             raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
         if self._busy and (any(buffer in bufs for bufs in list(self._busy.values())) or _in_pieces(buffer, self._busy)):

@@ -14,6 +14,7 @@ workspace allocates by it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .limits import F32
@@ -41,12 +42,23 @@ def piece_cap(lim: Limits) -> int:
     return min(lim.max_memory_allocation_size, lim.device_local_bytes)
 
 
+def _windowed(d: Dims, plan) -> tuple:
+    """(the dims the windows of ``plan`` count in, its windows; () when it has none). A plan over
+    time chunks (``tchunk``) has the windows of the chunks as sequences: S * T / tchunk sequences
+    of tchunk tokens, the same memory (sequential_planner.chunk_dims)."""
+    windows = getattr(plan, "windows", None) or ()
+    tchunk = getattr(plan, "tchunk", 0)
+    if tchunk:
+        d = replace(d, S=d.S * (d.T // tchunk), T=tchunk)
+    return d, windows
+
+
 def cuts(d: Dims, plan, lim: Limits, backward: bool, names) -> tuple[dict[str, tuple], str]:
     """({name: byte offsets where its pieces start, the first 0}, "") for each array of ``names``
     (the token arrays over one allocation) under a family's ``plan``, or ({}, why not): the plan
-    does not bind them in windows of its own (a plan over time chunks, or one without windows)."""
-    windows = getattr(plan, "windows", None)
-    if not windows or getattr(plan, "tchunk", 0):
+    does not bind them in windows of its own."""
+    d, windows = _windowed(d, plan)
+    if not windows:
         return {}, "its plan does not bind the arrays of tokens in windows"
     cap = piece_cap(lim)
     per = token_arrays(d, backward)
@@ -68,9 +80,7 @@ def cuts(d: Dims, plan, lim: Limits, backward: bool, names) -> tuple[dict[str, t
 def window_ranges(d: Dims, plan, backward: bool, name: str) -> list[tuple[int, int]]:
     """The byte ranges [a, b) of token array ``name`` that ``plan``'s windows bind ([] for a plan
     without windows of its own: then no array in pieces is bound in place)."""
-    windows = getattr(plan, "windows", None)
-    if not windows or getattr(plan, "tchunk", 0):
-        return []
+    d, windows = _windowed(d, plan)
     row = token_arrays(d, backward)[name] * F32
     return [((w.i0 * d.T + w.t0) * row, (w.i0 * d.T + w.t0 + w.S * w.T) * row) for w in windows]
 

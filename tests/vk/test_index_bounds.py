@@ -372,6 +372,7 @@ SHAPES = [
     (1, 2**20, 24, 64, 128, 1),        # x: 6 GiB: beyond one allocation anywhere, in pieces on the H200
     (1, 2**24, 24, 64, 128, 1),        # x: 96 GiB: in pieces, beyond the H200's heap with y: refused
     (2048, 1, 64, 64, 256, 1),         # states: 8 GiB, bound whole by some kernel: refused
+    (1, 2**22, 1536, 1, 16, 1),        # x: 24 GiB; Mamba-1's forward over time chunks, in pieces
     (64, 4096, 32, 64, 256, 8),        # B: 2^31 elements
     (1024, 1, 128, 64, 16, 4),         # many sequences, one token
     (128, 1, 80, 64, 128, 1),          # decode steps: 335 MB of states (lavapipe: windows of sequences)
@@ -402,7 +403,7 @@ def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> dict | None:
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = chunked = over_time = in_threads = decode = pieced = 0
+    checked = refused = chunked = over_time = in_threads = decode = pieced = pieced_over_time = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
         cuts = _accepted(d, lim, heap, backward)
@@ -418,6 +419,7 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         label = f"{device} {'backward' if backward else 'forward'} {d}"
         dispatches = _record(d, ids, lim, backward, monkeypatch, cuts)
         pieced += bool(cuts)
+        pieced_over_time += bool(cuts) and any(spec.name == "ssm_scan_carry" for spec, *_ in dispatches)
         assert _check_dispatches(dispatches, lim, label) > 0
         checked += 1
         chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
@@ -425,7 +427,8 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         in_threads += any(spec.name.startswith("m1_") for spec, *_ in dispatches)
         decode += any(spec.name == "ssm_decode" for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
-    assert pieced >= (1 if device == "h200" else 0)   # arrays beyond one allocation, in pieces
+    assert pieced >= ((1 if backward else 2) if device == "h200" else 0)   # arrays beyond one allocation, in pieces
+    assert pieced_over_time >= (0 if backward or device != "h200" else 1)   # (and their time chunks)
     assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
     assert over_time >= 1                  # and Mamba-1 forwards and backwards to the time chunks
     assert decode >= (0 if backward else 2)  # and one-token Mamba-2 forwards to the decode kernel

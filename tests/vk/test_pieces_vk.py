@@ -348,3 +348,26 @@ def test_the_chunked_kernels_run_arrays_in_pieces(resident):
         _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
         pieced = [ws for ws in vk_engine.engine_of(ctx).workspaces.values() if ws.host.cuts and ws.dims.T == 128]
         assert {ws.family.title for ws in pieced} == {"the chunked kernels"} and len(pieced) == 2
+
+
+@pytest.mark.parametrize("variant", ["mamba1", "mamba2"])
+def test_the_passes_over_time_chunks_run_arrays_in_pieces(variant, knobs):
+    # the token-sequential kernels parallel over time (forced here: a GPU picks them for long
+    # Mamba-1 sequences): their windows are those of the chunks as sequences, and so are the cuts
+    ctx = rt.get_context()
+    knobs(TCHUNK=32, CHUNK=0, M1=0)
+    case = make_problem(14, S=2, T=256, H=2, P=4, N=8, G=1, variant=variant)
+    a = case.args()
+    x = a["x"].nbytes
+    rng, alloc = x // 4 + 64, x // 3
+    with ctx.seams.override_limits(max_storage_buffer_range=rng):
+        want = ssm_vk.ssm_scan(**a)
+        gwant = ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states)
+    with ctx.seams.override_limits(max_storage_buffer_range=rng, max_memory_allocation_size=alloc):
+        r = ssm_vk.ssm_scan(**a)
+        g = ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states)
+        assert r.where.startswith("Vulkan") and g.where.startswith("Vulkan")
+        _same(r, want, ["y", "states"])
+        _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+        pieced = [ws for ws in vk_engine.engine_of(ctx).workspaces.values() if ws.host.cuts and ws.dims.T == 256]
+        assert pieced and all(getattr(ws.plan, "tchunk", 0) == 32 for ws in pieced)
