@@ -371,3 +371,25 @@ def test_the_passes_over_time_chunks_run_arrays_in_pieces(variant, knobs):
         _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
         pieced = [ws for ws in vk_engine.engine_of(ctx).workspaces.values() if ws.host.cuts and ws.dims.T == 256]
         assert pieced and all(getattr(ws.plan, "tchunk", 0) == 32 for ws in pieced)
+
+
+def test_a_discrete_gpus_staged_transfers_and_the_zeros_of_absent_inputs_fill_pieces():
+    # force_staging: host arrays move through staging copies (a discrete GPU's path), piece by
+    # piece; g_y None: the zeros the call's sequence fills in, over every piece
+    ctx = rt.get_context()
+    case = make_problem(15, S=2, T=128, H=2, P=4, N=8, G=1)
+    a = case.args()
+    x = a["x"].nbytes
+    with ctx.seams.override_limits(max_storage_buffer_range=x // 4):
+        want = ssm_vk.ssm_scan(**a)
+        gwant = ssm_vk.ssm_scan_back(**a, g_y=None, g_states=case.g_states)
+    with ctx.seams.override_limits(max_storage_buffer_range=x // 4, max_memory_allocation_size=x // 2):
+        ctx.seams.force_staging = True
+        try:
+            r = ssm_vk.ssm_scan(**a)
+            g = ssm_vk.ssm_scan_back(**a, g_y=None, g_states=case.g_states)
+        finally:
+            ctx.seams.force_staging = False
+    assert r.where.startswith("Vulkan") and g.where.startswith("Vulkan")
+    _same(r, want, ["y", "states"])
+    _same(g, gwant, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
