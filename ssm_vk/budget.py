@@ -82,7 +82,7 @@ def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=froze
 def whole(d: Dims, lim: Limits, backward: bool, resident: frozenset) -> frozenset:
     """The device-resident inputs of ``resident`` within one allocation. Those beyond it are
     DeviceArrays in pieces, cut where no call's windows were known (arrays.empty): the budget
-    counts each as an input the call copies into buffers of its own (HostData.in_pieces), and
+    counts each as an input the call copies into buffers of its own (HostData.rebind_pieces), and
     :func:`pieces` refuses one that is not an array of tokens."""
     cap = piece_cap(lim)
     shapes = input_shapes(d, backward)
@@ -145,7 +145,8 @@ def check(info, sizes: dict[str, int], live_allocations: int = 0, cut: dict | No
     ``cut``: the pieces of :func:`pieces`, each counted as a buffer of its own."""
     if cut:
         sizes = dict(sizes)
-        for key in [k for k in sizes if k.split(":")[-1] in cut.get(k.startswith("rerun:"), {})]:
+        for key in [k for k in sizes if k.split(":")[-2:-1] in (["in"], ["out"])
+                    and k.split(":")[-1] in cut.get(k.startswith("rerun:"), {})]:
             starts = cut[key.startswith("rerun:")][key.split(":")[-1]]
             for i, n in enumerate(piece_sizes(sizes.pop(key), starts)):
                 sizes[f"{key}#{i}"] = n

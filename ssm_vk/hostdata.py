@@ -34,6 +34,11 @@ inputs it fills and which it copies (:meth:`HostData.staged_key`), so a call wit
 for an input that a former call filled records the copy, and the reverse. A filled buffer holds
 no slot's bytes: it is never bound by a backward (``held`` forgets it). A user's array that
 holds zeros (np.zeros) is an array like any other, uploaded.
+
+Arrays of tokens beyond one allocation (``cuts``: where the decision cut them, budget.pieces) get
+upload and output buffers in pieces (runtime.Pieces), written and read piece by piece, never
+staged (the slots are one buffer); a DeviceArray in pieces cut otherwise is copied into them by
+the call's own sequence (:meth:`HostData.rebind_pieces`, at the recording).
 """
 
 from __future__ import annotations
