@@ -5,6 +5,8 @@
 loop pays no host round trips. A DeviceArray owns its buffer (or views another's); the buffer goes
 back to the context's pool when the owner is released -- explicitly with ``release()``, or when
 the last Python reference goes (a weak reference's callback, as ``weakref.finalize``; not ``__del__``).
+An array larger than one allocation is held in pieces (an rt.Pieces of pool buffers, cut as the
+planners cut its shape: sizing.even_cuts), given back together.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
+from .sizing import even_cuts, piece_sizes
 
-__all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty"]
+__all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
 _F32 = np.dtype(np.float32)
 _INTS = frozenset([int])  # the types of a shape of Python ints
@@ -100,8 +103,8 @@ class DeviceArray:
     ("Vulkan<i>"), ``size``, ``nbytes``, ``ndim``. Methods: ``numpy()``, ``write(values)``,
     ``reshape()``, ``view(start, shape)``, ``release()``.
 
-    Internal fields: ``buffer`` (a runtime Buffer, or None when empty) and ``offset`` (elements
-    from the start of the buffer).
+    Internal fields: ``buffer`` (a runtime Buffer; an rt.Pieces beyond one allocation; None when
+    empty) and ``offset`` (elements from the start of the buffer).
     """
 
     _ssm_device_array = True
@@ -294,11 +297,32 @@ def check_live(arrays) -> None:
 
 
 def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
-    """An uninitialised DeviceArray from the pool (no buffer when it has no elements)."""
+    """An uninitialised DeviceArray from the pool (no buffer when it has no elements); beyond one
+    allocation (maxMemoryAllocationSize, or the largest device-local heap), in pieces
+    (rt.Pieces: cut as the planners cut, sizing.even_cuts)."""
     shape = tuple(int(s) for s in shape)
-    n = math.prod(shape) * np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    n = math.prod(shape) * itemsize
+    cap = min(ctx.info.max_memory_allocation_size, ctx.info.device_local_bytes)
+    if n > cap:
+        return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, cap)), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None
     return DeviceArray(ctx, buf, shape, dtype)
+
+
+def pieces(ctx, nbytes: int, starts: tuple) -> rt.Pieces:
+    """An rt.Pieces of ``nbytes`` cut at byte offsets ``starts``, its buffers from the pool (all of
+    them given back when one cannot be had). The owner gives it back whole (BufferPool.release)."""
+    buffers = pool(ctx)
+    got = []
+    try:
+        for n in piece_sizes(nbytes, starts):
+            got.append(buffers.acquire(n))
+    except BaseException:
+        for b in got:
+            buffers.release(b)
+        raise
+    return rt.Pieces(got, starts, nbytes)
 
 
 def to_device(array, device=None) -> DeviceArray:

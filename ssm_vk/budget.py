@@ -13,7 +13,11 @@ A call acquires these buffers through the context's pool (each rounded up by
   the answer does not depend on them; the ids, when the scan reads the cache rows in place) and a
   16-byte stand-in binding.
 
-The rule: every buffer within ``maxMemoryAllocationSize``, all of them together within the
+An input or output of tokens ((S, T, ...): x, dt, B, C, y, g_y and their cotangents) larger
+than one allocation is held in pieces cut at its plan's windows (sizing.pieces, runtime.Pieces):
+:func:`pieces` says where, or why the call cannot be cut so, and each piece counts as a buffer.
+
+The rule: every buffer (each piece) within ``maxMemoryAllocationSize``, all of them together within the
 largest device-local heap (``DeviceInfo.device_local_bytes``), and their count with the
 allocations already made within ``maxMemoryAllocationCount`` (every buffer is an allocation of
 its own). A problem beyond any falls back to the CPU, with the numbers in the reason. (Memory
@@ -28,7 +32,17 @@ from math import prod
 from typing import TYPE_CHECKING
 
 from .runtime.pool import BufferPool
-from .sizing import DUMMY_BYTES, F32, input_shapes, output_shapes, rows_in_place
+from .sizing import (
+    DUMMY_BYTES,
+    F32,
+    cuts,
+    input_shapes,
+    output_shapes,
+    piece_cap,
+    piece_sizes,
+    rows_in_place,
+    token_arrays,
+)
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
@@ -36,7 +50,7 @@ if TYPE_CHECKING:
     from .family import FamilyPlan
     from .sizing import Limits
 
-__all__ = ["buffers", "check", "allocations"]
+__all__ = ["buffers", "check", "allocations", "pieces", "whole"]
 
 
 def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=frozenset()) -> dict[str, int]:
@@ -65,6 +79,45 @@ def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=froze
     return {k: v for k, v in sizes.items() if v > 0}
 
 
+def whole(d: Dims, lim: Limits, backward: bool, resident: frozenset) -> frozenset:
+    """The device-resident inputs of ``resident`` within one allocation. Those beyond it are
+    DeviceArrays in pieces, cut where no call's windows were known (arrays.empty): the budget
+    counts each as an input the call copies into buffers of its own (HostData.rebind_pieces), and
+    :func:`pieces` refuses one that is not an array of tokens."""
+    cap = piece_cap(lim)
+    shapes = input_shapes(d, backward)
+    return frozenset(k for k in resident if k not in shapes or prod(shapes[k]) * F32 <= cap)
+
+
+def pieces(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, sizes: dict[str, int]) -> tuple[dict, str]:
+    """Where the buffers of ``sizes`` (:func:`buffers`) beyond one allocation are cut: ({False:
+    {name: byte offsets of its pieces} of the first plan's workspace, True: those of the plan that
+    recomputes flagged results}, ""), both empty when nothing is beyond; or ({}, why the call
+    cannot be cut so -- an array other than the inputs and results of tokens, a plan without
+    windows -- in the words of :func:`check`)."""
+    cap = piece_cap(lim)
+    big = [k for k, n in sizes.items() if n > cap]
+    if not big:
+        return {}, ""
+    tokens = token_arrays(d, backward)
+    out: dict = {False: {}, True: {}}
+    for key in big:
+        *where, name = key.split(":")
+        what = (f"{name} needs a buffer of {sizes[key]} bytes, above one allocation (maxMemoryAllocationSize "
+                f"{lim.max_memory_allocation_size} bytes, the heap {lim.device_local_bytes})")
+        if name not in tokens or where[-1:] not in (["in"], ["out"]):
+            return {}, f"{what}, and only arrays of tokens are held in pieces"
+        rerun = where[0] == "rerun"
+        keys = [False, True] if where == ["in"] else [rerun]   # (each workspace uploads its own inputs)
+        for r in keys:
+            plan = fp.rerun if r and fp.rerun is not None else fp
+            got, why = cuts(d, plan.plan, lim, backward, [name])
+            if why:
+                return {}, f"{what}, and {plan.family.title} cannot cut it: {why}"
+            out[r].update(got)
+    return out, ""
+
+
 def pooled(nbytes: int, limit: int) -> int:
     """What the pool allocates for a request (BufferPool.acquire's rounding)."""
     size = BufferPool.size_class(nbytes)
@@ -85,10 +138,18 @@ def allocations(sizes: dict[str, int]) -> int:
     return len(sizes)
 
 
-def check(info, sizes: dict[str, int], live_allocations: int = 0) -> str:
+def check(info, sizes: dict[str, int], live_allocations: int = 0, cut: dict | None = None) -> str:
     """Why ``sizes`` (from :func:`buffers`) do not fit device ``info`` -- an allocation above
     maxMemoryAllocationSize, more memory than its largest device-local heap, more allocations
-    than maxMemoryAllocationCount besides the ``live_allocations`` already made -- or ""."""
+    than maxMemoryAllocationCount besides the ``live_allocations`` already made -- or "".
+    ``cut``: the pieces of :func:`pieces`, each counted as a buffer of its own."""
+    if cut:
+        sizes = dict(sizes)
+        for key in [k for k in sizes if k.split(":")[-2:-1] in (["in"], ["out"])
+                    and k.split(":")[-1] in cut.get(k.startswith("rerun:"), {})]:
+            starts = cut[key.startswith("rerun:")][key.split(":")[-1]]
+            for i, n in enumerate(piece_sizes(sizes.pop(key), starts)):
+                sizes[f"{key}#{i}"] = n
     limit = info.max_memory_allocation_size
     name, biggest = max(sizes.items(), key=lambda kv: kv[1], default=("", 0))
     if biggest > limit:

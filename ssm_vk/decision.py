@@ -121,14 +121,19 @@ def decide(ctx, lim: Limits, knobs: Settings, op: str, p, resident: frozenset,
         if n > binding_cap(lim):
             return Support(False, f"snapshots: the {d.K} state slots ({n * 4} bytes) exceed one storage-buffer "
                                   f"binding of this device ({binding_cap(lim) * 4} bytes)"), True, None
+    if resident:   # a DeviceArray beyond one allocation is in pieces: counted as a copy the call may make
+        resident = budget.whole(p.dims, lim, backward, resident)
     sizes = budget.buffers(p.dims, pl, lim, backward, resident)
-    why = budget.check(ctx.info, sizes, ctx.live_allocations.count)
+    cut, why = budget.pieces(p.dims, pl, lim, backward, sizes)
+    if why:
+        return Support(False, why), True, None
+    why = budget.check(ctx.info, sizes, ctx.live_allocations.count, cut)
     if why:   # (the allocations already made change: that refusal is decided anew)
         return Support(False, why), "maxMemoryAllocationCount" not in why, None
     why = kernels_problem(lim, kernels_needed(p.dims, pl, backward))
     if why:
         return Support(False, why), False, None
-    planned = Planned(pl, p.dims, lim, backward, knobs, softplus, snap, dropped)
+    planned = Planned(pl, p.dims, lim, backward, knobs, softplus, snap, dropped, cut)
     where = f"runs on {ctx.info.where} ({ctx.info.name})"
     if dropped:
         return Support(True, f"{where}; {pl.family.title} run it: {dropped}"), True, planned

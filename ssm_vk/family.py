@@ -133,14 +133,17 @@ class Planned:
     plans were made for: ``dims``, ``backward``, the planner's ``lim`` and ``knobs``, the step's
     form ``softplus``, ``snap`` (the K state snapshots: registry.plan); ``key`` (all of them;
     ``snap`` only when set) keys the workspace of the shape (engine.Engine.workspace); ``dropped``:
-    which family's kernels could not be had, and why ("" when none)."""
+    which family's kernels could not be had, and why ("" when none); ``cuts``: where the host
+    arrays beyond one allocation are cut into pieces (budget.pieces: {rerun: {name: byte offsets}},
+    empty when none is)."""
 
-    __slots__ = ("backward", "dims", "dropped", "first", "key", "knobs", "lim", "snap", "softplus")
+    __slots__ = ("backward", "cuts", "dims", "dropped", "first", "key", "knobs", "lim", "snap", "softplus")
 
     def __init__(self, first: FamilyPlan, dims, lim: Limits, backward: bool, knobs: Settings, softplus: int = 0,
-                 snap: bool = False, dropped: str = ""):
+                 snap: bool = False, dropped: str = "", cuts: dict | None = None):
         self.first, self.dims, self.lim, self.backward = first, dims, lim, backward
         self.knobs, self.softplus, self.snap, self.dropped = knobs, softplus, snap, dropped
+        self.cuts = cuts or {}
         # (a backward given g_snapshots of one slot has the Dims of one without: ``snap`` tells them apart)
         self.key = (dims, backward, lim, knobs.key, softplus, "snap") if snap else (dims, backward, lim, knobs.key,
                                                                                     softplus)

@@ -34,6 +34,11 @@ inputs it fills and which it copies (:meth:`HostData.staged_key`), so a call wit
 for an input that a former call filled records the copy, and the reverse. A filled buffer holds
 no slot's bytes: it is never bound by a backward (``held`` forgets it). A user's array that
 holds zeros (np.zeros) is an array like any other, uploaded.
+
+Arrays of tokens beyond one allocation (``cuts``: where the decision cut them, budget.pieces) get
+upload and output buffers in pieces (runtime.Pieces), written and read piece by piece, never
+staged (the slots are one buffer); a DeviceArray in pieces cut otherwise is copied into them by
+the call's own sequence (:meth:`HostData.rebind_pieces`, at the recording).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import math
 import numpy as np
 
 from . import runtime as rt
-from .sizing import F32, input_shapes
+from .sizing import F32, input_shapes, token_arrays, window_ranges
 
 __all__ = ["HostData"]
 
@@ -68,11 +73,12 @@ class HostData:
     with it (+0.8k instructions per call, benchmarks/vk_call_instructions.py). Used under the
     workspace's lock."""
 
-    __slots__ = ("donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out", "uploads",
-                 "views")
+    __slots__ = ("cuts", "donor", "held", "lent", "out", "pair", "stage", "stage_bytes", "staged", "staged_out",
+                 "uploads", "views")
 
-    def __init__(self, pair: int):
+    def __init__(self, pair: int, cuts: dict | None = None):
         self.pair = pair
+        self.cuts = cuts or {}   # name -> byte offsets of its pieces (budget.pieces): the arrays held in pieces
         self.uploads: dict = {}
         self.out: dict = {}
         self.views: dict | None = None
@@ -96,7 +102,7 @@ class HostData:
                 return buf, 0
         buf = self.uploads.get(name)
         if buf is None or buf.size < a.nbytes:
-            buf = self.uploads[name] = ws.acquire(a.nbytes)
+            buf = self.uploads[name] = ws.acquire(a.nbytes, name)
         if self.held:
             self.held.pop(name, None)   # written now: its slot no longer tells what it holds
         if not buf.mappable or ws.ctx.seams.force_staging:   # (not rt.direct(buf), inlined: each input)
@@ -108,12 +114,51 @@ class HostData:
         rt.upload(buf, a)
         return buf, 0
 
+    def rebind_pieces(self, seq, ws, bufs: dict) -> list:
+        """At the recording of a call of ``ws`` (``bufs``: name -> (buffer, element offset), as
+        bound): each array in pieces (an rt.Pieces: a DeviceArray made in pieces, or a view of one)
+        whose pieces do not hold each window of the plan whole is bound to ``ws``'s own buffer for
+        its name instead (cut at the windows where it is beyond one allocation: budget.pieces
+        counted it): an input copied into it now, before the work; an output (out=) copied out
+        of it after the work -- those copies returned, (own, the caller's Pieces, bytes, byte
+        offset) each, for the caller to record. The key of the sequence names the arrays' buffers
+        and offsets, so the same key records the same copies."""
+        after = []
+        d, backward = ws.dims, ws.backward
+        tokens = token_arrays(d, backward)
+        sizes = {k: math.prod(v) * F32 for k, v in input_shapes(d, backward).items()}
+        sizes.update({k: n * F32 for k, n in ws.sizes.items()})
+        for name, (buf, off) in list(bufs.items()):
+            if type(buf) is not rt.Pieces or name not in sizes:
+                continue
+            offset, nbytes = off * F32, sizes[name]
+            ranges = window_ranges(d, ws.plan, backward, name) if name in tokens else []
+            if ranges and all(_one_piece(buf, offset + a, b - a) for a, b in ranges):
+                continue   # bound in place: every window in one piece
+            if name in ws.sizes:   # an out= array
+                own = self.out.get(name)
+                if own is None:
+                    own = self.out[name] = ws.acquire(nbytes, name)
+                    self.views = None   # (the host results' views are made again over it)
+                after.append((own, buf, nbytes, offset))
+            else:
+                own = self.uploads.get(name)
+                if own is None or own.size < nbytes:
+                    own = self.uploads[name] = ws.acquire(nbytes, name)
+                self.held.pop(name, None)
+                seq.copy(buf, own, nbytes, offset, 0)
+                seq.barrier()
+                if name == "s":   # the cache, which a forward with update_cache may write in place: back after
+                    after.append((own, buf, nbytes, offset))
+            bufs[name] = (own, 0)
+        return after
+
     def zeros(self, ws, name: str, nbytes: int) -> tuple:
         """(buffer, 0) of host input ``name`` given as zeros of ``nbytes`` (a zero-stride
         stand-in): ``ws``'s own upload buffer, which the call's sequence fills with zeros."""
         buf = self.uploads.get(name)
         if buf is None or buf.size < nbytes:
-            buf = self.uploads[name] = ws.acquire(nbytes)
+            buf = self.uploads[name] = ws.acquire(nbytes, name)
         if self.held:
             self.held.pop(name, None)   # it will hold zeros, not its slot's bytes: never bound by a backward
         self.staged += ((name, buf, nbytes, True),)
@@ -148,6 +193,8 @@ class HostData:
             sizes = {k: math.prod(v) * F32 for k, v in input_shapes(ws.dims, ws.backward).items()}
             sizes.update({"out:" + k: n * F32 for k, n in ws.sizes.items()})
             self.stage_bytes = {k: n for k, n in sizes.items() if n}
+        if self.cuts:   # arrays in pieces: more than one allocation, so more than the slots' one buffer
+            return None
         self.stage = rt.Stage.within_budget(ws.ctx, self.stage_bytes)
         return self.stage
 
@@ -209,3 +256,12 @@ class HostData:
             self.stage.close()
         self.stage = None
         self.held.clear()
+
+
+def _one_piece(src, offset: int, nbytes: int) -> bool:
+    """Whether bytes [offset, offset + nbytes) of ``src`` (an rt.Pieces) lie in one piece."""
+    try:
+        src.at(offset, nbytes)
+    except ValueError:
+        return False
+    return True

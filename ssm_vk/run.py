@@ -266,8 +266,24 @@ def recorded_sequence(ws: Workspace, p: Problem, backward: bool, bufs: dict, key
     (with the forward's ``kept`` tables where given) or the forward (``scatter``: its final states
     into the cache rows)."""
     if backward:
-        return ws.sequence(key, lambda seq: ws.family.record_backward(seq, ws, p, bufs, kept))
-    return ws.sequence(key, lambda seq: ws.family.record_forward(seq, ws, p, bufs, scatter))
+        return ws.sequence(key, lambda seq: _record(seq, ws, p, True, bufs, kept))
+    return ws.sequence(key, lambda seq: _record(seq, ws, p, False, bufs, scatter))
+
+
+def _record(seq, ws: Workspace, p: Problem, backward: bool, bufs: dict, extra) -> None:
+    """The recording of a call's sequence (on a miss; ``extra``: the backward's kept tables, the
+    forward's scatter): DeviceArrays in pieces cut unlike the plan's windows copied into (out of)
+    the workspace's own pieces around the family's recording (HostData.rebind_pieces), which
+    binds ``bufs``."""
+    after = ws.host.rebind_pieces(seq, ws, bufs)
+    if backward:
+        ws.family.record_backward(seq, ws, p, bufs, extra)
+    else:
+        ws.family.record_forward(seq, ws, p, bufs, extra)
+    if after:
+        seq.barrier()
+        for src, dst, nbytes, off in after:
+            seq.copy(src, dst, nbytes, 0, off)
 
 
 def copy_rows(ctx, states: DeviceArray, s: DeviceArray, ids) -> None:

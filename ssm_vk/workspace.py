@@ -20,9 +20,9 @@ from ssm_ref.ops import SCAN
 
 from . import config
 from . import runtime as rt
-from .arrays import DeviceArray, pool
+from .arrays import DeviceArray, pieces, pool
 from .hostdata import HostData
-from .sizing import F32, output_shapes
+from .sizing import F32, output_shapes, piece_sizes
 
 if TYPE_CHECKING:
     from .family import Planned
@@ -104,7 +104,10 @@ class Workspace(FlagHost):
         self._owned: list = []            # every buffer this workspace acquired
         self._scratch: list = []          # by request order while recording
         self._k = 0
-        self.host = HostData(hash(self.kept_key))   # the buffers and staging of host inputs and outputs
+        self.host = HostData(hash(self.kept_key), planned.cuts.get(rerun))   # the buffers and staging of host
+                                                    # inputs and outputs, and where those in pieces are cut
+        if any(k in self.host.cuts for k in self.shapes):
+            self._out_nbytes = None   # outputs in pieces: made per call (outputs), no recorded sets of them
                                                     # (one attribute: hostdata.HostData says why)
         self._dummy = None
         self._flag_host = None            # host-visible copy of the kernels' non-finite flag
@@ -119,8 +122,16 @@ class Workspace(FlagHost):
         self.recent = True
 
     # -- buffers ------------------------------------------------------------------------------
-    def acquire(self, nbytes: int):
-        """A buffer of the pool that this workspace holds until it closes."""
+    def acquire(self, nbytes: int, name: str = ""):
+        """A buffer of the pool that this workspace holds until it closes; for the host array
+        ``name`` that the plan holds in pieces (``host.cuts``), an rt.Pieces of such buffers."""
+        starts = self.host.cuts.get(name) if name else None
+        if starts is not None:
+            bufs = []
+            for n in piece_sizes(nbytes, starts):
+                bufs.append(self.pool.acquire(n))
+                self._owned.append(bufs[-1])
+            return rt.Pieces(bufs, starts, nbytes)
         buf = self.pool.acquire(nbytes)
         self._owned.append(buf)
         return buf
@@ -156,6 +167,8 @@ class Workspace(FlagHost):
         if buf is None or count <= 0:
             return (self.dummy(), 0, 16), 0
         byte0 = (base + start) * F32
+        if type(buf) is rt.Pieces:   # an array in pieces: the piece this window lies in
+            buf, byte0 = buf.at(byte0, count * F32)
         aligned = byte0 - byte0 % self.align
         resid = (byte0 - aligned) // F32
         return (buf, aligned, (resid + count) * F32), resid
@@ -171,7 +184,7 @@ class Workspace(FlagHost):
             arr._check_live()
             if arr.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
-            return arr.buffer, arr.offset
+            return arr.buffer, arr.offset   # (in pieces: bound in place or copied, HostData.rebind_pieces)
         # (the inputs the validator stands zeros in for; a contiguous array pays the flag test alone)
         if name in _ZEROS and not arr.flags.c_contiguous and zero_stand_in(arr):
             return self.host.zeros(self, name, arr.size * F32)
@@ -214,6 +227,8 @@ class Workspace(FlagHost):
             sets = self._out_sets
             bufs = p.acquire_set(sets) if sets else None
             if bufs is None:
+                if self._out_nbytes is None:
+                    return self._outputs_in_pieces(ctx, p)
                 bufs = p.acquire_all(self._out_nbytes)
                 p.reserve(bufs)
             else:
@@ -239,10 +254,28 @@ class Workspace(FlagHost):
             for k, shape in self.shapes.items():
                 n = self.sizes[k] * F32
                 if n and k not in host.out:
-                    host.out[k] = self.acquire(n)
+                    host.out[k] = self.acquire(n, k)
                 out[k] = DeviceArray(self.ctx, host.out.get(k), shape, owned=False)
             host.views = out
         return host.views
+
+    def _outputs_in_pieces(self, ctx, p) -> dict:
+        """outputs(True) of a plan that holds outputs in pieces (``host.cuts``): fresh DeviceArrays,
+        those beyond one allocation over rt.Pieces cut at the plan's windows (arrays.pieces)."""
+        out: dict = {}
+        cuts = self.host.cuts
+        try:
+            for k, shape, nbytes in self._out_specs:
+                if not nbytes:
+                    out[k] = DeviceArray._from_pool(ctx, None, shape, p)
+                elif k in cuts:
+                    out[k] = DeviceArray._from_pool(ctx, pieces(ctx, nbytes, cuts[k]), shape, p)
+                else:
+                    out[k] = DeviceArray._from_pool(ctx, p.acquire(nbytes), shape, p)
+        except BaseException:
+            release_all(out)
+            raise
+        return out
 
     # -- recorded sequences ---------------------------------------------------------------------
     def sequence(self, key, record):

@@ -23,7 +23,7 @@ LAYERS = (
     ("ssm_vk.runtime.device", "ssm_vk.runtime.introspect"),
     ("ssm_vk.runtime.owned", "ssm_vk.runtime.seams", "ssm_vk.runtime.instance"),
     ("ssm_vk.runtime.context",),
-    ("ssm_vk.runtime.memory",),
+    ("ssm_vk.runtime.memory", "ssm_vk.runtime.pieces"),
     ("ssm_vk.runtime.pool", "ssm_vk.runtime.pipelines"),
     ("ssm_vk.runtime.commands",),
     ("ssm_vk.runtime.transfer",),

@@ -18,6 +18,7 @@ from .commands import Sequence, oneshot
 from .context import Context, close, current_context, get_context
 from .device import DeviceInfo, available, list_devices
 from .memory import Buffer
+from .pieces import Pieces
 from .pipelines import Kernel
 from .pool import BufferPool
 from .shaders import GlslcMissing, ShaderBuildError, compile_shader
@@ -25,7 +26,7 @@ from .transfer import Stage, direct, download, fill, upload
 
 __all__ = [
     "Buffer", "BufferPool", "Context", "DeviceInfo", "DeviceLost", "GlslcMissing", "Kernel", "OutOfDeviceMemory",
-    "Sequence", "ShaderBuildError", "Stage", "VulkanError", "VulkanTimeout", "VulkanUnavailable", "available",
+    "Pieces", "Sequence", "ShaderBuildError", "Stage", "VulkanError", "VulkanTimeout", "VulkanUnavailable", "available",
     "close", "compile_shader", "current_context", "direct", "download", "fill", "get_context", "list_devices",
     "oneshot", "upload",
 ]

@@ -25,6 +25,7 @@ from .context import Context
 from .device import CALIBRATION_STYPES, TIME_DOMAIN_DEVICE, TIME_DOMAIN_MONOTONIC
 from .memory import Buffer, fill_range
 from .owned import Slot
+from .pieces import Pieces, split_copy
 from .pipelines import Kernel
 
 MAX_TIMESTAMPS = 64
@@ -176,6 +177,12 @@ class Sequence:
         self._recording()
         for name, b in (("src", src), ("dst", dst)):
             if not isinstance(b, Buffer) or b.ctx is not self.ctx or b.closed:
+                if type(src) is Pieces or type(dst) is Pieces:   # an array in pieces: a copy per piece it covers
+                    for s, d, n, so, do in split_copy(src, dst, check_int("copy: nbytes", nbytes, 1),
+                                                      check_int("copy: src_offset", src_offset),
+                                                      check_int("copy: dst_offset", dst_offset)):
+                        self.copy(s, d, n, so, do)
+                    return
                 raise TypeError(f"copy: {name} must be an open Buffer of this context, got {b!r}")
         nbytes = check_int("copy: nbytes", nbytes, 1)
         src_offset = check_int("copy: src_offset", src_offset)
@@ -191,9 +198,18 @@ class Sequence:
         self._buffers[dst.serial] = dst
 
     def fill(self, buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None) -> None:
-        """Record a fill with the 32-bit word ``value``; see ``memory.fill`` for the arguments."""
+        """Record a fill with the 32-bit word ``value``; see ``memory.fill`` for the arguments
+        (``buffer`` may be in Pieces: one fill per piece the range covers)."""
         self._recording()
-        offset, nbytes = fill_range(buffer, value, offset, nbytes)
+        try:
+            offset, nbytes = fill_range(buffer, value, offset, nbytes)
+        except TypeError:
+            if type(buffer) is not Pieces:
+                raise
+            n = buffer.size - offset if nbytes is None else nbytes
+            for b, off, _, k in buffer.parts(check_int("fill: offset", offset), n // 4 * 4):
+                self.fill(b, value, off, k)
+            return
         if buffer.ctx is not self.ctx:
             raise ValueError("fill: the buffer belongs to another context")
         binding.require().vkCmdFillBuffer(self._cmd, buffer.handle, offset, nbytes, int(value))

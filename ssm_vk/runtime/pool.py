@@ -13,6 +13,7 @@ from . import binding
 from .checks import check_int
 from .context import Context
 from .memory import Buffer
+from .pieces import Pieces
 
 
 class BufferPool:
@@ -192,6 +193,8 @@ class BufferPool:
             return
         with self._lock:
             still = {b.serial for bufs in list(self._busy.values()) for b in bufs}
+            still.update(p.serial for bufs in list(self._busy.values()) for b in bufs if type(b) is Pieces
+                         for p in b.buffers)
             for serial in [s for s in self._deferred if s not in still]:
                 self._take_back(self._deferred.pop(serial))
 
@@ -200,11 +203,26 @@ class BufferPool:
         ValueError if it is not out from this pool."""
         with self._lock:
             if not isinstance(buffer, Buffer) or buffer.serial not in self._out or buffer.serial in self._deferred:
+                if type(buffer) is Pieces:   # an array in pieces: each piece given back
+                    for b in buffer.buffers:
+                        self._release_locked(b)
+                    return
                 raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
             if self._busy and any(buffer in bufs for bufs in list(self._busy.values())):
                 self._deferred[buffer.serial] = buffer
                 return
             self._take_back(buffer)
+
+    def _release_locked(self, buffer: Buffer) -> None:
+        """:meth:`release` of one piece of an array in pieces (the caller holds the lock). (Only
+        the pieces of a DeviceArray's Pieces can be marked busy, through it: they are given back
+        here, never one by one; a workspace's own pieces are no call's input.)"""
+        if buffer.serial not in self._out or buffer.serial in self._deferred:
+            raise ValueError(f"release: {buffer!r} was not acquired from this pool (or was released already)")
+        if self._busy and (any(buffer in bufs for bufs in list(self._busy.values())) or _in_pieces(buffer, self._busy)):
+            self._deferred[buffer.serial] = buffer
+            return
+        self._take_back(buffer)
 
     def _take_back(self, buffer: Buffer) -> None:
         """Back to the free lists (the caller holds the lock)."""
@@ -254,3 +272,9 @@ class BufferPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _in_pieces(buffer: Buffer, busy: dict) -> bool:
+    """Whether ``buffer`` is a piece of an array in pieces that a call in flight reads (the marks
+    of :meth:`BufferPool.busy` name the array, not its pieces)."""
+    return any(type(b) is Pieces and buffer in b.buffers for bufs in list(busy.values()) for b in bufs)

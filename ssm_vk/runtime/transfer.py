@@ -21,6 +21,7 @@ from .checks import check_int
 from .commands import oneshot
 from .memory import Buffer, check_range, fill_range
 from .owned import Slot
+from .pieces import Pieces
 
 if TYPE_CHECKING:
     from .context import Context
@@ -44,7 +45,15 @@ def upload(buffer: Buffer, array, offset: int = 0) -> None:
     data = np.ascontiguousarray(array)
     if data.dtype.hasobject:
         raise TypeError("upload: object arrays have no byte representation")
-    offset = check_range(buffer, offset, data.nbytes, "upload")
+    try:
+        offset = check_range(buffer, offset, data.nbytes, "upload")
+    except TypeError:
+        if type(buffer) is not Pieces:   # (tested only here: a Buffer's upload pays nothing for pieces)
+            raise
+        raw = data.reshape(-1).view(np.uint8)
+        for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
+            upload(b, raw[at:at + n], off)
+        return
     if data.nbytes == 0:
         return
     stats = buffer.ctx.stats
@@ -75,7 +84,15 @@ def download(buffer: Buffer, what, offset: int = 0) -> np.ndarray:
     else:
         shape, dtype = (check_int("nbytes", what),), np.dtype(np.uint8)
     out = np.empty(shape, dtype)
-    offset = check_range(buffer, offset, out.nbytes, "download")
+    try:
+        offset = check_range(buffer, offset, out.nbytes, "download")
+    except TypeError:
+        if type(buffer) is not Pieces:   # (as upload)
+            raise
+        raw = out.reshape(-1).view(np.uint8)
+        for b, off, at, n in buffer.parts(check_int("offset", offset), raw.size):
+            raw[at:at + n] = download(b, n, off)
+        return out
     if out.nbytes == 0:
         return out
     raw = out.reshape(-1).view(np.uint8)
@@ -124,6 +141,10 @@ def fill(buffer: Buffer, value: int, offset: int = 0, nbytes: int | None = None)
     RuntimeError, DeviceLost, VulkanTimeout.
     """
 
+    if type(buffer) is Pieces:
+        with oneshot(buffer.ctx) as seq:
+            seq.fill(buffer, value, offset, nbytes)
+        return
     offset, nbytes = fill_range(buffer, value, offset, nbytes)
     with oneshot(buffer.ctx) as seq:
         seq.fill(buffer, value, offset, nbytes)

@@ -65,6 +65,8 @@ def _chunk_pass(seq, ws, d, cd, bufs: dict, k, st, dec) -> None:
                     NPB=lay.NPB, gx=gx, NC=1, c0=0, gather=0, o_s=0, o_ids=0, scatter=0, **o)
         seq.dispatch(k, [bnd["x"], bnd["dt"], bnd["A"], bnd["B"], bnd["C"], bnd["y"], bnd["st"], bnd["ck"],
                          dummy, dummy], specs.pack_push(seqk.FWD_PUSH, push), (gx, gy, 1))
+        if w is not ws.plan.windows[-1]:
+            seq.barrier()   # (the windows share the stand-in binding, which the kernel may write)
 
 
 def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
@@ -87,6 +89,8 @@ def _adjoint_summary(seq, ws, d, cd, bufs: dict, lam) -> None:
                     gx=gx, NC=1, c0=0, **o, o_lam=o_lam, o_ck=0, o_dx=0, o_dA=0)
         seq.dispatch(k, [bnd["x"], bnd["dt"], bA, bnd["B"], bnd["C"], bnd["gy"], blam, dummy, dummy, dummy, dummy,
                          dummy, dummy], specs.pack_push(seqk.BWD_PUSH, push), (gx, gyy, 1))
+        if w is not pl.windows[-1]:
+            seq.barrier()   # (as _chunk_pass)
 
 
 def _carry(seq, ws, d, dec, b, st_at: tuple, rows, flag, reverse: bool) -> None:

@@ -1,12 +1,15 @@
 """What every planner, the budget and the recordings size a call by, in pure Python before any
 Vulkan call: the device's limits and what fits them (:mod:`.limits`: ``Limits.of(info)``, grids,
-binding ranges, windows) and the arrays a call binds (:mod:`.shapes`). Each family sizes its own
+binding ranges, windows), the arrays a call binds (:mod:`.shapes`) and where an array beyond one
+allocation is cut into pieces (:mod:`.pieces`). Each family sizes its own
 plan and scratch in its planner (``ssm_vk/<family>/<family>_planner.py``)."""
 
 from __future__ import annotations
 
 from .limits import F32, SPEC_MINIMUMS, Limits, TooLarge, Window, binding_cap, grid, rows_in_place
+from .pieces import cuts, even_cuts, piece_cap, piece_sizes, token_arrays, window_ranges
 from .shapes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["F32", "SPEC_MINIMUMS", "Limits", "TooLarge", "Window", "binding_cap", "grid", "rows_in_place",
-           "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes"]
+           "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes", "cuts", "even_cuts", "piece_cap",
+           "piece_sizes", "token_arrays", "window_ranges"]

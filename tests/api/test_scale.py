@@ -168,12 +168,17 @@ def test_a_forward_over_arrays_of_more_than_2_31_elements(module):
 
 
 @pytest.mark.skipif(VK_FALLBACK != "ssm_fast", reason="ssm_vk falls back to ssm_ref here: the soak run covers it")
-def test_ssm_vk_hands_arrays_beyond_its_device_to_the_cpu():
-    # 8 GiB for B alone: beyond maxMemoryAllocationSize of any device here; the fallback says so.
+def test_ssm_vk_runs_arrays_beyond_one_allocation_or_hands_them_to_the_cpu():
+    # 8 GiB for B alone, and as much for C: beyond maxMemoryAllocationSize of any device, so held in
+    # pieces (docs/API.md, "Arrays beyond one allocation"). A device whose heap holds them (an
+    # H100's 80 GiB) runs the call; lavapipe's 2 GiB heap does not, and the fallback says so.
     out = _big_forward("ssm_vk")
     _assert_big_forward_right(out)
-    assert out["where"] == "CPU" and out["backend"] == VK_FALLBACK and not out["ok"]
-    assert "maxMemoryAllocationSize" in out["reason"] or "no Vulkan device" in out["reason"]
+    if out["ok"]:
+        assert out["where"].startswith("Vulkan") and out["backend"] == "ssm_vk"
+    else:
+        assert out["where"] == "CPU" and out["backend"] == VK_FALLBACK
+        assert "largest device-local heap" in out["reason"] or "no Vulkan device" in out["reason"]
 
 
 @pytest.mark.soak

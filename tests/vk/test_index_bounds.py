@@ -34,10 +34,11 @@ from ssm_vk.chunked import chunked_specs as chunked_specs
 from ssm_vk.m1 import m1_recording as m1_record
 from ssm_vk.m1 import m1_specs as m1_specs
 from ssm_vk.registry import plan
+from ssm_vk.runtime.pieces import Pieces
 from ssm_vk.sequential import sequential_recording as sequential_record
 from ssm_vk.sequential import sequential_specs as sequential_specs
 from ssm_vk.sequential import time_chunks
-from ssm_vk.sizing import Limits, TooLarge, output_shapes
+from ssm_vk.sizing import Limits, TooLarge, output_shapes, piece_sizes
 
 U32 = 2**32
 ALL_OPS = frozenset({"basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad"})
@@ -59,9 +60,12 @@ DEVICES = {"h200": (H200, H200_HEAP), "lavapipe": (LAVAPIPE, LAVAPIPE_HEAP)}
 
 
 class FakeBuffer:
+    ctx = None
+
     def __init__(self, nbytes: int, content=None):
         self.size = nbytes
         self.content = content          # constants: the pairs the rows kernel reads
+        self.serial = id(self)
 
 
 class FakeInfo:
@@ -121,7 +125,10 @@ class FakeSequence:
         pass
 
 
-def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) -> list:
+def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch, cuts: dict | None = None) -> list:
+    """The dispatches of the call's recording; the arrays of ``cuts`` (budget.pieces: name -> byte
+    offsets) held in pieces of fake buffers, so each binding of them resolves to one piece (or
+    raises: Pieces.at)."""
     for module in (recording, sequential_record, chunked_record, time_chunks, m1_record):
         monkeypatch.setattr(module, "kernel", lambda ctx, spec: spec)
     pl = plan(d, lim, backward=backward)
@@ -131,6 +138,8 @@ def _record(d: Dims, ids: np.ndarray, lim: Limits, backward: bool, monkeypatch) 
              "A": d.H * (d.N if d.mamba1 else 1), "B": d.S * d.T * d.G * d.N, "C": d.S * d.T * d.G * d.N,
              "g_y": d.S * d.T * d.H * d.P, "g_states": d.S * d.H * d.P * d.N, **ws.sizes}
     bufs = {k: ((FakeBuffer(4 * n), 0) if n else (None, 0)) for k, n in names.items()}
+    for k, starts in (cuts or {}).items():
+        bufs[k] = (Pieces([FakeBuffer(n) for n in piece_sizes(4 * names[k], starts)], starts, 4 * names[k]), 0)
     seq = FakeSequence()
     (ws.family.record_backward if backward else ws.family.record_forward)(seq, ws, p, bufs)
     return seq.dispatches
@@ -360,7 +369,10 @@ def _dims(S, T, H, P, N, G, mamba1, R=None) -> Dims:
 SHAPES = [
     (1, 64, 16, 64, 128, 1), (1, 512, 48, 64, 128, 1), (8, 2048, 24, 64, 128, 1), (1, 16384, 24, 64, 128, 1),
     (1, 65536, 24, 64, 128, 1),        # x: 400 MiB, beyond lavapipe's 128 MiB binding range: windows
-    (1, 2**20, 24, 64, 128, 1),        # x: 2^35 elements: beyond one allocation anywhere, refused
+    (1, 2**20, 24, 64, 128, 1),        # x: 6 GiB: beyond one allocation anywhere, in pieces on the H200
+    (1, 2**24, 24, 64, 128, 1),        # x: 96 GiB: in pieces, beyond the H200's heap with y: refused
+    (2048, 1, 64, 64, 256, 1),         # states: 8 GiB, bound whole by some kernel: refused
+    (1, 2**22, 1536, 1, 16, 1),        # x: 24 GiB; Mamba-1's forward over time chunks, in pieces
     (64, 4096, 32, 64, 256, 8),        # B: 2^31 elements
     (1024, 1, 128, 64, 16, 4),         # many sequences, one token
     (128, 1, 80, 64, 128, 1),          # decode steps: 335 MB of states (lavapipe: windows of sequences)
@@ -373,30 +385,41 @@ SHAPES = [
 ]
 
 
-def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> bool:
+def _accepted(d: Dims, lim: Limits, heap: int, backward: bool) -> dict | None:
+    """The arrays a call of ``d`` holds in pieces ({name: byte offsets}, budget.pieces) when the
+    device accepts it, else None."""
     try:
         pl = plan(d, lim, backward=backward)
     except TooLarge:
-        return False
-    return not budget.check(FakeInfo(lim, heap), budget.buffers(d, pl, lim, backward))
+        return None
+    sizes = budget.buffers(d, pl, lim, backward)
+    cut, why = budget.pieces(d, pl, lim, backward, sizes)
+    if why or budget.check(FakeInfo(lim, heap), sizes, 0, cut):
+        return None
+    return cut.get(False, {})
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkeypatch):
     lim, heap = DEVICES[device]
-    checked = refused = chunked = over_time = in_threads = decode = 0
+    checked = refused = chunked = over_time = in_threads = decode = pieced = pieced_over_time = 0
     for (S, T, H, P, N, G), mamba1 in itertools.product(SHAPES, (False, True)):
         d = _dims(S, T, H, P, N, G, mamba1)
-        if not _accepted(d, lim, heap, backward):
+        cuts = _accepted(d, lim, heap, backward)
+        if cuts is None:
             refused += 1   # supports() says no: the CPU computes it, no kernel sees it
             continue
         ids = np.arange(S)
         if backward and S > 1:
             ids = ids // 2  # duplicates: the rows kernel runs too
             d = _dims(S, T, H, P, N, G, mamba1, R=int(ids.max()) + 1)
+            cuts = _accepted(d, lim, heap, backward)
+            assert cuts is not None
         label = f"{device} {'backward' if backward else 'forward'} {d}"
-        dispatches = _record(d, ids, lim, backward, monkeypatch)
+        dispatches = _record(d, ids, lim, backward, monkeypatch, cuts)
+        pieced += bool(cuts)
+        pieced_over_time += bool(cuts) and any(spec.name == "ssm_scan_carry" for spec, *_ in dispatches)
         assert _check_dispatches(dispatches, lim, label) > 0
         checked += 1
         chunked += any(spec.name.startswith("chunk_") for spec, *_ in dispatches)
@@ -404,6 +427,8 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
         in_threads += any(spec.name.startswith("m1_") for spec, *_ in dispatches)
         decode += any(spec.name == "ssm_decode" for spec, *_ in dispatches)
     assert checked >= 6 and refused >= 2   # both kinds of outcome occur on every device
+    assert pieced >= ((1 if backward else 2) if device == "h200" else 0)   # arrays beyond one allocation, in pieces
+    assert pieced_over_time >= (0 if backward or device != "h200" else 1)   # (and their time chunks)
     assert chunked >= 2                    # the default knobs give shapes to the chunked kernels
     assert over_time >= 1                  # and Mamba-1 forwards and backwards to the time chunks
     assert decode >= (0 if backward else 2)  # and one-token Mamba-2 forwards to the decode kernel
@@ -413,17 +438,29 @@ def test_every_index_stays_in_its_binding_and_in_uint32(device, backward, monkey
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_what_decides_the_largest_problem(device):
-    # Every array of an accepted problem is one buffer: at most maxMemoryAllocationSize / 4 floats
-    # (2^30 on the H200, 2^29 on lavapipe), far below 2^32; bindings bigger than the storage range
-    # are cut into windows. One sequence of 2^20 tokens (x: 2^35 floats) is refused everywhere, the
-    # reason naming the array and the limit; 65536 tokens run, on lavapipe in token windows.
+    # Every buffer of an accepted problem is at most maxMemoryAllocationSize: an array of tokens
+    # beyond it is held in pieces, cut at the windows (each piece at most 2^30 floats on the H200,
+    # 2^29 on lavapipe, far below 2^32); bindings bigger than the storage range are cut into
+    # windows. One sequence of 2^20 tokens (x: 6 GiB) runs on the H200, x, g_y and d_x in two
+    # pieces each, and is refused by lavapipe's 2 GiB heap (the reason says so); 65536 tokens run,
+    # on lavapipe in token windows.
     lim, heap = DEVICES[device]
     big = _dims(1, 2**20, 24, 64, 128, 1, False)
     pl = plan(big, lim, backward=True)
-    why = budget.check(FakeInfo(lim, heap), budget.buffers(big, pl, lim, True))
-    assert why.startswith("x needs a buffer of 6442450944 bytes, above maxMemoryAllocationSize")
+    sizes = budget.buffers(big, pl, lim, True)
+    assert budget.check(FakeInfo(lim, heap), sizes).startswith(
+        "x needs a buffer of 6442450944 bytes, above maxMemoryAllocationSize")   # as one buffer
+    cut, why = budget.pieces(big, pl, lim, True, sizes)
+    assert not why and set(cut[False]) == {"x", "g_y", "d_x"}
+    for starts in cut[False].values():
+        assert max(piece_sizes(6442450944, starts)) <= lim.max_memory_allocation_size
+    why = budget.check(FakeInfo(lim, heap), sizes, 0, cut)
+    if device == "h200":
+        assert why == "" and _accepted(big, lim, heap, True) == cut[False]
+    else:
+        assert "largest device-local heap" in why and _accepted(big, lim, heap, True) is None
     ok = _dims(1, 65536, 24, 64, 128, 1, False)
-    assert _accepted(ok, lim, heap, backward=False)
+    assert _accepted(ok, lim, heap, backward=False) is not None
     pl = plan(ok, lim, backward=False)
     seq = plans.sequential(pl)   # the token-sequential plan: the call's, or its recompute's
     assert max(w.S * w.T for w in seq.windows) * ok.H * ok.P * 4 <= lim.max_storage_buffer_range

@@ -1,0 +1,112 @@
+"""Where an array larger than one allocation is cut into pieces (runtime.Pieces): at the windows'
+own boundaries, so that every binding of a window lies in one piece.
+
+``maxMemoryAllocationSize`` bounds one buffer, not a call: the planners already cut every binding
+to ``maxStorageBufferRange`` in windows of whole sequences or token ranges of one sequence
+(Window), and an array of tokens -- (S, T, ...) -- is bound window by window. Such an array beyond
+one allocation is held as consecutive pieces, each a run of whole windows within the limit. Other
+arrays (the states, the cache, the snapshots, the scratch) are bound whole by some kernel, so one
+beyond an allocation is refused with the reason.
+
+Pure Python: the support decision and the budget count by it before anything is allocated; the
+workspace allocates by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .limits import F32
+
+if TYPE_CHECKING:
+    from ssm_ref import Dims
+
+    from .limits import Limits
+
+__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges"]
+
+
+def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
+    """The (S, T, ...) arrays a call binds window by window, by name: elements per token."""
+    per = {"x": d.H * d.P, "dt": d.H, "B": d.G * d.N, "C": d.G * d.N}
+    if backward:
+        per.update(g_y=d.H * d.P, d_x=d.H * d.P, d_dt=d.H, d_B=d.G * d.N, d_C=d.G * d.N)
+    else:
+        per["y"] = d.H * d.P
+    return per
+
+
+def piece_cap(lim: Limits) -> int:
+    """The most bytes one piece takes: one allocation, within the largest device-local heap."""
+    return min(lim.max_memory_allocation_size, lim.device_local_bytes)
+
+
+def _windowed(d: Dims, plan) -> tuple:
+    """(the dims the windows of ``plan`` count in, its windows; () when it has none). A plan over
+    time chunks (``tchunk``) has the windows of the chunks as sequences: S * T / tchunk sequences
+    of tchunk tokens, the same memory (sequential_planner.chunk_dims)."""
+    windows = getattr(plan, "windows", None) or ()
+    tchunk = getattr(plan, "tchunk", 0)
+    if tchunk:
+        d = replace(d, S=d.S * (d.T // tchunk), T=tchunk)
+    return d, windows
+
+
+def cuts(d: Dims, plan, lim: Limits, backward: bool, names) -> tuple[dict[str, tuple], str]:
+    """({name: byte offsets where its pieces start, the first 0}, "") for each array of ``names``
+    (the token arrays over one allocation) under a family's ``plan``, or ({}, why not): the plan
+    does not bind them in windows of its own."""
+    d, windows = _windowed(d, plan)
+    if not windows:
+        return {}, "its plan does not bind the arrays of tokens in windows"
+    cap = piece_cap(lim)
+    per = token_arrays(d, backward)
+    out = {}
+    for name in names:
+        row = per[name] * F32
+        starts = [0]
+        for w in windows:
+            a = (w.i0 * d.T + w.t0) * row
+            b = (w.i0 * d.T + w.t0 + w.S * w.T) * row
+            if b - a > cap:   # (the windows fit a binding, within one allocation: never)
+                return {}, f"a window of {name} takes {b - a} bytes, above one allocation"
+            if b - starts[-1] > cap:
+                starts.append(a)
+        out[name] = tuple(starts)
+    return out, ""
+
+
+def window_ranges(d: Dims, plan, backward: bool, name: str) -> list[tuple[int, int]]:
+    """The byte ranges [a, b) of token array ``name`` that ``plan``'s windows bind ([] for a plan
+    without windows of its own: then no array in pieces is bound in place)."""
+    d, windows = _windowed(d, plan)
+    row = token_arrays(d, backward)[name] * F32
+    return [((w.i0 * d.T + w.t0) * row, (w.i0 * d.T + w.t0 + w.S * w.T) * row) for w in windows]
+
+
+def even_cuts(shape: tuple, itemsize: int, cap: int) -> tuple:
+    """Byte offsets where an array of ``shape`` beyond one allocation of ``cap`` bytes is cut when
+    no call's windows are known (``to_device``): as the planners cut -- runs of whole entries of
+    the first axis (whole sequences), else of the second within one entry of the first (token
+    ranges of one sequence), and so on; a piece is at most ``cap`` bytes."""
+    def cut(shape, base):
+        row = itemsize
+        for n in shape[1:]:
+            row *= n
+        n0 = shape[0] if shape else 1
+        if row <= cap or len(shape) <= 1:
+            per = max(1, cap // row)
+            return [base + i * row for i in range(0, n0, per)]
+        out = []
+        for i in range(n0):
+            out += cut(shape[1:], base + i * row)
+        return out
+
+    return tuple(cut(tuple(shape), 0)) if shape else (0,)
+
+
+def piece_sizes(nbytes: int, starts: tuple) -> list[int]:
+    """The bytes of each piece of an array of ``nbytes`` cut at ``starts``."""
+    ends = (*starts[1:], nbytes)
+    return [e - s for s, e in zip(starts, ends, strict=True)]
