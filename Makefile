@@ -27,7 +27,7 @@ GGML_FUZZ := --minutes 0.25 --seed 0 $(GGML_PROPS)
 # On the K build the fuzzer also draws K = 1..5 state snapshots (slots k < T compared: ggml's).
 GGML_K_FUZZ := --minutes 0.25 --seed 0 $(GGML_PROPS)
 
-.PHONY: demo test setup apt lint dist wheel check-install clean ggml ggml-check
+.PHONY: demo test setup apt lint dist wheel check-install clean ggml ggml-check warm
 
 # info, a quick check against the float64 reference, a small benchmark with a plot (out/).
 demo: setup
@@ -39,7 +39,8 @@ demo: setup
 # (tests/install/run.sh).
 test: setup $(TEST_STAMP) ggml
 	$(VPY) -m ruff check .
-	$(GGML_ENV) $(VPY) -m pytest -q -n $(WORKERS)
+	$(MAKE) warm
+	$(GGML_ENV) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal
 	$(MAKE) ggml-check
 	$(MAKE) check-install
 
@@ -62,6 +63,14 @@ ggml-check: ggml
 	wait $$a; ra=$$?; wait $$b; rb=$$?; \
 	echo "== ggml $(GGML_LIB)"; cat $$out/a; echo "== ggml (K) $(GGML_K_LIB)"; cat $$out/b; rm -rf $$out; \
 	[ $$ra = 0 ] && [ $$rb = 0 ]
+
+# Before the test suite, side by side: the SPIR-V of the documented matrix (make dist's step, which
+# then finds it built) and ssm_fast's numba kernels (numba's cache), each compiled once rather
+# than by every pytest-xdist worker on first use (on 2 cores: about -20 s and -15 s of the suite).
+warm: setup
+	$(VENV)/bin/ssm-scan build-shaders --subgroup-sizes local,8,16,32,64 >/dev/null & a=$$!; \
+	$(VPY) -c "import ssm_fast, ssm_fast.mamba3; ssm_fast.warmup(); ssm_fast.mamba3.warmup()"; b=$$?; \
+	wait $$a && [ $$b = 0 ]
 
 setup: apt $(STAMP)
 
