@@ -33,8 +33,8 @@ GGML_K_FUZZ := --minutes 0.25 --seed 0 $(GGML_PROPS)
 demo: setup
 	$(VENV)/bin/ssm-scan demo
 
-# ruff, the test suite (pytest-xdist, WORKERS processes; ssm_ggml's tests against the ggml
-# builds), ssm-scan check and a short fuzz of ggml's CPU backend, then the wheel built from the sdist
+# ruff, the shaders and numba kernels compiled once (make warm), the test suite (pytest-xdist,
+# WORKERS processes, work-stealing; ssm_ggml's tests against the ggml builds), ssm-scan check and a short fuzz of ggml's CPU backend, then the wheel built from the sdist
 # installed into fresh virtual environments outside the checkout and run from another directory
 # (tests/install/run.sh).
 test: setup $(TEST_STAMP) ggml
