@@ -19,7 +19,7 @@ import ssm_ref.checks
 from ssm_ref.results import Where  # one type for both bridges (ssm_jax's last_where too)
 
 __all__ = ["Where", "backend_kwargs", "check_shapes", "decode", "encode", "for_caller", "ids_for_check", "last_where",
-           "record", "standin"]
+           "record", "standin", "tensor_arg"]
 
 # The custom op's schema has no Optional[str]: None travels as this name.
 _NONE = "none"
@@ -78,6 +78,16 @@ _NP_OF = {torch.float16: np.float16, torch.bfloat16: np.float32, torch.float32: 
           torch.float64: np.float64, torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
           torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64, torch.complex32: np.complex64,
           torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
+def tensor_arg(name: str, t, optional: bool = False):
+    """``t`` when it is a torch.Tensor (or None where ``optional``); else TypeError naming ``name``
+    (the drop-ins' argument check)."""
+    if t is None and optional:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
 
 
 def standin(t: torch.Tensor | None) -> np.ndarray | None:

@@ -33,6 +33,7 @@ import torch
 from . import _mamba3_op
 from . import mamba3_scan as _scan
 from ._bridge import work_dtype
+from ._common import tensor_arg as _tensor
 from ._gate import gate as _gate
 
 __all__ = ["mamba3_mimo", "mamba3_siso_combined", "mamba3_siso_step"]
@@ -42,14 +43,6 @@ def _backend(backend):
     from ssm_ref.backend_names import resolve_backend
 
     return _mamba3_op.default_backend() if backend is None else resolve_backend(backend)
-
-
-def _tensor(name: str, t, optional: bool = False):
-    if t is None and optional:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    return t
 
 
 def _expect(name: str, t, shape: tuple, text: str) -> None:

@@ -41,6 +41,7 @@ from ssm_ref.backend_names import resolve_backend
 
 from . import _bridge
 from . import ssm_scan as _ssm_scan
+from ._common import tensor_arg as _tensor
 from ._gate import gate as _gate
 
 __all__ = ["mamba_chunk_scan_combined", "selective_scan_fn", "selective_state_update", "seq_idx_from_cu_seqlens"]
@@ -61,14 +62,6 @@ def _work(backend: str, *tensors) -> torch.dtype:
 
 def _shape_error(name: str, t, want: str, got=None) -> ValueError:
     return ValueError(f"{name}: expected shape {want}, got {tuple(t.shape) if got is None else got}")
-
-
-def _tensor(name: str, t, optional: bool = False):
-    if t is None and optional:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    return t
 
 
 def _real(name: str, t) -> None:
