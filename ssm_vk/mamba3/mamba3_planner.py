@@ -135,8 +135,10 @@ CHUNK_N_MAX = 256
 # Their workgroups: 256 invocations (the tile's 16 x 16 threads; m3c_pass.comp's entries).
 CHUNK_WG = 256
 # Shared memory of the largest (m3c_y.comp): A (64 x 64), the two operand slices (2 x 16 x 64),
-# four per-token tables (4 x 64), float32.
-CHUNK_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 4 * CHUNK_ROWS)
+# each row padded by 4 floats (m3c_tile.glsl's SLICE and SROW), four per-token tables (4 x 64),
+# float32.
+_PADDED = CHUNK_ROWS + 4
+CHUNK_SHARED = 4 * (CHUNK_ROWS * _PADDED + 2 * 16 * _PADDED + 4 * CHUNK_ROWS)
 # The shortest sequence the chunked forward takes (knob M3_CHUNK_MIN_T): below it the
 # token-sequential walk is short and the chunked kernels' six dispatches and scratch cost more.
 # On a GPU: 64 (as the Mamba-2 chunked kernels' forward), where the walk's few workgroups leave
@@ -152,8 +154,9 @@ CHUNK_MIN_T_CPU = 128
 CHUNK_BWD_MIN_T = 64
 CHUNK_BWD_MIN_T_CPU = 128
 # Shared memory of the backward's largest kernel (m3b_chunk.comp): a 64 x 64 matrix, the two
-# operand slices (2 x 16 x 64), ten per-token tables (10 x 64) and two scalars, float32.
-CHUNK_BWD_SHARED = 4 * (CHUNK_ROWS * CHUNK_ROWS + 2 * 16 * CHUNK_ROWS + 10 * CHUNK_ROWS + 2)
+# operand slices (2 x 16 x 64), rows padded as above, ten per-token tables (10 x 64) and two
+# scalars, float32.
+CHUNK_BWD_SHARED = 4 * (CHUNK_ROWS * _PADDED + 2 * 16 * _PADDED + 10 * CHUNK_ROWS + 2)
 # Storage buffers the backward's kernels bind (m3b_common.glsl).
 CHUNK_BWD_BINDINGS = 32
 

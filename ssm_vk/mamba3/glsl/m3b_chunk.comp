@@ -22,7 +22,7 @@
 #include "m3b_common.glsl"
 #include "m3c_tile.glsl"
 
-shared vec4 sm4[TILE * TILE / 4u];   // a 64 x 64 matrix, row-major: M[a][b] at (a, b / 4), b % 4
+shared vec4 sm4[TILE * SROW];        // a 64 x 64 matrix, row-major: M[a][b] at (a, b / 4), b % 4
 shared float ell_sh[TILE];
 shared float gam_sh[TILE];
 shared float sig_sh[TILE];           // σ_s, extended
@@ -35,8 +35,8 @@ shared float rowq_sh[TILE];          // per row a: (g_Y H'_in)[a] · q[a], then 
 shared float rowk_sh[TILE];          // per row b: (V G_out)[b] · k[b], then per token b_s
 shared float sc_sh[2];               // <G_out, H'_in>, gσ_in
 
-float sm_get(uint a, uint b) { return sm4[a * (TILE / 4u) + b / 4u][b % 4u]; }
-void sm_set(uint a, uint b, float v) { sm4[a * (TILE / 4u) + b / 4u][b % 4u] = v; }
+float sm_get(uint a, uint b) { return sm4[a * SROW + b / 4u][b % 4u]; }
+void sm_set(uint a, uint b, float v) { sm4[a * SROW + b / 4u][b % 4u] = v; }
 // as4 (the left operand's slice) as 1024 floats, between products: the reductions over invocations
 float fs_get(uint k) { return as4[k / 4u][k % 4u]; }
 void fs_set(uint k, float v) { as4[k / 4u][k % 4u] = v; }
@@ -44,9 +44,7 @@ void fs_set(uint k, float v) { as4[k / 4u][k % 4u] = v; }
 // Write this invocation's 4 x 4 block of ``m`` into sm4.
 void sm_put(float m[4][4]) {
     uint r0 = 4u * tile_ty(), c0 = 4u * tile_tx();
-    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-        [[unroll]] for (uint v = 0u; v < 4u; ++v) sm_set(r0 + u, c0 + v, m[u][v]);
-    }
+    [[unroll]] for (uint u = 0u; u < 4u; ++u) sm4[(r0 + u) * SROW + c0 / 4u] = vec4(m[u][0], m[u][1], m[u][2], m[u][3]);
 }
 
 // The block's rows' partial sums over its 4 columns (part[u]: row 4 ty + u) summed over the 16
@@ -246,8 +244,8 @@ void main() {
             }
             barrier();
             for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
-                vec4 av = sm4[(a0 + k) * (TILE / 4u) + ty];   // A[a][b] for the block's rows b
-                vec4 bv = bs4[k * (TILE / 4u) + tx];
+                vec4 av = sm4[(a0 + k) * SROW + ty];   // A[a][b] for the block's rows b
+                vec4 bv = bs4[k * SLICE + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
                     [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += av[u] * bv[v];
                 }
@@ -324,8 +322,8 @@ void main() {
             }
             barrier();
             for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
-                vec4 av = sm4[(a0 + k) * (TILE / 4u) + ty];
-                vec4 bv = bs4[k * (TILE / 4u) + tx];
+                vec4 av = sm4[(a0 + k) * SROW + ty];
+                vec4 bv = bs4[k * SLICE + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
                     [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += av[u] * bv[v];
                 }
@@ -370,9 +368,7 @@ void main() {
 
     // ---- g_q per tile, from W ⊙ GV transposed (its rows a read as vec4) ----
     barrier();
-    [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-        [[unroll]] for (uint v = 0u; v < 4u; ++v) sm_set(c0 + v, r0 + u, accG[u][v]);
-    }
+    [[unroll]] for (uint v = 0u; v < 4u; ++v) sm4[(c0 + v) * SROW + r0 / 4u] = vec4(accG[0][v], accG[1][v], accG[2][v], accG[3][v]);
     barrier();
     for (uint n0 = 0u; n0 < pc.N; n0 += TILE) {
         // g_q = (W ⊙ GV) K + din ⊙ (g_Y H'_in)
@@ -390,8 +386,8 @@ void main() {
             barrier();
             uint kend = bhi > b0 ? min(bhi - b0, kn) : 0u;
             for (uint k = 0u; k < kend; ++k) {
-                vec4 av = sm4[(b0 + k) * (TILE / 4u) + ty];   // (W ⊙ GV)[a][b0 + k] for the block's rows a
-                vec4 bv = bs4[k * (TILE / 4u) + tx];
+                vec4 av = sm4[(b0 + k) * SROW + ty];   // (W ⊙ GV)[a][b0 + k] for the block's rows a
+                vec4 bv = bs4[k * SLICE + tx];
                 [[unroll]] for (uint u = 0u; u < 4u; ++u) {
                     [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += av[u] * bv[v];
                 }

@@ -8,17 +8,23 @@ layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
 const uint TILE = 64u;
 const uint KS = 16u;
+// vec4s per index k of a slice, and per row of a kernel's 64 x 64 matrix in shared memory (SROW):
+// one vec4 more than the 16 a row needs. Unpadded, the 16 k of a row-major staging (put_rows)
+// and the 16 columns of a block store fall on one shared-memory bank (a 16-way conflict on every
+// store); padded, they spread over the banks. Where values go only: the sums are unchanged.
+const uint SLICE = TILE / 4u + 1u;
+const uint SROW = TILE / 4u + 1u;
 
 // (vec4: an invocation reads its four rows, or columns, of a slice in one 16-byte load)
-shared vec4 as4[KS * TILE / 4u];
-shared vec4 bs4[KS * TILE / 4u];
+shared vec4 as4[KS * SLICE];
+shared vec4 bs4[KS * SLICE];
 
 uint tile_tx() { return gl_LocalInvocationIndex % 16u; }
 uint tile_ty() { return gl_LocalInvocationIndex / 16u; }
 
 // Entry (k, row) of the left slice, (k, col) of the right one.
-void stage_a(uint k, uint row, float v) { as4[k * (TILE / 4u) + row / 4u][row % 4u] = v; }
-void stage_b(uint k, uint col, float v) { bs4[k * (TILE / 4u) + col / 4u][col % 4u] = v; }
+void stage_a(uint k, uint row, float v) { as4[k * SLICE + row / 4u][row % 4u] = v; }
+void stage_b(uint k, uint col, float v) { bs4[k * SLICE + col / 4u][col % 4u] = v; }
 
 // Each invocation stages PER entries of a slice: e = invocation + j 256 (j < PER), either row-major
 // (row e / KS, index e % KS: neighbours read along a row of a row-major operand) or index-major
@@ -47,8 +53,8 @@ void put_cols(float va[PER], float vb[PER]) {
 void tile_mma(inout float acc[4][4], uint kn) {
     uint ty = tile_ty(), tx = tile_tx();
     for (uint k = 0u; k < kn; ++k) {
-        vec4 a = as4[k * (TILE / 4u) + ty];
-        vec4 b = bs4[k * (TILE / 4u) + tx];
+        vec4 a = as4[k * SLICE + ty];
+        vec4 b = bs4[k * SLICE + tx];
         [[unroll]] for (uint u = 0u; u < 4u; ++u) {
             [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += a[u] * b[v];
         }

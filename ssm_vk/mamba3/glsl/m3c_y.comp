@@ -14,7 +14,7 @@
 #include "m3c_common.glsl"
 #include "m3c_tile.glsl"
 
-shared vec4 a4[TILE * TILE / 4u];  // A transposed: A[a][b] at (b, a), a row's four entries in a vec4
+shared vec4 a4[TILE * SROW];      // A transposed: A[a][b] at (b, a), a row's four entries in a vec4
 shared float ell_sh[TILE];        // ℓ_s
 shared float gam_sh[TILE];        // γ_s
 shared float sig_sh[TILE];        // σ_s
@@ -96,19 +96,20 @@ void main() {
     }
     // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
     // block's rows in turn (each range the last one and the tokens after it).
+    // (column b's four rows in one 16-byte store)
     [[unroll]] for (uint v = 0u; v < 4u; ++v) {
         uint b = c0 + v, s = b / pc.M;
         float seg = 0.0;
         uint upto = s;   // the range summed so far: ℓ_{s+1} .. ℓ_upto
+        vec4 w = vec4(0.0);
         [[unroll]] for (uint u = 0u; u < 4u; ++u) {
             uint a = r0 + u, t = a / pc.M;
-            float w = 0.0;
             if (a < rows && b < rows && s <= t) {
                 for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
-                w = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
+                w[u] = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
             }
-            a4[b * (TILE / 4u) + a / 4u][a % 4u] = w;
         }
+        a4[b * SROW + r0 / 4u] = w;
     }
     barrier();
 
@@ -129,8 +130,8 @@ void main() {
         }
         barrier();
         for (uint k = 0u; k < kn; ++k) {
-            vec4 a = a4[(b0 + k) * (TILE / 4u) + ty];
-            vec4 bv = bs4[k * (TILE / 4u) + tx];
+            vec4 a = a4[(b0 + k) * SROW + ty];
+            vec4 bv = bs4[k * SLICE + tx];
             [[unroll]] for (uint u = 0u; u < 4u; ++u) {
                 [[unroll]] for (uint v = 0u; v < 4u; ++v) acc[u][v] += a[u] * bv[v];
             }
