@@ -100,6 +100,10 @@ def main() -> None:
     ap.add_argument("--M", type=int, default=0, help="MIMO rank (0: SISO)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd", "both"), default="both")
+    ap.add_argument("--no-sequential", action="store_true", help="the chunked kernels only")
+    ap.add_argument("--stats", action="store_true",
+                    help="at the end, the driver's compile statistics of each kernel that ran (registers, spills, "
+                         "... as the driver names them; needs SSM_VK_PIPELINE_STATS=1 and a driver offering them)")
     args = ap.parse_args()
 
     import ssm_vk
@@ -117,7 +121,8 @@ def main() -> None:
         for backward in passes:
             print(f"(S, T) = ({S}, {T}) {'backward' if backward else 'forward'}")
             chunked = {"M3_CHUNK_BWD_MIN_T" if backward else "M3_CHUNK_MIN_T": 1}
-            for label, tune in (("chunked", chunked), ("token-sequential", {"M3_CHUNK": 0})):
+            plans = (("chunked", chunked),) + (() if args.no_sequential else (("token-sequential", {"M3_CHUNK": 0}),))
+            for label, tune in plans:
                 name, times = _device_times(a, tune, args.reps, cot if backward else None)
                 kw = {**a, **cot} if backward else a
                 call = ssm_vk.mamba3_scan_back if backward else ssm_vk.mamba3_scan
@@ -131,6 +136,21 @@ def main() -> None:
                 steps = ", ".join(f"{k.split(':', 1)[1]} {v:.3f}" for k, v in times.items())
                 print(f"  {label} ({name}): kernels {sum(times.values()):.3f} ms [{steps}]; "
                       f"call from host arrays {min(wall) * 1e3:.2f} ms")
+    if args.stats:
+        _print_statistics()
+
+
+def _print_statistics() -> None:
+    ctx = __import__("ssm_vk").runtime.get_context()
+    if not ctx.pipeline_stats:
+        print(f"compile statistics: none ({ctx.pipeline_stats_missing})")
+        return
+    from ssm_vk.runtime import introspect
+
+    for kernel in sorted(ctx.cached_kernels(), key=lambda k: k.name):
+        if kernel.name.startswith(("m3", "mamba3")):
+            stats = introspect.statistics(kernel)
+            print(f"  {kernel.name}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
 
 
 if __name__ == "__main__":

@@ -297,7 +297,16 @@ void main() {
             uint r = e / TILE, col = e % TILE, p = p0 + col;
             if (p >= pc.P) continue;
             float s = 0.0;
-            for (uint t = 0u; t < Lc; ++t) s += sm_get(t * pc.M + r, col) * x_in[((i * pc.T + t0 + t) * pc.H + h) * pc.P + p];
+            // x of eight tokens read before their products (one wait for eight loads, not eight
+            // waits: these invocations walk the chunk alone); the sum in token order as before
+            uint xat = ((i * pc.T + t0) * pc.H + h) * pc.P + p, xstep = pc.H * pc.P;
+            for (uint t8 = 0u; t8 < Lc; t8 += 8u) {
+                float xv[8];
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) xv[j] = t8 + j < Lc ? x_in[xat + (t8 + j) * xstep] : 0.0;
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                    if (t8 + j < Lc) s += sm_get((t8 + j) * pc.M + r, col) * xv[j];
+                }
+            }
             part[pat + 2u * MN + r * pc.P + p] = s;
         }
         barrier();

@@ -26,12 +26,19 @@ void main() {
     if (e >= PN) return;
     float G = gs_in[plane_h() + hs * PN + e];
     guard(G);
+    // Chunk c - 1's Y and decay are read while chunk c is computed (their loads do not wait on
+    // the chain of G), as m3c_pass.comp does going forward.
+    uint base = hs * pc.NC;
+    float Yn = gz[(base + pc.NC - 1u) * PN + e], dn = dch[base + pc.NC - 1u];
     for (uint cc = pc.NC; cc > 0u; --cc) {
         uint c = cc - 1u;
-        uint at = (hs * pc.NC + c) * PN + e;
-        float Y = gz[at];
-        gz[at] = G;
-        G = dch[hs * pc.NC + c] * G + Y;
+        float Y = Yn, d = dn;
+        if (c > 0u) {
+            Yn = gz[(base + c - 1u) * PN + e];
+            dn = dch[base + c - 1u];
+        }
+        gz[(base + c) * PN + e] = G;
+        G = d * G + Y;
     }
     d0_out[plane_h() + hs * PN + e] = G;
     guard(G);

@@ -132,17 +132,35 @@ void main() {
     for (uint e = tid; e < MN; e += gl_WorkGroupSize.x) {
         uint r = e / pc.N, n = e % pc.N;
         float sb = 0.0, sc = 0.0;
-        for (uint u = 0u; u < Lc; ++u) {
-            uint o = (((i * pc.T + t0 + u) * pc.M + r) * pc.H + h) * pc.N + n;
-            sb += dB_out[o];
-            sc += dC_out[o];
+        // eight tokens' values read before they are added (one wait for eight loads), in token order
+        uint o0 = (((i * pc.T + t0) * pc.M + r) * pc.H + h) * pc.N + n, ostep = pc.M * pc.H * pc.N;
+        for (uint u8 = 0u; u8 < Lc; u8 += 8u) {
+            float bv[8], cv[8];
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                bool in_ = u8 + j < Lc;
+                bv[j] = in_ ? dB_out[o0 + (u8 + j) * ostep] : 0.0;
+                cv[j] = in_ ? dC_out[o0 + (u8 + j) * ostep] : 0.0;
+            }
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                if (u8 + j < Lc) {
+                    sb += bv[j];
+                    sc += cv[j];
+                }
+            }
         }
         part[pat + e] = sb;
         part[pat + MN + e] = sc;
     }
     if (tid < pc.F) {
         float sa = 0.0;
-        for (uint u = 0u; u < Lc; ++u) sa += dth_out[((i * pc.T + t0 + u) * pc.H + h) * pc.F + tid];
+        uint a0 = ((i * pc.T + t0) * pc.H + h) * pc.F + tid, astep = pc.H * pc.F;
+        for (uint u8 = 0u; u8 < Lc; u8 += 8u) {
+            float av[8];
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) av[j] = u8 + j < Lc ? dth_out[a0 + (u8 + j) * astep] : 0.0;
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                if (u8 + j < Lc) sa += av[j];
+            }
+        }
         gz[at + tid] = sa;
     }
 }

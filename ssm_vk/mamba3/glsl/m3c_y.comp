@@ -52,6 +52,21 @@ void fetch_qh(uint qk0, uint hat, uint rows, uint p0, uint k0, out float qa[PER]
     }
 }
 
+// This invocation's entries (b0 + k, p0 + col) of V, v_s^r'[p] = psi^r'[p] x_s[p] (b = s M + r'),
+// index-major: neighbours read neighbouring channels.
+void fetch_v(uint i, uint h, uint t0, uint rows, uint p0, uint b0, out float vv[PER]) {
+    uint kn = min(KS, rows - b0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint k = e / TILE, p = p0 + e % TILE;
+        vv[j] = 0.0;
+        if (k < kn && p < pc.P) {
+            uint s = (b0 + k) / pc.M, r = (b0 + k) % pc.M;
+            vv[j] = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
+        }
+    }
+}
+
 void main() {
     uint PT = (pc.P + TILE - 1u) / TILE;
     uint wg = wg_index();
@@ -113,23 +128,23 @@ void main() {
     }
     barrier();
 
-    // A V over the chunk's rows (A's slices read where they lie).
+    // A V over the chunk's rows (A's slices read where they lie). The columns b of A past the
+    // block's last token are zero (s > t): each row of invocations -- a warp's rows, on most
+    // GPUs, so whole warps skip together -- stops at its last token's, about half the products.
     tile_zero(acc);
     uint ty = tile_ty(), tx = tile_tx();
+    uint bmax = min(rows, ((r0 + 3u) / pc.M + 1u) * pc.M);
+    fetch_v(i, h, t0, rows, p0, 0u, va);
     for (uint b0 = 0u; b0 < rows; b0 += KS) {
         uint kn = min(KS, rows - b0);
-        for (uint e = tid; e < KS * TILE; e += gl_WorkGroupSize.x) {
-            uint k = e / TILE, col = e % TILE;   // (neighbours read neighbouring channels)
-            uint b = b0 + k, p = p0 + col;
-            float vv = 0.0;
-            if (k < kn && p < pc.P) {
-                uint s = b / pc.M, r = b % pc.M;
-                vv = psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t0 + s) * pc.H + h) * pc.P + p];
-            }
-            stage_b(k, col, vv);
+        [[unroll]] for (uint j = 0u; j < PER; ++j) {
+            uint e = tid + 256u * j;
+            stage_b(e / TILE, e % TILE, va[j]);
         }
         barrier();
-        for (uint k = 0u; k < kn; ++k) {
+        if (b0 + KS < rows) fetch_v(i, h, t0, rows, p0, b0 + KS, va);
+        uint kend = bmax > b0 ? min(kn, bmax - b0) : 0u;
+        for (uint k = 0u; k < kend; ++k) {
             vec4 a = a4[(b0 + k) * SROW + ty];
             vec4 bv = bs4[k * SLICE + tx];
             [[unroll]] for (uint u = 0u; u < 4u; ++u) {
