@@ -1,6 +1,9 @@
-// The 64 x 64 tile of the chunked Mamba-3 products (m3c_states.comp, m3c_y.comp): 256
-// invocations, each the 4 x 4 block of rows 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3
-// (ty = invocation / 16, tx = invocation % 16); a contraction runs KS indices at a time through
+// The 64 x 64 tile of the chunked Mamba-3 products (m3c_states.comp, m3c_y.comp, the backward's):
+// 256 invocations, each the 4 x 4 block of rows 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3.
+// Each 32 invocations (a warp on most GPUs) hold a 16 x 32 region, 4 ty by 8 tx (tile_ty,
+// tile_tx): a slice's step reads 4 + 8 vec4 (against 2 + 16 for a 2 x 16 region), and the regions
+// wholly above a chunk's diagonal (rows 0-31 against columns 32-63) are whole warps, which skip
+// their masked products together. A contraction runs KS indices at a time through
 // shared memory, the left operand's slice as (k, row), the right's as (k, col) (stage_a, stage_b), each
 // product added in index order (fixed: reruns are bit-identical).
 
@@ -19,8 +22,8 @@ const uint SROW = TILE / 4u + 1u;
 shared vec4 as4[KS * SLICE];
 shared vec4 bs4[KS * SLICE];
 
-uint tile_tx() { return gl_LocalInvocationIndex % 16u; }
-uint tile_ty() { return gl_LocalInvocationIndex / 16u; }
+uint tile_ty() { return (gl_LocalInvocationIndex / 64u) * 4u + (gl_LocalInvocationIndex % 32u) / 8u; }
+uint tile_tx() { return ((gl_LocalInvocationIndex / 32u) % 2u) * 8u + gl_LocalInvocationIndex % 8u; }
 
 // Entry (k, row) of the left slice, (k, col) of the right one.
 void stage_a(uint k, uint row, float v) { as4[k * SLICE + row / 4u][row % 4u] = v; }

@@ -96,7 +96,10 @@ void main() {
         din_sh[tid] = exp(s);
     }
 
-    // A = W ⊙ (Q Kᵀ): the chunk's rows against its rows, over N.
+    // A = W ⊙ (Q Kᵀ): the chunk's rows against its rows, over N. A block wholly above the
+    // diagonal (its first column's token after its last row's) is masked: it skips the products
+    // (its entries are zeros below, whatever acc holds).
+    bool above = c0 / pc.M > (r0 + 3u) / pc.M;
     float acc[4][4];
     tile_zero(acc);
     uint qk0 = qk_row(i, h, t0, 0u) * pc.N;   // the chunk's first row of qr, kr
@@ -106,7 +109,7 @@ void main() {
         put_rows(va, vb);
         barrier();
         if (k0 + KS < pc.N) fetch_qk(qk0, rows, k0 + KS, va, vb);
-        tile_mma(acc, min(KS, pc.N - k0));
+        if (!above) tile_mma(acc, min(KS, pc.N - k0));
         barrier();
     }
     // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
@@ -129,8 +132,8 @@ void main() {
     barrier();
 
     // A V over the chunk's rows (A's slices read where they lie). The columns b of A past the
-    // block's last token are zero (s > t): each row of invocations -- a warp's rows, on most
-    // GPUs, so whole warps skip together -- stops at its last token's, about half the products.
+    // block's last token are zero (s > t): each invocation stops at its last token's column, and
+    // a warp (16 rows, m3c_tile.glsl) at its last row's -- over the warps, 5/8 of the products.
     tile_zero(acc);
     uint ty = tile_ty(), tx = tile_tx();
     uint bmax = min(rows, ((r0 + 3u) / pc.M + 1u) * pc.M);
