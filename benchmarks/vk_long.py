@@ -25,12 +25,17 @@ cut short keeps what it did):
    then once more with g_y zero beyond the first ``--prefix`` tokens and g_states zero, whose
    gradients are exactly those of the prefix problem (checked in float64) and zero beyond it.
 
-Then the rate of each (pass, kernels) at each size against the smallest size's with the same
+6. after the sizes, ``--extra T/N``: the backward alone at another N. At N = 128 the
+   token-sequential backward keeps every window's checkpoints, T*H*P*N/8 floats (128 GiB at
+   x of 8 GiB): ``supports()`` refuses it on an 80 GB GPU. The default ``524288/16`` is a
+   backward with x of 8 GiB in pieces that fits one (about 57 GiB with the inputs).
+
+Then the rate of each (pass, kernels, N) at each size against the smallest size's with the same
 kernels (the issue's "within 10%"), and a markdown table. Exit status 1 when a check fails.
 
     python benchmarks/vk_long.py --json long.json            # the GPU run (the defaults)
     python benchmarks/vk_long.py --sizes 256,2048 --H 4 --P 16 --N 16 --limits-mib 0.125,0.0625 \
-        --reps 2 --json /tmp/long.json                       # lavapipe: x in pieces at T = 2048
+        --extra 2048/4 --reps 2 --json /tmp/long.json        # lavapipe: x in pieces at T = 2048
 
 ``--limits-mib A,R[,D]`` lowers maxMemoryAllocationSize to A MiB, maxStorageBufferRange to R MiB
 (and the device-local heap to D MiB; ``ctx.seams.override_limits``), so that small arrays are held
@@ -256,7 +261,7 @@ def release(*objs):
 def forward(run, T, dev, host, ref, variant, tune, dims):
     a, ctx = run.args, run.ctx
     S, H, P, N = a.S, a.H, a.P, a.N
-    row = {"T": T, "x_gib": S * T * H * P * 4 / 2**30, "pass": "fwd", "variant": variant,
+    row = {"T": T, "N": N, "x_gib": S * T * H * P * 4 / 2**30, "pass": "fwd", "variant": variant,
            "kernels": family(ctx, dims, False, tune)}
     run.rows.append(row)
     with config.configure(tune=tune):
@@ -323,7 +328,7 @@ def aligned_x(run, T, dev, host, ref, dims):
 def backward(run, T, dev, host, gref, variant, tune, dims):
     a, ctx = run.args, run.ctx
     S, H, P, N = a.S, a.H, a.P, a.N
-    row = {"T": T, "x_gib": S * T * H * P * 4 / 2**30, "pass": "bwd", "variant": variant,
+    row = {"T": T, "N": N, "x_gib": S * T * H * P * 4 / 2**30, "pass": "bwd", "variant": variant,
            "kernels": family(ctx, dims, True, tune)}
     run.rows.append(row)
     with config.configure(tune=tune):
@@ -408,7 +413,7 @@ def one_size(run, T, variants_of):
     dims = dims_of(a, T)
     ref = None
     passes = a.passes.split(",")
-    if not a.no_ref:
+    if not a.no_ref and "fwd" in passes:
         def fast():
             import ssm_fast
             t0 = time.perf_counter()
@@ -501,19 +506,19 @@ def one_size(run, T, variants_of):
 
 
 def rates(rows):
-    """Each row's rate against the smallest T's of the same pass and kernels (ratio)."""
+    """Each row's rate against the smallest T's of the same pass, kernels and N (ratio)."""
     base = {}
     for r in sorted(rows, key=lambda r: r["T"]):
         if r.get("updates_per_s"):
-            key = (r["pass"], r["kernels"])
+            key = (r["pass"], r["kernels"], r["N"])
             base.setdefault(key, r)
             r["base_T"] = base[key]["T"]
             r["rate_vs_base"] = r["updates_per_s"] / base[key]["updates_per_s"]
 
 
 def table(rows) -> str:
-    out = ["| T | x GiB | pass | variant | kernels | where | pieces | copied in | upload x s | GPU ms | "
-           "G upd/s | vs smallest T | download s | max error |", "|" + "---|" * 14]
+    out = ["| T | N | x GiB | pass | variant | kernels | where | pieces | copied in | upload x s | GPU ms | "
+           "G upd/s | vs smallest T | download s | max error |", "|" + "---|" * 15]
     for r in rows:
         up = r.get("upload", {}).get("x", {}).get("s", math.nan)
         errs = r.get("errors", {})
@@ -521,7 +526,8 @@ def table(rows) -> str:
         where = r.get("where") or ("refused: " + r.get("reason", "")[:120] if r.get("supports") is False else "-")
         ratio = (f"{r['rate_vs_base']:.3f} (T={r['base_T']})" if "rate_vs_base" in r else "-")
         dl = r.get("download_y_s", r.get("download_d_x_s", math.nan))
-        out.append(f"| {r['T']} | {r['x_gib']:.3g} | {r['pass']} | {r['variant']} | {r['kernels']} | {where} | "
+        out.append(f"| {r['T']} | {r['N']} | {r['x_gib']:.3g} | {r['pass']} | {r['variant']} | {r['kernels']} | "
+                   f"{where} | "
                    f"{r.get('pieces', '-')} | {','.join(r.get('copied_in', [])) or '-'} | {up:.2f} | "
                    f"{r.get('gpu_ms', math.nan):.2f} | {r.get('updates_per_s', math.nan) / 1e9:.1f} | {ratio} | "
                    f"{dl:.2f} | {worst[1]:.1e} {worst[0]} |")
@@ -537,6 +543,10 @@ def main(argv=None) -> int:
     ap.add_argument("--N", type=int, default=128)
     ap.add_argument("--G", type=int, default=1)
     ap.add_argument("--passes", default="fwd,bwd")
+    ap.add_argument("--extra", default="524288/16",
+                    help="T/N,...: backward alone at these T and N after the sizes ('' : none). The default, x of "
+                         "8 GiB at N = 16, is a backward in pieces an 80 GB GPU takes (at N = 128 its "
+                         "checkpoints, T*H*P*N/8 floats, are 128 GiB)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--last", type=int, default=256, help="last tokens compared with ssm_fast")
     ap.add_argument("--prefix", type=int, default=2048, help="first tokens checked in float64 (0: none)")
@@ -581,6 +591,13 @@ def main(argv=None) -> int:
                 run.say(f"over --budget-s ({args.budget_s} s): T={T} not started")
                 break
             run.step(f"T={T}", lambda T=T: one_size(run, T, variants_of))
+        for T, N in (tuple(int(v) for v in e.split("/")) for e in args.extra.split(",") if e):
+            if run.over():
+                run.say(f"over --budget-s ({args.budget_s} s): T={T} N={N} not started")
+                break
+            run.args = argparse.Namespace(**{**vars(args), "N": N, "passes": "bwd"})
+            run.step(f"T={T} N={N}", lambda T=T: one_size(run, T, variants_of))
+            run.args = args
     finally:
         rates(run.rows)
         run.save()
