@@ -19,12 +19,13 @@ cut short keeps what it did):
    (a DeviceArray cut otherwise than the call's windows); y downloaded (timed apart) and compared
    with ``ssm_fast``'s whole (norm-relative, and the worst block of tokens), its last tokens and
    the final states, and its first ``--prefix`` tokens with the float64 oracle (``ssm_fast.oracle64``,
-   ``ssm_ref``'s equations in float64: a prefix's outputs depend on the prefix alone);
+   ``ssm_ref``'s equations in float64: a prefix's outputs depend on the prefix alone). Where the
+   call copied x, the forward once more with x written into the pieces of a y the call returned
+   (cut at its windows: bound in place), so that the copy's cost shows;
 5. the backward likewise, where ``supports()`` takes it (else its reason is recorded): timing,
    every gradient against ``ssm_fast``'s where the host has the memory for ssm_fast's backward;
    then once more with g_y zero beyond the first ``--prefix`` tokens and g_states zero, whose
-   gradients are exactly those of the prefix problem (checked in float64) and zero beyond it.
-
+   gradients are exactly those of the prefix problem (checked in float64) and zero beyond it;
 6. after the sizes, ``--extra T/N``: the backward alone at another N. At N = 128 the
    token-sequential backward keeps every window's checkpoints, T*H*P*N/8 floats (128 GiB at
    x of 8 GiB): ``supports()`` refuses it on an 80 GB GPU. The default ``524288/16`` is a
@@ -40,7 +41,7 @@ kernels (the issue's "within 10%"), and a markdown table. Exit status 1 when a c
 ``--limits-mib A,R[,D]`` lowers maxMemoryAllocationSize to A MiB, maxStorageBufferRange to R MiB
 (and the device-local heap to D MiB; ``ctx.seams.override_limits``), so that small arrays are held
 in pieces on any device (and a call over the heap is refused, as the backward at 8 GiB is on an
-80 GB GPU: ``--limits-mib 0.125,0.0625,2`` at the lavapipe sizes below refuses the backward at
+80 GB GPU: ``--limits-mib 0.125,0.0625,2`` at the lavapipe sizes above refuses the backward at
 T = 2048).
 """
 
