@@ -1,0 +1,42 @@
+"""benchmarks/vk_long.py, the one GPU run of arrays beyond one allocation, at lavapipe's scale with
+the limits lowered: x really is held in pieces at the larger size, every call that supports()
+takes runs on the device and agrees with ssm_fast and the float64 oracle, a backward over the
+(lowered) heap is recorded as refused with the reason rather than run on the CPU (and runs at
+the smaller N of ``--extra``), and the JSON holds the rates against the smallest size's -- so
+that the GPU run, which happens once, does not find the script broken."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from children import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import vk_long
+
+pytestmark = pytest.mark.vulkan
+
+
+def test_a_pieced_run_checks_out_and_a_refused_backward_is_recorded(tmp_path):
+    out = tmp_path / "long.json"
+    rc = vk_long.main(["--sizes", "256,2048", "--H", "4", "--P", "16", "--N", "16", "--reps", "1",
+                       "--limits-mib", "0.125,0.0625,2", "--extra", "2048/4", "--threads", "2",
+                       "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and not doc["failed"], doc["failed"]
+    rows = {(r["T"], r["pass"], r["variant"]): r for r in doc["rows"] if r["N"] == 16}
+    big = rows[(2048, "fwd", "default")]
+    assert big["where"] == "Vulkan0" and big["pieces"]["x"] > 1 and big["pieces"]["y"] > 1
+    assert big["copied_in"] == ["x"]   # to_device's even cuts are not the windows' (the aligned row's are)
+    assert rows[(2048, "fwd", "x in the call's pieces")]["copied_in"] == []
+    assert all(v < 1e-4 for v in big["errors"].values()) and "y_whole_vs_fast" in big["errors"]
+    assert "rate_vs_base" in big and big["base_T"] == 256
+    small = rows[(256, "bwd", "default")]
+    assert small["where"] == "Vulkan0" and "d_x_prefix_vs_f64" in small["errors"]
+    refused = rows[(2048, "bwd", "default")]
+    assert refused["supports"] is False and "heap" in refused["reason"] and "where" not in refused
+    extra = [r for r in doc["rows"] if r["N"] == 4]   # --extra: the backward alone, at a smaller N it takes
+    assert [(r["T"], r["pass"], r["where"]) for r in extra] == [(2048, "bwd", "Vulkan0")]
+    assert extra[0]["pieces"]["d_x"] > 1 and extra[0]["errors"]["d_x_whole_vs_fast"] < 1e-4
