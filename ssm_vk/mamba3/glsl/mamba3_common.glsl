@@ -39,8 +39,22 @@ const float TWO_PI = 6.28318530717958647692;
 shared float th_sh[NF];      // θ of the token
 shared float cs_sh[NF];      // cos θ_j
 shared float sn_sh[NF];      // sin θ_j
+// The forward (M3_STAGE defined) also moves the state rows between memory and registers through
+// q_sh, free before the first token and after the last: tiles of STG_R rows x STG_W columns at a
+// stride of STG_S floats (odd: a column's entries fall in distinct banks). 64 rows where the
+// kernel's shared memory then stays within 16 KiB (Vulkan's least maxComputeSharedMemorySize),
+// else 32 (N = 256 at rank 4 takes about what it did without the tiles).
+#ifdef M3_STAGE
+const uint STG_W = 32u;
+const uint STG_S = STG_W + 1u;
+const uint STG_R = (3u * NF + 2u * MN + 64u * STG_S) * 4u <= 16384u ? 64u : 32u;
+const uint QN = MN > STG_R * STG_S ? MN : STG_R * STG_S;
+#else
+const uint QN = MN;
+#endif
+
 shared float k_sh[MN];       // the token's keys k^r (biased, rotated)
-shared float q_sh[MN];       // the token's queries q^r
+shared float q_sh[QN];       // the token's queries q^r (entries 0..MN)
 shared float kp_sh[MN];      // the previous token's keys
 
 // Entry n's rotated pair: its angle's index j (-1: n passes through), whether n is the pair's
