@@ -20,7 +20,8 @@
 //   10 s_theta (R,H,F)  11 s_h (R,H,P,N)  12 s_k (R,H,M,N)  13 s_v (R,H,M,P)  14 ids (S) uint
 // Push constants (uint32, this order): S, T, H, P, G, F, R, gx, NPB (channel blocks per head),
 // halved (1: pairs (j, j + N/2), 0: pairs (2j, 2j + 1)), K (the backward's tokens per segment;
-// the forward: unused).
+// the forward: unused), IP (the forward's final state written into the cache rows ids[i] in
+// place rather than into its outputs: bit 0 h and v, bit 1 θ and k; the backward: 0).
 
 #extension GL_EXT_control_flow_attributes : enable
 
@@ -29,7 +30,7 @@ layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 #include "mamba3_inputs.glsl"
 
 layout(push_constant) uniform PC {
-    uint S, T, H, P, G, F, R, gx, NPB, halved, K;
+    uint S, T, H, P, G, F, R, gx, NPB, halved, K, IP;
 } pc;
 
 const uint MN = MR * ND;

@@ -14,10 +14,15 @@
 //
 // Bindings: mamba3_common.glsl's 0-14, then (written)
 //   15 y (S,T,M,H,P)  16 theta (S,H,F)  17 h (S,H,P,N)  18 k (S,H,M,N)  19 v (S,H,M,P)
-// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K).
+// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K, IP).
+// IP bit 0: h and v go into the cache rows ids[i] (bindings 11, 13) in place of 17, 19 (only this
+// workgroup reads or writes its rows of them; the ids are distinct); bit 1: θ and k into rows
+// ids[i] of 10, 12 in place of 16, 18 (every block of (i, h) reads them at the start: the host
+// sets it only with one block, NPB = 1). A decode step's update_cache then needs no copy.
 // Defines: ND, MR (mamba3_common.glsl). Specialisation constant 0: the workgroup size.
 
 #define M3_STAGE
+#define M3_CACHE_RW
 #include "mamba3_common.glsl"
 
 layout(std430, binding = 15) writeonly buffer By { float y_out[]; };
@@ -105,12 +110,22 @@ void main() {
     }
 
     uint hs = i * pc.H + h;
+    uint rs = row * pc.H + h;
+    bool hv_cache = (pc.IP & 1u) != 0u;
     if (blk == 0u) {
-        for (uint j = gl_LocalInvocationIndex; j < pc.F; j += gl_WorkGroupSize.x) th_out[hs * pc.F + j] = th_sh[j];
-        for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) k_out[hs * MN + e] = kp_sh[e];
+        if ((pc.IP & 2u) != 0u) {
+            for (uint j = lid; j < pc.F; j += gl_WorkGroupSize.x) sth_in[rs * pc.F + j] = th_sh[j];
+            for (uint e = lid; e < MN; e += gl_WorkGroupSize.x) sk_in[rs * MN + e] = kp_sh[e];
+        } else {
+            for (uint j = lid; j < pc.F; j += gl_WorkGroupSize.x) th_out[hs * pc.F + j] = th_sh[j];
+            for (uint e = lid; e < MN; e += gl_WorkGroupSize.x) k_out[hs * MN + e] = kp_sh[e];
+        }
     }
     if (live) {
-        [[unroll]] for (uint r = 0; r < MR; ++r) v_out[(hs * MR + r) * pc.P + p] = vp[r];
+        [[unroll]] for (uint r = 0; r < MR; ++r) {
+            if (hv_cache) sv_in[(rs * MR + r) * pc.P + p] = vp[r];
+            else v_out[(hs * MR + r) * pc.P + p] = vp[r];
+        }
     }
     // stage_out: stage_in in reverse (q_sh is free: the last token's barrier is behind).
     uint hbase = (hs * pc.P + p0) * ND;
@@ -126,7 +141,9 @@ void main() {
             uint nr = min(STG_R, nrows - min(r0, nrows));
             for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) {
                 uint rr = e / w, j = e - rr * w;
-                h_out[hbase + (r0 + rr) * ND + c + j] = q_sh[rr * STG_S + j];
+                float hv = q_sh[rr * STG_S + j];
+                if (hv_cache) sh_in[sbase + (r0 + rr) * ND + c + j] = hv;
+                else h_out[hbase + (r0 + rr) * ND + c + j] = hv;
             }
             barrier();
         }
