@@ -6,8 +6,9 @@ scan, and with the same signatures, so that replay.Replay runs either op (:data:
 Outputs are DeviceArrays from the context's pool in the op's shapes (SISO without the rank axis:
 the kernels' layout with M = 1 is the same memory), or the caller's (``out=``); a call whose every
 input is on the host reads them back and releases them. update_cache=True writes the final state
-into the rows ids of the caches: of a DeviceArray cache on the device, by copies at the end of the
-call's own sequence (nothing read back); of a host cache, from the final states read back.
+into the rows ids of the caches: of a DeviceArray cache on the device, by the token-sequential
+kernel itself where it can (:func:`_in_place`) or by copies at the end of the call's own sequence
+(nothing read back); of a host cache, from the final states read back.
 """
 
 from __future__ import annotations
@@ -146,11 +147,13 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
     else:
         caches = {}
         if update:
-            for part, row in zip(STATE_PARTS, ws.rows, strict=True):
-                n = d.S * row * 4
-                bufs[part] = (ws.own("fin:" + part, n), 0, n)
             caches = {part: c for part, name in zip(STATE_PARTS, _CACHES, strict=True)
                       if type(c := getattr(p, name)) is DeviceArray}
+            mask, direct = _in_place(ws, bufs, caches)
+            for part, row in zip(STATE_PARTS, ws.rows, strict=True):
+                n = d.S * row * 4
+                bufs[part] = (None, 0, 0) if part in direct else (ws.own("fin:" + part, n), 0, n)
+            bufs["_in_place"] = (None, mask)   # (a binding's form: no buffer of its own)
             key.append(("update", tuple(caches)))
         finals = {part: bufs[part][0] for part in STATE_PARTS} if update else {}
 
@@ -159,6 +162,40 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
                 ws.put_states(seq, finals, caches, p.ids)
     key.append(p.ids.tobytes())
     return ws.sequence(tuple(key), p, bufs, post)
+
+
+def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
+    """Which final-state parts of an update_cache call the token-sequential forward writes into
+    the cache rows itself (its IP bits, the parts), so that no copy follows: h and v (bit 0) and
+    θ and k (bit 1, with one channel block per head: every block reads them at its start), each
+    pair where both caches are DeviceArrays bound in place (not copied to an aligned buffer) and
+    overlapping no other binding of the call (an input or output sharing their memory must be
+    read, or written, as if the rows were written after the call; the ids are distinct, checked).
+    The chunked kernels and any plan that flags non-finite results (whose cache rows are written
+    only after the flag check) write none in place."""
+    from .mamba3 import FAMILY
+
+    if ws.family is not FAMILY or ws.flags_nonfinite:
+        return 0, set()
+    ok = set()
+    for part, name in zip(STATE_PARTS, _CACHES, strict=True):
+        b = bufs[name]
+        if b[2] == 0:   # (no elements: nothing to write)
+            ok.add(part)
+            continue
+        c = caches.get(part)
+        if c is None or b[0] is not c.buffer or b[1] != c.offset * 4:
+            continue
+        lo, hi = b[1], b[1] + b[2]
+        if not any(k != name and v[0] is b[0] and v[1] < hi and lo < v[1] + v[2]
+                   for k, v in bufs.items() if k[:1] != "_"):
+            ok.add(part)
+    mask, direct = 0, set()
+    if {"h", "v"} <= ok:
+        mask, direct = 1, {"h", "v"}
+    if ws.plan.npb == 1 and {"theta", "k"} <= ok:
+        mask, direct = mask | 2, direct | {"theta", "k"}
+    return mask, direct
 
 
 def finish(ws: M3Workspace, p, bufs: dict, outs: dict, update: bool, device_out: bool) -> dict:

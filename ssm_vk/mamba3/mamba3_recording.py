@@ -2,7 +2,8 @@
 mamba3_scan_back.comp, mamba3_reduce.comp).
 
 The forward is one dispatch: every (sequence, head, channel block) walks its tokens, reading the
-start state from the cache rows ids[i] in place and writing y and the four final state parts.
+start state from the cache rows ids[i] in place and writing y and the four final state parts
+(with update_cache, those the caller allows straight into the cache rows ids[i]).
 
 The backward: the walk forward and back per (sequence, head) (mamba3_scan_back.comp), then the
 fixed-order sums (mamba3_reduce.comp) of the per-head d_B / d_C slabs over each group's heads
@@ -23,19 +24,22 @@ from . import mamba3_specs as m3k
 __all__ = ["record_forward", "record_backward", "reduce_sums"]
 
 
-def _scan_push(p, plan, npb: int) -> bytes:
+def _scan_push(p, plan, npb: int, in_place: int = 0) -> bytes:
     d = p.dims
     return pack_push(m3k.SCAN_PUSH, dict(S=d.S, T=d.T, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, gx=plan.gx, NPB=npb,
-                                         halved=int(p.rotation == "halved"), K=plan.seg))
+                                         halved=int(p.rotation == "halved"), K=plan.seg, IP=in_place))
 
 
 def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
-    """Record the forward (``bufs``: unused, the workspace binds by name; ``scatter``: never --
-    the final states are written to their own arrays, and the caller writes the cache rows)."""
+    """Record the forward (the workspace binds by name; ``bufs["_in_place"]``, where present,
+    is (None, the kernel's IP bits): the final-state parts the kernel writes into the cache rows
+    itself, their outputs then unbound; ``scatter``: never -- the caller writes the other parts
+    into the cache rows)."""
     plan = ws.plan
     spec = m3k.scan_spec(p.dims, plan)
-    seq.dispatch(kernel(ws.ctx, spec), [ws.bind(k) for k in m3k.FWD_BINDINGS], _scan_push(p, plan, plan.npb),
-                 (plan.gx, plan.gy, 1))
+    in_place = bufs.get("_in_place", (None, 0))[1]
+    seq.dispatch(kernel(ws.ctx, spec), [ws.bind(k) for k in m3k.FWD_BINDINGS],
+                 _scan_push(p, plan, plan.npb, in_place), (plan.gx, plan.gy, 1))
 
 
 def reduce_sums(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int) -> None:

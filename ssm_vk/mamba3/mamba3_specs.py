@@ -18,7 +18,7 @@ __all__ = ["SCAN_PUSH", "REDUCE_PUSH", "FWD_BINDINGS", "BWD_BINDINGS", "PACKAGED
            "reduce_spec", "kernels", "packaged"]
 
 # mamba3_common.glsl's PC block (both scan kernels), mamba3_reduce.comp's.
-SCAN_PUSH = ("S", "T", "H", "P", "G", "F", "R", "gx", "NPB", "halved", "K")
+SCAN_PUSH = ("S", "T", "H", "P", "G", "F", "R", "gx", "NPB", "halved", "K", "IP")
 REDUCE_PUSH = ("n_out", "INNER", "K", "gx", "o_in", "o_out")
 # The scan kernels' bindings, in order (the shaders' headers).
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v",

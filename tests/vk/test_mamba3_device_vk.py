@@ -114,6 +114,62 @@ def test_update_cache_on_device_arrays_writes_the_rows_ids_alone(name, rows):
     assert all(dev[k].numpy().tobytes() == host[k].tobytes() for k in STATES)
 
 
+def test_decode_steps_write_the_cache_rows_from_the_kernel_as_the_copies_would(monkeypatch):
+    """update_cache on DeviceArray caches, where the token-sequential kernel writes the final
+    state into the rows itself (h and v; θ and k too with one channel block per head): the bits of
+    the host caches' update (the final states read back, written by the caller) and the float64
+    reference's rows, for a head of several channel blocks and for caches viewed at an aligned
+    offset into a larger array; a cache that shares its memory with an input (s_v over x's
+    memory: x is read as it was before the call) is left to the copies and gives the same bits."""
+    from ssm_vk import mamba3_run
+
+    masks = []
+    real = mamba3_run._in_place
+
+    def spy(ws, bufs, caches):
+        out = real(ws, bufs, caches)
+        masks.append((ws.plan.npb, out[0]))
+        return out
+
+    monkeypatch.setattr(mamba3_run, "_in_place", spy)
+    align = rt.get_context().info.min_storage_buffer_offset_alignment // 4
+    for seed, kw in ((21, dict(P=130, N=4, F=2)), (22, dict(P=5, N=8, F=2, M=2))):
+        a, _ = _host("mimo" if "M" in kw else "siso", seed=seed, T=1, **kw)
+        ref = ssm_ref.mamba3_scan(**a, dtype=np.float64)
+        host = {k: a[k].copy() for k in STATES}
+        ssm_vk.mamba3_scan(**{**a, **host}, update_cache=True)
+        for offset in (0, align):   # (views at an aligned offset are bound in place)
+            dev = {}
+            for k in STATES:
+                big = ssm_vk.to_device(np.concatenate([np.full(offset, 7.0, np.float32), a[k].ravel()]))
+                dev[k] = big.view(offset, a[k].shape)
+            masks.clear()
+            r = ssm_vk.mamba3_scan(**{**_dev(a), **dev}, update_cache=True)
+            npb, mask = masks[-1]
+            assert mask == (3 if npb == 1 else 1)
+            assert r.y.numpy().tobytes() == ssm_vk.mamba3_scan(**a).y.tobytes()
+            for k, final in zip(STATES, FINALS, strict=True):
+                got = dev[k].numpy()
+                assert got.tobytes() == host[k].tobytes(), (seed, offset, k)
+                rows, want = got[a["ids"]], getattr(ref, final)
+                if k == "s_theta":
+                    rows, want = np.cos(rows), np.cos(want)
+                assert ssm_ref.tolerance.compare(final, rows, want, TOL[final]).ok, k
+    # s_v over x's memory (T = 1, R = S: rows ids[i] of s_v are x of other sequences)
+    a, _ = _host("siso", seed=23, T=1, R=2, ids=[1, 0])
+    a["s_v"] = a["x"][:, 0].copy()
+    host = {k: a[k].copy() for k in STATES}
+    want = ssm_vk.mamba3_scan(**{**a, **host}, update_cache=True)
+    shared = ssm_vk.to_device(a["x"])
+    d = {**_dev(a), "x": shared, "s_v": shared.view(0, a["s_v"].shape)}
+    dev = {k: d[k] for k in STATES}
+    masks.clear()
+    r = ssm_vk.mamba3_scan(**{**d, **dev}, update_cache=True)
+    assert masks[-1][1] & 1 == 0
+    assert r.y.numpy().tobytes() == want.y.tobytes()
+    assert all(dev[k].numpy().tobytes() == host[k].tobytes() for k in STATES)
+
+
 def test_prepared_runs_equal_plain_calls_and_read_their_inputs_as_they_are():
     """prepare_mamba3_scan (update_cache too) and prepare_mamba3_scan_back: each run the bits of
     the plain call on the inputs as they are then (changed between runs with DeviceArray.write);

@@ -20,7 +20,8 @@
 //   10 s_theta (R,H,F)  11 s_h (R,H,P,N)  12 s_k (R,H,M,N)  13 s_v (R,H,M,P)  14 ids (S) uint
 // Push constants (uint32, this order): S, T, H, P, G, F, R, gx, NPB (channel blocks per head),
 // halved (1: pairs (j, j + N/2), 0: pairs (2j, 2j + 1)), K (the backward's tokens per segment;
-// the forward: unused).
+// the forward: unused), IP (the forward's final state written into the cache rows ids[i] in
+// place rather than into its outputs: bit 0 h and v, bit 1 θ and k; the backward: 0).
 
 #extension GL_EXT_control_flow_attributes : enable
 
@@ -29,7 +30,7 @@ layout(local_size_x_id = 0, local_size_y = 1, local_size_z = 1) in;
 #include "mamba3_inputs.glsl"
 
 layout(push_constant) uniform PC {
-    uint S, T, H, P, G, F, R, gx, NPB, halved, K;
+    uint S, T, H, P, G, F, R, gx, NPB, halved, K, IP;
 } pc;
 
 const uint MN = MR * ND;
@@ -39,8 +40,22 @@ const float TWO_PI = 6.28318530717958647692;
 shared float th_sh[NF];      // θ of the token
 shared float cs_sh[NF];      // cos θ_j
 shared float sn_sh[NF];      // sin θ_j
+// The forward (M3_STAGE defined) also moves the state rows between memory and registers through
+// q_sh, free before the first token and after the last: tiles of STG_R rows x STG_W columns at a
+// stride of STG_S floats (odd: a column's entries fall in distinct banks). 64 rows where the
+// kernel's shared memory then stays within 16 KiB (Vulkan's least maxComputeSharedMemorySize),
+// else 32 (N = 256 at rank 4 takes about what it did without the tiles).
+#ifdef M3_STAGE
+const uint STG_W = 32u;
+const uint STG_S = STG_W + 1u;
+const uint STG_R = (3u * NF + 2u * MN + 64u * STG_S) * 4u <= 16384u ? 64u : 32u;
+const uint QN = MN > STG_R * STG_S ? MN : STG_R * STG_S;
+#else
+const uint QN = MN;
+#endif
+
 shared float k_sh[MN];       // the token's keys k^r (biased, rotated)
-shared float q_sh[MN];       // the token's queries q^r
+shared float q_sh[QN];       // the token's queries q^r (entries 0..MN)
 shared float kp_sh[MN];      // the previous token's keys
 
 // Entry n's rotated pair: its angle's index j (-1: n passes through), whether n is the pair's

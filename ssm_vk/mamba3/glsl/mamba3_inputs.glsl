@@ -12,8 +12,15 @@ layout(std430, binding = 6) readonly buffer BBb { float Bb_in[]; };
 layout(std430, binding = 7) readonly buffer BCb { float Cb_in[]; };
 layout(std430, binding = 8) readonly buffer Bdth { float dth_in[]; };
 layout(std430, binding = 9) readonly buffer Bpsi { float psi_in[]; };
-layout(std430, binding = 10) readonly buffer Bsth { float sth_in[]; };
-layout(std430, binding = 11) readonly buffer Bsh { float sh_in[]; };
-layout(std430, binding = 12) readonly buffer Bsk { float sk_in[]; };
-layout(std430, binding = 13) readonly buffer Bsv { float sv_in[]; };
+// The token-sequential forward (M3_CACHE_RW defined) may write a decode step's final state into
+// the cache rows in place (update_cache=True; mamba3_scan.comp's IP): its caches are read-write.
+#ifdef M3_CACHE_RW
+#define M3_CACHE_ACCESS
+#else
+#define M3_CACHE_ACCESS readonly
+#endif
+layout(std430, binding = 10) M3_CACHE_ACCESS buffer Bsth { float sth_in[]; };
+layout(std430, binding = 11) M3_CACHE_ACCESS buffer Bsh { float sh_in[]; };
+layout(std430, binding = 12) M3_CACHE_ACCESS buffer Bsk { float sk_in[]; };
+layout(std430, binding = 13) M3_CACHE_ACCESS buffer Bsv { float sv_in[]; };
 layout(std430, binding = 14) readonly buffer Bids { uint ids_in[]; };

@@ -6,12 +6,23 @@
 // in registers. Each token: θ_t and its cos, sin; k_t, q_t (bias, then rotation); the row's
 // update h = α h + β Σ_r v_{t-1}^r k_{t-1}^r + γ Σ_r v_t^r k_t^r; y_t^r[p] = h · q^r.
 // At the end the final state: θ and k by the block-0 workgroup, h and v by each row.
+// The state rows travel between memory and registers through shared memory (stage_in,
+// stage_out): an invocation's own row is N consecutive floats, so row-per-invocation loads
+// would touch one cache line per invocation and entry; in the tiles consecutive invocations
+// touch consecutive entries of a row instead. Only where the values travel changes: the bits
+// are those of the direct loads and stores.
 //
 // Bindings: mamba3_common.glsl's 0-14, then (written)
 //   15 y (S,T,M,H,P)  16 theta (S,H,F)  17 h (S,H,P,N)  18 k (S,H,M,N)  19 v (S,H,M,P)
-// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K).
+// Push constants: mamba3_common.glsl's (S, T, H, P, G, F, R, gx, NPB, halved, K, IP).
+// IP bit 0: h and v go into the cache rows ids[i] (bindings 11, 13) in place of 17, 19 (only this
+// workgroup reads or writes its rows of them; the ids are distinct); bit 1: θ and k into rows
+// ids[i] of 10, 12 in place of 16, 18 (every block of (i, h) reads them at the start: the host
+// sets it only with one block, NPB = 1). A decode step's update_cache then needs no copy.
 // Defines: ND, MR (mamba3_common.glsl). Specialisation constant 0: the workgroup size.
 
+#define M3_STAGE
+#define M3_CACHE_RW
 #include "mamba3_common.glsl"
 
 layout(std430, binding = 15) writeonly buffer By { float y_out[]; };
@@ -30,10 +41,37 @@ void main() {
     bool live = p < pc.P;
     uint row = ids_in[i];
 
+    // The block's rows p0 .. p0 + nrows - 1 (the live ones) are nrows * ND consecutive floats of
+    // the cache at element sbase, and of the output at hbase.
+    uint lid = gl_LocalInvocationIndex;
+    uint p0 = blk * gl_WorkGroupSize.x;
+    uint nrows = min(gl_WorkGroupSize.x, pc.P - min(p0, pc.P));
+    uint sbase = ((row * pc.H + h) * pc.P + p0) * ND;
+
     float hr[ND];
     float vp[MR];
     load_start(row, h);
-    [[unroll]] for (uint n = 0; n < ND; ++n) hr[n] = live ? sh_in[((row * pc.H + h) * pc.P + p) * ND + n] : 0.0;
+    [[unroll]] for (uint n = 0; n < ND; ++n) hr[n] = 0.0;
+    // stage_in: per piece of STG_W columns (unrolled: hr's indices stay constants) and per tile
+    // of STG_R rows, the workgroup reads the tile row by row into q_sh, then each invocation
+    // whose row is in the tile takes its piece.
+    [[unroll]] for (uint c = 0; c < ND; c += STG_W) {
+        uint w = min(STG_W, ND - c);
+        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) {
+            uint nr = min(STG_R, nrows - min(r0, nrows));
+            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) {
+                uint rr = e / w, j = e - rr * w;
+                q_sh[rr * STG_S + j] = sh_in[sbase + (r0 + rr) * ND + c + j];
+            }
+            barrier();
+            if (live && lid - r0 < STG_R) {   // (unsigned: lid < r0 wraps above STG_R)
+                [[unroll]] for (uint j = 0; j < STG_W; ++j) {
+                    if (c + j < ND) hr[c + j] = q_sh[(lid - r0) * STG_S + j];
+                }
+            }
+            barrier();
+        }
+    }
     [[unroll]] for (uint r = 0; r < MR; ++r) vp[r] = live ? sv_in[((row * pc.H + h) * MR + r) * pc.P + p] : 0.0;
     barrier();
 
@@ -72,12 +110,42 @@ void main() {
     }
 
     uint hs = i * pc.H + h;
+    uint rs = row * pc.H + h;
+    bool hv_cache = (pc.IP & 1u) != 0u;
     if (blk == 0u) {
-        for (uint j = gl_LocalInvocationIndex; j < pc.F; j += gl_WorkGroupSize.x) th_out[hs * pc.F + j] = th_sh[j];
-        for (uint e = gl_LocalInvocationIndex; e < MN; e += gl_WorkGroupSize.x) k_out[hs * MN + e] = kp_sh[e];
+        if ((pc.IP & 2u) != 0u) {
+            for (uint j = lid; j < pc.F; j += gl_WorkGroupSize.x) sth_in[rs * pc.F + j] = th_sh[j];
+            for (uint e = lid; e < MN; e += gl_WorkGroupSize.x) sk_in[rs * MN + e] = kp_sh[e];
+        } else {
+            for (uint j = lid; j < pc.F; j += gl_WorkGroupSize.x) th_out[hs * pc.F + j] = th_sh[j];
+            for (uint e = lid; e < MN; e += gl_WorkGroupSize.x) k_out[hs * MN + e] = kp_sh[e];
+        }
     }
     if (live) {
-        [[unroll]] for (uint n = 0; n < ND; ++n) h_out[(hs * pc.P + p) * ND + n] = hr[n];
-        [[unroll]] for (uint r = 0; r < MR; ++r) v_out[(hs * MR + r) * pc.P + p] = vp[r];
+        [[unroll]] for (uint r = 0; r < MR; ++r) {
+            if (hv_cache) sv_in[(rs * MR + r) * pc.P + p] = vp[r];
+            else v_out[(hs * MR + r) * pc.P + p] = vp[r];
+        }
+    }
+    // stage_out: stage_in in reverse (q_sh is free: the last token's barrier is behind).
+    uint hbase = (hs * pc.P + p0) * ND;
+    [[unroll]] for (uint c = 0; c < ND; c += STG_W) {
+        uint w = min(STG_W, ND - c);
+        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) {
+            if (live && lid - r0 < STG_R) {
+                [[unroll]] for (uint j = 0; j < STG_W; ++j) {
+                    if (c + j < ND) q_sh[(lid - r0) * STG_S + j] = hr[c + j];
+                }
+            }
+            barrier();
+            uint nr = min(STG_R, nrows - min(r0, nrows));
+            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) {
+                uint rr = e / w, j = e - rr * w;
+                float hv = q_sh[rr * STG_S + j];
+                if (hv_cache) sh_in[sbase + (r0 + rr) * ND + c + j] = hv;
+                else h_out[hbase + (r0 + rr) * ND + c + j] = hv;
+            }
+            barrier();
+        }
     }
 }

@@ -22,7 +22,7 @@
 //   23 d_start: the start state's gradients, laid out as binding 16
 //   24 work: checkpoints h_{sK-1} (S,H,NSEG,P,N) | a segment's states (S,H,K+1,P,N) |
 //      k_t (S,H,T+1,M,N) | θ_t (S,H,T,F) | row parts (S,H,P,3MN+3);  NSEG = ceil(T / K)
-// Push constants: mamba3_common.glsl's (NPB = 1; K >= 1). Defines: ND, MR. Specialisation
+// Push constants: mamba3_common.glsl's (NPB = 1; K >= 1; IP = 0). Defines: ND, MR. Specialisation
 // constant 0: the workgroup size (>= P).
 
 #include "mamba3_common.glsl"
