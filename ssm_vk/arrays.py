@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
-from .sizing import even_cuts, piece_sizes
+from .sizing import alloc_cap, even_cuts, piece_sizes
 
 __all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
@@ -303,7 +303,8 @@ def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
     shape = tuple(int(s) for s in shape)
     itemsize = np.dtype(dtype).itemsize
     n = math.prod(shape) * itemsize
-    cap = min(ctx.info.max_memory_allocation_size, ctx.info.device_local_bytes)
+    cap = alloc_cap(ctx.info.max_memory_allocation_size, ctx.info.min_storage_buffer_offset_alignment,
+                    ctx.info.device_local_bytes)
     if n > cap:
         return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, cap)), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None

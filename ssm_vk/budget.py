@@ -35,6 +35,7 @@ from .runtime.pool import BufferPool
 from .sizing import (
     DUMMY_BYTES,
     F32,
+    alloc_cap,
     cuts,
     input_shapes,
     output_shapes,
@@ -152,7 +153,7 @@ def check(info, sizes: dict[str, int], live_allocations: int = 0, cut: dict | No
                 sizes[f"{key}#{i}"] = n
     limit = info.max_memory_allocation_size
     name, biggest = max(sizes.items(), key=lambda kv: kv[1], default=("", 0))
-    if biggest > limit:
+    if biggest > alloc_cap(limit, info.min_storage_buffer_offset_alignment):   # (the driver rounds it up)
         return (f"{name.split(':')[-1]} needs a buffer of {biggest} bytes, above maxMemoryAllocationSize "
                 f"({limit} bytes) of {info.name}")
     need = sum(pooled(n, limit) for n in sizes.values())

@@ -173,9 +173,9 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
     read, or written, as if the rows were written after the call; the ids are distinct, checked).
     The chunked kernels and any plan that flags non-finite results (whose cache rows are written
     only after the flag check) write none in place."""
-    from .mamba3 import FAMILY
-
-    if ws.family is not FAMILY or ws.flags_nonfinite:
+    # (the token-sequential family's plans are the ones with channel blocks, npb; the chunked
+    # kernels flag non-finite results, so theirs are written after the flag check)
+    if ws.flags_nonfinite or getattr(ws.plan, "npb", None) is None:
         return 0, set()
     ok = set()
     for part, name in zip(STATE_PARTS, _CACHES, strict=True):

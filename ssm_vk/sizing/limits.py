@@ -66,12 +66,27 @@ SPEC_MINIMUMS = dict(
 )
 
 
+def granule(offset_alignment: int) -> int:
+    """The bytes a driver may round a storage buffer's memory up to (VkMemoryRequirements.size):
+    taken as the device's minStorageBufferOffsetAlignment and at least 16 (NVIDIA's drivers round
+    a buffer of 1608 bytes to 1616; lavapipe rounds less). A buffer of at most
+    :func:`alloc_cap` bytes is then allocated within maxMemoryAllocationSize."""
+    return max(16, offset_alignment)
+
+
+def alloc_cap(max_allocation: int, offset_alignment: int, heap: int = 1 << 62) -> int:
+    """The most bytes one buffer may hold: one allocation (maxMemoryAllocationSize), within the
+    largest device-local heap, less what the driver's rounding (:func:`granule`) would add."""
+    g = granule(offset_alignment)
+    return min(max_allocation, heap) // g * g
+
+
 def binding_cap(lim: Limits) -> int:
     """The most float32 elements one binding may cover, the slack of an aligned offset included:
     a binding lies in one buffer, so it is bounded by both the storage-buffer range and the
-    allocation size."""
+    allocation size (less the driver's rounding: :func:`granule`, at least the offset's slack)."""
     return (min(lim.max_storage_buffer_range, lim.max_memory_allocation_size)
-            - lim.min_storage_buffer_offset_alignment) // F32
+            - granule(lim.min_storage_buffer_offset_alignment)) // F32
 
 
 def rows_in_place(d, lim: Limits) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .limits import F32
+from .limits import F32, alloc_cap
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
@@ -38,8 +38,9 @@ def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
 
 
 def piece_cap(lim: Limits) -> int:
-    """The most bytes one piece takes: one allocation, within the largest device-local heap."""
-    return min(lim.max_memory_allocation_size, lim.device_local_bytes)
+    """The most bytes one piece takes: one allocation, within the largest device-local heap, less
+    the driver's rounding of a buffer's memory (limits.alloc_cap)."""
+    return alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment, lim.device_local_bytes)
 
 
 def _windowed(d: Dims, plan) -> tuple:

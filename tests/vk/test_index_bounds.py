@@ -71,6 +71,7 @@ class FakeBuffer:
 class FakeInfo:
     def __init__(self, lim: Limits, heap: int):
         self.max_memory_allocation_size = lim.max_memory_allocation_size
+        self.min_storage_buffer_offset_alignment = lim.min_storage_buffer_offset_alignment
         self.device_local_bytes = heap
         self.max_memory_allocation_count = 2**32
         self.name = "fake"
