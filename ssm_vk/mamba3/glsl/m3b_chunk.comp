@@ -63,6 +63,33 @@ void row_sums(float part[4], uint rows, bool into_q) {
     barrier();
 }
 
+// Entry (a, b) of the block (b's token s): D = exp(ℓ_{s+1} + ... + ℓ_t) and W = D (γ_s + [s < t] σ_s)
+// below the diagonal, both 0 above it; the range summed on from where the row before left it
+// (seg: ℓ_{s+1} .. ℓ_upto).
+void dw_of(uint a, uint b, uint s, uint rows, inout float seg, inout uint upto, out float d, out float w) {
+    uint t = a / pc.M;
+    d = 0.0;
+    w = 0.0;
+    if (a < rows && b < rows && s <= t) {
+        for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
+        d = exp(seg);
+        w = d * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0));
+    }
+}
+
+// Entry e = (t, u) of the tokens' gWD: the chunk's rows of tokens t and u summed over the ranks
+// (0 past the chunk's Lc x Lc).
+float gw_at(uint e, uint LL, uint Lc) {
+    float s = 0.0;
+    if (e < LL) {
+        uint t = e / Lc, u = e % Lc;
+        for (uint r = 0u; r < pc.M; ++r) {
+            for (uint q = 0u; q < pc.M; ++q) s += sm_get(t * pc.M + r, u * pc.M + q);
+        }
+    }
+    return s;
+}
+
 uint gy_at(uint i, uint h, uint t, uint r) { return (((i * pc.T + t) * pc.M + r) * pc.H + h) * pc.P; }
 float vval(uint i, uint h, uint t, uint r, uint p) {
     return psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t) * pc.H + h) * pc.P + p];
@@ -155,23 +182,21 @@ void main() {
     }
 
     // ---- D and W of the block (as m3c_y.comp: each column's range summed in token order) ----
+    // (written out per column and row, DW_COLUMN and dw_of, rather than as loops: glslc does not
+    // unroll a loop around the data-dependent walk of the range, and a loop left rolled indexes
+    // Dm and Wm at run time, off registers on most GPUs)
     float Dm[4][4], Wm[4][4];
-    [[unroll]] for (uint v = 0u; v < 4u; ++v) {
-        uint b = c0 + v, s = b / pc.M;
-        float seg = 0.0;
-        uint upto = s;
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-            uint a = r0 + u, t = a / pc.M;
-            Dm[u][v] = 0.0;
-            Wm[u][v] = 0.0;
-            if (a < rows && b < rows && s <= t) {
-                for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
-                float d = exp(seg);
-                Dm[u][v] = d;
-                Wm[u][v] = d * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0));
-            }
-        }
+#define DW_COLUMN(v) { \
+        uint b = c0 + v, s = b / pc.M; \
+        float seg = 0.0; \
+        uint upto = s; \
+        dw_of(r0 + 0u, b, s, rows, seg, upto, Dm[0][v], Wm[0][v]); \
+        dw_of(r0 + 1u, b, s, rows, seg, upto, Dm[1][v], Wm[1][v]); \
+        dw_of(r0 + 2u, b, s, rows, seg, upto, Dm[2][v], Wm[2][v]); \
+        dw_of(r0 + 3u, b, s, rows, seg, upto, Dm[3][v], Wm[3][v]); \
     }
+    DW_COLUMN(0u) DW_COLUMN(1u) DW_COLUMN(2u) DW_COLUMN(3u)
+#undef DW_COLUMN
 
     // ---- gWD = D Σ_{r,r'} S ⊙ GV, its column suffix sums, and the per-token sums ----
     float X[4][4];
@@ -180,19 +205,13 @@ void main() {
     }
     sm_put(X);
     barrier();
+    // (gw's entries written out, GW4, rather than a loop: see DW_COLUMN)
     float gw[16];
     uint LL = Lc * Lc;
-    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
-        uint e = tid + 256u * j;
-        float s = 0.0;
-        if (e < LL) {
-            uint t = e / Lc, u = e % Lc;
-            for (uint r = 0u; r < pc.M; ++r) {
-                for (uint q = 0u; q < pc.M; ++q) s += sm_get(t * pc.M + r, u * pc.M + q);
-            }
-        }
-        gw[j] = s;
-    }
+#define GW4(j) gw[j] = gw_at(tid + 256u * j, LL, Lc); gw[j + 1u] = gw_at(tid + 256u * (j + 1u), LL, Lc); \
+        gw[j + 2u] = gw_at(tid + 256u * (j + 2u), LL, Lc); gw[j + 3u] = gw_at(tid + 256u * (j + 3u), LL, Lc);
+    GW4(0u) GW4(4u) GW4(8u) GW4(12u)
+#undef GW4
     barrier();
     [[unroll]] for (uint j = 0u; j < 16u; ++j) {
         uint e = tid + 256u * j;

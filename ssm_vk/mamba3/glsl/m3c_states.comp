@@ -86,12 +86,12 @@ void main() {
     }
 
     uint r0 = 4u * tile_ty(), c0 = 4u * tile_tx();
+    // (conditions, not `continue`: the loops must unroll, or acc is indexed at run time)
     [[unroll]] for (uint u = 0u; u < 4u; ++u) {
         uint p = p0 + r0 + u;
-        if (p >= pc.P) continue;
         [[unroll]] for (uint v = 0u; v < 4u; ++v) {
             uint n = n0 + c0 + v;
-            if (n < pc.N) hz[(((i * pc.H + h) * pc.NC + c) * pc.P + p) * pc.N + n] = acc[u][v];
+            if (p < pc.P && n < pc.N) hz[(((i * pc.H + h) * pc.NC + c) * pc.P + p) * pc.N + n] = acc[u][v];
         }
     }
 }

@@ -67,6 +67,18 @@ void fetch_v(uint i, uint h, uint t0, uint rows, uint p0, uint b0, out float vv[
     }
 }
 
+// Entry (a, b) of the block: whether it is below the diagonal (s <= t, both rows in the chunk),
+// and then its weight's factor f = exp(ℓ_{s+1} + ... + ℓ_t) (γ_s + [s < t] σ_s), the range summed
+// on from where the row before left it (seg: ℓ_{s+1} .. ℓ_upto).
+bool w_factor(uint a, uint b, uint s, uint rows, inout float seg, inout uint upto, out float f) {
+    uint t = a / pc.M;
+    f = 0.0;
+    if (!(a < rows && b < rows && s <= t)) return false;
+    for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
+    f = exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0));
+    return true;
+}
+
 void main() {
     uint PT = (pc.P + TILE - 1u) / TILE;
     uint wg = wg_index();
@@ -113,22 +125,22 @@ void main() {
         barrier();
     }
     // W[t, s]: for each column s, its rows' ranges ℓ_{s+1} .. ℓ_t summed in token order, the
-    // block's rows in turn (each range the last one and the tokens after it).
-    // (column b's four rows in one 16-byte store)
-    [[unroll]] for (uint v = 0u; v < 4u; ++v) {
-        uint b = c0 + v, s = b / pc.M;
-        float seg = 0.0;
-        uint upto = s;   // the range summed so far: ℓ_{s+1} .. ℓ_upto
-        vec4 w = vec4(0.0);
-        [[unroll]] for (uint u = 0u; u < 4u; ++u) {
-            uint a = r0 + u, t = a / pc.M;
-            if (a < rows && b < rows && s <= t) {
-                for (; upto < t; ++upto) seg += ell_sh[upto + 1u];
-                w[u] = acc[u][v] * (exp(seg) * (gam_sh[s] + (s < t ? sig_sh[s] : 0.0)));
-            }
-        }
-        a4[b * SROW + r0 / 4u] = w;
+    // block's rows in turn (each range the last one and the tokens after it); column b's four
+    // rows in one 16-byte store. Written out per column and row (W_COLUMN, w_factor) rather than
+    // as loops: glslc does not unroll a loop around the data-dependent walk of the range, and a
+    // loop left rolled indexes acc at run time (off registers, on most GPUs).
+#define W_ROW(u, v, comp) if (w_factor(r0 + u, b, s, rows, seg, upto, f)) w.comp = acc[u][v] * f;
+#define W_COLUMN(v) { \
+        uint b = c0 + v, s = b / pc.M; \
+        float seg = 0.0, f; \
+        uint upto = s; \
+        vec4 w = vec4(0.0); \
+        W_ROW(0u, v, x) W_ROW(1u, v, y) W_ROW(2u, v, z) W_ROW(3u, v, w) \
+        a4[b * SROW + r0 / 4u] = w; \
     }
+    W_COLUMN(0u) W_COLUMN(1u) W_COLUMN(2u) W_COLUMN(3u)
+#undef W_COLUMN
+#undef W_ROW
     barrier();
 
     // A V over the chunk's rows (A's slices read where they lie). The columns b of A past the
@@ -170,16 +182,17 @@ void main() {
         barrier();
     }
 
+    // (conditions, not `continue`: the loops must unroll, or acc and acc2 are indexed at run time)
     [[unroll]] for (uint u = 0u; u < 4u; ++u) {
         uint a = r0 + u;
-        if (a >= rows) continue;
         uint t = a / pc.M, r = a % pc.M;
         [[unroll]] for (uint v = 0u; v < 4u; ++v) {
             uint p = p0 + c0 + v;
-            if (p >= pc.P) continue;
-            float y = acc[u][v] + din_sh[t] * acc2[u][v];
-            y_out[(((i * pc.T + t0 + t) * pc.M + r) * pc.H + h) * pc.P + p] = y;
-            guard(y);
+            if (a < rows && p < pc.P) {
+                float y = acc[u][v] + din_sh[t] * acc2[u][v];
+                y_out[(((i * pc.T + t0 + t) * pc.M + r) * pc.H + h) * pc.P + p] = y;
+                guard(y);
+            }
         }
     }
 }

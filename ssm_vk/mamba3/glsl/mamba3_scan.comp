@@ -31,6 +31,49 @@ layout(std430, binding = 17) writeonly buffer Bh { float h_out[]; };
 layout(std430, binding = 18) writeonly buffer Bk { float k_out[]; };
 layout(std430, binding = 19) writeonly buffer Bv { float v_out[]; };
 
+// STAGE_PIECES(F): F(c) for the first column c of each piece of STG_W = 32 columns below ND,
+// written out up to ND = 256 (the packaged N); beyond, a loop (hr then indexed at run time).
+#if ND > 256
+#define STAGE_PIECES(F) for (uint stage_c = 0u; stage_c < ND; stage_c += STG_W) F(stage_c)
+#else
+#define STAGE_PIECES(F) F(0u) STAGE_P1(F) STAGE_P2(F) STAGE_P3(F) STAGE_P4(F) STAGE_P5(F) STAGE_P6(F) STAGE_P7(F)
+#if ND > 32
+#define STAGE_P1(F) F(32u)
+#else
+#define STAGE_P1(F)
+#endif
+#if ND > 64
+#define STAGE_P2(F) F(64u)
+#else
+#define STAGE_P2(F)
+#endif
+#if ND > 96
+#define STAGE_P3(F) F(96u)
+#else
+#define STAGE_P3(F)
+#endif
+#if ND > 128
+#define STAGE_P4(F) F(128u)
+#else
+#define STAGE_P4(F)
+#endif
+#if ND > 160
+#define STAGE_P5(F) F(160u)
+#else
+#define STAGE_P5(F)
+#endif
+#if ND > 192
+#define STAGE_P6(F) F(192u)
+#else
+#define STAGE_P6(F)
+#endif
+#if ND > 224
+#define STAGE_P7(F) F(224u)
+#else
+#define STAGE_P7(F)
+#endif
+#endif
+
 void main() {
     uint wg = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;
     if (wg >= pc.S * pc.H * pc.NPB) return;   // (the whole workgroup: no barrier is split)
@@ -52,26 +95,30 @@ void main() {
     float vp[MR];
     load_start(row, h);
     [[unroll]] for (uint n = 0; n < ND; ++n) hr[n] = 0.0;
-    // stage_in: per piece of STG_W columns (unrolled: hr's indices stay constants) and per tile
-    // of STG_R rows, the workgroup reads the tile row by row into q_sh, then each invocation
-    // whose row is in the tile takes its piece.
-    [[unroll]] for (uint c = 0; c < ND; c += STG_W) {
-        uint w = min(STG_W, ND - c);
-        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) {
-            uint nr = min(STG_R, nrows - min(r0, nrows));
-            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) {
-                uint rr = e / w, j = e - rr * w;
-                q_sh[rr * STG_S + j] = sh_in[sbase + (r0 + rr) * ND + c + j];
-            }
-            barrier();
-            if (live && lid - r0 < STG_R) {   // (unsigned: lid < r0 wraps above STG_R)
-                [[unroll]] for (uint j = 0; j < STG_W; ++j) {
-                    if (c + j < ND) hr[c + j] = q_sh[(lid - r0) * STG_S + j];
-                }
-            }
-            barrier();
-        }
+    // stage_in: per piece of STG_W columns and per tile of STG_R rows, the workgroup reads the
+    // tile row by row into q_sh, then each invocation whose row is in the tile takes its piece.
+    // The pieces are written out by the preprocessor (STAGE_PIECES: a piece's first column a
+    // constant), not looped over: glslc leaves a loop around the tiles' loops rolled, and hr
+    // indexed at run time would leave registers for memory on most GPUs.
+#define STAGE_IN(c) { \
+        uint w = min(STG_W, ND - c); \
+        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) { \
+            uint nr = min(STG_R, nrows - min(r0, nrows)); \
+            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) { \
+                uint rr = e / w, j = e - rr * w; \
+                q_sh[rr * STG_S + j] = sh_in[sbase + (r0 + rr) * ND + c + j]; \
+            } \
+            barrier(); \
+            if (live && lid - r0 < STG_R) {   /* (unsigned: lid < r0 wraps above STG_R) */ \
+                [[unroll]] for (uint j = 0; j < STG_W; ++j) { \
+                    if (c + j < ND) hr[c + j] = q_sh[(lid - r0) * STG_S + j]; \
+                } \
+            } \
+            barrier(); \
+        } \
     }
+    STAGE_PIECES(STAGE_IN)
+#undef STAGE_IN
     [[unroll]] for (uint r = 0; r < MR; ++r) vp[r] = live ? sv_in[((row * pc.H + h) * MR + r) * pc.P + p] : 0.0;
     barrier();
 
@@ -129,23 +176,25 @@ void main() {
     }
     // stage_out: stage_in in reverse (q_sh is free: the last token's barrier is behind).
     uint hbase = (hs * pc.P + p0) * ND;
-    [[unroll]] for (uint c = 0; c < ND; c += STG_W) {
-        uint w = min(STG_W, ND - c);
-        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) {
-            if (live && lid - r0 < STG_R) {
-                [[unroll]] for (uint j = 0; j < STG_W; ++j) {
-                    if (c + j < ND) q_sh[(lid - r0) * STG_S + j] = hr[c + j];
-                }
-            }
-            barrier();
-            uint nr = min(STG_R, nrows - min(r0, nrows));
-            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) {
-                uint rr = e / w, j = e - rr * w;
-                float hv = q_sh[rr * STG_S + j];
-                if (hv_cache) sh_in[sbase + (r0 + rr) * ND + c + j] = hv;
-                else h_out[hbase + (r0 + rr) * ND + c + j] = hv;
-            }
-            barrier();
-        }
+#define STAGE_OUT(c) { \
+        uint w = min(STG_W, ND - c); \
+        for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) { \
+            if (live && lid - r0 < STG_R) { \
+                [[unroll]] for (uint j = 0; j < STG_W; ++j) { \
+                    if (c + j < ND) q_sh[(lid - r0) * STG_S + j] = hr[c + j]; \
+                } \
+            } \
+            barrier(); \
+            uint nr = min(STG_R, nrows - min(r0, nrows)); \
+            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) { \
+                uint rr = e / w, j = e - rr * w; \
+                float hv = q_sh[rr * STG_S + j]; \
+                if (hv_cache) sh_in[sbase + (r0 + rr) * ND + c + j] = hv; \
+                else h_out[hbase + (r0 + rr) * ND + c + j] = hv; \
+            } \
+            barrier(); \
+        } \
     }
+    STAGE_PIECES(STAGE_OUT)
+#undef STAGE_OUT
 }
