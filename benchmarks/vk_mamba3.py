@@ -57,9 +57,11 @@ def _cotangents(a, rng):
             "g_h": rng.standard_normal((S, H, P, N)).astype(np.float32)}
 
 
-def _device_times(a, tune, reps, cot=None):
+def _device_times(a, tune, reps, cot=None, warm_s=1.0):
     """(family name, {kernel: ms}) of one forward's kernels (with ``cot``: one backward's) under knobs
-    ``tune``, its inputs DeviceArrays (the best of ``reps`` runs of the recorded sequence)."""
+    ``tune``, its inputs DeviceArrays (the best of ``reps`` runs of the recorded sequence, after
+    ``warm_s`` seconds of the same calls back to back: a GPU idles at a low clock between
+    submissions and takes up to a second of work to raise it)."""
     import ssm_vk
     from ssm_vk import config, run
 
@@ -67,6 +69,12 @@ def _device_times(a, tune, reps, cot=None):
     try:
         with config.configure(tune=tune):
             best: dict = {}
+            t_end = time.perf_counter() + warm_s
+            while time.perf_counter() < t_end:
+                r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
+                for v in (r.values() if cot else r):
+                    if v is not None:
+                        v.release()
             for _ in range(reps + 1):
                 r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
                 t = run.last_sequence().gpu_times()
@@ -101,6 +109,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd", "both"), default="both")
     ap.add_argument("--no-sequential", action="store_true", help="the chunked kernels only")
+    ap.add_argument("--warm-s", type=float, default=1.0,
+                    help="seconds of back-to-back calls before each timing (the GPU's clock rises under load)")
     ap.add_argument("--stats", action="store_true",
                     help="at the end, the driver's compile statistics of each kernel that ran (registers, spills, "
                          "... as the driver names them; needs SSM_VK_PIPELINE_STATS=1 and a driver offering them)")
@@ -123,7 +133,7 @@ def main() -> None:
             chunked = {"M3_CHUNK_BWD_MIN_T" if backward else "M3_CHUNK_MIN_T": 1}
             plans = (("chunked", chunked),) + (() if args.no_sequential else (("token-sequential", {"M3_CHUNK": 0}),))
             for label, tune in plans:
-                name, times = _device_times(a, tune, args.reps, cot if backward else None)
+                name, times = _device_times(a, tune, args.reps, cot if backward else None, args.warm_s)
                 kw = {**a, **cot} if backward else a
                 call = ssm_vk.mamba3_scan_back if backward else ssm_vk.mamba3_scan
                 with config.configure(tune=tune):
