@@ -259,17 +259,30 @@ def release(*objs):
                     v.release()
 
 
+def new_row(run, T, backward, variant, tune, dims) -> dict:
+    """The row of one (size, pass, variant), appended to the run's rows."""
+    a = run.args
+    row = {"T": T, "N": a.N, "x_gib": a.S * T * a.H * a.P * 4 / 2**30, "pass": "bwd" if backward else "fwd",
+           "variant": variant, "kernels": family(run.ctx, dims, backward, tune)}
+    run.rows.append(row)
+    return row
+
+
+def supported(run, row, op, args) -> bool:
+    """``supports()``'s answer for ``op`` on ``args``, into ``row``; a refusal said."""
+    sup = ssm_vk.supports(op, **args)
+    row.update(supports=bool(sup.ok), reason=sup.reason)
+    if not sup.ok:
+        run.say(f"T={row['T']} {row['pass']} {row['variant']}: refused: {sup.reason}")
+    return bool(sup.ok)
+
+
 def forward(run, T, dev, host, ref, variant, tune, dims):
     a, ctx = run.args, run.ctx
     S, H, P, N = a.S, a.H, a.P, a.N
-    row = {"T": T, "N": N, "x_gib": S * T * H * P * 4 / 2**30, "pass": "fwd", "variant": variant,
-           "kernels": family(ctx, dims, False, tune)}
-    run.rows.append(row)
+    row = new_row(run, T, False, variant, tune, dims)
     with config.configure(tune=tune):
-        sup = ssm_vk.supports("ssm_scan", **dev)
-        row.update(supports=bool(sup.ok), reason=sup.reason)
-        if not sup.ok:
-            run.say(f"T={T} fwd {variant}: refused: {sup.reason}")
+        if not supported(run, row, "ssm_scan", dev):
             return
         r, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan(**dev), a.reps)
     upd = S * T * H * P * N
@@ -329,14 +342,9 @@ def aligned_x(run, T, dev, host, ref, dims):
 def backward(run, T, dev, host, gref, variant, tune, dims):
     a, ctx = run.args, run.ctx
     S, H, P, N = a.S, a.H, a.P, a.N
-    row = {"T": T, "N": N, "x_gib": S * T * H * P * 4 / 2**30, "pass": "bwd", "variant": variant,
-           "kernels": family(ctx, dims, True, tune)}
-    run.rows.append(row)
+    row = new_row(run, T, True, variant, tune, dims)
     with config.configure(tune=tune):
-        sup = ssm_vk.supports("ssm_scan_back", **{k: dev[k] for k in ("s", "x", "dt", "A", "B", "C")})
-        row.update(supports=bool(sup.ok), reason=sup.reason)
-        if not sup.ok:
-            run.say(f"T={T} bwd {variant}: refused: {sup.reason}")
+        if not supported(run, row, "ssm_scan_back", {k: dev[k] for k in ("s", "x", "dt", "A", "B", "C")}):
             return
         g, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan_back(**dev), a.reps)
     upd = S * T * H * P * N
