@@ -32,6 +32,12 @@ __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_
            "TCHUNK_BWD_MIN", "m1_forward_two_per_lane_from"]
 
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
+# A backward over token windows keeps the checkpoints of every window of its sequence until its
+# walk back, T H P N / K floats: at most a third of the device-local heap. Where the default K
+# would take more, K doubles up to CKPT_K_MAX (each K costs registers: the walk back holds a
+# chunk's K states), and beyond that the heap refuses the call as before.
+CKPT_HEAP_SHARE = 3
+CKPT_K_MAX = 64
 
 MAX_NPL = 16                 # state values per lane before rows spread over shared memory
 
@@ -361,7 +367,24 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
     wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
+    if backward and not knobs.invariant and knobs.knob("K") is None:
+        K = _checkpoint_interval(d, lim, lay.K)
+        if K != lay.K:
+            return sequential_plan(d, lim, backward, knobs.with_knobs(K=K))
     return SequentialPlan(lay, wins, True)
+
+
+def _checkpoint_interval(d: Dims, lim: Limits, K: int) -> int:
+    """The checkpoint interval of a backward over token windows: ``K`` (the layout's), doubled
+    while one sequence's checkpoints exceed the heap's share (CKPT_HEAP_SHARE), up to CKPT_K_MAX.
+    A function of the per-sequence problem and the device, never of S (as the windows are); the
+    invariant mode keeps its layout's K."""
+    def ckpt_bytes(k):
+        return -(-d.T // k) * d.H * d.P * d.N * F32
+
+    while K < CKPT_K_MAX and ckpt_bytes(K) > lim.device_local_bytes // CKPT_HEAP_SHARE:
+        K *= 2
+    return K
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:

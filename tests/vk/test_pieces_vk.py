@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from registry import F32_TOL, Backend, assert_close, oracle_back
 
 import ssm_vk
 from ssm_ref.testing.cases import make_problem
@@ -27,6 +28,7 @@ from ssm_vk.arrays import pool
 from ssm_vk.runtime.pieces import Pieces, split_copy
 
 pytestmark = pytest.mark.vulkan
+VK = Backend(name="ssm_vk", module=ssm_vk, where=r"Vulkan\d+", tol=F32_TOL)
 SETTINGS = settings(max_examples=5, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -177,6 +179,34 @@ def test_a_pieced_backward_equals_the_unpieced_one_bit_for_bit(case):
         return
     want, got, _ = out
     _same(got, want, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+
+
+def test_a_long_backward_coarsens_its_checkpoints_where_the_heap_needs_it():
+    # a backward over token windows keeps every window's checkpoints, T H P N / K floats: here 8 MiB
+    # at the default K = 8, more than a third of the lowered heap, so the planner doubles K. The
+    # call that the heap refused at K = 8 runs on the device, equal bit for bit to the same call
+    # with K = 16 set as a knob, and within the float32 tolerance of the float64 oracle
+    ctx = rt.get_context()
+    case = make_problem(7, S=1, T=4096, H=4, P=32, N=32, G=1, R=1, ids="identity")
+    a = case.args()
+
+    def call():
+        return ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states)
+
+    with ctx.seams.override_limits(max_storage_buffer_range=1 << 16, device_local_bytes=14 << 20):
+        with ssm_vk.config.configure(tune={"K": 8}):
+            refused = ssm_vk.supports("ssm_scan_back", **a)
+        s = ssm_vk.supports("ssm_scan_back", **a)
+        got = call()
+        with ssm_vk.config.configure(tune={"K": 16}):
+            want = call()
+    assert not refused.ok and "device-local heap" in refused.reason, refused.reason
+    assert s.ok, s.reason
+    assert got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
+    _same(got, want, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+    og = oracle_back(**a, g_y=case.g_y, g_states=case.g_states)
+    for k in ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"):
+        assert_close(VK, k, getattr(got, k), getattr(og, k), label="K = 16")
 
 
 def test_token_windows_and_sequence_windows_are_both_pieced_on_the_device():
