@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap
+from ..sizing import DEFAULT_K, F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap
 
 __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
@@ -196,7 +196,7 @@ def layout_for(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     NPL = max(1, -(-d.N // LN))
     # Checkpoints every 8 tokens: 16 costs registers; Mamba-1's backward (shared steps) takes 4,
     # faster than 2 or 8 there (docs/KERNELS.md, "The planner's defaults").
-    K = knob("K") or (4 if m1_back else 8)
+    K = knob("K") or (4 if m1_back else DEFAULT_K)
     # Workgroup: up to 128 threads, a multiple of the subgroup size, within the shared memory
     # the backward's per-token reduction needs (2 * WG * NPL + WG / LN floats, plus WG floats
     # for the shared-memory row sums).

@@ -66,6 +66,11 @@ SPEC_MINIMUMS = dict(
 )
 
 
+# The token-sequential layouts' default checkpoint interval (sequential_planner's K): their token
+# windows are multiples of it, and so are to_device's cuts of a long sequence (sizing.even_cuts).
+DEFAULT_K = 8
+
+
 def granule(offset_alignment: int) -> int:
     """The bytes a driver may round a storage buffer's memory up to (VkMemoryRequirements.size):
     taken as the device's minStorageBufferOffsetAlignment and at least 16 (NVIDIA's drivers round

@@ -86,25 +86,30 @@ def window_ranges(d: Dims, plan, backward: bool, name: str) -> list[tuple[int, i
     return [((w.i0 * d.T + w.t0) * row, (w.i0 * d.T + w.t0 + w.S * w.T) * row) for w in windows]
 
 
-def even_cuts(shape: tuple, itemsize: int, cap: int) -> tuple:
+def even_cuts(shape: tuple, itemsize: int, cap: int, multiple: int = 1) -> tuple:
     """Byte offsets where an array of ``shape`` beyond one allocation of ``cap`` bytes is cut when
     no call's windows are known (``to_device``): as the planners cut -- runs of whole entries of
     the first axis (whole sequences), else of the second within one entry of the first (token
-    ranges of one sequence), and so on; a piece is at most ``cap`` bytes."""
-    def cut(shape, base):
+    ranges of one sequence, a multiple of ``multiple`` entries where more than that fit), and so
+    on; a piece is at most ``cap`` bytes. With ``cap`` a binding's bytes and ``multiple`` the
+    planners' checkpoint interval, the pieces are the token-sequential forward's windows where the
+    array is the one that bounds them (x of Mamba-2: the call binds it in place)."""
+    def cut(shape, base, depth):
         row = itemsize
         for n in shape[1:]:
             row *= n
         n0 = shape[0] if shape else 1
         if row <= cap or len(shape) <= 1:
             per = max(1, cap // row)
+            if depth == 1 and per > multiple:
+                per -= per % multiple
             return [base + i * row for i in range(0, n0, per)]
         out = []
         for i in range(n0):
-            out += cut(shape[1:], base + i * row)
+            out += cut(shape[1:], base + i * row, depth + 1)
         return out
 
-    return tuple(cut(tuple(shape), 0)) if shape else (0,)
+    return tuple(cut(tuple(shape), 0, 0)) if shape else (0,)
 
 
 def piece_sizes(nbytes: int, starts: tuple) -> list[int]:

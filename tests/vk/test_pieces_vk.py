@@ -209,6 +209,33 @@ def test_a_long_backward_coarsens_its_checkpoints_where_the_heap_needs_it():
         assert_close(VK, k, getattr(got, k), getattr(og, k), label="K = 16")
 
 
+def _copied_into_own_pieces(ctx) -> set:
+    """The inputs that the calls' workspaces copy into pieces of their own (HostData.rebind_pieces)."""
+    return {k for ws in vk_engine.engine_of(ctx).workspaces.values()
+            for k, b in ws.host.uploads.items() if isinstance(b, rt.Pieces)}
+
+
+def test_to_device_cuts_a_long_sequence_where_the_forward_cuts_it():
+    # x of one sequence beyond one allocation: to_device cuts its tokens at the forward's windows
+    # (one binding less the offset's slack, a multiple of the checkpoint interval), so the forward
+    # binds every piece in place and copies nothing; the result is the host call's, bit for bit
+    ctx = rt.get_context()
+    case = make_problem(3, S=1, T=1024, H=2, P=8, N=4, G=1, R=1, ids="identity")
+    a = case.args()
+    with ctx.seams.override_limits(max_storage_buffer_range=1 << 14):
+        want = ssm_vk.ssm_scan(**a)
+    vk_engine.clear(ctx)
+    with ctx.seams.override_limits(max_storage_buffer_range=1 << 14, max_memory_allocation_size=1 << 14):
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in a.items()}
+        assert len(dev["x"].buffer.starts) > 2   # (x is 64 KiB: in pieces)
+        r = ssm_vk.ssm_scan(**dev)
+        copied = _copied_into_own_pieces(ctx)
+    assert r.where.startswith("Vulkan"), r.where
+    assert "x" not in copied, copied
+    _same(r, want, ["y", "states"])
+
+
 def test_token_windows_and_sequence_windows_are_both_pieced_on_the_device():
     # one sequence cut into token ranges, and three sequences in windows of whole sequences: both
     # held in pieces (x beyond one allocation), both run on the device, forward and backward
@@ -346,8 +373,8 @@ def test_a_cache_that_is_a_view_across_a_cut_is_written_by_update_cache():
     want = ssm_vk.ssm_scan(**{**a, "s": host}, update_cache=True)
     with ctx.seams.override_limits(max_memory_allocation_size=1024):
         big = ssm_vk.to_device(np.zeros(512, np.float32))
-        assert isinstance(big.buffer, rt.Pieces) and big.buffer.starts[1] == 1024
-        s = big.view(200, a["s"].shape)                 # elements [200, 328): across the cut at 256
+        assert isinstance(big.buffer, rt.Pieces) and 200 < big.buffer.starts[1] // 4 < 328
+        s = big.view(200, a["s"].shape)                 # elements [200, 328): across the first cut
         s.write(a["s"])
         r = ssm_vk.ssm_scan(**{**a, "s": s}, update_cache=True)
         assert r.where.startswith("Vulkan")
