@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine, after `. benchmarks/gpu_env.sh` (which writes clocks.csv and clock_epoch.txt):
+# the Mamba-3 and long-sequence runs of one session, most important first, each under a time limit
+# of its own so that one slow step cannot take the others' share, and their output in four files
+# (the device tool brings back at most eight from $OUT):
+#   m3.log     vk_mamba3.py from this tree and (when .base/ was carried) from .base, kernel by
+#              kernel, with the driver's compile statistics (registers per thread, spills)
+#   tests.log  the Mamba-3 and pieces tests under the validation layer
+#   long.log   vk_long.py (x of 1, 8 and 16 GiB; its JSON is left out: the log has every row)
+#   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
+# Usage: [STEPS=m3,tests,long,vs] bash benchmarks/gpu_mamba3.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+STEPS=${STEPS:-m3,tests,long}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+M3="--shapes 1x512,8x2048,1x16384 --pass both --no-sequential --stats --reps 10 --warm-s 1"
+
+if has m3; then
+    {
+        echo "== this tree"
+        SSM_VK_PIPELINE_STATS=1 timeout 150 python3 benchmarks/vk_mamba3.py $M3
+        echo "== MIMO, rank 4"
+        timeout 60 python3 benchmarks/vk_mamba3.py --shapes 1x2048 --M 4 --pass both --no-sequential --reps 5
+        if [ -d .base/ssm_vk ]; then
+            echo "== .base ($(cat .base/COMMIT 2>/dev/null))"
+            SSM_VK_PIPELINE_STATS=1 PYTHONPATH="/tmp/site:$PWD/.base" timeout 150 python3 benchmarks/vk_mamba3.py $M3
+        fi
+    } > "$OUT/m3.log" 2>&1
+fi
+if has tests; then
+    FILES="tests/vk/test_mamba3_vk.py tests/vk/test_mamba3_device_vk.py tests/vk/test_mamba3_chunked_vk.py
+           tests/vk/test_mamba3_chunked_back_vk.py tests/vk/test_pieces_vk.py tests/vk/test_mamba3_register_arrays.py" \
+        timeout 300 bash benchmarks/gpu_tests.sh > /dev/null 2>&1
+    mv "$OUT/gpu_tests.log" "$OUT/tests.log" 2>/dev/null
+fi
+if has long; then
+    timeout 300 python3 benchmarks/vk_long.py --budget-s 240 --json /tmp/long.json > "$OUT/long.log" 2>&1
+fi
+if has vs; then
+    timeout 560 python3 benchmarks/vs_mamba_ssm.py --mamba-src .peer/mamba --processes 3 --rounds 3 --reps 10 \
+        --workloads m3-512,m3-train,m3-long,m3dec-1,m3dec-16,m3dec-128 --budget-s 520 --clocks "$OUT/clocks.csv" \
+        --md "$OUT/vs.md" > /tmp/vs.log 2>&1
+fi
+tail -3 "$OUT"/tests.log 2>/dev/null
+grep -h "^(S, T)\|^  chunked\|^== " "$OUT/m3.log" 2>/dev/null | cut -c1-400
+tail -12 "$OUT/long.log" 2>/dev/null | cut -c1-300
