@@ -100,13 +100,23 @@ void main() {
     // The pieces are written out by the preprocessor (STAGE_PIECES: a piece's first column a
     // constant), not looped over: glslc leaves a loop around the tiles' loops rolled, and hr
     // indexed at run time would leave registers for memory on most GPUs.
+const uint STG_BATCH = 8u;
 #define STAGE_IN(c) { \
         uint w = min(STG_W, ND - c); \
         for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) { \
             uint nr = min(STG_R, nrows - min(r0, nrows)); \
-            for (uint e = lid; e < nr * w; e += gl_WorkGroupSize.x) { \
-                uint rr = e / w, j = e - rr * w; \
-                q_sh[rr * STG_S + j] = sh_in[sbase + (r0 + rr) * ND + c + j]; \
+            /* eight loads in flight before their stores (a workgroup of a few warps hides little \
+               of one load's wait) */ \
+            for (uint e0 = lid; e0 < nr * w; e0 += STG_BATCH * gl_WorkGroupSize.x) { \
+                float v[STG_BATCH]; \
+                [[unroll]] for (uint u = 0; u < STG_BATCH; ++u) { \
+                    uint e = e0 + u * gl_WorkGroupSize.x, rr = e / w, j = e - rr * w; \
+                    v[u] = e < nr * w ? sh_in[sbase + (r0 + rr) * ND + c + j] : 0.0; \
+                } \
+                [[unroll]] for (uint u = 0; u < STG_BATCH; ++u) { \
+                    uint e = e0 + u * gl_WorkGroupSize.x, rr = e / w, j = e - rr * w; \
+                    if (e < nr * w) q_sh[rr * STG_S + j] = v[u]; \
+                } \
             } \
             barrier(); \
             if (live && lid - r0 < STG_R) {   /* (unsigned: lid < r0 wraps above STG_R) */ \
