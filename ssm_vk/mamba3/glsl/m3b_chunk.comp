@@ -254,8 +254,8 @@ void main() {
         tile_zero(acc2);
         for (uint a0 = 0u; a0 < rows; a0 += KS) {
             uint kn = min(KS, rows - a0);
-            for (uint e = tid; e < KS * TILE; e += 256u) {
-                uint k = e / TILE, col = e % TILE;
+            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
+                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
                 uint a = a0 + k, p = p0 + col;
                 float g = 0.0;
                 if (k < kn && p < pc.P) g = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + p];
@@ -342,8 +342,8 @@ void main() {
         tile_zero(acc2);
         for (uint a0 = 0u; a0 < rows; a0 += KS) {
             uint kn = min(KS, rows - a0);
-            for (uint e = tid; e < KS * TILE; e += 256u) {
-                uint k = e / TILE, col = e % TILE;
+            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
+                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
                 float qv = 0.0;
                 if (k < kn && n0 + col < pc.N) qv = qr[qk0 + (a0 + k) * pc.N + n0 + col];
                 stage_b(k, col, qv);
@@ -405,8 +405,8 @@ void main() {
         tile_zero(acc2);
         for (uint b0 = 0u; b0 < rows; b0 += KS) {
             uint kn = min(KS, rows - b0);
-            for (uint e = tid; e < KS * TILE; e += 256u) {
-                uint k = e / TILE, col = e % TILE;
+            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
+                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
                 float kv = 0.0;
                 if (k < kn && n0 + col < pc.N) kv = kr[qk0 + (b0 + k) * pc.N + n0 + col];
                 stage_b(k, col, kv);
