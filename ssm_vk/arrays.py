@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
-from .sizing import DEFAULT_K, alloc_cap, even_cuts, granule, piece_sizes
+from .sizing import DEFAULT_K, Limits, alloc_cap, binding_cap, even_cuts, piece_sizes
 
 __all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
@@ -306,10 +306,9 @@ def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
     info = ctx.info
     cap = alloc_cap(info.max_memory_allocation_size, info.min_storage_buffer_offset_alignment, info.device_local_bytes)
     if n > cap:
-        # cut as the forward's windows would: each piece at most one binding (less the slack of an
-        # aligned offset, as sizing.binding_cap), token ranges a multiple of the checkpoint interval
-        window = min(cap, (min(info.max_storage_buffer_range, info.max_memory_allocation_size)
-                           - granule(info.min_storage_buffer_offset_alignment)) // 4 * 4)
+        # cut as the forward's windows would: each piece at most one binding, token ranges a
+        # multiple of the checkpoint interval
+        window = min(cap, binding_cap(Limits.of(info)) * 4)
         return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, window, DEFAULT_K)), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None
     return DeviceArray(ctx, buf, shape, dtype)

@@ -23,14 +23,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from matrix_outputs import OUTS, chunked_and_float64
 from problems import make_problem
 
-import ssm_ref
-from ssm_ref import chunked, scan
 from ssm_ref.precision import matmul
 from ssm_ref.tolerance import MATRIX_TOL, compare, rel_err
 
-OUTS = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 REGIMES = ("typical", "wide_dt", "small_A", "long_decay")
 
 
@@ -71,13 +69,7 @@ def chunked_cases(rng, draws: int):
 
 
 def errors(case, L: int, precision: str) -> dict[str, float]:
-    kw = dict(g_y=case.g_y, g_states=case.g_states)
-    p64 = ssm_ref.check_backward(**case.args(), **kw, dtype=np.float64)
-    p32 = ssm_ref.check_backward(**case.args(), **kw, dtype=np.float32)
-    y, st, _ = scan.forward(p64)
-    want = {"y": y, "states": st, **scan.backward(p64)}
-    cy, cst = chunked.forward(p32, L, precision=precision)
-    got = {"y": cy, "states": cst, **chunked.backward(p32, L, precision=precision)}
+    got, want = chunked_and_float64(case, L, precision)
     out = {}
     for k in OUTS:
         w = np.asarray(want[k], dtype=np.float64)

@@ -62,6 +62,22 @@ def make(rng, *, S=2, T=3, H=2, P=2, N=4, G=1, M=None, F=1, R=None, ids="none", 
     return a, cot
 
 
+def drawn_shape(rng, n: int, mimo: bool, edges: bool = False) -> dict:
+    """The keywords of :func:`make` for the n-th of a run of drawn shapes: G in 1-2, even N up to 8,
+    S, T, heads, channels, rank (``mimo``) and rotated pairs drawn, start states for two draws in
+    three and then their ids. ``edges`` also takes F = 0 at n = 1 and no psi at n = 4."""
+    G = int(rng.choice([1, 2]))
+    N = 2 * int(rng.integers(1, 5))
+    states = n % 3 != 0
+    kw = dict(S=int(rng.integers(1, 4)), T=int(rng.integers(1, 12)), H=G * int(rng.integers(1, 3)),
+              P=int(rng.integers(1, 4)), N=N, G=G, M=int(rng.integers(1, 4)) if mimo else None,
+              F=0 if edges and n == 1 else int(rng.integers(0, N // 2 + 1)), states=states,
+              ids=str(rng.choice(["none", "duplicates", "permutation"])) if states else "none")
+    if edges:
+        kw["psi"] = n != 4
+    return kw
+
+
 def loss(args: dict, cot: dict, rotation: str) -> float:
     out = ssm_ref.mamba3_scan(**args, rotation=rotation, dtype=np.float64)
     return float(sum(np.sum(getattr(out, n) * cot["g_" + n]) for n in OUTPUTS))

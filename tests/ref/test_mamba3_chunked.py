@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from m3_problems import make
+from m3_problems import drawn_shape, make
 
 from ssm_ref import mamba3, mamba3_chunked
 from ssm_ref.mamba3_checks import check_mamba3_forward
@@ -36,13 +36,7 @@ def assert_same(p, L, label):
 def test_chunked_equals_the_scan_over_drawn_shapes(mimo, rotation):
     rng = np.random.default_rng(3 + 2 * mimo + len(rotation))
     for n in range(6):
-        G = int(rng.choice([1, 2]))
-        N = 2 * int(rng.integers(1, 5))
-        states = n % 3 != 0
-        kw = dict(S=int(rng.integers(1, 4)), T=int(rng.integers(1, 12)), H=G * int(rng.integers(1, 3)),
-                  P=int(rng.integers(1, 4)), N=N, G=G, M=int(rng.integers(1, 4)) if mimo else None,
-                  F=int(rng.integers(0, N // 2 + 1)), states=states,
-                  ids=str(rng.choice(["none", "duplicates", "permutation"])) if states else "none")
+        kw = drawn_shape(rng, n, mimo)
         args, _ = make(rng, rotation=rotation, wrap_margin=0.0, **kw)
         p = _problem(args, rotation)
         for L in sorted({1, 2, 3, 4, kw["T"], kw["T"] + 5}):

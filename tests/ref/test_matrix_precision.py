@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matrix_outputs import OUTS, chunked_and_float64
 from problems import make_problem
 
 import ssm_ref
-from ssm_ref import chunked, precision, scan
+from ssm_ref import chunked, precision
 from ssm_ref.precision import UNIT_K, check_precision, matmul, split
 from ssm_ref.tolerance import MATRIX_TOL, compare
 
 U = 2.0**-24        # float32's unit roundoff
-OUTS = ("y", "states", "d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C")
 
 
 # ---- the setting ---------------------------------------------------------------------------
@@ -233,13 +233,7 @@ def test_zero_blocks_and_zero_contraction():
 def chunked_vs_float64(case, L, prec):
     """Comparisons of chunked.forward/backward (float32, ``prec``) with ssm_ref.scan in float64,
     under MATRIX_TOL[prec] ("highest" under the "high" table: float32 arithmetic meets it too)."""
-    kw = dict(g_y=case.g_y, g_states=case.g_states)
-    p64 = ssm_ref.check_backward(**case.args(), **kw, dtype=np.float64)
-    p32 = ssm_ref.check_backward(**case.args(), **kw, dtype=np.float32)
-    y, states, _ = scan.forward(p64)
-    want = {"y": y, "states": states, **scan.backward(p64)}
-    cy, cstates = chunked.forward(p32, L, precision=prec)
-    got = {"y": cy, "states": cstates, **chunked.backward(p32, L, precision=prec)}
+    got, want = chunked_and_float64(case, L, prec)
     table = MATRIX_TOL["high" if prec == "highest" else prec]
     return [compare(k, got[k], want[k], table[k]) for k in OUTS]
 

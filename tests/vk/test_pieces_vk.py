@@ -87,6 +87,14 @@ def cases(draw, backward=False):
     return kw, ways, stretch
 
 
+def _drawn(drawn):
+    """(the Case, invariant, ways, stretch) of a draw of :func:`cases`."""
+    kw, ways, stretch = drawn
+    kw = dict(kw)
+    inv = kw.pop("invariant")
+    return make_problem(kw.pop("seed"), **kw), inv, ways, stretch
+
+
 def _limits(ctx, case, ways, stretch):
     x = case.args()["x"].nbytes
     align = ctx.info.min_storage_buffer_offset_alignment
@@ -126,9 +134,7 @@ def _pair(ctx, case, ways, stretch, call, sup):
 @given(cases())
 @SETTINGS
 def test_a_pieced_forward_equals_the_unpieced_one_bit_for_bit(case):
-    kw, ways, stretch = case
-    inv = kw.pop("invariant")
-    case = make_problem(kw.pop("seed"), **kw)
+    case, inv, ways, stretch = _drawn(case)
     ctx = rt.get_context()
     K = case.K
     a = case.args()
@@ -143,9 +149,7 @@ def test_a_pieced_forward_equals_the_unpieced_one_bit_for_bit(case):
 @given(cases())
 @SETTINGS
 def test_a_pieced_update_cache_writes_the_rows_the_unpieced_one_writes(case):
-    kw, ways, stretch = case
-    kw.pop("invariant")
-    case = make_problem(kw.pop("seed"), **kw)
+    case, _, ways, stretch = _drawn(case)
     ctx = rt.get_context()
     a = case.args()
     caches = []
@@ -165,9 +169,7 @@ def test_a_pieced_update_cache_writes_the_rows_the_unpieced_one_writes(case):
 @given(cases())
 @SETTINGS
 def test_a_pieced_backward_equals_the_unpieced_one_bit_for_bit(case):
-    kw, ways, stretch = case
-    inv = kw.pop("invariant")
-    case = make_problem(kw.pop("seed"), **kw)
+    case, inv, ways, stretch = _drawn(case)
     ctx = rt.get_context()
     K = case.K
     a = case.args()
@@ -283,9 +285,7 @@ def test_device_arrays_in_pieces_in_out_and_given_equal_the_unpieced_call(case, 
     # them into pieces of its own; its results are DeviceArrays in pieces; out= arrays in pieces
     # take them (copied out where cut unlike the windows). Bit for bit the host call's, forward and
     # backward, and every piece goes back to the pool.
-    kw, ways, stretch = case
-    kw.pop("invariant")
-    case = make_problem(kw.pop("seed"), **kw)
+    case, _, ways, stretch = _drawn(case)
     ctx = rt.get_context()
     K = case.K
     a = case.args()
