@@ -95,6 +95,108 @@ float vval(uint i, uint h, uint t, uint r, uint p) {
     return psi_in[(h * pc.M + r) * pc.P + p] * x_in[((i * pc.T + t) * pc.H + h) * pc.P + p];
 }
 
+// ---- the slices of the products' contractions ----
+// Each loop below reads the next slice's entries into registers (fetch_*: an invocation's PER
+// entries, va the left operand's, vb the right's) before the products of the current one, so that
+// their loads overlap those products, and stores them (put_*) once the current slice is read.
+// Where values go only: the products' order is unchanged.
+void put_b_cols(float vb[PER]) {
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        stage_b(e / TILE, e % TILE, vb[j]);
+    }
+}
+// the left operand row-major (row e / KS, index e % KS), the right one index-major
+void put_mixed(float va[PER], float vb[PER]) {
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        stage_a(e % KS, e / KS, va[j]);
+        stage_b(e / TILE, e % TILE, vb[j]);
+    }
+}
+// S = Q Kᵀ: q and k of the chunk's rows at indices k0 .. (row-major)
+void fetch_qk(uint qk0, uint rows, uint k0, out float va[PER], out float vb[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint a = e / KS, k = e % KS;
+        va[j] = 0.0;
+        vb[j] = 0.0;
+        if (k < kn && a < rows) {
+            va[j] = qr[qk0 + a * pc.N + k0 + k];
+            vb[j] = kr[qk0 + a * pc.N + k0 + k];
+        }
+    }
+}
+// GV = g_Y Vᵀ: g_Y and V of the chunk's rows at channels k0 .. (row-major)
+void fetch_gyv(uint i, uint h, uint t0, uint rows, uint k0, out float va[PER], out float vb[PER]) {
+    uint kn = min(KS, pc.P - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint a = e / KS, k = e % KS;
+        va[j] = 0.0;
+        vb[j] = 0.0;
+        if (k < kn && a < rows) {
+            uint t = a / pc.M, r = a % pc.M;
+            va[j] = gy_in[gy_at(i, h, t0 + t, r) + k0 + k];
+            vb[j] = vval(i, h, t0 + t, r, k0 + k);
+        }
+    }
+}
+// g_v's first part: g_Y of rows a0 .. at channels p0 .. (index-major)
+void fetch_gy_cols(uint i, uint h, uint t0, uint rows, uint a0, uint p0, out float vb[PER]) {
+    uint kn = min(KS, rows - a0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j, k = e / TILE, col = e % TILE;
+        uint a = a0 + k, p = p0 + col;
+        vb[j] = 0.0;
+        if (k < kn && p < pc.P) vb[j] = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + p];
+    }
+}
+// g_v's second part, K G_outᵀ: k of the rows and G_out's rows p0 .. at indices k0 .. (row-major)
+void fetch_kgz(uint qk0, uint gat, uint rows, uint p0, uint k0, out float va[PER], out float vb[PER]) {
+    uint kn = min(KS, pc.N - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint rr = e / KS, k = e % KS;
+        va[j] = 0.0;
+        vb[j] = 0.0;
+        if (k < kn) {
+            if (rr < rows) va[j] = kr[qk0 + rr * pc.N + k0 + k];
+            if (p0 + rr < pc.P) vb[j] = gz[gat + (p0 + rr) * pc.N + k0 + k];
+        }
+    }
+}
+// g_k's and g_q's first parts: q (from_q) or k of rows a0 .. at entries n0 .. (index-major)
+void fetch_qk_cols(bool from_q, uint qk0, uint rows, uint a0, uint n0, out float vb[PER]) {
+    uint kn = min(KS, rows - a0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j, k = e / TILE, col = e % TILE;
+        uint at = qk0 + (a0 + k) * pc.N + n0 + col;
+        vb[j] = 0.0;
+        if (k < kn && n0 + col < pc.N) vb[j] = from_q ? qr[at] : kr[at];
+    }
+}
+// g_k's second part, V G_out (from_v) or g_q's, g_Y H'_in: V or g_Y of the rows at channels k0 ..
+// (row-major), G_out or H'_in at channels k0 .., entries n0 .. (index-major)
+void fetch_vgz(bool from_v, uint i, uint h, uint t0, uint rows, uint gat, uint n0, uint k0, out float va[PER],
+               out float vb[PER]) {
+    uint kn = min(KS, pc.P - k0);
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + 256u * j;
+        uint b = e / KS, k = e % KS;
+        va[j] = 0.0;
+        if (k < kn && b < rows) {
+            uint t = t0 + b / pc.M, r = b % pc.M;
+            va[j] = from_v ? vval(i, h, t, r, k0 + k) : gy_in[gy_at(i, h, t, r) + k0 + k];
+        }
+        uint kk = e / TILE, col = e % TILE;
+        vb[j] = 0.0;
+        if (kk < kn && n0 + col < pc.N) vb[j] = from_v ? gz[gat + (k0 + kk) * pc.N + n0 + col]
+                                                       : hz[gat + (k0 + kk) * pc.N + n0 + col];
+    }
+}
+
 void main() {
     uint wg = wg_index();
     if (wg >= pc.S * pc.NC * pc.H) return;
@@ -145,39 +247,21 @@ void main() {
     float accS[4][4], accG[4][4];
     tile_zero(accS);
     tile_zero(accG);
+    float va[PER], vb[PER];
+    fetch_qk(qk0, rows, 0u, va, vb);
     for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
-        uint kn = min(KS, pc.N - k0);
-        [[unroll]] for (uint j = 0u; j < PER; ++j) {
-            uint e = tid + 256u * j;
-            uint a = e / KS, k = e % KS;
-            float qv = 0.0, kv = 0.0;
-            if (k < kn && a < rows) {
-                qv = qr[qk0 + a * pc.N + k0 + k];
-                kv = kr[qk0 + a * pc.N + k0 + k];
-            }
-            stage_a(k, a, qv);
-            stage_b(k, a, kv);
-        }
+        put_rows(va, vb);
         barrier();
-        if (!above) tile_mma(accS, kn);
+        if (k0 + KS < pc.N) fetch_qk(qk0, rows, k0 + KS, va, vb);
+        else fetch_gyv(i, h, t0, rows, 0u, va, vb);   // (GV's first slice)
+        if (!above) tile_mma(accS, min(KS, pc.N - k0));
         barrier();
     }
     for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
-        uint kn = min(KS, pc.P - k0);
-        [[unroll]] for (uint j = 0u; j < PER; ++j) {
-            uint e = tid + 256u * j;
-            uint a = e / KS, k = e % KS;
-            float gv = 0.0, vv = 0.0;
-            if (k < kn && a < rows) {
-                uint t = a / pc.M, r = a % pc.M;
-                gv = gy_in[gy_at(i, h, t0 + t, r) + k0 + k];
-                vv = vval(i, h, t0 + t, r, k0 + k);
-            }
-            stage_a(k, a, gv);
-            stage_b(k, a, vv);
-        }
+        put_rows(va, vb);
         barrier();
-        if (!above) tile_mma(accG, kn);
+        if (k0 + KS < pc.P) fetch_gyv(i, h, t0, rows, k0 + KS, va, vb);
+        if (!above) tile_mma(accG, min(KS, pc.P - k0));
         barrier();
     }
 
@@ -252,16 +336,13 @@ void main() {
         float acc[4][4], acc2[4][4];
         tile_zero(acc);
         tile_zero(acc2);
+        fetch_gy_cols(i, h, t0, rows, 0u, p0, vb);
         for (uint a0 = 0u; a0 < rows; a0 += KS) {
             uint kn = min(KS, rows - a0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
-                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
-                uint a = a0 + k, p = p0 + col;
-                float g = 0.0;
-                if (k < kn && p < pc.P) g = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + p];
-                stage_b(k, col, g);
-            }
+            put_b_cols(vb);
             barrier();
+            if (a0 + KS < rows) fetch_gy_cols(i, h, t0, rows, a0 + KS, p0, vb);
+            else fetch_kgz(qk0, gat, rows, p0, 0u, va, vb);   // (the second part's first slice)
             for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
                 vec4 av = sm4[(a0 + k) * SROW + ty];   // A[a][b] for the block's rows b
                 vec4 bv = bs4[k * SLICE + tx];
@@ -272,20 +353,10 @@ void main() {
             barrier();
         }
         for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
-            uint kn = min(KS, pc.N - k0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {
-                uint e = tid + 256u * j;
-                uint rr = e / KS, k = e % KS;
-                float kv = 0.0, gv = 0.0;
-                if (k < kn) {
-                    if (rr < rows) kv = kr[qk0 + rr * pc.N + k0 + k];
-                    if (p0 + rr < pc.P) gv = gz[gat + (p0 + rr) * pc.N + k0 + k];
-                }
-                stage_a(k, rr, kv);
-                stage_b(k, rr, gv);
-            }
+            put_rows(va, vb);
             barrier();
-            tile_mma(acc2, kn);
+            if (k0 + KS < pc.N) fetch_kgz(qk0, gat, rows, p0, k0 + KS, va, vb);
+            tile_mma(acc2, min(KS, pc.N - k0));
             barrier();
         }
         [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -340,15 +411,13 @@ void main() {
         float acc[4][4], acc2[4][4];
         tile_zero(acc);
         tile_zero(acc2);
+        fetch_qk_cols(true, qk0, rows, 0u, n0, vb);
         for (uint a0 = 0u; a0 < rows; a0 += KS) {
             uint kn = min(KS, rows - a0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
-                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
-                float qv = 0.0;
-                if (k < kn && n0 + col < pc.N) qv = qr[qk0 + (a0 + k) * pc.N + n0 + col];
-                stage_b(k, col, qv);
-            }
+            put_b_cols(vb);
             barrier();
+            if (a0 + KS < rows) fetch_qk_cols(true, qk0, rows, a0 + KS, n0, vb);
+            else fetch_vgz(true, i, h, t0, rows, gat, n0, 0u, va, vb);   // (the second part's first slice)
             for (uint k = alo > a0 ? min(alo - a0, kn) : 0u; k < kn; ++k) {
                 vec4 av = sm4[(a0 + k) * SROW + ty];
                 vec4 bv = bs4[k * SLICE + tx];
@@ -359,20 +428,10 @@ void main() {
             barrier();
         }
         for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
-            uint kn = min(KS, pc.P - k0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {
-                uint e = tid + 256u * j;
-                uint b = e / KS, k = e % KS;               // V: row-major over p
-                float vv = 0.0;
-                if (k < kn && b < rows) vv = vval(i, h, t0 + b / pc.M, b % pc.M, k0 + k);
-                stage_a(k, b, vv);
-                uint kk = e / TILE, col = e % TILE;        // G_out: index p, column n
-                float gv = 0.0;
-                if (kk < kn && n0 + col < pc.N) gv = gz[gat + (k0 + kk) * pc.N + n0 + col];
-                stage_b(kk, col, gv);
-            }
+            put_mixed(va, vb);
             barrier();
-            tile_mma(acc2, kn);
+            if (k0 + KS < pc.P) fetch_vgz(true, i, h, t0, rows, gat, n0, k0 + KS, va, vb);
+            tile_mma(acc2, min(KS, pc.P - k0));
             barrier();
         }
         float part4[4];
@@ -403,15 +462,13 @@ void main() {
         float acc[4][4], acc2[4][4];
         tile_zero(acc);
         tile_zero(acc2);
+        fetch_qk_cols(false, qk0, rows, 0u, n0, vb);
         for (uint b0 = 0u; b0 < rows; b0 += KS) {
             uint kn = min(KS, rows - b0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {   // (unrolled: the slice's loads issue together)
-                uint e = tid + 256u * j, k = e / TILE, col = e % TILE;
-                float kv = 0.0;
-                if (k < kn && n0 + col < pc.N) kv = kr[qk0 + (b0 + k) * pc.N + n0 + col];
-                stage_b(k, col, kv);
-            }
+            put_b_cols(vb);
             barrier();
+            if (b0 + KS < rows) fetch_qk_cols(false, qk0, rows, b0 + KS, n0, vb);
+            else fetch_vgz(false, i, h, t0, rows, gat, n0, 0u, va, vb);   // (the second part's first slice)
             uint kend = bhi > b0 ? min(bhi - b0, kn) : 0u;
             for (uint k = 0u; k < kend; ++k) {
                 vec4 av = sm4[(b0 + k) * SROW + ty];   // (W ⊙ GV)[a][b0 + k] for the block's rows a
@@ -423,20 +480,10 @@ void main() {
             barrier();
         }
         for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
-            uint kn = min(KS, pc.P - k0);
-            [[unroll]] for (uint j = 0u; j < PER; ++j) {
-                uint e = tid + 256u * j;
-                uint a = e / KS, k = e % KS;               // g_Y: row-major over p
-                float g = 0.0;
-                if (k < kn && a < rows) g = gy_in[gy_at(i, h, t0 + a / pc.M, a % pc.M) + k0 + k];
-                stage_a(k, a, g);
-                uint kk = e / TILE, col = e % TILE;        // H'_in: index p, column n
-                float hv = 0.0;
-                if (kk < kn && n0 + col < pc.N) hv = hz[gat + (k0 + kk) * pc.N + n0 + col];
-                stage_b(kk, col, hv);
-            }
+            put_mixed(va, vb);
             barrier();
-            tile_mma(acc2, kn);
+            if (k0 + KS < pc.P) fetch_vgz(false, i, h, t0, rows, gat, n0, k0 + KS, va, vb);
+            tile_mma(acc2, min(KS, pc.P - k0));
             barrier();
         }
         float part4[4];
