@@ -212,7 +212,11 @@ ENV: dict[str, EnvSetting] = {
     "SSM_VK_DEVICE": EnvSetting(
         "the first discrete GPU, else integrated, virtual, a CPU implementation",
         "the Vulkan device's index (`ssm_vk.devices()`); read when the context is made"),
-    "SSM_VK_TIMEOUT_S": EnvSetting("60", "seconds a wait on the GPU may take before `VulkanTimeout`"),
+    "SSM_VK_TIMEOUT_S": EnvSetting(
+        "60 on a GPU, 600 on a CPU implementation",
+        "seconds a wait on the device may take before `VulkanTimeout`. A CPU implementation such as lavapipe "
+        "compiles a kernel on its first dispatch, inside the wait: the first call of a large kernel (a Mamba-3 "
+        "backward) can take a minute or more on a busy machine"),
     "SSM_VK_SPIN_US": EnvSetting(
         "200 on a GPU, 0 on a CPU implementation",
         "microseconds a wait on the GPU polls before it sleeps in the driver (0: never polls). Polling catches a "
@@ -370,11 +374,18 @@ def configure(*, tune: dict | None = None, no_subgroup: bool | None = None) -> _
     return _Configured(previous)
 
 
-def timeout_s() -> float:
-    """SSM_VK_TIMEOUT_S as seconds (default 60): a finite number > 0, else ValueError."""
+# The wait's limit where SSM_VK_TIMEOUT_S is unset: on a GPU, and on a CPU implementation (which
+# compiles each kernel inside the wait of its first dispatch, ENV's note).
+TIMEOUT_S_GPU = 60.0
+TIMEOUT_S_CPU = 600.0
+
+
+def timeout_s(cpu: bool = False) -> float:
+    """SSM_VK_TIMEOUT_S as seconds (unset: TIMEOUT_S_CPU on a CPU implementation, ``cpu``, else
+    TIMEOUT_S_GPU): a finite number > 0, else ValueError."""
     raw = _TIMEOUT.get().strip()
     if not raw:
-        return 60.0
+        return TIMEOUT_S_CPU if cpu else TIMEOUT_S_GPU
     try:
         v = float(raw)
     except ValueError:

@@ -59,7 +59,8 @@ class Context:
     :class:`DeviceInfo` every request is checked against, possibly with lowered limits),
     ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
-    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S`` or 60 s), ``spin_s``
+    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S``, else 60 s on a GPU and
+    600 s on a CPU implementation), ``spin_s``
     (how long a wait polls the fence before it blocks; ``$SSM_VK_SPIN_US``), ``owned``
     (:class:`owned.Owned`: the objects made through it, its extensions), ``seams``
     (:class:`seams.Seams`: faults and lowered limits for tests).
@@ -81,6 +82,7 @@ class Context:
         # wakes late (docs/VULKAN.md, "Devices measured"); on a CPU implementation the poll would
         # take a core from the work it waits for, so it does not poll unless asked to.
         spin_s = config.spin_us(0 if chosen.type == "cpu" else 200) / 1e6
+        timeout_s = config.timeout_s(cpu=chosen.type == "cpu")
         if chosen.api_version < (1, 1):
             raise VulkanUnavailable(f"{chosen.name} offers Vulkan {chosen.api_version}; 1.1 is needed (subgroups)")
         vk = binding.require()

@@ -61,12 +61,26 @@ def test_the_timeout_is_a_positive_number_of_seconds(monkeypatch, value):
     monkeypatch.setenv("SSM_VK_TIMEOUT_S", value)
     if value == "":
         assert config.timeout_s() == 60.0
+        assert config.timeout_s(cpu=True) == 600.0
         return
     with pytest.raises(ValueError, match=r"^SSM_VK_TIMEOUT_S: expected a number of seconds > 0"):
         config.timeout_s()
     # read before any Vulkan object is made (here before "a context is already open")
     with pytest.raises(ValueError, match="SSM_VK_TIMEOUT_S"):
         rt.Context()
+
+
+def test_the_wait_limit_follows_the_device_type_unless_set(monkeypatch):
+    """Unset, a context on a CPU implementation (which compiles each kernel inside its first
+    dispatch's wait) waits TIMEOUT_S_CPU, on a GPU TIMEOUT_S_GPU; a set value holds on either."""
+    monkeypatch.delenv("SSM_VK_TIMEOUT_S", raising=False)
+    ctx = fresh_context()
+    cpu = ctx.info.type == "cpu"
+    assert ctx.timeout_s == (config.TIMEOUT_S_CPU if cpu else config.TIMEOUT_S_GPU)
+    monkeypatch.setenv("SSM_VK_TIMEOUT_S", "7.5")
+    assert fresh_context().timeout_s == 7.5
+    monkeypatch.delenv("SSM_VK_TIMEOUT_S")
+    fresh_context()
 
 
 BOUNDED = [  # (variable, illegal value, what its message expects, the call that reads it)
