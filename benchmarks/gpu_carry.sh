@@ -4,16 +4,17 @@
 # package index"): .gl/ (the Vulkan loader, glvnd, glslc, the validation layer), .whl/ (the vulkan
 # binding for the GPU host's Python 3.12), .peer/mamba (state-spaces/mamba's source from its sdist,
 # for vs_mamba_ssm.py and torch_side_by_side.py --mamba-src) and, with BASE=<commit>, .base/ (that
-# commit's tree, for timings before and after in one run: benchmarks/gpu_torch.sh).
+# commit's tree, for timings before and after in one run: benchmarks/gpu_torch.sh, gpu_mamba3.sh;
+# BASE2=<commit>: .base2/, a second earlier tree for gpu_mamba3.sh).
 #
 # mamba_ssm's sdist comes through pip, run by a Python that has torch (its setup.py imports it, even
 # with MAMBA_SKIP_CUDA_BUILD=TRUE): $PYTHON, by default the checkout's .venv/bin/python, the virtual
 # environment `make test` creates (with torch's CPU build).
 #
-#   [BASE=66453d7] [PYTHON=.venv/bin/python] bash benchmarks/gpu_carry.sh
+#   [BASE=66453d7] [BASE2=...] [PYTHON=.venv/bin/python] bash benchmarks/gpu_carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for d in /.gl/ /.whl/ /.peer/ /.base/; do
+for d in /.gl/ /.whl/ /.peer/ /.base/ /.base2/; do
   grep -qxF "$d" .git/info/exclude || echo "$d" >> .git/info/exclude
 done
 if [ ! -d .gl ] || [ -z "$(ls .gl 2>/dev/null)" ]; then
@@ -43,8 +44,11 @@ if [ ! -d .peer/mamba/mamba_ssm ]; then
   mv "$sdist"/mamba_ssm-2.3.2.post1 .peer/mamba
   rm -rf "$sdist"
 fi
-if [ -n "${BASE:-}" ]; then
-  rm -rf .base && mkdir .base && git archive "$BASE" | tar -x -C .base
-  echo "$BASE" > .base/COMMIT
-fi
-du -sh .gl .whl .peer ${BASE:+.base} | tr '\n' ' '; echo
+for b in BASE BASE2; do   # .base, .base2
+  commit=${!b:-}
+  [ -n "$commit" ] || continue
+  dir=.$(echo $b | tr A-Z a-z)
+  rm -rf $dir && mkdir $dir && git archive "$commit" | tar -x -C $dir
+  echo "$commit" > $dir/COMMIT
+done
+du -sh .gl .whl .peer ${BASE:+.base} ${BASE2:+.base2} | tr '\n' ' '; echo

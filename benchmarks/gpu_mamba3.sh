@@ -3,8 +3,8 @@
 # the Mamba-3 and long-sequence runs of one session, most important first, each under a time limit
 # of its own so that one slow step cannot take the others' share, and their output in four files
 # (the device tool brings back at most eight from $OUT):
-#   m3.log     vk_mamba3.py from this tree and (when .base/ was carried) from .base, kernel by
-#              kernel, with the driver's compile statistics (registers per thread, spills)
+#   m3.log     vk_mamba3.py from this tree and (when carried) from .base and .base2 (at BASE_SHAPES,
+#              default 8x2048), kernel by kernel, with the driver's compile statistics (registers per thread, spills)
 #   tests.log  the Mamba-3 and pieces tests under the validation layer
 #   long.log   vk_long.py (x of 1, 8 and 16 GiB; its JSON is left out: the log has every row)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
@@ -21,10 +21,14 @@ if has m3; then
         SSM_VK_PIPELINE_STATS=1 timeout 150 python3 benchmarks/vk_mamba3.py $M3
         echo "== MIMO, rank 4"
         timeout 60 python3 benchmarks/vk_mamba3.py --shapes 1x2048 --M 4 --pass both --no-sequential --reps 5
-        if [ -d .base/ssm_vk ]; then
-            echo "== .base ($(cat .base/COMMIT 2>/dev/null))"
-            SSM_VK_PIPELINE_STATS=1 PYTHONPATH="/tmp/site:$PWD/.base" timeout 150 python3 benchmarks/vk_mamba3.py $M3
-        fi
+        # earlier trees (.base, then .base2 when carried): the training shape only, unless BASE_SHAPES
+        for b in .base .base2; do
+            if [ -d $b/ssm_vk ]; then
+                echo "== $b ($(cat $b/COMMIT 2>/dev/null))"
+                SSM_VK_PIPELINE_STATS=1 PYTHONPATH="/tmp/site:$PWD/$b" timeout 150 python3 benchmarks/vk_mamba3.py \
+                    $M3 --shapes "${BASE_SHAPES:-8x2048}"
+            fi
+        done
     } > "$OUT/m3.log" 2>&1
 fi
 if has tests; then
