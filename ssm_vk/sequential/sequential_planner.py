@@ -33,11 +33,13 @@ __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_
 
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 # A backward over token windows keeps the checkpoints of every window of its sequence until its
-# walk back, T H P N / K floats: at most a third of the device-local heap. Where the default K
-# would take more, K doubles up to CKPT_K_MAX (each K costs registers: the walk back holds a
-# chunk's K states), and beyond that the heap refuses the call as before.
+# walk back, T H P N / K floats, where they take at most a third of the device-local heap. Beyond
+# that it keeps each window's starting state instead (T / Tw of them) and recomputes a window's
+# checkpoints just before its walk back (``SequentialPlan.recompute``: one more forward pass over
+# the sequence, the same bits). A larger K would save the memory too, but the walk back holds a
+# chunk's K states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at
+# 0.47 and 0.77 of K = 8's rate (docs/BENCHMARKS.md, "Arrays past one allocation").
 CKPT_HEAP_SHARE = 3
-CKPT_K_MAX = 64
 
 MAX_NPL = 16                 # state values per lane before rows spread over shared memory
 
@@ -110,6 +112,8 @@ class SequentialPlan:
                              # layout are then those of the chunks as sequences (time_chunk_plan)
     snap: bool = False       # the K state snapshots (a forward with K > 1, a backward given g_snapshots):
                              # the token-sequential kernels with SNAP, whole plan token by token
+    recompute: bool = False  # a backward over token windows that recomputes each window's checkpoints
+                             # from its starting state before its walk back (CKPT_HEAP_SHARE)
 
 
 def _pow2_at_most(n: int) -> int:
@@ -367,24 +371,9 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
     wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
-    if backward and not knobs.invariant and knobs.knob("K") is None:
-        K = _checkpoint_interval(d, lim, lay.K)
-        if K != lay.K:
-            return sequential_plan(d, lim, backward, knobs.with_knobs(K=K))
-    return SequentialPlan(lay, wins, True)
-
-
-def _checkpoint_interval(d: Dims, lim: Limits, K: int) -> int:
-    """The checkpoint interval of a backward over token windows: ``K`` (the layout's), doubled
-    while one sequence's checkpoints exceed the heap's share (CKPT_HEAP_SHARE), up to CKPT_K_MAX.
-    A function of the per-sequence problem and the device, never of S (as the windows are); the
-    invariant mode keeps its layout's K."""
-    def ckpt_bytes(k):
-        return -(-d.T // k) * d.H * d.P * d.N * F32
-
-    while K < CKPT_K_MAX and ckpt_bytes(K) > lim.device_local_bytes // CKPT_HEAP_SHARE:
-        K *= 2
-    return K
+    # (a function of the per-sequence problem and the device, never of S, as the windows are)
+    recompute = backward and -(-d.T // lay.K) * d.H * d.P * d.N * F32 > lim.device_local_bytes // CKPT_HEAP_SHARE
+    return SequentialPlan(lay, wins, True, recompute=recompute)
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:
@@ -450,9 +439,12 @@ def sequential_scratch(d: Dims, pl: SequentialPlan) -> dict[str, int]:
            "part_B": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
            "part_C": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
            "part_dt": wmax.S * wmax.T * d.H * lay.NPB}
-    n_ck = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
-    for k in range(n_ck):
+    n_win = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
+    for k in range(1 if pl.recompute else n_win):
         out[f"ck{k}"] = sw_max * row * nc_max
+    if pl.recompute:   # the starting state of each window
+        for k in range(n_win):
+            out[f"start{k}"] = row
     return out
 
 

@@ -293,14 +293,37 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
             ckpt_pass(w, ck)
             back_pass(w, ck)
         return
-    # Token windows: each sequence's windows keep their own checkpoints until the walk back.
     per_seq = [w for w in pl.windows if w.i0 == 0]
-    cks = [call.scratch(ck_elems) for _ in per_seq]
+    if not pl.recompute:
+        # Token windows: each sequence's windows keep their own checkpoints until the walk back.
+        cks = [call.scratch(ck_elems) for _ in per_seq]
+        for i in range(d.S):
+            wins = [w for w in pl.windows if w.i0 == i]
+            for w, ck in zip(wins, cks, strict=True):
+                ckpt_pass(w, ck)
+            for w, ck in reversed(list(zip(wins, cks, strict=True))):
+                back_pass(w, ck)
+        return
+    # Token windows that keep only their starting states (st's row of sequence i as the window
+    # begins): the checkpoint pass over the sequence, then per window from the last, its
+    # checkpoints again from its starting state and its walk back. The last window's checkpoints
+    # are the first pass's.
+    ck = call.scratch(ck_elems)
+    starts = [call.scratch(row) for _ in per_seq]
+    nb = row * F32
     for i in range(d.S):
         wins = [w for w in pl.windows if w.i0 == i]
-        for w, ck in zip(wins, cks, strict=True):
+        for k, w in enumerate(wins):
+            if nb:
+                seq.copy(st, starts[k], nb, i * nb, 0)
+                seq.barrier()
             ckpt_pass(w, ck)
-        for w, ck in reversed(list(zip(wins, cks, strict=True))):
-            back_pass(w, ck)
+        for k in reversed(range(len(wins))):
+            if k + 1 < len(wins):
+                if nb:
+                    seq.copy(starts[k], st, nb, 0, i * nb)
+                    seq.barrier()
+                ckpt_pass(wins[k], ck)
+            back_pass(wins[k], ck)
 
 
