@@ -6,9 +6,10 @@
 #   m3.log     vk_mamba3.py from this tree and (when carried) from .base and .base2 (at BASE_SHAPES,
 #              default 8x2048), kernel by kernel, with the driver's compile statistics (registers per thread, spills)
 #   tests.log  the Mamba-3 and pieces tests under the validation layer
-#   long.log   vk_long.py (x of 1, 8 and 16 GiB; its JSON is left out: the log has every row)
+#   long.log   vk_long.py (x of 1, 8 and 16 GiB, more arguments in LONG_ARGS, e.g. "--passes bwd
+#              --no-ref"; its JSON is left out: the log has every row)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
-# Usage: [STEPS=m3,tests,long,vs] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -38,7 +39,7 @@ if has tests; then
     mv "$OUT/gpu_tests.log" "$OUT/tests.log" 2>/dev/null
 fi
 if has long; then
-    timeout 300 python3 benchmarks/vk_long.py --budget-s 240 --json /tmp/long.json > "$OUT/long.log" 2>&1
+    timeout 300 python3 benchmarks/vk_long.py --budget-s 240 ${LONG_ARGS:-} --json /tmp/long.json > "$OUT/long.log" 2>&1
 fi
 if has vs; then
     timeout 560 python3 benchmarks/vs_mamba_ssm.py --mamba-src .peer/mamba --processes 3 --rounds 3 --reps 10 \

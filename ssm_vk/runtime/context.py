@@ -59,8 +59,7 @@ class Context:
     :class:`DeviceInfo` every request is checked against, possibly with lowered limits),
     ``validation`` (bool), ``validation_messages`` (list of str: every warning or error the
     validation layer reported), ``stats`` (:class:`Stats`), ``lock``, ``timeout_s`` (how long a
-    wait on the GPU may take before VulkanTimeout; ``$SSM_VK_TIMEOUT_S``, else 60 s on a GPU and
-    600 s on a CPU implementation), ``spin_s``
+    wait may take before VulkanTimeout: ``$SSM_VK_TIMEOUT_S``, else 60 s, 600 s on a CPU), ``spin_s``
     (how long a wait polls the fence before it blocks; ``$SSM_VK_SPIN_US``), ``owned``
     (:class:`owned.Owned`: the objects made through it, its extensions), ``seams``
     (:class:`seams.Seams`: faults and lowered limits for tests).
