@@ -10,7 +10,7 @@ whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone
 a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
 reads or writes is contiguous inside a window in both cases.
 
-One module of ~480 lines on purpose: the lane layout and the windows depend on each other (a
+One module of ~510 lines on purpose: the lane layout and the windows depend on each other (a
 window's size follows from the layout's grid and checkpoint interval), and the family's planner
 (:func:`plan_call`) chooses between the windows of whole sequences and the passes over time
 chunks, which are planned as windows of the chunks.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..sizing import DEFAULT_K, F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap
+from ..sizing import DEFAULT_K, F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap, input_shapes, output_shapes
 
 __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
@@ -33,12 +33,14 @@ __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_
 
 SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modest on purpose)
 # A backward over token windows keeps the checkpoints of every window of its sequence until its
-# walk back, T H P N / K floats, where they take at most a third of the device-local heap. Beyond
-# that it keeps each window's starting state instead (T / Tw of them) and recomputes a window's
-# checkpoints just before its walk back (``SequentialPlan.recompute``: one more forward pass over
-# the sequence, the same bits). A larger K would save the memory too, but the walk back holds a
-# chunk's K states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at
-# 0.47 and 0.77 of K = 8's rate (docs/BENCHMARKS.md, "Arrays past one allocation").
+# walk back, T H P N / K floats, as far as they fit a third of the device-local heap and what the
+# call's arrays leave of it (counted twice: inputs may also be copied into pieces of the call's
+# own). Beyond that it keeps the checkpoints of the last windows that fit and, for the windows
+# before them, their starting states; such a window's checkpoints are recomputed from its starting state just before
+# its walk back (``SequentialPlan.recompute`` windows per sequence: one more forward pass over
+# them, the same bits). A larger K would save the memory too, but the walk back holds a chunk's K
+# states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at 0.47 and
+# 0.77 of K = 8's rate (docs/API.md, "ssm_vk: device-resident arrays").
 CKPT_HEAP_SHARE = 3
 
 MAX_NPL = 16                 # state values per lane before rows spread over shared memory
@@ -112,8 +114,15 @@ class SequentialPlan:
                              # layout are then those of the chunks as sequences (time_chunk_plan)
     snap: bool = False       # the K state snapshots (a forward with K > 1, a backward given g_snapshots):
                              # the token-sequential kernels with SNAP, whole plan token by token
-    recompute: bool = False  # a backward over token windows that recomputes each window's checkpoints
-                             # from its starting state before its walk back (CKPT_HEAP_SHARE)
+    recompute: int = 0       # a backward over token windows: its first windows (per sequence) whose
+                             # checkpoints are recomputed from their starting states (CKPT_HEAP_SHARE)
+
+
+def _prod(shape: tuple) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n
 
 
 def _pow2_at_most(n: int) -> int:
@@ -371,8 +380,13 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
     wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
-    # (a function of the per-sequence problem and the device, never of S, as the windows are)
-    recompute = backward and -(-d.T // lay.K) * d.H * d.P * d.N * F32 > lim.device_local_bytes // CKPT_HEAP_SHARE
+    recompute = 0
+    if backward:   # (which windows recompute changes no bit: the count may depend on S)
+        ck_bytes = -(-Tw // lay.K) * d.H * d.P * d.N * F32      # one window's checkpoints
+        arrays = sum(_prod(v) for v in (*input_shapes(d, True).values(), *output_shapes(d, True).values())) * F32
+        room = min(lim.device_local_bytes // CKPT_HEAP_SHARE, lim.device_local_bytes - 2 * arrays)
+        kept = max(1, room // max(1, ck_bytes))
+        recompute = max(0, -(-d.T // Tw) - kept)
     return SequentialPlan(lay, wins, True, recompute=recompute)
 
 
@@ -440,11 +454,10 @@ def sequential_scratch(d: Dims, pl: SequentialPlan) -> dict[str, int]:
            "part_C": wmax.S * wmax.T * lay.partial_heads(d.H) * lay.NPB * d.N,
            "part_dt": wmax.S * wmax.T * d.H * lay.NPB}
     n_win = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
-    for k in range(1 if pl.recompute else n_win):
+    for k in range(max(1, n_win - pl.recompute)):   # the kept windows' checkpoints
         out[f"ck{k}"] = sw_max * row * nc_max
-    if pl.recompute:   # the starting state of each window
-        for k in range(n_win):
-            out[f"start{k}"] = row
+    for k in range(pl.recompute):                   # the starting states of the others
+        out[f"start{k}"] = row
     return out
 
 

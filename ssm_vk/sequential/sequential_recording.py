@@ -293,37 +293,29 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
             ckpt_pass(w, ck)
             back_pass(w, ck)
         return
+    # Token windows, each sequence's in turn: the checkpoint pass forward in time, then the walk
+    # back. The last windows keep their own checkpoints until their walk back (as many as the plan
+    # keeps); each of the first ``R`` keeps its starting state (st's row of sequence i as it
+    # begins) and has its checkpoints computed again from it, into the first kept window's buffer
+    # (free by then), just before its walk back.
+    R = pl.recompute
     per_seq = [w for w in pl.windows if w.i0 == 0]
-    if not pl.recompute:
-        # Token windows: each sequence's windows keep their own checkpoints until the walk back.
-        cks = [call.scratch(ck_elems) for _ in per_seq]
-        for i in range(d.S):
-            wins = [w for w in pl.windows if w.i0 == i]
-            for w, ck in zip(wins, cks, strict=True):
-                ckpt_pass(w, ck)
-            for w, ck in reversed(list(zip(wins, cks, strict=True))):
-                back_pass(w, ck)
-        return
-    # Token windows that keep only their starting states (st's row of sequence i as the window
-    # begins): the checkpoint pass over the sequence, then per window from the last, its
-    # checkpoints again from its starting state and its walk back. The last window's checkpoints
-    # are the first pass's.
-    ck = call.scratch(ck_elems)
-    starts = [call.scratch(row) for _ in per_seq]
+    cks = [call.scratch(ck_elems) for _ in range(max(1, len(per_seq) - R))]
+    starts = [call.scratch(row) for _ in range(R)]
     nb = row * F32
     for i in range(d.S):
         wins = [w for w in pl.windows if w.i0 == i]
         for k, w in enumerate(wins):
-            if nb:
+            if k < R and nb:
                 seq.copy(st, starts[k], nb, i * nb, 0)
                 seq.barrier()
-            ckpt_pass(w, ck)
+            ckpt_pass(w, cks[max(0, k - R)])
         for k in reversed(range(len(wins))):
-            if k + 1 < len(wins):
+            if k < R:
                 if nb:
                     seq.copy(starts[k], st, nb, 0, i * nb)
                     seq.barrier()
-                ckpt_pass(wins[k], ck)
-            back_pass(wins[k], ck)
+                ckpt_pass(wins[k], cks[0])
+            back_pass(wins[k], cks[max(0, k - R)])
 
 
