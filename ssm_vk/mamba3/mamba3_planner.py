@@ -14,7 +14,7 @@ one segment's states (recomputed from its checkpoint before the segment is walke
 channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoints and segment
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
-the CPU). Pure Python; the token-sequential family reads no knobs, the chunked one M3_CHUNK,
+the CPU). Pure Python; the token-sequential family reads M3_STAGE, the chunked one M3_CHUNK,
 M3_CHUNK_MIN_T and M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
@@ -45,7 +45,8 @@ FWD_WG_MAX = 128
 class M3Plan:
     """``wg`` threads per workgroup, ``npb`` channel blocks per head (the backward: 1),
     ``groups`` workgroups of the scan kernel and their (gx, gy) grid; ``seg`` the backward's
-    tokens per recomputed segment (the forward: 1)."""
+    tokens per recomputed segment (the forward: 1); ``stage`` the forward's loads in flight per
+    invocation as the state rows come in (M3_STAGE)."""
 
     wg: int
     npb: int
@@ -53,6 +54,7 @@ class M3Plan:
     gx: int
     gy: int
     seg: int = 1
+    stage: int = 8
 
 
 def _pow2_at_least(n: int) -> int:
@@ -115,7 +117,8 @@ def plan_call(req: Request) -> M3Plan:
                                f"device ({cap * 4} bytes)")
     groups = d.S * d.H * npb
     gx, gy = grid(groups, lim)
-    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy, seg=segment(d.T) if req.backward else 1)
+    return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy, seg=segment(d.T) if req.backward else 1,
+                  stage=req.knobs.knob("M3_STAGE"))
 
 
 def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:

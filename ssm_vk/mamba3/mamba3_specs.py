@@ -36,8 +36,10 @@ PACKAGED = tuple((n, m) for n in PACKAGED_N for m in PACKAGED_M)
 
 
 def scan_spec(d: M3Dims, plan: M3Plan) -> KernelSpec:
-    """mamba3_scan.comp for state size N and rank M, ``plan.wg`` threads."""
-    return KernelSpec("mamba3_scan", defines_of(ND=d.N, MR=d.M), len(FWD_BINDINGS), SCAN_PUSH, plan.wg)
+    """mamba3_scan.comp for state size N and rank M, ``plan.wg`` threads, ``plan.stage`` loads in
+    flight per invocation as the state rows come in."""
+    return KernelSpec("mamba3_scan", defines_of(ND=d.N, MR=d.M, STG_BATCH=plan.stage), len(FWD_BINDINGS), SCAN_PUSH,
+                      plan.wg)
 
 
 def back_spec(d: M3Dims, plan: M3Plan) -> KernelSpec:

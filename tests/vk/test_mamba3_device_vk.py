@@ -265,3 +265,24 @@ def test_out_takes_the_callers_arrays():
     r = ssm_vk.mamba3_scan(**_dev(a), out=out)
     assert r.y is out["y"] and r.h is out["h"] and r.v is out["v"]
     assert all(_bits(x) == _bits(y) for x, y in zip(r, want, strict=True))
+
+
+@pytest.mark.parametrize("stage", [16, 32])
+def test_the_staging_batch_moves_values_only(stage):
+    """M3_STAGE (the token-sequential forward's loads in flight as the state rows come in through
+    shared memory) changes where values wait, not what they are: decode steps and a short forward
+    of several channel blocks (P = 130, a partial last tile of rows) and of N = 128 (four pieces
+    of columns) give the bits of the default, and the in-place cache rows too."""
+    for seed, kw in ((31, dict(P=130, N=6, F=2)), (32, dict(P=64, N=128, F=32)), (33, dict(T=5, P=40, N=20, F=4))):
+        a, _ = _host("siso", seed=seed, **{"T": 1, **kw})
+        want = ssm_vk.mamba3_scan(**a)
+        host = {k: a[k].copy() for k in STATES}
+        ssm_vk.mamba3_scan(**{**a, **host}, update_cache=True)
+        with ssm_vk.config.configure(tune={"M3_STAGE": stage}):
+            got = ssm_vk.mamba3_scan(**a)
+            dev = {k: ssm_vk.to_device(a[k]) for k in STATES}
+            ssm_vk.mamba3_scan(**{**_dev(a), **dev}, update_cache=True)
+        assert got.where.startswith("Vulkan"), got.where
+        for k in ("y", *FINALS):
+            assert _bits(getattr(got, k)) == _bits(getattr(want, k)), (seed, k)
+        assert all(_bits(dev[k]) == host[k].tobytes() for k in STATES), seed

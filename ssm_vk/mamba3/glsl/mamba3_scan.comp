@@ -19,7 +19,8 @@
 // workgroup reads or writes its rows of them; the ids are distinct); bit 1: θ and k into rows
 // ids[i] of 10, 12 in place of 16, 18 (every block of (i, h) reads them at the start: the host
 // sets it only with one block, NPB = 1). A decode step's update_cache then needs no copy.
-// Defines: ND, MR (mamba3_common.glsl). Specialisation constant 0: the workgroup size.
+// Defines: ND, MR (mamba3_common.glsl), STG_BATCH (loads in flight per invocation in stage_in:
+// M3_STAGE). Specialisation constant 0: the workgroup size.
 
 #define M3_STAGE
 #define M3_CACHE_RW
@@ -100,13 +101,12 @@ void main() {
     // The pieces are written out by the preprocessor (STAGE_PIECES: a piece's first column a
     // constant), not looped over: glslc leaves a loop around the tiles' loops rolled, and hr
     // indexed at run time would leave registers for memory on most GPUs.
-const uint STG_BATCH = 8u;
 #define STAGE_IN(c) { \
         uint w = min(STG_W, ND - c); \
         for (uint r0 = 0; r0 < gl_WorkGroupSize.x; r0 += STG_R) { \
             uint nr = min(STG_R, nrows - min(r0, nrows)); \
-            /* eight loads in flight before their stores (a workgroup of a few warps hides little \
-               of one load's wait) */ \
+            /* STG_BATCH loads in flight before their stores (a workgroup of a few warps hides \
+               little of one load's wait) */ \
             for (uint e0 = lid; e0 < nr * w; e0 += STG_BATCH * gl_WorkGroupSize.x) { \
                 float v[STG_BATCH]; \
                 [[unroll]] for (uint u = 0; u < STG_BATCH; ++u) { \
