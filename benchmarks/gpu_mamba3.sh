@@ -8,8 +8,9 @@
 #   tests.log  the Mamba-3 and pieces tests under the validation layer
 #   long.log   vk_long.py (x of 1, 8 and 16 GiB, more arguments in LONG_ARGS, e.g. "--passes bwd
 #              --no-ref"; its JSON is left out: the log has every row)
+#   stage.log  (STEPS=...,stage) decode at M3_STAGE = 8, 16, 32, 8 (ssm_vk alone)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
-# Usage: [STEPS=m3,tests,long,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -40,6 +41,13 @@ if has tests; then
 fi
 if has long; then
     timeout 300 python3 benchmarks/vk_long.py --budget-s 240 ${LONG_ARGS:-} --json /tmp/long.json > "$OUT/long.log" 2>&1
+fi
+if has stage; then   # the decode kernel's loads in flight (M3_STAGE), ssm_vk alone
+    for b in 8 16 32 8; do
+        echo "== M3_STAGE=$b"
+        SSM_VK_TUNE="M3_STAGE=$b" timeout 60 python3 benchmarks/vs_mamba_ssm.py --no-peer --processes 1 --rounds 2 \
+            --reps 10 --workloads m3dec-1,m3dec-16,m3dec-128 --budget-s 50 --clocks "$OUT/clocks.csv" 2>&1 | grep -v "^\["
+    done > "$OUT/stage.log" 2>&1
 fi
 if has vs; then
     timeout 560 python3 benchmarks/vs_mamba_ssm.py --mamba-src .peer/mamba --processes 3 --rounds 3 --reps 10 \
