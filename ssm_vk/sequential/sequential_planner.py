@@ -36,9 +36,9 @@ SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modes
 # walk back, T H P N / K floats, as far as they fit a third of the device-local heap and what the
 # call's arrays leave of it (counted twice: inputs may also be copied into pieces of the call's
 # own). Beyond that it keeps the checkpoints of the last windows that fit and, for the windows
-# before them, their starting states; such a window's checkpoints are recomputed from its starting state just before
-# its walk back (``SequentialPlan.recompute`` windows per sequence: one more forward pass over
-# them, the same bits). A larger K would save the memory too, but the walk back holds a chunk's K
+# before them, their starting states (several to a buffer), from which their checkpoints are
+# recomputed just before their walk back (``SequentialPlan.recompute`` windows per sequence: one
+# more forward pass over them, the same bits). A larger K would save the memory too, but the walk back holds a chunk's K
 # states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at 0.47 and
 # 0.77 of K = 8's rate (docs/API.md, "ssm_vk: device-resident arrays").
 CKPT_HEAP_SHARE = 3
@@ -116,6 +116,7 @@ class SequentialPlan:
                              # the token-sequential kernels with SNAP, whole plan token by token
     recompute: int = 0       # a backward over token windows: its first windows (per sequence) whose
                              # checkpoints are recomputed from their starting states (CKPT_HEAP_SHARE)
+    starts_per: int = 1      # starting states per buffer (as many as one binding holds)
 
 
 def _prod(shape: tuple) -> int:
@@ -387,7 +388,8 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
         room = min(lim.device_local_bytes // CKPT_HEAP_SHARE, lim.device_local_bytes - 2 * arrays)
         kept = max(1, room // max(1, ck_bytes))
         recompute = max(0, -(-d.T // Tw) - kept)
-    return SequentialPlan(lay, wins, True, recompute=recompute)
+    starts_per = max(1, binding_cap(lim) // max(1, d.H * d.P * d.N))
+    return SequentialPlan(lay, wins, True, recompute=recompute, starts_per=starts_per)
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:
@@ -456,8 +458,8 @@ def sequential_scratch(d: Dims, pl: SequentialPlan) -> dict[str, int]:
     n_win = sum(1 for w in pl.windows if w.i0 == 0) if pl.time_split else 1
     for k in range(max(1, n_win - pl.recompute)):   # the kept windows' checkpoints
         out[f"ck{k}"] = sw_max * row * nc_max
-    for k in range(pl.recompute):                   # the starting states of the others
-        out[f"start{k}"] = row
+    for k in range(0, pl.recompute, pl.starts_per):   # the starting states of the others
+        out[f"starts{k // pl.starts_per}"] = min(pl.starts_per, pl.recompute - k) * row
     return out
 
 

@@ -296,24 +296,24 @@ def backward_windows(seq, call, d, st, lam, dAp, bufs, rows) -> None:
     # Token windows, each sequence's in turn: the checkpoint pass forward in time, then the walk
     # back. The last windows keep their own checkpoints until their walk back (as many as the plan
     # keeps); each of the first ``R`` keeps its starting state (st's row of sequence i as it
-    # begins) and has its checkpoints computed again from it, into the first kept window's buffer
-    # (free by then), just before its walk back.
-    R = pl.recompute
+    # begins; pl.starts_per of them to a buffer) and has its checkpoints computed again from it,
+    # into the first kept window's buffer (free by then), just before its walk back.
+    R, per = pl.recompute, pl.starts_per
     per_seq = [w for w in pl.windows if w.i0 == 0]
     cks = [call.scratch(ck_elems) for _ in range(max(1, len(per_seq) - R))]
-    starts = [call.scratch(row) for _ in range(R)]
+    starts = [call.scratch(min(per, R - k) * row) for k in range(0, R, per)]
     nb = row * F32
     for i in range(d.S):
         wins = [w for w in pl.windows if w.i0 == i]
         for k, w in enumerate(wins):
             if k < R and nb:
-                seq.copy(st, starts[k], nb, i * nb, 0)
+                seq.copy(st, starts[k // per], nb, i * nb, (k % per) * nb)
                 seq.barrier()
             ckpt_pass(w, cks[max(0, k - R)])
         for k in reversed(range(len(wins))):
             if k < R:
                 if nb:
-                    seq.copy(starts[k], st, nb, 0, i * nb)
+                    seq.copy(starts[k // per], st, nb, (k % per) * nb, i * nb)
                     seq.barrier()
                 ckpt_pass(wins[k], cks[0])
             back_pass(wins[k], cks[max(0, k - R)])
