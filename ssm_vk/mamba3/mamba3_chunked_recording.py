@@ -88,7 +88,8 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     run(m3c.pass_spec(), plan.pass_, fwd)
     run(m3c.gstates_spec(), plan.states, bwd)
     run(m3c.gpass_spec(), plan.pass_, bwd)
-    run(m3c.chunk_spec(), plan.prep, bwd)
+    for half in (1, 2) if plan.split else (0,):
+        run(m3c.chunk_spec(half), plan.prep, bwd)
     run(m3c.rot_spec(), plan.prep, bwd, 0)
     if d.F:
         run(m3c.bangle_spec(), plan.angle, bwd)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..kernel_specs import KernelSpec
+from ..kernel_specs import KernelSpec, defines_of
 from .mamba3_planner import CHUNK_N_MAX, CHUNK_WG
 from .mamba3_specs import INPUTS, reduce_spec
 
@@ -41,8 +41,8 @@ BWD_BINDINGS = (*INPUTS, "g_y", "g_state", "d_x", "d_step", "d_dtheta", "m3b_dBh
 RECOMPUTE_BINDINGS = (*INPUTS, "y", "m3b_th", "m3b_h", "m3b_k", "m3b_v", *SCRATCH)
 
 
-def _spec(name: str, wg: int, n_bindings: int = len(BINDINGS)) -> KernelSpec:
-    return KernelSpec(name, (), n_bindings, PUSH, wg)
+def _spec(name: str, wg: int, n_bindings: int = len(BINDINGS), defines: tuple = ()) -> KernelSpec:
+    return KernelSpec(name, defines, n_bindings, PUSH, wg)
 
 
 def prep_spec() -> KernelSpec:
@@ -73,8 +73,9 @@ def gpass_spec() -> KernelSpec:
     return _spec("m3b_gpass", CHUNK_WG, len(BWD_BINDINGS))
 
 
-def chunk_spec() -> KernelSpec:
-    return _spec("m3b_chunk", CHUNK_WG, len(BWD_BINDINGS))
+def chunk_spec(half: int = 0) -> KernelSpec:
+    """m3b_chunk.comp whole (``half`` 0) or one of its two halves (1, 2: M3_BWD_SPLIT)."""
+    return _spec("m3b_chunk", CHUNK_WG, len(BWD_BINDINGS), defines_of(SPLIT=half) if half else ())
 
 
 def rot_spec() -> KernelSpec:
@@ -88,7 +89,8 @@ def bangle_spec() -> KernelSpec:
 def kernels(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> list[KernelSpec]:
     """Every kernel the recording of ``d`` under ``plan`` dispatches (family.Family.kernels)."""
     if backward:
-        out = [prep_spec(), states_spec(), pass_spec(), gstates_spec(), gpass_spec(), chunk_spec(), rot_spec(),
+        chunk = [chunk_spec(1), chunk_spec(2)] if plan.split else [chunk_spec()]
+        out = [prep_spec(), states_spec(), pass_spec(), gstates_spec(), gpass_spec(), *chunk, rot_spec(),
                reduce_spec()]
         return [angle_spec(), bangle_spec(), *out] if d.F else out
     out = [prep_spec(), states_spec(), pass_spec(), y_spec()]

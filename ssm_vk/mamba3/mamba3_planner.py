@@ -15,7 +15,7 @@ channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoi
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
 the CPU). Pure Python; the token-sequential family reads M3_STAGE, the chunked one M3_CHUNK,
-M3_CHUNK_MIN_T and M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
+M3_CHUNK_MIN_T, M3_CHUNK_BWD_MIN_T and M3_BWD_SPLIT (here only: tests/vk/test_knob_reads.py).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class M3ChunkPlan:
     m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle),
     ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_``
     (per sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head
-    and 64 channels)."""
+    and 64 channels); ``split``: the backward's m3b_chunk as its two halves (M3_BWD_SPLIT)."""
 
     L: int
     NC: int
@@ -180,6 +180,7 @@ class M3ChunkPlan:
     states: tuple
     pass_: tuple
     y: tuple
+    split: bool = False
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
@@ -245,7 +246,8 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     try:
         return M3ChunkPlan(L=L, NC=NC, prep=grid(d.S * NC * d.H, lim), angle=grid(d.S * d.H * -(-d.F // 64), lim),
                            states=grid(d.S * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
-                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim))
+                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim),
+                           split=bool(knobs.knob("M3_BWD_SPLIT")) and req.backward)
     except TooLarge:
         return None
 

@@ -116,6 +116,28 @@ def test_reruns_are_bit_identical(fit):
             assert np.asarray(r[name]).tobytes() == np.asarray(runs[0][name]).tobytes(), name
 
 
+@given(lc=chunked_cases())
+@FEW
+def test_the_split_chunk_kernel_gives_the_whole_kernels_bits(fit, lc):
+    """M3_BWD_SPLIT = 1 (m3b_chunk as two kernels, the second computing g_Y Vᵀ again and reading
+    the first's per-token sums back): every gradient bit for bit as the one kernel's, on drawn
+    multi-chunk problems (SISO and MIMO, partial last chunks) and at the default 64-token chunk
+    of N = 128 (the first reads of every row of the 64 x 64 tiles)."""
+    L, case = lc
+    big = mamba3_cases.make_case(9, S=1, T=150, H=2, P=64, N=128, G=1, F=32, ids="identity")
+    for length, c in ((L, case), (64, big)):
+        runs = []
+        for split in (0, 1):
+            with config.configure(tune={"M3_CHUNK": length, "M3_CHUNK_BWD_MIN_T": 1, "M3_BWD_SPLIT": split}):
+                assert _family(c) == "mamba3_chunked"
+                runs.append(ssm_vk.mamba3_scan_back(**args_of(c), **c.cotangents))
+        for name in GRADS:
+            a, b = runs[0][name], runs[1][name]
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert np.asarray(b).tobytes() == np.asarray(a).tobytes(), name
+
+
 @pytest.mark.parametrize("M", [None, 3])
 def test_chunked_and_token_sequential_backwards_agree(fit, M):
     """The two families' backwards of one case within the op's tolerance of each other."""

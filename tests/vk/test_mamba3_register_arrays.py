@@ -20,16 +20,22 @@ from pathlib import Path
 
 import pytest
 
+from ssm_vk.mamba3.mamba3_chunked_specs import chunk_spec
 from ssm_vk.mamba3.mamba3_specs import PACKAGED, reduce_spec
 from ssm_vk.runtime.shaders import TARGET_ENV
 
 GLSL = Path(__file__).resolve().parents[2] / "ssm_vk" / "mamba3" / "glsl"
 COMMON = GLSL.parents[1] / "glsl"
 KERNELS = sorted(p.stem for p in GLSL.glob("*.comp"))
-# compiled per (N, M), defines ND and MR: sizes among the packaged ones
-SIZED = {"mamba3_scan": [(16, 1), (64, 4), (128, 1), (256, 1)], "mamba3_scan_back": [(16, 1), (64, 4), (128, 1)]}
-assert all(nm in PACKAGED for sizes in SIZED.values() for nm in sizes)
-DEFINES = {"mamba3_reduce": dict(reduce_spec().defines)}
+# compiled per (N, M), defines ND and MR: sizes among the packaged ones (the forward's staging at
+# its default M3_STAGE of 8, and at N = 128 also at 32)
+SIZED = {"mamba3_scan": [(16, 1, 8), (64, 4, 8), (128, 1, 8), (128, 1, 32), (256, 1, 8)],
+         "mamba3_scan_back": [(16, 1, 0), (64, 4, 0), (128, 1, 0)]}
+assert all(nm[:2] in PACKAGED for sizes in SIZED.values() for nm in sizes)
+# the kernels of fixed size, each with the defines of every variant a plan dispatches
+FIXED = [(k, {}) for k in KERNELS if k not in SIZED and k != "mamba3_reduce"]
+FIXED += [("mamba3_reduce", dict(reduce_spec().defines)),
+          *(("m3b_chunk", dict(chunk_spec(half).defines)) for half in (1, 2))]
 
 
 def _assembly(glslc: str, name: str, defines: dict) -> str:
@@ -75,11 +81,12 @@ void main() {
     assert not run_time_indices(asm.replace("OpVariable %_ptr_Function__arr", "OpVariable %_ptr_Private__arr"))
 
 
-@pytest.mark.parametrize("name", [k for k in KERNELS if k not in SIZED])
-def test_each_kernel_of_fixed_size_indexes_its_arrays_with_constants(glslc, name):
-    assert run_time_indices(_assembly(glslc, name, DEFINES.get(name, {}))) == []
+@pytest.mark.parametrize(("name", "defines"), FIXED, ids=[f"{k}-{'-'.join(map(str, d.values()))}" for k, d in FIXED])
+def test_each_kernel_of_fixed_size_indexes_its_arrays_with_constants(glslc, name, defines):
+    assert run_time_indices(_assembly(glslc, name, defines)) == []
 
 
-@pytest.mark.parametrize(("name", "n", "m"), [(k, n, m) for k, sizes in SIZED.items() for n, m in sizes])
-def test_the_token_sequential_kernels_index_their_arrays_with_constants(glslc, name, n, m):
-    assert run_time_indices(_assembly(glslc, name, {"ND": n, "MR": m})) == []
+@pytest.mark.parametrize(("name", "n", "m", "stage"), [(k, *v) for k, sizes in SIZED.items() for v in sizes])
+def test_the_token_sequential_kernels_index_their_arrays_with_constants(glslc, name, n, m, stage):
+    defines = {"ND": n, "MR": m, **({"STG_BATCH": stage} if stage else {})}
+    assert run_time_indices(_assembly(glslc, name, defines)) == []

@@ -17,8 +17,17 @@
 // sum in a fixed order (rows, then tiles in order; the reductions over invocations in index order).
 // The flag for a result that is not finite.
 //
+// SPLIT (a define; M3_BWD_SPLIT): 0 the whole of it in one kernel; 1 and 2 the two halves of it as
+// two kernels, run one after the other, each holding fewer registers: 1 computes S and GV, gWD and
+// its sums, and g_v (d_x, d_psi's part), and leaves the per-token sums Σ gWD in d_step's three
+// planes; 2 computes GV again, g_k, g_q and the rest, reading those sums back. Every value is the
+// one kernel's, bit for bit.
+//
 // Bindings and push constants: m3b_common.glsl's. Grid: S * NC * H.
 
+#ifndef SPLIT
+#define SPLIT 0
+#endif
 #include "m3b_common.glsl"
 #include "m3c_tile.glsl"
 
@@ -233,6 +242,12 @@ void main() {
         float so = 0.0;
         for (uint u = Lc - 1u; u > tid; --u) so += ell_sh[u];
         dout_sh[tid] = exp(so);
+#if SPLIT == 2
+        uint th2 = (i * pc.T + t0 + tid) * pc.H + h, STH2 = pc.S * pc.T * pc.H;
+        colsum_sh[tid] = d3_out[th2];
+        colstr_sh[tid] = d3_out[STH2 + th2];
+        qu_sh[tid] = d3_out[2u * STH2 + th2];
+#endif
     }
     barrier();
 
@@ -248,6 +263,7 @@ void main() {
     tile_zero(accS);
     tile_zero(accG);
     float va[PER], vb[PER];
+#if SPLIT != 2
     fetch_qk(qk0, rows, 0u, va, vb);
     for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
         put_rows(va, vb);
@@ -257,6 +273,9 @@ void main() {
         if (!above) tile_mma(accS, min(KS, pc.N - k0));
         barrier();
     }
+#else
+    fetch_gyv(i, h, t0, rows, 0u, va, vb);
+#endif
     for (uint k0 = 0u; k0 < pc.P; k0 += KS) {
         put_rows(va, vb);
         barrier();
@@ -282,6 +301,7 @@ void main() {
     DW_COLUMN(0u) DW_COLUMN(1u) DW_COLUMN(2u) DW_COLUMN(3u)
 #undef DW_COLUMN
 
+#if SPLIT != 2
     // ---- gWD = D Σ_{r,r'} S ⊙ GV, its column suffix sums, and the per-token sums ----
     float X[4][4];
     [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -318,6 +338,7 @@ void main() {
         qu_sh[tid] = q;
     }
     barrier();
+#endif
 
     // ---- W ⊙ S and W ⊙ GV ----
     [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -327,8 +348,9 @@ void main() {
         }
     }
 
-    // ---- g_v per tile of 64 channels: (W ⊙ S)ᵀ g_Y + wout ⊙ (K G_outᵀ); d_x, d_psi's part ----
     uint MN = pc.M * pc.N;
+#if SPLIT != 2
+    // ---- g_v per tile of 64 channels: (W ⊙ S)ᵀ g_Y + wout ⊙ (K G_outᵀ); d_x, d_psi's part ----
     uint LP = 2u * MN + pc.M * pc.P;
     uint pat = ((i * pc.NC + c) * pc.H + h) * LP;
     for (uint p0 = 0u; p0 < pc.P; p0 += TILE) {
@@ -402,6 +424,16 @@ void main() {
         barrier();
     }
 
+#endif
+#if SPLIT == 1
+    // ---- the per-token sums for the second half, in d_step's planes (which it then writes) ----
+    if (tid < Lc) {
+        uint th1 = (i * pc.T + t0 + tid) * pc.H + h, STH1 = pc.S * pc.T * pc.H;
+        d3_out[th1] = colsum_sh[tid];
+        d3_out[STH1 + th1] = colstr_sh[tid];
+        d3_out[2u * STH1 + th1] = qu_sh[tid];
+    }
+#else
     // ---- g_k per tile of 64 state entries, from W ⊙ GV (row-major in sm4: its columns b read as vec4) ----
     sm_put(accG);
     barrier();
@@ -583,4 +615,5 @@ void main() {
             guard(s);
         }
     }
+#endif
 }
