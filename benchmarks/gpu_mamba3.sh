@@ -8,9 +8,10 @@
 #   tests.log  the Mamba-3 and pieces tests under the validation layer
 #   long.log   vk_long.py (x of 1, 8 and 16 GiB, more arguments in LONG_ARGS, e.g. "--passes bwd
 #              --no-ref"; its JSON is left out: the log has every row)
+#   split.log  (STEPS=...,split) the backward with m3b_chunk whole and split (M3_BWD_SPLIT), twice
 #   stage.log  (STEPS=...,stage) decode at M3_STAGE = 8, 16, 32, 8 (ssm_vk alone)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
-# Usage: [STEPS=m3,tests,long,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,split,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -41,6 +42,13 @@ if has tests; then
 fi
 if has long; then
     timeout 300 python3 benchmarks/vk_long.py --budget-s 240 ${LONG_ARGS:-} --json /tmp/long.json > "$OUT/long.log" 2>&1
+fi
+if has split; then   # m3b_chunk whole and as its two halves (M3_BWD_SPLIT), the training shape
+    for v in 0 1 0 1; do
+        echo "== M3_BWD_SPLIT=$v"
+        SSM_VK_TUNE="M3_BWD_SPLIT=$v" SSM_VK_PIPELINE_STATS=1 timeout 90 python3 benchmarks/vk_mamba3.py \
+            --shapes 8x2048,1x512 --pass bwd --no-sequential --stats --reps 10 --warm-s 1
+    done > "$OUT/split.log" 2>&1
 fi
 if has stage; then   # the decode kernel's loads in flight (M3_STAGE), ssm_vk alone
     for b in 8 16 32 8; do
