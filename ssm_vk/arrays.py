@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
-from .sizing import DEFAULT_K, Limits, alloc_cap, binding_cap, even_cuts, piece_sizes
+from .sizing import DEFAULT_K, Limits, alloc_cap, device_piece_bytes, even_cuts, piece_sizes
 
 __all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
@@ -308,7 +308,7 @@ def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
     if n > cap:
         # cut as the forward's windows would: each piece at most one binding, token ranges a
         # multiple of the checkpoint interval
-        window = min(cap, binding_cap(Limits.of(info)) * 4)
+        window = device_piece_bytes(Limits.of(info))
         return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, window, DEFAULT_K)), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None
     return DeviceArray(ctx, buf, shape, dtype)

@@ -23,7 +23,19 @@ from dataclasses import dataclass, replace
 from ssm_ref import Dims
 
 from ..config import Settings, settings
-from ..sizing import DEFAULT_K, F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap, input_shapes, output_shapes
+from ..sizing import (
+    DEFAULT_K,
+    F32,
+    FLAG_ELEMS,
+    Limits,
+    TooLarge,
+    Window,
+    alloc_cap,
+    binding_cap,
+    device_piece_bytes,
+    input_shapes,
+    output_shapes,
+)
 
 __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
            "sequential_plan", "time_chunk_plan", "chunk_dims", "sequential_scratch",
@@ -380,16 +392,43 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"maxMemoryAllocationSize {lim.max_memory_allocation_size} bytes) at "
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
-    wins = tuple(Window(i, i + 1, t, min(t + Tw, d.T)) for i in range(d.S) for t in range(0, d.T, Tw))
+    grid = _piece_grid(d, lim)
+    wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in _token_ranges(d.T, Tw, grid))
     recompute = 0
     if backward:   # (which windows recompute changes no bit: the count may depend on S)
         ck_bytes = -(-Tw // lay.K) * d.H * d.P * d.N * F32      # one window's checkpoints
         arrays = sum(_prod(v) for v in (*input_shapes(d, True).values(), *output_shapes(d, True).values())) * F32
         room = min(lim.device_local_bytes // CKPT_HEAP_SHARE, lim.device_local_bytes - 2 * arrays)
         kept = max(1, room // max(1, ck_bytes))
-        recompute = max(0, -(-d.T // Tw) - kept)
+        recompute = max(0, len(wins) // d.S - kept)
     starts_per = max(1, binding_cap(lim) // max(1, d.H * d.P * d.N))
     return SequentialPlan(lay, wins, True, recompute=recompute, starts_per=starts_per)
+
+
+def _piece_grid(d: Dims, lim: Limits) -> tuple:
+    """The token lengths of the pieces ``to_device`` cuts one long sequence of each token array
+    into (sizing.even_cuts at sizing.device_piece_bytes: x, g_y (H P per token), B, C (G N), dt
+    (H)), for the arrays it would hold in pieces with a sequence cut in token ranges."""
+    piece = device_piece_bytes(lim)
+    whole = alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment, lim.device_local_bytes)
+    out = set()
+    for per_token in (d.H * d.P, d.G * d.N, d.H):
+        row = per_token * F32
+        if row and d.S * d.T * row > whole and d.T * row > piece:
+            n = max(1, piece // row)
+            out.add(n - n % DEFAULT_K if n > DEFAULT_K else n)
+    return tuple(sorted(out))
+
+
+def _token_ranges(T: int, Tw: int, grid: tuple) -> list:
+    """A sequence's token windows: ``Tw`` tokens each, cut again where a piece of ``grid`` ends
+    (a window inside one piece of each array ``to_device`` made: bound in place, not copied)."""
+    out, t = [], 0
+    while t < T:
+        e = min(t + Tw, T, *((t // n + 1) * n for n in grid))
+        out.append((t, e))
+        t = e
+    return out
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:

@@ -15,6 +15,7 @@ from .limits import (
     Window,
     alloc_cap,
     binding_cap,
+    device_piece_bytes,
     grid,
     rows_in_place,
 )
@@ -22,6 +23,6 @@ from .pieces import cuts, even_cuts, piece_cap, piece_sizes, token_arrays, windo
 from .shapes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["DEFAULT_K", "F32", "SPEC_MINIMUMS", "Limits", "TooLarge", "Window", "alloc_cap", "binding_cap",
-           "grid", "rows_in_place",
+           "device_piece_bytes", "grid", "rows_in_place",
            "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes", "cuts", "even_cuts", "piece_cap",
            "piece_sizes", "token_arrays", "window_ranges"]

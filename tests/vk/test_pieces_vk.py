@@ -251,6 +251,36 @@ def test_to_device_cuts_a_long_sequence_where_the_forward_cuts_it():
     _same(r, want, ["y", "states"])
 
 
+def test_a_long_backward_binds_to_device_pieces_in_place():
+    # x and g_y of one sequence beyond one allocation, cut by to_device at the forward's windows:
+    # the backward's token windows (shorter: its partials' budget) never straddle those cuts, so it
+    # binds every piece in place and copies nothing; its gradients are the host call's, bit for bit
+    ctx = rt.get_context()
+    # (N = 16: the checkpoints of a window, 2 N floats per token, bound its windows to half of x's
+    # pieces, 16 floats per token, and not to a divisor of them)
+    case = make_problem(5, S=1, T=1024, H=2, P=8, N=16, G=1, R=1, ids="identity")
+    a = case.args()
+    kw = dict(g_y=case.g_y, g_states=case.g_states)
+    lim = dict(max_storage_buffer_range=1 << 14, max_memory_allocation_size=1 << 14)
+    vk_engine.clear(ctx)
+    with ctx.seams.override_limits(**lim):
+        want = ssm_vk.ssm_scan_back(**a, **kw)
+    vk_engine.clear(ctx)
+    with ctx.seams.override_limits(**lim):
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in {**a, **kw}.items()}
+        assert len(dev["x"].buffer.starts) > 2 and len(dev["g_y"].buffer.starts) > 2
+        g = ssm_vk.ssm_scan_back(**dev)
+        ((plan, n_win),) = {(ws.plan, len(ws.plan.windows)) for ws in vk_engine.engine_of(ctx).workspaces.values()}
+        copied = _copied_into_own_pieces(ctx)
+    assert g.where.startswith("Vulkan"), g.where
+    assert not copied & {"x", "g_y"}, copied
+    assert plan.time_split and n_win > len(dev["x"].buffer.starts), (plan.time_split, n_win)
+    lens = {w.t1 - w.t0 for w in plan.windows}
+    assert len(lens) > 2, lens   # (windows cut short where x's pieces end)
+    _same(g, want, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+
+
 def test_token_windows_and_sequence_windows_are_both_pieced_on_the_device():
     # one sequence cut into token ranges, and three sequences in windows of whole sequences: both
     # held in pieces (x beyond one allocation), both run on the device, forward and backward

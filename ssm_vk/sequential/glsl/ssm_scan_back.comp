@@ -14,7 +14,7 @@
 //   2 A    (H, 1) or (H, N)    readonly          9 dBp  (S, T, H, NPB, N) written partials
 //   3 B    (S, T, G, N)        readonly         10 dCp  (S, T, H, NPB, N) written partials
 //   4 C    (S, T, G, N)        readonly         11 ddtp (S, T, H, NPB)    written partials
-//   5 gy   (S, T, H, P)        readonly         12 dAp  (S, H, P, 1|N)    accumulated (+=)
+//   5 gy   (S, T, H, P)        readonly         12 dAp  (S, H, P, 1|N)    carried (read, summed on, written)
 //   6 lam  (S, H, P, N)  in: dL/dstate after the window's last token; out: a_0 * lam_0 of
 //                        the window (= d_s0 after the first window)
 // Push constants: PC below (ssm_vk/kernels.py BWD_PUSH). Defines: common.glsl's, plus K, TBR
@@ -155,7 +155,7 @@ void main() {
     XF dA_acc[NPL];
 #else
     float Ah = live ? A[pc.o_A + h] : 0.0;
-    XF dA_acc = 0.0;
+    XF dA_acc = live ? dAp[pc.o_dA + row] : 0.0;   // (the windows after this one's, walked first)
 #endif
     [[unroll]] for (uint k = 0; k < NPL; ++k) {
         uint n = lane + k * LN;
@@ -163,7 +163,7 @@ void main() {
         lam_c[k] = on ? lam_buf[pc.o_lam + row * pc.N + n] : 0.0;
 #if MAMBA1
         Ar[k] = on ? A[pc.o_A + h * pc.N + n] : 0.0;
-        dA_acc[k] = 0.0;
+        dA_acc[k] = on ? dAp[pc.o_dA + row * pc.N + n] : 0.0;
 #endif
     }
 
@@ -399,12 +399,12 @@ void main() {
         if (live && n < pc.N) {
             lam_buf[pc.o_lam + row * pc.N + n] = lam_c[k];
 #if MAMBA1
-            dAp[pc.o_dA + row * pc.N + n] += dA_acc[k];
+            dAp[pc.o_dA + row * pc.N + n] = dA_acc[k];
 #endif
         }
     }
 #if !MAMBA1
-    if (live && lane == 0) dAp[pc.o_dA + row] += dA_acc;
+    if (live && lane == 0) dAp[pc.o_dA + row] = dA_acc;
 #endif
 }
 #endif
