@@ -8,10 +8,11 @@
 #   tests.log  the Mamba-3 and pieces tests under the validation layer
 #   long.log   vk_long.py (x of 1, 8 and 16 GiB, more arguments in LONG_ARGS, e.g. "--passes bwd
 #              --no-ref"; its JSON is left out: the log has every row)
+#   caps.log   (STEPS=...,caps) each device's cooperative-matrix and 16-bit float extensions
 #   split.log  (STEPS=...,split) the backward with m3b_chunk whole and split (M3_BWD_SPLIT), twice
 #   stage.log  (STEPS=...,stage) decode at M3_STAGE = 8, 16, 32, 8 (ssm_vk alone)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
-# Usage: [STEPS=m3,tests,long,split,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,caps,split,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -42,6 +43,17 @@ if has tests; then
 fi
 if has long; then
     timeout 300 python3 benchmarks/vk_long.py --budget-s 240 ${LONG_ARGS:-} --json /tmp/long.json > "$OUT/long.log" 2>&1
+fi
+if has caps; then   # the devices' matrix-unit extensions (cooperative matrices), for the matrix-units issue
+    python3 - > "$OUT/caps.log" 2>&1 <<'PY'
+from ssm_vk.runtime import binding, device
+vk = binding.require()
+inst = device.create_instance()
+for i, pd in enumerate(device.physical_devices(inst)):
+    ext = sorted(e for e in device.device_extensions(pd) if "cooperative" in e or "float16" in e or "bfloat16" in e)
+    print(i, vk.vkGetPhysicalDeviceProperties(pd).deviceName, ext)
+vk.vkDestroyInstance(inst, None)
+PY
 fi
 if has split; then   # m3b_chunk whole and as its two halves (M3_BWD_SPLIT), the training shape
     for v in 0 1 0 1; do
