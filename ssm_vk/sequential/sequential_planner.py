@@ -333,8 +333,8 @@ def partials_budget(lay, lim: Limits) -> int:
     its only parallel work is its windows' rows: a sequence too long for the budget walks its
     token windows one sequence at a time (S times the forward's depth: docs/BENCHMARKS.md, "The
     invariant mode's cost"), where whole sequences side by side share one walk. Which sequences
-    share a window changes no bit; the token windows are a function of the per-sequence problem
-    and the device, never of S."""
+    share a window changes no bit, nor where a sequence's token windows end (they carry the state,
+    the adjoint and d_A's running sum exactly: the ends may follow to_device's pieces)."""
     if not lay.EXACT:
         return SCRATCH_BUDGET
     return max(SCRATCH_BUDGET, lim.device_local_bytes // 16)
@@ -359,8 +359,9 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     """The token-sequential kernels' plan: layout and windows; TooLarge when even one token of
     one sequence cannot fit. In the invariant mode (``knobs.invariant``) the layout is
     :func:`invariant_layout`'s; the windows hold whole sequences unless one sequence alone is too
-    large for a binding (a function of T and the row's sizes, never of S), and a token window
-    carries its state and adjoint in float32 buffers, as the registers hold them."""
+    large for a binding (their length a function of T and the row's sizes; cut again where
+    to_device's pieces of a token array end: _piece_grid), and a token window carries its state,
+    adjoint and d_A's running sum in float32 buffers, as the registers hold them."""
     knobs = settings() if knobs is None else knobs
     lay = invariant_layout(d, lim, backward, knobs) if knobs.invariant else layout_for(d, lim, backward, knobs)
     if d.T == 0:
