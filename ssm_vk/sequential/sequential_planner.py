@@ -10,7 +10,7 @@ whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone
 a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
 reads or writes is contiguous inside a window in both cases.
 
-One module of ~510 lines on purpose: the lane layout and the windows depend on each other (a
+One module of ~550 lines on purpose: the lane layout and the windows depend on each other (a
 window's size follows from the layout's grid and checkpoint interval), and the family's planner
 (:func:`plan_call`) chooses between the windows of whole sequences and the passes over time
 chunks, which are planned as windows of the chunks.
