@@ -10,7 +10,7 @@ whole sequences (t0, t1 = 0, T) -- the usual case -- or, when one sequence alone
 a binding, a single sequence and a range of tokens (a multiple of K long). Every array a kernel
 reads or writes is contiguous inside a window in both cases.
 
-One module of ~550 lines on purpose: the lane layout and the windows depend on each other (a
+One module of ~520 lines on purpose: the lane layout and the windows depend on each other (a
 window's size follows from the layout's grid and checkpoint interval), and the family's planner
 (:func:`plan_call`) chooses between the windows of whole sequences and the passes over time
 chunks, which are planned as windows of the chunks.
@@ -30,11 +30,11 @@ from ..sizing import (
     Limits,
     TooLarge,
     Window,
-    alloc_cap,
     binding_cap,
-    device_piece_bytes,
+    device_piece_tokens,
     input_shapes,
     output_shapes,
+    token_windows,
 )
 
 __all__ = ["Layout", "SequentialPlan", "plan_call", "scratch", "flags", "layout_for", "invariant_layout", "INVARIANT_T",
@@ -360,7 +360,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     one sequence cannot fit. In the invariant mode (``knobs.invariant``) the layout is
     :func:`invariant_layout`'s; the windows hold whole sequences unless one sequence alone is too
     large for a binding (their length a function of T and the row's sizes; cut again where
-    to_device's pieces of a token array end: _piece_grid), and a token window carries its state,
+    to_device's pieces of a token array end: sizing.device_piece_tokens), and a token window carries its state,
     adjoint and d_A's running sum in float32 buffers, as the registers hold them."""
     knobs = settings() if knobs is None else knobs
     lay = invariant_layout(d, lim, backward, knobs) if knobs.invariant else layout_for(d, lim, backward, knobs)
@@ -393,8 +393,8 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"maxMemoryAllocationSize {lim.max_memory_allocation_size} bytes) at "
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
-    grid = _piece_grid(d, lim)
-    wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in _token_ranges(d.T, Tw, grid))
+    ends = device_piece_tokens(d, lim)
+    wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in token_windows(d.T, Tw, ends))
     recompute = 0
     if backward:   # (which windows recompute changes no bit: the count may depend on S)
         ck_bytes = -(-Tw // lay.K) * d.H * d.P * d.N * F32      # one window's checkpoints
@@ -404,32 +404,6 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
         recompute = max(0, len(wins) // d.S - kept)
     starts_per = max(1, binding_cap(lim) // max(1, d.H * d.P * d.N))
     return SequentialPlan(lay, wins, True, recompute=recompute, starts_per=starts_per)
-
-
-def _piece_grid(d: Dims, lim: Limits) -> tuple:
-    """The token lengths of the pieces ``to_device`` cuts one long sequence of each token array
-    into (sizing.even_cuts at sizing.device_piece_bytes: x, g_y (H P per token), B, C (G N), dt
-    (H)), for the arrays it would hold in pieces with a sequence cut in token ranges."""
-    piece = device_piece_bytes(lim)
-    whole = alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment, lim.device_local_bytes)
-    out = set()
-    for per_token in (d.H * d.P, d.G * d.N, d.H):
-        row = per_token * F32
-        if row and d.S * d.T * row > whole and d.T * row > piece:
-            n = max(1, piece // row)
-            out.add(n - n % DEFAULT_K if n > DEFAULT_K else n)
-    return tuple(sorted(out))
-
-
-def _token_ranges(T: int, Tw: int, grid: tuple) -> list:
-    """A sequence's token windows: ``Tw`` tokens each, cut again where a piece of ``grid`` ends
-    (a window inside one piece of each array ``to_device`` made: bound in place, not copied)."""
-    out, t = [], 0
-    while t < T:
-        e = min(t + Tw, T, *((t // n + 1) * n for n in grid))
-        out.append((t, e))
-        t = e
-    return out
 
 
 def chunk_dims(d: Dims, tchunk: int) -> Dims:

@@ -98,7 +98,7 @@ def device_piece_bytes(lim: Limits) -> int:
     """The most bytes of one piece of an array that ``to_device`` holds in pieces (it is beyond
     :func:`alloc_cap`): one allocation and one binding. Its pieces are cut by
     :func:`pieces.even_cuts` at this size; the token-sequential planner keeps its token windows
-    inside them (sequential_planner's piece grid)."""
+    inside them (pieces.device_piece_tokens)."""
     return min(alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment,
                          lim.device_local_bytes), binding_cap(lim) * F32)
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .limits import F32, alloc_cap
+from .limits import DEFAULT_K, F32, alloc_cap, device_piece_bytes
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
 
     from .limits import Limits
 
-__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges"]
+__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges", "device_piece_tokens",
+           "token_windows"]
 
 
 def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
@@ -110,6 +111,34 @@ def even_cuts(shape: tuple, itemsize: int, cap: int, multiple: int = 1) -> tuple
         return out
 
     return tuple(cut(tuple(shape), 0, 0)) if shape else (0,)
+
+
+def device_piece_tokens(d: Dims, lim: Limits) -> tuple:
+    """The token lengths of the pieces :func:`even_cuts` (``to_device``, at
+    limits.device_piece_bytes) cuts one long sequence of each token array of ``d`` into -- x and
+    g_y (H P per token), B and C (G N), dt (H) -- for the arrays it would hold in pieces with a
+    sequence cut in token ranges; sorted, without repeats."""
+    piece = device_piece_bytes(lim)
+    whole = alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment, lim.device_local_bytes)
+    out = set()
+    for per_token in (d.H * d.P, d.G * d.N, d.H):
+        row = per_token * F32
+        if row and d.S * d.T * row > whole and d.T * row > piece:
+            n = max(1, piece // row)
+            out.add(n - n % DEFAULT_K if n > DEFAULT_K else n)
+    return tuple(sorted(out))
+
+
+def token_windows(T: int, Tw: int, ends: tuple) -> list:
+    """A sequence's token windows (t0, t1): ``Tw`` tokens each, cut again at every multiple of each
+    length in ``ends`` (:func:`device_piece_tokens`: a window then lies in one piece of each array
+    ``to_device`` made, which the call binds in place)."""
+    out, t = [], 0
+    while t < T:
+        e = min(t + Tw, T, *((t // n + 1) * n for n in ends))
+        out.append((t, e))
+        t = e
+    return out
 
 
 def piece_sizes(nbytes: int, starts: tuple) -> list[int]:
