@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import runtime as rt
-from .sizing import DEFAULT_K, Limits, alloc_cap, device_piece_bytes, even_cuts, piece_sizes
+from .sizing import Limits, device_cuts, piece_sizes
 
 __all__ = ["DeviceArray", "check_live", "to_device", "upload_to", "pool", "empty", "pieces"]
 
@@ -303,13 +303,11 @@ def empty(ctx, shape, dtype=np.float32) -> DeviceArray:
     shape = tuple(int(s) for s in shape)
     itemsize = np.dtype(dtype).itemsize
     n = math.prod(shape) * itemsize
-    info = ctx.info
-    cap = alloc_cap(info.max_memory_allocation_size, info.min_storage_buffer_offset_alignment, info.device_local_bytes)
-    if n > cap:
-        # cut as the forward's windows would: each piece at most one binding, token ranges a
-        # multiple of the checkpoint interval
-        window = device_piece_bytes(Limits.of(info))
-        return DeviceArray(ctx, pieces(ctx, n, even_cuts(shape, itemsize, window, DEFAULT_K)), shape, dtype)
+    # (beyond one allocation: cut as the token-sequential forward's windows would, each piece at
+    # most one binding, token ranges a multiple of the checkpoint interval)
+    starts = device_cuts(shape, itemsize, Limits.of(ctx.info))
+    if starts is not None:
+        return DeviceArray(ctx, pieces(ctx, n, starts), shape, dtype)
     buf = pool(ctx).acquire(n) if n else None
     return DeviceArray(ctx, buf, shape, dtype)
 

@@ -70,7 +70,7 @@ class Context:
 
     def __init__(self, device_index: int | str | None = None, validation: bool | None = None):
         global _current
-        timeout_s = config.timeout_s()           # the settings, checked before any Vulkan call
+        config.timeout_s()                       # the settings, checked before any Vulkan call
         want_stats = config.pipeline_stats()
         if validation is None:
             validation = config.validation()

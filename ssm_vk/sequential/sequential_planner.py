@@ -18,6 +18,7 @@ chunks, which are planned as windows of the chunks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ssm_ref import Dims
@@ -50,8 +51,8 @@ SCRATCH_BUDGET = 256 << 20   # bytes of backward partials per window (kept modes
 # own). Beyond that it keeps the checkpoints of the last windows that fit and, for the windows
 # before them, their starting states (several to a buffer), from which their checkpoints are
 # recomputed just before their walk back (``SequentialPlan.recompute`` windows per sequence: one
-# more forward pass over them, the same bits). A larger K would save the memory too, but the walk back holds a chunk's K
-# states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at 0.47 and
+# more forward pass over them, the same bits). A larger K would save the memory too, but the walk
+# back holds a chunk's K states in registers: at K = 32 and 64 the 8 and 16 GiB backwards on an H200 ran at 0.47 and
 # 0.77 of K = 8's rate (docs/API.md, "ssm_vk: device-resident arrays").
 CKPT_HEAP_SHARE = 3
 
@@ -129,13 +130,6 @@ class SequentialPlan:
     recompute: int = 0       # a backward over token windows: its first windows (per sequence) whose
                              # checkpoints are recomputed from their starting states (CKPT_HEAP_SHARE)
     starts_per: int = 1      # starting states per buffer (as many as one binding holds)
-
-
-def _prod(shape: tuple) -> int:
-    n = 1
-    for v in shape:
-        n *= v
-    return n
 
 
 def _pow2_at_most(n: int) -> int:
@@ -360,8 +354,9 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     one sequence cannot fit. In the invariant mode (``knobs.invariant``) the layout is
     :func:`invariant_layout`'s; the windows hold whole sequences unless one sequence alone is too
     large for a binding (their length a function of T and the row's sizes; cut again where
-    to_device's pieces of a token array end: sizing.device_piece_tokens), and a token window carries its state,
-    adjoint and d_A's running sum in float32 buffers, as the registers hold them."""
+    to_device's pieces of a token array end: sizing.device_piece_tokens), and a token window
+    carries its state, adjoint and d_A's running sum in float32 buffers, as the registers hold
+    them."""
     knobs = settings() if knobs is None else knobs
     lay = invariant_layout(d, lim, backward, knobs) if knobs.invariant else layout_for(d, lim, backward, knobs)
     if d.T == 0:
@@ -398,7 +393,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     recompute = 0
     if backward:   # (which windows recompute changes no bit: the count may depend on S)
         ck_bytes = -(-Tw // lay.K) * d.H * d.P * d.N * F32      # one window's checkpoints
-        arrays = sum(_prod(v) for v in (*input_shapes(d, True).values(), *output_shapes(d, True).values())) * F32
+        arrays = sum(math.prod(v) for v in (*input_shapes(d, True).values(), *output_shapes(d, True).values())) * F32
         room = min(lim.device_local_bytes // CKPT_HEAP_SHARE, lim.device_local_bytes - 2 * arrays)
         kept = max(1, room // max(1, ck_bytes))
         recompute = max(0, len(wins) // d.S - kept)

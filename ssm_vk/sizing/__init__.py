@@ -15,12 +15,13 @@ from .limits import (
     Window,
     alloc_cap,
     binding_cap,
-    device_piece_bytes,
     grid,
     rows_in_place,
 )
 from .pieces import (
     cuts,
+    device_cuts,
+    device_piece_bytes,
     device_piece_tokens,
     even_cuts,
     piece_cap,
@@ -32,6 +33,6 @@ from .pieces import (
 from .shapes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["DEFAULT_K", "F32", "SPEC_MINIMUMS", "Limits", "TooLarge", "Window", "alloc_cap", "binding_cap",
-           "device_piece_bytes", "device_piece_tokens", "token_windows", "grid", "rows_in_place",
+           "device_cuts", "device_piece_bytes", "device_piece_tokens", "token_windows", "grid", "rows_in_place",
            "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes", "cuts", "even_cuts", "piece_cap",
            "piece_sizes", "token_arrays", "window_ranges"]

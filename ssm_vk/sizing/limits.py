@@ -94,15 +94,6 @@ def binding_cap(lim: Limits) -> int:
             - granule(lim.min_storage_buffer_offset_alignment)) // F32
 
 
-def device_piece_bytes(lim: Limits) -> int:
-    """The most bytes of one piece of an array that ``to_device`` holds in pieces (it is beyond
-    :func:`alloc_cap`): one allocation and one binding. Its pieces are cut by
-    :func:`pieces.even_cuts` at this size; the token-sequential planner keeps its token windows
-    inside them (pieces.device_piece_tokens)."""
-    return min(alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment,
-                         lim.device_local_bytes), binding_cap(lim) * F32)
-
-
 def rows_in_place(d, lim: Limits) -> bool:
     """Whether the token-sequential scan reads each sequence's initial state from the cache
     s[ids] in place (s fits one binding) rather than from the rows copied into the states."""

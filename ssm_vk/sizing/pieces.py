@@ -17,15 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .limits import DEFAULT_K, F32, alloc_cap, device_piece_bytes
+from .limits import DEFAULT_K, F32, alloc_cap, binding_cap
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
 
     from .limits import Limits
 
-__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges", "device_piece_tokens",
-           "token_windows"]
+__all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges", "device_piece_bytes",
+           "device_cuts", "device_piece_tokens", "token_windows"]
 
 
 def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
@@ -113,19 +113,34 @@ def even_cuts(shape: tuple, itemsize: int, cap: int, multiple: int = 1) -> tuple
     return tuple(cut(tuple(shape), 0, 0)) if shape else (0,)
 
 
+def device_piece_bytes(lim: Limits) -> int:
+    """The most bytes of one piece of an array that ``to_device`` holds in pieces: one allocation
+    (:func:`piece_cap`) and one binding."""
+    return min(piece_cap(lim), binding_cap(lim) * F32)
+
+
+def device_cuts(shape: tuple, itemsize: int, lim: Limits) -> tuple | None:
+    """Where ``to_device`` cuts an array of ``shape`` (byte offsets of its pieces, as the planners
+    cut: :func:`even_cuts` at :func:`device_piece_bytes`, token ranges a multiple of DEFAULT_K),
+    or None when it fits one allocation."""
+    n = itemsize
+    for v in shape:
+        n *= v
+    if n <= piece_cap(lim):
+        return None
+    return even_cuts(shape, itemsize, device_piece_bytes(lim), DEFAULT_K)
+
+
 def device_piece_tokens(d: Dims, lim: Limits) -> tuple:
-    """The token lengths of the pieces :func:`even_cuts` (``to_device``, at
-    limits.device_piece_bytes) cuts one long sequence of each token array of ``d`` into -- x and
-    g_y (H P per token), B and C (G N), dt (H) -- for the arrays it would hold in pieces with a
-    sequence cut in token ranges; sorted, without repeats."""
-    piece = device_piece_bytes(lim)
-    whole = alloc_cap(lim.max_memory_allocation_size, lim.min_storage_buffer_offset_alignment, lim.device_local_bytes)
+    """The token lengths of the pieces ``to_device`` (:func:`device_cuts`) cuts one sequence of
+    each token array of ``d`` (:func:`token_arrays`) into, where it cuts a sequence in token
+    ranges; sorted, without repeats."""
     out = set()
-    for per_token in (d.H * d.P, d.G * d.N, d.H):
+    for per_token in set(token_arrays(d, True).values()):
         row = per_token * F32
-        if row and d.S * d.T * row > whole and d.T * row > piece:
-            n = max(1, piece // row)
-            out.add(n - n % DEFAULT_K if n > DEFAULT_K else n)
+        starts = device_cuts((d.S, d.T, per_token), F32, lim) if row else None
+        if starts and len(starts) > 1 and starts[1] < d.T * row:   # (a sequence in token ranges)
+            out.add(starts[1] // row)
     return tuple(sorted(out))
 
 
