@@ -141,11 +141,10 @@ KNOBS: dict[str, Knob] = {
                            "(default 64; 128 on a CPU device)"),
     "M3_CHUNK_BWD_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked backward takes "
                                "(default 64; 128 on a CPU device)"),
-    "M3_BWD_SPLIT": Knob(0, _one_of(0, 1), "1: the chunked Mamba-3 backward's chunk kernel (m3b_chunk) as two "
-                         "kernels of fewer registers each, the second computing g_Y Vᵀ again (the same bits)"),
     # token-sequential Mamba-3 forward (decode; ssm_vk.mamba3.mamba3_planner)
-    "M3_STAGE": Knob(8, _one_of(8, 16, 32), "loads in flight per invocation while the Mamba-3 forward's state rows "
-                     "come in through shared memory (each invocation reads them, then stores them)"),
+    "M3_STAGE": Knob(None, _one_of(8, 16, 32), "loads in flight per invocation while the Mamba-3 forward's state "
+                     "rows come in through shared memory (each invocation reads them, then stores them); default 8, "
+                     "16 from 2048 workgroups"),
 }
 
 

@@ -88,8 +88,8 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     run(m3c.pass_spec(), plan.pass_, fwd)
     run(m3c.gstates_spec(), plan.states, bwd)
     run(m3c.gpass_spec(), plan.pass_, bwd)
-    for half in (1, 2) if plan.split else (0,):
-        run(m3c.chunk_spec(half), plan.prep, bwd)
+    run(m3c.chunk_spec(1), plan.prep, bwd)   # the chunk's products in two halves (m3b_chunk.comp)
+    run(m3c.chunk_spec(2), plan.prep, bwd)
     run(m3c.rot_spec(), plan.prep, bwd, 0)
     if d.F:
         run(m3c.bangle_spec(), plan.angle, bwd)

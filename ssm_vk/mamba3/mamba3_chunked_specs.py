@@ -73,9 +73,9 @@ def gpass_spec() -> KernelSpec:
     return _spec("m3b_gpass", CHUNK_WG, len(BWD_BINDINGS))
 
 
-def chunk_spec(half: int = 0) -> KernelSpec:
-    """m3b_chunk.comp whole (``half`` 0) or one of its two halves (1, 2: M3_BWD_SPLIT)."""
-    return _spec("m3b_chunk", CHUNK_WG, len(BWD_BINDINGS), defines_of(SPLIT=half) if half else ())
+def chunk_spec(half: int) -> KernelSpec:
+    """m3b_chunk.comp's first or second half (``half`` 1, 2), run one after the other."""
+    return _spec("m3b_chunk", CHUNK_WG, len(BWD_BINDINGS), defines_of(SPLIT=half))
 
 
 def rot_spec() -> KernelSpec:
@@ -89,19 +89,17 @@ def bangle_spec() -> KernelSpec:
 def kernels(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> list[KernelSpec]:
     """Every kernel the recording of ``d`` under ``plan`` dispatches (family.Family.kernels)."""
     if backward:
-        chunk = [chunk_spec(1), chunk_spec(2)] if plan.split else [chunk_spec()]
-        out = [prep_spec(), states_spec(), pass_spec(), gstates_spec(), gpass_spec(), *chunk, rot_spec(),
-               reduce_spec()]
+        out = [prep_spec(), states_spec(), pass_spec(), gstates_spec(), gpass_spec(), chunk_spec(1), chunk_spec(2),
+               rot_spec(), reduce_spec()]
         return [angle_spec(), bangle_spec(), *out] if d.F else out
     out = [prep_spec(), states_spec(), pass_spec(), y_spec()]
     return [angle_spec(), *out] if d.F else out
 
 
 def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
-    """The family's part of the packaged matrix (family.Family.matrix): its ten kernels, one
-    module each, wherever some d_state of ``n_values`` is one it takes (mamba3_reduce.comp is the
+    """The family's part of the packaged matrix (family.Family.matrix): its eleven modules, wherever some d_state of ``n_values`` is one it takes (mamba3_reduce.comp is the
     token-sequential family's)."""
     if not any(1 <= n <= CHUNK_N_MAX for n in n_values):
         return []
     return [prep_spec(), angle_spec(), states_spec(), pass_spec(), y_spec(), gstates_spec(), gpass_spec(),
-            chunk_spec(), rot_spec(), bangle_spec()]
+            chunk_spec(1), chunk_spec(2), rot_spec(), bangle_spec()]

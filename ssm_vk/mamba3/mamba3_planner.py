@@ -15,7 +15,7 @@ channels' parts of a token's sums. ``seg`` = ceil(sqrt(T)), which makes checkpoi
 together the least (about 2 sqrt(T) states per head instead of T); a problem whose work buffer
 still exceeds one storage-buffer binding of the device does not fit (TooLarge: the call runs on
 the CPU). Pure Python; the token-sequential family reads M3_STAGE, the chunked one M3_CHUNK,
-M3_CHUNK_MIN_T, M3_CHUNK_BWD_MIN_T and M3_BWD_SPLIT (here only: tests/vk/test_knob_reads.py).
+M3_CHUNK_MIN_T and M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ __all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elem
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
 FWD_WG_MAX = 128
+# The forward's loads in flight per invocation (M3_STAGE): 16 from this many workgroups, else 8.
+# On an H100, decode at H = 32: 8 is faster at 1 and 16 sequences (25.8 against 26.1 us, 26.8
+# against 29.0), 16 at 128 (220.6 against 236.5 us; 32 gives 220.9); the threshold lies between
+# the measured 512 and 4096 workgroups (docs/KERNELS.md, "Mamba-3: the floor").
+STAGE_DEEP_GROUPS = 2048
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,13 @@ class M3Plan:
     gy: int
     seg: int = 1
     stage: int = 8
+
+
+def _stage(groups: int, knobs) -> int:
+    stage = knobs.knob("M3_STAGE")
+    if stage is not None:
+        return stage
+    return 16 if groups >= STAGE_DEEP_GROUPS else 8
 
 
 def _pow2_at_least(n: int) -> int:
@@ -118,7 +130,7 @@ def plan_call(req: Request) -> M3Plan:
     groups = d.S * d.H * npb
     gx, gy = grid(groups, lim)
     return M3Plan(wg=wg, npb=npb, groups=groups, gx=gx, gy=gy, seg=segment(d.T) if req.backward else 1,
-                  stage=req.knobs.knob("M3_STAGE"))
+                  stage=_stage(groups, req.knobs))
 
 
 def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:
@@ -171,7 +183,7 @@ class M3ChunkPlan:
     m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle),
     ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_``
     (per sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head
-    and 64 channels); ``split``: the backward's m3b_chunk as its two halves (M3_BWD_SPLIT)."""
+    and 64 channels)."""
 
     L: int
     NC: int
@@ -180,7 +192,6 @@ class M3ChunkPlan:
     states: tuple
     pass_: tuple
     y: tuple
-    split: bool = False
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
@@ -246,8 +257,7 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     try:
         return M3ChunkPlan(L=L, NC=NC, prep=grid(d.S * NC * d.H, lim), angle=grid(d.S * d.H * -(-d.F // 64), lim),
                            states=grid(d.S * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
-                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim),
-                           split=bool(knobs.knob("M3_BWD_SPLIT")) and req.backward)
+                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim))
     except TooLarge:
         return None
 

@@ -60,16 +60,18 @@ def kernels(d: M3Dims, plan: M3Plan, backward: bool) -> list[KernelSpec]:
 
 def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
     """The family's part of the packaged matrix (family.Family.matrix): every (N, M) of
-    :data:`PACKAGED` whose N is among ``n_values``, forward and backward, and the reduction. The
+    :data:`PACKAGED` whose N is among ``n_values``, forward (at the planner's two staging depths)
+    and backward, and the reduction. The
     workgroup size is a specialisation constant: one SPIR-V module serves every device."""
     from ssm_ref.mamba3_checks import M3Dims
 
     from .mamba3_planner import M3Plan
 
     out = []
-    one = M3Plan(wg=64, npb=1, groups=1, gx=1, gy=1, seg=1)
     for n, m in PACKAGED:
         if n in n_values:
             d = M3Dims(S=1, T=1, H=1, P=1, N=n, G=1, M=m, F=0, R=1, mimo=m > 1)
-            out += [scan_spec(d, one), back_spec(d, one)]
+            for stage in (8, 16):   # the planner's two (M3_STAGE's 32 compiles on first use)
+                out.append(scan_spec(d, M3Plan(wg=64, npb=1, groups=1, gx=1, gy=1, seg=1, stage=stage)))
+            out.append(back_spec(d, M3Plan(wg=64, npb=1, groups=1, gx=1, gy=1, seg=1)))
     return [*out, reduce_spec()] if out else []

@@ -28,12 +28,12 @@ GLSL = Path(__file__).resolve().parents[2] / "ssm_vk" / "mamba3" / "glsl"
 COMMON = GLSL.parents[1] / "glsl"
 KERNELS = sorted(p.stem for p in GLSL.glob("*.comp"))
 # compiled per (N, M), defines ND and MR: sizes among the packaged ones (the forward's staging at
-# its default M3_STAGE of 8, and at N = 128 also at 32)
-SIZED = {"mamba3_scan": [(16, 1, 8), (64, 4, 8), (128, 1, 8), (128, 1, 32), (256, 1, 8)],
+# the planner's M3_STAGE of 8 and 16, and at N = 128 also the knob's 32)
+SIZED = {"mamba3_scan": [(16, 1, 8), (64, 4, 16), (128, 1, 8), (128, 1, 16), (128, 1, 32), (256, 1, 8)],
          "mamba3_scan_back": [(16, 1, 0), (64, 4, 0), (128, 1, 0)]}
 assert all(nm[:2] in PACKAGED for sizes in SIZED.values() for nm in sizes)
 # the kernels of fixed size, each with the defines of every variant a plan dispatches
-FIXED = [(k, {}) for k in KERNELS if k not in SIZED and k != "mamba3_reduce"]
+FIXED = [(k, {}) for k in KERNELS if k not in SIZED and k not in ("mamba3_reduce", "m3b_chunk")]
 FIXED += [("mamba3_reduce", dict(reduce_spec().defines)),
           *(("m3b_chunk", dict(chunk_spec(half).defines)) for half in (1, 2))]
 

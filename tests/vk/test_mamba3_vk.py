@@ -279,6 +279,38 @@ def test_the_plan_reads_the_device_limits():
     assert work_elems(long) < work_elems(long, seg=long.T) / 10   # checkpoints: ~2 sqrt(T) states, not T
 
 
+def test_the_forward_stages_deeper_from_enough_workgroups():
+    """The token-sequential forward keeps 8 loads in flight below STAGE_DEEP_GROUPS workgroups and
+    16 from there (M3_STAGE overrides both), and the packaged matrix holds both variants of every
+    packaged state size, so that a call without glslc never meets a module it lacks."""
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk import config, registry
+    from ssm_vk.mamba3 import mamba3_specs
+    from ssm_vk.mamba3.mamba3_planner import STAGE_DEEP_GROUPS
+
+    from ssm_vk.sizing import Limits
+
+    lim = Limits.of(rt.get_context().info)
+
+    def stage(S, **tune):
+        d = M3Dims(S=S, T=1, H=16, P=64, N=128, G=1, M=1, F=0, R=S, mimo=False)
+        with config.configure(tune=tune):
+            p = registry.plan(d, lim, False, config.settings(), op="mamba3_scan").plan
+        return p.groups, p.stage, mamba3_specs.scan_spec(d, p)
+
+    seen = set()
+    for S in (1, 16, STAGE_DEEP_GROUPS // 16 - 1, STAGE_DEEP_GROUPS // 16, 160):
+        groups, st, _ = stage(S)
+        assert st == (16 if groups >= STAGE_DEEP_GROUPS else 8), (S, groups, st)
+        seen.add(st)
+    assert seen == {8, 16}
+    assert stage(160, M3_STAGE=8)[1] == 8 and stage(1, M3_STAGE=32)[1] == 32
+    packaged = {(s.name, s.defines) for s in mamba3_specs.packaged([lim], [128], (), (), config.settings())}
+    for S in (1, 160):
+        spec = stage(S)[2]
+        assert (spec.name, spec.defines) in packaged, S
+
+
 def test_repeats_reuse_the_workspace_and_the_kept_replay():
     """A repeat of a host call records nothing new (its workspace's sequence is resubmitted); a
     repeat of a call of DeviceArrays runs through the Replay kept for its signature

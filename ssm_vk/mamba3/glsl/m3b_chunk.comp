@@ -17,16 +17,16 @@
 // sum in a fixed order (rows, then tiles in order; the reductions over invocations in index order).
 // The flag for a result that is not finite.
 //
-// SPLIT (a define; M3_BWD_SPLIT): 0 the whole of it in one kernel; 1 and 2 the two halves of it as
-// two kernels, run one after the other, each holding fewer registers: 1 computes S and GV, gWD and
-// its sums, and g_v (d_x, d_psi's part), and leaves the per-token sums Σ gWD in d_step's three
-// planes; 2 computes GV again, g_k, g_q and the rest, reading those sums back. Every value is the
-// one kernel's, bit for bit.
+// SPLIT (a define, 1 or 2): the two halves of it as two kernels, run one after the other, each
+// holding fewer registers than the whole did (145 and 157 on an H100, against 169: the two take
+// 0.96 of its time at (8, 2048), docs/KERNELS.md): 1 computes S and GV, gWD and its sums, and g_v
+// (d_x, d_psi's part), and leaves the per-token sums Σ gWD in d_step's three planes; 2 computes
+// GV again, g_k, g_q and the rest, reading those sums back.
 //
 // Bindings and push constants: m3b_common.glsl's. Grid: S * NC * H.
 
-#ifndef SPLIT
-#define SPLIT 0
+#if !defined(SPLIT) || (SPLIT != 1 && SPLIT != 2)
+#error "m3b_chunk.comp is compiled as its first or its second half: SPLIT 1 or 2"
 #endif
 #include "m3b_common.glsl"
 #include "m3c_tile.glsl"

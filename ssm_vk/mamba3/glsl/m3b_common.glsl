@@ -28,7 +28,7 @@ layout(std430, binding = 15) readonly buffer Bgy { float gy_in[]; };
 layout(std430, binding = 16) readonly buffer Bgs { float gs_in[]; };
 layout(std430, binding = 17) writeonly buffer Bdx { float dx_out[]; };
 #if defined(SPLIT) && SPLIT == 2
-layout(std430, binding = 18) buffer Bd3 { float d3_out[]; };   // (read back: m3b_chunk.comp's SPLIT)
+layout(std430, binding = 18) buffer Bd3 { float d3_out[]; };   // (read back by m3b_chunk.comp's second half)
 #else
 layout(std430, binding = 18) writeonly buffer Bd3 { float d3_out[]; };
 #endif
