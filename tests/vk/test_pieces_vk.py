@@ -183,18 +183,56 @@ def test_a_pieced_backward_equals_the_unpieced_one_bit_for_bit(case):
     _same(got, want, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
 
 
-@pytest.mark.parametrize("heap_mib", [20, 14])
-def test_a_long_backward_recomputes_its_checkpoints_where_the_heap_needs_it(heap_mib):
+def _heaps_of_each_kind(ctx, a, stretch: int) -> dict:
+    """{kind: a device-local heap (bytes)} for the backward of arguments ``a`` under
+    ``max_storage_buffer_range=stretch``, found by this device's own planning (its sizes and
+    alignments differ): "some" where the plan recomputes the checkpoints of some windows and keeps
+    those of others, "one" where it keeps only the last window's; searched in 256 KiB steps from
+    the least heap the call is accepted in."""
+    from ssm_vk import config
+    from ssm_vk.support import decision
+    from ssm_vk.validate import check_forward
+
+    p = check_forward(a["s"], a["x"], a["dt"], a["A"], a["B"], a["C"], a["ids"], 1)
+    knobs = config.settings()
+
+    def plan_at(heap: int):
+        with ctx.seams.override_limits(max_storage_buffer_range=stretch, device_local_bytes=heap):
+            d = decision("ssm_scan_back", p, knobs)
+            if not d.sup.ok:
+                return None
+            pl = d.planned.first.plan
+            return pl.recompute, len(pl.windows)
+
+    out, heap = {}, 1 << 20
+    while len(out) < 2 and heap < 1 << 30:
+        got = plan_at(heap)
+        if got is not None:
+            recomputed, n_win = got
+            if recomputed == n_win - 1:
+                out.setdefault("one", heap)
+            elif recomputed > 0:
+                out.setdefault("some", heap)
+            else:
+                break
+        heap += 1 << 18
+    return out
+
+
+@pytest.mark.parametrize("kind", ["some", "one"])
+def test_a_long_backward_recomputes_its_checkpoints_where_the_heap_needs_it(kind):
     # a backward over token windows keeps every window's checkpoints, T H P N / K floats: here 8 MiB
-    # at K = 8, more than the lowered heap leaves them, so the plan keeps the checkpoints of its last
+    # at K = 8, more than a lowered heap leaves them, so the plan keeps the checkpoints of its last
     # windows that fit and, for the first ones, their starting states, from which it recomputes
-    # their checkpoints before their walk back (at 20 MiB some windows of each kind, at 14 MiB one
-    # kept). The call runs on the device (supports() says so), equal bit for bit to the same call on
-    # the whole heap (every checkpoint kept, the same windows and K), and within the float32
-    # tolerance of the float64 oracle
+    # their checkpoints before their walk back (heaps where some windows are of each kind, and where
+    # one keeps its checkpoints: found by this device's planning). The call runs on the device
+    # (supports() says so), equal bit for bit to the same call on the whole heap (every checkpoint
+    # kept, the same windows and K), and within the float32 tolerance of the float64 oracle
     ctx = rt.get_context()
     case = make_problem(7, S=1, T=4096, H=4, P=32, N=32, G=1, R=1, ids="identity")
     a = case.args()
+    heaps = _heaps_of_each_kind(ctx, a, 1 << 16)
+    assert set(heaps) == {"some", "one"}, heaps
 
     def call():
         return ssm_vk.ssm_scan_back(**a, g_y=case.g_y, g_states=case.g_states)
@@ -207,12 +245,12 @@ def test_a_long_backward_recomputes_its_checkpoints_where_the_heap_needs_it(heap
         want = call()
         kept = plans()
     vk_engine.clear(ctx)
-    with ctx.seams.override_limits(max_storage_buffer_range=1 << 16, device_local_bytes=heap_mib << 20):
+    with ctx.seams.override_limits(max_storage_buffer_range=1 << 16, device_local_bytes=heaps[kind]):
         s = ssm_vk.supports("ssm_scan_back", **a)
         got = call()
         ((recomputed, n_win),) = plans()
     assert {r for r, _ in kept} == {0}, kept
-    if heap_mib == 20:
+    if kind == "some":
         assert 0 < recomputed < n_win - 1, (recomputed, n_win)
     else:
         assert recomputed == n_win - 1, (recomputed, n_win)
