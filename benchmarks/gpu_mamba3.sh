@@ -9,10 +9,10 @@
 #   long.log   vk_long.py (x of 1, 8 and 16 GiB, more arguments in LONG_ARGS, e.g. "--passes bwd
 #              --no-ref"; its JSON is left out: the log has every row)
 #   caps.log   (STEPS=...,caps) each device's cooperative-matrix and 16-bit float extensions
-#   split.log  (STEPS=...,split) the backward with m3b_chunk whole and split (M3_BWD_SPLIT), twice
 #   stage.log  (STEPS=...,stage) decode at M3_STAGE = 8, 16, 32, 8 (ssm_vk alone)
-#   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer)
-# Usage: [STEPS=m3,tests,long,caps,split,stage,vs] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+#   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer), and
+#   vs.log     its output as it goes (a run cut short keeps what it printed)
+# Usage: [STEPS=m3,tests,long,caps,stage,vs] [VS_WORKLOADS=...] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -55,13 +55,6 @@ for i, pd in enumerate(device.physical_devices(inst)):
 vk.vkDestroyInstance(inst, None)
 PY
 fi
-if has split; then   # m3b_chunk whole and as its two halves (M3_BWD_SPLIT), the training shape
-    for v in 0 1 0 1; do
-        echo "== M3_BWD_SPLIT=$v"
-        SSM_VK_TUNE="M3_BWD_SPLIT=$v" SSM_VK_PIPELINE_STATS=1 timeout 90 python3 benchmarks/vk_mamba3.py \
-            --shapes 8x2048,1x512 --pass bwd --no-sequential --stats --reps 10 --warm-s 1
-    done > "$OUT/split.log" 2>&1
-fi
 if has stage; then   # the decode kernel's loads in flight (M3_STAGE), ssm_vk alone
     for b in 8 16 32 8; do
         echo "== M3_STAGE=$b"
@@ -70,9 +63,10 @@ if has stage; then   # the decode kernel's loads in flight (M3_STAGE), ssm_vk al
     done > "$OUT/stage.log" 2>&1
 fi
 if has vs; then
-    timeout 560 python3 benchmarks/vs_mamba_ssm.py --mamba-src .peer/mamba --processes 3 --rounds 3 --reps 10 \
-        --workloads m3-512,m3-train,m3-long,m3dec-1,m3dec-16,m3dec-128 --budget-s 520 --clocks "$OUT/clocks.csv" \
-        --md "$OUT/vs.md" > /tmp/vs.log 2>&1
+    # (its budget is the processes' shares; the limit leaves it 100 s for the oracle and the table)
+    timeout 580 python3 benchmarks/vs_mamba_ssm.py --mamba-src .peer/mamba --processes 3 --rounds 3 --reps 10 \
+        --workloads ${VS_WORKLOADS:-m3-512,m3-train,m3-long,m3dec-1,m3dec-16,m3dec-128} --budget-s 480 \
+        --clocks "$OUT/clocks.csv" --md "$OUT/vs.md" > "$OUT/vs.log" 2>&1
 fi
 tail -3 "$OUT"/tests.log 2>/dev/null
 grep -h "^(S, T)\|^  chunked\|^== " "$OUT/m3.log" 2>/dev/null | cut -c1-400
