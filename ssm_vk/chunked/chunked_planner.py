@@ -1,9 +1,11 @@
 """Planning for the chunked (matrix-form) Mamba-2 kernels (ssm_vk/chunked/glsl/chunk_*.comp): whether they
 apply to a problem, the chunk length, the GEMM tiles, and windows of whole sequences that fit
-the device. Pure Python, like ssm_vk.sequential.sequential_planner. The knobs (ssm_vk.config) are read once,
-when the plan is made: what its kernels and their recording need of them (the GEMM tiles and
-threads, 16-byte loads and stores, the pass's batch) is resolved into the ChunkPlan then, so that
-nothing after planning reads a knob.
+the device -- or, where not even one sequence fits, windows of a token range of one sequence that
+carry the state from one to the next (the backward keeps each window's starting state, from a
+first pass over the sequence). Pure Python, like ssm_vk.sequential.sequential_planner. The knobs
+(ssm_vk.config) are read once, when the plan is made: what its kernels and their recording need
+of them (the GEMM tiles and threads, 16-byte loads and stores, the pass's batch) is resolved into
+the ChunkPlan then, so that nothing after planning reads a knob.
 
 The chunked kernels run a chunk of CL tokens as matrix products (ssm_ref/chunked.py), so they
 are parallel over time; the token-sequential kernels (ssm_vk.sequential) cover every shape and stay
@@ -18,7 +20,18 @@ from dataclasses import dataclass, field, replace
 from ssm_ref import Dims
 
 from ..config import DEFAULTS, KNOBS, Settings, settings
-from ..sizing import F32, FLAG_ELEMS, Limits, TooLarge, Window, binding_cap, grid
+from ..sizing import (
+    F32,
+    FLAG_ELEMS,
+    Limits,
+    TooLarge,
+    Window,
+    binding_cap,
+    device_piece_tokens,
+    grid,
+    piece_cap,
+    token_windows,
+)
 
 __all__ = ["ChunkPlan", "plan_call", "scratch", "tables", "chunk_plan", "chunked_scratch", "gemm_tile",
            "scratch_elems", "GEMM_WG", "KS",
@@ -147,8 +160,8 @@ def _hpart(d: Dims, headloop: bool, knobs: Settings, name: str) -> int:
 @dataclass(frozen=True)
 class ChunkPlan:
     CL: int
-    NCH: int
-    windows: tuple       # Window(i0, i1, 0, T): whole sequences
+    NCH: int             # chunks per window (the largest)
+    windows: tuple       # Window(i0, i1, 0, T): whole sequences; or (i, i + 1, t0, t1): token ranges
     Sw: int              # sequences per window (the largest)
     headloop: bool = False   # DB, DC per group (heads added in the workgroup), else per head + reduce
     KS: int = 16             # contraction slice of the GEMM kernels
@@ -160,6 +173,11 @@ class ChunkPlan:
     hpart_c: int = 1         # ... d_C
     P: int = 1               # head_dim and d_state: the sizes of the GEMM products
     N: int = 1
+    Tw: int = 0              # tokens per window (the largest): T, or a token range's
+    # Token windows only: each window's first chunk within its sequence (the windows' chunks of a
+    # sequence counted in order: d_A's parts of a sequence are (H, nch_seq), as in one window)
+    chunk_at: tuple = ()
+    nch_seq: int = 0         # chunks per sequence, all its windows' (= NCH for whole sequences)
     # Resolved from the above when the plan is made (also by dataclasses.replace): what the kernels
     # (ssm_vk.chunked.chunked_specs) and the recording (ssm_vk.chunked.chunked_recording) read instead of the knobs.
     tiles: tuple = field(init=False)        # per mode of MODES, in its order: (RBLK, CBLK, NRB, NCBK)
@@ -176,6 +194,11 @@ class ChunkPlan:
         for k, v in resolved.items():
             object.__setattr__(self, k, v)   # (frozen)
 
+    @property
+    def tokens(self) -> bool:
+        """Whether the windows are token ranges of one sequence (carrying the state)."""
+        return bool(self.chunk_at)
+
     def hpart(self, mode: str) -> int:
         """Heads per part of DB and DC (1 for the other modes)."""
         return {"DB": self.hpart_b, "DC": self.hpart_c}.get(mode, 1)
@@ -190,24 +213,25 @@ class ChunkPlan:
 NOT_SCRATCH = ("x", "B", "states")
 
 
-def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = True) -> dict:
+def scratch_elems(d: Dims, CL: int, Sw: int, backward: bool, headloop: bool = True, T: int | None = None) -> dict:
     """Elements of every scratch array (and, NOT_SCRATCH, of the largest windowed input bindings)
-    for a window of Sw sequences."""
-    NCH = -(-d.T // CL)
+    for a window of Sw sequences of ``T`` tokens (default: d.T)."""
+    T = d.T if T is None else T
+    NCH = -(-T // CL)
     e = {
-        "x": Sw * d.T * d.H * d.P, "B": Sw * d.T * d.G * d.N, "states": Sw * d.H * d.P * d.N,
+        "x": Sw * T * d.H * d.P, "B": Sw * T * d.G * d.N, "states": Sw * d.H * d.P * d.N,
         "hs": Sw * NCH * d.H * d.P * d.N, "cb": Sw * NCH * d.G * CL * CL,
         "mcb": Sw * NCH * d.H * CL * CL, "dec": Sw * NCH * d.H * (2 * CL + 1),
     }
     if backward:
-        e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * d.T * d.H * NSM, dAp=Sw * d.H * NCH)
+        e.update(gs=e["hs"], gu=e["mcb"], mgu=e["mcb"], sm=Sw * T * d.H * NSM, dAp=Sw * d.H * NCH)
         if not headloop:   # per-head parts of d_B, d_C and d_dt, summed by the reduce kernel
-            e.update(dBp=Sw * d.T * d.H * d.N, dCp=Sw * d.T * d.H * d.N, ddtp=Sw * d.T * d.H)
+            e.update(dBp=Sw * T * d.H * d.N, dCp=Sw * T * d.H * d.N, ddtp=Sw * T * d.H)
     return e
 
 
-def _grids(d: Dims, CL: int, Sw: int, knobs: Settings) -> list[int]:
-    NCH = -(-d.T // CL)
+def _grids(d: Dims, CL: int, Sw: int, knobs: Settings, T: int) -> list[int]:
+    NCH = -(-T // CL)
     out = [Sw * NCH * d.H, -(-(Sw * d.H * d.P * d.N) // GEMM_WG)]
     for m in MODES:
         _, _, nrb, ncb = gemm_tile(m, CL, d.P, d.N, knobs)
@@ -215,16 +239,17 @@ def _grids(d: Dims, CL: int, Sw: int, knobs: Settings) -> list[int]:
     return out
 
 
-def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool, knobs: Settings) -> bool:
+def _fits(d: Dims, lim: Limits, CL: int, Sw: int, backward: bool, knobs: Settings, T: int | None = None) -> bool:
+    """Whether a window of ``Sw`` sequences (or, ``T`` given, of ``T`` tokens of one) fits."""
     cap = binding_cap(lim)
-    e = scratch_elems(d, CL, Sw, backward, headloop=False)   # the larger set
+    e = scratch_elems(d, CL, Sw, backward, headloop=False, T=T)   # the larger set
     if any(v > cap for v in e.values()):
         return False
     scratch = sum(v for k, v in e.items() if k not in NOT_SCRATCH) * F32
-    if Sw > 1 and scratch > SCRATCH_BUDGET:
+    if (Sw > 1 or T is not None) and scratch > SCRATCH_BUDGET:
         return False
     try:
-        for n in _grids(d, CL, Sw, knobs):
+        for n in _grids(d, CL, Sw, knobs, d.T if T is None else T):
             grid(n, lim)
     except TooLarge:
         return False
@@ -253,7 +278,7 @@ def why_not(d: Dims, lim: Limits, CL: int, knobs: Settings | None = None) -> str
 
 def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> ChunkPlan | None:
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
-    shape: short sequences, Mamba-1, ...; or because no window of whole sequences fits)."""
+    shape: short sequences, Mamba-1, ...; or because not even a window of one chunk fits)."""
     knobs = settings() if knobs is None else knobs
     # Chunks of 32 tokens for small problems (more workgroups), 64 beyond (half the chunk
     # states to pass along); the sweep: docs/BENCHMARKS.md at 5c2fe9b.
@@ -277,10 +302,29 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             lo = mid
         else:
             hi = mid - 1
-    if lo < 1:
-        return None
-    wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
-    NCH = -(-d.T // CL)
+    Tw, chunk_at = d.T, ()
+    if lo >= 1:
+        wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
+    else:   # token ranges of one sequence: the most whole chunks that fit, cut again where to_device's pieces end
+        c_lo, c_hi = 0, -(-d.T // CL)
+        while c_lo < c_hi:
+            mid = (c_lo + c_hi + 1) // 2
+            if _fits(d, lim, CL, 1, backward, knobs, T=mid * CL):
+                c_lo = mid
+            else:
+                c_hi = mid - 1
+        if c_lo < 1:
+            return None
+        lo, Tw = 1, c_lo * CL
+        spans = token_windows(d.T, Tw, device_piece_tokens(d, lim))
+        wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in spans)
+        if backward and len(wins) * d.H * d.P * d.N * F32 > piece_cap(lim):
+            return None   # (every window's starting state: one buffer, within one allocation)
+        at = [0]
+        for t0, t1 in spans:
+            at.append(at[-1] + -(-(t1 - t0) // CL))
+        chunk_at = tuple(at[:-1]) * d.S
+    NCH = -(-Tw // CL)
     # DB and DC loop over a group's heads only where that still gives enough workgroups: with
     # fewer the GPU idles, and per head + the reduce is the faster (the scratch budget allows for
     # it anyway; docs/KERNELS.md, "The planner's defaults")
@@ -291,15 +335,18 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
                      keep=knobs.knob("KEEP_STATES") != 0, knobs=knobs,
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
-                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N)
+                     hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N, Tw=Tw, chunk_at=chunk_at,
+                     nch_seq=at[-1] if chunk_at else NCH)
 
 
 def chunked_scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
     """The chunked kernels' scratch, as their recording requests it (but the flag)."""
-    e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
+    e = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop, T=cp.Tw)
     out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
     if backward:
-        out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.NCH)
+        out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.nch_seq)
+        if cp.tokens:   # each token window's starting state (its forward recompute's)
+            out["ck"] = len(cp.windows) * d.H * d.P * d.N
     return out
 
 
@@ -326,7 +373,7 @@ def tables(cp: ChunkPlan, backward: bool) -> int | None:
     """The tag of the tables a chunked forward leaves for the backward of the same inputs (its chunk
     states, C.B and M o C.B: engine.KeptForward), the chunk length: a backward of the same chunk
     length binds them instead of recomputing them. A forward leaves them only in one window of
-    sequences, and not with the knob KEEP_STATES=0."""
+    sequences, and not with the knob KEEP_STATES=0; a backward over token windows recomputes them."""
     if backward:
-        return cp.CL
+        return None if cp.tokens else cp.CL
     return cp.CL if cp.keep and len(cp.windows) == 1 else None

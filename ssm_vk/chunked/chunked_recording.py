@@ -1,5 +1,10 @@
 """Recording the chunked (matrix-form) Mamba-2 kernels: the forward and backward of
-ssm_ref/chunked.py as a short list of dispatches per window of whole sequences.
+ssm_ref/chunked.py as a short list of dispatches per window of whole sequences, or of a token
+range of one sequence (the planner's token windows: the state buffer carries a sequence's state
+from one window to the next, and the backward first walks each sequence forward, keeping every
+window's starting state, then walks its windows back, the last first, d_s0's buffer carrying the
+state's cotangent; d_A's parts of a window land at its first chunk of the sequence's, so that
+their sum runs in the order of one window's).
 
 Forward, per window:  CB (C.B per group) -> decay (din, dout, dch, M*CB) -> ZF (each chunk's own
 state) -> pass (incoming states, in chunk order; final states) -> Y.
@@ -33,28 +38,31 @@ class _Chunked:
     def __init__(self, seq, ws, d, cp: ChunkPlan, w, binds: dict, offs: dict):
         self.seq, self.ws, self.d, self.cp, self.w = seq, ws, d, cp, w
         self.binds, self.offs = binds, offs
-        self.profile = ws.profile and ws.ctx.info.timestamps
+        self.nch = -(-w.T // cp.CL)   # the window's chunks
+        self.profile = ws.profile and ws.ctx.info.timestamps and w == cp.windows[0]
 
     def mark(self, label: str) -> None:
         """A barrier (every step reads what the one before wrote), and a timestamp when profiling
         (SSM_VK_PROFILE=1: after each step of the first window; benchmarks/vk_speed.py prints them)."""
         self.seq.barrier()
-        if self.w.i0 == 0 and self.profile:
+        if self.profile:
             self.seq.timestamp(label)
 
     def split(self, label: str) -> None:
         """Between independent dispatches: a barrier and a timestamp only when profiling."""
-        if self.w.i0 == 0 and self.profile:
+        if self.profile:
             self.mark(label)
 
     def run(self, spec: specs.KernelSpec, n_groups: int, **extra) -> None:
+        """Dispatch ``spec`` over ``n_groups`` workgroups; ``extra``: bindings by name, and push
+        constants (offsets o_*, NCHA) over the window's."""
         gx, gy = grid(n_groups, self.ws.limits)
         dummy = self.ws.bind(None, 0, 0, 0)[0]
-        b = {**self.binds, **{k: v for k, v in extra.items() if not k.startswith("o_")}}
-        push = dict(S=self.w.S, T=self.d.T, H=self.d.H, G=self.d.G, NCH=self.cp.NCH, gx=gx,
-                    o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0, o_A=0)
+        b = {**self.binds, **{k: v for k, v in extra.items() if k not in chk.CHUNK_PUSH}}
+        push = dict(S=self.w.S, T=self.w.T, H=self.d.H, G=self.d.G, NCH=self.nch, gx=gx,
+                    o_x=0, o_dt=0, o_B=0, o_C=0, o_gy=0, o_out=0, o_st=0, o_A=0, NCHA=self.nch)
         push.update(self.offs)
-        push.update({k: v for k, v in extra.items() if k.startswith("o_")})
+        push.update({k: v for k, v in extra.items() if k in chk.CHUNK_PUSH})
         self.seq.dispatch(kernel(self.ws.ctx, spec), [b.get(k, dummy) for k in chk.CHUNK_BINDINGS],
                           specs.pack_push(chk.CHUNK_PUSH, push), (gx, gy, 1))
 
@@ -65,19 +73,19 @@ class _Chunked:
             heads = d.G
         else:
             heads = d.H // cp.hpart(mode)
-        self.run(gemm_spec(d, cp, mode), self.w.S * cp.NCH * heads * nrb * ncb, **extra)
+        self.run(gemm_spec(d, cp, mode), self.w.S * self.nch * heads * nrb * ncb, **extra)
 
     def per_head(self, spec, **extra) -> None:
-        self.run(spec, self.w.S * self.cp.NCH * self.d.H, **extra)
+        self.run(spec, self.w.S * self.nch * self.d.H, **extra)
 
     def fold_heads(self) -> None:
         """M o GU summed over each group's heads into its first head's slot (ssm_scan_reduce.comp
         MODE 2), for d_B and d_C with FOLD."""
         d, cp, ws = self.d, self.cp, self.ws
-        n = self.w.S * cp.NCH * d.G * cp.CL * cp.CL
+        n = self.w.S * self.nch * d.G * cp.CL * cp.CL
         gx, gy = grid(-(-n // specs.FLAT_WG), ws.limits)
         push = dict.fromkeys(specs.RED_PUSH, 0)
-        push.update(S=self.w.S, T=cp.NCH, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, HS=1, HSC=1)
+        push.update(S=self.w.S, T=self.nch, H=d.H, P=1, N=cp.CL * cp.CL, G=d.G, NPB=1, KA=1, gx=gx, HS=1, HSC=1)
         dummy = ws.bind(None, 0, 0, 0)[0]
         self.seq.dispatch(kernel(ws.ctx, specs.reduce_spec(2)), [self.binds["mgu"], *[dummy] * 5],
                           specs.pack_push(specs.RED_PUSH, push), (gx, gy, 1))
@@ -89,7 +97,7 @@ class _Chunked:
 
 
 def _scratch(ws, d, cp: ChunkPlan, backward: bool) -> dict:
-    sizes = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop)
+    sizes = scratch_elems(d, cp.CL, cp.Sw, backward, cp.headloop, T=cp.Tw)
     names = ["hs", "cb", "mcb", "dec"] + (["gs", "gu", "mgu", "sm"] if backward else [])
     if backward and not cp.headloop:
         names += ["dBp", "dCp", "ddtp"]
@@ -107,7 +115,7 @@ def _window(seq, ws, p: Problem, cp: ChunkPlan, w, bufs: dict, scratch: dict, gr
     b, o = seq_bindings(ws, d, w, tok, names)
     b["flag"] = ws.bind(scratch["flag"], 0, 0, FLAG_ELEMS)[0]
     b["A"], o["o_A"] = ws.bind(*bufs["A"], 0, d.H)
-    sizes = scratch_elems(d, cp.CL, w.S, grads, cp.headloop)
+    sizes = scratch_elems(d, cp.CL, w.S, grads, cp.headloop, T=w.T)
     for k, buf in scratch.items():
         if k != "flag":
             b[k] = ws.bind(buf, 0, 0, sizes[k])[0]
@@ -136,12 +144,44 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
         k.gemm("ZF")
         k.mark("states")
         st_b, o_st = ws.bind(st_buf, st_off, w.i0 * row, w.S * row)
-        k.pass_(0, st=st_b, o_st=o_st)
+        k.pass_(0, st=st_b, o_st=o_st)   # (a token window's final state: the next one's start)
         k.mark("pass")
-        out_b, o_out = ws.bind(y_buf, y_off, w.i0 * d.T * d.H * d.P, w.S * d.T * d.H * d.P)
+        out_b, o_out = _tokens(ws, d, w, (y_buf, y_off), d.H * d.P)
         k.gemm("Y", out=out_b, o_out=o_out)
         k.mark("y")
     recording.flag_end(seq, ws, scratch["flag"])
+
+
+def _tokens(ws, d, w, at: tuple, per: int) -> tuple:
+    """The binding and residual offset of window ``w``'s rows of an (S, T, per) output at ``at``."""
+    return ws.bind(*at, (w.i0 * d.T + w.t0) * per, w.S * w.T * per)
+
+
+def _starts(seq, ws, p: Problem, cp: ChunkPlan, bufs: dict, scratch: dict, st, row: int):
+    """Token windows: a buffer of every window's starting state, the states at the windows'
+    starts of each sequence, computed by walking the sequence forward (CB, decay, ZF, the pass)
+    from its state gathered in ``st``, which it leaves at the last window's start."""
+    d = p.dims
+    ck = ws.scratch(len(cp.windows) * row)
+    fwd = {k: scratch[k] for k in ("hs", "cb", "mcb", "dec", "flag")}
+    last = {w.i0: j for j, w in enumerate(cp.windows)}   # each sequence's last window
+    for j, w in enumerate(cp.windows):
+        seq.copy(st, ck, row * F32, w.i0 * row * F32, j * row * F32)
+        if last[w.i0] == j:
+            continue
+        seq.barrier()   # (the copy read the state the pass is about to write)
+        k = _window(seq, ws, p, cp, w, bufs, fwd, grads=False)
+        k.gemm("CB")
+        k.mark("starts")
+        k.per_head(decay_spec(d, cp, False))
+        k.mark("starts")
+        k.gemm("ZF")
+        k.mark("starts")
+        st_b, o_st = ws.bind(st, 0, w.i0 * row, row)
+        k.pass_(0, st=st_b, o_st=o_st)
+        k.mark("starts")
+    seq.barrier()
+    return ck
 
 
 def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
@@ -155,20 +195,25 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
     saved = None if kept is None else kept.tables   # the forward's hs, cb, mcb (engine.KeptForward)
+    assert saved is None or not cp.tokens   # (chunked_planner.tables: a token window's are recomputed)
     if saved is None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
-    dAp = ws.scratch(d.S * d.H * cp.NCH)
+    dAp = ws.scratch(d.S * d.H * cp.nch_seq)
     scratch = _scratch(ws, d, cp, True)
     scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
+    ck = _starts(seq, ws, p, cp, bufs, scratch, st, row) if cp.tokens else None
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
-    for w in cp.windows:
+    for j in reversed(range(len(cp.windows))):   # (a token window needs the cotangent of the next one's start)
+        w = cp.windows[j]
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=True)
         if saved is not None:
             fsz = scratch_elems(d, cp.CL, w.S, False)
             for name, buf in saved.items():
                 k.binds[name] = ws.bind(buf, 0, 0, fsz[name])[0]
-        dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.NCH, w.S * d.H * cp.NCH)
+        dAp_b, o_dAp = ws.bind(dAp, 0, w.i0 * d.H * cp.nch_seq, w.S * d.H * cp.nch_seq)
+        if cp.tokens:
+            o_dAp += cp.chunk_at[j]
         if saved is None:
             k.gemm("CB")
         k.gemm("GU")
@@ -183,36 +228,36 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.gemm("ZB")
         k.mark("states")
         if saved is None:
-            st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
+            st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row) if ck is None else ws.bind(ck, 0, j * row, row)
             k.pass_(0, st=st_b, o_st=o_st)
         lam_b, o_lam = ws.bind(lam, lam_off, w.i0 * row, w.S * row)
         k.pass_(1, st=lam_b, o_st=o_lam)
         k.mark("passes")
-        dx_b, o_dx = ws.bind(*bufs["d_x"], w.i0 * d.T * per["d_x"], w.S * d.T * per["d_x"])
+        dx_b, o_dx = _tokens(ws, d, w, bufs["d_x"], per["d_x"])
         k.gemm("GAM", out=dx_b, o_out=o_dx)
         k.split("gam")
         if cp.headloop:       # d_B, d_C, d_dt written by the kernels
-            db_b, o_db = ws.bind(*bufs["d_B"], w.i0 * d.T * per["d_B"], w.S * d.T * per["d_B"])
-            dc_b, o_dc = ws.bind(*bufs["d_C"], w.i0 * d.T * per["d_C"], w.S * d.T * per["d_C"])
-            ddt_b, o_ddt = ws.bind(*bufs["d_dt"], w.i0 * d.T * per["d_dt"], w.S * d.T * per["d_dt"])
+            db_b, o_db = _tokens(ws, d, w, bufs["d_B"], per["d_B"])
+            dc_b, o_dc = _tokens(ws, d, w, bufs["d_C"], per["d_C"])
+            ddt_b, o_ddt = _tokens(ws, d, w, bufs["d_dt"], per["d_dt"])
         else:                 # per-head parts, summed below
             (db_b, o_db), (dc_b, o_dc), (ddt_b, o_ddt) = (k.binds["dBp"], 0), (k.binds["dCp"], 0), (k.binds["ddtp"], 0)
         k.gemm("DB", out=db_b, o_out=o_db)
         k.split("db")
         k.gemm("DC", out=dc_b, o_out=o_dc)
         k.mark("dc")
-        k.per_head(finish_spec(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt)
+        k.per_head(finish_spec(d, cp), dAp=dAp_b, o_out=o_dAp, ddtp=ddt_b, o_st=o_ddt, NCHA=cp.nch_seq)
         k.mark("finish")
         if not cp.headloop:
             reduce_partials(seq, ws, d, w, 1, (k.binds["dBp"], k.binds["dCp"], k.binds["ddtp"]), bufs,
                             hs=cp.hpart_b, hs_c=cp.hpart_c)
-            if w is not cp.windows[-1]:
+            if j:
                 k.mark("reduce")      # before the next window writes its partials
             else:
                 k.split("reduce")
     # The last three read what is done (d_A's partials, d_s0) and write apart: no barriers between
     # them, or after the partial sums.
-    reduce_dA(seq, ws, p.dims, dAp, bufs["d_A"], rows=cp.NCH, KA=1)
+    reduce_dA(seq, ws, p.dims, dAp, bufs["d_A"], rows=cp.nch_seq, KA=1)
     k.split("d_A")
     scatter_rows(ws.ctx, seq, ws, ws.limits, lam, bufs["d_s"], p.ids, row, d.R)
     k.split("d_s")

@@ -17,7 +17,7 @@ __all__ = ["CHUNK_PUSH", "CHUNK_BINDINGS", "chunk_spec", "PASS_WG", "PASS_BATCH"
            "pass_spec", "gemm_spec", "decay_spec", "finish_spec", "chunk_kernels", "matrix", "packaged"]
 
 # The chunked kernels (ssm_vk/chunked/glsl/chunk_common.glsl): one push block and one binding table for all.
-CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st", "o_A")
+CHUNK_PUSH = ("S", "T", "H", "G", "NCH", "gx", "o_x", "o_dt", "o_B", "o_C", "o_gy", "o_out", "o_st", "o_A", "NCHA")
 CHUNK_BINDINGS = ("x", "dt", "A", "B", "C", "gy", "hs", "gs", "cb", "mcb", "gu", "mgu", "dec", "out",
                   "sm", "st", "ddtp", "dAp", "flag")
 

@@ -97,8 +97,9 @@ def kernels(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> list[KernelSpec]:
 
 
 def packaged(limits_list, n_values, p_values, pn_values, knobs: Settings) -> list[KernelSpec]:
-    """The family's part of the packaged matrix (family.Family.matrix): its eleven modules, wherever some d_state of ``n_values`` is one it takes (mamba3_reduce.comp is the
-    token-sequential family's)."""
+    """The family's part of the packaged matrix (family.Family.matrix): its eleven modules, wherever
+    some d_state of ``n_values`` is one it takes (mamba3_reduce.comp is the token-sequential
+    family's)."""
     if not any(1 <= n <= CHUNK_N_MAX for n in n_values):
         return []
     return [prep_spec(), angle_spec(), states_spec(), pass_spec(), y_spec(), gstates_spec(), gpass_spec(),

@@ -259,17 +259,27 @@ def test_scratch_budget_limits_windows_of_several_sequences(knobs):
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-def test_none_when_one_sequence_does_not_fit(knobs, backward):
+def test_token_windows_when_one_sequence_does_not_fit_none_below_one_chunk(knobs, backward):
     knobs.update(CHUNK=16, CHUNK_MIN_T=1)
     d = dims(S=3, T=64, H=2, P=8, N=16, G=1)
     per_seq = max(scratch_elems(d, 16, 1, backward).values())
+    lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
+    cp = chunk_plan(d, lim, backward)
+    assert cp.Sw == 1 and not cp.tokens and len(cp.windows) == d.S
+    # a binding short of one sequence's scratch: token windows of whole chunks, each sequence's
+    # chunks counted in order across its windows
     lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32 - F32)
+    cp = chunk_plan(d, lim, backward)
+    assert cp.tokens and cp.Sw == 1 and len(cp.windows) > d.S
+    assert all(w.t0 % 16 == 0 and w.S == 1 for w in cp.windows)
+    assert [(w.i0, w.t0, w.t1) for w in cp.windows] == sorted((w.i0, w.t0, w.t1) for w in cp.windows)
+    assert cp.nch_seq == 4 and all(at == w.t0 // 16 for at, w in zip(cp.chunk_at, cp.windows, strict=True))
+    # below one chunk's scratch: none; the token-sequential plan still takes it (windows of its own)
+    one = max(scratch_elems(d, 16, 1, backward, T=16).values())
+    lim = replace(BIG, max_storage_buffer_range=16 + one * F32 - F32)
     assert chunk_plan(d, lim, backward) is None
-    # the token-sequential plan still takes it (windows of its own)
     pl = registry.plan(d, lim, backward)
     assert pl.family.name == "sequential" and pl.plan.windows
-    lim = replace(BIG, max_storage_buffer_range=16 + per_seq * F32)
-    assert chunk_plan(d, lim, backward).Sw == 1
 
 
 # -- GEMM tiles ----------------------------------------------------------------------------------

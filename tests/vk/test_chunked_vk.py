@@ -289,14 +289,39 @@ def test_windows_of_whole_sequences_are_bit_identical_to_one_window(chunked):
         assert split[k].tobytes() == whole[k].tobytes(), k
 
 
-def test_falls_back_to_the_sequential_kernels_when_the_chunk_scratch_cannot_fit(chunked):
-    # A storage range below one sequence's chunk scratch: no chunked plan, the token-sequential
-    # kernels (token windows) run it, still on the GPU and still right.
-    case = make_problem(np.random.default_rng(41), S=2, T=40, H=2, P=P0, N=N0, G=1, ids="unused")
-    d = dims_of(case)
+def _one_chunk_range(case, backward: bool) -> int:
+    """Bytes of the largest binding of one window of one chunk of 16 tokens (forward or backward)."""
+    return max(scratch_elems(dims_of(case), 16, 1, backward, headloop=False, T=16).values()) * 4
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=MAMBA2.filter(lambda c: c.dims["T"] > 16))
+def test_token_windows_of_one_sequence_carry_the_state(chunked, case):
+    # A storage range that holds one chunk's scratch of one sequence, not a whole sequence's: the
+    # chunked kernels run token windows of whole chunks (the state carried from one window to the
+    # next, the backward walking each sequence forward for its windows' starts, then back), on
+    # the GPU, every output the bits of the same call in one window (the chunks and the order of
+    # d_A's sums are the same) and within the float32 tolerance of float64
     ctx = rt.get_context()
-    small = max(scratch_elems(d, 16, 1, False).values()) * 4      # the forward's need; the backward's is larger
-    with ctx.seams.override_limits(max_storage_buffer_range=small):
+    one = check_case(case, label="one window")
+    assert all(len(chunks(case, b).windows) <= case.dims["S"] for b in (False, True))
+    vk_engine.clear()
+    with ctx.seams.override_limits(max_storage_buffer_range=_one_chunk_range(case, True) + 256):
+        for backward in (False, True):
+            cp = chunks(case, backward)
+            assert cp is not None and cp.tokens and len(cp.windows) > case.dims["S"], (backward, cp)
+            assert all(w.t0 % 16 == 0 and w.S == 1 for w in cp.windows)
+        windowed = check_case(case, label="token windows")
+    for k in OUTPUTS:
+        assert windowed[k].tobytes() == one[k].tobytes(), k
+
+
+def test_falls_back_to_the_sequential_kernels_when_one_chunk_cannot_fit(chunked):
+    # A storage range below one chunk's scratch of one sequence: no chunked plan, the
+    # token-sequential kernels (token windows) run it, still on the GPU and still right.
+    case = make_problem(np.random.default_rng(41), S=2, T=40, H=2, P=P0, N=N0, G=1, ids="unused")
+    ctx = rt.get_context()
+    with ctx.seams.override_limits(max_storage_buffer_range=_one_chunk_range(case, False) - 4):
         for backward in (False, True):
             assert config.settings().knob("CHUNK_MIN_T") == 1 and planned(case, backward).plan.windows
         check_case(case, label="fall-back", CL=None)

@@ -189,7 +189,7 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
         return {CB["dec"]: dec, CB["A"]: v["o_A"] + H, CB["dt"]: dt,
                 CB["ddtp"]: v["o_st"] + ST * H,               # d_dt[o_st + it*H + h]
                 CB["sm"]: sm(max(SM_ALPHA + D["NBN"], SM_BETA + D["NBP"], SM_GX + D["NBP"], SM_GH + D["NBP"])),
-                CB["dAp"]: v["o_out"] + S * H * NCH}           # dAp[o_out + (i*H + h)*NCH + c]
+                CB["dAp"]: v["o_out"] + (S * H - 1) * v["NCHA"] + NCH}   # dAp[o_out + (i*H + h)*NCHA + c]
     assert spec.name.startswith("chunk_gemm_"), spec.name
     mode = spec.name.removeprefix("chunk_gemm_")                # the product: glsl/chunk_gemm_<mode>.comp
     cols = {"cb": CL, "gu": CL, "zf": ND, "zb": ND, "y": PD, "gam": PD, "db": ND, "dc": ND}[mode]

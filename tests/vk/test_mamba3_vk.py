@@ -287,7 +287,6 @@ def test_the_forward_stages_deeper_from_enough_workgroups():
     from ssm_vk import config, registry
     from ssm_vk.mamba3 import mamba3_specs
     from ssm_vk.mamba3.mamba3_planner import STAGE_DEEP_GROUPS
-
     from ssm_vk.sizing import Limits
 
     lim = Limits.of(rt.get_context().info)

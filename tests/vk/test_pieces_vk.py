@@ -268,10 +268,22 @@ def _copied_into_own_pieces(ctx) -> set:
             for k, b in ws.host.uploads.items() if isinstance(b, rt.Pieces)}
 
 
-def test_to_device_cuts_a_long_sequence_where_the_forward_cuts_it():
+@pytest.fixture
+def token_sequential():
+    """The token-sequential kernels for every call of the test (knob CHUNK=0)."""
+    from ssm_vk import config
+
+    with config.configure(tune={"CHUNK": 0}):
+        vk_engine.clear(rt.get_context())
+        yield
+    vk_engine.clear(rt.get_context())
+
+
+def test_to_device_cuts_a_long_sequence_where_the_forward_cuts_it(token_sequential):
     # x of one sequence beyond one allocation: to_device cuts its tokens at the forward's windows
     # (one binding less the offset's slack, a multiple of the checkpoint interval), so the forward
-    # binds every piece in place and copies nothing; the result is the host call's, bit for bit
+    # binds every piece in place and copies nothing; the result is the host call's, bit for bit.
+    # The token-sequential kernels (the chunked ones cut their windows where the pieces end: below)
     ctx = rt.get_context()
     case = make_problem(3, S=1, T=1024, H=2, P=8, N=4, G=1, R=1, ids="identity")
     a = case.args()
@@ -289,10 +301,11 @@ def test_to_device_cuts_a_long_sequence_where_the_forward_cuts_it():
     _same(r, want, ["y", "states"])
 
 
-def test_a_long_backward_binds_to_device_pieces_in_place():
+def test_a_long_backward_binds_to_device_pieces_in_place(token_sequential):
     # x and g_y of one sequence beyond one allocation, cut by to_device at the forward's windows:
     # the backward's token windows (shorter: its partials' budget) never straddle those cuts, so it
     # binds every piece in place and copies nothing; its gradients are the host call's, bit for bit
+    # (the token-sequential kernels; the chunked ones: the next test)
     ctx = rt.get_context()
     # (N = 16: the checkpoints of a window, 2 N floats per token, bound its windows to half of x's
     # pieces, 16 floats per token, and not to a divisor of them)
@@ -317,6 +330,46 @@ def test_a_long_backward_binds_to_device_pieces_in_place():
     lens = {w.t1 - w.t0 for w in plan.windows}
     assert len(lens) > 2, lens   # (windows cut short where x's pieces end)
     _same(g, want, ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"])
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_chunked_token_windows_bind_to_device_pieces_in_place(backward):
+    # one long sequence on the chunked kernels, x (and g_y) beyond one allocation, cut by to_device:
+    # the chunked kernels' token windows end where those pieces end (whole chunks between), so the
+    # call binds every piece in place and copies nothing; the result is the host call's, bit for bit
+    from ssm_vk import config
+
+    ctx = rt.get_context()
+    case = make_problem(5, S=1, T=1024, H=2, P=8, N=16, G=1, R=1, ids="identity")
+    a, kw = case.args(), dict(g_y=case.g_y, g_states=case.g_states)
+
+    def call(args):
+        return ssm_vk.ssm_scan_back(**args) if backward else ssm_vk.ssm_scan(**{k: args[k] for k in a})
+
+    lim = dict(max_storage_buffer_range=1 << 14, max_memory_allocation_size=1 << 14)
+    with config.configure(tune={"CHUNK": 16}):
+        vk_engine.clear(ctx)
+        with ctx.seams.override_limits(**lim):
+            want = call({**a, **kw})
+        vk_engine.clear(ctx)
+        with ctx.seams.override_limits(**lim):
+            dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+                   for k, v in {**a, **kw}.items()}
+            assert len(dev["x"].buffer.starts) > 2
+            got = call(dev)
+            plans = [ws.plan for ws in vk_engine.engine_of(ctx).workspaces.values() if ws.family.name == "chunked"]
+            copied = _copied_into_own_pieces(ctx)
+        vk_engine.clear(ctx)
+    assert got.where.startswith("Vulkan"), got.where
+    ((cp,),) = (plans,)
+    assert cp.tokens and len(cp.windows) > 2, cp
+    assert not copied & {"x", "g_y"}, copied
+    names = ["d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"] if backward else ["y", "states"]
+    _same(got, want, names)
+    og = oracle_back(**a, **kw) if backward else None
+    if backward:
+        for k in ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"):
+            assert_close(VK, k, getattr(got, k), getattr(og, k), label="chunked token windows in pieces")
 
 
 def test_token_windows_and_sequence_windows_are_both_pieced_on_the_device():

@@ -22,7 +22,7 @@
 //   15 st  (S, H, P, N)    forward: initial state in, final state out; backward: g_states in,
 //                          d_s0 out
 //   16 ddtp (S, T, H)      d_dt (chunk_finish writes it, at offset o_st)
-//   17 dAp (S, H, NCH)     per-chunk parts of d_A
+//   17 dAp (S, H, NCHA)    per-chunk parts of d_A (a token window's at its first chunk, o_out)
 //   18 flag (uint)         set to 1 when any output is not finite: the host then recomputes the
 //                          call with the token-sequential kernels (their inf/nan follow docs/SPEC.md;
 //                          the matrix form's sums can turn an inf into nan and back)
@@ -57,6 +57,7 @@ layout(push_constant) uniform PC {
     uint gx;           // workgroups along x (the grid is 2-D when it must be)
     uint o_x, o_dt, o_B, o_C, o_gy, o_out, o_st;
     uint o_A;          // element offset of A in its binding
+    uint NCHA;         // chunks per sequence in dAp: NCH, or all of a sequence's token windows'
 } pc;
 
 // Slots of sm: 0 the in-chunk part of the decay gradient (sum of W over r >= t > s);

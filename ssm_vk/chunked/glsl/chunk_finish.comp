@@ -60,7 +60,7 @@ void main() {
     if (lid == 0u) {
         float s = 0.0;
         for (uint t = 0; t < Lc; ++t) s += dq[t];
-        dAp[pc.o_out + (i * pc.H + h) * pc.NCH + c] = s;   // o_out: dAp's window offset
+        dAp[pc.o_out + (i * pc.H + h) * pc.NCHA + c] = s;   // o_out: dAp's window offset
         guard(s);
     }
 }
