@@ -159,11 +159,11 @@ def _tokens(ws, d, w, at: tuple, per: int) -> tuple:
 
 def _starts(seq, ws, p: Problem, cp: ChunkPlan, bufs: dict, scratch: dict, st, row: int):
     """Token windows: a buffer of every window's starting state, the states at the windows'
-    starts of each sequence, computed by walking the sequence forward (CB, decay, ZF, the pass)
-    from its state gathered in ``st``, which it leaves at the last window's start."""
+    starts of each sequence, computed by walking the sequence forward (the decays alone, ZF, the
+    pass) from its state gathered in ``st``, which it leaves at the last window's start."""
     d = p.dims
     ck = ws.scratch(len(cp.windows) * row)
-    fwd = {k: scratch[k] for k in ("hs", "cb", "mcb", "dec", "flag")}
+    fwd = {k: scratch[k] for k in ("hs", "dec", "flag")}
     last = {w.i0: j for j, w in enumerate(cp.windows)}   # each sequence's last window
     for j, w in enumerate(cp.windows):
         seq.copy(st, ck, row * F32, w.i0 * row * F32, j * row * F32)
@@ -171,9 +171,7 @@ def _starts(seq, ws, p: Problem, cp: ChunkPlan, bufs: dict, scratch: dict, st, r
             continue
         seq.barrier()   # (the copy read the state the pass is about to write)
         k = _window(seq, ws, p, cp, w, bufs, fwd, grads=False)
-        k.gemm("CB")
-        k.mark("starts")
-        k.per_head(decay_spec(d, cp, False))
+        k.per_head(decay_spec(d, cp, False, kept=True))   # (din, dout, dch; no M o C.B)
         k.mark("starts")
         k.gemm("ZF")
         k.mark("starts")

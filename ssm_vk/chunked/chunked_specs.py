@@ -78,6 +78,7 @@ def chunk_kernels(d, cp: ChunkPlan, backward: bool) -> list[KernelSpec]:
         return [*ks, gemm_spec(d, cp, "Y")]
     ks += [gemm_spec(d, cp, m) for m in ("GU", "ZB", "GAM", "DB", "DC")]
     ks.append(decay_spec(d, cp, True, kept=True))    # after a forward whose tables are still there
+    ks.append(decay_spec(d, cp, False, kept=True))   # token windows' starts: the decays alone
     ks += [pass_spec(d, cp, 1), finish_spec(d, cp), reduce_spec(1)]
     if cp.fold:
         ks.append(reduce_spec(2))

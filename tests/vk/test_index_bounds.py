@@ -181,7 +181,11 @@ def _chunk_bounds(spec, v: dict, D: dict) -> dict[int, int]:
         return {CB["st"]: v["o_st"] + S * H * PD * ND, CB["hs" if D["MODE"] == 0 else "gs"]: S * NCH * H * PD * ND,
                 CB["dec"]: dec}
     if spec.name == "chunk_decay":
-        out = {CB["dt"]: dt, CB["A"]: v["o_A"] + H, CB["dec"]: dec, CB["cb"]: S * NCH * G * CL * CL, CB["mcb"]: mat}
+        out = {CB["dt"]: dt, CB["A"]: v["o_A"] + H, CB["dec"]: dec}
+        if D["MODE"] == 1 or not D.get("KEPT", 0):
+            out[CB["cb"]] = S * NCH * G * CL * CL
+        if not D.get("KEPT", 0):
+            out[CB["mcb"]] = mat
         if D["MODE"] == 1:
             out.update({CB["gu"]: mat, CB["mgu"]: mat, CB["sm"]: sm(SM_W + 1)})
         return out

@@ -10,6 +10,7 @@
 // Every exponent is a sum over its own token range, in token order: no differences of running
 // sums (no cancellation; a -inf or nan log-decay only reaches the ranges that hold it).
 // KEPT = 1 (backward after its forward): mcb is the forward's, bound as it left it; not written.
+// MODE 0 with KEPT (the backward's walk to its token windows' starts): the decays alone, cb unread.
 // Bindings and push constants: glsl/chunk_common.glsl. Defines: chunk_common's, MODE, KEPT.
 
 #extension GL_EXT_control_flow_attributes : enable
@@ -64,7 +65,9 @@ void main() {
             uint at = t * CL + s;
             bool on = s <= t && t < Lc;
             float m = exp(seg);
-            float cbv = cb[gm * CL * CL + at];
+#if MODE == 1 || !KEPT
+            float cbv = cb[gm * CL * CL + at];   // (the token windows' starts, MODE 0 with KEPT: not read)
+#endif
 #if !KEPT
             mcb[hm * CL * CL + at] = on ? m * cbv : 0.0;
 #endif
