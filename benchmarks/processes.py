@@ -73,24 +73,35 @@ def fmt(s: Spread | None, digits: int = 0) -> str:
 
 def children(script: str | Path, argv: list[str], n: int, *, json_flag: str = "--json",
              first_extra: list[str] = (), rest_extra: list[str] = (), budget_s: float | None = None,
-             budget_flag: str = "--budget-s", env: dict | None = None) -> list[dict]:
+             budget_flag: str = "--budget-s", env: dict | None = None, grace_s: float | None = None) -> list[dict]:
     """Run ``python script *argv`` in ``n`` fresh processes one after another, each with
     ``json_flag FILE`` of its own (the caller's argv must not carry one), ``first_extra`` added to
     the first process's arguments and ``rest_extra`` to the others'. With ``budget_s``, process i
-    gets ``budget_flag`` set to an equal share of what is left (the time left over n - i). Their
-    output goes to this process's output as it comes. Returns the reports in order; a process
-    that failed or wrote no JSON gives ``{"failed": "..."}`` in its place."""
+    gets ``budget_flag`` set to an equal share of what is left (the time left over n - i), and is
+    killed ``grace_s`` past it (default a quarter of its share, at least 30 s): a child checks its budget between its
+    steps, and one step (a compiler's autotuning, a float64 check) can outlast it, which would
+    take the time of the processes after it and of the caller's summary. Their output goes to
+    this process's output as it comes. Returns the reports in order; a process that failed, was
+    killed or wrote no JSON gives ``{"failed": "..."}`` in its place."""
     out = []
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="procs_"))
     for i in range(n):
         path = tmp / f"process{i}.json"
         cmd = [sys.executable, str(script), *argv, *(first_extra if i == 0 else rest_extra), json_flag, str(path)]
+        kill_s = None
         if budget_s is not None:
-            left = budget_s - (time.monotonic() - t0)
-            cmd += [budget_flag, f"{max(left / (n - i), 1.0):.0f}"]
+            share = max((budget_s - (time.monotonic() - t0)) / (n - i), 1.0)
+            cmd += [budget_flag, f"{share:.0f}"]
+            kill_s = share + (max(30.0, share / 4) if grace_s is None else grace_s)
         print(f"\n== process {i + 1} of {n}: {' '.join(cmd[1:])}", flush=True)
-        rc = subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
+        try:
+            rc = subprocess.run(cmd, env={**os.environ, **(env or {})}, timeout=kill_s).returncode
+        except subprocess.TimeoutExpired:
+            print(f"== process {i + 1} of {n}: killed {kill_s:.0f} s after its start (its budget's share "
+                  f"{share:.0f} s)", flush=True)
+            out.append({"failed": f"killed after {kill_s:.0f} s (budget share {share:.0f} s)", "process": i})
+            continue
         try:
             rep = json.loads(path.read_text())
         except (OSError, ValueError) as e:

@@ -1050,7 +1050,10 @@ def several(args, argv: list[str]) -> int:
         # process then runs the configuration the warm process chose instead of benchmarking every
         # configuration again inside its share of the budget.
         os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-        children(__file__, child, 1, first_extra=["--warm-only"], budget_s=0.4 * args.budget_s)
+        # (killed at twice its share at most: Triton's first autotuning may outlast the share, and
+        # what it finishes is kept on disk for the timed processes)
+        children(__file__, child, 1, first_extra=["--warm-only"], budget_s=0.4 * args.budget_s,
+                 grace_s=0.4 * args.budget_s)
         left = args.budget_s - (time.monotonic() - t0)
         share = left if args.no_accuracy else 0.75 * left
         reports = children(__file__, child, args.processes, first_extra=["--no-accuracy"],

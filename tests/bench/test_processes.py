@@ -52,6 +52,27 @@ def _row(peer, ours, workload="m2-train", op="fwd", err=None):
     return r
 
 
+def test_a_child_past_its_share_of_the_budget_is_killed_and_the_next_runs(tmp_path):
+    # a child whose one step outlasts its share (it sleeps, never checking its budget) is killed at
+    # its share plus the grace, reported as failed, and the next child still gets its turn
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time
+        a = sys.argv[1:]
+        if "--slow" in a:
+            time.sleep(60)
+        json.dump({"budget": float(a[a.index("--budget-s") + 1])}, open(a[a.index("--json") + 1], "w"))
+    """))
+    import time
+
+    t0 = time.monotonic()
+    reps = processes.children(script, [], 2, first_extra=["--slow"], budget_s=4, grace_s=1)
+    took = time.monotonic() - t0
+    assert "killed" in reps[0]["failed"] and reps[0]["process"] == 0
+    assert "failed" not in reps[1] and reps[1]["process"] == 1 and reps[1]["budget"] >= 1
+    assert took < 30, took
+
+
 def test_vs_mamba_ssm_ratios_are_formed_within_each_process():
     import vs_mamba_ssm
 
