@@ -370,6 +370,20 @@ def test_chunked_token_windows_bind_to_device_pieces_in_place(backward):
     if backward:
         for k in ("d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"):
             assert_close(VK, k, getattr(got, k), getattr(og, k), label="chunked token windows in pieces")
+    # the prepared call (recorded once, replayed) on the same pieces: the same bits, run after run,
+    # its input rewritten in place between runs
+    with config.configure(tune={"CHUNK": 16}), ctx.seams.override_limits(**lim):
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in {**a, **kw}.items()}
+        prep = (ssm_vk.prepare_scan_back(**dev) if backward
+                else ssm_vk.prepare_scan(**{k: dev[k] for k in a}))
+        x2 = np.asarray(a["x"]) * np.float32(0.5)
+        want2 = call({**a, **kw, "x": x2})
+        for v, w in ((x2, want2), (a["x"], want)):
+            dev["x"].write(v)
+            _same(prep.run(), w, names)   # (before close: the prepared call owns its results)
+        prep.close()
+        vk_engine.clear(ctx)
 
 
 def test_token_windows_and_sequence_windows_are_both_pieced_on_the_device():
