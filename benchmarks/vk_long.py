@@ -11,8 +11,11 @@ cut short keeps what it did):
 2. ``ssm_fast`` on the same inputs (the float32 check; ``--no-ref`` leaves it out);
 3. ``to_device`` of each input, timed apart (host to device);
 4. per plan variant (the default; and, where the default runs other kernels than the largest
-   size does -- the chunked kernels at 1 GiB -- ``CHUNK=0``, the kernels of the largest size, so
-   that the rates compare like with like): ``supports()``'s answer, then the forward on
+   size does -- the chunked kernels at 1 GiB -- ``CHUNK=0``, the kernels of the largest size; and
+   where the largest size's chunked backward runs in token windows, which recompute their chunk
+   tables, the backward with ``KEEP_STATES=0`` too, so that the rates compare like with like;
+   a backward that bound its forward's tables is compared only with such backwards):
+   ``supports()``'s answer, then the forward on
    DeviceArrays: a warm-up, ``--reps`` calls, median GPU time from the call's timestamps
    (``ssm_vk.run.last_gpu_ns``) and wall time, updates per second (S*T*H*P*N / GPU time),
    ``where``, the pieces of x and y and which inputs the call copied into pieces of its own
@@ -342,7 +345,10 @@ def backward(run, T, dev, host, gref, variant, tune, dims):
     with config.configure(tune=tune):
         if not supported(run, row, "ssm_scan_back", {k: dev[k] for k in ("s", "x", "dt", "A", "B", "C")}):
             return
+        reused = vk_engine.engine_of(ctx).states_reused
         g, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan_back(**dev), a.reps)
+        # (whether it bound the tables its forward left instead of recomputing them: rates compare like with like)
+        row["kept_tables"] = vk_engine.engine_of(ctx).states_reused > reused
     upd = S * T * H * P * N
     row.update(where=g.where, gpu_ms=g_ms, gpu_min_ms=g_min, wall_ms=w_ms, updates_per_s=upd / (g_ms / 1e3),
                pieces={"x": pieces(dev["x"]), "g_y": pieces(dev["g_y"]), "d_x": pieces(g.d_x)},
@@ -512,11 +518,12 @@ def one_size(run, T, variants_of):
 
 
 def rates(rows):
-    """Each row's rate against the smallest T's of the same pass, kernels and N (ratio)."""
+    """Each row's rate against the smallest T's of the same pass, kernels and N (ratio), and for a
+    backward of the same use of its forward's tables (bound, or recomputed)."""
     base = {}
     for r in sorted(rows, key=lambda r: r["T"]):
         if r.get("updates_per_s"):
-            key = (r["pass"], r["kernels"], r["N"])
+            key = (r["pass"], r["kernels"], r["N"], r.get("kept_tables", False))
             base.setdefault(key, r)
             r["base_T"] = base[key]["T"]
             r["rate_vs_base"] = r["updates_per_s"] / base[key]["updates_per_s"]
@@ -532,7 +539,8 @@ def table(rows) -> str:
         where = r.get("where") or ("refused: " + r.get("reason", "")[:120] if r.get("supports") is False else "-")
         ratio = (f"{r['rate_vs_base']:.3f} (T={r['base_T']})" if "rate_vs_base" in r else "-")
         dl = r.get("download_y_s", r.get("download_d_x_s", math.nan))
-        out.append(f"| {r['T']} | {r['N']} | {r['x_gib']:.3g} | {r['pass']} | {r['variant']} | {r['kernels']} | "
+        kernels = r["kernels"] + (", the forward's tables" if r.get("kept_tables") else "")
+        out.append(f"| {r['T']} | {r['N']} | {r['x_gib']:.3g} | {r['pass']} | {r['variant']} | {kernels} | "
                    f"{where} | "
                    f"{r.get('pieces', '-')} | {','.join(r.get('copied_in', [])) or '-'} | {up:.2f} | "
                    f"{r.get('gpu_ms', math.nan):.2f} | {r.get('updates_per_s', math.nan) / 1e9:.1f} | {ratio} | "
@@ -587,7 +595,15 @@ def main(argv=None) -> int:
             want = family(ctx, big, backward, {})
             if family(ctx, dims, backward, {}) != want and family(ctx, dims, backward, same) == want:
                 out.append((args.same_kernels, same))
+        if backward and token_windows(big) and not token_windows(dims):
+            # the largest size's chunked backward recomputes its chunk tables in each token window;
+            # this one binds its forward's: timed recomputing them too, the like-for-like rate
+            out.append(("KEEP_STATES=0", {"KEEP_STATES": 0}))
         return out
+
+    def token_windows(dims) -> bool:
+        """Whether the chunked backward of ``dims`` runs in token windows of one sequence."""
+        return bool(getattr(registry.plan(dims, Limits.of(ctx.info), True).plan, "tokens", False))
 
     try:
         for T in sizes:

@@ -39,3 +39,22 @@ def test_a_pieced_run_checks_out_and_a_refused_backward_is_recorded(tmp_path):
     extra = [r for r in doc["rows"] if r["N"] == 4]   # --extra: the backward alone, at a smaller N it takes
     assert [(r["T"], r["pass"], r["where"]) for r in extra] == [(2048, "bwd", "Vulkan0")]
     assert extra[0]["pieces"]["d_x"] > 1 and extra[0]["errors"]["d_x_whole_vs_fast"] < 1e-4
+
+
+def test_the_token_windows_backward_is_rated_against_a_backward_that_recomputes_too(tmp_path):
+    # at the larger size the chunked backward runs in token windows, which recompute their chunk
+    # tables; at the smaller it binds its forward's: the smaller size is timed with KEEP_STATES=0
+    # as well, and the larger size's rate is against that row, not the one that kept the tables
+    out = tmp_path / "long.json"
+    rc = vk_long.main(["--sizes", "256,2048", "--H", "4", "--P", "16", "--N", "16", "--reps", "1",
+                       "--limits-mib", "0.5,0.25", "--extra", "", "--threads", "2", "--no-ref",
+                       "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and not doc["failed"], doc["failed"]
+    rows = {(r["T"], r["pass"], r["variant"]): r for r in doc["rows"]}
+    kept, recomputed = rows[(256, "bwd", "default")], rows[(256, "bwd", "KEEP_STATES=0")]
+    big = rows[(2048, "bwd", "default")]
+    assert kept["kept_tables"] and not recomputed["kept_tables"] and not big["kept_tables"]
+    assert big["kernels"] == recomputed["kernels"] == kept["kernels"]
+    assert big["rate_vs_base"] == pytest.approx(big["updates_per_s"] / recomputed["updates_per_s"])
+    assert (2048, "bwd", "KEEP_STATES=0") not in rows
