@@ -347,8 +347,11 @@ def backward(run, T, dev, host, gref, variant, tune, dims):
             return
         reused = vk_engine.engine_of(ctx).states_reused
         g, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan_back(**dev), a.reps)
-        # (whether it bound the tables its forward left instead of recomputing them: rates compare like with like)
-        row["kept_tables"] = vk_engine.engine_of(ctx).states_reused > reused
+        # (whether it bound the chunk tables its forward left instead of recomputing them: rates compare
+        # like with like; over token windows what the forward leaves is the windows' starting states)
+        took = vk_engine.engine_of(ctx).states_reused > reused
+        windows = bool(getattr(registry.plan(dims, Limits.of(ctx.info), True).plan, "tokens", False))
+        row["kept_tables" if not windows else "kept_starts"] = took
     upd = S * T * H * P * N
     row.update(where=g.where, gpu_ms=g_ms, gpu_min_ms=g_min, wall_ms=w_ms, updates_per_s=upd / (g_ms / 1e3),
                pieces={"x": pieces(dev["x"]), "g_y": pieces(dev["g_y"]), "d_x": pieces(g.d_x)},
@@ -539,7 +542,8 @@ def table(rows) -> str:
         where = r.get("where") or ("refused: " + r.get("reason", "")[:120] if r.get("supports") is False else "-")
         ratio = (f"{r['rate_vs_base']:.3f} (T={r['base_T']})" if "rate_vs_base" in r else "-")
         dl = r.get("download_y_s", r.get("download_d_x_s", math.nan))
-        kernels = r["kernels"] + (", the forward's tables" if r.get("kept_tables") else "")
+        kernels = r["kernels"] + (", the forward's tables" if r.get("kept_tables") else "") + (
+            ", token windows from the forward's starts" if r.get("kept_starts") else "")
         out.append(f"| {r['T']} | {r['N']} | {r['x_gib']:.3g} | {r['pass']} | {r['variant']} | {kernels} | "
                    f"{where} | "
                    f"{r.get('pieces', '-')} | {','.join(r.get('copied_in', [])) or '-'} | {up:.2f} | "

@@ -108,6 +108,7 @@ class DeviceArray:
     """
 
     _ssm_device_array = True
+    _writes = 0   # an owner's count of writes from the host (write, _write_rows): see ``writes``
 
     def __init__(self, ctx, buffer, shape, dtype=np.float32, offset: int = 0, base=None, owned: bool = True):
         self.ctx = ctx
@@ -168,6 +169,16 @@ class DeviceArray:
         """The DeviceArray that owns the buffer: this one, or the one a view was taken of."""
         return self._base or self
 
+    @property
+    def writes(self) -> int:
+        """How many times the host has written the owner's buffer (``write``, and a fallback's
+        cache rows): what a forward's tables were computed from is stale once it has changed."""
+        return self.owner._writes
+
+    def _written(self) -> None:
+        owner = self.owner
+        owner._writes = owner._writes + 1
+
     def live(self) -> bool:
         """Whether the array may still be read: not released, its buffer and context open."""
         release = (self._base or self)._finalizer
@@ -209,6 +220,7 @@ class DeviceArray:
         if self.size == 0:
             return
         data = np.ascontiguousarray(data, dtype=self.dtype)
+        self._written()
         ctx = self.ctx
         token = ctx.enter()
         try:
@@ -225,6 +237,7 @@ class DeviceArray:
         row = self.size // self.shape[0] if self.shape and self.shape[0] else 0
         if row == 0:
             return
+        self._written()
         ctx = self.ctx
         token = ctx.enter()
         try:

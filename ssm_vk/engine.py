@@ -50,10 +50,12 @@ class KeptForward:
     """What a forward left for the backward of the same device-resident inputs (a family whose
     plans tag tables: family.Family.tables): its workspace (whose scratch holds them: ``tables``,
     the chunked kernels' chunk states, C.B and M o C.B) and who the inputs were (for each, its
-    owning DeviceArray weakly, offset and shape; and the ids). DeviceArrays are written after they
-    are made only by a forward with update_cache=True, which drops the tables of every call that
-    read the array it writes (Engine.written); so while each owner is alive and not released, the
-    tables are those of these inputs."""
+    owning DeviceArray weakly, offset, shape and the owner's count of host writes; and the ids).
+    A DeviceArray is written after it is made by the host (``write``: its count moves on) or by
+    a call: a forward with update_cache=True, or a call given it as an ``out=`` array, which drop
+    the tables of every call that read the array they write (Engine.written); so while each
+    owner is alive, not released and not written from the host, the tables are those of these
+    inputs."""
 
     ws: Workspace
     who: tuple
@@ -66,9 +68,10 @@ class KeptForward:
     def matches(self, arrays: tuple, ids: bytes) -> bool:
         if ids != self.ids:
             return False
-        for (ref, offset, shape), a in zip(self.who, arrays, strict=True):
+        for (ref, offset, shape, writes), a in zip(self.who, arrays, strict=True):
             owner = getattr(a, "owner", None)
-            if owner is None or ref() is not owner or owner.released or a.offset != offset or a.shape != shape:
+            if (owner is None or ref() is not owner or owner.released or a.offset != offset or a.shape != shape
+                    or owner.writes != writes):
                 return False
         return True
 
@@ -156,7 +159,7 @@ class Engine:
 
     def keep(self, key: tuple, ws: Workspace, arrays: tuple, ids: bytes) -> None:
         """Record that forward workspace ``ws`` holds the tables of device-resident ``arrays``."""
-        who = tuple((weakref.ref(a.owner), a.offset, a.shape) for a in arrays)
+        who = tuple((weakref.ref(a.owner), a.offset, a.shape, a.writes) for a in arrays)
         with self._kept_lock:
             self.kept[key] = KeptForward(ws, who, ids)
 
@@ -172,7 +175,7 @@ class Engine:
         if not self.kept or owner is None:
             return
         with self._kept_lock:
-            for key in [k for k, v in self.kept.items() if any(ref() is owner for ref, _, _ in v.who)]:
+            for key in [k for k, v in self.kept.items() if any(ref() is owner for ref, _, _, _ in v.who)]:
                 del self.kept[key]
 
     def kept_for(self, key: tuple, arrays: tuple, ids: bytes, tag) -> KeptForward | None:

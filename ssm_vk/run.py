@@ -213,6 +213,9 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
     stay."""
     own = given is None
     outs = ws.outputs(device_out) if own else given
+    if not own:
+        for a in given.values():
+            engine.written(a)   # (a forward's input written over: its kept tables go)
     try:
         for k, a in outs.items():
             b, off = bufs[k] = (a.buffer, a.offset)

@@ -276,6 +276,18 @@ def why_not(d: Dims, lim: Limits, CL: int, knobs: Settings | None = None) -> str
     return ""
 
 
+def _window_chunks(d: Dims, lim: Limits, CL: int, backward: bool, knobs: Settings) -> int:
+    """The most chunks of one sequence a token window of ``backward``'s kernels holds (0: none)."""
+    lo, hi = 0, -(-d.T // CL)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(d, lim, CL, 1, backward, knobs, T=mid * CL):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> ChunkPlan | None:
     """The chunked plan for ``d``, or None when the token-sequential kernels should run it (by
     shape: short sequences, Mamba-1, ...; or because not even a window of one chunk fits)."""
@@ -302,27 +314,31 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             lo = mid
         else:
             hi = mid - 1
-    Tw, chunk_at = d.T, ()
+    Tw, chunk_at, keep = d.T, (), knobs.knob("KEEP_STATES") != 0
     if lo >= 1:
         wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
     else:   # token ranges of one sequence: the most whole chunks that fit, cut again where to_device's pieces end
-        c_lo, c_hi = 0, -(-d.T // CL)
-        while c_lo < c_hi:
-            mid = (c_lo + c_hi + 1) // 2
-            if _fits(d, lim, CL, 1, backward, knobs, T=mid * CL):
-                c_lo = mid
-            else:
-                c_hi = mid - 1
-        if c_lo < 1:
+        chunks = _window_chunks(d, lim, CL, backward, knobs)
+        if chunks < 1:
             return None
-        lo, Tw = 1, c_lo * CL
+        if not backward and keep:   # the backward's windows (fewer chunks fit it), whose starting states it keeps
+            back = chunk_plan(d, lim, True, knobs)
+            if back is not None and back.tokens and back.CL == CL and back.Tw <= chunks * CL:
+                chunks = back.Tw // CL
+            else:
+                keep = False
+        lo, Tw = 1, chunks * CL
         spans = token_windows(d.T, Tw, device_piece_tokens(d, lim))
         wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in spans)
-        if backward and len(wins) * d.H * d.P * d.N * F32 > piece_cap(lim):
-            return None   # (every window's starting state: one buffer, within one allocation)
+        if len(wins) * d.H * d.P * d.N * F32 > piece_cap(lim):   # every window's starting state: one buffer
+            if backward:
+                return None
+            keep = False
         at = [0]
         for t0, t1 in spans:
             at.append(at[-1] + -(-(t1 - t0) // CL))
+        if backward and d.H * at[-1] > binding_cap(lim):   # d_A's parts of one sequence: one binding
+            return None
         chunk_at = tuple(at[:-1]) * d.S
     NCH = -(-Tw // CL)
     # DB and DC loop over a group's heads only where that still gives enough workgroups: with
@@ -332,7 +348,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
     headloop = knobs.knob("HEADLOOP")
     headloop = lo * NCH * d.G * ncb >= HEADLOOP_MIN_GROUPS if headloop is None else bool(headloop)
     return ChunkPlan(CL=CL, NCH=NCH, windows=wins, Sw=lo, headloop=headloop, KS=slice_len(backward, knobs),
-                     keep=knobs.knob("KEEP_STATES") != 0, knobs=knobs,
+                     keep=keep, knobs=knobs,
                      fold=d.H > d.G and bool(knobs.knob("DBC_FOLD")),
                      hpart_b=_hpart(d, headloop, knobs, "DB_HPART"),
                      hpart_c=_hpart(d, headloop, knobs, "DC_HPART"), P=d.P, N=d.N, Tw=Tw, chunk_at=chunk_at,
@@ -345,8 +361,8 @@ def chunked_scratch(d: Dims, cp: ChunkPlan, backward: bool) -> dict[str, int]:
     out = {k: v for k, v in e.items() if k not in NOT_SCRATCH}
     if backward:
         out.update(st=d.S * d.H * d.P * d.N, dAp=d.S * d.H * cp.nch_seq)
-        if cp.tokens:   # each token window's starting state (its forward recompute's)
-            out["ck"] = len(cp.windows) * d.H * d.P * d.N
+    if cp.tokens and (backward or cp.keep):   # each token window's starting state (kept for the backward)
+        out["ck"] = len(cp.windows) * d.H * d.P * d.N
     return out
 
 
@@ -373,7 +389,11 @@ def tables(cp: ChunkPlan, backward: bool) -> int | None:
     """The tag of the tables a chunked forward leaves for the backward of the same inputs (its chunk
     states, C.B and M o C.B: engine.KeptForward), the chunk length: a backward of the same chunk
     length binds them instead of recomputing them. A forward leaves them only in one window of
-    sequences, and not with the knob KEEP_STATES=0; a backward over token windows recomputes them."""
-    if backward:
-        return None if cp.tokens else cp.CL
-    return cp.CL if cp.keep and len(cp.windows) == 1 else None
+    sequences, and not with the knob KEEP_STATES=0. Over token windows (the forward's those of its
+    backward) the tables are the windows' starting states instead, which the backward then does not
+    walk the sequence for; it recomputes the chunk states window by window."""
+    if cp.tokens:   # the windows' starting states, which the forward keeps over the backward's windows
+        return ("starts", cp.CL, cp.Tw, cp.chunk_at) if backward or cp.keep else None
+    if len(cp.windows) != 1:   # (a forward's tables are of one window of all the sequences, bound whole)
+        return None
+    return cp.CL if backward or cp.keep else None

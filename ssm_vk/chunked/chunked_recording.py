@@ -130,12 +130,16 @@ def record_forward(seq, ws, p: Problem, bufs: dict, scatter: bool = False) -> No
     st_buf, st_off = bufs["states"]
     gather_rows(seq, ws, *bufs["s"], st_buf, st_off, p.ids, row)
     scratch = _scratch(ws, d, cp, False)
-    # left holding the chunk states, C.B and M o C.B (one window: all of them)
-    ws.kept = {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
+    # left holding the chunk states, C.B and M o C.B (one window: all of them); over token windows
+    # each window's starting state (chunked_planner.tables)
+    ck = ws.scratch(len(cp.windows) * row) if cp.tokens and cp.keep else None
+    ws.kept = {"ck": ck} if cp.tokens else {"hs": scratch["hs"], "cb": scratch["cb"], "mcb": scratch["mcb"]}
     scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
     y_buf, y_off = bufs["y"]
-    for w in cp.windows:
+    for j, w in enumerate(cp.windows):
+        if ck is not None:   # (the barriers before this window's pass order it before the pass's write)
+            seq.copy(st_buf, ck, row * F32, (st_off + w.i0 * row) * F32, j * row * F32)
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=False)
         k.gemm("CB")
         k.mark("cb")
@@ -172,12 +176,12 @@ def _starts(seq, ws, p: Problem, cp: ChunkPlan, bufs: dict, scratch: dict, st, r
         seq.barrier()   # (the copy read the state the pass is about to write)
         k = _window(seq, ws, p, cp, w, bufs, fwd, grads=False)
         k.per_head(decay_spec(d, cp, False, kept=True))   # (din, dout, dch; no M o C.B)
-        k.mark("starts")
+        k.mark("starts: decay")
         k.gemm("ZF")
-        k.mark("starts")
+        k.mark("starts: states")
         st_b, o_st = ws.bind(st, 0, w.i0 * row, row)
         k.pass_(0, st=st_b, o_st=o_st)
-        k.mark("starts")
+        k.mark("starts: pass")
     seq.barrier()
     return ck
 
@@ -192,18 +196,21 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
     gs_buf, gs_off = bufs["g_states"]
     seq.copy(gs_buf, lam, d.S * row * F32, gs_off * F32, lam_off * F32)
     st = ws.scratch(d.S * row)             # initial states of the forward recompute
-    saved = None if kept is None else kept.tables   # the forward's hs, cb, mcb (engine.KeptForward)
-    assert saved is None or not cp.tokens   # (chunked_planner.tables: a token window's are recomputed)
-    if saved is None:
+    tables = None if kept is None else kept.tables   # what the forward left (engine.KeptForward):
+    saved = None if cp.tokens else tables            # its hs, cb, mcb; or over token windows
+    starts = tables["ck"] if cp.tokens and tables is not None else None   # the windows' starting states
+    if saved is None and starts is None:
         gather_rows(seq, ws, *bufs["s"], st, 0, p.ids, row)
     dAp = ws.scratch(d.S * d.H * cp.nch_seq)
     scratch = _scratch(ws, d, cp, True)
     scratch["flag"] = recording.flag_start(seq, ws)
     seq.barrier()
-    ck = _starts(seq, ws, p, cp, bufs, scratch, st, row) if cp.tokens else None
+    ck = (starts if starts is not None else _starts(seq, ws, p, cp, bufs, scratch, st, row)) if cp.tokens else None
     per = {"d_x": d.H * d.P, "d_B": d.G * d.N, "d_C": d.G * d.N, "d_dt": d.H}
     for j in reversed(range(len(cp.windows))):   # (a token window needs the cotangent of the next one's start)
         w = cp.windows[j]
+        if ck is not None:   # this window's start into the state the pass walks (ck stays as it is: kept)
+            seq.copy(ck, st, row * F32, j * row * F32, w.i0 * row * F32)
         k = _window(seq, ws, p, cp, w, bufs, scratch, grads=True)
         if saved is not None:
             fsz = scratch_elems(d, cp.CL, w.S, False)
@@ -226,7 +233,7 @@ def record_backward(seq, ws, p: Problem, bufs: dict, kept=None) -> None:
         k.gemm("ZB")
         k.mark("states")
         if saved is None:
-            st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row) if ck is None else ws.bind(ck, 0, j * row, row)
+            st_b, o_st = ws.bind(st, 0, w.i0 * row, w.S * row)
             k.pass_(0, st=st_b, o_st=o_st)
         lam_b, o_lam = ws.bind(lam, lam_off, w.i0 * row, w.S * row)
         k.pass_(1, st=lam_b, o_st=o_lam)

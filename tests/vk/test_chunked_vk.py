@@ -316,6 +316,40 @@ def test_token_windows_of_one_sequence_carry_the_state(chunked, case):
         assert windowed[k].tobytes() == one[k].tobytes(), k
 
 
+def test_token_windows_backward_takes_the_starting_states_its_forward_kept(chunked):
+    # on DeviceArrays, the forward over token windows keeps each window's starting state (over the
+    # backward's windows); the backward of the same arrays takes them instead of walking the
+    # sequence forward again, twice in a row (it reads them, never writes them), with the bits of
+    # the backward that walks (host inputs); with x written over since, it walks again
+    ctx = rt.get_context()
+    case = make_problem(np.random.default_rng(43), S=2, T=72, H=2, P=P0, N=N0, G=1, ids="permutation")
+    a, kw = case.args(), dict(g_y=case.g_y, g_states=case.g_states)
+    vk_engine.clear()
+    with ctx.seams.override_limits(max_storage_buffer_range=_one_chunk_range(case, True) + 256):
+        fwd, bwd = chunks(case, False), chunks(case, True)
+        assert fwd.tokens and bwd.tokens and fwd.windows == bwd.windows and fwd.keep
+        want = ssm_vk.ssm_scan_back(**a, **kw)
+        dev = {k: (ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v)
+               for k, v in {**a, **kw}.items()}
+        ssm_vk.ssm_scan(**{k: dev[k] for k in a})
+        engine = vk_engine.current()
+        for n in (1, 2):
+            before = engine.states_reused
+            got = ssm_vk.ssm_scan_back(**dev)
+            assert engine.states_reused == before + 1, n
+            for k in ("d_s", "d_s0", "d_x", "d_dt", "d_A", "d_B", "d_C"):
+                assert np.asarray(getattr(got, k)).tobytes() == np.asarray(getattr(want, k)).tobytes(), (n, k)
+        x2 = np.asarray(a["x"]) * np.float32(0.5)
+        dev["x"].write(x2)
+        before = engine.states_reused
+        got = ssm_vk.ssm_scan_back(**dev)
+        assert engine.states_reused == before
+        want = ssm_vk.ssm_scan_back(**{**a, "x": x2}, **kw)
+        assert all(np.asarray(getattr(got, k)).tobytes() == np.asarray(getattr(want, k)).tobytes()
+                   for k in ("d_x", "d_dt", "d_A", "d_B", "d_C"))
+    vk_engine.clear()
+
+
 def test_falls_back_to_the_sequential_kernels_when_one_chunk_cannot_fit(chunked):
     # A storage range below one chunk's scratch of one sequence: no chunked plan, the
     # token-sequential kernels (token windows) run it, still on the GPU and still right.
@@ -430,6 +464,34 @@ def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
     assert_same(backward_after_forward(dev, dev, between=lambda: ssm_vk.ssm_scan(**dev2)), back_host(dev, case))
     # a forward from host inputs leaves nothing to take
     assert_same(backward_after_forward(case.args(), dev), back_host(dev, case))
+    # an input written in place from the host after the forward (DeviceArray.write), or through a
+    # view of it: the tables are of the old values
+    for k in ("x", "B", "dt"):
+        old = dev[k].numpy()
+        assert_same(backward_after_forward(dev, dev, between=lambda k=k: dev[k].write(other.args()[k])),
+                    back_host(dev, case))
+        dev[k].write(old)
+    view = dev["C"].reshape(dev["C"].size)
+    assert_same(backward_after_forward(dev, dev, between=lambda: view.write(other.args()["C"].reshape(-1))),
+                back_host(dev, case))
+    dev["C"].write(case.args()["C"])
+    # ... or given to a call of another shape (which leaves the forward's tables where they are) as
+    # its out= array, which the call writes over
+    third = make_problem(rng, S=3, T=40, H=4, P=P0, N=N0 + 4, G=2, ids="permutation")
+    y_of_x = {"y": dev["x"], "states": ssm_vk.to_device(np.zeros((3, 4, P0, N0 + 4), np.float32))}
+    assert_same(backward_after_forward(dev, dev, between=lambda: ssm_vk.ssm_scan(**third.args(), out=y_of_x)),
+                back_host(dev, case))
+    # ... or the output of a prepared call, run again on new inputs
+    pdev = on_device(third.args())
+    prep = ssm_vk.prepare_scan(**pdev)
+    fed = {**dev, "x": prep.run().y}
+
+    def rerun():
+        pdev["x"].write(other.args()["x"])
+        prep.run()
+
+    assert_same(backward_after_forward(fed, fed, between=rerun), back_host(fed, case))
+    prep.close()
     # an input released after the forward, its buffer handed to a new array with other values
     x_old = dev["x"]
     ssm_vk.ssm_scan(**dev)
@@ -442,6 +504,26 @@ def test_the_chunk_states_are_taken_only_for_the_same_inputs(chunked):
     g = grads(ssm_vk.ssm_scan_back(**bwd, g_y=gy, g_states=gs))
     assert vk_engine.current().states_reused == before
     assert_same(g, back_host(bwd, case))
+
+
+def test_a_backward_in_more_windows_than_its_forward_recomputes(chunked):
+    # a storage range that takes the forward's tables of all the sequences in one window but the
+    # backward's (larger) only in windows of fewer sequences: the forward's tables, bound whole,
+    # are not the backward's windows', so the backward recomputes, every gradient the host call's
+    ctx = rt.get_context()
+    case = make_problem(np.random.default_rng(84), S=4, T=40, H=4, P=8, N=32, G=2, ids="permutation")
+    d = dims_of(case)
+    rng = max(scratch_elems(d, 16, d.S, False, headloop=False).values()) * 4 + 256
+    with ctx.seams.override_limits(max_storage_buffer_range=rng):
+        fwd, bwd = chunks(case, False), chunks(case, True)
+        assert len(fwd.windows) == 1 and len(bwd.windows) > 1 and not bwd.tokens, (fwd, bwd)
+        dev = on_device(case.args())
+        gy, gs = ssm_vk.to_device(case.g_y), ssm_vk.to_device(case.g_states)
+        want = back_host(dev, case)
+        ssm_vk.ssm_scan(**dev)
+        before = vk_engine.current().states_reused
+        assert_same(grads(ssm_vk.ssm_scan_back(**dev, g_y=gy, g_states=gs)), want)
+        assert vk_engine.current().states_reused == before
 
 
 def test_a_non_finite_forward_leaves_no_chunk_states(chunked):
