@@ -350,6 +350,23 @@ def test_token_windows_backward_takes_the_starting_states_its_forward_kept(chunk
     vk_engine.clear()
 
 
+def test_token_windows_record_their_profile_timestamps_once(chunked, monkeypatch):
+    # SSM_VK_PROFILE=1: the first window's steps are timestamped, each label once in a sequence
+    # (the walk to the windows' starts too), and the calls give the unprofiled bits
+    ctx = rt.get_context()
+    case = make_problem(np.random.default_rng(44), S=1, T=72, H=2, P=P0, N=N0, G=1, ids="identity")
+    with ctx.seams.override_limits(max_storage_buffer_range=_one_chunk_range(case, True) + 256):
+        assert chunks(case, True).tokens
+        vk_engine.clear()
+        want = run(case)
+        monkeypatch.setenv("SSM_VK_PROFILE", "1")
+        vk_engine.clear()
+        got = run(case)
+    vk_engine.clear()
+    for k in OUTPUTS:
+        assert got[k].tobytes() == want[k].tobytes(), k
+
+
 def test_falls_back_to_the_sequential_kernels_when_one_chunk_cannot_fit(chunked):
     # A storage range below one chunk's scratch of one sequence: no chunked plan, the
     # token-sequential kernels (token windows) run it, still on the GPU and still right.
