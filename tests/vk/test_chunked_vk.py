@@ -350,6 +350,24 @@ def test_token_windows_backward_takes_the_starting_states_its_forward_kept(chunk
     vk_engine.clear()
 
 
+@pytest.mark.parametrize("headloop", [0, 1])
+def test_token_windows_with_d_B_and_d_C_per_group_or_per_head(chunked, knobs, headloop):
+    # HEADLOOP forced either way (d_B, d_C summed over a group's heads in the product's workgroup,
+    # or per head and reduced after each window): the token windows give the one-window bits
+    ctx = rt.get_context()
+    case = make_problem(np.random.default_rng(45), S=2, T=56, H=4, P=P0, N=N0, G=2, ids="permutation")
+    knobs(HEADLOOP=headloop)
+    one = run(case)
+    vk_engine.clear()
+    with ctx.seams.override_limits(max_storage_buffer_range=_one_chunk_range(case, True) + 256):
+        cp = chunks(case, True)
+        assert cp.tokens and cp.headloop == bool(headloop)
+        windowed = run(case)
+    vk_engine.clear()
+    for k in OUTPUTS:
+        assert windowed[k].tobytes() == one[k].tobytes(), k
+
+
 def test_token_windows_record_their_profile_timestamps_once(chunked, monkeypatch):
     # SSM_VK_PROFILE=1: the first window's steps are timestamped, each label once in a sequence
     # (the walk to the windows' starts too), and the calls give the unprofiled bits
