@@ -57,3 +57,23 @@ def test_benchmarks_quotes_the_h200_fma_peak_bench_uses():
     text = (REPO / "docs/BENCHMARKS.md").read_text()
     found = re.findall(r"Float32 FMA peak measured through that\s+stack ([\d.]+) TFLOP/s", text)
     assert found == [f"{MEASURED_GPU_PEAKS['H200'][0] / 1e12:.1f}"], found
+
+
+def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
+    # API.md's long-sequence paragraph: the chunked kernels' token window at H = 64, P = 64,
+    # N = 128 under NVIDIA's limits (4 GiB bindings and allocations), forward and backward alike
+    from ssm_ref import Dims
+    from ssm_vk.chunked.chunked_planner import chunk_plan
+    from ssm_vk.sizing import Limits
+
+    nvidia = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "arithmetic", "shuffle"}),
+                    max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+                    max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+                    max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
+                    max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256,
+                    max_storage_buffers_per_stage=2**20, max_memory_allocation_count=2**32,
+                    device_local_bytes=80 << 30)
+    d = Dims(S=1, T=2**20, H=64, P=64, N=128, G=1, R=1, mamba1=False, a_shape=(64,))
+    plans = [chunk_plan(d, nvidia, backward) for backward in (False, True)]
+    assert all(p is not None and p.tokens for p in plans)
+    assert plans[0].Tw == plans[1].Tw == _quoted("docs/API.md", r"of whole chunks \(([\d,]+) tokens at that shape\)")
