@@ -302,3 +302,19 @@ def test_gemm_tiles_cover_every_matrix(CL):
                     assert NCB <= 2             # ssm_vk/chunked/glsl/chunk_common.glsl: two column-block slots of P
                 if mode == "DC":
                     assert NCB <= 4             # and four of N (DC's column blocks are 64 wide)
+
+
+def test_token_windows_need_a_sequence_of_d_A_parts_in_one_binding(knobs):
+    # d_A's parts of one sequence (H x its chunks) are bound whole by the backward's reduce: where
+    # they exceed a binding while windows of a few chunks still fit, the backward is not planned
+    # on the chunked kernels, and its forward runs windows of its own and keeps no starts
+    knobs.update(CHUNK=16, CHUNK_MIN_T=1)
+    d = dims(S=1, T=65536, H=4, P=4, N=4, G=1)
+    parts = d.H * (d.T // 16) * F32                            # 64 KiB
+    lim = replace(BIG, max_storage_buffer_range=parts // 2)
+    assert chunk_plan(d, lim, True) is None
+    fwd = chunk_plan(d, lim, False)
+    assert fwd.tokens and not fwd.keep
+    lim = replace(BIG, max_storage_buffer_range=parts + 64)
+    back, fwd = chunk_plan(d, lim, True), chunk_plan(d, lim, False)
+    assert back.tokens and fwd.tokens and fwd.keep and fwd.windows == back.windows
