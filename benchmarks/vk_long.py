@@ -162,6 +162,11 @@ def host_rss_gib() -> tuple:
     return now / 2**30, peak / 2**30
 
 
+def in_token_windows(ctx, dims) -> bool:
+    """Whether the backward of ``dims`` runs on the chunked kernels in token windows of one sequence."""
+    return bool(getattr(registry.plan(dims, Limits.of(ctx.info), True).plan, "tokens", False))
+
+
 def family(ctx, dims, backward, tune) -> str:
     """The kernels a call of ``dims`` runs under ``tune`` (registry.plan on the device's limits)."""
     with config.configure(tune=tune):
@@ -350,8 +355,7 @@ def backward(run, T, dev, host, gref, variant, tune, dims):
         # (whether it bound the chunk tables its forward left instead of recomputing them: rates compare
         # like with like; over token windows what the forward leaves is the windows' starting states)
         took = vk_engine.engine_of(ctx).states_reused > reused
-        windows = bool(getattr(registry.plan(dims, Limits.of(ctx.info), True).plan, "tokens", False))
-        row["kept_tables" if not windows else "kept_starts"] = took
+        row["kept_starts" if in_token_windows(ctx, dims) else "kept_tables"] = took
     upd = S * T * H * P * N
     row.update(where=g.where, gpu_ms=g_ms, gpu_min_ms=g_min, wall_ms=w_ms, updates_per_s=upd / (g_ms / 1e3),
                pieces={"x": pieces(dev["x"]), "g_y": pieces(dev["g_y"]), "d_x": pieces(g.d_x)},
@@ -599,15 +603,11 @@ def main(argv=None) -> int:
             want = family(ctx, big, backward, {})
             if family(ctx, dims, backward, {}) != want and family(ctx, dims, backward, same) == want:
                 out.append((args.same_kernels, same))
-        if backward and token_windows(big) and not token_windows(dims):
+        if backward and in_token_windows(ctx, big) and not in_token_windows(ctx, dims):
             # the largest size's chunked backward recomputes its chunk tables in each token window;
             # this one binds its forward's: timed recomputing them too, the like-for-like rate
             out.append(("KEEP_STATES=0", {"KEEP_STATES": 0}))
         return out
-
-    def token_windows(dims) -> bool:
-        """Whether the chunked backward of ``dims`` runs in token windows of one sequence."""
-        return bool(getattr(registry.plan(dims, Limits.of(ctx.info), True).plan, "tokens", False))
 
     try:
         for T in sizes:

@@ -170,8 +170,9 @@ class Replay:
                                                    "result's arrays belong to it): close it and prepare the call "
                                                    "again") from None
                             seq = self.seq
-                            for a in self.outputs:   # (written again: a forward that read one keeps no tables)
-                                self.engine.written(a)
+                            if self.engine.kept:   # (written again: a forward that read one keeps no tables)
+                                for a in self.outputs:
+                                    self.engine.written(a)
                             seq.submit()
                             run.set_last_sequence(seq)   # (run.last_gpu_ns reads it)
                             if ws.flags_nonfinite and ws.nonfinite():

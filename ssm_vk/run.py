@@ -213,7 +213,7 @@ def run_bound(engine, ws: Workspace, p: Problem, backward: bool, device_out: boo
     stay."""
     own = given is None
     outs = ws.outputs(device_out) if own else given
-    if not own:
+    if not own and engine.kept:
         for a in given.values():
             engine.written(a)   # (a forward's input written over: its kept tables go)
     try:

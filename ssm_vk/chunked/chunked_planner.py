@@ -16,6 +16,7 @@ crossover (``CHUNK_MIN_T``) and the other defaults: docs/KERNELS.md, "The planne
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from ssm_ref import Dims
 
@@ -27,8 +28,8 @@ from ..sizing import (
     TooLarge,
     Window,
     binding_cap,
-    device_piece_tokens,
     grid,
+    most_that_fit,
     piece_cap,
     token_windows,
 )
@@ -278,14 +279,7 @@ def why_not(d: Dims, lim: Limits, CL: int, knobs: Settings | None = None) -> str
 
 def _window_chunks(d: Dims, lim: Limits, CL: int, backward: bool, knobs: Settings) -> int:
     """The most chunks of one sequence a token window of ``backward``'s kernels holds (0: none)."""
-    lo, hi = 0, -(-d.T // CL)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(d, lim, CL, 1, backward, knobs, T=mid * CL):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return most_that_fit(-(-d.T // CL), lambda c: _fits(d, lim, CL, 1, backward, knobs, T=c * CL))
 
 
 def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None) -> ChunkPlan | None:
@@ -307,13 +301,7 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
         return None
     if why_not(d, lim, CL, knobs):
         return None
-    lo, hi = 0, d.S
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(d, lim, CL, mid, backward, knobs):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = most_that_fit(d.S, lambda s: _fits(d, lim, CL, s, backward, knobs))
     Tw, chunk_at, keep = d.T, (), knobs.knob("KEEP_STATES") != 0
     if lo >= 1:
         wins = tuple(Window(i, min(i + lo, d.S), 0, d.T) for i in range(0, d.S, lo))
@@ -328,15 +316,13 @@ def chunk_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = No
             else:
                 keep = False
         lo, Tw = 1, chunks * CL
-        spans = token_windows(d.T, Tw, device_piece_tokens(d, lim))
-        wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in spans)
+        wins = token_windows(d, lim, Tw)
         if len(wins) * d.H * d.P * d.N * F32 > piece_cap(lim):   # every window's starting state: one buffer
             if backward:
                 return None
             keep = False
-        at = [0]
-        for t0, t1 in spans:
-            at.append(at[-1] + -(-(t1 - t0) // CL))
+        # a sequence's chunks before each of its windows (every sequence has the same windows)
+        at = list(accumulate((-(-w.T // CL) for w in wins if w.i0 == 0), initial=0))
         if backward and d.H * at[-1] > binding_cap(lim):   # d_A's parts of one sequence: one binding
             return None
         chunk_at = tuple(at[:-1]) * d.S

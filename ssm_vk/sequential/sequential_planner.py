@@ -32,8 +32,8 @@ from ..sizing import (
     TooLarge,
     Window,
     binding_cap,
-    device_piece_tokens,
     input_shapes,
+    most_that_fit,
     output_shapes,
     token_windows,
 )
@@ -362,25 +362,12 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
     if d.T == 0:
         return SequentialPlan(lay, (), False)
     # Whole sequences: as many per window as fit.
-    lo, hi = 0, d.S
-    while lo < hi:  # largest Sw in [0, S] that fits (monotone)
-        mid = (lo + hi + 1) // 2
-        if _fits(d, lay, lim, mid, d.T, backward):
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo >= 1:
-        Sw = lo
+    Sw = most_that_fit(d.S, lambda s: _fits(d, lay, lim, s, d.T, backward))
+    if Sw >= 1:
         wins = tuple(Window(i, min(i + Sw, d.S), 0, d.T) for i in range(0, d.S, Sw))
         return SequentialPlan(lay, wins, False)
     # One sequence per window, a range of tokens (a multiple of K when more than K fit).
-    lo, hi = 0, d.T
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(d, lay, lim, 1, mid, backward):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = most_that_fit(d.T, lambda t: _fits(d, lay, lim, 1, t, backward))
     if lo < 1:
         raise TooLarge(
             f"one token of one sequence does not fit the device's limits "
@@ -388,8 +375,7 @@ def sequential_plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None
             f"maxMemoryAllocationSize {lim.max_memory_allocation_size} bytes) at "
             f"H={d.H} P={d.P} N={d.N} G={d.G}")
     Tw = lo if lo < lay.K else (lo // lay.K) * lay.K
-    ends = device_piece_tokens(d, lim)
-    wins = tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in token_windows(d.T, Tw, ends))
+    wins = token_windows(d, lim, Tw)
     recompute = 0
     if backward:   # (which windows recompute changes no bit: the count may depend on S)
         ck_bytes = -(-Tw // lay.K) * d.H * d.P * d.N * F32      # one window's checkpoints

@@ -16,6 +16,7 @@ from .limits import (
     alloc_cap,
     binding_cap,
     grid,
+    most_that_fit,
     rows_in_place,
 )
 from .pieces import (
@@ -33,6 +34,7 @@ from .pieces import (
 from .shapes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
 
 __all__ = ["DEFAULT_K", "F32", "SPEC_MINIMUMS", "Limits", "TooLarge", "Window", "alloc_cap", "binding_cap",
-           "device_cuts", "device_piece_bytes", "device_piece_tokens", "token_windows", "grid", "rows_in_place",
+           "most_that_fit", "device_cuts", "device_piece_bytes", "device_piece_tokens", "token_windows", "grid",
+           "rows_in_place",
            "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes", "cuts", "even_cuts", "piece_cap",
            "piece_sizes", "token_arrays", "window_ranges"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["F32", "Limits", "TooLarge", "Window", "binding_cap", "grid", "SPEC_MINIMUMS"]
+__all__ = ["F32", "Limits", "TooLarge", "Window", "binding_cap", "grid", "most_that_fit", "SPEC_MINIMUMS"]
 
 F32 = 4
 
@@ -99,6 +99,19 @@ def rows_in_place(d, lim: Limits) -> bool:
     s[ids] in place (s fits one binding) rather than from the rows copied into the states."""
     n = d.R * d.H * d.P * d.N
     return d.S > 0 and 0 < n <= binding_cap(lim)
+
+
+def most_that_fit(n: int, fits) -> int:
+    """The largest k in [0, n] with ``fits(k)`` (0 when none), for a ``fits`` true up to some k
+    and false beyond: the planners' windows (sequences, tokens or chunks per window)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def grid(n_groups: int, lim: Limits) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .limits import DEFAULT_K, F32, alloc_cap, binding_cap
+from .limits import DEFAULT_K, F32, Window, alloc_cap, binding_cap
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
@@ -144,16 +144,18 @@ def device_piece_tokens(d: Dims, lim: Limits) -> tuple:
     return tuple(sorted(out))
 
 
-def token_windows(T: int, Tw: int, ends: tuple) -> list:
-    """A sequence's token windows (t0, t1): ``Tw`` tokens each, cut again at every multiple of each
-    length in ``ends`` (:func:`device_piece_tokens`: a window then lies in one piece of each array
-    ``to_device`` made, which the call binds in place)."""
-    out, t = [], 0
-    while t < T:
-        e = min(t + Tw, T, *((t // n + 1) * n for n in ends))
-        out.append((t, e))
+def token_windows(d: Dims, lim: Limits, Tw: int) -> tuple:
+    """Each sequence's token windows, Window(i, i + 1, t0, t1) in sequence and token order: ``Tw``
+    tokens each, cut again where a piece that ``to_device`` cuts a token array of ``d`` into ends
+    (:func:`device_piece_tokens`: a window then lies in one piece of each array to_device made,
+    which the call binds in place). Every sequence has the same token ranges."""
+    ends = device_piece_tokens(d, lim)
+    spans, t = [], 0
+    while t < d.T:
+        e = min(t + Tw, d.T, *((t // n + 1) * n for n in ends))
+        spans.append((t, e))
         t = e
-    return out
+    return tuple(Window(i, i + 1, t0, t1) for i in range(d.S) for t0, t1 in spans)
 
 
 def piece_sizes(nbytes: int, starts: tuple) -> list[int]:

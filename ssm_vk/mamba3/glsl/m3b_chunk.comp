@@ -263,7 +263,7 @@ void main() {
     tile_zero(accS);
     tile_zero(accG);
     float va[PER], vb[PER];
-#if SPLIT != 2
+#if SPLIT == 1
     fetch_qk(qk0, rows, 0u, va, vb);
     for (uint k0 = 0u; k0 < pc.N; k0 += KS) {
         put_rows(va, vb);
@@ -301,7 +301,7 @@ void main() {
     DW_COLUMN(0u) DW_COLUMN(1u) DW_COLUMN(2u) DW_COLUMN(3u)
 #undef DW_COLUMN
 
-#if SPLIT != 2
+#if SPLIT == 1
     // ---- gWD = D Σ_{r,r'} S ⊙ GV, its column suffix sums, and the per-token sums ----
     float X[4][4];
     [[unroll]] for (uint u = 0u; u < 4u; ++u) {
@@ -349,7 +349,7 @@ void main() {
     }
 
     uint MN = pc.M * pc.N;
-#if SPLIT != 2
+#if SPLIT == 1
     // ---- g_v per tile of 64 channels: (W ⊙ S)ᵀ g_Y + wout ⊙ (K G_outᵀ); d_x, d_psi's part ----
     uint LP = 2u * MN + pc.M * pc.P;
     uint pat = ((i * pc.NC + c) * pc.H + h) * LP;
@@ -424,8 +424,6 @@ void main() {
         barrier();
     }
 
-#endif
-#if SPLIT == 1
     // ---- the per-token sums for the second half, in d_step's planes (which it then writes) ----
     if (tid < Lc) {
         uint th1 = (i * pc.T + t0 + tid) * pc.H + h, STH1 = pc.S * pc.T * pc.H;
