@@ -186,9 +186,10 @@ def test_a_pieced_backward_equals_the_unpieced_one_bit_for_bit(case):
 def _heaps_of_each_kind(ctx, a, stretch: int) -> dict:
     """{kind: a device-local heap (bytes)} for the backward of arguments ``a`` under
     ``max_storage_buffer_range=stretch``, found by this device's own planning (its sizes and
-    alignments differ): "some" where the plan recomputes the checkpoints of some windows and keeps
-    those of others, "one" where it keeps only the last window's; searched in 256 KiB steps from
-    the least heap the call is accepted in."""
+    alignments differ): "one" where it keeps only the last window's checkpoints (the least heap
+    the call is accepted in, found to 4 KiB: on an H100's planning that is a band of 128 KiB),
+    "some" where the plan recomputes the checkpoints of some windows and keeps those of others
+    (the first such heap above it, in 16 KiB steps)."""
     from ssm_vk import config
     from ssm_vk.support import decision
     from ssm_vk.validate import check_forward
@@ -204,18 +205,22 @@ def _heaps_of_each_kind(ctx, a, stretch: int) -> dict:
             pl = d.planned.first.plan
             return pl.recompute, len(pl.windows)
 
-    out, heap = {}, 1 << 20
-    while len(out) < 2 and heap < 1 << 30:
-        got = plan_at(heap)
-        if got is not None:
-            recomputed, n_win = got
-            if recomputed == n_win - 1:
-                out.setdefault("one", heap)
-            elif recomputed > 0:
-                out.setdefault("some", heap)
-            else:
-                break
-        heap += 1 << 18
+    lo, hi = 1 << 20, 1 << 30      # refused at lo, accepted at hi
+    assert plan_at(lo) is None and plan_at(hi) is not None
+    while hi - lo > 4096:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if plan_at(mid) is not None else (mid, hi)
+    out, heap = {}, hi
+    while heap < 1 << 30:
+        recomputed, n_win = plan_at(heap)
+        if recomputed == n_win - 1:
+            out.setdefault("one", heap)
+        elif recomputed > 0:
+            out.setdefault("some", heap)
+            break
+        else:
+            break
+        heap += 1 << 14
     return out
 
 
