@@ -16,7 +16,8 @@ cut short keeps what it did):
    tables, the backward with ``KEEP_STATES=0`` too, so that the rates compare like with like;
    a backward that bound its forward's tables is compared only with such backwards):
    ``supports()``'s answer, then the forward on
-   DeviceArrays: a warm-up, ``--reps`` calls, median GPU time from the call's timestamps
+   DeviceArrays: ``--warm-s`` of back-to-back calls (an idle GPU's clock ramps up only under
+   load), ``--reps`` calls, median GPU time from the call's timestamps
    (``ssm_vk.run.last_gpu_ns``) and wall time, updates per second (S*T*H*P*N / GPU time),
    ``where``, the pieces of x and y and which inputs the call copied into pieces of its own
    (a DeviceArray cut otherwise than the call's windows); y downloaded (timed apart) and compared
@@ -32,7 +33,8 @@ cut short keeps what it did):
 6. after the sizes, ``--extra T/N,...``: the backward alone at another N (none by default).
 
 Then the rate of each (pass, kernels, N) at each size against the smallest size's with the same
-kernels (the issue's "within 10%"), and a markdown table. Exit status 1 when a check fails.
+kernels (the issue's "within 10%"), and a markdown table, with the SM clock during each row's timed
+calls where benchmarks/gpu_env.sh keeps its clock log (``--clocks``). Exit status 1 when a check fails.
 
     python benchmarks/vk_long.py --json long.json            # the GPU run (the defaults)
     python benchmarks/vk_long.py --sizes 256,2048 --H 4 --P 16 --N 16 --limits-mib 0.125,0.0625 \
@@ -237,12 +239,21 @@ class Run:
             return None
 
 
-def timed_calls(fn, reps):
-    """(last result, median GPU ms, min GPU ms, median wall ms) of ``reps`` calls after a warm-up."""
-    r = fn()
-    del r
+def timed_calls(fn, reps, warm_s):
+    """(last result, median GPU ms, min GPU ms, median wall ms, (start, end) of the timed calls in
+    host time) of ``reps`` calls after warming up: calls back to back for ``warm_s`` seconds (at
+    least one). An idle GPU runs at a fraction of its clock and ramps up only under sustained
+    load: an H100 left idle while the host drew inputs or ran ssm_fast timed a 44 ms forward at
+    1.7x the time it takes at full clock."""
+    end = time.perf_counter() + warm_s
+    n = 0
+    while n < 1 or time.perf_counter() < end:
+        r = fn()
+        del r   # (its buffers back to the pool before the next call)
+        n += 1
     gpus, walls = [], []
     r = None
+    span = [time.time(), None]
     for _ in range(reps):
         r = None  # the previous result's buffers back to the pool before the next call
         gc.collect()
@@ -250,7 +261,8 @@ def timed_calls(fn, reps):
         r = fn()
         walls.append(time.perf_counter() - t0)
         gpus.append((vk_run.last_gpu_ns() or math.nan) / 1e6)
-    return r, statistics.median(gpus), min(gpus), statistics.median(walls) * 1e3
+    span[1] = time.time()
+    return r, statistics.median(gpus), min(gpus), statistics.median(walls) * 1e3, span
 
 
 def release(*objs):
@@ -288,10 +300,10 @@ def forward(run, T, dev, host, ref, variant, tune, dims):
     with config.configure(tune=tune):
         if not supported(run, row, "ssm_scan", dev):
             return
-        r, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan(**dev), a.reps)
+        r, g_ms, g_min, w_ms, span = timed_calls(lambda: ssm_vk.ssm_scan(**dev), a.reps, a.warm_s)
     upd = S * T * H * P * N
     row.update(where=r.where, gpu_ms=g_ms, gpu_min_ms=g_min, wall_ms=w_ms, updates_per_s=upd / (g_ms / 1e3),
-               pieces={"x": pieces(dev["x"]), "y": pieces(r.y)}, copied_in=copied(ctx, T, False))
+               span=span, pieces={"x": pieces(dev["x"]), "y": pieces(r.y)}, copied_in=copied(ctx, T, False))
     if r.where != ctx.info.where:
         run.fail(f"T={T} fwd {variant}: ran on {r.where}, not {ctx.info.where}")
     run.say(f"T={T} fwd {variant} [{row['kernels']}]: GPU {g_ms:.2f} ms (min {g_min:.2f}), wall {w_ms:.2f} ms, "
@@ -351,14 +363,14 @@ def backward(run, T, dev, host, gref, variant, tune, dims):
         if not supported(run, row, "ssm_scan_back", {k: dev[k] for k in ("s", "x", "dt", "A", "B", "C")}):
             return
         reused = vk_engine.engine_of(ctx).states_reused
-        g, g_ms, g_min, w_ms = timed_calls(lambda: ssm_vk.ssm_scan_back(**dev), a.reps)
+        g, g_ms, g_min, w_ms, span = timed_calls(lambda: ssm_vk.ssm_scan_back(**dev), a.reps, a.warm_s)
         # (whether it bound the chunk tables its forward left instead of recomputing them: rates compare
         # like with like; over token windows what the forward leaves is the windows' starting states)
         took = vk_engine.engine_of(ctx).states_reused > reused
         row["kept_starts" if in_token_windows(ctx, dims) else "kept_tables"] = took
     upd = S * T * H * P * N
     row.update(where=g.where, gpu_ms=g_ms, gpu_min_ms=g_min, wall_ms=w_ms, updates_per_s=upd / (g_ms / 1e3),
-               pieces={"x": pieces(dev["x"]), "g_y": pieces(dev["g_y"]), "d_x": pieces(g.d_x)},
+               span=span, pieces={"x": pieces(dev["x"]), "g_y": pieces(dev["g_y"]), "d_x": pieces(g.d_x)},
                copied_in=copied(ctx, T, True))
     if g.where != ctx.info.where:
         run.fail(f"T={T} bwd {variant}: ran on {g.where}, not {ctx.info.where}")
@@ -536,9 +548,25 @@ def rates(rows):
             r["rate_vs_base"] = r["updates_per_s"] / base[key]["updates_per_s"]
 
 
+def sm_clocks(run, path) -> None:
+    """Each timed row's SM clock (min/median/max MHz of the log's samples during its timed calls),
+    from the log benchmarks/gpu_env.sh keeps; nothing where there is none."""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        from clocks import during, samples
+        clk = samples(path, os.path.join(os.path.dirname(path), "clock_epoch.txt"))
+    except Exception as e:  # a log cut short or of another format: said, the rows stay
+        run.say(f"clock log {path} not read: {type(e).__name__}: {e}")
+        return
+    for r in run.rows:
+        if r.get("span"):
+            r["sm_mhz"] = during(clk, r["span"])
+
+
 def table(rows) -> str:
     out = ["| T | N | x GiB | pass | variant | kernels | where | pieces | copied in | upload x s | GPU ms | "
-           "G upd/s | vs smallest T | download s | max error |", "|" + "---|" * 15]
+           "G upd/s | vs smallest T | SM MHz | download s | max error |", "|" + "---|" * 16]
     for r in rows:
         up = r.get("upload", {}).get("x", {}).get("s", math.nan)
         errs = r.get("errors", {})
@@ -552,6 +580,7 @@ def table(rows) -> str:
                    f"{where} | "
                    f"{r.get('pieces', '-')} | {','.join(r.get('copied_in', [])) or '-'} | {up:.2f} | "
                    f"{r.get('gpu_ms', math.nan):.2f} | {r.get('updates_per_s', math.nan) / 1e9:.1f} | {ratio} | "
+                   f"{r.get('sm_mhz', '-')} | "
                    f"{dl:.2f} | {worst[1]:.1e} {worst[0]} |")
     return "\n".join(out)
 
@@ -568,6 +597,10 @@ def main(argv=None) -> int:
     ap.add_argument("--extra", default="",
                     help="T/N,...: backward alone at these T and N after the sizes (default none)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warm-s", type=float, default=1.0,
+                    help="seconds of back-to-back calls before each timing (the GPU's clock ramps under load)")
+    ap.add_argument("--clocks", default=None,
+                    help="the clock log of gpu_env.sh (default $OUT/clocks.csv where it exists): SM MHz per row")
     ap.add_argument("--last", type=int, default=256, help="last tokens compared with ssm_fast")
     ap.add_argument("--prefix", type=int, default=2048, help="first tokens checked in float64 (0: none)")
     ap.add_argument("--same-kernels", default="CHUNK=0",
@@ -624,6 +657,8 @@ def main(argv=None) -> int:
             run.args = args
     finally:
         rates(run.rows)
+        out = os.environ.get("OUT")
+        sm_clocks(run, args.clocks or (os.path.join(out, "clocks.csv") if out else None))
         run.save()
         if override is not None:
             override.restore()
