@@ -241,16 +241,16 @@ class Run:
 
 def timed_calls(fn, reps, warm_s):
     """(last result, median GPU ms, min GPU ms, median wall ms, (start, end) of the timed calls in
-    host time) of ``reps`` calls after warming up: calls back to back for ``warm_s`` seconds (at
-    least one). An idle GPU runs at a fraction of its clock and ramps up only under sustained
-    load: an H100 left idle while the host drew inputs or ran ssm_fast timed a 44 ms forward at
-    1.7x the time it takes at full clock."""
+    host time) of ``reps`` calls after warming up: one call, then calls back to back for
+    ``warm_s`` seconds. An idle GPU runs at a fraction of its clock and ramps up only under
+    sustained load: on an H100 left idle while the host ran ssm_fast, the 1 GiB forward took 30-44 ms at
+    345-525 MHz, 9.2 ms at 1980."""
+    r = fn()   # the first call builds the pipelines (host time): the clock's warm-up starts after it
+    del r      # (its buffers back to the pool before the next call)
     end = time.perf_counter() + warm_s
-    n = 0
-    while n < 1 or time.perf_counter() < end:
+    while time.perf_counter() < end:
         r = fn()
-        del r   # (its buffers back to the pool before the next call)
-        n += 1
+        del r
     gpus, walls = [], []
     r = None
     span = [time.time(), None]
