@@ -38,7 +38,7 @@ from ssm_vk import run as vk_run
 from ssm_vk import runtime as rt
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from vk_gpu_check import rel
+from vk_gpu_check import rel, warm
 
 P, N = 64, 128
 BENCH_GLSL = Path(__file__).resolve().parent / "glsl"  # the benchmark's own shaders
@@ -67,12 +67,6 @@ def copy_bandwidth(ctx, nbytes: int, seconds: float = 0.3) -> float:
     a.close()
     b.close()
     return best
-
-
-def warm(fn, seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        fn()
 
 
 def case(S: int, R: int, H: int, seed: int = 0):

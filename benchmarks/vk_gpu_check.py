@@ -81,6 +81,17 @@ def vk_timed(forward, backward=None, where=None):
     return call
 
 
+def warm(fn, seconds: float) -> None:
+    """Call ``fn`` once, then back to back for ``seconds``: an idle GPU runs at a fraction of its
+    clock (an H100: 345 MHz) and raises it only under sustained load. The first call is not
+    counted, since it may build pipelines on the host for longer than ``seconds`` (then no load
+    would follow it: an H100's first 1 GiB forward was timed at 345-525 MHz so)."""
+    fn()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+
+
 def timed(fn, reps):
     walls, gpus = [], []
     out = None

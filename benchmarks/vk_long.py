@@ -61,6 +61,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from vk_gpu_check import warm
 
 import ssm_ref
 import ssm_vk
@@ -241,16 +242,10 @@ class Run:
 
 def timed_calls(fn, reps, warm_s):
     """(last result, median GPU ms, min GPU ms, median wall ms, (start, end) of the timed calls in
-    host time) of ``reps`` calls after warming up: one call, then calls back to back for
-    ``warm_s`` seconds. An idle GPU runs at a fraction of its clock and ramps up only under
-    sustained load: on an H100 left idle while the host ran ssm_fast, the 1 GiB forward took 30-44 ms at
-    345-525 MHz, 9.2 ms at 1980."""
-    r = fn()   # the first call builds the pipelines (host time): the clock's warm-up starts after it
-    del r      # (its buffers back to the pool before the next call)
-    end = time.perf_counter() + warm_s
-    while time.perf_counter() < end:
-        r = fn()
-        del r
+    host time) of ``reps`` calls after vk_gpu_check.warm's ``warm_s`` seconds of calls (on an H100
+    left idle while the host ran ssm_fast, the 1 GiB forward took 30-44 ms at 345-525 MHz, 9.2 ms
+    at 1980)."""
+    warm(fn, warm_s)   # (each result dropped at once: its buffers back to the pool before the next call)
     gpus, walls = [], []
     r = None
     span = [time.time(), None]

@@ -62,6 +62,8 @@ def _device_times(a, tune, reps, cot=None, warm_s=1.0):
     ``tune``, its inputs DeviceArrays (the best of ``reps`` runs of the recorded sequence, after
     ``warm_s`` seconds of the same calls back to back: a GPU idles at a low clock between
     submissions and takes up to a second of work to raise it)."""
+    from vk_gpu_check import warm
+
     import ssm_vk
     from ssm_vk import config, run
 
@@ -69,12 +71,13 @@ def _device_times(a, tune, reps, cot=None, warm_s=1.0):
     try:
         with config.configure(tune=tune):
             best: dict = {}
-            t_end = time.perf_counter() + warm_s
-            while time.perf_counter() < t_end:
+            def call():
                 r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
                 for v in (r.values() if cot else r):
                     if v is not None:
                         v.release()
+
+            warm(call, warm_s)
             for _ in range(reps + 1):
                 r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
                 t = run.last_sequence().gpu_times()

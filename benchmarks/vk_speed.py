@@ -29,7 +29,7 @@ from ssm_vk.sequential.sequential_planner import layout_for
 from ssm_vk.sizing import Limits
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from vk_gpu_check import SHAPES, inputs, rel
+from vk_gpu_check import SHAPES, inputs, rel, warm
 
 BENCH_GLSL = Path(__file__).resolve().parent / "glsl"  # the benchmark's own shaders (not the product's)
 
@@ -69,15 +69,6 @@ def submit_cost(ctx, n=300):
     return statistics.median(ts) * 1e6
 
 
-def warm(fn, seconds=0.6):
-    """Call ``fn`` back to back for ``seconds``: GPU clocks ramp only under sustained load."""
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end or n < 3:
-        fn()
-        n += 1
-
-
 def replay_wall(reps=50):
     """Median wall time of resubmitting the last recorded sequence alone (driver + GPU, no
     Python of ours), in us."""
@@ -106,7 +97,7 @@ def split():
 
 
 def measure(fn, reps):
-    warm(fn)
+    warm(fn, 0.6)
     walls, gpus = [], []
     PHASES.append(time.time())
     for _ in range(reps):

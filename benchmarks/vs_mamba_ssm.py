@@ -96,8 +96,7 @@ from ssm_vk import run as vk_run
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import vs_mamba3 as m3
 from processes import Spread, children, fmt, spread, without
-from vk_gpu_check import inputs, rel, vk_timed
-from vk_speed import warm
+from vk_gpu_check import inputs, rel, vk_timed, warm
 
 FORM = "log1p"   # dt_softplus of every ssm_vk and oracle call: torch's and mamba's softplus
 GRADS = ("d_x", "d_dt", "d_A", "d_B", "d_C", "d_s")
