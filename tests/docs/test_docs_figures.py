@@ -77,3 +77,45 @@ def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
     plans = [chunk_plan(d, nvidia, backward) for backward in (False, True)]
     assert all(p is not None and p.tokens for p in plans)
     assert plans[0].Tw == plans[1].Tw == _quoted("docs/API.md", r"of whole chunks \(([\d,]+) tokens at that shape\)")
+
+
+def test_reliability_quotes_the_largest_mamba3_batches_on_one_binding():
+    # RELIABILITY.md's known gap: the most sequences of 2048 tokens a Mamba-3 call (H = 32, P = 64,
+    # N = 128, F = 32, SISO) takes on each kernel family under an H100's limits, found by the planners
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk.config import settings
+    from ssm_vk.family import Request
+    from ssm_vk.mamba3.mamba3_planner import chunk_plan_call, plan_call
+    from ssm_vk.sizing import Limits, TooLarge
+
+    h100 = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "arithmetic", "shuffle"}),
+                  max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+                  max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+                  max_memory_allocation_size=4292870144, min_storage_buffer_offset_alignment=16,
+                  max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256,
+                  max_storage_buffers_per_stage=2**20, device_type="discrete", device_local_bytes=80 << 30)
+
+    def takes(S: int, backward: bool, chunked: bool) -> bool:
+        req = Request(M3Dims(S, 2048, 32, 64, 128, 1, 1, 32, S, False), h100, backward, settings())
+        if chunked:
+            return chunk_plan_call(req) is not None
+        try:
+            plan_call(req)
+        except TooLarge:
+            return False
+        return True
+
+    def most(backward: bool, chunked: bool) -> int:
+        lo, hi = 0, 1 << 12       # takes(lo), not takes(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if takes(mid, backward, chunked) else (lo, mid)
+        return lo
+
+    text = (REPO / "docs/RELIABILITY.md").read_text()
+    found = re.search(r"a forward of up to (\d+) sequences\s+on the chunked kernels .*? and (\d+) on the\s+"
+                      r"token-sequential ones, and a backward of up to (\d+) sequences on the chunked kernels .*?"
+                      r" and (\d+) on the token-sequential ones", text, re.S)
+    assert found, "docs/RELIABILITY.md: the Mamba-3 batch figures are not where the test reads them"
+    quoted = tuple(int(v) for v in found.groups())
+    assert quoted == (most(False, True), most(False, False), most(True, True), most(True, False))
