@@ -10,7 +10,7 @@ import time
 from children import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from vk_gpu_check import warm  # noqa: E402
+from vk_gpu_check import warm
 
 
 def test_the_load_lasts_its_seconds_after_a_slow_first_call():
