@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vulkan
 def test_a_pieced_run_checks_out_and_a_refused_backward_is_recorded(tmp_path):
     out = tmp_path / "long.json"
     rc = vk_long.main(["--sizes", "256,2048", "--H", "4", "--P", "16", "--N", "16", "--reps", "1",
-                       "--limits-mib", "0.125,0.0625,2", "--extra", "2048/4", "--threads", "2",
+                       "--limits-mib", "0.125,0.0625,2", "--extra", "2048/4", "--threads", "2", "--warm-s", "0",
                        "--json", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0 and not doc["failed"], doc["failed"]
@@ -47,7 +47,7 @@ def test_the_token_windows_backward_is_rated_against_a_backward_that_recomputes_
     # as well, and the larger size's rate is against that row, not the one that kept the tables
     out = tmp_path / "long.json"
     rc = vk_long.main(["--sizes", "256,2048", "--H", "4", "--P", "16", "--N", "16", "--reps", "1",
-                       "--limits-mib", "0.5,0.25", "--extra", "", "--threads", "2", "--no-ref",
+                       "--limits-mib", "0.5,0.25", "--extra", "", "--threads", "2", "--no-ref", "--warm-s", "0",
                        "--json", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0 and not doc["failed"], doc["failed"]
