@@ -62,7 +62,7 @@ def buffers(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, resident=froze
     outs = {k: prod(v) * F32 for k, v in output_shapes(d, backward).items()}
     sizes.update({f"out:{k}": n for k, n in outs.items()})
     row = d.H * d.P * d.N
-    family, plan, rerun = fp
+    family, plan, rerun = fp.family, fp.plan, fp.device_rerun
     sizes.update({f"scratch:{k}": n * F32 for k, n in family.scratch(d, plan, backward).items()})
     if rerun is not None:
         # a plan that flags inf and nan: the flag's host-visible copy, and a second set of outputs
@@ -111,7 +111,7 @@ def pieces(d: Dims, fp: FamilyPlan, lim: Limits, backward: bool, sizes: dict[str
         rerun = where[0] == "rerun"
         keys = [False, True] if where == ["in"] else [rerun]   # (each workspace uploads its own inputs)
         for r in keys:
-            plan = fp.rerun if r and fp.rerun is not None else fp
+            plan = fp.device_rerun if r and fp.device_rerun is not None else fp
             got, why = cuts(d, plan.plan, lim, backward, [name])
             if why:
                 return {}, f"{what}, and {plan.family.title} cannot cut it: {why}"

@@ -11,8 +11,10 @@ workspace and the call record and run what it records -- all through the fields 
 A call's plan is a :class:`FamilyPlan`: the family, that family's own plan object (each family's
 planner makes its own kind: a token-sequential plan, a ChunkPlan, an M1Plan) and, where the
 family's results are flagged when non-finite, the plan of the op's fallback family that recomputes
-them. The support decision plans a shape once and keeps its plans in a :class:`Planned`, which the
-workspace, the engine and a call read (and nothing plans again).
+them (or, for a family that allows it, :class:`OnHost`: the fallback cannot plan that recompute on
+the device, so a flagged call is computed on the host). The support decision plans a shape once
+and keeps its plans in a :class:`Planned`, which the workspace, the engine and a call read (and
+nothing plans again).
 
 Pure Python, no Vulkan; the annotations' types are only named (``TYPE_CHECKING``).
 """
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from .config import Settings
     from .sizing import Limits
 
-__all__ = ["Family", "FamilyPlan", "Planned", "Request", "always", "no_tables", "never"]
+__all__ = ["Family", "FamilyPlan", "OnHost", "Planned", "RecomputeOnHost", "Request", "always", "no_tables", "never"]
 
 
 @dataclass(frozen=True)
@@ -110,19 +112,45 @@ class Family:
     # and the memory budget counts that plan's scratch beside its own (the chunked kernels: their
     # plan was made on top of that one before a plan named its family)
     rerun_stands_in: bool = False
+    # Where the op's fallback cannot plan the recompute of its flagged results on the device
+    # (TooLarge): False, the call does not fit; True, its plan stands and a flagged call is
+    # computed on the host (OnHost; the Mamba-3 chunked backward, whose scratch fits where the
+    # token-sequential backward's work buffer does not: mamba3_api.mamba3_scan_back catches
+    # RecomputeOnHost. Its forward never needs it: the token-sequential forward fits wherever the
+    # chunked one does)
+    host_rerun: bool = False
 
     def __repr__(self) -> str:
         return f"<{self.op} family {self.name}>"
 
 
+class OnHost(NamedTuple):
+    """The recompute of a flagged result that the op's fallback family cannot plan on the device:
+    the call is computed on the host, for ``reason`` (FamilyPlan.rerun; Family.host_rerun)."""
+
+    reason: str
+
+
+class RecomputeOnHost(Exception):
+    """A call's kernels flagged a non-finite result whose recompute is :class:`OnHost`: raised by
+    ``Planned.plan(rerun=True)`` before any work of the recompute, for the op's API to compute the
+    call on the host (ssm_vk.mamba3_api). Its message is the reason."""
+
+
 class FamilyPlan(NamedTuple):
     """A call's plan: the ``family`` that runs it, that family's own ``plan`` and, where the
     family flags non-finite results (``family.flags(plan)``), the FamilyPlan of the op's fallback
-    family that recomputes them (``rerun``, which flags nothing); None otherwise."""
+    family that recomputes them (``rerun``, which flags nothing), or OnHost where that cannot be
+    planned on the device; None otherwise."""
 
     family: Family
     plan: Any
-    rerun: FamilyPlan | None = None
+    rerun: FamilyPlan | OnHost | None = None
+
+    @property
+    def device_rerun(self) -> FamilyPlan | None:
+        """``rerun`` where it runs on the device (a FamilyPlan), else None."""
+        return self.rerun if isinstance(self.rerun, FamilyPlan) else None
 
 
 class Planned:
@@ -150,7 +178,10 @@ class Planned:
 
     def plan(self, rerun: bool = False) -> FamilyPlan:
         """``first``; with ``rerun`` the plan that recomputes a result ``first`` flagged as
-        non-finite (``first`` itself where it flags nothing)."""
+        non-finite (``first`` itself where it flags nothing). Raises RecomputeOnHost where that
+        recompute is OnHost."""
         if rerun and self.first.rerun is not None:
+            if isinstance(self.first.rerun, OnHost):
+                raise RecomputeOnHost(self.first.rerun.reason)
             return self.first.rerun
         return self.first

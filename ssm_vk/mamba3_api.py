@@ -32,7 +32,7 @@ from . import budget, config, mamba3_run, outputs, registry, replay_cache
 from .arrays import DeviceArray, upload_to
 from .decision import kernels_problem
 from .engine import engine_of
-from .family import Planned
+from .family import Planned, RecomputeOnHost
 from .mamba3_workspace import STATE_PARTS
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
@@ -84,8 +84,9 @@ def _sizes(d, backward: bool, fp) -> dict:
         n.update(grads=2 * n["y"] + 2 * n["finals"] + n["x"] + n["steps"] + n["dtheta"] + n["B"]
                  + H * (2 * M * N + M * P) + n["states"])
     n.update(fp.family.scratch(d, fp.plan, backward))
-    if fp.rerun is not None:   # (a flagged call is computed again on the recompute's plan, in its own workspace)
-        n.update({"rerun:" + k: v for k, v in fp.rerun.family.scratch(d, fp.rerun.plan, backward).items()})
+    rerun = fp.device_rerun   # (a flagged call is computed again on the recompute's plan, in its own workspace)
+    if rerun is not None:
+        n.update({"rerun:" + k: v for k, v in rerun.family.scratch(d, rerun.plan, backward).items()})
     return {k: 4 * v for k, v in n.items() if v}
 
 
@@ -273,7 +274,9 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     when psi is None), d_s_theta, d_s_h, d_s_k, d_s_v in the caches' shapes (each sequence's
     start-state gradient added into row ids[i], in sequence order). Every sum over heads,
     channels and sequences is taken in a fixed order: reruns are bit-identical. A case the
-    device cannot run is computed by ssm_fast (where="CPU")."""
+    device cannot run is computed by ssm_fast (where="CPU"), and so is one whose result the
+    chunked kernels flag as non-finite where the token-sequential recompute does not fit the
+    device (family.OnHost)."""
     float32_only(dtype)
     arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, g_y, g_theta, g_h, g_k, g_v)
     sig = None
@@ -283,21 +286,33 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
         if replay is not None:
             p = replay.problem(arrays, ids)
             if p is not None:
-                return _grads(replay.run(p, arrays), replay.where, p.psi_given)
+                try:
+                    return _grads(replay.run(p, arrays), replay.where, p.psi_given)
+                except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device)
+                    return _back_on_cpu(str(e), arrays, ids, p)
     p = check_mamba3_backward(*stand_ins(arrays[:14]), ids, *stand_ins(arrays[14:]), rotation=rotation, dtype=_F32)
     dec = decide(MAMBA3.backward_name, p.dims, rotation=p.rotation)
     if not dec.sup:
-        host = [_host(a) for a in arrays]
-        g = _fall_back(dec.sup.reason).mamba3_scan_back(*host[:14], ids, *host[14:], rotation=p.rotation)
-        ctx = _ctx_of(arrays)
-        if ctx is None:
-            return g
-        return _grads({k: None if v is None else upload_to(ctx, v) for k, v in g.items()}, g.where, p.psi_given)
+        return _back_on_cpu(dec.sup.reason, arrays, ids, p)
     q = device_problem(p, dict(zip((*_INPUTS, *_COTS), arrays, strict=True)))
-    g = mamba3_run.run_call(dec.engine, q, True, dec.planned, _ctx_of(arrays) is not None)
+    try:
+        g = mamba3_run.run_call(dec.engine, q, True, dec.planned, _ctx_of(arrays) is not None)
+    except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device)
+        return _back_on_cpu(str(e), arrays, ids, p)
     if sig is not None:
         replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, True, arrays, False, mamba3_run.MAMBA3_CALLS)
     return _grads(g, dec.info.where, p.psi_given)
+
+
+def _back_on_cpu(reason: str, arrays: tuple, ids, p) -> Mamba3Grads:
+    """mamba3_scan_back computed by ssm_fast: host copies of DeviceArrays in, the gradients
+    uploaded when any input was a DeviceArray."""
+    host = [_host(a) for a in arrays]
+    g = _fall_back(reason).mamba3_scan_back(*host[:14], ids, *host[14:], rotation=p.rotation)
+    ctx = _ctx_of(arrays)
+    if ctx is None:
+        return g
+    return _grads({k: None if v is None else upload_to(ctx, v) for k, v in g.items()}, g.where, p.psi_given)
 
 
 def _grads(g: dict, where: str, psi_given: bool) -> Mamba3Grads:

@@ -16,6 +16,7 @@ from ssm_ref.results import Mamba3Grads, Mamba3Result
 from . import mamba3_run
 from . import runtime as rt
 from .arrays import DeviceArray
+from .family import OnHost
 from .mamba3_api import check_update, decide, device_problem, float32_only, stand_ins
 from .mamba3_workspace import M3Workspace
 from .prepared import PreparedCall
@@ -49,7 +50,8 @@ def prepare_mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, 
     None (psi, the start state: ones and zeros the call keeps on the device); ids, shapes,
     rotation and the settings are fixed now. Raises as mamba3_scan for bad input; TypeError naming
     an array that is not a DeviceArray; ValueError when the device cannot run the call (the
-    reason; mamba3_scan would compute it on the CPU)."""
+    reason; mamba3_scan would compute it on the CPU), or where a result holding inf or nan would be
+    computed on the CPU (family.OnHost)."""
     float32_only(dtype)
     named = dict(zip(MAMBA3.float_inputs, (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k,
                                             s_v), strict=True))
@@ -80,8 +82,12 @@ class _M3Prepared(PreparedCall):
 
     def __init__(self, backward: bool, p, update: bool, inputs: tuple):
         op = MAMBA3.backward_name if backward else MAMBA3.name
-        self._setup(op, decide(op, p.dims, rotation=p.rotation), p, backward, update, (), inputs,
-                    mamba3_run.MAMBA3_CALLS)
+        dec = decide(op, p.dims, rotation=p.rotation)
+        if dec.sup and isinstance(dec.planned.first.rerun, OnHost):   # (a prepared call runs on the device, every run)
+            raise ValueError(f"prepare: the Vulkan device cannot run every {op} of this shape: a result holding inf "
+                             f"or nan would be computed on the CPU ({dec.planned.first.rerun.reason}); ssm_vk.{op} "
+                             "runs it")
+        self._setup(op, dec, p, backward, update, (), inputs, mamba3_run.MAMBA3_CALLS)
         outs = self._replay.outs
         if backward:
             self._result = Mamba3Grads(**{k: outs.get(k) for k in MAMBA3.grad_names}, where=self.where)

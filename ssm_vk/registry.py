@@ -46,12 +46,13 @@ from typing import TYPE_CHECKING
 
 from .chunked import FAMILY as CHUNKED
 from .config import DEFAULTS, Settings, settings
-from .family import Family, FamilyPlan, Request
+from .family import Family, FamilyPlan, OnHost, Request
 from .kernel_specs import KernelSpec, reduce_spec, rows_spec
 from .m1 import FAMILY as M1
 from .mamba3 import CHUNKED as MAMBA3_CHUNKED
 from .mamba3 import FAMILY as MAMBA3
 from .sequential import FAMILY as SEQUENTIAL
+from .sizing import TooLarge
 
 if TYPE_CHECKING:
     from ssm_ref import Dims
@@ -88,7 +89,8 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
          snap: bool = False, rerun: bool = False, without: tuple = (), op: str = "ssm_scan") -> FamilyPlan:
     """The plan of a call of ``op`` (family.FamilyPlan): the first of the op's families, in their
     order, whose planner takes the call (family.Request), with the plan that recomputes its
-    results where they are flagged non-finite; TooLarge when even one token cannot fit.
+    results where they are flagged non-finite (OnHost where the fallback cannot plan it and the
+    family allows that: Family.host_rerun); TooLarge when even one token cannot fit.
     ``knobs``: ssm_vk.config's settings (default: those of now). ``softplus``: the step's form,
     which the plan hands to its kernels (it changes no size or window). ``snap``: the call writes
     K > 1 state snapshots (a forward) or adds g_snapshots (a backward). ``rerun``: the recompute
@@ -107,7 +109,14 @@ def plan(d: Dims, lim: Limits, backward: bool, knobs: Settings | None = None, so
             if not fam.flags(own):
                 return FamilyPlan(fam, own)
             # (the fallback's plan of the recompute, made with this one: no call plans)
-            return FamilyPlan(fam, own, FamilyPlan(scan.fallback, scan.fallback.plan(replace(req, rerun=True))))
+            try:
+                again = FamilyPlan(scan.fallback, scan.fallback.plan(replace(req, rerun=True)))
+            except TooLarge as e:
+                if not fam.host_rerun:
+                    raise
+                again = OnHost(f"{scan.fallback.title} cannot recompute a result holding inf or nan on this device "
+                               f"({e})")
+            return FamilyPlan(fam, own, again)
     raise AssertionError(f"no family of {op} planned the call (its fallback takes every call)")
 
 
@@ -124,7 +133,7 @@ def kernels_needed(d: Dims, fp: FamilyPlan, backward: bool) -> list[KernelSpec]:
     and where another family recomputes its flagged results, also that family's of the recompute's
     plan."""
     kernels = fp.family.kernels(d, fp.plan, backward)
-    rerun = fp.rerun
+    rerun = fp.device_rerun
     if rerun is None or rerun.family is fp.family:
         return kernels
     return [*kernels, *rerun.family.kernels(d, rerun.plan, backward)]

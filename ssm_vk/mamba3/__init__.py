@@ -9,7 +9,9 @@
   kernels for the backward. ``mamba3_planner``'s chunked section: the M3ChunkPlan (sequences of
   M3_CHUNK_MIN_T tokens or more forward, M3_CHUNK_BWD_MIN_T backward); ``mamba3_chunked_specs``,
   ``mamba3_chunked_recording``. Its results are flagged when an input, a cotangent or an output
-  is not finite, and such a call is computed again on the token-sequential kernels.
+  is not finite, and such a call is computed again on the token-sequential kernels -- or, where
+  their plan does not fit the device (a backward whose work buffer exceeds one binding), on the
+  host (``host_rerun``).
 
 ssm_vk.registry lists them in the planner's order: CHUNKED, then FAMILY.
 """
@@ -36,4 +38,5 @@ CHUNKED = Family(
     name="mamba3_chunked", op="mamba3_scan", title="the Mamba-3 chunked kernels",
     plan=mamba3_planner.chunk_plan_call, kernels=mamba3_chunked_specs.kernels, scratch=mamba3_planner.chunk_scratch,
     flags=always, record_forward=mamba3_chunked_recording.record_forward,
-    record_backward=mamba3_chunked_recording.record_backward, matrix=mamba3_chunked_specs.packaged)
+    record_backward=mamba3_chunked_recording.record_backward, matrix=mamba3_chunked_specs.packaged,
+    host_rerun=True)
