@@ -9,6 +9,18 @@ import re
 from children import REPO
 
 
+def _h100():
+    """An H100's limits as NVIDIA's driver 580 reports them (4 GiB bindings and allocations)."""
+    from ssm_vk.sizing import Limits
+
+    return Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "arithmetic", "shuffle"}),
+                  max_workgroup_invocations=1024, max_shared_memory=48 << 10,
+                  max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+                  max_memory_allocation_size=4292870144, min_storage_buffer_offset_alignment=16,
+                  max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256,
+                  max_storage_buffers_per_stage=2**20, device_type="discrete", device_local_bytes=80 << 30)
+
+
 def _quoted(page: str, pattern: str) -> int:
     """The integer the single match of ``pattern`` (one group, digits and commas) finds on ``page``."""
     text = (REPO / page).read_text()
@@ -64,17 +76,9 @@ def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
     # N = 128 under NVIDIA's limits (4 GiB bindings and allocations), forward and backward alike
     from ssm_ref import Dims
     from ssm_vk.chunked.chunked_planner import chunk_plan
-    from ssm_vk.sizing import Limits
 
-    nvidia = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "arithmetic", "shuffle"}),
-                    max_workgroup_invocations=1024, max_shared_memory=48 << 10,
-                    max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
-                    max_memory_allocation_size=2**32, min_storage_buffer_offset_alignment=16,
-                    max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256,
-                    max_storage_buffers_per_stage=2**20, max_memory_allocation_count=2**32,
-                    device_local_bytes=80 << 30)
     d = Dims(S=1, T=2**20, H=64, P=64, N=128, G=1, R=1, mamba1=False, a_shape=(64,))
-    plans = [chunk_plan(d, nvidia, backward) for backward in (False, True)]
+    plans = [chunk_plan(d, _h100(), backward) for backward in (False, True)]
     assert all(p is not None and p.tokens for p in plans)
     assert plans[0].Tw == plans[1].Tw == _quoted("docs/API.md", r"of whole chunks \(([\d,]+) tokens at that shape\)")
 
@@ -90,14 +94,9 @@ def test_reliability_quotes_the_largest_mamba3_batches_on_one_binding():
     from ssm_vk.config import settings
     from ssm_vk.family import Request
     from ssm_vk.mamba3.mamba3_planner import chunk_plan_call, plan_call
-    from ssm_vk.sizing import Limits, TooLarge
+    from ssm_vk.sizing import TooLarge
 
-    h100 = Limits(subgroup_size=32, subgroup_ops=frozenset({"basic", "arithmetic", "shuffle"}),
-                  max_workgroup_invocations=1024, max_shared_memory=48 << 10,
-                  max_workgroup_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
-                  max_memory_allocation_size=4292870144, min_storage_buffer_offset_alignment=16,
-                  max_workgroup_size=(1024, 1024, 64), max_push_constants_size=256,
-                  max_storage_buffers_per_stage=2**20, device_type="discrete", device_local_bytes=80 << 30)
+    h100 = _h100()
 
     def dims(S: int) -> M3Dims:
         return M3Dims(S, 2048, 32, 64, 128, 1, 1, 32, S, False)
