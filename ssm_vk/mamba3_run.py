@@ -250,6 +250,7 @@ def run_once(engine: Engine, p, backward: bool, planned: Planned, device_out: bo
                     buffers.idle(token)
         if out is not None:
             return out
+        planned.plan(rerun=True)   # (raises RecomputeOnHost where the recompute is the host's: nothing to note)
         run.note_rerun(engine, p.dims)
         return run_once(engine, p, backward, planned, device_out, rerun=True, update=update, given=given)
 

@@ -188,6 +188,7 @@ class Replay:
             if evicted:
                 return self.calls.run_once(self.engine, p, self.backward, self.planned, True, update=self.update)
             if out is None:  # a flagged result held inf or nan: computed again (as in run.run_once)
+                self.planned.plan(rerun=True)   # (raises RecomputeOnHost where that is the host's)
                 run.note_rerun(self.engine, self.dims)
                 return self.calls.run_once(self.engine, p, self.backward, self.planned, True, rerun=True,
                                            update=self.update)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mamba3_chunks import args_of
+from mamba3_chunks import args_of, reruns
 
 import ssm_fast
 import ssm_ref
@@ -107,9 +107,11 @@ def test_a_nonfinite_call_is_computed_on_the_host_with_the_reason(narrow, device
     if device_arrays:
         args = {k: ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
                 for k, v in args.items()}
+    before = reruns()
     with ctx.seams.override_limits(**narrow):
         got = ssm_vk.mamba3_scan_back(**args, **cot)
     assert got.where == "CPU"
+    assert reruns() == before   # (not counted, nor logged, as a recompute on the token-sequential kernels)
     assert any("cannot recompute a result holding inf or nan" in m for m in support._logged)
     for name in GRADS:
         if want[name] is None:
