@@ -32,7 +32,7 @@ from . import budget, config, mamba3_run, outputs, registry, replay_cache
 from .arrays import DeviceArray, upload_to
 from .decision import kernels_problem
 from .engine import engine_of
-from .family import Planned, RecomputeOnHost
+from .family import OnHost, Planned, RecomputeOnHost
 from .mamba3_workspace import STATE_PARTS
 from .sizing import TooLarge
 from .support import context_or_reason, log_once
@@ -118,8 +118,10 @@ def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
     why = kernels_problem(lim, registry.kernels_needed(d, fp, backward))
     if why:   # (not cached: glslc on PATH or a warm cache may lift it)
         return _Decided(Support(False, why))
-    out = _Decided(Support(True, f"runs on {info.where} ({info.name})"), engine, info,
-                   Planned(fp, d, lim, backward, knobs, form))
+    where = f"runs on {info.where} ({info.name})"
+    if isinstance(fp.rerun, OnHost):   # (said where the call may leave the device)
+        where += f"; a result holding inf or nan is computed on the CPU: {fp.rerun.reason}"
+    out = _Decided(Support(True, where), engine, info, Planned(fp, d, lim, backward, knobs, form))
     engine.remember(key, out)
     return out
 
