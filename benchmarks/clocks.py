@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import os
 import statistics
 import sys
 
@@ -27,6 +28,20 @@ def samples(path: str, epoch_path: str) -> list[tuple[float, float]]:
 
     off = float(open(epoch_path).read()) - t(rows[0][0])
     return [(t(r[0]) + off, float(r[1].split()[0])) for r in rows]
+
+
+def log_samples(path: str | None = None) -> tuple[list | None, str]:
+    """(samples, "") of the clock log at ``path`` (default: $OUT/clocks.csv, where gpu_env.sh keeps
+    it), aligned by the clock_epoch.txt beside it; (None, "") where there is none; (None, why)
+    where it cannot be read (a log cut short, another format)."""
+    if path is None and os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], "clocks.csv")
+    if not path or not os.path.isfile(path):
+        return None, ""
+    try:
+        return samples(path, os.path.join(os.path.dirname(path), "clock_epoch.txt")), ""
+    except Exception as e:  # (the caller says it; its timings stand without clocks)
+        return None, f"clock log {path} not read: {type(e).__name__}: {e}"
 
 
 def during(clk, span) -> str:

@@ -545,17 +545,14 @@ def rates(rows):
 
 def sm_clocks(run, path) -> None:
     """Each timed row's SM clock (min/median/max MHz of the log's samples during its timed calls),
-    from the log benchmarks/gpu_env.sh keeps; nothing where there is none."""
-    if not path or not os.path.isfile(path):
-        return
-    try:
-        from clocks import during, samples
-        clk = samples(path, os.path.join(os.path.dirname(path), "clock_epoch.txt"))
-    except Exception as e:  # a log cut short or of another format: said, the rows stay
-        run.say(f"clock log {path} not read: {type(e).__name__}: {e}")
-        return
+    from the log benchmarks/gpu_env.sh keeps (clocks.log_samples); nothing where there is none."""
+    from clocks import during, log_samples
+
+    clk, why = log_samples(path)
+    if why:
+        run.say(why)
     for r in run.rows:
-        if r.get("span"):
+        if clk and r.get("span"):
             r["sm_mhz"] = during(clk, r["span"])
 
 
@@ -652,8 +649,7 @@ def main(argv=None) -> int:
             run.args = args
     finally:
         rates(run.rows)
-        out = os.environ.get("OUT")
-        sm_clocks(run, args.clocks or (os.path.join(out, "clocks.csv") if out else None))
+        sm_clocks(run, args.clocks)
         run.save()
         if override is not None:
             override.restore()

@@ -1186,15 +1186,11 @@ def main(argv=None) -> int:
             traceback.print_exc()
             rows.append(dict(workload=name, family=WORKLOADS[name][0], error=f"{type(e).__name__}: {e}"))
 
-    clk = None
-    clocks_path = args.clocks or (os.path.join(os.environ["OUT"], "clocks.csv") if os.environ.get("OUT") else None)
-    if clocks_path and os.path.isfile(clocks_path):
-        try:
-            from clocks import samples
+    from clocks import log_samples
 
-            clk = samples(clocks_path, str(Path(clocks_path).with_name("clock_epoch.txt")))
-        except Exception as e:
-            notes.append(f"clock log {clocks_path} not read: {type(e).__name__}: {e}")
+    clk, why = log_samples(args.clocks)
+    if why:
+        notes.append(why)
     for r in rows:
         if r.get("ours"):
             r["sm_mhz_ours"] = sm_clocks(clk, r["ours"]["spans"])
