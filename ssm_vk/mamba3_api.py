@@ -74,19 +74,38 @@ class _Decided:
         self.sup, self.engine, self.info, self.planned = sup, engine, info, planned
 
 
-def _sizes(d, backward: bool, fp) -> dict:
-    """Bytes of every buffer a call holds, by name (the memory budget's input)."""
+def _elems(d, backward: bool, scratch: dict) -> dict:
+    """Float32 elements of every buffer a call of dims ``d`` acquires in its workspace or hands out
+    (``scratch``: its family's, the backward's joint outputs included), by name, an upper bound:
+    every input uploaded, update_cache's copies of the final state counted."""
     S, T, H, P, N, G, M, F, R = d.S, d.T, d.H, d.P, d.N, d.G, d.M, d.F, d.R
-    n = dict(x=S * T * H * P, steps=3 * S * T * H, B=2 * S * T * M * G * N, bias=2 * H * M * N, dtheta=S * T * H * F,
-             psi=H * M * P, states=R * H * (F + P * N + M * N + M * P), ids=S,
-             y=S * T * M * H * P, finals=S * H * (F + P * N + M * N + M * P))
+    th, bn = S * T * H, S * T * M * G * N
+    rows = dict(zip(STATE_PARTS, (H * F, H * P * N, H * M * N, H * M * P), strict=True))
+    n = {"in:x": th * P, "in:dt": th, "in:dA": th, "in:lam": th, "in:B": bn, "in:C": bn, "in:B_bias": H * M * N,
+         "in:C_bias": H * M * N, "in:dtheta": th * F, "in:psi": H * M * P, "ids": S,
+         **{f"in:s_{k}": R * row for k, row in rows.items()}}
     if backward:
-        n.update(grads=2 * n["y"] + 2 * n["finals"] + n["x"] + n["steps"] + n["dtheta"] + n["B"]
-                 + H * (2 * M * N + M * P) + n["states"])
-    n.update(fp.family.scratch(d, fp.plan, backward))
+        n.update({"in:g_y": S * T * M * H * P, "g_state": S * sum(rows.values()), "out:d_x": th * P, "out:d_dt": th,
+                  "out:d_dA": th, "out:d_lam": th, "out:d_B": bn, "out:d_C": bn, "out:d_B_bias": H * M * N,
+                  "out:d_C_bias": H * M * N, "out:d_dtheta": th * F, "out:d_psi": H * M * P,
+                  **{f"out:d_s_{k}": R * row for k, row in rows.items()},
+                  **{f"d0:{k}": S * row for k, row in rows.items()}})
+    else:
+        n.update({"out:y": S * T * M * H * P, **{f"out:{k}": S * row for k, row in rows.items()},
+                  **{f"fin:{k}": S * row for k, row in rows.items()}})
+    n.update(scratch)
+    return n
+
+
+def _sizes(d, backward: bool, fp) -> dict:
+    """Bytes of every buffer a call holds, by name (the memory budget's input): its workspace's
+    and, where a flagged call is computed again on the device, the recompute's workspace's (each
+    buffer its own allocation: the budget checks the largest against maxMemoryAllocationSize)."""
+    n = _elems(d, backward, fp.family.scratch(d, fp.plan, backward))
     rerun = fp.device_rerun   # (a flagged call is computed again on the recompute's plan, in its own workspace)
     if rerun is not None:
-        n.update({"rerun:" + k: v for k, v in rerun.family.scratch(d, rerun.plan, backward).items()})
+        n.update({"rerun:" + k: v for k, v in _elems(d, backward, rerun.family.scratch(d, rerun.plan,
+                                                                                        backward)).items()})
     return {k: 4 * v for k, v in n.items() if v}
 
 

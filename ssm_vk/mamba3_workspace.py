@@ -16,13 +16,20 @@ A call's bindings, by name (what the family's recording asks with :meth:`M3Works
   the sequence; an absent psi: a buffer of ones made once;
 - the four cotangents of the final state: one buffer, "g_state" (the kernel reads it so), its
   parts copied, written or zeroed there;
-- the ids: a constant of the recorded sequence (the ids' bytes are part of its key).
+- the ids: a constant of the recorded sequence (the ids' bytes are part of its key);
+- in a chunked plan's windows of sequences (:meth:`M3Workspace.bind_window`): each array of the
+  call from the window's first sequence, the window's ids a constant of their own, the final
+  state's cotangents and the backward's joint outputs in buffers of one window, copied in before
+  and out after it.
 
 The sequence begins with those copies and fills and ends with what turns the kernels' buffers
 into the op's outputs on the device: update_cache's final states copied into the cache rows
 (a copy per run of consecutive rows), the backward's d_dt / d_dA / d_lam and d_B_bias / d_C_bias / d_psi copied
 out of the kernels' joint buffers, and the start-state gradients scatter-added by ids
 (recording.scatter_rows, in sequence order as ssm_ref's). ssm_vk.mamba3_run runs calls in it.
+
+It stays one module on purpose: every method reads or writes the workspace's own buffers
+(``own``) and the bindings of the recording in progress (``bind``), one owner of both.
 """
 
 from __future__ import annotations
@@ -108,15 +115,17 @@ class M3Workspace(FlagHost):
         self._constants: list = []
         self._host_outs: dict = {}    # names -> a host call's output DeviceArrays over buffers of its own
         self.sequences: OrderedDict = OrderedDict()   # key -> (Sequence, constant buffers)
-        S, H, P, N, M, F = d.S, d.H, d.P, d.N, d.M, d.F
+        H, P, N, M, F = d.H, d.P, d.N, d.M, d.F
         # elements of one sequence's (one cache row's) part of each state, in STATE_PARTS' order
         self.rows = (H * F, H * P * N, H * M * N, H * M * P)
         self.scratch = dict(fp.family.scratch(d, fp.plan, self.backward))
         # whether the plan's kernels flag inf and nan (the call is then computed again on the
         # recompute's plan: mamba3_run.run_once)
         self.flags_nonfinite = fp.family.flags(fp.plan)
-        if self.backward:
-            self.scratch.update(d_step=3 * S * d.T * H, d_parts=H * (2 * M * N + M * P), d_start=S * sum(self.rows))
+        # the chunked kernels' windows of sequences (mamba3_planner.M3ChunkPlan; one window: the
+        # call's arrays bound whole, as the token-sequential plan binds them)
+        self.windowed = bool(getattr(fp.plan, "windowed", False))
+        self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
 
     # -- buffers ------------------------------------------------------------------------------
     def own(self, name: str, nbytes: int):
@@ -152,6 +161,67 @@ class M3Workspace(FlagHost):
         if hit is not None and hit[0] is not None:
             return hit
         return (self.own("dummy", 16), 0, 16)
+
+    # -- windows of sequences (the chunked kernels' plan.windows) --------------------------------
+    def bind_window(self, name: str, w) -> tuple:
+        """The binding of array ``name`` for window ``w`` (mamba3_planner.M3Window): an array of
+        the call from the window's first sequence (the plan keeps that offset bindable), the
+        final state's cotangents from the window's own copy (:meth:`window_in`), the rest whole."""
+        if not self.windowed:
+            return self.bind(name)
+        if name == "g_state":
+            return self.bind("g_state_w")
+        per = self.per_seq.get(name)
+        hit = self._named.get(name)
+        if not per or hit is None or hit[0] is None:
+            return self.bind(name)
+        return (hit[0], hit[1] + w.s0 * per * F32, w.n * per * F32)
+
+    def window_ids(self, p, w) -> tuple:
+        """The binding of window ``w``'s ids (a constant of the sequence being recorded)."""
+        if not self.windowed:
+            return self.bind("ids")
+        ids = self.constant(np.ascontiguousarray(p.ids[w.s0:w.s0 + w.n], dtype=np.uint32))
+        return (ids, 0, w.n * 4)
+
+    def _parts(self, n: int):
+        """(part, elements per sequence, offset of the part) of a buffer of the four state parts
+        (g_state, d_start) of ``n`` sequences, each part's rows together."""
+        at = 0
+        for part, row in zip(STATE_PARTS, self.rows, strict=True):
+            yield part, row, at
+            at += n * row
+
+    def window_in(self, seq, w) -> None:
+        """Record the copy of window ``w``'s rows of the final state's cotangents (g_state, every
+        sequence) into the window's own buffer, after what ran before (a barrier each side)."""
+        src, dst = self.bind("g_state")[0], self.bind("g_state_w")[0]
+        seq.barrier()
+        for (_, row, at), (_, _, at_w) in zip(self._parts(self.dims.S), self._parts(w.n), strict=True):
+            if row:
+                seq.copy(src, dst, w.n * row * F32, (at + w.s0 * row) * F32, at_w * F32)
+        seq.barrier()
+
+    def window_out(self, seq, w) -> None:
+        """Record, after window ``w``'s kernels, its rows of the backward's joint buffers into the
+        outputs: d_dt, d_dA, d_lam of d_step (3, n, T, H) and each start-state part of d_start
+        into the workspace's buffer of that part ("d0:" part, every sequence), which split_grads
+        scatters by ids."""
+        seq.barrier()
+        self._take(seq, w.s0, w.n)
+
+    def _take(self, seq, s0: int, n: int) -> None:
+        d = self.dims
+        step = self._named["d_step"][0]
+        sth = n * d.T * d.H * F32
+        for j, k in enumerate(("d_dt", "d_dA", "d_lam")):
+            out = self._named[k]
+            if sth:
+                seq.copy(step, out[0], sth, j * sth, out[1] + s0 * d.T * d.H * F32)
+        start = self._named["d_start"][0]
+        for part, row, at in self._parts(n):
+            if row:
+                seq.copy(start, self.own("d0:" + part, d.S * row * F32), n * row * F32, at * F32, s0 * row * F32)
 
     # -- a call's inputs ----------------------------------------------------------------------
     def _array(self, name: str, a, nbytes: int, pre: list, key: list, bufs: dict) -> None:
@@ -303,17 +373,16 @@ class M3Workspace(FlagHost):
 
     def split_grads(self, seq, p, outs: dict) -> None:
         """Record, after the backward's kernels, its outputs made of the kernels' joint buffers:
-        d_dt, d_dA, d_lam of d_step (3,S,T,H); d_B_bias, d_C_bias, d_psi of each head's row of
-        d_parts (H, 2MN+MP); d_s_theta .. d_s_v, the start-state gradients of d_start scatter-added
-        into the cache rows by ids, in sequence order (recording.scatter_rows)."""
+        d_dt, d_dA, d_lam of d_step (3,S,T,H) and the start-state gradients of d_start
+        (:meth:`window_out`, which the chunked recording took after each window where there are
+        several); d_B_bias, d_C_bias, d_psi of each head's row of d_parts (H, 2MN+MP); d_s_theta ..
+        d_s_v, the start-state gradients scatter-added into the cache rows by ids, in sequence
+        order (recording.scatter_rows)."""
         d = self.dims
         MN, MP = d.M * d.N, d.M * d.P
         seq.barrier()
-        step = self._named["d_step"][0]
-        sth = d.S * d.T * d.H * F32
-        for j, k in enumerate(("d_dt", "d_dA", "d_lam")):
-            if sth:
-                seq.copy(step, outs[k].buffer, sth, j * sth, 0)
+        if not self.windowed:
+            self._take(seq, 0, d.S)
         parts = self._named["d_parts"][0]
         width = 2 * MN + MP
         for k, at, n in (("d_B_bias", 0, MN), ("d_C_bias", MN, MN), ("d_psi", 2 * MN, MP)):
@@ -322,21 +391,13 @@ class M3Workspace(FlagHost):
                 continue
             for h in range(d.H):
                 seq.copy(parts, dst.buffer, n * F32, (h * width + at) * F32, h * n * F32)
-        start = self._named["d_start"][0]
-        at = 0
         rows = _Rows(self)
-        moved = []
-        for part, row in zip(STATE_PARTS, self.rows, strict=True):
-            n = d.S * row
-            if n:
-                d0 = self.own("d0:" + part, n * F32)
-                seq.copy(start, d0, n * F32, at * F32, 0)
-                moved.append((part, d0, row))
-            at += n
         seq.barrier()
-        for part, d0, row in moved:
-            dst = outs["d_s_" + part]
-            scatter_rows(self.ctx, seq, rows, self.limits, d0, (dst.buffer, dst.offset), p.ids, row, d.R)
+        for part, row in zip(STATE_PARTS, self.rows, strict=True):
+            if d.S * row:
+                dst = outs["d_s_" + part]
+                scatter_rows(self.ctx, seq, rows, self.limits, self.own("d0:" + part, d.S * row * F32),
+                             (dst.buffer, dst.offset), p.ids, row, d.R)
 
     # -- the workspace's --------------------------------------------------------------------------
     def _drop(self, buffers: list) -> None:

@@ -37,67 +37,80 @@ __all__ = ["record_forward", "record_backward", "FLAG"]
 FLAG = "m3c_flag"   # the scratch the kernels raise on a non-finite value (4 uint32, the first read)
 
 
-def _push(p, plan, gx: int, mode: int = 0) -> bytes:
+def _push(p, plan, w, gx: int, mode: int = 0) -> bytes:
     d = p.dims
-    return pack_push(m3c.PUSH, dict(S=d.S, T=d.T, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, N=d.N, M=d.M, L=plan.L,
+    return pack_push(m3c.PUSH, dict(S=w.n, T=d.T, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, N=d.N, M=d.M, L=plan.L,
                                     NC=plan.NC, halved=int(p.rotation == "halved"), gx=gx, mode=mode))
 
 
+def _runner(seq, ws, p, w):
+    """run(spec, grid, names, mode): a barrier, then ``spec`` dispatched over window ``w``'s bindings
+    of ``names`` (its ids its own)."""
+    ids = ws.window_ids(p, w)
+
+    def run(spec, grid, names, mode: int = 0) -> None:
+        seq.barrier()
+        binds = [ids if k == "ids" else ws.bind_window(k, w) for k in names]
+        seq.dispatch(kernel(ws.ctx, spec), binds, _push(p, ws.plan, w, grid[0], mode), (grid[0], grid[1], 1))
+
+    return run
+
+
 def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
-    """Record the chunked forward (``bufs``: unused, the workspace binds by name; ``scatter``:
-    never -- the final states go to their own arrays, the caller writes the cache rows)."""
-    plan = ws.plan
-    binds = [ws.bind(k) for k in m3c.BINDINGS]
+    """Record the chunked forward, window after window (``bufs``: unused, the workspace binds by
+    name; ``scatter``: never -- the final states go to their own arrays, the caller writes the
+    cache rows)."""
     flag = ws.bind(FLAG)
     seq.fill(flag[0], 0, 0, flag[2])
-
-    def run(spec, grid, mode: int = 0) -> None:
-        seq.barrier()
-        seq.dispatch(kernel(ws.ctx, spec), binds, _push(p, plan, grid[0], mode), (grid[0], grid[1], 1))
-
-    if p.dims.F:
-        run(m3c.prep_spec(), plan.prep, 0)
-        run(m3c.angle_spec(), plan.angle)
-    run(m3c.prep_spec(), plan.prep, 1)
-    run(m3c.states_spec(), plan.states)
-    run(m3c.pass_spec(), plan.pass_)
-    run(m3c.y_spec(), plan.y)
+    for w in ws.plan.windows:
+        run = _runner(seq, ws, p, w)
+        if p.dims.F:
+            run(m3c.prep_spec(), w.prep, m3c.BINDINGS, 0)
+            run(m3c.angle_spec(), w.angle, m3c.BINDINGS)
+        run(m3c.prep_spec(), w.prep, m3c.BINDINGS, 1)
+        run(m3c.states_spec(), w.states, m3c.BINDINGS)
+        run(m3c.pass_spec(), w.pass_, m3c.BINDINGS)
+        run(m3c.y_spec(), w.y, m3c.BINDINGS)
     flag_end(seq, ws, flag[0])   # (the workspace reads it after the wait: a flagged call is computed again)
 
 
 def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
-    """Record the chunked backward (``bufs``: unused, the workspace binds by name; ``kept``: never
-    -- it recomputes the forward's tables). Its outputs are the token-sequential backward's: d_x,
-    d_dtheta, d_B, d_C, and d_step, d_parts, d_start, which the workspace splits (split_grads)."""
+    """Record the chunked backward, window after window (``bufs``: unused, the workspace binds by
+    name; ``kept``: never -- it recomputes the forward's tables). Its outputs are the
+    token-sequential backward's: d_x, d_dtheta, d_B, d_C, and d_step, d_parts, d_start, which the
+    workspace splits (split_grads; a window's d_step and d_start as each window ends, where there
+    are several: window_out). d_B and d_C are summed over a group's heads per window, the parts
+    over every sequence's chunks once, after the last window: the bits of one window."""
     d = p.dims
     plan = ws.plan
-    fwd = [ws.bind(k) for k in m3c.RECOMPUTE_BINDINGS]
-    bwd = [ws.bind(k) for k in m3c.BWD_BINDINGS]
     flag = ws.bind(FLAG)
     seq.fill(flag[0], 0, 0, flag[2])
-
-    def run(spec, grid_, binds, mode: int = 0) -> None:
+    slab = d.T * d.M * d.G * d.N   # (a sequence's d_B)
+    for w in plan.windows:
+        if plan.windowed:
+            ws.window_in(seq, w)
+        run = _runner(seq, ws, p, w)
+        fwd, bwd = m3c.RECOMPUTE_BINDINGS, m3c.BWD_BINDINGS
+        if d.F:
+            run(m3c.prep_spec(), w.prep, fwd, 0)
+            run(m3c.angle_spec(), w.angle, fwd)
+        run(m3c.prep_spec(), w.prep, fwd, 1)
+        run(m3c.states_spec(), w.states, fwd)
+        run(m3c.pass_spec(), w.pass_, fwd)
+        run(m3c.gstates_spec(), w.states, bwd)
+        run(m3c.gpass_spec(), w.pass_, bwd)
+        run(m3c.chunk_spec(1), w.prep, bwd)   # the chunk's products in two halves (m3b_chunk.comp)
+        run(m3c.chunk_spec(2), w.prep, bwd)
+        run(m3c.rot_spec(), w.prep, bwd, 0)
+        if d.F:
+            run(m3c.bangle_spec(), w.angle, bwd)
+            run(m3c.rot_spec(), w.prep, bwd, 1)
         seq.barrier()
-        seq.dispatch(kernel(ws.ctx, spec), binds, _push(p, plan, grid_[0], mode), (grid_[0], grid_[1], 1))
-
-    if d.F:
-        run(m3c.prep_spec(), plan.prep, fwd, 0)
-        run(m3c.angle_spec(), plan.angle, fwd)
-    run(m3c.prep_spec(), plan.prep, fwd, 1)
-    run(m3c.states_spec(), plan.states, fwd)
-    run(m3c.pass_spec(), plan.pass_, fwd)
-    run(m3c.gstates_spec(), plan.states, bwd)
-    run(m3c.gpass_spec(), plan.pass_, bwd)
-    run(m3c.chunk_spec(1), plan.prep, bwd)   # the chunk's products in two halves (m3b_chunk.comp)
-    run(m3c.chunk_spec(2), plan.prep, bwd)
-    run(m3c.rot_spec(), plan.prep, bwd, 0)
-    if d.F:
-        run(m3c.bangle_spec(), plan.angle, bwd)
-        run(m3c.rot_spec(), plan.prep, bwd, 1)
+        reduce_sums(seq, ws, "m3b_dBh", "d_B", w.n * slab, d.N, d.H // d.G, w.s0 * slab)
+        reduce_sums(seq, ws, "m3b_dCh", "d_C", w.n * slab, d.N, d.H // d.G, w.s0 * slab)
+        if plan.windowed:
+            ws.window_out(seq, w)
     seq.barrier()
-    slab = d.S * d.T * d.M * d.G * d.N
-    reduce_sums(seq, ws, "m3b_dBh", "d_B", slab, d.N, d.H // d.G)
-    reduce_sums(seq, ws, "m3b_dCh", "d_C", slab, d.N, d.H // d.G)
     per = d.H * (2 * d.M * d.N + d.M * d.P)
     reduce_sums(seq, ws, "m3b_parts", "d_parts", per, per, d.S * plan.NC)
     flag_end(seq, ws, flag[0])

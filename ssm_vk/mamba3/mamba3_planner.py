@@ -21,7 +21,7 @@ M3_CHUNK_MIN_T and M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..sizing import TooLarge, binding_cap, grid
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "CHUNK_MIN_T",
            "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan", "chunk_elems",
            "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU", "CHUNK_BWD_SHARED",
-           "CHUNK_BWD_BINDINGS", "chunk_bwd_elems"]
+           "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "M3Window", "seq_elems", "window_elems", "joint_elems", "granule"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
@@ -123,7 +123,7 @@ def plan_call(req: Request) -> M3Plan:
         npb = max(1, -(-d.P // wg))   # (P = 0: one block still writes θ and k)
         cap = binding_cap(lim)
         for what, n in (("y", d.S * d.T * d.M * d.H * d.P), ("B", d.S * d.T * d.M * d.G * d.N),
-                        ("state h", d.R * d.H * d.P * d.N)):
+                        ("state h", d.R * d.H * d.P * d.N), ("final state h", d.S * d.H * d.P * d.N)):
             if n > cap:
                 raise TooLarge(f"the Mamba-3 scan's {what} ({n * 4} bytes) exceeds one storage-buffer binding of this "
                                f"device ({cap * 4} bytes)")
@@ -138,7 +138,18 @@ def scratch(d: M3Dims, plan: M3Plan, backward: bool) -> dict:
     if not backward:
         return {}
     slab = d.S * d.T * d.M * d.H * d.N
-    return {"m3_work": work_elems(d), "m3_dB_heads": slab, "m3_dC_heads": slab, "m3_parts": part_elems(d)}
+    return {"m3_work": work_elems(d), "m3_dB_heads": slab, "m3_dC_heads": slab, "m3_parts": part_elems(d),
+            **joint_elems(d, d.S)}
+
+
+def joint_elems(d: M3Dims, Sw: int, windowed: bool = False) -> dict:
+    """Float32 elements of the backward's joint outputs, which the workspace splits into the
+    gradients (d_step and d_start of ``Sw`` sequences: :func:`window_elems`; d_parts (H, 2MN+MP),
+    the parts summed over every sequence), and with ``windowed`` a window's copy of the final
+    state's cotangents (g_state_w)."""
+    out = {k: Sw * n for k, n in window_elems(d).items() if k != "g_state_w" or windowed}
+    out["d_parts"] = d.H * (2 * d.M * d.N + d.M * d.P)
+    return out
 
 
 # -- The chunked forward (glsl/m3c_*.comp; docs/KERNELS.md "Mamba-3 chunked forward") ----------
@@ -177,21 +188,92 @@ CHUNK_BWD_BINDINGS = 32
 
 
 @dataclass(frozen=True)
-class M3ChunkPlan:
-    """The chunked kernels' plan: ``L`` tokens per chunk, ``NC`` chunks per sequence and the
-    (gx, gy) grid of each kernel: ``prep`` (per sequence, chunk, head; also the backward's
-    m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle),
-    ``states`` (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_``
-    (per sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head
-    and 64 channels)."""
+class M3Window:
+    """Sequences ``[s0, s0 + n)`` of a chunked call, run as one round of dispatches, and the (gx, gy)
+    grid of each kernel at ``n`` sequences: ``prep`` (per sequence, chunk, head; also the backward's
+    m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle), ``states``
+    (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_`` (per
+    sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head and 64
+    channels)."""
 
-    L: int
-    NC: int
+    s0: int
+    n: int
     prep: tuple
     angle: tuple
     states: tuple
     pass_: tuple
     y: tuple
+
+
+@dataclass(frozen=True)
+class M3ChunkPlan:
+    """The chunked kernels' plan: ``L`` tokens per chunk, ``NC`` chunks per sequence, ``Sw``
+    sequences per window (S: one window) and the ``windows`` in order (M3Window). The scratch holds
+    one window (:func:`chunk_scratch`); the arrays of the call are bound per window, each from its
+    window's first sequence (:func:`seq_elems`), and the plan keeps every window's first sequence
+    at an offset the device can bind (:func:`granule`)."""
+
+    L: int
+    NC: int
+    Sw: int
+    windows: tuple
+    per_seq: tuple = ()   # (name, elements per sequence) of each array bound per window (seq_elems)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the call runs in more than one window."""
+        return len(self.windows) > 1
+
+
+def seq_elems(d: M3Dims, L: int) -> dict:
+    """Float32 elements per sequence of each array of the call that the chunked kernels bind from
+    a window's first sequence (the inputs, outputs and cotangents of tokens and of the final
+    state, and the backward's per-chunk parts, whose whole buffer is summed once after the last
+    window), by the name the workspace binds it under."""
+    T, H, P, N, G, M, F = d.T, d.H, d.P, d.N, d.G, d.M, d.F
+    NC = -(-T // L)
+    th, tokens = T * H, T * M * H * P
+    return {"x": th * P, "dt": th, "dA": th, "lam": th, "B": T * M * G * N, "C": T * M * G * N, "dtheta": th * F,
+            "y": tokens, "theta": H * F, "h": H * P * N, "k": H * M * N, "v": H * M * P, "g_y": tokens,
+            "d_x": th * P, "d_dtheta": th * F, "m3b_parts": NC * H * (2 * M * N + M * P)}
+
+
+def window_elems(d: M3Dims) -> dict:
+    """Float32 elements per sequence of the backward workspace's buffers that hold one window (the
+    kernels' joint outputs, copied out after each window, and the final state's cotangents, copied
+    in before it, "g_state_w"): d_step (3,S,T,H), d_start and g_state_w (S, the four parts of the
+    state)."""
+    rows = d.H * (d.F + d.P * d.N + d.M * d.N + d.M * d.P)
+    return {"d_step": 3 * d.T * d.H, "d_start": rows, "g_state_w": rows}
+
+
+def granule(d: M3Dims, L: int, align: int) -> int:
+    """The least step in sequences at which every array of :func:`seq_elems` starts at a multiple
+    of ``align`` bytes (minStorageBufferOffsetAlignment): a window's first sequence is one."""
+    step = 1
+    for c in seq_elems(d, L).values():
+        if c:
+            step = math.lcm(step, align // math.gcd(4 * c, align))
+    return step
+
+
+def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
+    """The most sequences one window takes (S where the call fits one; 0 where not even one
+    granule's does): every scratch buffer, window-sized buffer and window binding within one
+    binding."""
+    cap = binding_cap(lim)
+    one = replace(d, S=1)
+    per = dict(chunk_elems(one, L))
+    per.pop("m3c_flag")
+    if backward:
+        per.update(chunk_bwd_elems(one, L))
+        per.update(window_elems(d))
+    per.update(seq_elems(d, L))
+    most = min((cap // c for c in per.values() if c), default=d.S)
+    if most >= d.S:
+        return d.S
+    step = granule(d, L, lim.min_storage_buffer_offset_alignment)
+    return most // step * step
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
@@ -246,26 +328,37 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     if (min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < CHUNK_WG
             or lim.max_shared_memory < shared or lim.max_storage_buffers_per_stage < buffers):
         return None
-    cap = binding_cap(lim)
-    sizes = chunk_elems(d, L)
+    # the arrays bound whole: those the token-sequential plan (which recomputes a flagged call)
+    # binds whole too, and the backward's per-chunk parts (summed once after the last window)
+    whole = [d.S * d.T * d.M * d.H * d.P, d.S * d.T * d.M * d.G * d.N, d.R * d.H * d.P * d.N, d.S * d.H * d.P * d.N]
     if req.backward:
-        sizes.update(chunk_bwd_elems(d, L))
-    if max(*sizes.values(), d.S * d.T * d.M * d.H * d.P, d.S * d.T * d.M * d.G * d.N, d.R * d.H * d.P * d.N) > cap:
+        whole.append(chunk_bwd_elems(d, L)["m3b_parts"])
+    if max(whole) > binding_cap(lim):
+        return None
+    Sw = _window_seqs(d, L, lim, req.backward)
+    if Sw < 1:
         return None
     NC = -(-d.T // L)
     tiles = -(-d.P // CHUNK_ROWS)
     try:
-        return M3ChunkPlan(L=L, NC=NC, prep=grid(d.S * NC * d.H, lim), angle=grid(d.S * d.H * -(-d.F // 64), lim),
-                           states=grid(d.S * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
-                           pass_=grid(d.S * d.H * -(-d.P * d.N // CHUNK_WG), lim), y=grid(d.S * NC * d.H * tiles, lim))
+        windows = tuple(M3Window(s0, n, prep=grid(n * NC * d.H, lim), angle=grid(n * d.H * -(-d.F // 64), lim),
+                                 states=grid(n * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
+                                 pass_=grid(n * d.H * -(-d.P * d.N // CHUNK_WG), lim),
+                                 y=grid(n * NC * d.H * tiles, lim))
+                        for s0, n in ((s0, min(Sw, d.S - s0)) for s0 in range(0, d.S, Sw)))
     except TooLarge:
         return None
+    return M3ChunkPlan(L=L, NC=NC, Sw=Sw, windows=windows, per_seq=tuple(seq_elems(d, L).items()))
 
 
 def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
-    """The chunked kernels' scratch, by name (family.Family.scratch): the forward's tables, and for
-    a backward its own beside them."""
-    out = chunk_elems(d, plan.L)
+    """The chunked kernels' scratch, by name (family.Family.scratch): one window's (``plan.Sw``
+    sequences) of the forward's tables, and for a backward its own beside them, whose per-chunk
+    parts hold every sequence (summed once after the last window)."""
+    dw = replace(d, S=plan.Sw)
+    out = chunk_elems(dw, plan.L)
     if backward:
-        out.update(chunk_bwd_elems(d, plan.L))
+        out.update(chunk_bwd_elems(dw, plan.L))
+        out["m3b_parts"] = chunk_bwd_elems(d, plan.L)["m3b_parts"]
+        out.update(joint_elems(d, plan.Sw, plan.windowed))
     return out

@@ -83,11 +83,12 @@ def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
     assert plans[0].Tw == plans[1].Tw == _quoted("docs/API.md", r"of whole chunks \(([\d,]+) tokens at that shape\)")
 
 
-def test_reliability_quotes_the_largest_mamba3_batches_on_one_binding():
+def test_reliability_quotes_the_largest_mamba3_batches_and_their_windows():
     # RELIABILITY.md's known gap: the most sequences of 2048 tokens a Mamba-3 call (H = 32, P = 64,
     # N = 128, F = 32, SISO) takes on the device under an H100's limits -- the plan the support
-    # decision makes (registry.plan: a family's plan with the recompute's), the chunked forward's
-    # part of it, and where the token-sequential backward (the recompute) stops fitting -- found
+    # decision makes (registry.plan: a family's plan with the recompute's) and the chunked
+    # kernels' part of it, forward and backward; from how many sequences the chunked kernels run
+    # in windows; and where the token-sequential backward (the recompute) stops fitting -- found
     # by the planners
     from ssm_ref.mamba3_checks import M3Dims
     from ssm_vk import registry
@@ -125,10 +126,15 @@ def test_reliability_quotes_the_largest_mamba3_batches_on_one_binding():
             lo, hi = (mid, hi) if takes(mid, backward) else (lo, mid)
         return lo
 
+    def one_window(S: int, backward: bool) -> bool:
+        plan = chunk_plan_call(Request(dims(S), h100, backward, settings()))
+        return plan is not None and not plan.windowed
+
     text = (REPO / "docs/RELIABILITY.md").read_text()
-    found = re.search(r"a forward of up to (\d+) sequences\s+\(the chunked kernels up to (\d+),.*?"
-                      r"a backward of up to (\d+) sequences on the chunked kernels.*?From (\d+) sequences the\s+"
-                      r"token-sequential backward's work buffer", text, re.S)
+    found = re.search(r"a forward and a backward of up to (\d+) sequences on the\s+chunked kernels.*?windows from "
+                      r"(\d+) sequences forward and\s+from (\d+) backward\. From (\d+) sequences the token-sequential "
+                      r"backward's work buffer", text, re.S)
     assert found, "docs/RELIABILITY.md: the Mamba-3 batch figures are not where the test reads them"
     quoted = tuple(int(v) for v in found.groups())
-    assert quoted == (most(planned, False), most(chunked, False), most(planned, True), most(sequential, True) + 1)
+    assert most(planned, False) == most(planned, True) == most(chunked, False) == most(chunked, True) == quoted[0]
+    assert quoted[1:] == (most(one_window, False) + 1, most(one_window, True) + 1, most(sequential, True) + 1)

@@ -1,0 +1,213 @@
+"""The chunked Mamba-3 kernels in windows of sequences: where one window's scratch (the rotated
+queries and keys, the chunk states, the backward's cotangents of q and k) exceeds one binding but
+the call's arrays fit, the call runs window after window in one submission, every array bound
+from its window's first sequence. The results are bit for bit those of the call in one window (each
+sequence's work is its own; d_B and d_C are summed over heads per window, the parameters' parts
+over every sequence once, after the last window; the start-state gradients scattered once), and
+within the op's tolerance of the float64 reference.
+
+The binding range is lowered (``ctx.seams.override_limits``) to where this device's own planning
+gives at least three windows, the last one shorter: searched, not assumed. Every test runs under
+the validation layer (tests/conftest.py fails a test on any message)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mamba3_chunks import args_of, reruns
+
+import ssm_fast
+import ssm_ref
+import ssm_vk
+from ssm_ref import ops
+from ssm_ref.mamba3_checks import check_mamba3_backward
+from ssm_ref.testing import mamba3_cases
+from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
+from ssm_vk import config, mamba3_api
+from ssm_vk.mamba3 import mamba3_planner
+
+pytestmark = pytest.mark.vulkan
+
+INPUTS = ops.get("mamba3_scan").float_inputs
+OUTS = ("y", "theta", "h", "k", "v")
+GRADS = ("d_x", "d_dt", "d_dA", "d_lam", "d_B", "d_C", "d_B_bias", "d_C_bias", "d_dtheta", "d_psi", "d_s_theta",
+         "d_s_h", "d_s_k", "d_s_v")
+# Chunks of 16 tokens from one chunk on (the last one partial): the chunked kernels take these small
+# problems on any device. N well above P: a sequence's queries and keys outweigh its x and y, so
+# some binding range holds the call's arrays but not the whole call's scratch.
+TUNE = {"M3_CHUNK": 16, "M3_CHUNK_MIN_T": 1, "M3_CHUNK_BWD_MIN_T": 1}
+SHAPE = dict(S=7, T=50, H=2, P=4, N=32, G=1, F=4, R=9, ids="duplicates")
+# T H odd: a sequence of dt is 4 T H bytes, so on a device that aligns bindings to 16 bytes or more
+# a window's first sequence is a multiple of 4 (mamba3_planner.granule)
+ODD = dict(S=9, T=33, H=3, P=3, N=32, G=1, F=2, R=9, ids="permutation")
+
+
+def _case(seed: int, shape: dict = SHAPE, **kw):
+    case = mamba3_cases.make_case(seed, **{**shape, **kw})
+    return args_of(case), dict(case.cotangents)
+
+
+def _dims(args):
+    return check_mamba3_backward(*(args[k] for k in INPUTS), args["ids"], rotation=args["rotation"],
+                                 dtype=np.float32).dims
+
+
+def _windows(op: str, d, knobs, ctx, least: int = 3):
+    """The largest binding range (in 64-byte steps below one window's need) under which this
+    device's planning of ``op`` runs the chunked kernels in ``least`` or more windows, the last one
+    shorter where the shape allows it; and that plan."""
+    room = mamba3_api.decide(op, d, knobs)
+    if not room.sup or room.planned.first.family.name != "mamba3_chunked":
+        pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
+    assert not room.planned.first.plan.windowed
+    top = 4 * max(mamba3_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
+    for rng in range(top, 0, -64):
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            dec = mamba3_api.decide(op, d, knobs)
+        if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
+            break
+        plan = dec.planned.first.plan
+        if len(plan.windows) >= least and (d.S % plan.Sw or least > d.S // 2):
+            return rng, plan
+    pytest.fail(f"no binding range runs {op} of {d} in {least} windows on the chunked kernels")
+
+
+def _get(r, name):
+    a = r[name] if isinstance(r, dict) or hasattr(r, "keys") else getattr(r, name)
+    return a.numpy() if isinstance(a, ssm_vk.DeviceArray) else a
+
+
+def _same(got, want, names) -> None:
+    for name in names:
+        if _get(want, name) is None:
+            assert _get(got, name) is None, name
+            continue
+        assert np.asarray(_get(got, name)).tobytes() == np.asarray(_get(want, name)).tobytes(), name
+
+
+def _near(got, ref, names, T: int) -> None:
+    tol = scaled(MAMBA3_F32_TOL, T)
+    for name in names:
+        if _get(ref, name) is None:
+            continue
+        cmp = compare(name, _get(ref, name), np.asarray(_get(got, name), np.float64), tol[name])
+        assert cmp.ok, cmp.message()
+
+
+@pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
+def test_the_forward_in_windows_is_the_one_window_call(shape):
+    # host arrays: y and the final state bit for bit the call with room, within tolerance of float64
+    ctx = ssm_vk.runtime.get_context()
+    args, _ = _case(1, shape)
+    d = _dims(args)
+    with config.configure(tune=TUNE):
+        rng, plan = _windows("mamba3_scan", d, config.settings(), ctx)
+        want = ssm_vk.mamba3_scan(**args)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got = ssm_vk.mamba3_scan(**args)
+    assert plan.windowed and got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
+    _same(got, want, OUTS)
+    _near(got, ssm_ref.mamba3_scan(**args, dtype=np.float64), OUTS, d.T)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
+def test_the_backward_in_windows_is_the_one_window_call(shape):
+    # ids with repeats (SHAPE): the start-state gradients of sequences in different windows add
+    # into one row, in sequence order
+    ctx = ssm_vk.runtime.get_context()
+    args, cot = _case(2, shape)
+    d = _dims(args)
+    with config.configure(tune=TUNE):
+        rng, plan = _windows("mamba3_scan_back", d, config.settings(), ctx)
+        want = ssm_vk.mamba3_scan_back(**args, **cot)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got = ssm_vk.mamba3_scan_back(**args, **cot)
+    assert plan.windowed and got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
+    _same(got, want, GRADS)
+    _near(got, ssm_ref.mamba3_scan_back(**args, **cot, dtype=np.float64), GRADS, d.T)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
+def test_every_window_starts_where_the_device_binds(shape):
+    # each window's first sequence puts every array's sub-range at a multiple of the device's
+    # minStorageBufferOffsetAlignment (else the binding is invalid: the validation layer says so)
+    ctx = ssm_vk.runtime.get_context()
+    args, _ = _case(3, shape)
+    d = _dims(args)
+    align = ctx.info.min_storage_buffer_offset_alignment
+    with config.configure(tune=TUNE):
+        for op in ("mamba3_scan", "mamba3_scan_back"):
+            _, plan = _windows(op, d, config.settings(), ctx)
+            per = mamba3_planner.seq_elems(d, plan.L)
+            assert [w.s0 for w in plan.windows] == list(range(0, d.S, plan.Sw))
+            assert sum(w.n for w in plan.windows) == d.S
+            for w in plan.windows:
+                assert all(w.s0 * c * 4 % align == 0 for c in per.values()), (op, w.s0)
+
+
+def test_device_arrays_and_update_cache_in_windows():
+    # DeviceArray inputs and DeviceArray caches written in place by ids: the same bits as the call
+    # in one window, the caches' other rows untouched
+    ctx = ssm_vk.runtime.get_context()
+    args, _ = _case(4, ids="permutation", R=7)
+    d = _dims(args)
+
+    def dev(a):
+        return {k: ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+                for k, v in a.items()}
+
+    with config.configure(tune=TUNE):
+        rng, _ = _windows("mamba3_scan", d, config.settings(), ctx)
+        want_args, got_args = dev(args), dev(args)
+        want = ssm_vk.mamba3_scan(**want_args, update_cache=True)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got = ssm_vk.mamba3_scan(**got_args, update_cache=True)
+    assert got.where.startswith("Vulkan")
+    assert got.y.numpy().tobytes() == want.y.numpy().tobytes()
+    for name in ("s_theta", "s_h", "s_k", "s_v"):
+        assert got_args[name].numpy().tobytes() == want_args[name].numpy().tobytes(), name
+    ref = ssm_ref.mamba3_scan(**args, dtype=np.float64)
+    _near({"h": got_args["s_h"].numpy()[args["ids"]]}, {"h": ref.h}, ("h",), d.T)
+
+
+def test_a_prepared_call_in_windows_replays_its_bits():
+    # (the forward: a prepared backward in windows is refused wherever the token-sequential
+    # recompute of a flagged call does not fit, as test_mamba3_host_rerun_vk.py checks)
+    ctx = ssm_vk.runtime.get_context()
+    args, _ = _case(5)
+    d = _dims(args)
+    dev = {k: ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+           for k, v in args.items()}
+    with config.configure(tune=TUNE):
+        rng, _ = _windows("mamba3_scan", d, config.settings(), ctx)
+        want = ssm_vk.mamba3_scan(**args)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            call = ssm_vk.prepare_mamba3_scan(**dev)
+            first = {k: _get(call.run(), k) for k in OUTS}
+            second = call.run()
+    _same(first, want, OUTS)
+    _same(second, want, OUTS)
+
+
+def test_a_nonfinite_call_in_windows_is_computed_again():
+    # nan in x of a sequence in the last window: the chunked kernels flag it and the call is
+    # computed again on the token-sequential kernels (which bind the call's arrays whole), whose
+    # inf and nan follow the spec: the bits of the token-sequential call, nan where ssm_fast has it
+    ctx = ssm_vk.runtime.get_context()
+    args, _ = _case(6)
+    d = _dims(args)
+    x = np.array(args["x"], copy=True)
+    x[d.S - 1, d.T // 2, 0, 0] = np.nan
+    args["x"] = x
+    with config.configure(tune=TUNE):
+        rng, _ = _windows("mamba3_scan", d, config.settings(), ctx)
+        before = reruns()
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got = ssm_vk.mamba3_scan(**args)
+        assert reruns() == before + 1
+    with config.configure(tune={"M3_CHUNK": 0}), ctx.seams.override_limits(max_storage_buffer_range=rng):
+        want = ssm_vk.mamba3_scan(**args)
+    _same(got, want, OUTS)
+    fast = ssm_fast.mamba3_scan(**args)
+    for name in OUTS:
+        assert np.array_equal(np.isnan(getattr(got, name)), np.isnan(getattr(fast, name))), name
