@@ -134,17 +134,19 @@ KNOBS: dict[str, Knob] = {
     "KEEP_STATES": Knob(1, _one_of(0, 1), "0: the backward always recomputes the chunk states its forward left"),
     "PASS_PB": Knob(None, _between(1, 64), "chunks whose loads the state pass issues together (default: the smallest "
                     "of 2, 8, 32 that holds all of a sequence's chunks, else 32)"),
-    # chunked Mamba-3 forward (ssm_vk.mamba3.mamba3_planner)
+    # chunked Mamba-3 kernels (ssm_vk.mamba3.mamba3_chunked_planner)
     "M3_CHUNK": Knob(None, _between(0, 64), "chunk length of the Mamba-3 chunked forward, tokens, at most 64 / M; 0: "
                      "never the chunked kernels (default 64 / M)"),
     "M3_CHUNK_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked forward takes "
                            "(default 64; 128 on a CPU device)"),
     "M3_CHUNK_BWD_MIN_T": Knob(None, _between(0, 1 << 40), "shortest sequence the Mamba-3 chunked backward takes "
                                "(default 64; 128 on a CPU device)"),
-    # token-sequential Mamba-3 forward (decode; ssm_vk.mamba3.mamba3_planner)
+    # token-sequential Mamba-3 forward and decode (ssm_vk.mamba3.mamba3_planner)
     "M3_STAGE": Knob(None, _one_of(8, 16, 32), "loads in flight per invocation while the Mamba-3 forward's state "
                      "rows come in through shared memory (each invocation reads them, then stores them); default 8, "
                      "16 from 2048 workgroups"),
+    "M3_STEP": Knob(1, _one_of(0, 1), "0: a Mamba-3 forward of one token (a decode step) on the token-sequential "
+                    "kernel instead of the one-token kernel"),
 }
 
 

@@ -122,7 +122,7 @@ class M3Workspace(FlagHost):
         # whether the plan's kernels flag inf and nan (the call is then computed again on the
         # recompute's plan: mamba3_run.run_once)
         self.flags_nonfinite = fp.family.flags(fp.plan)
-        # the chunked kernels' windows of sequences (mamba3_planner.M3ChunkPlan; one window: the
+        # the chunked kernels' windows of sequences (mamba3_chunked_planner.M3ChunkPlan; one window: the
         # call's arrays bound whole, as the token-sequential plan binds them)
         self.windowed = bool(getattr(fp.plan, "windowed", False))
         self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
@@ -164,7 +164,7 @@ class M3Workspace(FlagHost):
 
     # -- windows of sequences (the chunked kernels' plan.windows) --------------------------------
     def bind_window(self, name: str, w) -> tuple:
-        """The binding of array ``name`` for window ``w`` (mamba3_planner.M3Window): an array of
+        """The binding of array ``name`` for window ``w`` (mamba3_chunked_planner.M3Window): an array of
         the call from the window's first sequence (the plan keeps that offset bindable), the
         final state's cotangents from the window's own copy (:meth:`window_in`), the rest whole."""
         if not self.windowed:

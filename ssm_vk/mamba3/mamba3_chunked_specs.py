@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..kernel_specs import KernelSpec, defines_of
-from .mamba3_planner import CHUNK_N_MAX, CHUNK_WG
+from .mamba3_chunked_planner import CHUNK_N_MAX, CHUNK_WG
 from .mamba3_specs import INPUTS, reduce_spec
 
 if TYPE_CHECKING:
     from ssm_ref.mamba3_checks import M3Dims
 
     from ..config import Settings
-    from .mamba3_planner import M3ChunkPlan
+    from .mamba3_chunked_planner import M3ChunkPlan
 
 __all__ = ["PUSH", "BINDINGS", "SCRATCH", "BWD_SCRATCH", "BWD_BINDINGS", "RECOMPUTE_BINDINGS", "prep_spec",
            "angle_spec", "states_spec", "pass_spec", "y_spec", "gstates_spec", "gpass_spec", "chunk_spec", "rot_spec",
@@ -28,10 +28,10 @@ __all__ = ["PUSH", "BINDINGS", "SCRATCH", "BWD_SCRATCH", "BWD_BINDINGS", "RECOMP
 
 # m3c_common.glsl's PC block.
 PUSH = ("S", "T", "H", "P", "G", "F", "R", "N", "M", "L", "NC", "halved", "gx", "mode")
-# The scratch the kernels bind (mamba3_planner.chunk_elems), in binding order after the outputs.
+# The scratch the kernels bind (mamba3_chunked_planner.chunk_elems), in binding order after the outputs.
 SCRATCH = ("m3c_q", "m3c_k", "m3c_hz", "m3c_dch", "m3c_ang", "m3c_flag")
 BINDINGS = (*INPUTS, "y", "theta", "h", "k", "v", *SCRATCH)
-# The backward's own scratch (mamba3_planner.chunk_bwd_elems): G per chunk and the angle cotangents
+# The backward's own scratch (mamba3_chunked_planner.chunk_bwd_elems): G per chunk and the angle cotangents
 # (gz), the rotated queries' and keys' cotangents (gqk), d_B and d_C per head, each chunk's parts of
 # d_B_bias, d_C_bias, d_psi; the final state its recompute of the forward writes (unread).
 BWD_SCRATCH = ("m3b_gz", "m3b_gqk", "m3b_dBh", "m3b_dCh", "m3b_parts", "m3b_th", "m3b_h", "m3b_k", "m3b_v")

@@ -1,9 +1,10 @@
 """Recording the Mamba-3 token-sequential kernels (ws.plan: an M3Plan; glsl/mamba3_scan.comp,
-mamba3_scan_back.comp, mamba3_reduce.comp).
+mamba3_step.comp, mamba3_scan_back.comp, mamba3_reduce.comp).
 
 The forward is one dispatch: every (sequence, head, channel block) walks its tokens, reading the
 start state from the cache rows ids[i] in place and writing y and the four final state parts
-(with update_cache, those the caller allows straight into the cache rows ids[i]).
+(with update_cache, those the caller allows straight into the cache rows ids[i]); a forward of
+one token (plan.step) runs mamba3_step.comp instead, one workgroup per block of a head's rows.
 
 The backward: the walk forward and back per (sequence, head) (mamba3_scan_back.comp), then the
 fixed-order sums (mamba3_reduce.comp) of the per-head d_B / d_C slabs over each group's heads
@@ -36,7 +37,7 @@ def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
     itself, their outputs then unbound; ``scatter``: never -- the caller writes the other parts
     into the cache rows)."""
     plan = ws.plan
-    spec = m3k.scan_spec(p.dims, plan)
+    spec = m3k.forward_spec(p.dims, plan)
     in_place = bufs.get("_in_place", (None, 0))[1]
     seq.dispatch(kernel(ws.ctx, spec), [ws.bind(k) for k in m3k.FWD_BINDINGS],
                  _scan_push(p, plan, plan.npb, in_place), (plan.gx, plan.gy, 1))

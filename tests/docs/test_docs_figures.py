@@ -94,7 +94,8 @@ def test_reliability_quotes_the_largest_mamba3_batches_and_their_windows():
     from ssm_vk import registry
     from ssm_vk.config import settings
     from ssm_vk.family import Request
-    from ssm_vk.mamba3.mamba3_planner import chunk_plan_call, plan_call
+    from ssm_vk.mamba3.mamba3_chunked_planner import chunk_plan_call
+    from ssm_vk.mamba3.mamba3_planner import plan_call
     from ssm_vk.sizing import TooLarge
 
     h100 = _h100()

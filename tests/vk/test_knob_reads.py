@@ -27,10 +27,10 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "ssm_vk"
 FAMILIES = ("sequential", "chunked", "m1", "mamba3")
-# Each family's kernel specs and recording (not its <family>_planner.py: its planner), what the families share
+# Each family's kernel specs and recording (not its planners, *_planner.py), what the families share
 # after planning, and what runs a call.
 AFTER_PLANNING = sorted([PKG / "recording.py",
-                         *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if p.name != f"{f}_planner.py"),
+                         *(p for f in FAMILIES for p in PKG.glob(f"{f}/*.py") if not p.name.endswith("_planner.py")),
                          *(PKG / f"{m}.py" for m in ("kernel_specs", "registry", "decision", "workspace", "run",
                                                       "engine", "replay", "replay_cache", "prepared", "api"))])
 # The functions that plan, inside modules of AFTER_PLANNING: ssm_vk.registry.plan (a call's plan,

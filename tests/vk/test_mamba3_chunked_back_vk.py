@@ -29,7 +29,7 @@ from ssm_ref.testing.properties.generic import GENERIC
 from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api, registry
 from ssm_vk.engine import engine_of
-from ssm_vk.mamba3 import mamba3_chunked_specs, mamba3_planner
+from ssm_vk.mamba3 import mamba3_chunked_planner, mamba3_chunked_specs
 
 pytestmark = pytest.mark.vulkan
 
@@ -57,9 +57,9 @@ def _family(case) -> str:
 def _fits() -> bool:
     """Whether this device takes the chunked backward (its limits read, not assumed)."""
     info = ssm_vk.runtime.get_context().info
-    return (min(info.max_workgroup_invocations, info.max_workgroup_size[0]) >= mamba3_planner.CHUNK_WG
-            and info.max_shared_memory >= mamba3_planner.CHUNK_BWD_SHARED
-            and info.max_storage_buffers_per_stage >= mamba3_planner.CHUNK_BWD_BINDINGS)
+    return (min(info.max_workgroup_invocations, info.max_workgroup_size[0]) >= mamba3_chunked_planner.CHUNK_WG
+            and info.max_shared_memory >= mamba3_chunked_planner.CHUNK_BWD_SHARED
+            and info.max_storage_buffers_per_stage >= mamba3_chunked_planner.CHUNK_BWD_BINDINGS)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_the_planner_takes_long_backwards_on_a_gpu():
     """From CHUNK_BWD_MIN_T tokens a GPU's backward is chunked (its recompute the token-sequential
     plan); shorter ones, the invariant mode and devices without the shared memory or 32 storage
     buffers per stage are token by token; a CPU device's threshold is CHUNK_BWD_MIN_T_CPU."""
-    T0 = mamba3_planner.CHUNK_BWD_MIN_T
+    T0 = mamba3_chunked_planner.CHUNK_BWD_MIN_T
     fp = _plan(_d(T=T0))
     assert fp.family.name == "mamba3_chunked" and fp.plan.L == 64
     assert fp.rerun is not None and fp.rerun.family.name == "mamba3"
@@ -197,7 +197,7 @@ def test_the_planner_takes_long_backwards_on_a_gpu():
     assert _plan(_d(T=T0), lim=replace(GPU, max_storage_buffers_per_stage=31)).family.name == "mamba3"
     assert _plan(_d(T=T0), knobs=config.DEFAULTS.with_knobs(M3_CHUNK=0)).family.name == "mamba3"
     cpu = replace(GPU, device_type="cpu")
-    T1 = mamba3_planner.CHUNK_BWD_MIN_T_CPU
+    T1 = mamba3_chunked_planner.CHUNK_BWD_MIN_T_CPU
     assert _plan(_d(T=T1 - 1), lim=cpu).family.name == "mamba3"
     assert _plan(_d(T=T1), lim=cpu).family.name == "mamba3_chunked"
     assert _plan(_d(T=8), knobs=config.DEFAULTS.with_knobs(M3_CHUNK_BWD_MIN_T=8)).family.name == "mamba3_chunked"

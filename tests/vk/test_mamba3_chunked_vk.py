@@ -28,7 +28,7 @@ from ssm_ref.testing.properties.generic import GENERIC
 from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api, registry
 from ssm_vk.engine import engine_of
-from ssm_vk.mamba3 import mamba3_chunked_specs, mamba3_planner
+from ssm_vk.mamba3 import mamba3_chunked_planner, mamba3_chunked_specs
 
 pytestmark = pytest.mark.vulkan
 
@@ -209,7 +209,7 @@ def test_the_planner_takes_long_forwards_on_a_gpu():
     the token-sequential plan); shorter ones, the invariant mode, ranks above 64, N
     above 256 and devices without 256-invocation workgroups or the shared memory are token by token;
     a CPU device's threshold is CHUNK_MIN_T_CPU."""
-    T0 = mamba3_planner.CHUNK_MIN_T
+    T0 = mamba3_chunked_planner.CHUNK_MIN_T
     fp = _plan(_d(T=T0))
     assert fp.family.name == "mamba3_chunked" and fp.plan.L == 64 and fp.plan.NC == T0 // 64
     assert fp.rerun is not None and fp.rerun.family.name == "mamba3"
@@ -224,7 +224,7 @@ def test_the_planner_takes_long_forwards_on_a_gpu():
     assert _plan(_d(T=T0), lim=replace(GPU, max_workgroup_invocations=128)).family.name == "mamba3"
     assert _plan(_d(T=T0), lim=replace(GPU, max_shared_memory=16 << 10)).family.name == "mamba3"
     cpu = replace(GPU, device_type="cpu")
-    T1 = mamba3_planner.CHUNK_MIN_T_CPU
+    T1 = mamba3_chunked_planner.CHUNK_MIN_T_CPU
     assert _plan(_d(T=T1 - 1), lim=cpu).family.name == "mamba3"
     assert _plan(_d(T=T1), lim=cpu).family.name == "mamba3_chunked"
     assert _plan(_d(T=8), lim=cpu, knobs=config.DEFAULTS.with_knobs(M3_CHUNK_MIN_T=8)).family.name == "mamba3_chunked"
@@ -236,8 +236,8 @@ def test_the_device_decision_names_the_chunked_family():
     there, within the device's own limits (its shared memory and workgroup size read, not assumed)."""
     case = mamba3_cases.make_case(23, S=1, T=6, H=2, P=3, N=8, G=1, F=2)
     info = ssm_vk.runtime.get_context().info
-    fits = (min(info.max_workgroup_invocations, info.max_workgroup_size[0]) >= mamba3_planner.CHUNK_WG
-            and info.max_shared_memory >= mamba3_planner.CHUNK_SHARED)
+    fits = (min(info.max_workgroup_invocations, info.max_workgroup_size[0]) >= mamba3_chunked_planner.CHUNK_WG
+            and info.max_shared_memory >= mamba3_chunked_planner.CHUNK_SHARED)
     with _chunked(2):
         assert _family(case) == ("mamba3_chunked" if fits else "mamba3")
     assert _family(case) == "mamba3"   # (T = 6: short of the defaults)

@@ -114,13 +114,15 @@ def test_update_cache_on_device_arrays_writes_the_rows_ids_alone(name, rows):
     assert all(dev[k].numpy().tobytes() == host[k].tobytes() for k in STATES)
 
 
-def test_decode_steps_write_the_cache_rows_from_the_kernel_as_the_copies_would(monkeypatch):
-    """update_cache on DeviceArray caches, where the token-sequential kernel writes the final
-    state into the rows itself (h and v; θ and k too with one channel block per head): the bits of
-    the host caches' update (the final states read back, written by the caller) and the float64
-    reference's rows, for a head of several channel blocks and for caches viewed at an aligned
-    offset into a larger array; a cache that shares its memory with an input (s_v over x's
-    memory: x is read as it was before the call) is left to the copies and gives the same bits."""
+@pytest.mark.parametrize("step", [1, 0], ids=["one-token", "token-sequential"])
+def test_decode_steps_write_the_cache_rows_from_the_kernel_as_the_copies_would(monkeypatch, step):
+    """update_cache on DeviceArray caches, where the kernel writes the final state into the rows
+    itself (h and v; θ and k too with one block per head), the one-token kernel's and the
+    token-sequential one's (M3_STEP): the bits of the host caches' update (the final states read
+    back, written by the caller) and the float64 reference's rows, for heads of one and of several
+    blocks and for caches viewed at an aligned offset into a larger array; a cache that shares its
+    memory with an input (s_v over x's memory: x is read as it was before the call) is left to the
+    copies and gives the same bits."""
     from ssm_vk import mamba3_run
 
     masks = []
@@ -132,8 +134,9 @@ def test_decode_steps_write_the_cache_rows_from_the_kernel_as_the_copies_would(m
         return out
 
     monkeypatch.setattr(mamba3_run, "_in_place", spy)
+    monkeypatch.setenv("SSM_VK_TUNE", f"M3_STEP={step}")
     align = rt.get_context().info.min_storage_buffer_offset_alignment // 4
-    for seed, kw in ((21, dict(P=130, N=4, F=2)), (22, dict(P=5, N=8, F=2, M=2))):
+    for seed, kw in ((21, dict(P=130, N=4, F=2)), (22, dict(P=5, N=8, F=2, M=2)), (24, dict(P=70, N=64, F=8))):
         a, _ = _host("mimo" if "M" in kw else "siso", seed=seed, T=1, **kw)
         ref = ssm_ref.mamba3_scan(**a, dtype=np.float64)
         host = {k: a[k].copy() for k in STATES}
@@ -272,13 +275,15 @@ def test_the_staging_batch_moves_values_only(stage):
     """M3_STAGE (the token-sequential forward's loads in flight as the state rows come in through
     shared memory) changes where values wait, not what they are: decode steps and a short forward
     of several channel blocks (P = 130, a partial last tile of rows) and of N = 128 (four pieces
-    of columns) give the bits of the default, and the in-place cache rows too."""
+    of columns) give the bits of the default, and the in-place cache rows too (the decode steps on
+    the token-sequential kernel: M3_STEP = 0)."""
     for seed, kw in ((31, dict(P=130, N=6, F=2)), (32, dict(P=64, N=128, F=32)), (33, dict(T=5, P=40, N=20, F=4))):
         a, _ = _host("siso", seed=seed, **{"T": 1, **kw})
-        want = ssm_vk.mamba3_scan(**a)
-        host = {k: a[k].copy() for k in STATES}
-        ssm_vk.mamba3_scan(**{**a, **host}, update_cache=True)
-        with ssm_vk.config.configure(tune={"M3_STAGE": stage}):
+        with ssm_vk.config.configure(tune={"M3_STEP": 0}):
+            want = ssm_vk.mamba3_scan(**a)
+            host = {k: a[k].copy() for k in STATES}
+            ssm_vk.mamba3_scan(**{**a, **host}, update_cache=True)
+        with ssm_vk.config.configure(tune={"M3_STAGE": stage, "M3_STEP": 0}):
             got = ssm_vk.mamba3_scan(**a)
             dev = {k: ssm_vk.to_device(a[k]) for k in STATES}
             ssm_vk.mamba3_scan(**{**_dev(a), **dev}, update_cache=True)

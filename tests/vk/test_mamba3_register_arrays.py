@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from ssm_ref.mamba3_checks import M3Dims
 from ssm_vk.mamba3.mamba3_chunked_specs import chunk_spec
-from ssm_vk.mamba3.mamba3_specs import PACKAGED, reduce_spec
+from ssm_vk.mamba3.mamba3_specs import PACKAGED, reduce_spec, step_spec
 from ssm_vk.runtime.shaders import TARGET_ENV
 
 GLSL = Path(__file__).resolve().parents[2] / "ssm_vk" / "mamba3" / "glsl"
@@ -30,7 +31,8 @@ KERNELS = sorted(p.stem for p in GLSL.glob("*.comp"))
 # compiled per (N, M), defines ND and MR: sizes among the packaged ones (the forward's staging at
 # the planner's M3_STAGE of 8 and 16, and at N = 128 also the knob's 32)
 SIZED = {"mamba3_scan": [(16, 1, 8), (64, 4, 16), (128, 1, 8), (128, 1, 16), (128, 1, 32), (256, 1, 8)],
-         "mamba3_scan_back": [(16, 1, 0), (64, 4, 0), (128, 1, 0)]}
+         "mamba3_scan_back": [(16, 1, 0), (64, 4, 0), (128, 1, 0)],
+         "mamba3_step": [(16, 1, 0), (64, 4, 0), (128, 1, 0), (256, 4, 0)]}
 assert all(nm[:2] in PACKAGED for sizes in SIZED.values() for nm in sizes)
 # the kernels of fixed size, each with the defines of every variant a plan dispatches
 FIXED = [(k, {}) for k in KERNELS if k not in SIZED and k not in ("mamba3_reduce", "m3b_chunk")]
@@ -89,4 +91,6 @@ def test_each_kernel_of_fixed_size_indexes_its_arrays_with_constants(glslc, name
 @pytest.mark.parametrize(("name", "n", "m", "stage"), [(k, *v) for k, sizes in SIZED.items() for v in sizes])
 def test_the_token_sequential_kernels_index_their_arrays_with_constants(glslc, name, n, m, stage):
     defines = {"ND": n, "MR": m, **({"STG_BATCH": stage} if stage else {})}
+    if name == "mamba3_step":   # (its tile's size and workgroup as the planner sets them)
+        defines = dict(step_spec(M3Dims(S=1, T=1, H=1, P=1, N=n, G=1, M=m, F=0, R=1, mimo=m > 1)).defines)
     assert run_time_indices(_assembly(glslc, name, defines)) == []

@@ -24,7 +24,7 @@ from ssm_ref.mamba3_checks import check_mamba3_backward
 from ssm_ref.testing import mamba3_cases
 from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
 from ssm_vk import config, mamba3_api
-from ssm_vk.mamba3 import mamba3_planner
+from ssm_vk.mamba3 import mamba3_chunked_planner
 
 pytestmark = pytest.mark.vulkan
 
@@ -38,7 +38,7 @@ GRADS = ("d_x", "d_dt", "d_dA", "d_lam", "d_B", "d_C", "d_B_bias", "d_C_bias", "
 TUNE = {"M3_CHUNK": 16, "M3_CHUNK_MIN_T": 1, "M3_CHUNK_BWD_MIN_T": 1}
 SHAPE = dict(S=7, T=50, H=2, P=4, N=32, G=1, F=4, R=9, ids="duplicates")
 # T H odd: a sequence of dt is 4 T H bytes, so on a device that aligns bindings to 16 bytes or more
-# a window's first sequence is a multiple of 4 (mamba3_planner.granule)
+# a window's first sequence is a multiple of 4 (mamba3_chunked_planner.granule)
 ODD = dict(S=9, T=33, H=3, P=3, N=32, G=1, F=2, R=9, ids="permutation")
 
 
@@ -60,7 +60,7 @@ def _windows(op: str, d, knobs, ctx, least: int = 3):
     if not room.sup or room.planned.first.family.name != "mamba3_chunked":
         pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
     assert not room.planned.first.plan.windowed
-    top = 4 * max(mamba3_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
+    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
     for rng in range(top, 0, -64):
         with ctx.seams.override_limits(max_storage_buffer_range=rng):
             dec = mamba3_api.decide(op, d, knobs)
@@ -138,7 +138,7 @@ def test_every_window_starts_where_the_device_binds(shape):
     with config.configure(tune=TUNE):
         for op in ("mamba3_scan", "mamba3_scan_back"):
             _, plan = _windows(op, d, config.settings(), ctx)
-            per = mamba3_planner.seq_elems(d, plan.L)
+            per = mamba3_chunked_planner.seq_elems(d, plan.L)
             assert [w.s0 for w in plan.windows] == list(range(0, d.S, plan.Sw))
             assert sum(w.n for w in plan.windows) == d.S
             for w in plan.windows:
