@@ -94,37 +94,26 @@ def _near(got, ref, names, T: int) -> None:
         assert cmp.ok, cmp.message()
 
 
+@pytest.mark.parametrize("op", ["mamba3_scan", "mamba3_scan_back"])
 @pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
-def test_the_forward_in_windows_is_the_one_window_call(shape):
-    # host arrays: y and the final state bit for bit the call with room, within tolerance of float64
+def test_the_call_in_windows_is_the_one_window_call(op, shape):
+    # host arrays: the results bit for bit the call with room, within tolerance of float64; in
+    # the backward, ids with repeats (SHAPE) add start-state gradients of sequences in different
+    # windows into one row, in sequence order
     ctx = ssm_vk.runtime.get_context()
-    args, _ = _case(1, shape)
+    args, cot = _case(1 if op == "mamba3_scan" else 2, shape)
+    if op == "mamba3_scan":
+        cot = {}
     d = _dims(args)
+    call, names = getattr(ssm_vk, op), (OUTS if op == "mamba3_scan" else GRADS)
     with config.configure(tune=TUNE):
-        rng, plan = _windows("mamba3_scan", d, config.settings(), ctx)
-        want = ssm_vk.mamba3_scan(**args)
+        rng, plan = _windows(op, d, config.settings(), ctx)
+        want = call(**args, **cot)
         with ctx.seams.override_limits(max_storage_buffer_range=rng):
-            got = ssm_vk.mamba3_scan(**args)
+            got = call(**args, **cot)
     assert plan.windowed and got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
-    _same(got, want, OUTS)
-    _near(got, ssm_ref.mamba3_scan(**args, dtype=np.float64), OUTS, d.T)
-
-
-@pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
-def test_the_backward_in_windows_is_the_one_window_call(shape):
-    # ids with repeats (SHAPE): the start-state gradients of sequences in different windows add
-    # into one row, in sequence order
-    ctx = ssm_vk.runtime.get_context()
-    args, cot = _case(2, shape)
-    d = _dims(args)
-    with config.configure(tune=TUNE):
-        rng, plan = _windows("mamba3_scan_back", d, config.settings(), ctx)
-        want = ssm_vk.mamba3_scan_back(**args, **cot)
-        with ctx.seams.override_limits(max_storage_buffer_range=rng):
-            got = ssm_vk.mamba3_scan_back(**args, **cot)
-    assert plan.windowed and got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
-    _same(got, want, GRADS)
-    _near(got, ssm_ref.mamba3_scan_back(**args, **cot, dtype=np.float64), GRADS, d.T)
+    _same(got, want, names)
+    _near(got, getattr(ssm_ref, op)(**args, **cot, dtype=np.float64), names, d.T)
 
 
 @pytest.mark.parametrize("shape", [SHAPE, ODD], ids=["even", "odd"])
