@@ -145,8 +145,8 @@ KNOBS: dict[str, Knob] = {
     "M3_STAGE": Knob(None, _one_of(8, 16, 32), "loads in flight per invocation while the Mamba-3 forward's state "
                      "rows come in through shared memory (each invocation reads them, then stores them); default 8, "
                      "16 from 2048 workgroups"),
-    "M3_STEP": Knob(1, _one_of(0, 1), "0: a Mamba-3 forward of one token (a decode step) on the token-sequential "
-                    "kernel instead of the one-token kernel"),
+    "M3_STEP": Knob(0, _one_of(0, 1), "1: a Mamba-3 forward of one token (a decode step) on the one-token kernel "
+                    "instead of the token-sequential one (default 0: the one-token kernel is untimed on a GPU)"),
 }
 
 

@@ -82,9 +82,10 @@ def step_shared(d: M3Dims) -> int:
 
 
 def _step_plan(d: M3Dims, lim, knobs) -> M3Plan | None:
-    """The one-token forward's plan (M3_STEP = 0: none), or None where the device lacks its
-    workgroup or shared memory: one workgroup per (sequence, head, block of rows)."""
-    if d.T != 1 or knobs.knob("M3_STEP") == 0:
+    """The one-token forward's plan where M3_STEP = 1 (default 0: the one-token kernel has not
+    been timed against the token-sequential one on a GPU), else None, and None where the device
+    lacks its workgroup or shared memory: one workgroup per (sequence, head, block of rows)."""
+    if d.T != 1 or knobs.knob("M3_STEP") != 1:
         return None
     if min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < STEP_WG or lim.max_shared_memory < \
             step_shared(d):

@@ -139,3 +139,21 @@ def test_reliability_quotes_the_largest_mamba3_batches_and_their_windows():
     quoted = tuple(int(v) for v in found.groups())
     assert most(planned, False) == most(planned, True) == most(chunked, False) == most(chunked, True) == quoted[0]
     assert quoted[1:] == (most(one_window, False) + 1, most(one_window, True) + 1, most(sequential, True) + 1)
+
+
+def test_kernels_quotes_the_one_token_kernels_blocks():
+    # KERNELS.md's decode step on its own kernel: the rows of one tile at N = 128 and the blocks of
+    # a head of P = 64 rows, as the planner makes them
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk.config import configure, settings
+    from ssm_vk.family import Request
+    from ssm_vk.mamba3.mamba3_planner import plan_call, step_rows
+
+    d = M3Dims(S=128, T=1, H=32, P=64, N=128, G=1, M=1, F=32, R=128, mimo=False)
+    with configure(tune={"M3_STEP": 1}):
+        plan = plan_call(Request(d, _h100(), False, settings()))
+    assert plan.step
+    rows = _quoted("docs/KERNELS.md", r"`4096 / \(N \+ 1\)` rows: (\d+) at N = 128")
+    blocks = _quoted("docs/KERNELS.md", r"spread evenly, so (\d+) blocks of \d+ rows at P = 64")
+    per = _quoted("docs/KERNELS.md", r"spread evenly, so \d+ blocks of (\d+) rows at P = 64")
+    assert (rows, blocks, per) == (step_rows(d), plan.npb, -(-d.P // plan.npb))

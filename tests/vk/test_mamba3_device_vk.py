@@ -276,7 +276,7 @@ def test_the_staging_batch_moves_values_only(stage):
     shared memory) changes where values wait, not what they are: decode steps and a short forward
     of several channel blocks (P = 130, a partial last tile of rows) and of N = 128 (four pieces
     of columns) give the bits of the default, and the in-place cache rows too (the decode steps on
-    the token-sequential kernel: M3_STEP = 0)."""
+    the token-sequential kernel, M3_STEP = 0, as by default)."""
     for seed, kw in ((31, dict(P=130, N=6, F=2)), (32, dict(P=64, N=128, F=32)), (33, dict(T=5, P=40, N=20, F=4))):
         a, _ = _host("siso", seed=seed, **{"T": 1, **kw})
         with ssm_vk.config.configure(tune={"M3_STEP": 0}):

@@ -73,23 +73,23 @@ def test_more_channels_than_one_workgroup_forward_and_backward():
 @pytest.mark.parametrize("kw", [dict(P=70, N=64, F=16), dict(P=45, N=200, M=2, F=50, rotation="halved"),
                                 dict(P=3, N=5, F=0), dict(P=130, N=4, F=2)], ids=["blocks", "mimo", "odd", "wide"])
 def test_a_decode_step_on_the_one_token_kernel_meets_the_float64_reference(kw):
-    """T = 1 on mamba3_step.comp (several blocks of rows per head where P exceeds its tile: the
-    first two): y and the final state within the op's tolerance of float64, as the
-    token-sequential kernel's (M3_STEP = 0); reruns bit-identical."""
+    """T = 1 on mamba3_step.comp (M3_STEP = 1; several blocks of rows per head where P exceeds
+    its tile: the first two): y and the final state within the op's tolerance of float64, as the
+    token-sequential kernel's (the default, M3_STEP = 0); reruns bit-identical."""
     from ssm_ref.mamba3_checks import check_mamba3_forward
     from ssm_vk import config
 
     case = mamba3_cases.make_case(61, S=3, T=1, H=2, G=1, R=4, ids="permutation", **kw)
     a = _args(case)
     dims = check_mamba3_forward(*(a[k] for k in OP.float_inputs), a["ids"], rotation=a["rotation"]).dims
-    plan = mamba3_api.decide("mamba3_scan", dims).planned.first.plan
-    assert plan.step and (plan.npb > 1) == (kw["N"] > 8)
+    assert not mamba3_api.decide("mamba3_scan", dims).planned.first.plan.step
     assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
-    first, again = ssm_vk.mamba3_scan(**a), ssm_vk.mamba3_scan(**a)
-    assert all(x.tobytes() == y.tobytes() for x, y in zip(first, again, strict=True))
-    with config.configure(tune={"M3_STEP": 0}):
-        assert not mamba3_api.decide("mamba3_scan", dims).planned.first.plan.step
+    with config.configure(tune={"M3_STEP": 1}):
+        plan = mamba3_api.decide("mamba3_scan", dims).planned.first.plan
+        assert plan.step and (plan.npb > 1) == (kw["N"] > 8)
         assert GENERIC["oracle_forward"].check(ssm_vk, case, TOL)
+        first, again = ssm_vk.mamba3_scan(**a), ssm_vk.mamba3_scan(**a)
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(first, again, strict=True))
 
 
 @pytest.mark.parametrize("mimo", [False, True])
@@ -305,7 +305,7 @@ def test_the_forward_stages_deeper_from_enough_workgroups():
     """The token-sequential forward keeps 8 loads in flight below STAGE_DEEP_GROUPS workgroups and
     16 from there (M3_STAGE overrides both), and the packaged matrix holds both variants of every
     packaged state size, so that a call without glslc never meets a module it lacks; so is the
-    one-token kernel's, which a decode step runs unless M3_STEP = 0 (two tokens here: the walk)."""
+    one-token kernel's, which a decode step runs with M3_STEP = 1 (two tokens here: the walk)."""
     from ssm_ref.mamba3_checks import M3Dims
     from ssm_vk import config, registry
     from ssm_vk.mamba3 import mamba3_specs
