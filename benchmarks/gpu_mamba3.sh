@@ -10,9 +10,11 @@
 #              --no-ref"; its JSON is left out: the log has every row)
 #   caps.log   (STEPS=...,caps) each device's cooperative-matrix and 16-bit float extensions
 #   stage.log  (STEPS=...,stage) decode at M3_STAGE = 8, 16, 32, 8 (ssm_vk alone)
+#   step.log   (STEPS=...,step) decode on the token-sequential kernel and on the one-token kernel,
+#              M3_STEP = 0, 1, 0, 1 (ssm_vk alone)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer), and
 #   vs.log     its output as it goes (a run cut short keeps what it printed)
-# Usage: [STEPS=m3,tests,long,caps,stage,vs] [VS_WORKLOADS=...] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,caps,stage,step,vs] [VS_WORKLOADS=...] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
@@ -37,7 +39,8 @@ if has m3; then
 fi
 if has tests; then
     FILES="tests/vk/test_mamba3_vk.py tests/vk/test_mamba3_device_vk.py tests/vk/test_mamba3_chunked_vk.py
-           tests/vk/test_mamba3_chunked_back_vk.py tests/vk/test_pieces_vk.py tests/vk/test_mamba3_register_arrays.py" \
+           tests/vk/test_mamba3_chunked_back_vk.py tests/vk/test_mamba3_windows_vk.py
+           tests/vk/test_mamba3_host_rerun_vk.py tests/vk/test_pieces_vk.py tests/vk/test_mamba3_register_arrays.py" \
         timeout 300 bash benchmarks/gpu_tests.sh > /dev/null 2>&1
     mv "$OUT/gpu_tests.log" "$OUT/tests.log" 2>/dev/null
 fi
@@ -61,6 +64,13 @@ if has stage; then   # the decode kernel's loads in flight (M3_STAGE), ssm_vk al
         SSM_VK_TUNE="M3_STAGE=$b" timeout 60 python3 benchmarks/vs_mamba_ssm.py --no-peer --processes 1 --rounds 2 \
             --reps 10 --workloads m3dec-1,m3dec-16,m3dec-128 --budget-s 50 --clocks "$OUT/clocks.csv" 2>&1 | grep -v "^\["
     done > "$OUT/stage.log" 2>&1
+fi
+if has step; then   # the one-token kernel against the walk for decode (M3_STEP), ssm_vk alone
+    for b in 0 1 0 1; do
+        echo "== M3_STEP=$b"
+        SSM_VK_TUNE="M3_STEP=$b" timeout 60 python3 benchmarks/vs_mamba_ssm.py --no-peer --processes 1 --rounds 2 \
+            --reps 10 --workloads m3dec-1,m3dec-16,m3dec-128 --budget-s 50 --clocks "$OUT/clocks.csv" 2>&1 | grep -v "^\["
+    done > "$OUT/step.log" 2>&1
 fi
 if has vs; then
     # (its budget is the processes' shares; each process is killed past its share; the limit leaves 90 s for the table)

@@ -47,9 +47,9 @@ def _dims(args):
 @pytest.fixture
 def narrow():
     """The backward on the chunked kernels (from one token), under a binding range where their
-    scratch fits and the token-sequential work buffer does not: the least range in 256-byte steps
-    at which this device's planning gives a chunked plan whose recompute is OnHost. Yields the
-    limits' override arguments."""
+    scratch fits and the token-sequential work buffer does not: the largest range, in 256-byte
+    steps below the work buffer's bytes, at which this device's planning gives a chunked plan whose
+    recompute is OnHost. Yields the limits' override arguments."""
     ctx = ssm_vk.runtime.get_context()
     args, _ = _case()
     d = _dims(args)
@@ -66,6 +66,7 @@ def narrow():
                 break
             if isinstance(dec.planned.first.rerun, OnHost):
                 found = rng
+                break
         assert found is not None, "no binding range takes the chunked backward without its recompute"
         yield dict(max_storage_buffer_range=found)
 

@@ -53,15 +53,16 @@ def _dims(args):
 
 
 def _windows(op: str, d, knobs, ctx, least: int = 3):
-    """The largest binding range (in 64-byte steps below one window's need) under which this
-    device's planning of ``op`` runs the chunked kernels in ``least`` or more windows, the last one
-    shorter where the shape allows it; and that plan."""
+    """The largest binding range (in steps of a 256th of one window's need, a multiple of 64
+    bytes: far below a sequence's share of it) under which this device's planning of ``op`` runs
+    the chunked kernels in ``least`` or more windows, the last one shorter where the shape allows
+    it; and that plan."""
     room = mamba3_api.decide(op, d, knobs)
     if not room.sup or room.planned.first.family.name != "mamba3_chunked":
         pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
     assert not room.planned.first.plan.windowed
     top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
-    for rng in range(top, 0, -64):
+    for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
         with ctx.seams.override_limits(max_storage_buffer_range=rng):
             dec = mamba3_api.decide(op, d, knobs)
         if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
