@@ -122,9 +122,11 @@ def granule(d: M3Dims, L: int, align: int) -> int:
 
 
 def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
-    """The most sequences one window takes (S where the call fits one; 0 where not even one
-    granule's does): every scratch buffer, window-sized buffer and window binding within one
-    binding."""
+    """The sequences per window: S where the call fits one window, else the fewest windows of
+    whole granules that fit and as even as granules allow (no short tail of a few sequences: a
+    window's dispatches cost about the same however few its sequences); 0 where not even one
+    granule's does. What must fit: every scratch buffer, window-sized buffer and window binding
+    within one binding."""
     cap = binding_cap(lim)
     one = replace(d, S=1)
     per = dict(chunk_elems(one, L))
@@ -137,7 +139,16 @@ def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
     if most >= d.S:
         return d.S
     step = granule(d, L, lim.min_storage_buffer_offset_alignment)
-    return most // step * step
+    most = most // step * step
+    if most < 1:
+        return 0
+    count = -(-d.S // most)
+    while True:   # (ends by count = ceil(S / step) at the latest: an even share of one granule)
+        share = -(-d.S // count)
+        even = -(-share // step) * step
+        if even <= most:
+            return even
+        count += 1
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
