@@ -54,6 +54,7 @@ __all__ = ["COTANGENTS", "INPUTS", "M3Workspace", "STATE_PARTS"]
 
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v")
 STATE_PARTS = ("theta", "h", "k", "v")   # the final state's outputs, in the order of the start-state inputs
+_CACHES = ("s_theta", "s_h", "s_k", "s_v")
 COTANGENTS = ("g_y", "g_theta", "g_h", "g_k", "g_v")
 
 
@@ -125,6 +126,7 @@ class M3Workspace(FlagHost):
         # the chunked kernels' windows of sequences (mamba3_chunked_planner.M3ChunkPlan; one window: the
         # call's arrays bound whole, as the token-sequential plan binds them)
         self.windowed = bool(getattr(fp.plan, "windowed", False))
+        self.per_token = dict(fp.plan.per_token) if self.windowed else {}
         self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
 
     # -- buffers ------------------------------------------------------------------------------
@@ -164,25 +166,43 @@ class M3Workspace(FlagHost):
 
     # -- windows of sequences (the chunked kernels' plan.windows) --------------------------------
     def bind_window(self, name: str, w) -> tuple:
-        """The binding of array ``name`` for window ``w`` (mamba3_chunked_planner.M3Window): an array of
-        the call from the window's first sequence (the plan keeps that offset bindable), the
-        final state's cotangents from the window's own copy (:meth:`window_in`), the rest whole."""
+        """The binding of array ``name`` for window ``w`` (mamba3_chunked_planner.M3Window): an
+        array of the call from the window's first sequence and token (the plan keeps that offset
+        bindable), the final state's cotangents from the window's own copy (:meth:`window_in`); in a
+        window of tokens the start state from the state the window before it left, and the final
+        state, unless the window is its sequence's last, into the state it leaves (scratch of the
+        plan, two by turns); the rest whole."""
         if not self.windowed:
             return self.bind(name)
         if name == "g_state":
             return self.bind("g_state_w")
-        per = self.per_seq.get(name)
+        d = self.dims
+        if w.nt < d.T:
+            part = name[2:] if name in _CACHES else name if name in STATE_PARTS else None
+            k = w.t0 // self.plan.Tw
+            if part is not None and name in _CACHES and k > 0:
+                return self.bind(self.plan.carries[(k - 1) % 2][STATE_PARTS.index(part)])
+            if part is not None and name in STATE_PARTS and w.t0 + w.nt < d.T:
+                return self.bind(self.plan.carries[k % 2][STATE_PARTS.index(part)])
         hit = self._named.get(name)
-        if not per or hit is None or hit[0] is None:
+        if hit is None or hit[0] is None:
             return self.bind(name)
-        return (hit[0], hit[1] + w.s0 * per * F32, w.n * per * F32)
+        per = self.per_token.get(name)
+        if per:
+            return (hit[0], hit[1] + (w.s0 * d.T + w.t0) * per * F32, w.n * w.nt * per * F32)
+        per = self.per_seq.get(name)
+        if per:
+            return (hit[0], hit[1] + w.s0 * per * F32, w.n * per * F32)
+        return self.bind(name)
 
     def window_ids(self, p, w) -> tuple:
-        """The binding of window ``w``'s ids (a constant of the sequence being recorded)."""
+        """The binding of window ``w``'s ids (a constant of the sequence being recorded): a window
+        of tokens after its sequence's first reads the one row of the state left for it."""
         if not self.windowed:
             return self.bind("ids")
-        ids = self.constant(np.ascontiguousarray(p.ids[w.s0:w.s0 + w.n], dtype=np.uint32))
-        return (ids, 0, w.n * 4)
+        ids = [0] if w.t0 else p.ids[w.s0:w.s0 + w.n]
+        buf = self.constant(np.ascontiguousarray(ids, dtype=np.uint32))
+        return (buf, 0, w.n * 4)
 
     def _parts(self, n: int):
         """(part, elements per sequence, offset of the part) of a buffer of the four state parts

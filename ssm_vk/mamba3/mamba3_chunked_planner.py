@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK_MIN_T", "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan",
            "M3Window", "chunk_elems", "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU",
-           "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "seq_elems", "granule"]
+           "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "token_elems", "state_elems", "granule",
+           "CARRIED", "carry_name"]
 
 # A chunk's rows (tokens x rank, L M) are one 64 x 64 tile of m3c_y.comp / m3c_states.comp.
 CHUNK_ROWS = 64
@@ -62,15 +63,19 @@ CHUNK_BWD_BINDINGS = 32
 
 @dataclass(frozen=True)
 class M3Window:
-    """Sequences ``[s0, s0 + n)`` of a chunked call, run as one round of dispatches, and the (gx, gy)
-    grid of each kernel at ``n`` sequences: ``prep`` (per sequence, chunk, head; also the backward's
-    m3b_chunk and m3b_rot), ``angle`` (per sequence, head and 64 pairs; also m3b_angle), ``states``
-    (per sequence, chunk, head and 64 x 64 tile of (p, n); also m3b_gstates), ``pass_`` (per
-    sequence, head and 256 state entries; also m3b_gpass), ``y`` (per sequence, chunk, head and 64
-    channels)."""
+    """Sequences ``[s0, s0 + n)``, tokens ``[t0, t0 + nt)`` of each, of a chunked call, run as one
+    round of dispatches (``NC`` chunks per sequence), and the (gx, gy) grid of each kernel there:
+    ``prep`` (per sequence, chunk, head; also the backward's m3b_chunk and m3b_rot), ``angle`` (per
+    sequence, head and 64 pairs; also m3b_angle), ``states`` (per sequence, chunk, head and 64 x 64
+    tile of (p, n); also m3b_gstates), ``pass_`` (per sequence, head and 256 state entries; also
+    m3b_gpass), ``y`` (per sequence, chunk, head and 64 channels). A window of tokens after a
+    sequence's first (``t0 > 0``) starts from the state the window before it left."""
 
     s0: int
     n: int
+    t0: int
+    nt: int
+    NC: int
     prep: tuple
     angle: tuple
     states: tuple
@@ -81,16 +86,21 @@ class M3Window:
 @dataclass(frozen=True)
 class M3ChunkPlan:
     """The chunked kernels' plan: ``L`` tokens per chunk, ``NC`` chunks per sequence, ``Sw``
-    sequences per window (S: one window) and the ``windows`` in order (M3Window). The scratch holds
-    one window (:func:`chunk_scratch`); the arrays of the call are bound per window, each from its
-    window's first sequence (:func:`seq_elems`), and the plan keeps every window's first sequence
-    at an offset the device can bind (:func:`granule`)."""
+    sequences and ``Tw`` tokens per window (S and T: one window; a window of tokens holds one
+    sequence) and the ``windows`` in order (M3Window). The scratch holds one window
+    (:func:`chunk_scratch`); the arrays of the call are bound per window, from its first sequence
+    and token (``per_token``: elements per token of the arrays of tokens, :func:`token_elems`;
+    ``per_seq``: elements per sequence of the others, :func:`state_elems`), and the plan keeps
+    every window's start at an offset the device can bind (:func:`granule`)."""
 
     L: int
     NC: int
     Sw: int
     windows: tuple
-    per_seq: tuple = ()   # (name, elements per sequence) of each array bound per window (seq_elems)
+    Tw: int = 0
+    per_token: tuple = ()
+    per_seq: tuple = ()
+    carries: tuple = ()   # windows of tokens: the scratch of the state each leaves (CARRIED's parts), two by turns
 
     @property
     def windowed(self) -> bool:
@@ -98,27 +108,47 @@ class M3ChunkPlan:
         return len(self.windows) > 1
 
 
-def seq_elems(d: M3Dims, L: int) -> dict:
-    """Float32 elements per sequence of each array of the call that the chunked kernels bind from
-    a window's first sequence (the inputs, outputs and cotangents of tokens and of the final
-    state, and the backward's per-chunk parts, whose whole buffer is summed once after the last
-    window), by the name the workspace binds it under."""
-    T, H, P, N, G, M, F = d.T, d.H, d.P, d.N, d.G, d.M, d.F
-    NC = -(-T // L)
-    th, tokens = T * H, T * M * H * P
-    return {"x": th * P, "dt": th, "dA": th, "lam": th, "B": T * M * G * N, "C": T * M * G * N, "dtheta": th * F,
-            "y": tokens, "theta": H * F, "h": H * P * N, "k": H * M * N, "v": H * M * P, "g_y": tokens,
-            "d_x": th * P, "d_dtheta": th * F, "m3b_parts": NC * H * (2 * M * N + M * P)}
+# The final state's parts, which a window of tokens leaves for the next (chunk_scratch).
+CARRIED = ("theta", "h", "k", "v")
 
 
-def granule(d: M3Dims, L: int, align: int) -> int:
-    """The least step in sequences at which every array of :func:`seq_elems` starts at a multiple
-    of ``align`` bytes (minStorageBufferOffsetAlignment): a window's first sequence is one."""
+def carry_name(j: int, part: str) -> str:
+    """The scratch of part ``part`` of the state a window of tokens leaves, by turns ``j`` = 0, 1."""
+    return f"m3c_c{j}_{part}"
+
+
+def token_elems(d: M3Dims) -> dict:
+    """Float32 elements per token of each array of tokens of the call (inputs, outputs,
+    cotangents), by the name the workspace binds it under: a window binds them from its first
+    sequence and token."""
+    H, P, N, G, M, F = d.H, d.P, d.N, d.G, d.M, d.F
+    return {"x": H * P, "dt": H, "dA": H, "lam": H, "B": M * G * N, "C": M * G * N, "dtheta": H * F,
+            "y": M * H * P, "g_y": M * H * P, "d_x": H * P, "d_dtheta": H * F}
+
+
+def state_elems(d: M3Dims, L: int) -> dict:
+    """Float32 elements per sequence of the call's other arrays a window binds from its first
+    sequence: the final state's four parts and the backward's per-chunk parts (whose whole buffer
+    is summed once after the last window)."""
+    H, P, N, M, F = d.H, d.P, d.N, d.M, d.F
+    return {"theta": H * F, "h": H * P * N, "k": H * M * N, "v": H * M * P,
+            "m3b_parts": -(-d.T // L) * H * (2 * M * N + M * P)}
+
+
+def _step(counts, align: int) -> int:
+    """The least multiple at which arrays of ``counts`` float32 elements each start at a multiple
+    of ``align`` bytes."""
     step = 1
-    for c in seq_elems(d, L).values():
+    for c in counts:
         if c:
             step = math.lcm(step, align // math.gcd(4 * c, align))
     return step
+
+
+def granule(d: M3Dims, L: int, align: int) -> int:
+    """The least step in sequences at which every array of the call starts at a multiple of
+    ``align`` bytes (minStorageBufferOffsetAlignment): a window's first sequence is one."""
+    return _step([d.T * c for c in token_elems(d).values()] + list(state_elems(d, L).values()), align)
 
 
 def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
@@ -134,21 +164,44 @@ def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
     if backward:
         per.update(chunk_bwd_elems(one, L))
         per.update(window_elems(d))
-    per.update(seq_elems(d, L))
+    per.update({k: d.T * c for k, c in token_elems(d).items()})
+    per.update(state_elems(d, L))
     most = min((cap // c for c in per.values() if c), default=d.S)
     if most >= d.S:
         return d.S
-    step = granule(d, L, lim.min_storage_buffer_offset_alignment)
+    return _even(d.S, most, granule(d, L, lim.min_storage_buffer_offset_alignment))
+
+
+def _even(total: int, most: int, step: int) -> int:
+    """The size of the fewest windows of at most ``most``, each a multiple of ``step``, that cover
+    ``total``, as even as ``step`` allows; 0 where not one step fits."""
     most = most // step * step
     if most < 1:
         return 0
-    count = -(-d.S // most)
-    while True:   # (ends by count = ceil(S / step) at the latest: an even share of one granule)
-        share = -(-d.S // count)
+    count = -(-total // most)
+    while True:   # (ends by count = ceil(total / step) at the latest: an even share of one step)
+        share = -(-total // count)
         even = -(-share // step) * step
         if even <= most:
             return even
         count += 1
+
+
+def _window_tokens(d: M3Dims, L: int, lim) -> int:
+    """Tokens per window of one sequence (the forward), where one sequence's scratch exceeds a
+    binding: whole chunks whose scratch and bindings fit, a multiple of the step at which every
+    array of tokens starts at a bindable offset, in as few and as even windows as that allows; 0
+    where not even one such step fits, or where the sequences themselves do not start at bindable
+    offsets."""
+    align = lim.min_storage_buffer_offset_alignment
+    if d.S > 1 and granule(d, L, align) != 1:
+        return 0
+    cap = binding_cap(lim)
+    per = dict(chunk_elems(replace(d, S=1, T=L), L))   # (one chunk's)
+    per.pop("m3c_flag")
+    per.update({k: L * c for k, c in token_elems(d).items()})
+    chunks = min((cap // c for c in per.values() if c), default=0)
+    return _even(d.T, chunks * L, math.lcm(L, _step(token_elems(d).values(), align)))
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
@@ -210,28 +263,37 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
         whole.append(chunk_bwd_elems(d, L)["m3b_parts"])
     if max(whole) > binding_cap(lim):
         return None
-    Sw = _window_seqs(d, L, lim, req.backward)
-    if Sw < 1:
-        return None
     NC = -(-d.T // L)
+    Sw, Tw = _window_seqs(d, L, lim, req.backward), d.T
+    if Sw < 1 and not req.backward:   # (one sequence's scratch beyond a binding: windows of its tokens)
+        Sw, Tw = 1, _window_tokens(d, L, lim)
+    if Sw < 1 or Tw < 1:
+        return None
     tiles = -(-d.P // CHUNK_ROWS)
+    spans = [(s0, min(Sw, d.S - s0), t0, min(Tw, d.T - t0)) for s0 in range(0, d.S, Sw) for t0 in range(0, d.T, Tw)]
     try:
-        windows = tuple(M3Window(s0, n, prep=grid(n * NC * d.H, lim), angle=grid(n * d.H * -(-d.F // 64), lim),
-                                 states=grid(n * NC * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
+        windows = tuple(M3Window(s0, n, t0, nt, nc, prep=grid(n * nc * d.H, lim),
+                                 angle=grid(n * d.H * -(-d.F // 64), lim),
+                                 states=grid(n * nc * d.H * tiles * -(-d.N // CHUNK_ROWS), lim),
                                  pass_=grid(n * d.H * -(-d.P * d.N // CHUNK_WG), lim),
-                                 y=grid(n * NC * d.H * tiles, lim))
-                        for s0, n in ((s0, min(Sw, d.S - s0)) for s0 in range(0, d.S, Sw)))
+                                 y=grid(n * nc * d.H * tiles, lim))
+                        for s0, n, t0, nt, nc in ((*span, -(-span[3] // L)) for span in spans))
     except TooLarge:
         return None
-    return M3ChunkPlan(L=L, NC=NC, Sw=Sw, windows=windows, per_seq=tuple(seq_elems(d, L).items()))
+    carries = tuple(tuple(carry_name(j, part) for part in CARRIED) for j in (0, 1)) if Tw < d.T else ()
+    return M3ChunkPlan(L=L, NC=NC, Sw=Sw, windows=windows, Tw=Tw, per_token=tuple(token_elems(d).items()),
+                       per_seq=tuple(state_elems(d, L).items()), carries=carries)
 
 
 def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
     """The chunked kernels' scratch, by name (family.Family.scratch): one window's (``plan.Sw``
     sequences) of the forward's tables, and for a backward its own beside them, whose per-chunk
     parts hold every sequence (summed once after the last window)."""
-    dw = replace(d, S=plan.Sw)
+    dw = replace(d, S=plan.Sw, T=plan.Tw or d.T)
     out = chunk_elems(dw, plan.L)
+    rows = (d.H * d.F, d.H * d.P * d.N, d.H * d.M * d.N, d.H * d.M * d.P)
+    for names in plan.carries:   # (windows of tokens: the state one leaves for the next, two by turns)
+        out.update(zip(names, rows, strict=True))
     if backward:
         out.update(chunk_bwd_elems(dw, plan.L))
         out["m3b_parts"] = chunk_bwd_elems(d, plan.L)["m3b_parts"]

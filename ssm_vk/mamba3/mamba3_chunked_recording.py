@@ -20,6 +20,11 @@ and d_dtheta's suffix sums (m3b_rot MODE 1); the fixed-order sums over a group's
 d_C) and over the sequences' chunks (the biases' and d_psi's parts; mamba3_reduce.comp, as the
 token-sequential backward); the flag copied where the host reads it.
 
+Both run window after window (plan.windows, each with its own sizes, grids and bindings from
+ws.bind_window): windows of whole sequences where the call's scratch exceeds one binding, and in
+the forward windows of one sequence's tokens where that sequence's does (each from the state the
+window before it left). The flag is zeroed once and read once, for the whole call.
+
 ``ws``: the call's workspace (ssm_vk.mamba3_workspace.M3Workspace): ``ctx``, ``plan``,
 ``bind(name)`` and ``flag_host()``.
 ``p``: the checked problem (ssm_ref.mamba3_checks.M3Problem).
@@ -39,8 +44,8 @@ FLAG = "m3c_flag"   # the scratch the kernels raise on a non-finite value (4 uin
 
 def _push(p, plan, w, gx: int, mode: int = 0) -> bytes:
     d = p.dims
-    return pack_push(m3c.PUSH, dict(S=w.n, T=d.T, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, N=d.N, M=d.M, L=plan.L,
-                                    NC=plan.NC, halved=int(p.rotation == "halved"), gx=gx, mode=mode))
+    return pack_push(m3c.PUSH, dict(S=w.n, T=w.nt, H=d.H, P=d.P, G=d.G, F=d.F, R=d.R, N=d.N, M=d.M, L=plan.L,
+                                    NC=w.NC, halved=int(p.rotation == "halved"), gx=gx, mode=mode))
 
 
 def _runner(seq, ws, p, w):

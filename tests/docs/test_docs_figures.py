@@ -157,3 +157,31 @@ def test_kernels_quotes_the_one_token_kernels_blocks():
     blocks = _quoted("docs/KERNELS.md", r"spread evenly, so (\d+) blocks of \d+ rows at P = 64")
     per = _quoted("docs/KERNELS.md", r"spread evenly, so \d+ blocks of (\d+) rows at P = 64")
     assert (rows, blocks, per) == (step_rows(d), plan.npb, -(-d.P // plan.npb))
+
+
+def test_reliability_quotes_the_longest_mamba3_sequence_on_the_chunked_kernels():
+    # RELIABILITY.md's known gap: one sequence at H = 32, P = 64, N = 128, F = 32 under an H100's
+    # limits -- the most tokens the chunked forward takes, from how many it runs in windows of
+    # tokens, and the most the chunked backward takes -- found by the planner
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk.config import settings
+    from ssm_vk.family import Request
+    from ssm_vk.mamba3.mamba3_chunked_planner import chunk_plan_call
+
+    def plan(T: int, backward: bool):
+        return chunk_plan_call(Request(M3Dims(1, T, 32, 64, 128, 1, 1, 32, 1, False), _h100(), backward, settings()))
+
+    def most(takes) -> int:
+        lo, hi = 0, 1 << 22       # takes lo, not hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if takes(mid) else (lo, mid)
+        return lo
+
+    found = re.search(r"runs forward on the chunked kernels up to ([\d,]+) tokens \(in windows of its tokens\s+from "
+                      r"([\d,]+)\) and backward up to ([\d,]+)\.", (REPO / "docs/RELIABILITY.md").read_text())
+    assert found, "docs/RELIABILITY.md: the Mamba-3 sequence figures are not where the test reads them"
+    quoted = tuple(int(v.replace(",", "")) for v in found.groups())
+    assert quoted == (most(lambda T: plan(T, False) is not None),
+                      most(lambda T: plan(T, False) is not None and not plan(T, False).windowed) + 1,
+                      most(lambda T: plan(T, True) is not None))

@@ -128,11 +128,11 @@ def test_every_window_starts_where_the_device_binds(shape):
     with config.configure(tune=TUNE):
         for op in ("mamba3_scan", "mamba3_scan_back"):
             _, plan = _windows(op, d, config.settings(), ctx)
-            per = mamba3_chunked_planner.seq_elems(d, plan.L)
             assert [w.s0 for w in plan.windows] == list(range(0, d.S, plan.Sw))
             assert sum(w.n for w in plan.windows) == d.S
             for w in plan.windows:
-                assert all(w.s0 * c * 4 % align == 0 for c in per.values()), (op, w.s0)
+                assert all((w.s0 * d.T + w.t0) * c * 4 % align == 0 for _, c in plan.per_token), (op, w.s0)
+                assert all(w.s0 * c * 4 % align == 0 for _, c in plan.per_seq), (op, w.s0)
 
 
 def test_device_arrays_and_update_cache_in_windows():
@@ -201,3 +201,75 @@ def test_a_nonfinite_call_in_windows_is_computed_again():
     fast = ssm_fast.mamba3_scan(**args)
     for name in OUTS:
         assert np.array_equal(np.isnan(getattr(got, name)), np.isnan(getattr(fast, name))), name
+
+
+# One sequence whose queries and keys (H T N floats each) outweigh B (T N, one group): some binding
+# range holds the call's arrays but not one sequence's scratch, and the forward runs in windows of
+# its tokens, each from the state the one before it left. Two sequences of four heads likewise.
+LONG = [dict(S=1, T=150, H=2, P=4, N=32, G=1, F=4, R=2, ids="permutation"),
+        dict(S=2, T=100, H=4, P=4, N=16, G=1, F=2, R=3, ids="permutation")]
+
+
+def _token_windows(d, knobs, ctx):
+    """The largest binding range (as _windows searches) under which this device's planning of the
+    forward runs the chunked kernels in windows of tokens, three or more per sequence, the last
+    one shorter; and that plan."""
+    room = mamba3_api.decide("mamba3_scan", d, knobs)
+    if not room.sup or room.planned.first.family.name != "mamba3_chunked":
+        pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
+    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, False).values())
+    for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            dec = mamba3_api.decide("mamba3_scan", d, knobs)
+        if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
+            break
+        plan = dec.planned.first.plan
+        if plan.Tw < d.T and -(-d.T // plan.Tw) >= 3 and d.T % plan.Tw:
+            return rng, plan
+    pytest.fail(f"no binding range runs the forward of {d} in windows of tokens on the chunked kernels")
+
+
+@pytest.mark.parametrize("shape", LONG, ids=["one", "two"])
+def test_a_long_sequence_runs_forward_in_windows_of_its_tokens(shape):
+    # host arrays, then DeviceArrays with update_cache (the caches' rows ids written, the others
+    # kept) and a prepared call (the bits of the plain one, run twice): within tolerance of
+    # float64 and of the call in one window; the backward of that shape
+    # is not the chunked kernels' (they take no windows of tokens backward), and supports() and the
+    # call agree on where it runs
+    ctx = ssm_vk.runtime.get_context()
+    args, cot = _case(7, shape)
+    d = _dims(args)
+    tol = scaled(MAMBA3_F32_TOL, d.T)
+    with config.configure(tune=TUNE):
+        rng, plan = _token_windows(d, config.settings(), ctx)
+        want = ssm_vk.mamba3_scan(**args)
+        dev = {k: ssm_vk.to_device(args[k]) for k in ("s_theta", "s_h", "s_k", "s_v")}
+        before = {k: v.numpy() for k, v in dev.items()}
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got = ssm_vk.mamba3_scan(**args)
+            ssm_vk.mamba3_scan(**{**args, **dev}, update_cache=True)
+            dev_args = {k: ssm_vk.to_device(v) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+                        for k, v in args.items()}
+            prepared = ssm_vk.prepare_mamba3_scan(**dev_args)
+            runs = [{k: _get(prepared.run(), k) for k in OUTS} for _ in range(2)]
+            back = mamba3_api.decide("mamba3_scan_back", d, config.settings())
+            sup = ssm_vk.supports("mamba3_scan_back", **args)
+            g = ssm_vk.mamba3_scan_back(**args, **cot)
+    assert got.where.startswith("Vulkan") and plan.Sw == 1
+    assert all(w.nt <= plan.Tw and w.t0 % plan.Tw == 0 for w in plan.windows)
+    ref = ssm_ref.mamba3_scan(**args, dtype=np.float64)
+    _near(got, ref, OUTS, d.T)
+    for name in OUTS:
+        one, windows = (np.asarray(_get(r, name), np.float64) for r in (want, got))
+        cmp = compare(name, one, windows, tol[name])
+        assert cmp.ok, cmp.message()
+    for run in runs:   # (a prepared call: the same windows replayed)
+        _same(run, got, OUTS)
+    ids = args["ids"]
+    for k, part in zip(("s_theta", "s_h", "s_k", "s_v"), OUTS[1:], strict=True):
+        rows = dev[k].numpy()
+        assert rows[ids].tobytes() == _get(got, part).tobytes(), k
+        kept = np.setdiff1d(np.arange(rows.shape[0]), ids)
+        assert rows[kept].tobytes() == before[k][kept].tobytes(), k
+    assert not back.sup or back.planned.first.family.name != "mamba3_chunked"
+    assert sup.ok == g.where.startswith("Vulkan"), (sup.reason, g.where)
