@@ -17,10 +17,8 @@ A call's bindings, by name (what the family's recording asks with :meth:`M3Works
 - the four cotangents of the final state: one buffer, "g_state" (the kernel reads it so), its
   parts copied, written or zeroed there;
 - the ids: a constant of the recorded sequence (the ids' bytes are part of its key);
-- in a chunked plan's windows of sequences (:meth:`M3Workspace.bind_window`): each array of the
-  call from the window's first sequence, the window's ids a constant of their own, the final
-  state's cotangents and the backward's joint outputs in buffers of one window, copied in before
-  and out after it.
+- in a chunked plan's windows (of sequences, or of one sequence's tokens): what
+  ssm_vk.mamba3_windows.M3Windows binds, the workspace's part that knows them.
 
 The sequence begins with those copies and fills and ends with what turns the kernels' buffers
 into the op's outputs on the device: update_cache's final states copied into the cache rows
@@ -28,8 +26,6 @@ into the op's outputs on the device: update_cache's final states copied into the
 out of the kernels' joint buffers, and the start-state gradients scatter-added by ids
 (recording.scatter_rows, in sequence order as ssm_ref's). ssm_vk.mamba3_run runs calls in it.
 
-It stays one module on purpose: every method reads or writes the workspace's own buffers
-(``own``) and the bindings of the recording in progress (``bind``), one owner of both.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ import numpy as np
 
 from . import runtime as rt
 from .arrays import DeviceArray, pool
+from .mamba3_windows import STATE_PARTS, M3Windows
 from .recording import scatter_rows
 from .sizing import F32
 from .workspace import FlagHost, close_sequences, keep_sequence, wait_sequences
@@ -53,8 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["COTANGENTS", "INPUTS", "M3Workspace", "STATE_PARTS"]
 
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v")
-STATE_PARTS = ("theta", "h", "k", "v")   # the final state's outputs, in the order of the start-state inputs
-_CACHES = ("s_theta", "s_h", "s_k", "s_v")
 COTANGENTS = ("g_y", "g_theta", "g_h", "g_k", "g_v")
 
 
@@ -89,7 +84,7 @@ class _Rows:
         return self.ws.constant(arr)
 
 
-class M3Workspace(FlagHost):
+class M3Workspace(FlagHost, M3Windows):
     """Everything one Mamba-3 call shape needs on one context (see the module's docstring): the
     decision's plan (``plan``, ``family``, ``limits``, ``dims``, ``backward``), its own buffers by
     name, the sequences recorded for sets of bindings. Used under ``lock``; ``closed`` once
@@ -163,85 +158,6 @@ class M3Workspace(FlagHost):
         if hit is not None and hit[0] is not None:
             return hit
         return (self.own("dummy", 16), 0, 16)
-
-    # -- windows of sequences (the chunked kernels' plan.windows) --------------------------------
-    def bind_window(self, name: str, w) -> tuple:
-        """The binding of array ``name`` for window ``w`` (mamba3_chunked_planner.M3Window): an
-        array of the call from the window's first sequence and token (the plan keeps that offset
-        bindable), the final state's cotangents from the window's own copy (:meth:`window_in`); in a
-        window of tokens the start state from the state the window before it left, and the final
-        state, unless the window is its sequence's last, into the state it leaves (scratch of the
-        plan, two by turns); the rest whole."""
-        if not self.windowed:
-            return self.bind(name)
-        if name == "g_state":
-            return self.bind("g_state_w")
-        d = self.dims
-        if w.nt < d.T:
-            part = name[2:] if name in _CACHES else name if name in STATE_PARTS else None
-            k = w.t0 // self.plan.Tw
-            if part is not None and name in _CACHES and k > 0:
-                return self.bind(self.plan.carries[(k - 1) % 2][STATE_PARTS.index(part)])
-            if part is not None and name in STATE_PARTS and w.t0 + w.nt < d.T:
-                return self.bind(self.plan.carries[k % 2][STATE_PARTS.index(part)])
-        hit = self._named.get(name)
-        if hit is None or hit[0] is None:
-            return self.bind(name)
-        per = self.per_token.get(name)
-        if per:
-            return (hit[0], hit[1] + (w.s0 * d.T + w.t0) * per * F32, w.n * w.nt * per * F32)
-        per = self.per_seq.get(name)
-        if per:
-            return (hit[0], hit[1] + w.s0 * per * F32, w.n * per * F32)
-        return self.bind(name)
-
-    def window_ids(self, p, w) -> tuple:
-        """The binding of window ``w``'s ids (a constant of the sequence being recorded): a window
-        of tokens after its sequence's first reads the one row of the state left for it."""
-        if not self.windowed:
-            return self.bind("ids")
-        ids = [0] if w.t0 else p.ids[w.s0:w.s0 + w.n]
-        buf = self.constant(np.ascontiguousarray(ids, dtype=np.uint32))
-        return (buf, 0, w.n * 4)
-
-    def _parts(self, n: int):
-        """(part, elements per sequence, offset of the part) of a buffer of the four state parts
-        (g_state, d_start) of ``n`` sequences, each part's rows together."""
-        at = 0
-        for part, row in zip(STATE_PARTS, self.rows, strict=True):
-            yield part, row, at
-            at += n * row
-
-    def window_in(self, seq, w) -> None:
-        """Record the copy of window ``w``'s rows of the final state's cotangents (g_state, every
-        sequence) into the window's own buffer, after what ran before (a barrier each side)."""
-        src, dst = self.bind("g_state")[0], self.bind("g_state_w")[0]
-        seq.barrier()
-        for (_, row, at), (_, _, at_w) in zip(self._parts(self.dims.S), self._parts(w.n), strict=True):
-            if row:
-                seq.copy(src, dst, w.n * row * F32, (at + w.s0 * row) * F32, at_w * F32)
-        seq.barrier()
-
-    def window_out(self, seq, w) -> None:
-        """Record, after window ``w``'s kernels, its rows of the backward's joint buffers into the
-        outputs: d_dt, d_dA, d_lam of d_step (3, n, T, H) and each start-state part of d_start
-        into the workspace's buffer of that part ("d0:" part, every sequence), which split_grads
-        scatters by ids."""
-        seq.barrier()
-        self._take(seq, w.s0, w.n)
-
-    def _take(self, seq, s0: int, n: int) -> None:
-        d = self.dims
-        step = self._named["d_step"][0]
-        sth = n * d.T * d.H * F32
-        for j, k in enumerate(("d_dt", "d_dA", "d_lam")):
-            out = self._named[k]
-            if sth:
-                seq.copy(step, out[0], sth, j * sth, out[1] + s0 * d.T * d.H * F32)
-        start = self._named["d_start"][0]
-        for part, row, at in self._parts(n):
-            if row:
-                seq.copy(start, self.own("d0:" + part, d.S * row * F32), n * row * F32, at * F32, s0 * row * F32)
 
     # -- a call's inputs ----------------------------------------------------------------------
     def _array(self, name: str, a, nbytes: int, pre: list, key: list, bufs: dict) -> None:
@@ -402,7 +318,7 @@ class M3Workspace(FlagHost):
         MN, MP = d.M * d.N, d.M * d.P
         seq.barrier()
         if not self.windowed:
-            self._take(seq, 0, d.S)
+            self._take(seq, 0, d.S, 0, d.T)
         parts = self._named["d_parts"][0]
         width = 2 * MN + MP
         for k, at, n in (("d_B_bias", 0, MN), ("d_C_bias", MN, MN), ("d_psi", 2 * MN, MP)):

@@ -41,7 +41,7 @@ LAYERS = (
     # memory, asked of its family)
     ("ssm_vk.registry", "ssm_vk.budget"),
     ("ssm_vk.decision",),
-    ("ssm_vk.hostdata",),
+    ("ssm_vk.hostdata", "ssm_vk.mamba3_windows"),
     ("ssm_vk.workspace", "ssm_vk.mamba3_workspace"),
     ("ssm_vk.engine",),
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and

@@ -3,9 +3,10 @@ glsl/m3b_*.comp after the forward's first four; :func:`chunk_plan_call`, an M3Ch
 they run, the chunk length, the windows of sequences and their grids, the scratch). The
 token-sequential kernels' plans, which take the rest: mamba3_planner.py.
 
-A call whose arrays fit one binding but whose scratch (one window's rotated queries and keys, in
-the backward their cotangents) does not runs in windows of whole sequences
-(:func:`seq_elems`, :func:`granule`). Pure Python; reads M3_CHUNK, M3_CHUNK_MIN_T and
+A call whose arrays fit one binding but whose scratch (the rotated queries and keys, in the
+backward their cotangents) does not runs in windows of whole sequences (:func:`granule`), and
+where one sequence's scratch does not fit, in windows of that sequence's tokens (the state each
+window starts from in a slot of scratch: M3ChunkPlan.starts). Pure Python; reads M3_CHUNK, M3_CHUNK_MIN_T and
 M3_CHUNK_BWD_MIN_T (here only: tests/vk/test_knob_reads.py).
 """
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_MIN_T", "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan",
            "M3Window", "chunk_elems", "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU",
            "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "token_elems", "state_elems", "granule",
-           "CARRIED", "carry_name"]
+           "CARRIED", "state_rows"]
 
 # A chunk's rows (tokens x rank, L M) are one 64 x 64 tile of m3c_y.comp / m3c_states.comp.
 CHUNK_ROWS = 64
@@ -100,7 +101,11 @@ class M3ChunkPlan:
     Tw: int = 0
     per_token: tuple = ()
     per_seq: tuple = ()
-    carries: tuple = ()   # windows of tokens: the scratch of the state each leaves (CARRIED's parts), two by turns
+    # windows of tokens: (scratch name, slot stride in floats) of each part of the state (CARRIED's
+    # order), a slot per window of a sequence: the state the window starts from (slot 0 unused: the
+    # cache rows); and the backward's two buffers of a window's start-state cotangent, by turns
+    starts: tuple = ()
+    carried: tuple = ()
 
     @property
     def windowed(self) -> bool:
@@ -112,9 +117,9 @@ class M3ChunkPlan:
 CARRIED = ("theta", "h", "k", "v")
 
 
-def carry_name(j: int, part: str) -> str:
-    """The scratch of part ``part`` of the state a window of tokens leaves, by turns ``j`` = 0, 1."""
-    return f"m3c_c{j}_{part}"
+def state_rows(d: M3Dims) -> tuple:
+    """Float32 elements of one sequence's part of the state, in CARRIED's order."""
+    return (d.H * d.F, d.H * d.P * d.N, d.H * d.M * d.N, d.H * d.M * d.P)
 
 
 def token_elems(d: M3Dims) -> dict:
@@ -187,21 +192,27 @@ def _even(total: int, most: int, step: int) -> int:
         count += 1
 
 
-def _window_tokens(d: M3Dims, L: int, lim) -> int:
-    """Tokens per window of one sequence (the forward), where one sequence's scratch exceeds a
-    binding: whole chunks whose scratch and bindings fit, a multiple of the step at which every
-    array of tokens starts at a bindable offset, in as few and as even windows as that allows; 0
-    where not even one such step fits, or where the sequences themselves do not start at bindable
-    offsets."""
+def _window_tokens(d: M3Dims, L: int, lim, backward: bool) -> int:
+    """Tokens per window of one sequence, where one sequence's scratch exceeds a binding: whole
+    chunks whose scratch and bindings fit, a multiple of the step at which every array of tokens
+    (and the backward's per-chunk parts) starts at a bindable offset, in as few and as even
+    windows as that allows; 0 where not even one such step fits, or where the sequences
+    themselves do not start at bindable offsets."""
     align = lim.min_storage_buffer_offset_alignment
     if d.S > 1 and granule(d, L, align) != 1:
         return 0
     cap = binding_cap(lim)
-    per = dict(chunk_elems(replace(d, S=1, T=L), L))   # (one chunk's)
+    chunk = replace(d, S=1, T=L)
+    per = dict(chunk_elems(chunk, L))   # (one chunk's)
     per.pop("m3c_flag")
     per.update({k: L * c for k, c in token_elems(d).items()})
+    step = math.lcm(L, _step(token_elems(d).values(), align))
+    if backward:
+        per.update(chunk_bwd_elems(chunk, L))
+        per["d_step"] = window_elems(chunk)["d_step"]
+        step = math.lcm(step, L * _step([chunk_bwd_elems(chunk, L)["m3b_parts"]], align))
     chunks = min((cap // c for c in per.values() if c), default=0)
-    return _even(d.T, chunks * L, math.lcm(L, _step(token_elems(d).values(), align)))
+    return _even(d.T, chunks * L, step)
 
 
 def chunk_elems(d: M3Dims, L: int) -> dict:
@@ -265,8 +276,8 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
         return None
     NC = -(-d.T // L)
     Sw, Tw = _window_seqs(d, L, lim, req.backward), d.T
-    if Sw < 1 and not req.backward:   # (one sequence's scratch beyond a binding: windows of its tokens)
-        Sw, Tw = 1, _window_tokens(d, L, lim)
+    if Sw < 1:   # (one sequence's scratch beyond a binding: windows of its tokens)
+        Sw, Tw = 1, _window_tokens(d, L, lim, req.backward)
     if Sw < 1 or Tw < 1:
         return None
     tiles = -(-d.P // CHUNK_ROWS)
@@ -280,9 +291,14 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
                         for s0, n, t0, nt, nc in ((*span, -(-span[3] // L)) for span in spans))
     except TooLarge:
         return None
-    carries = tuple(tuple(carry_name(j, part) for part in CARRIED) for j in (0, 1)) if Tw < d.T else ()
+    starts, carried = (), ()
+    if Tw < d.T:
+        granules = [-(-4 * row // lim.min_storage_buffer_offset_alignment) * lim.min_storage_buffer_offset_alignment
+                    // 4 for row in state_rows(d)]
+        starts = tuple((f"m3c_start_{part}", g) for part, g in zip(CARRIED, granules, strict=True))
+        carried = ("m3b_gcarry0", "m3b_gcarry1") if req.backward else ()
     return M3ChunkPlan(L=L, NC=NC, Sw=Sw, windows=windows, Tw=Tw, per_token=tuple(token_elems(d).items()),
-                       per_seq=tuple(state_elems(d, L).items()), carries=carries)
+                       per_seq=tuple(state_elems(d, L).items()), starts=starts, carried=carried)
 
 
 def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
@@ -291,11 +307,11 @@ def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:
     parts hold every sequence (summed once after the last window)."""
     dw = replace(d, S=plan.Sw, T=plan.Tw or d.T)
     out = chunk_elems(dw, plan.L)
-    rows = (d.H * d.F, d.H * d.P * d.N, d.H * d.M * d.N, d.H * d.M * d.P)
-    for names in plan.carries:   # (windows of tokens: the state one leaves for the next, two by turns)
-        out.update(zip(names, rows, strict=True))
+    slots = -(-d.T // plan.Tw) if plan.Tw else 1
+    out.update({name: slots * stride for name, stride in plan.starts})   # (windows of tokens)
     if backward:
         out.update(chunk_bwd_elems(dw, plan.L))
         out["m3b_parts"] = chunk_bwd_elems(d, plan.L)["m3b_parts"]
-        out.update(joint_elems(d, plan.Sw, plan.windowed))
+        out.update(joint_elems(dw, plan.Sw, plan.windowed))
+        out.update({name: sum(state_rows(d)) for name in plan.carried})
     return out

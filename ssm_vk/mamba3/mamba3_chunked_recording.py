@@ -48,17 +48,47 @@ def _push(p, plan, w, gx: int, mode: int = 0) -> bytes:
                                     NC=w.NC, halved=int(p.rotation == "halved"), gx=gx, mode=mode))
 
 
-def _runner(seq, ws, p, w):
+def _runner(seq, ws, p, w, walk: bool = False):
     """run(spec, grid, names, mode): a barrier, then ``spec`` dispatched over window ``w``'s bindings
-    of ``names`` (its ids its own)."""
+    of ``names`` (its ids its own; ``walk``: the backward's walk forward to each window of tokens'
+    start state, ws.bind_window)."""
     ids = ws.window_ids(p, w)
 
     def run(spec, grid, names, mode: int = 0) -> None:
         seq.barrier()
-        binds = [ids if k == "ids" else ws.bind_window(k, w) for k in names]
+        binds = [ids if k == "ids" else ws.bind_window(k, w, walk) for k in names]
         seq.dispatch(kernel(ws.ctx, spec), binds, _push(p, ws.plan, w, grid[0], mode), (grid[0], grid[1], 1))
 
     return run
+
+
+def _recompute(run, w, F: int) -> None:
+    """The forward's first steps over window ``w``: the chunks' angles, the rotated keys and
+    queries and decays, the chunk states and the pass (the state each chunk receives, the final
+    state)."""
+    fwd = m3c.RECOMPUTE_BINDINGS
+    if F:
+        run(m3c.prep_spec(), w.prep, fwd, 0)
+        run(m3c.angle_spec(), w.angle, fwd)
+    run(m3c.prep_spec(), w.prep, fwd, 1)
+    run(m3c.states_spec(), w.states, fwd)
+    run(m3c.pass_spec(), w.pass_, fwd)
+
+
+def _backward_order(plan, S: int, T: int, walk):
+    """The windows in the order the backward takes them (a generator: what it records runs in
+    turn): windows of sequences as they come; windows of tokens sequence by sequence, each
+    sequence's from its last, after ``walk(w)`` has recorded the forward over every window of it
+    but the last, in order, to leave each window's start state (in slots the next sequence's walk
+    reuses)."""
+    if plan.Tw >= T:
+        yield from plan.windows
+        return
+    for s0 in range(S):
+        mine = [w for w in plan.windows if w.s0 == s0]
+        for w in mine[:-1]:
+            walk(w)
+        yield from reversed(mine)
 
 
 def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
@@ -90,18 +120,14 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     plan = ws.plan
     flag = ws.bind(FLAG)
     seq.fill(flag[0], 0, 0, flag[2])
-    slab = d.T * d.M * d.G * d.N   # (a sequence's d_B)
-    for w in plan.windows:
+    slab = d.M * d.G * d.N   # (a token's d_B)
+    windows = _backward_order(plan, d.S, d.T, lambda w: _recompute(_runner(seq, ws, p, w, walk=True), w, d.F))
+    for w in windows:
         if plan.windowed:
             ws.window_in(seq, w)
         run = _runner(seq, ws, p, w)
-        fwd, bwd = m3c.RECOMPUTE_BINDINGS, m3c.BWD_BINDINGS
-        if d.F:
-            run(m3c.prep_spec(), w.prep, fwd, 0)
-            run(m3c.angle_spec(), w.angle, fwd)
-        run(m3c.prep_spec(), w.prep, fwd, 1)
-        run(m3c.states_spec(), w.states, fwd)
-        run(m3c.pass_spec(), w.pass_, fwd)
+        bwd = m3c.BWD_BINDINGS
+        _recompute(run, w, d.F)
         run(m3c.gstates_spec(), w.states, bwd)
         run(m3c.gpass_spec(), w.pass_, bwd)
         run(m3c.chunk_spec(1), w.prep, bwd)   # the chunk's products in two halves (m3b_chunk.comp)
@@ -111,8 +137,9 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
             run(m3c.bangle_spec(), w.angle, bwd)
             run(m3c.rot_spec(), w.prep, bwd, 1)
         seq.barrier()
-        reduce_sums(seq, ws, "m3b_dBh", "d_B", w.n * slab, d.N, d.H // d.G, w.s0 * slab)
-        reduce_sums(seq, ws, "m3b_dCh", "d_C", w.n * slab, d.N, d.H // d.G, w.s0 * slab)
+        at, n = (w.s0 * d.T + w.t0) * slab, w.n * w.nt * slab
+        reduce_sums(seq, ws, "m3b_dBh", "d_B", n, d.N, d.H // d.G, at)
+        reduce_sums(seq, ws, "m3b_dCh", "d_C", n, d.N, d.H // d.G, at)
         if plan.windowed:
             ws.window_out(seq, w)
     seq.barrier()

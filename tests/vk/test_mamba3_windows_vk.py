@@ -210,38 +210,35 @@ LONG = [dict(S=1, T=150, H=2, P=4, N=32, G=1, F=4, R=2, ids="permutation"),
         dict(S=2, T=100, H=4, P=4, N=16, G=1, F=2, R=3, ids="permutation")]
 
 
-def _token_windows(d, knobs, ctx):
-    """The largest binding range (as _windows searches) under which this device's planning of the
-    forward runs the chunked kernels in windows of tokens, three or more per sequence, the last
-    one shorter; and that plan."""
-    room = mamba3_api.decide("mamba3_scan", d, knobs)
+def _token_windows(op: str, d, knobs, ctx):
+    """The largest binding range (as _windows searches) under which this device's planning of
+    ``op`` runs the chunked kernels in windows of tokens, three or more per sequence, the last one
+    shorter; and that plan."""
+    room = mamba3_api.decide(op, d, knobs)
     if not room.sup or room.planned.first.family.name != "mamba3_chunked":
         pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
-    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, False).values())
+    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
     for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
         with ctx.seams.override_limits(max_storage_buffer_range=rng):
-            dec = mamba3_api.decide("mamba3_scan", d, knobs)
+            dec = mamba3_api.decide(op, d, knobs)
         if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
             break
         plan = dec.planned.first.plan
         if plan.Tw < d.T and -(-d.T // plan.Tw) >= 3 and d.T % plan.Tw:
             return rng, plan
-    pytest.fail(f"no binding range runs the forward of {d} in windows of tokens on the chunked kernels")
+    pytest.fail(f"no binding range runs {op} of {d} in windows of tokens on the chunked kernels")
 
 
 @pytest.mark.parametrize("shape", LONG, ids=["one", "two"])
 def test_a_long_sequence_runs_forward_in_windows_of_its_tokens(shape):
     # host arrays, then DeviceArrays with update_cache (the caches' rows ids written, the others
     # kept) and a prepared call (the bits of the plain one, run twice): within tolerance of
-    # float64 and of the call in one window; the backward of that shape
-    # is not the chunked kernels' (they take no windows of tokens backward), and supports() and the
-    # call agree on where it runs
+    # float64 and of the call in one window
     ctx = ssm_vk.runtime.get_context()
-    args, cot = _case(7, shape)
+    args, _ = _case(7, shape)
     d = _dims(args)
-    tol = scaled(MAMBA3_F32_TOL, d.T)
     with config.configure(tune=TUNE):
-        rng, plan = _token_windows(d, config.settings(), ctx)
+        rng, plan = _token_windows("mamba3_scan", d, config.settings(), ctx)
         want = ssm_vk.mamba3_scan(**args)
         dev = {k: ssm_vk.to_device(args[k]) for k in ("s_theta", "s_h", "s_k", "s_v")}
         before = {k: v.numpy() for k, v in dev.items()}
@@ -252,17 +249,10 @@ def test_a_long_sequence_runs_forward_in_windows_of_its_tokens(shape):
                         for k, v in args.items()}
             prepared = ssm_vk.prepare_mamba3_scan(**dev_args)
             runs = [{k: _get(prepared.run(), k) for k in OUTS} for _ in range(2)]
-            back = mamba3_api.decide("mamba3_scan_back", d, config.settings())
-            sup = ssm_vk.supports("mamba3_scan_back", **args)
-            g = ssm_vk.mamba3_scan_back(**args, **cot)
     assert got.where.startswith("Vulkan") and plan.Sw == 1
     assert all(w.nt <= plan.Tw and w.t0 % plan.Tw == 0 for w in plan.windows)
-    ref = ssm_ref.mamba3_scan(**args, dtype=np.float64)
-    _near(got, ref, OUTS, d.T)
-    for name in OUTS:
-        one, windows = (np.asarray(_get(r, name), np.float64) for r in (want, got))
-        cmp = compare(name, one, windows, tol[name])
-        assert cmp.ok, cmp.message()
+    _near(got, ssm_ref.mamba3_scan(**args, dtype=np.float64), OUTS, d.T)
+    _close(got, want, OUTS, d.T)
     for run in runs:   # (a prepared call: the same windows replayed)
         _same(run, got, OUTS)
     ids = args["ids"]
@@ -271,5 +261,33 @@ def test_a_long_sequence_runs_forward_in_windows_of_its_tokens(shape):
         assert rows[ids].tobytes() == _get(got, part).tobytes(), k
         kept = np.setdiff1d(np.arange(rows.shape[0]), ids)
         assert rows[kept].tobytes() == before[k][kept].tobytes(), k
-    assert not back.sup or back.planned.first.family.name != "mamba3_chunked"
-    assert sup.ok == g.where.startswith("Vulkan"), (sup.reason, g.where)
+
+
+@pytest.mark.parametrize("shape", LONG, ids=["one", "two"])
+def test_a_long_sequence_runs_backward_in_windows_of_its_tokens(shape):
+    # the walk forward to each window's start state, then the windows back from the last, each
+    # taking the start-state cotangent of the one after it: every gradient within tolerance of
+    # float64 and of the call in one window; bit-identical reruns
+    ctx = ssm_vk.runtime.get_context()
+    args, cot = _case(8, shape)
+    d = _dims(args)
+    with config.configure(tune=TUNE):
+        rng, plan = _token_windows("mamba3_scan_back", d, config.settings(), ctx)
+        want = ssm_vk.mamba3_scan_back(**args, **cot)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            got, again = (ssm_vk.mamba3_scan_back(**args, **cot) for _ in range(2))
+    assert got.where.startswith("Vulkan") and plan.Sw == 1
+    _near(got, ssm_ref.mamba3_scan_back(**args, **cot, dtype=np.float64), GRADS, d.T)
+    _close(got, want, GRADS, d.T)
+    _same(again, got, GRADS)
+
+
+def _close(got, want, names, T: int) -> None:
+    """Each output of ``got`` within the op's tolerance of ``want``'s (the call in one window)."""
+    tol = scaled(MAMBA3_F32_TOL, T)
+    for name in names:
+        if _get(want, name) is None:
+            continue
+        one, windows = (np.asarray(_get(r, name), np.float64) for r in (want, got))
+        cmp = compare(name, one, windows, tol[name])
+        assert cmp.ok, cmp.message()
