@@ -14,12 +14,16 @@
 #              M3_STEP = 0, 1, 0, 1 (ssm_vk alone)
 #   vs.md      vs_mamba_ssm.py's Mamba-3 workloads beside mamba_ssm (STEPS=...,vs; needs .peer), and
 #   vs.log     its output as it goes (a run cut short keeps what it printed)
-# Usage: [STEPS=m3,tests,long,caps,stage,step,vs] [VS_WORKLOADS=...] [LONG_ARGS=...] bash benchmarks/gpu_mamba3.sh
+# Usage: [STEPS=m3,tests,long,caps,stage,step,vs] [VS_WORKLOADS=...] [LONG_ARGS=...] [M3_BINDING=MiB,...]
+#        bash benchmarks/gpu_mamba3.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-m3,tests,long}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 M3="--shapes 1x512,8x2048,1x16384 --pass both --no-sequential --stats --reps 10 --warm-s 1"
+# what windows cost: the chunked kernels again under lowered bindings (e.g. M3_BINDING=256,192: at
+# 8x2048 windows of sequences, at 1x16384 windows of tokens)
+[ -n "${M3_BINDING:-}" ] && M3="$M3 --binding-mib $M3_BINDING"
 
 if has m3; then
     {

@@ -6,9 +6,11 @@ DeviceArrays: no upload or readback counted), and the wall time of ``ssm_vk.mamb
 N = 128, F = 32, G = 1.
 
     python benchmarks/vk_mamba3.py --shapes 1x512,8x2048 [--M 2] [--reps 5] [--pass fwd|bwd|both]
+        [--binding-mib 256,64]
 
 Prints one block per (S, T) and pass: each plan's kernels (ms, the best of --reps submissions) and the call's
-wall time.
+wall time; with --binding-mib, the chunked kernels again under each lowered maxStorageBufferRange (in windows
+of sequences or of tokens: what windows cost).
 """
 
 from __future__ import annotations
@@ -57,7 +59,18 @@ def _cotangents(a, rng):
             "g_h": rng.standard_normal((S, H, P, N)).astype(np.float32)}
 
 
-def _device_times(a, tune, reps, cot=None, warm_s=1.0):
+def _limited(mib):
+    """A context manager lowering the device's maxStorageBufferRange to ``mib`` MiB (None: as it is)."""
+    import contextlib
+
+    import ssm_vk
+
+    if mib is None:
+        return contextlib.nullcontext()
+    return ssm_vk.runtime.get_context().seams.override_limits(max_storage_buffer_range=int(mib * (1 << 20)))
+
+
+def _device_times(a, tune, reps, cot=None, warm_s=1.0, mib=None):
     """(family name, {kernel: ms}) of one forward's kernels (with ``cot``: one backward's) under knobs
     ``tune``, its inputs DeviceArrays (the best of ``reps`` runs of the recorded sequence, after
     ``warm_s`` seconds of the same calls back to back: a GPU idles at a low clock between
@@ -65,11 +78,24 @@ def _device_times(a, tune, reps, cot=None, warm_s=1.0):
     from vk_gpu_check import warm
 
     import ssm_vk
-    from ssm_vk import config, run
+    from ssm_ref.mamba3_checks import check_mamba3_forward
+    from ssm_vk import config, mamba3_api, run
 
+    p = check_mamba3_forward(*(a[k] for k in ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta")),
+                             rotation="interleaved", dtype=np.float32)
+    op = "mamba3_scan_back" if cot else "mamba3_scan"
+    with config.configure(tune=tune), _limited(mib):
+        dec = mamba3_api.decide(op, p.dims)
+    if not dec.sup:
+        return f"not on the device: {dec.sup.reason}", {}
+    first = dec.planned.first
+    name = first.family.name
+    windows = getattr(first.plan, "windows", ())
+    if len(windows) > 1:
+        name += f", {len(windows)} windows of {'tokens' if first.plan.Tw < p.dims.T else 'sequences'}"
     dev = {k: ssm_vk.to_device(v) for k, v in {**a, **(cot or {})}.items()}
     try:
-        with config.configure(tune=tune):
+        with config.configure(tune=tune), _limited(mib):
             best: dict = {}
             def call():
                 r = ssm_vk.mamba3_scan_back(**dev) if cot else ssm_vk.mamba3_scan(**dev)
@@ -88,20 +114,13 @@ def _device_times(a, tune, reps, cot=None, warm_s=1.0):
                 for v in (r.values() if cot else r):
                     if v is not None:
                         v.release()
-            from ssm_ref.mamba3_checks import check_mamba3_forward
-            from ssm_vk import mamba3_api
-
-            p = check_mamba3_forward(*(a[k] for k in ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias",
-                                                      "dtheta")), rotation="interleaved", dtype=np.float32)
-            op = "mamba3_scan_back" if cot else "mamba3_scan"
-            name = mamba3_api.decide(op, p.dims).planned.first.family.name
         return name, best
     finally:
         for v in dev.values():
             v.release()
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1x512,8x2048", help="SxT,... (default 1x512,8x2048)")
     ap.add_argument("--H", type=int, default=32)
@@ -114,10 +133,12 @@ def main() -> None:
     ap.add_argument("--no-sequential", action="store_true", help="the chunked kernels only")
     ap.add_argument("--warm-s", type=float, default=1.0,
                     help="seconds of back-to-back calls before each timing (the GPU's clock rises under load)")
+    ap.add_argument("--binding-mib", default="",
+                    help="MiB,...: the chunked kernels also under each lowered maxStorageBufferRange (their windows)")
     ap.add_argument("--stats", action="store_true",
                     help="at the end, the driver's compile statistics of each kernel that ran (registers, spills, "
                          "... as the driver names them; needs SSM_VK_PIPELINE_STATS=1 and a driver offering them)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import ssm_vk
     from ssm_vk import config
@@ -134,12 +155,17 @@ def main() -> None:
         for backward in passes:
             print(f"(S, T) = ({S}, {T}) {'backward' if backward else 'forward'}")
             chunked = {"M3_CHUNK_BWD_MIN_T" if backward else "M3_CHUNK_MIN_T": 1}
-            plans = (("chunked", chunked),) + (() if args.no_sequential else (("token-sequential", {"M3_CHUNK": 0}),))
-            for label, tune in plans:
-                name, times = _device_times(a, tune, args.reps, cot if backward else None, args.warm_s)
+            plans = (("chunked", chunked, None),)
+            plans += tuple((f"chunked, binding {m} MiB", chunked, float(m)) for m in args.binding_mib.split(",") if m)
+            plans += () if args.no_sequential else (("token-sequential", {"M3_CHUNK": 0}, None),)
+            for label, tune, mib in plans:
+                name, times = _device_times(a, tune, args.reps, cot if backward else None, args.warm_s, mib)
+                if not times:
+                    print(f"  {label}: {name}")
+                    continue
                 kw = {**a, **cot} if backward else a
                 call = ssm_vk.mamba3_scan_back if backward else ssm_vk.mamba3_scan
-                with config.configure(tune=tune):
+                with config.configure(tune=tune), _limited(mib):
                     call(**kw)
                     wall = []
                     for _ in range(3):
