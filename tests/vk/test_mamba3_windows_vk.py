@@ -1,19 +1,23 @@
-"""The chunked Mamba-3 kernels in windows of sequences: where one window's scratch (the rotated
+"""The chunked Mamba-3 kernels in windows: of sequences, where the call's scratch (the rotated
 queries and keys, the chunk states, the backward's cotangents of q and k) exceeds one binding but
-the call's arrays fit, the call runs window after window in one submission, every array bound
-from its window's first sequence. The results are bit for bit those of the call in one window (each
-sequence's work is its own; d_B and d_C are summed over heads per window, the parameters' parts
-over every sequence once, after the last window; the start-state gradients scattered once), and
-within the op's tolerance of the float64 reference.
+its arrays fit -- the results bit for bit those of the call in one window (each sequence's work is
+its own; d_B and d_C are summed over heads per window, the parameters' parts over every sequence
+once, after the last window; the start-state gradients scattered once); and of one sequence's
+tokens, where that sequence's scratch exceeds it -- each window from the state the one before it
+left (the backward after a walk forward to each window's start state, taking each window's
+start-state cotangent back to the one before), within float32 rounding of the call in one window.
+Both within the op's tolerance of the float64 reference, on fixed and drawn problems.
 
 The binding range is lowered (``ctx.seams.override_limits``) to where this device's own planning
-gives at least three windows, the last one shorter: searched, not assumed. Every test runs under
-the validation layer (tests/conftest.py fails a test on any message)."""
+gives such windows: searched, not assumed. Every test runs under the validation layer
+(tests/conftest.py fails a test on any message)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from mamba3_chunks import args_of, reruns
 
 import ssm_fast
@@ -291,3 +295,64 @@ def _close(got, want, names, T: int) -> None:
         one, windows = (np.asarray(_get(r, name), np.float64) for r in (want, got))
         cmp = compare(name, one, windows, tol[name])
         assert cmp.ok, cmp.message()
+
+
+def _search(op: str, d, knobs, ctx, tokens: bool):
+    """The largest binding range (as _windows searches) under which this device's planning of
+    ``op`` runs the chunked kernels in two or more windows of tokens (``tokens``) or of sequences;
+    None where no range does."""
+    room = mamba3_api.decide(op, d, knobs)
+    if not room.sup or room.planned.first.family.name != "mamba3_chunked":
+        return None
+    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
+    for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            dec = mamba3_api.decide(op, d, knobs)
+        if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
+            return None
+        plan = dec.planned.first.plan
+        if plan.windowed and (plan.Tw < d.T) == tokens:
+            return rng
+    return None
+
+
+@st.composite
+def _drawn(draw, tokens: bool):
+    """A case whose queries and keys outweigh its arrays (more heads than groups, N above P), so
+    that some binding range windows it: of one sequence's tokens where ``tokens`` (one sequence's
+    scratch beyond all of B and y: H > S G, N > S P), else of its sequences."""
+    S = draw(st.integers(1, 2) if tokens else st.integers(2, 4))
+    G = 1 if tokens else draw(st.integers(1, 2))
+    H = G * draw(st.integers(S + 1, S + 2) if tokens else st.integers(2, 3))
+    P = draw(st.integers(1, 2))
+    N = 2 * draw(st.integers(max(4, S * P + 1), 12))
+    M = draw(st.sampled_from((None, 2)))
+    case = mamba3_cases.make_case(draw(st.integers(0, 2**32 - 1)), S=S, T=draw(st.integers(33, 70)), H=H, P=P, N=N,
+                                  G=G, M=M, F=draw(st.integers(0, N // 2)), R=S + 1,
+                                  ids=draw(st.sampled_from(("permutation", "duplicates")[:S])),
+                                  psi=draw(st.booleans()) if M else True,
+                                  rotation=draw(st.sampled_from(("interleaved", "halved"))),
+                                  regime=draw(st.sampled_from(("typical", "small_dA", "large_dt"))))
+    return args_of(case), dict(case.cotangents)
+
+
+@pytest.mark.parametrize("tokens", [False, True], ids=["sequences", "tokens"])
+@given(data=st.data())
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_drawn_problems_in_windows_meet_the_float64_reference(tokens, data):
+    # forward and backward of drawn problems (MIMO, groups, both rotations, repeated ids) in
+    # windows: within the op's tolerance of float64 and of the call in one window
+    args, cot = data.draw(_drawn(tokens))
+    ctx = ssm_vk.runtime.get_context()
+    d = _dims(args)
+    with config.configure(tune={"M3_CHUNK": 8, "M3_CHUNK_MIN_T": 1, "M3_CHUNK_BWD_MIN_T": 1}):
+        for op, kw, names in (("mamba3_scan", {}, OUTS), ("mamba3_scan_back", cot, GRADS)):
+            rng = _search(op, d, config.settings(), ctx, tokens)
+            assume(rng is not None)
+            call = getattr(ssm_vk, op)
+            want = call(**args, **kw)
+            with ctx.seams.override_limits(max_storage_buffer_range=rng):
+                got = call(**args, **kw)
+            assert got.where.startswith("Vulkan"), got.where
+            _near(got, getattr(ssm_ref, op)(**args, **kw, dtype=np.float64), names, d.T)
+            _close(got, want, names, d.T)
