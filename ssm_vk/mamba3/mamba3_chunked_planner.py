@@ -246,8 +246,9 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     default :data:`CHUNK_MIN_T`, on a CPU device :data:`CHUNK_MIN_T_CPU`) or M3_CHUNK_BWD_MIN_T (a
     backward; default :data:`CHUNK_BWD_MIN_T`, on a CPU device :data:`CHUNK_BWD_MIN_T_CPU`),
     M3_CHUNK = 0, a rank above 64, N outside 1..256, P = 0, a device without 256-invocation
-    workgroups, the shared memory or (a backward) 32 storage buffers per stage, scratch beyond one
-    binding. The token-sequential plan takes those."""
+    workgroups, the shared memory or (a backward) 32 storage buffers per stage, an array of the
+    call beyond one binding, or a scratch that not even one window (of sequences, or of one
+    sequence's chunks) fits. The token-sequential plan takes those."""
     d, lim, knobs = req.dims, req.lim, req.knobs
     if req.rerun or req.snap or knobs.invariant:
         return None
