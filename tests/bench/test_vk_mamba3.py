@@ -17,7 +17,12 @@ import vk_mamba3
 pytestmark = pytest.mark.vulkan
 
 
-def test_the_windows_are_timed_and_named(capsys):
+def test_the_windows_are_timed_and_named(capsys, monkeypatch):
+    # (the script times its dispatches by replacing ssm_vk.runtime.Sequence for the process: put
+    # back after the test, for the other tests of this worker)
+    from ssm_vk import runtime
+
+    monkeypatch.setattr(runtime, "Sequence", runtime.Sequence)
     # S = 2, T = 128, H = 4, N = 128, P = 32: one sequence's queries (256 KiB) outweigh all of y
     # (128 KiB), so 0.4 MiB takes one sequence per window, 0.2 MiB windows of one sequence's tokens,
     # and 0.1 MiB not even y
