@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..sizing import TooLarge, binding_cap, grid
-from .mamba3_planner import joint_elems, window_elems
+from .mamba3_planner import joint_elems, state_rows, window_elems
 
 if TYPE_CHECKING:
     from ssm_ref.mamba3_checks import M3Dims
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_MIN_T", "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan",
            "M3Window", "chunk_elems", "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU",
            "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "token_elems", "state_elems", "granule",
-           "CARRIED", "state_rows"]
+           "CARRIED"]
 
 # A chunk's rows (tokens x rank, L M) are one 64 x 64 tile of m3c_y.comp / m3c_states.comp.
 CHUNK_ROWS = 64
@@ -115,11 +115,6 @@ class M3ChunkPlan:
 
 # The final state's parts, which a window of tokens leaves for the next (chunk_scratch).
 CARRIED = ("theta", "h", "k", "v")
-
-
-def state_rows(d: M3Dims) -> tuple:
-    """Float32 elements of one sequence's part of the state, in CARRIED's order."""
-    return (d.H * d.F, d.H * d.P * d.N, d.H * d.M * d.N, d.H * d.M * d.P)
 
 
 def token_elems(d: M3Dims) -> dict:

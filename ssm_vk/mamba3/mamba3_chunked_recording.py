@@ -21,9 +21,11 @@ d_C) and over the sequences' chunks (the biases' and d_psi's parts; mamba3_reduc
 token-sequential backward); the flag copied where the host reads it.
 
 Both run window after window (plan.windows, each with its own sizes, grids and bindings from
-ws.bind_window): windows of whole sequences where the call's scratch exceeds one binding, and in
-the forward windows of one sequence's tokens where that sequence's does (each from the state the
-window before it left). The flag is zeroed once and read once, for the whole call.
+ws.bind_window): windows of whole sequences where the call's scratch exceeds one binding, and
+windows of one sequence's tokens where that sequence's does -- the forward each window from the
+state the one before it left, the backward after a walk forward that leaves each window's start
+state, from the sequence's last window back (_backward_order). The flag is zeroed once and read
+once, for the whole call.
 
 ``ws``: the call's workspace (ssm_vk.mamba3_workspace.M3Workspace): ``ctx``, ``plan``,
 ``bind(name)`` and ``flag_host()``.
@@ -115,7 +117,8 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
     token-sequential backward's: d_x, d_dtheta, d_B, d_C, and d_step, d_parts, d_start, which the
     workspace splits (split_grads; a window's d_step and d_start as each window ends, where there
     are several: window_out). d_B and d_C are summed over a group's heads per window, the parts
-    over every sequence's chunks once, after the last window: the bits of one window."""
+    over every sequence's chunks once, after the last window: windows of sequences give the bits
+    of one window."""
     d = p.dims
     plan = ws.plan
     flag = ws.bind(FLAG)

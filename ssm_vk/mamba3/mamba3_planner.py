@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..family import Request
 
 __all__ = ["FWD_WG_MAX", "M3Plan", "plan_call", "scratch", "segment", "work_elems", "part_elems", "STEP_WG",
-           "STEP_TILE", "step_rows", "step_shared", "window_elems", "joint_elems"]
+           "STEP_TILE", "step_rows", "step_shared", "window_elems", "joint_elems", "state_rows"]
 
 # The forward's largest workgroup: more channels per head take several blocks (more workgroups
 # to spread over the device) rather than one larger workgroup.
@@ -194,5 +194,11 @@ def window_elems(d: M3Dims) -> dict:
     kernels' joint outputs, copied out after each window, and the final state's cotangents, copied
     in before it, "g_state_w"): d_step (3,S,T,H), d_start and g_state_w (S, the four parts of the
     state)."""
-    rows = d.H * (d.F + d.P * d.N + d.M * d.N + d.M * d.P)
+    rows = sum(state_rows(d))
     return {"d_step": 3 * d.T * d.H, "d_start": rows, "g_state_w": rows}
+
+
+def state_rows(d: M3Dims) -> tuple:
+    """Float32 elements of one sequence's (one cache row's) part of each part of the state: θ,
+    h, k, v."""
+    return (d.H * d.F, d.H * d.P * d.N, d.H * d.M * d.N, d.H * d.M * d.P)
