@@ -56,25 +56,41 @@ def _dims(args):
                                  dtype=np.float32).dims
 
 
-def _windows(op: str, d, knobs, ctx, least: int = 3):
+def _find(op: str, d, knobs, ctx, wanted):
     """The largest binding range (in steps of a 256th of one window's need, a multiple of 64
     bytes: far below a sequence's share of it) under which this device's planning of ``op`` runs
-    the chunked kernels in ``least`` or more windows, the last one shorter where the shape allows
-    it; and that plan."""
+    the chunked kernels with a plan ``wanted(plan)`` accepts, and that plan; None where no range
+    does, or where the device lacks the chunked kernels' limits."""
     room = mamba3_api.decide(op, d, knobs)
     if not room.sup or room.planned.first.family.name != "mamba3_chunked":
-        pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
+        return None
     assert not room.planned.first.plan.windowed
     top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
     for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
         with ctx.seams.override_limits(max_storage_buffer_range=rng):
             dec = mamba3_api.decide(op, d, knobs)
         if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
-            break
-        plan = dec.planned.first.plan
-        if len(plan.windows) >= least and (d.S % plan.Sw or least > d.S // 2):
-            return rng, plan
-    pytest.fail(f"no binding range runs {op} of {d} in {least} windows on the chunked kernels")
+            return None
+        if wanted(dec.planned.first.plan):
+            return rng, dec.planned.first.plan
+    return None
+
+
+def _needed(found, op: str, d, knobs, what: str):
+    """``found`` (_find's), else skipped on a device without the chunked kernels' limits, else failed."""
+    if found is None:
+        room = mamba3_api.decide(op, d, knobs)
+        if not room.sup or room.planned.first.family.name != "mamba3_chunked":
+            pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
+        pytest.fail(f"no binding range runs {op} of {d} in {what} on the chunked kernels")
+    return found
+
+
+def _windows(op: str, d, knobs, ctx, least: int = 3):
+    """_find's range for ``least`` or more windows of sequences, the last one shorter where the
+    shape allows it."""
+    return _needed(_find(op, d, knobs, ctx, lambda plan: len(plan.windows) >= least and plan.Tw == d.T
+                         and (d.S % plan.Sw or least > d.S // 2)), op, d, knobs, f"{least} windows of sequences")
 
 
 def _get(r, name):
@@ -215,22 +231,9 @@ LONG = [dict(S=1, T=150, H=2, P=4, N=32, G=1, F=4, R=2, ids="permutation"),
 
 
 def _token_windows(op: str, d, knobs, ctx):
-    """The largest binding range (as _windows searches) under which this device's planning of
-    ``op`` runs the chunked kernels in windows of tokens, three or more per sequence, the last one
-    shorter; and that plan."""
-    room = mamba3_api.decide(op, d, knobs)
-    if not room.sup or room.planned.first.family.name != "mamba3_chunked":
-        pytest.skip("this device lacks the chunked kernels' limits (workgroup, shared memory, storage buffers)")
-    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
-    for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
-        with ctx.seams.override_limits(max_storage_buffer_range=rng):
-            dec = mamba3_api.decide(op, d, knobs)
-        if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
-            break
-        plan = dec.planned.first.plan
-        if plan.Tw < d.T and -(-d.T // plan.Tw) >= 3 and d.T % plan.Tw:
-            return rng, plan
-    pytest.fail(f"no binding range runs {op} of {d} in windows of tokens on the chunked kernels")
+    """_find's range for windows of tokens, three or more per sequence, the last one shorter."""
+    return _needed(_find(op, d, knobs, ctx, lambda plan: plan.Tw < d.T and -(-d.T // plan.Tw) >= 3 and d.T % plan.Tw),
+                   op, d, knobs, "windows of tokens")
 
 
 @pytest.mark.parametrize("shape", LONG, ids=["one", "two"])
@@ -297,25 +300,6 @@ def _close(got, want, names, T: int) -> None:
         assert cmp.ok, cmp.message()
 
 
-def _search(op: str, d, knobs, ctx, tokens: bool):
-    """The largest binding range (as _windows searches) under which this device's planning of
-    ``op`` runs the chunked kernels in two or more windows of tokens (``tokens``) or of sequences;
-    None where no range does."""
-    room = mamba3_api.decide(op, d, knobs)
-    if not room.sup or room.planned.first.family.name != "mamba3_chunked":
-        return None
-    top = 4 * max(mamba3_chunked_planner.chunk_scratch(d, room.planned.first.plan, op.endswith("back")).values())
-    for rng in range(top, 0, -max(64, top // 256 // 64 * 64)):
-        with ctx.seams.override_limits(max_storage_buffer_range=rng):
-            dec = mamba3_api.decide(op, d, knobs)
-        if not dec.sup or dec.planned.first.family.name != "mamba3_chunked":
-            return None
-        plan = dec.planned.first.plan
-        if plan.windowed and (plan.Tw < d.T) == tokens:
-            return rng
-    return None
-
-
 @st.composite
 def _drawn(draw, tokens: bool):
     """A case whose queries and keys outweigh its arrays (more heads than groups, N above P), so
@@ -347,8 +331,9 @@ def test_drawn_problems_in_windows_meet_the_float64_reference(tokens, data):
     d = _dims(args)
     with config.configure(tune={"M3_CHUNK": 8, "M3_CHUNK_MIN_T": 1, "M3_CHUNK_BWD_MIN_T": 1}):
         for op, kw, names in (("mamba3_scan", {}, OUTS), ("mamba3_scan_back", cot, GRADS)):
-            rng = _search(op, d, config.settings(), ctx, tokens)
-            assume(rng is not None)
+            found = _find(op, d, config.settings(), ctx, lambda plan: plan.windowed and (plan.Tw < d.T) == tokens)
+            assume(found is not None)
+            rng = found[0]
             call = getattr(ssm_vk, op)
             want = call(**args, **kw)
             with ctx.seams.override_limits(max_storage_buffer_range=rng):
