@@ -27,8 +27,8 @@ _RECOMPUTED = ("m3b_th", "m3b_h", "m3b_k", "m3b_v")   # the chunked backward's r
 
 class M3Windows:
     """The window methods of M3Workspace (see the module's docstring): the workspace provides
-    ``dims``, ``plan``, ``rows``, ``backward``, ``windowed``, ``per_token``, ``per_seq``, ``_named``,
-    ``bind``, ``own`` and ``constant``."""
+    ``dims``, ``plan``, ``rows``, ``backward``, ``windowed``, ``per_token``, ``per_chunk``,
+    ``per_seq``, ``_named``, ``bind``, ``own`` and ``constant``."""
 
     def bind_window(self, name: str, w, walk: bool = False) -> tuple:
         """The binding of array ``name`` for window ``w`` (mamba3_chunked_planner.M3Window): an
@@ -51,11 +51,11 @@ class M3Windows:
         per = self.per_token.get(name)
         if per:
             return (hit[0], hit[1] + (w.s0 * d.T + w.t0) * per * F32, w.n * w.nt * per * F32)
-        per = self.per_seq.get(name)
-        if per and name == "m3b_parts":   # (per chunk: a window of tokens from its first chunk)
-            chunk = per // self.plan.NC
+        per = self.per_chunk.get(name)
+        if per:
             first = w.s0 * self.plan.NC + w.t0 // self.plan.L
-            return (hit[0], hit[1] + first * chunk * F32, w.n * w.NC * chunk * F32)
+            return (hit[0], hit[1] + first * per * F32, w.n * w.NC * per * F32)
+        per = self.per_seq.get(name)
         if per:
             return (hit[0], hit[1] + w.s0 * per * F32, w.n * per * F32)
         return self.bind(name)
@@ -71,7 +71,13 @@ class M3Windows:
         :meth:`window_out`). None for every other name."""
         plan, k = self.plan, w.t0 // self.plan.Tw
         last = w.t0 + w.nt >= self.dims.T
-        finals = (*STATE_PARTS, *_RECOMPUTED) if walk else STATE_PARTS if not self.backward else ()
+        # the final state a window leaves in the next one's slot: the forward's outputs; in the
+        # backward only during its walk forward, whose recompute writes it (its outputs otherwise
+        # go to scratch nobody reads)
+        if walk:
+            finals = (*STATE_PARTS, *_RECOMPUTED)
+        else:
+            finals = () if self.backward else STATE_PARTS
         if name in _CACHES and k > 0:
             return self._slot(_CACHES.index(name), k)
         if name in finals and not last:

@@ -25,7 +25,6 @@ into the op's outputs on the device: update_cache's final states copied into the
 (a copy per run of consecutive rows), the backward's d_dt / d_dA / d_lam and d_B_bias / d_C_bias / d_psi copied
 out of the kernels' joint buffers, and the start-state gradients scatter-added by ids
 (recording.scatter_rows, in sequence order as ssm_ref's). ssm_vk.mamba3_run runs calls in it.
-
 """
 
 from __future__ import annotations
@@ -118,10 +117,12 @@ class M3Workspace(FlagHost, M3Windows):
         # whether the plan's kernels flag inf and nan (the call is then computed again on the
         # recompute's plan: mamba3_run.run_once)
         self.flags_nonfinite = fp.family.flags(fp.plan)
-        # the chunked kernels' windows of sequences (mamba3_chunked_planner.M3ChunkPlan; one window: the
-        # call's arrays bound whole, as the token-sequential plan binds them)
+        # the chunked kernels' windows of sequences or of one sequence's tokens
+        # (mamba3_chunked_planner.M3ChunkPlan; one window: the call's arrays bound whole, as the
+        # token-sequential plan binds them)
         self.windowed = bool(getattr(fp.plan, "windowed", False))
         self.per_token = dict(fp.plan.per_token) if self.windowed else {}
+        self.per_chunk = dict(fp.plan.per_chunk) if self.windowed else {}
         self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
 
     # -- buffers ------------------------------------------------------------------------------

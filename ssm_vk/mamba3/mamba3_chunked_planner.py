@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK_MIN_T", "CHUNK_MIN_T_CPU", "CHUNK_ROWS", "CHUNK_N_MAX", "CHUNK_WG", "CHUNK_SHARED", "M3ChunkPlan",
            "M3Window", "chunk_elems", "chunk_plan_call", "chunk_scratch", "CHUNK_BWD_MIN_T", "CHUNK_BWD_MIN_T_CPU",
-           "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "token_elems", "state_elems", "granule",
-           "CARRIED"]
+           "CHUNK_BWD_SHARED", "CHUNK_BWD_BINDINGS", "chunk_bwd_elems", "token_elems", "state_elems",
+           "chunk_part_elems", "granule", "CARRIED"]
 
 # A chunk's rows (tokens x rank, L M) are one 64 x 64 tile of m3c_y.comp / m3c_states.comp.
 CHUNK_ROWS = 64
@@ -91,8 +91,9 @@ class M3ChunkPlan:
     sequence) and the ``windows`` in order (M3Window). The scratch holds one window
     (:func:`chunk_scratch`); the arrays of the call are bound per window, from its first sequence
     and token (``per_token``: elements per token of the arrays of tokens, :func:`token_elems`;
-    ``per_seq``: elements per sequence of the others, :func:`state_elems`), and the plan keeps
-    every window's start at an offset the device can bind (:func:`granule`)."""
+    ``per_chunk``: per chunk of the backward's parts, :func:`chunk_part_elems`; ``per_seq``: per
+    sequence of the final state, :func:`state_elems`), and the plan keeps every window's start at
+    an offset the device can bind (:func:`granule`)."""
 
     L: int
     NC: int
@@ -100,6 +101,7 @@ class M3ChunkPlan:
     windows: tuple
     Tw: int = 0
     per_token: tuple = ()
+    per_chunk: tuple = ()
     per_seq: tuple = ()
     # windows of tokens: (scratch name, slot stride in floats) of each part of the state (CARRIED's
     # order), a slot per window of a sequence: the state the window starts from (slot 0 unused: the
@@ -126,13 +128,17 @@ def token_elems(d: M3Dims) -> dict:
             "y": M * H * P, "g_y": M * H * P, "d_x": H * P, "d_dtheta": H * F}
 
 
-def state_elems(d: M3Dims, L: int) -> dict:
-    """Float32 elements per sequence of the call's other arrays a window binds from its first
-    sequence: the final state's four parts and the backward's per-chunk parts (whose whole buffer
-    is summed once after the last window)."""
-    H, P, N, M, F = d.H, d.P, d.N, d.M, d.F
-    return {"theta": H * F, "h": H * P * N, "k": H * M * N, "v": H * M * P,
-            "m3b_parts": -(-d.T // L) * H * (2 * M * N + M * P)}
+def state_elems(d: M3Dims) -> dict:
+    """Float32 elements per sequence of the final state's four parts, which a window binds from
+    its first sequence."""
+    return dict(zip(CARRIED, state_rows(d), strict=True))
+
+
+def chunk_part_elems(d: M3Dims) -> dict:
+    """Float32 elements per chunk of the backward's per-chunk parts of d_B_bias, d_C_bias, d_psi
+    (whose whole buffer is summed once after the last window), which a window binds from its first
+    chunk."""
+    return {"m3b_parts": d.H * (2 * d.M * d.N + d.M * d.P)}
 
 
 def _step(counts, align: int) -> int:
@@ -148,7 +154,9 @@ def _step(counts, align: int) -> int:
 def granule(d: M3Dims, L: int, align: int) -> int:
     """The least step in sequences at which every array of the call starts at a multiple of
     ``align`` bytes (minStorageBufferOffsetAlignment): a window's first sequence is one."""
-    return _step([d.T * c for c in token_elems(d).values()] + list(state_elems(d, L).values()), align)
+    NC = -(-d.T // L)
+    return _step([d.T * c for c in token_elems(d).values()] + [NC * c for c in chunk_part_elems(d).values()]
+                 + list(state_elems(d).values()), align)
 
 
 def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
@@ -165,7 +173,8 @@ def _window_seqs(d: M3Dims, L: int, lim, backward: bool) -> int:
         per.update(chunk_bwd_elems(one, L))
         per.update(window_elems(d))
     per.update({k: d.T * c for k, c in token_elems(d).items()})
-    per.update(state_elems(d, L))
+    per.update({k: -(-d.T // L) * c for k, c in chunk_part_elems(d).items()})
+    per.update(state_elems(d))
     most = min((cap // c for c in per.values() if c), default=d.S)
     if most >= d.S:
         return d.S
@@ -205,7 +214,7 @@ def _window_tokens(d: M3Dims, L: int, lim, backward: bool) -> int:
     if backward:
         per.update(chunk_bwd_elems(chunk, L))
         per["d_step"] = window_elems(chunk)["d_step"]
-        step = math.lcm(step, L * _step([chunk_bwd_elems(chunk, L)["m3b_parts"]], align))
+        step = math.lcm(step, L * _step(chunk_part_elems(d).values(), align))
     chunks = min((cap // c for c in per.values() if c), default=0)
     return _even(d.T, chunks * L, step)
 
@@ -294,7 +303,8 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
         starts = tuple((f"m3c_start_{part}", g) for part, g in zip(CARRIED, granules, strict=True))
         carried = ("m3b_gcarry0", "m3b_gcarry1") if req.backward else ()
     return M3ChunkPlan(L=L, NC=NC, Sw=Sw, windows=windows, Tw=Tw, per_token=tuple(token_elems(d).items()),
-                       per_seq=tuple(state_elems(d, L).items()), starts=starts, carried=carried)
+                       per_chunk=tuple(chunk_part_elems(d).items()), per_seq=tuple(state_elems(d).items()),
+                       starts=starts, carried=carried)
 
 
 def chunk_scratch(d: M3Dims, plan: M3ChunkPlan, backward: bool) -> dict:

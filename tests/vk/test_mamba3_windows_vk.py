@@ -153,6 +153,7 @@ def test_every_window_starts_where_the_device_binds(shape):
             for w in plan.windows:
                 assert all((w.s0 * d.T + w.t0) * c * 4 % align == 0 for _, c in plan.per_token), (op, w.s0)
                 assert all(w.s0 * c * 4 % align == 0 for _, c in plan.per_seq), (op, w.s0)
+                assert all((w.s0 * plan.NC + w.t0 // plan.L) * c * 4 % align == 0 for _, c in plan.per_chunk), op
 
 
 def test_device_arrays_and_update_cache_in_windows():
