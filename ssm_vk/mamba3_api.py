@@ -34,12 +34,12 @@ from .decision import kernels_problem
 from .engine import engine_of
 from .family import OnHost, Planned, RecomputeOnHost
 from .mamba3_workspace import STATE_PARTS
-from .sizing import TooLarge
+from .sizing import F32, TooLarge, piece_cap, window_cuts
 from .support import context_or_reason, log_once
 from .validate import frozen_result
 
 __all__ = ["OPS", "check_update", "decide", "device_problem", "float32_only", "mamba3_scan", "mamba3_scan_back",
-           "stand_ins", "supports"]
+           "memory", "stand_ins", "supports"]
 
 OPS = (MAMBA3.name, MAMBA3.backward_name)   # "mamba3_scan", "mamba3_scan_back"
 _F32 = np.dtype(np.float32)
@@ -109,6 +109,50 @@ def _sizes(d, backward: bool, fp) -> dict:
     return {k: 4 * v for k, v in n.items() if v}
 
 
+# The outputs of tokens the backward writes by copies (from its joint buffer): cut where the
+# windows cut, as the arrays its kernels bind window by window
+_COPIED = ("d_dt", "d_dA", "d_lam")
+
+
+def _pieces(d, fp, lim, sizes: dict) -> tuple[dict, str]:
+    """({workspace buffer name ("in:x", "out:y", ...): byte offsets of its pieces} of the buffers of
+    ``sizes`` beyond one allocation, ""), or ({}, why the call cannot hold one so): only arrays of
+    tokens that the chunked kernels bind window by window are held in pieces, cut at their windows
+    (mamba3_chunked_planner.piece_cuts)."""
+    cap = piece_cap(lim)
+    big = [k for k, n in sizes.items() if n > cap]
+    if not big:
+        return {}, ""
+    per = dict(getattr(fp.plan, "per_token", ()))
+    per.update({k: d.H for k in _COPIED} if per else {})
+    out = {}
+    for key in big:
+        where, _, name = key.rpartition(":")
+        what = (f"{name} needs a buffer of {sizes[key]} bytes, above one allocation (maxMemoryAllocationSize "
+                f"{lim.max_memory_allocation_size} bytes)")
+        if where not in ("in", "out") or name not in per or not fp.plan.windowed:
+            return {}, f"{what}, and only the arrays of tokens of the chunked kernels' windows are held in pieces"
+        row = per[name] * F32   # (the windows cover the array in order: sequences, or each one's tokens)
+        starts, why = window_cuts([((w.s0 * d.T + w.t0) * row, (w.s0 * d.T + w.t0 + w.n * w.nt) * row)
+                                   for w in fp.plan.windows], cap)
+        if why:
+            return {}, f"{what}, and a window of it {why}"
+        out[key] = starts
+    return out, ""
+
+
+def memory(d, backward: bool, fp, lim, info, live_allocations: int = 0) -> tuple[dict, str]:
+    """(where the buffers beyond one allocation are cut: {name: byte offsets}, "") when the buffers
+    of a call of dims ``d`` under plan ``fp`` fit device ``info`` (budget.check: each allocation,
+    the heap, the count besides ``live_allocations``), else ({}, why not)."""
+    sizes = _sizes(d, backward, fp)
+    cuts, why = _pieces(d, fp, lim, sizes)
+    if why:
+        return {}, why
+    why = budget.check(info, sizes, live_allocations, {False: {k.rpartition(":")[2]: v for k, v in cuts.items()}})
+    return ({}, why) if why else (cuts, "")
+
+
 def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
     """Whether a problem of dims ``d`` (ssm_ref.mamba3_checks.M3Dims) runs on the device for ``op``
     ("mamba3_scan" or "mamba3_scan_back"), and its plans -- cached in the context's Engine."""
@@ -131,7 +175,7 @@ def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
         out = _Decided(Support(False, str(e)), info=info)
         engine.remember(key, out)
         return out
-    why = budget.check(info, _sizes(d, backward, fp), ctx.live_allocations.count)
+    cuts, why = memory(d, backward, fp, lim, info, ctx.live_allocations.count)
     if why:
         return _Decided(Support(False, why))
     why = kernels_problem(lim, registry.kernels_needed(d, fp, backward))
@@ -140,7 +184,7 @@ def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
     where = f"runs on {info.where} ({info.name})"
     if isinstance(fp.rerun, OnHost):   # (said where the call may leave the device)
         where += f"; a result holding inf or nan is computed on the CPU: {fp.rerun.reason}"
-    out = _Decided(Support(True, where), engine, info, Planned(fp, d, lim, backward, knobs, form))
+    out = _Decided(Support(True, where), engine, info, Planned(fp, d, lim, backward, knobs, form, cuts=cuts))
     engine.remember(key, out)
     return out
 
@@ -236,7 +280,10 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
             if p is not None:
                 if update_cache:
                     check_distinct_ids(p.ids, "the cache")
-                return _result(replay.run(p, arrays), replay.where)
+                try:
+                    return _result(replay.run(p, arrays), replay.where)
+                except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device)
+                    return _scan_on_cpu(str(e), arrays, ids, p, update_cache, None)
     else:
         sig = None
     p = check_mamba3_forward(*stand_ins(arrays), ids, rotation=rotation, dtype=_F32)
@@ -249,7 +296,10 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
         return _scan_on_cpu(dec.sup.reason, arrays, ids, p, update, given)
     q = device_problem(p, dict(zip(_INPUTS, arrays, strict=True)))
     device_out = given is not None or _ctx_of(arrays) is not None
-    res = mamba3_run.run_call(dec.engine, q, False, dec.planned, device_out, update, given)
+    try:
+        res = mamba3_run.run_call(dec.engine, q, False, dec.planned, device_out, update, given)
+    except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device: arrays in pieces)
+        return _scan_on_cpu(str(e), arrays, ids, p, update, given)
     if sig is not None:
         replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, False, arrays, update,
                           mamba3_run.MAMBA3_CALLS)

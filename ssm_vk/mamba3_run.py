@@ -24,7 +24,7 @@ from ssm_ref.ops import MAMBA3
 
 from . import run
 from . import runtime as rt
-from .arrays import DeviceArray, check_live, pool
+from .arrays import DeviceArray, check_live, pieces, pool
 from .mamba3_workspace import STATE_PARTS, M3Workspace
 from .replay import OpCalls
 
@@ -63,11 +63,21 @@ def fresh(ws: M3Workspace, shapes: dict) -> dict:
     ctx = ws.ctx
     buffers = ws.pool if not ws.pool.closed else pool(ctx)
     sizes = [math.prod(s) * 4 for s in shapes.values()]
-    bufs = buffers.acquire_all([n for n in sizes if n])
+    cut = [ws.cuts.get("out:" + k) for k in shapes]
+    bufs = buffers.acquire_all([n for n, c in zip(sizes, cut, strict=True) if n and c is None])
     out, i = {}, 0
-    for (k, shape), n in zip(shapes.items(), sizes, strict=True):
-        out[k] = DeviceArray._from_pool(ctx, bufs[i] if n else None, tuple(int(v) for v in shape), buffers)
-        i += 1 if n else 0
+    try:
+        for (k, shape), n, c in zip(shapes.items(), sizes, cut, strict=True):
+            if c is not None:   # beyond one allocation: in pieces cut at the windows
+                buf = pieces(ctx, n, c)
+            else:
+                buf, i = (bufs[i], i + 1) if n else (None, i)
+            out[k] = DeviceArray._from_pool(ctx, buf, tuple(int(v) for v in shape), buffers)
+    except BaseException:
+        for b in bufs[i:]:
+            buffers.release(b)
+        _release(out)
+        raise
     return out
 
 
@@ -135,15 +145,22 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
     goes into the workspace's buffers, and from there into the rows of the DeviceArray caches at
     the sequence's end."""
     d = ws.dims
+    spill = []   # (own buffer, the output's buffer, byte offset, bytes): outputs in pieces the windows cannot bind
     for k, a in outs.items():
         b = a.buffer
-        bufs[k] = (b, a.offset * 4, a.nbytes)
+        if type(b) is rt.Pieces and not ws.in_place(k, b, a.offset * 4):
+            own = ws.own("out:" + k, a.nbytes)
+            spill.append((own, b, a.offset * 4, a.nbytes))
+            bufs[k] = (own, 0, a.nbytes)
+        else:
+            bufs[k] = (b, a.offset * 4, a.nbytes)
         key += (None if b is None else b.serial, a.offset)
     for k, n in ws.scratch.items():
         bufs[k] = (ws.own(k, n * 4), 0, n * 4)
     if backward:
         def post(seq):
             ws.split_grads(seq, p, outs)
+            _spill(seq, spill)
     else:
         caches = {}
         if update:
@@ -160,8 +177,18 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
         def post(seq):
             if caches and not ws.flags_nonfinite:   # (flagging plans: after the check, put_flagged_states)
                 ws.put_states(seq, finals, caches, p.ids)
+            _spill(seq, spill)
     key.append(p.ids.tobytes())
     return ws.sequence(tuple(key), p, bufs, post)
+
+
+def _spill(seq, spill: list) -> None:
+    """Record the copies of outputs computed into the workspace's own buffers (an output in pieces
+    cut where the windows cannot bind it: a caller's ``out=`` array) into the caller's arrays."""
+    if spill:
+        seq.barrier()
+        for own, dst, off, n in spill:
+            seq.copy(own, dst, n, 0, off)
 
 
 def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:

@@ -2,7 +2,9 @@
 whole sequences, or of one sequence's tokens): :class:`M3Windows`, the part of the workspace
 (ssm_vk.mamba3_workspace.M3Workspace, which inherits it) that the family's recording asks for a
 window's bindings and its copies in and out. It reads the workspace's plan, dims, rows and the
-bindings of the recording in progress, and owns nothing of its own.
+bindings of the recording in progress, and owns nothing of its own. An array of tokens held in
+pieces (runtime.Pieces: beyond one allocation) is cut at the windows, so each window binds it in
+one piece.
 
 In a window, each array of the call is bound from the window's first sequence and token (the plan
 keeps those offsets bindable), the window's ids are a constant of their own, and the backward's
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .runtime import Pieces
 from .sizing import F32
 
 __all__ = ["M3Windows", "STATE_PARTS"]
@@ -50,7 +53,10 @@ class M3Windows:
             return self.bind(name)
         per = self.per_token.get(name)
         if per:
-            return (hit[0], hit[1] + (w.s0 * d.T + w.t0) * per * F32, w.n * w.nt * per * F32)
+            at, n = hit[1] + (w.s0 * d.T + w.t0) * per * F32, w.n * w.nt * per * F32
+            if type(hit[0]) is Pieces:   # an array in pieces: the piece the window lies in (cut at windows)
+                return (*hit[0].at(at, n), n)
+            return (hit[0], at, n)
         per = self.per_chunk.get(name)
         if per:
             first = w.s0 * self.plan.NC + w.t0 // self.plan.L

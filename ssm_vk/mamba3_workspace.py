@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import runtime as rt
-from .arrays import DeviceArray, pool
+from .arrays import DeviceArray, pieces, pool
 from .mamba3_windows import STATE_PARTS, M3Windows
 from .recording import scatter_rows
 from .sizing import F32
@@ -46,10 +46,11 @@ from .workspace import FlagHost, close_sequences, keep_sequence, wait_sequences
 if TYPE_CHECKING:
     from .family import Planned
 
-__all__ = ["COTANGENTS", "INPUTS", "M3Workspace", "STATE_PARTS"]
+__all__ = ["COPIED", "COTANGENTS", "INPUTS", "M3Workspace", "STATE_PARTS"]
 
 INPUTS = ("x", "dt", "dA", "lam", "B", "C", "B_bias", "C_bias", "dtheta", "psi", "s_theta", "s_h", "s_k", "s_v")
 COTANGENTS = ("g_y", "g_theta", "g_h", "g_k", "g_v")
+COPIED = ("d_dt", "d_dA", "d_lam")   # the backward's outputs of tokens that it writes by copies alone
 
 
 def _runs(ids) -> list[tuple[int, int, int]]:
@@ -124,6 +125,9 @@ class M3Workspace(FlagHost, M3Windows):
         self.per_token = dict(fp.plan.per_token) if self.windowed else {}
         self.per_chunk = dict(fp.plan.per_chunk) if self.windowed else {}
         self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
+        # the buffers held in pieces ("in:x", "out:y", ...: byte offsets of the pieces, cut at the
+        # windows by the decision, mamba3_api._pieces; the recompute's plan holds none)
+        self.cuts = {} if rerun else planned.cuts
 
     # -- buffers ------------------------------------------------------------------------------
     def own(self, name: str, nbytes: int):
@@ -132,7 +136,8 @@ class M3Workspace(FlagHost, M3Windows):
             return None
         buf = self._own.get(name)
         if buf is None:
-            buf = self._own[name] = self.pool.acquire(nbytes)
+            starts = self.cuts.get(name)
+            buf = self._own[name] = self.pool.acquire(nbytes) if starts is None else pieces(self.ctx, nbytes, starts)
         return buf
 
     def host_outputs(self, shapes: dict) -> dict:
@@ -157,6 +162,8 @@ class M3Workspace(FlagHost, M3Windows):
         (the family's recording asks by name); a small stand-in buffer for an array of no elements."""
         hit = self._named.get(name) if name is not None else None
         if hit is not None and hit[0] is not None:
+            if type(hit[0]) is rt.Pieces:   # (bound window by window: M3Windows.bind_window)
+                raise AssertionError(f"{name}: an array in pieces bound whole")
             return hit
         return (self.own("dummy", 16), 0, 16)
 
@@ -172,7 +179,7 @@ class M3Workspace(FlagHost, M3Windows):
             if a.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
             off = a.offset * F32
-            if off % self.align == 0:
+            if self.in_place(name, a.buffer, off):
                 bufs[name] = (a.buffer, off, nbytes)
                 key += (a.buffer.serial, off)
                 return
@@ -189,6 +196,29 @@ class M3Workspace(FlagHost, M3Windows):
         else:
             rt.upload(buf, np.ascontiguousarray(a, dtype=np.float32))
             key.append(buf.serial)
+
+    def in_place(self, name: str, buf, off: int) -> bool:
+        """Whether array ``name`` of a DeviceArray (``buf`` at byte offset ``off``) is bound where it
+        is: at an offset the device can bind; in pieces (rt.Pieces), only an array of tokens that
+        the windows bind whose every window lies in one piece at such an offset (else the call
+        copies it into a buffer of its own, cut at its windows) -- or one the call only copies."""
+        if type(buf) is not rt.Pieces:
+            return off % self.align == 0
+        if name in COPIED:
+            return True
+        per = self.per_token.get(name)
+        if not per:
+            return False
+        d, row = self.dims, per * F32
+        for w in self.plan.windows:
+            at, n = off + (w.s0 * d.T + w.t0) * row, w.n * w.nt * row
+            try:
+                piece_off = buf.at(at, n)[1]
+            except ValueError:   # (the window crosses a cut)
+                return False
+            if piece_off % self.align:
+                return False
+        return True
 
     def bind_inputs(self, p, backward: bool) -> tuple[dict, list]:
         """The inputs' bindings of problem ``p`` (an M3Problem whose arrays are DeviceArrays, host

@@ -125,7 +125,7 @@ def token_elems(d: M3Dims) -> dict:
     sequence and token."""
     H, P, N, G, M, F = d.H, d.P, d.N, d.G, d.M, d.F
     return {"x": H * P, "dt": H, "dA": H, "lam": H, "B": M * G * N, "C": M * G * N, "dtheta": H * F,
-            "y": M * H * P, "g_y": M * H * P, "d_x": H * P, "d_dtheta": H * F}
+            "y": M * H * P, "g_y": M * H * P, "d_x": H * P, "d_B": M * G * N, "d_C": M * G * N, "d_dtheta": H * F}
 
 
 def state_elems(d: M3Dims) -> dict:
@@ -272,9 +272,12 @@ def chunk_plan_call(req: Request) -> M3ChunkPlan | None:
     if (min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < CHUNK_WG
             or lim.max_shared_memory < shared or lim.max_storage_buffers_per_stage < buffers):
         return None
-    # the arrays bound whole: those the token-sequential plan (which recomputes a flagged call)
-    # binds whole too, and the backward's per-chunk parts (summed once after the last window)
-    whole = [d.S * d.T * d.M * d.H * d.P, d.S * d.T * d.M * d.G * d.N, d.R * d.H * d.P * d.N, d.S * d.H * d.P * d.N]
+    # the arrays bound or copied whole: the cache (read by ids), the final state's parts and the
+    # backward's per-chunk parts (summed once after the last window). The arrays of tokens are
+    # bound window by window (token_elems), so they may exceed a binding -- and one allocation,
+    # held in pieces cut at the windows (sizing.window_cuts) -- where a flagged call's recompute, which
+    # binds them whole, is then the host's (Family.host_rerun)
+    whole = [d.R * d.H * d.P * d.N, d.S * d.H * d.P * d.N]
     if req.backward:
         whole.append(chunk_bwd_elems(d, L)["m3b_parts"])
     if max(whole) > binding_cap(lim):

@@ -140,9 +140,9 @@ def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:
             run(m3c.bangle_spec(), w.angle, bwd)
             run(m3c.rot_spec(), w.prep, bwd, 1)
         seq.barrier()
-        at, n = (w.s0 * d.T + w.t0) * slab, w.n * w.nt * slab
-        reduce_sums(seq, ws, "m3b_dBh", "d_B", n, d.N, d.H // d.G, at)
-        reduce_sums(seq, ws, "m3b_dCh", "d_C", n, d.N, d.H // d.G, at)
+        n = w.n * w.nt * slab   # (into the window's rows of d_B and d_C)
+        reduce_sums(seq, ws, "m3b_dBh", ws.bind_window("d_B", w), n, d.N, d.H // d.G)
+        reduce_sums(seq, ws, "m3b_dCh", ws.bind_window("d_C", w), n, d.N, d.H // d.G)
         if plan.windowed:
             ws.window_out(seq, w)
     seq.barrier()

@@ -43,13 +43,15 @@ def record_forward(seq, ws, p, bufs: dict, scatter: bool = False) -> None:
                  _scan_push(p, plan, plan.npb, in_place), (plan.gx, plan.gy, 1))
 
 
-def reduce_sums(seq, ws, src: str, dst: str, n_out: int, inner: int, K: int, o_out: int = 0) -> None:
-    """dst[o_out + a * inner + b] = Σ_{k < K} src[(a K + k) inner + b], k in order (mamba3_reduce.comp)."""
+def reduce_sums(seq, ws, src: str, dst, n_out: int, inner: int, K: int) -> None:
+    """dst[a * inner + b] = Σ_{k < K} src[(a K + k) inner + b], k in order (mamba3_reduce.comp);
+    ``dst`` a name the workspace binds, or a binding (a window's rows of an output)."""
     if n_out == 0:
         return
     gx, gy = grid(-(-n_out // FLAT_WG), ws.limits)
-    push = pack_push(m3k.REDUCE_PUSH, dict(n_out=n_out, INNER=inner, K=K, gx=gx, o_in=0, o_out=o_out))
-    seq.dispatch(kernel(ws.ctx, m3k.reduce_spec()), [ws.bind(src), ws.bind(dst)], push, (gx, gy, 1))
+    push = pack_push(m3k.REDUCE_PUSH, dict(n_out=n_out, INNER=inner, K=K, gx=gx, o_in=0, o_out=0))
+    out = dst if type(dst) is tuple else ws.bind(dst)
+    seq.dispatch(kernel(ws.ctx, m3k.reduce_spec()), [ws.bind(src), out], push, (gx, gy, 1))
 
 
 def record_backward(seq, ws, p, bufs: dict, kept=None) -> None:

@@ -29,6 +29,7 @@ from .pieces import (
     piece_sizes,
     token_arrays,
     token_windows,
+    window_cuts,
     window_ranges,
 )
 from .shapes import DUMMY_BYTES, FLAG_ELEMS, input_shapes, output_shapes
@@ -37,4 +38,4 @@ __all__ = ["DEFAULT_K", "F32", "SPEC_MINIMUMS", "Limits", "TooLarge", "Window", 
            "most_that_fit", "device_cuts", "device_piece_bytes", "device_piece_tokens", "token_windows", "grid",
            "rows_in_place",
            "DUMMY_BYTES", "FLAG_ELEMS", "input_shapes", "output_shapes", "cuts", "even_cuts", "piece_cap",
-           "piece_sizes", "token_arrays", "window_ranges"]
+           "piece_sizes", "token_arrays", "window_cuts", "window_ranges"]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .limits import Limits
 
 __all__ = ["token_arrays", "cuts", "even_cuts", "piece_sizes", "piece_cap", "window_ranges", "device_piece_bytes",
-           "device_cuts", "device_piece_tokens", "token_windows"]
+           "device_cuts", "device_piece_tokens", "token_windows", "window_cuts"]
 
 
 def token_arrays(d: Dims, backward: bool) -> dict[str, int]:
@@ -67,16 +67,26 @@ def cuts(d: Dims, plan, lim: Limits, backward: bool, names) -> tuple[dict[str, t
     out = {}
     for name in names:
         row = per[name] * F32
-        starts = [0]
-        for w in windows:
-            a = (w.i0 * d.T + w.t0) * row
-            b = (w.i0 * d.T + w.t0 + w.S * w.T) * row
-            if b - a > cap:   # (the windows fit a binding, within one allocation: never)
-                return {}, f"a window of {name} takes {b - a} bytes, above one allocation"
-            if b - starts[-1] > cap:
-                starts.append(a)
-        out[name] = tuple(starts)
+        starts, why = window_cuts([((w.i0 * d.T + w.t0) * row, (w.i0 * d.T + w.t0 + w.S * w.T) * row)
+                                   for w in windows], cap)
+        if why:
+            return {}, f"a window of {name} {why}"
+        out[name] = starts
     return out, ""
+
+
+def window_cuts(ranges, cap: int) -> tuple[tuple, str]:
+    """(byte offsets where an array is cut into pieces of at most ``cap`` bytes, each piece a run of
+    whole windows, ""), the windows binding it at byte ranges ``ranges`` [a, b) in order and
+    covering it; or ((), why not): a window above ``cap`` (windows fit a binding, and so one
+    allocation: never)."""
+    starts = [0]
+    for a, b in ranges:
+        if b - a > cap:
+            return (), f"takes {b - a} bytes, above one allocation"
+        if b - starts[-1] > cap:
+            starts.append(a)
+    return tuple(starts), ""
 
 
 def window_ranges(d: Dims, plan, backward: bool, name: str) -> list[tuple[int, int]]:

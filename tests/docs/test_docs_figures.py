@@ -83,62 +83,77 @@ def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
     assert plans[0].Tw == plans[1].Tw == _quoted("docs/API.md", r"of whole chunks \(([\d,]+) tokens at that shape\)")
 
 
-def test_reliability_quotes_the_largest_mamba3_batches_and_their_windows():
-    # RELIABILITY.md's known gap: the most sequences of 2048 tokens a Mamba-3 call (H = 32, P = 64,
-    # N = 128, F = 32, SISO) takes on the device under an H100's limits -- the plan the support
-    # decision makes (registry.plan: a family's plan with the recompute's) and the chunked
-    # kernels' part of it, forward and backward; from how many sequences the chunked kernels run
-    # in windows; and where the token-sequential backward (the recompute) stops fitting -- found
-    # by the planners
-    from ssm_ref.mamba3_checks import M3Dims
-    from ssm_vk import registry
+def _m3_takes(d, backward: bool):
+    """(the plan the support decision makes for a Mamba-3 call of dims ``d`` under an H100's limits
+    -- registry.plan, the budget on an 80 GiB heap: mamba3_api.memory --, the cuts of its arrays
+    in pieces), or None where the device would not take it."""
+    from types import SimpleNamespace
+
+    from ssm_vk import mamba3_api, registry
     from ssm_vk.config import settings
-    from ssm_vk.family import Request
-    from ssm_vk.mamba3.mamba3_chunked_planner import chunk_plan_call
-    from ssm_vk.mamba3.mamba3_planner import plan_call
     from ssm_vk.sizing import TooLarge
 
     h100 = _h100()
+    info = SimpleNamespace(name="H100", max_memory_allocation_size=h100.max_memory_allocation_size,
+                           min_storage_buffer_offset_alignment=h100.min_storage_buffer_offset_alignment,
+                           device_local_bytes=h100.device_local_bytes, max_memory_allocation_count=4096)
+    try:
+        fp = registry.plan(d, h100, backward, settings(), op="mamba3_scan")
+    except TooLarge:
+        return None
+    cuts, why = mamba3_api.memory(d, backward, fp, h100, info)
+    return None if why else (fp, cuts)
+
+
+def _most(takes, top: int) -> int:
+    """The largest n below ``top`` that ``takes`` (true up to it, false beyond)."""
+    lo, hi = 0, top
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if takes(mid) else (lo, mid)
+    return lo
+
+
+def test_reliability_quotes_the_largest_mamba3_batches_and_their_windows():
+    # RELIABILITY.md's known gap: the most sequences of 2048 tokens a Mamba-3 call (H = 32, P = 64,
+    # N = 128, F = 32, SISO) takes on the device under an H100's limits (the plan and the memory
+    # budget the support decision applies), on the chunked kernels, forward and backward; from
+    # how many sequences the chunked kernels run in windows, and from how many the arrays are held
+    # in pieces; and where the token-sequential backward (the recompute) stops fitting
+    from ssm_ref.mamba3_checks import M3Dims
+    from ssm_vk.config import settings
+    from ssm_vk.family import Request
+    from ssm_vk.mamba3.mamba3_planner import plan_call
+    from ssm_vk.sizing import TooLarge
 
     def dims(S: int) -> M3Dims:
         return M3Dims(S, 2048, 32, 64, 128, 1, 1, 32, S, False)
 
-    def planned(S: int, backward: bool) -> bool:
+    def sequential(S: int) -> bool:
         try:
-            registry.plan(dims(S), h100, backward, settings(), op="mamba3_scan")
+            plan_call(Request(dims(S), _h100(), True, settings()))
         except TooLarge:
             return False
         return True
 
-    def chunked(S: int, backward: bool) -> bool:
-        return chunk_plan_call(Request(dims(S), h100, backward, settings())) is not None
-
-    def sequential(S: int, backward: bool) -> bool:
-        try:
-            plan_call(Request(dims(S), h100, backward, settings()))
-        except TooLarge:
-            return False
-        return True
-
-    def most(takes, backward: bool) -> int:
-        lo, hi = 0, 1 << 12       # takes lo, not hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if takes(mid, backward) else (lo, mid)
-        return lo
-
-    def one_window(S: int, backward: bool) -> bool:
-        plan = chunk_plan_call(Request(dims(S), h100, backward, settings()))
-        return plan is not None and not plan.windowed
+    def most(what, backward: bool) -> int:
+        def takes(S: int) -> bool:
+            got = _m3_takes(dims(S), backward)
+            return got is not None and got[0].family.name == "mamba3_chunked" and what(*got)
+        return _most(takes, 1 << 13)
 
     text = (REPO / "docs/RELIABILITY.md").read_text()
-    found = re.search(r"a forward and a backward of up to (\d+) sequences on the\s+chunked kernels.*?windows from "
-                      r"(\d+) sequences forward and\s+from (\d+) backward\. From (\d+) sequences the token-sequential "
-                      r"backward's work buffer", text, re.S)
+    found = re.search(r"a forward of up\s+to (\d+) sequences and a backward of up to (\d+), bound by the device's "
+                      r"memory; windows from (\d+)\s+sequences forward and from (\d+) backward, pieces from (\d+) "
+                      r"sequences.*?from (\d+) sequences of 2048 tokens the token-sequential\s+backward's work buffer",
+                      text, re.S)
     assert found, "docs/RELIABILITY.md: the Mamba-3 batch figures are not where the test reads them"
     quoted = tuple(int(v) for v in found.groups())
-    assert most(planned, False) == most(planned, True) == most(chunked, False) == most(chunked, True) == quoted[0]
-    assert quoted[1:] == (most(one_window, False) + 1, most(one_window, True) + 1, most(sequential, True) + 1)
+    assert quoted[:2] == (most(lambda fp, cuts: True, False), most(lambda fp, cuts: True, True))
+    one_window = [most(lambda fp, cuts: not fp.plan.windowed, b) + 1 for b in (False, True)]
+    whole = [most(lambda fp, cuts: not cuts, b) + 1 for b in (False, True)]
+    assert quoted[2:4] == tuple(one_window) and quoted[4] == whole[0] == whole[1]
+    assert quoted[5] == _most(sequential, 1 << 12) + 1
 
 
 def test_kernels_quotes_the_one_token_kernels_blocks():
@@ -161,28 +176,22 @@ def test_kernels_quotes_the_one_token_kernels_blocks():
 
 def test_reliability_quotes_the_longest_mamba3_sequence_on_the_chunked_kernels():
     # RELIABILITY.md's known gap: one sequence at H = 32, P = 64, N = 128, F = 32 under an H100's
-    # limits -- the most tokens the chunked forward and backward take, and from how many each runs
-    # in windows of tokens -- found by the planner
+    # limits (plan and memory budget) -- the most tokens the chunked forward and backward take,
+    # from how many each runs in windows of tokens, and from how many its arrays are in pieces
     from ssm_ref.mamba3_checks import M3Dims
-    from ssm_vk.config import settings
-    from ssm_vk.family import Request
-    from ssm_vk.mamba3.mamba3_chunked_planner import chunk_plan_call
 
-    def plan(T: int, backward: bool):
-        return chunk_plan_call(Request(M3Dims(1, T, 32, 64, 128, 1, 1, 32, 1, False), _h100(), backward, settings()))
-
-    def most(takes) -> int:
-        lo, hi = 0, 1 << 22       # takes lo, not hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if takes(mid) else (lo, mid)
-        return lo
+    def most(what, backward: bool) -> int:
+        def takes(T: int) -> bool:
+            got = _m3_takes(M3Dims(1, T, 32, 64, 128, 1, 1, 32, 1, False), backward)
+            return got is not None and got[0].family.name == "mamba3_chunked" and what(*got)
+        return _most(takes, 1 << 26)
 
     text = (REPO / "docs/RELIABILITY.md").read_text()
-    found = re.search(r"runs\s+forward and backward on the chunked kernels up to ([\d,]+) tokens \(in windows of its "
-                      r"tokens\s+from ([\d,]+) forward and from ([\d,]+) backward\)", text)
+    found = re.search(r"runs on the chunked kernels up to ([\d,]+) tokens forward and\s+([\d,]+) backward \(in "
+                      r"windows of its tokens from ([\d,]+) forward and from ([\d,]+) backward,\s+in pieces from "
+                      r"([\d,]+)\)", text)
     assert found, "docs/RELIABILITY.md: the Mamba-3 sequence figures are not where the test reads them"
     quoted = tuple(int(v.replace(",", "")) for v in found.groups())
-    assert quoted[0] == most(lambda T: plan(T, False) is not None) == most(lambda T: plan(T, True) is not None)
-    assert quoted[1:] == tuple(most(lambda T, b=b: plan(T, b) is not None and not plan(T, b).windowed) + 1
-                               for b in (False, True))
+    assert quoted[:2] == (most(lambda fp, cuts: True, False), most(lambda fp, cuts: True, True))
+    assert quoted[2:4] == tuple(most(lambda fp, cuts: not fp.plan.windowed, b) + 1 for b in (False, True))
+    assert quoted[4] == most(lambda fp, cuts: not cuts, False) + 1 == most(lambda fp, cuts: not cuts, True) + 1
