@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from mamba3_chunks import args_of
 
 import ssm_fast
@@ -219,3 +221,36 @@ def test_a_cache_beyond_one_allocation_is_refused_with_the_reason():
     assert not sup.ok and "state h" in sup.reason, sup.reason
     assert got.where == "CPU"
     _same(got, ssm_fast.mamba3_scan(**args), OUTS)
+
+
+@st.composite
+def _drawn(draw):
+    S = draw(st.integers(1, 5))
+    shape = dict(S=S, T=draw(st.integers(17, 90) if S > 1 else st.integers(60, 200)), H=draw(st.integers(1, 3)),
+                 P=draw(st.sampled_from([8, 16, 24])), N=draw(st.sampled_from([4, 8])), G=1,
+                 F=draw(st.integers(0, 2)), R=S + draw(st.integers(0, 2)), ids="permutation")
+    return shape, draw(st.sampled_from(OPS)), draw(st.integers(2, 5)), draw(st.integers(0, 2**16))
+
+
+@given(_drawn())
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_drawn_calls_in_pieces_are_the_calls_in_the_same_windows(drawn):
+    # drawn shapes, ops and cut points (x cut into 2-5 parts' worth of range): where the decision
+    # holds x in pieces, the bits of the call in the same windows with every array whole
+    shape, op, parts, seed = drawn
+    ctx = ssm_vk.runtime.get_context()
+    args, cot = _case(seed, shape)
+    cot = cot if op == "mamba3_scan_back" else {}
+    d = _dims(args)
+    rng = d.S * d.T * d.H * d.P * 4 // parts // 256 * 256
+    assume(rng >= 1024)
+    call = getattr(ssm_vk, op)
+    with config.configure(tune=TUNE):
+        with ctx.seams.override_limits(max_storage_buffer_range=rng, max_memory_allocation_size=rng):
+            dec = mamba3_api.decide(op, d)
+            assume(dec.sup and dec.planned.cuts)
+            got = call(**args, **cot)
+        with ctx.seams.override_limits(max_storage_buffer_range=rng):
+            want = call(**args, **cot)
+    assert got.where.startswith("Vulkan") and want.where.startswith("Vulkan")
+    _same(got, want, _names(op, want))
