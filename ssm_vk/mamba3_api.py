@@ -33,7 +33,7 @@ from .arrays import DeviceArray, upload_to
 from .decision import kernels_problem
 from .engine import engine_of
 from .family import OnHost, Planned, RecomputeOnHost
-from .mamba3_workspace import STATE_PARTS
+from .mamba3_workspace import COPIED, STATE_PARTS
 from .sizing import F32, TooLarge, piece_cap, window_cuts
 from .support import context_or_reason, log_once
 from .validate import frozen_result
@@ -109,11 +109,6 @@ def _sizes(d, backward: bool, fp) -> dict:
     return {k: 4 * v for k, v in n.items() if v}
 
 
-# The outputs of tokens the backward writes by copies (from its joint buffer): cut where the
-# windows cut, as the arrays its kernels bind window by window
-_COPIED = ("d_dt", "d_dA", "d_lam")
-
-
 def _pieces(d, fp, lim, sizes: dict) -> tuple[dict, str]:
     """({workspace buffer name ("in:x", "out:y", ...): byte offsets of its pieces} of the buffers of
     ``sizes`` beyond one allocation, ""), or ({}, why the call cannot hold one so): only arrays of
@@ -124,7 +119,7 @@ def _pieces(d, fp, lim, sizes: dict) -> tuple[dict, str]:
     if not big:
         return {}, ""
     per = dict(getattr(fp.plan, "per_token", ()))
-    per.update({k: d.H for k in _COPIED} if per else {})
+    per.update({k: d.H for k in COPIED} if per else {})   # (written by copies: cut at the windows too)
     out = {}
     for key in big:
         where, _, name = key.rpartition(":")
