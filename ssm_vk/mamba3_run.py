@@ -63,7 +63,7 @@ def fresh(ws: M3Workspace, shapes: dict) -> dict:
     ctx = ws.ctx
     buffers = ws.pool if not ws.pool.closed else pool(ctx)
     sizes = [math.prod(s) * 4 for s in shapes.values()]
-    cut = [ws.cuts.get("out:" + k) for k in shapes]
+    cut = [ws.cuts.get("out:" + k) for k in shapes] if ws.cuts else [None] * len(sizes)
     bufs = buffers.acquire_all([n for n, c in zip(sizes, cut, strict=True) if n and c is None])
     out, i = {}, 0
     try:

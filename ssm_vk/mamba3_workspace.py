@@ -179,7 +179,7 @@ class M3Workspace(FlagHost, M3Windows):
             if a.ctx is not self.ctx:
                 raise ValueError(f"{name}: a DeviceArray from another Vulkan context was passed")
             off = a.offset * F32
-            if self.in_place(name, a.buffer, off):
+            if off % self.align == 0 if type(a.buffer) is not rt.Pieces else self.in_place(name, a.buffer, off):
                 bufs[name] = (a.buffer, off, nbytes)
                 key += (a.buffer.serial, off)
                 return
