@@ -21,6 +21,7 @@ element). docs/JAX.md is the user's guide.
 from __future__ import annotations
 
 from ssm_ref.extras import install_hint
+from ssm_ref.precision import check_precision
 
 try:
     import jax  # noqa: F401  (ssm_jax/_bridge.py uses it)
@@ -55,7 +56,7 @@ def _check(arrays, ids, snapshots=1) -> ssm_ref.Dims:
 
 
 def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
-             snapshots=None):
+             snapshots=None, precision=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Arrays of any float dtype; computed in float32 (float64 when backend="ssm_ref", x64 is
@@ -72,8 +73,14 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     backend as ``snapshots=K``: a third output, snapshots (K,S,H,P,N) in s's dtype, slot k the
     state after T - k tokens (slot 0 equals states, slot T the start state, slots k > T NaN),
     differentiable as the other outputs (a NaN slot's cotangent is ignored).
+
+    precision: the products' arithmetic, with PyTorch's names: None (default) or "highest", "high",
+    "medium" (ValueError otherwise). Every backend computes at "highest" (float32 products) today,
+    whatever is asked: ``last_where().precision`` says so (docs/SPEC.md section 15).
     """
     check_five_arrays(x, C)
+    if precision is not None:
+        check_precision(precision)
     backend = resolve_backend(backend)
     backend_module(backend)
     statics = (backend, ssm_ref.check_dt_softplus(dt_softplus), ssm_ref.checks.check_invariant(invariant, backend))

@@ -15,6 +15,7 @@ from ssm_ref.backend_names import resolve_backend
 from ssm_ref.bridging import computes, default_backend
 from ssm_ref.mamba3_checks import check_rotation, output_shapes
 from ssm_ref.ops import MAMBA3
+from ssm_ref.precision import check_precision
 
 from ._bridge import Bridge, backend_module, ids_for_check, standin
 
@@ -22,7 +23,7 @@ __all__ = ["mamba3_scan"]
 
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None, s_v=None,
-                ids=None, *, rotation: str = "interleaved", backend=None):
+                ids=None, *, rotation: str = "interleaved", backend=None, precision=None):
     """Mamba-3's scan, differentiable in every float input (the start states included).
 
     The arguments of ssm_ref.mamba3_scan (docs/SPEC.md, "Mamba-3"): SISO x (S,T,H,P), dt, dA, lam
@@ -32,13 +33,15 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     None) or all given; ids (S,) integers or None. rotation "interleaved" or "halved". backend:
     "ssm_fast", "ssm_vk", "ssm_ref" (or "fast", "vk", "ref"), or None: ssm_fast where it computes the op, else
     ssm_ref. Computed in float32 (float64 with backend="ssm_ref", x64 enabled and every float
-    input float64).
+    input float64). precision: as ssm_jax.ssm_scan's.
 
     Returns (y, theta, h, k, v): y in x's dtype; each final state in its start state's dtype
     (without start states: theta in dtheta's, k in B's, h and v in x's). Raises ValueError for a
     backend that does not compute the op, and the backends' TypeError / ValueError naming the
     argument for shapes and dtypes, before any work.
     """
+    if precision is not None:
+        check_precision(precision)
     if backend is None:
         backend = default_backend(MAMBA3, backend_module)
     else:

@@ -9,6 +9,10 @@ import numpy as np
 
 from .ops import MAMBA3, SCAN
 
+# What every backend's products compute today (ssm_ref.precision.PRECISIONS: no backend runs the
+# matrix units yet, so a call asking for "high" or "medium" computes this and its result says so)
+PRECISION = "highest"
+
 __all__ = ["GRAD_NAMES", "Mamba3Grads", "Mamba3Result", "NamedGrads", "ScanGrads", "ScanResult", "Support", "Where"]
 
 
@@ -42,6 +46,9 @@ class ScanResult:
     With K = 1 it holds the one slot, ``states``; None when ``update_cache=True`` and K = 1 (the
     final state went into the cache; with K > 1 the slots are returned, slot 0 included).
 
+    precision: the arithmetic of the products, with PyTorch's names (docs/SPEC.md section 15):
+    "highest" (float32) from every backend today, whatever a call asked for.
+
     Unpacks as a pair: ``y, states = ssm_scan(...)`` (iteration yields y then states; len 2).
     Frozen: its fields cannot be reassigned.
     """
@@ -51,6 +58,7 @@ class ScanResult:
     where: str
     backend: str
     snapshots: np.ndarray | None = _OneSlot()
+    precision = PRECISION   # (a class attribute: no annotation, so no dataclass field and no per-call cost)
 
     def __iter__(self):
         yield self.y
@@ -139,6 +147,7 @@ class ScanGrads(NamedGrads):
     where: str
     backend: str
     _names = SCAN.grad_names   # (a class attribute: no annotation, so no dataclass field)
+    precision = PRECISION      # (as ScanResult's)
 
     def packed(self) -> np.ndarray:
         """1-D float32 in ggmlR's SSM_SCAN_BACK layout: ds0 | dx | ddt | dA | dB | dC."""
@@ -157,7 +166,8 @@ class Mamba3Result:
     y (S, T, H, P) SISO | (S, T, M, H, P) MIMO; the final state's four parts: theta (S, H, F),
     h (S, H, P, N), k (S, H, N) | (S, H, M, N), v (S, H, P) | (S, H, M, P) -- None, all four, after
     ``update_cache=True`` wrote them into the cache. where: the device it ran on ("CPU", ...).
-    Unpacks as five: ``y, theta, h, k, v = mamba3_scan(...)``. Frozen.
+    Unpacks as five: ``y, theta, h, k, v = mamba3_scan(...)``. Frozen. ``precision`` as
+    ScanResult's.
     """
 
     y: np.ndarray
@@ -166,6 +176,7 @@ class Mamba3Result:
     k: np.ndarray | None
     v: np.ndarray | None
     where: str = "CPU"
+    precision = PRECISION   # (as ScanResult's)
 
     def __iter__(self):
         return iter((self.y, self.theta, self.h, self.k, self.v))
@@ -178,10 +189,10 @@ class Mamba3Result:
 # where. Mapping access by name as ScanGrads' (NamedGrads); d_psi is None when psi was None.
 Mamba3Grads = make_dataclass(
     "Mamba3Grads", [*MAMBA3.grad_names, ("where", str, field(default="CPU"))], bases=(NamedGrads,),
-    namespace={"_names": MAMBA3.grad_names, "__module__": __name__,
+    namespace={"_names": MAMBA3.grad_names, "__module__": __name__, "precision": PRECISION,
                "__doc__": "The gradients of ssm_ref.mamba3_scan_back by name (" + ", ".join(MAMBA3.grad_names)
                           + "), each in its input's shape (the d_s_* in the caches'); a read-only mapping like "
-                          "ScanGrads, plus ``where``. Frozen."},
+                          "ScanGrads, plus ``where`` and ``precision`` (ScanResult's). Frozen."},
     frozen=True, eq=False)
 
 
@@ -202,9 +213,11 @@ class Where:
     """Where a bridge's last computation ran (ssm_torch.last_where, ssm_jax.last_where): ``op``
     ("ssm_scan" or "ssm_scan_back"), ``where`` ("CPU", "Vulkan0", ...), ``backend`` (the module
     that did the arithmetic: "ssm_fast", "ssm_vk" or "ssm_ref"; after a fallback not the one asked
-    for), ``dtype`` (its working precision, "float32" or "float64")."""
+    for), ``dtype`` (its working precision, "float32" or "float64"), ``precision`` (the products'
+    arithmetic, as ScanResult's)."""
 
     op: str
     where: str
     backend: str
     dtype: str
+    precision = PRECISION   # (as ScanResult's)

@@ -22,6 +22,7 @@ docs/TORCH.md is the user's guide.
 from __future__ import annotations
 
 from ssm_ref.extras import install_hint
+from ssm_ref.precision import check_precision
 
 try:
     import torch
@@ -85,7 +86,7 @@ def _as_ids(ids):
 
 
 def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", dt_softplus="ggml", invariant=False,
-             snapshots=None):
+             snapshots=None, precision=None):
     """The forward selective scan, differentiable in s, x, dt, A, B and C.
 
     Args: tensors s (R,H,P,N) or None (zero start states (S,H,P,N) in x's dtype; ids must then
@@ -104,6 +105,11 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     snapshots: None (default) or K, an integer >= 1: ggml's K state slots (docs/SPEC.md section
     3.1), passed to the backend as ``snapshots=K``.
 
+    precision: the products' arithmetic, with torch's names: None (default: what
+    ``torch.set_float32_matmul_precision`` set), "highest", "high" or "medium" (ValueError
+    otherwise). Every backend computes at "highest" (float32 products) today, whatever is asked:
+    ``last_where().precision`` says so (docs/SPEC.md section 15).
+
     Computed in float32 (float64 when backend="ssm_ref" and every float input is float64).
     Returns (y (S,T,H,P) in x's dtype, states (S,H,P,N) in s's dtype); with ``snapshots=K`` a
     third tensor, snapshots (K,S,H,P,N) in s's dtype: slot k is the state after T - k tokens
@@ -112,6 +118,8 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
     ValueError for bad arguments before any work (docs/SPEC.md section 9).
     """
     check_five_arrays(x, C)
+    if precision is not None:
+        check_precision(precision)
     _check_tensors({k: t for k, t in zip(_ARRAYS, (s, x, dt, A, B, C), strict=True) if not (k == "s" and t is None)},
                    lookup(backend))
     ids = _as_ids(ids)
@@ -135,7 +143,7 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, backend: str = "ssm_fast", 
 
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
-                s_v=None, ids=None, *, rotation: str = "interleaved", backend=None):
+                s_v=None, ids=None, *, rotation: str = "interleaved", backend=None, precision=None):
     """Mamba-3's scan (the op ``mamba3_scan``, docs/SPEC.md), differentiable in every float input,
     the start states included.
 
@@ -148,7 +156,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     angle increment. rotation: "interleaved" (pairs (2j, 2j+1)) or "halved" (pairs (j, j + N/2)).
     backend: "ssm_fast", "ssm_vk", "ssm_ref" (or "fast", "vk", "ref"), or None: ssm_fast where it computes the op,
     else ssm_ref. Tensors of any float dtype on the CPU (or meta); computed in float32 (float64
-    with backend="ssm_ref" when every float input is float64).
+    with backend="ssm_ref" when every float input is float64). precision: as :func:`ssm_scan`.
 
     Returns (y, theta, h, k, v): y (S,T,H,P) | (S,T,M,H,P) in x's dtype; the final states theta
     (S,H,F), h (S,H,P,N), k (S,H,N) | (S,H,M,N), v (S,H,P) | (S,H,M,P), each in its start state's
@@ -162,6 +170,8 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     """
     from . import _mamba3_op
 
+    if precision is not None:
+        check_precision(precision)
     given = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
     _check_m3_tensors({a.name: t for a, t in zip(MAMBA3.inputs, given, strict=False) if t is not None
                        or not a.optional})

@@ -8,10 +8,11 @@ import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, Support, check_snapshots, check_update_cache
 from ssm_ref.checks import MISSING, write_cache_rows
 from ssm_ref.ops import SCAN
+from ssm_ref.precision import check_precision
 
 from . import config, mamba3_api, outputs, replay_cache, run
 from .arrays import DeviceArray, upload_to
-from .support import FORMS, INPUTS, NAME, decision, form_code, log_once
+from .support import FORMS, INPUTS, NAME, PRECISION, decision, form_code, log_once, with_precision
 from .validate import check_backward, check_forward, frozen_result
 
 
@@ -52,7 +53,7 @@ def supports(op, *args, **kw) -> Support:
 
 
 def supports_scan(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
-                  invariant=False) -> Support:
+                  invariant=False, precision="highest") -> Support:
     """Whether ssm_vk runs this case of the selective scan on the GPU; ``reason`` says why not (then ssm_scan /
     ssm_scan_back compute it with ssm_fast on the CPU, ``where == "CPU"``) -- the very decision
     the call takes, for the step's form ``dt_softplus``. Takes the arguments of ssm_scan
@@ -60,8 +61,11 @@ def supports_scan(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml"
     given g_snapshots of K slots when K > 1); bad input raises as in ssm_ref.ssm_scan
     (``dt_softplus``, ``update_cache`` and ``snapshots`` checked as there); an illegal setting
     (ssm_vk.config) raises ValueError naming it. ``invariant``: the decision of the invariant mode
-    (:func:`ssm_scan`)."""
+    (:func:`ssm_scan`); ``precision``: what a call asking for it computes (:func:`ssm_scan`), in the
+    reason."""
     ssm_ref.check_op(op)
+    if precision is not PRECISION:
+        check_precision(precision)
     sp = form_code(dt_softplus)
     K = check_snapshots(snapshots)
     knobs = config.invariant_mode(config.settings(), invariant)
@@ -69,7 +73,7 @@ def supports_scan(op, s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml"
     if op == "ssm_scan_back" and K > 1:   # the backward of such a forward: given g_snapshots (K slots)
         p = _with_g_snapshots(p)
     check_update_cache(update_cache, s, p.ids, device_arrays=True, op=op)
-    return decision(op, p, knobs, sp).sup
+    return with_precision(decision(op, p, knobs, sp).sup, precision)
 
 
 def _host(p):
@@ -127,7 +131,7 @@ def _repeat(replay, arrays: tuple, ids):
 
 
 def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False, snapshots=1,
-             invariant=False, out=None) -> ScanResult:
+             invariant=False, precision="highest", out=None) -> ScanResult:
     """Forward selective scan on the Vulkan device (see ssm_ref.ssm_scan for shapes and errors).
 
     float32. When any input is a DeviceArray the results are DeviceArrays on that device (also
@@ -145,9 +149,15 @@ def ssm_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_
     the same bits whatever S, its companions, its position and the split of its tokens into calls
     (prefill, decode steps), on one device and driver; the plan is that of the per-sequence problem
     (ssm_vk.registry.plan). False (default): the fastest plan of the shape, deterministic only.
+    ``precision``: the products' arithmetic, PyTorch's names (docs/SPEC.md section 15): "highest"
+    (default), "high" or "medium" (ValueError naming ``precision`` otherwise). No ssm_vk kernel runs
+    on the matrix units yet: every call computes at "highest", its result's ``precision`` says so
+    and supports() tells a call asking for more.
     ``out``: {name: DeviceArray} of every output ("y", "states", and "snapshots" when K > 1),
     written by the call and returned as its result's arrays (ssm_vk.outputs.check: the rules).
     """
+    if precision is not PRECISION:
+        check_precision(precision)
     sp = form_code(dt_softplus)
     K = 1 if type(snapshots) is int and snapshots == 1 else check_snapshots(snapshots)
     knobs = config.settings()
@@ -237,14 +247,17 @@ def _scan_updating(s, x, dt, A, B, C, ids, dt_softplus, sp: int, update_cache, k
 
 
 def ssm_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
-                  g_snapshots=None, invariant=False, out=None) -> ScanGrads:
+                  g_snapshots=None, invariant=False, precision="highest", out=None) -> ScanGrads:
     """Backward of ssm_scan (see ssm_ref.ssm_scan_back: g_y / g_states None for zeros, the packed
     g_y with K slots, s=None, ``g_snapshots`` (K,S,H,P,N), the gradient of the forward's K state
     slots), on the Vulkan device; device-resident and fallback behaviour and ``dt_softplus`` as
     :func:`ssm_scan` (g_snapshots or a packed g_y of K > 1 slots: the token-sequential kernels).
     Returns ScanGrads, a mapping by name. ``invariant``: as :func:`ssm_scan` (a sequence's own
     gradients; d_A the sum of the sequences' own, in sequence order; docs/SPEC.md section 3.2).
-    ``out``: {name: DeviceArray} of the seven gradients (ssm_ref.GRAD_NAMES), as :func:`ssm_scan`'s."""
+    ``out``: {name: DeviceArray} of the seven gradients (ssm_ref.GRAD_NAMES), as :func:`ssm_scan`'s.
+    ``precision``: as :func:`ssm_scan`."""
+    if precision is not PRECISION:
+        check_precision(precision)
     sp = form_code(dt_softplus)
     knobs = config.settings()
     if invariant is not False:

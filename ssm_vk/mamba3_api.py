@@ -26,6 +26,7 @@ from ssm_ref.checks import check_dtype
 from ssm_ref.ids import check_distinct_ids
 from ssm_ref.mamba3_checks import ROTATIONS, check_mamba3_backward, check_mamba3_forward, check_mamba3_update_cache
 from ssm_ref.ops import MAMBA3
+from ssm_ref.precision import check_precision
 from ssm_ref.results import Mamba3Grads, Mamba3Result
 
 from . import budget, config, mamba3_run, outputs, registry, replay_cache
@@ -35,7 +36,7 @@ from .engine import engine_of
 from .family import OnHost, Planned, RecomputeOnHost
 from .mamba3_workspace import COPIED, STATE_PARTS
 from .sizing import F32, TooLarge, piece_cap, window_cuts
-from .support import context_or_reason, log_once
+from .support import PRECISION, context_or_reason, log_once, with_precision
 from .validate import frozen_result
 
 __all__ = ["OPS", "check_update", "decide", "device_problem", "float32_only", "mamba3_scan", "mamba3_scan_back",
@@ -218,11 +219,13 @@ def check_update(update_cache, caches: tuple, p) -> bool:
 
 
 def supports(op, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
-             s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False) -> Support:
+             s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False,
+             precision="highest") -> Support:
     """Whether ssm_vk runs this Mamba-3 case on the device (else the call computes it with ssm_fast
     on the CPU, ``where == "CPU"``), and why not: the decision the call takes. ``op``:
     "mamba3_scan" or "mamba3_scan_back"; the arguments are mamba3_scan's (DeviceArrays or host
-    arrays). Bad input raises as the call would."""
+    arrays; ``precision``: what a call asking for it computes, in the reason). Bad input raises as
+    the call would."""
     if op not in OPS:
         raise ValueError(f"op: expected one of {', '.join(map(repr, OPS))}, got {op!r}")
     float32_only(dtype)
@@ -232,7 +235,9 @@ def supports(op, x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta
         if op != MAMBA3.name:
             raise ValueError(f"update_cache: only mamba3_scan writes into the cache, expected False for {op}")
         check_update(update_cache, (s_theta, s_h, s_k, s_v), p)
-    return decide(op, p.dims, rotation=p.rotation).sup
+    if precision is not PRECISION:
+        check_precision(precision)
+    return with_precision(decide(op, p.dims, rotation=p.rotation).sup, precision)
 
 
 def _result(out: dict, where: str, ctx=None) -> Mamba3Result:
@@ -245,7 +250,7 @@ def _result(out: dict, where: str, ctx=None) -> Mamba3Result:
 
 def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
                 s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32, update_cache=False,
-                out=None) -> Mamba3Result:
+                precision="highest", out=None) -> Mamba3Result:
     """The Mamba-3 scan on the Vulkan device. Arguments, shapes and errors as ssm_ref.mamba3_scan
     (docs/SPEC.md section 14): x (S,T,H,P), dt dA lam (S,T,H), B C (S,T,G,N) SISO | (S,T,M,G,N)
     MIMO, B_bias C_bias (H,N) | (H,M,N), dtheta (S,T,H,F), psi (H,M,P) or None, the start state
@@ -259,12 +264,15 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     (nothing read back); a host cache (a writeable numpy float array) after the call.
     ``out``: {name: DeviceArray} of every output (y, theta, h, k, v in their shapes), written by
     the call and returned as the result's arrays (the rules of ssm_vk.ssm_scan's ``out``; not
-    with update_cache).
+    with update_cache). ``precision``: as ssm_vk.ssm_scan's (every call computes at "highest", its
+    result's ``precision`` says so).
 
     Returns Mamba3Result(y, theta, h, k, v, where="Vulkan<i>"); a case the device cannot run
     (supports() says why) is computed by ssm_fast (where="CPU"). Raises TypeError / ValueError
     naming the argument before any Vulkan call; RuntimeError for a released DeviceArray.
     """
+    if precision is not PRECISION:
+        check_precision(precision)
     float32_only(dtype)
     arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
     if out is None and (update_cache is False or update_cache is True) and type(rotation) is str:
@@ -331,7 +339,7 @@ def _scan_on_cpu(reason: str, arrays: tuple, ids, p, update: bool, given) -> Mam
 
 def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
                      s_v=None, ids=None, g_y=None, g_theta=None, g_h=None, g_k=None, g_v=None, *,
-                     rotation="interleaved", dtype=np.float32) -> Mamba3Grads:
+                     rotation="interleaved", dtype=np.float32, precision="highest") -> Mamba3Grads:
     """Backward of :func:`mamba3_scan` on the Vulkan device for the loss Σ y·g_y + Σ theta·g_theta
     + Σ h·g_h + Σ k·g_k + Σ v·g_v (each cotangent in its output's shape, or None for zeros);
     arguments and errors as ssm_ref.mamba3_scan_back, DeviceArrays as :func:`mamba3_scan` takes
@@ -342,7 +350,9 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     channels and sequences is taken in a fixed order: reruns are bit-identical. A case the
     device cannot run is computed by ssm_fast (where="CPU"), and so is one whose result the
     chunked kernels flag as non-finite where the token-sequential recompute does not fit the
-    device (family.OnHost)."""
+    device (family.OnHost). ``precision``: as :func:`mamba3_scan`."""
+    if precision is not PRECISION:
+        check_precision(precision)
     float32_only(dtype)
     arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, g_y, g_theta, g_h, g_k, g_v)
     sig = None

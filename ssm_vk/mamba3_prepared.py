@@ -11,6 +11,7 @@ import numpy as np
 
 from ssm_ref.mamba3_checks import check_mamba3_backward, check_mamba3_forward
 from ssm_ref.ops import MAMBA3
+from ssm_ref.precision import check_precision
 from ssm_ref.results import Mamba3Grads, Mamba3Result
 
 from . import mamba3_run
@@ -42,7 +43,7 @@ def _check_resident(fn: str, named: dict) -> None:
 
 def prepare_mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
                         s_v=None, ids=None, *, rotation="interleaved", dtype=np.float32,
-                        update_cache=False) -> PreparedCall:
+                        update_cache=False, precision="highest") -> PreparedCall:
     """mamba3_scan's call, prepared: ``run()`` returns the Mamba3Result of the inputs as they are
     then, the same object every run, its arrays overwritten (theta, h, k, v None with
     update_cache=True: each run writes the final state into the rows ids of the four DeviceArray
@@ -51,7 +52,9 @@ def prepare_mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, 
     rotation and the settings are fixed now. Raises as mamba3_scan for bad input; TypeError naming
     an array that is not a DeviceArray; ValueError when the device cannot run the call (the
     reason; mamba3_scan would compute it on the CPU), or where a result holding inf or nan would be
-    computed on the CPU (family.OnHost)."""
+    computed on the CPU (family.OnHost). ``precision`` as mamba3_scan (checked now; every run
+    computes at "highest")."""
+    check_precision(precision)
     float32_only(dtype)
     named = dict(zip(MAMBA3.float_inputs, (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k,
                                             s_v), strict=True))
@@ -63,10 +66,11 @@ def prepare_mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, 
 
 def prepare_mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None,
                              s_k=None, s_v=None, ids=None, g_y=None, g_theta=None, g_h=None, g_k=None, g_v=None, *,
-                             rotation="interleaved", dtype=np.float32) -> PreparedCall:
+                             rotation="interleaved", dtype=np.float32, precision="highest") -> PreparedCall:
     """mamba3_scan_back's call, prepared: ``run()`` returns the Mamba3Grads of the inputs as they
     are then (the same object every run). Arrays and errors as :func:`prepare_mamba3_scan`; a
-    cotangent None is zeros, kept on the device."""
+    cotangent None is zeros, kept on the device; ``precision`` as :func:`prepare_mamba3_scan`."""
+    check_precision(precision)
     float32_only(dtype)
     names = (*MAMBA3.float_inputs, *MAMBA3.cotangent_names)
     named = dict(zip(names, (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, g_y, g_theta,

@@ -19,6 +19,7 @@ import ssm_ref
 from ssm_ref import ScanGrads, ScanResult, check_snapshots, check_update_cache
 from ssm_ref.checks import MISSING
 from ssm_ref.ops import SCAN
+from ssm_ref.precision import check_precision
 
 from . import config
 from . import runtime as rt
@@ -32,7 +33,7 @@ __all__ = ["PreparedCall", "prepare_scan", "prepare_scan_back"]
 
 
 def prepare_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", update_cache=False,
-                 snapshots=1, invariant=False) -> PreparedCall:
+                 snapshots=1, invariant=False, precision="highest") -> PreparedCall:
     """ssm_scan's call, prepared: ``run()`` returns the ScanResult of the inputs as they are then.
 
     Every float input must be a float32 DeviceArray of the open context (``ssm_vk.to_device``),
@@ -44,8 +45,10 @@ def prepare_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", upd
     Raises as ssm_scan for bad input; TypeError
     naming an input that is not a DeviceArray; ValueError when the device cannot run the call
     (the reason; ssm_vk.ssm_scan would compute it on the CPU). ``invariant`` as ssm_scan: the
-    invariant mode's plan, never a default call's.
+    invariant mode's plan, never a default call's. ``precision`` as ssm_scan (checked now; every
+    run computes at "highest").
     """
+    check_precision(precision)
     sp = form_code(dt_softplus)
     K = check_snapshots(snapshots)
     knobs = config.invariant_mode(config.settings(), invariant)
@@ -61,12 +64,13 @@ def prepare_scan(s, x, dt, A, B, C=MISSING, ids=None, *, dt_softplus="ggml", upd
 
 
 def prepare_scan_back(s, x, dt, A, B, C=MISSING, ids=None, g_y=None, g_states=None, *, dt_softplus="ggml",
-                      g_snapshots=None, invariant=False) -> PreparedCall:
+                      g_snapshots=None, invariant=False, precision="highest") -> PreparedCall:
     """ssm_scan_back's call, prepared: ``run()`` returns the ScanGrads of the inputs as they are
     then. Inputs and errors as :func:`prepare_scan`; ``s``, ``g_y`` and ``g_states`` may be None
     as in ssm_scan_back (zeros, kept on the device by the prepared call; ``g_states`` None beside
     a 1-D ``g_y``: the packed g_y, whose length gives K); ``g_snapshots`` (K,S,H,P,N) a DeviceArray
-    or None, as in ssm_scan_back; ``invariant`` as :func:`prepare_scan`."""
+    or None, as in ssm_scan_back; ``invariant`` and ``precision`` as :func:`prepare_scan`."""
+    check_precision(precision)
     sp = form_code(dt_softplus)
     knobs = config.invariant_mode(config.settings(), invariant)
     p = check_backward(s, x, dt, A, B, C, ids, g_y, g_states, g_snapshots)
