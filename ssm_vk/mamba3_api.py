@@ -29,18 +29,19 @@ from ssm_ref.ops import MAMBA3
 from ssm_ref.precision import check_precision
 from ssm_ref.results import Mamba3Grads, Mamba3Result
 
-from . import budget, config, mamba3_run, outputs, registry, replay_cache
+from . import config, mamba3_run, outputs, registry, replay_cache
 from .arrays import DeviceArray, upload_to
 from .decision import kernels_problem
 from .engine import engine_of
 from .family import OnHost, Planned, RecomputeOnHost
-from .mamba3_workspace import COPIED, STATE_PARTS
-from .sizing import F32, TooLarge, piece_cap, window_cuts
+from .mamba3_memory import memory
+from .mamba3_workspace import STATE_PARTS
+from .sizing import TooLarge
 from .support import PRECISION, context_or_reason, log_once, with_precision
 from .validate import frozen_result
 
 __all__ = ["OPS", "check_update", "decide", "device_problem", "float32_only", "mamba3_scan", "mamba3_scan_back",
-           "memory", "stand_ins", "supports"]
+           "stand_ins", "supports"]
 
 OPS = (MAMBA3.name, MAMBA3.backward_name)   # "mamba3_scan", "mamba3_scan_back"
 _F32 = np.dtype(np.float32)
@@ -73,80 +74,6 @@ class _Decided:
 
     def __init__(self, sup: Support, engine=None, info=None, planned=None):
         self.sup, self.engine, self.info, self.planned = sup, engine, info, planned
-
-
-def _elems(d, backward: bool, scratch: dict) -> dict:
-    """Float32 elements of every buffer a call of dims ``d`` acquires in its workspace or hands out
-    (``scratch``: its family's, the backward's joint outputs included), by name, an upper bound:
-    every input uploaded, update_cache's copies of the final state counted."""
-    S, T, H, P, N, G, M, F, R = d.S, d.T, d.H, d.P, d.N, d.G, d.M, d.F, d.R
-    th, bn = S * T * H, S * T * M * G * N
-    rows = dict(zip(STATE_PARTS, (H * F, H * P * N, H * M * N, H * M * P), strict=True))
-    n = {"in:x": th * P, "in:dt": th, "in:dA": th, "in:lam": th, "in:B": bn, "in:C": bn, "in:B_bias": H * M * N,
-         "in:C_bias": H * M * N, "in:dtheta": th * F, "in:psi": H * M * P, "ids": S,
-         **{f"in:s_{k}": R * row for k, row in rows.items()}}
-    if backward:
-        n.update({"in:g_y": S * T * M * H * P, "g_state": S * sum(rows.values()), "out:d_x": th * P, "out:d_dt": th,
-                  "out:d_dA": th, "out:d_lam": th, "out:d_B": bn, "out:d_C": bn, "out:d_B_bias": H * M * N,
-                  "out:d_C_bias": H * M * N, "out:d_dtheta": th * F, "out:d_psi": H * M * P,
-                  **{f"out:d_s_{k}": R * row for k, row in rows.items()},
-                  **{f"d0:{k}": S * row for k, row in rows.items()}})
-    else:
-        n.update({"out:y": S * T * M * H * P, **{f"out:{k}": S * row for k, row in rows.items()},
-                  **{f"fin:{k}": S * row for k, row in rows.items()}})
-    n.update(scratch)
-    return n
-
-
-def _sizes(d, backward: bool, fp) -> dict:
-    """Bytes of every buffer a call holds, by name (the memory budget's input): its workspace's
-    and, where a flagged call is computed again on the device, the recompute's workspace's (each
-    buffer its own allocation: the budget checks the largest against maxMemoryAllocationSize)."""
-    n = _elems(d, backward, fp.family.scratch(d, fp.plan, backward))
-    rerun = fp.device_rerun   # (a flagged call is computed again on the recompute's plan, in its own workspace)
-    if rerun is not None:
-        n.update({"rerun:" + k: v for k, v in _elems(d, backward, rerun.family.scratch(d, rerun.plan,
-                                                                                        backward)).items()})
-    return {k: 4 * v for k, v in n.items() if v}
-
-
-def _pieces(d, fp, lim, sizes: dict) -> tuple[dict, str]:
-    """({workspace buffer name ("in:x", "out:y", ...): byte offsets of its pieces} of the buffers of
-    ``sizes`` beyond one allocation, ""), or ({}, why the call cannot hold one so): only arrays of
-    tokens that the chunked kernels bind window by window are held in pieces, cut at their windows
-    (mamba3_chunked_planner.piece_cuts)."""
-    cap = piece_cap(lim)
-    big = [k for k, n in sizes.items() if n > cap]
-    if not big:
-        return {}, ""
-    per = dict(getattr(fp.plan, "per_token", ()))
-    per.update({k: d.H for k in COPIED} if per else {})   # (written by copies: cut at the windows too)
-    out = {}
-    for key in big:
-        where, _, name = key.rpartition(":")
-        what = (f"{name} needs a buffer of {sizes[key]} bytes, above one allocation (maxMemoryAllocationSize "
-                f"{lim.max_memory_allocation_size} bytes)")
-        if where not in ("in", "out") or name not in per or not fp.plan.windowed:
-            return {}, f"{what}, and only the arrays of tokens of the chunked kernels' windows are held in pieces"
-        row = per[name] * F32   # (the windows cover the array in order: sequences, or each one's tokens)
-        starts, why = window_cuts([((w.s0 * d.T + w.t0) * row, (w.s0 * d.T + w.t0 + w.n * w.nt) * row)
-                                   for w in fp.plan.windows], cap)
-        if why:
-            return {}, f"{what}, and a window of it {why}"
-        out[key] = starts
-    return out, ""
-
-
-def memory(d, backward: bool, fp, lim, info, live_allocations: int = 0) -> tuple[dict, str]:
-    """(where the buffers beyond one allocation are cut: {name: byte offsets}, "") when the buffers
-    of a call of dims ``d`` under plan ``fp`` fit device ``info`` (budget.check: each allocation,
-    the heap, the count besides ``live_allocations``), else ({}, why not)."""
-    sizes = _sizes(d, backward, fp)
-    cuts, why = _pieces(d, fp, lim, sizes)
-    if why:
-        return {}, why
-    why = budget.check(info, sizes, live_allocations, {False: {k.rpartition(":")[2]: v for k, v in cuts.items()}})
-    return ({}, why) if why else (cuts, "")
 
 
 def decide(op: str, d, knobs=None, rotation: str = "interleaved") -> _Decided:
@@ -293,7 +220,7 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     caches = (s_theta, s_h, s_k, s_v)
     update = check_update(update_cache, caches, p)
     given = None if out is None else outputs.check(out, p, False, update_cache, mamba3_run.forward_shapes(p.dims),
-                                                   MAMBA3.name, _INPUTS)
+                                                   MAMBA3.name, _INPUTS, dict(zip(_INPUTS, arrays, strict=True)))
     dec = decide(MAMBA3.name, p.dims, rotation=p.rotation)
     if not dec.sup:
         return _scan_on_cpu(dec.sup.reason, arrays, ids, p, update, given)
@@ -339,7 +266,7 @@ def _scan_on_cpu(reason: str, arrays: tuple, ids, p, update: bool, given) -> Mam
 
 def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=None, s_h=None, s_k=None,
                      s_v=None, ids=None, g_y=None, g_theta=None, g_h=None, g_k=None, g_v=None, *,
-                     rotation="interleaved", dtype=np.float32, precision="highest") -> Mamba3Grads:
+                     rotation="interleaved", dtype=np.float32, precision="highest", out=None) -> Mamba3Grads:
     """Backward of :func:`mamba3_scan` on the Vulkan device for the loss Σ y·g_y + Σ theta·g_theta
     + Σ h·g_h + Σ k·g_k + Σ v·g_v (each cotangent in its output's shape, or None for zeros);
     arguments and errors as ssm_ref.mamba3_scan_back, DeviceArrays as :func:`mamba3_scan` takes
@@ -350,13 +277,16 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
     channels and sequences is taken in a fixed order: reruns are bit-identical. A case the
     device cannot run is computed by ssm_fast (where="CPU"), and so is one whose result the
     chunked kernels flag as non-finite where the token-sequential recompute does not fit the
-    device (family.OnHost). ``precision``: as :func:`mamba3_scan`."""
+    device (family.OnHost). ``precision``: as :func:`mamba3_scan`. ``out``: {name: DeviceArray}
+    of every gradient this call returns (d_psi only where psi is given; d_s_theta .. d_s_v in the
+    caches' shapes, also without start states: R = S), written by the call and returned as the
+    result's arrays (the rules of :func:`mamba3_scan`'s ``out``)."""
     if precision is not PRECISION:
         check_precision(precision)
     float32_only(dtype)
     arrays = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v, g_y, g_theta, g_h, g_k, g_v)
     sig = None
-    if type(rotation) is str:
+    if out is None and type(rotation) is str:
         replay, sig = replay_cache.find(True, arrays, config.settings(), ROTATIONS.index(rotation)
                                         if rotation in ROTATIONS else -1, sign=replay_cache.m3_signature)
         if replay is not None:
@@ -367,24 +297,32 @@ def mamba3_scan_back(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_t
                 except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device)
                     return _back_on_cpu(str(e), arrays, ids, p)
     p = check_mamba3_backward(*stand_ins(arrays[:14]), ids, *stand_ins(arrays[14:]), rotation=rotation, dtype=_F32)
+    names = (*_INPUTS, *_COTS)
+    given = None if out is None else outputs.check(out, p, True, False, mamba3_run.backward_shapes(p.dims, p.psi_given),
+                                                   MAMBA3.backward_name, names, dict(zip(names, arrays, strict=True)))
     dec = decide(MAMBA3.backward_name, p.dims, rotation=p.rotation)
     if not dec.sup:
-        return _back_on_cpu(dec.sup.reason, arrays, ids, p)
+        return _back_on_cpu(dec.sup.reason, arrays, ids, p, given)
     q = device_problem(p, dict(zip((*_INPUTS, *_COTS), arrays, strict=True)))
     try:
-        g = mamba3_run.run_call(dec.engine, q, True, dec.planned, _ctx_of(arrays) is not None)
+        g = mamba3_run.run_call(dec.engine, q, True, dec.planned, given is not None or _ctx_of(arrays) is not None,
+                                given=given)
     except RecomputeOnHost as e:   # (flagged inf or nan, the recompute beyond the device)
-        return _back_on_cpu(str(e), arrays, ids, p)
+        return _back_on_cpu(str(e), arrays, ids, p, given)
     if sig is not None:
         replay_cache.keep(sig, dec.engine, dec.info, dec.planned, q, True, arrays, False, mamba3_run.MAMBA3_CALLS)
     return _grads(g, dec.info.where, p.psi_given)
 
 
-def _back_on_cpu(reason: str, arrays: tuple, ids, p) -> Mamba3Grads:
+def _back_on_cpu(reason: str, arrays: tuple, ids, p, given=None) -> Mamba3Grads:
     """mamba3_scan_back computed by ssm_fast: host copies of DeviceArrays in, the gradients
-    uploaded when any input was a DeviceArray."""
+    uploaded when any input was a DeviceArray (into ``given`` when given)."""
     host = [_host(a) for a in arrays]
     g = _fall_back(reason).mamba3_scan_back(*host[:14], ids, *host[14:], rotation=p.rotation)
+    if given is not None:
+        for k, a in given.items():
+            a.write(g[k])
+        return _grads(given, g.where, p.psi_given)
     ctx = _ctx_of(arrays)
     if ctx is None:
         return g

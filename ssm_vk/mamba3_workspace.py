@@ -126,7 +126,7 @@ class M3Workspace(FlagHost, M3Windows):
         self.per_chunk = dict(fp.plan.per_chunk) if self.windowed else {}
         self.per_seq = dict(fp.plan.per_seq) if self.windowed else {}
         # the buffers held in pieces ("in:x", "out:y", ...: byte offsets of the pieces, cut at the
-        # windows by the decision, mamba3_api._pieces; the recompute's plan holds none)
+        # windows by the decision, mamba3_memory.pieces; the recompute's plan holds none)
         self.cuts = {} if rerun else planned.cuts
 
     # -- buffers ------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ LAYERS = (
     ("ssm_vk.decision",),
     ("ssm_vk.hostdata", "ssm_vk.mamba3_windows"),
     ("ssm_vk.workspace", "ssm_vk.mamba3_workspace"),
-    ("ssm_vk.engine",),
+    # the engine; beside it what a Mamba-3 call of one shape holds (its buffers, pieces and budget)
+    ("ssm_vk.engine", "ssm_vk.mamba3_memory"),
     # a call: run (workspace, bindings, the recorded sequence, submit), support (the context and
     # the cached decision); neither imports the other
     ("ssm_vk.run", "ssm_vk.support"),

@@ -85,11 +85,11 @@ def test_api_quotes_the_chunked_token_window_of_a_long_sequence():
 
 def _m3_takes(d, backward: bool):
     """(the plan the support decision makes for a Mamba-3 call of dims ``d`` under an H100's limits
-    -- registry.plan, the budget on an 80 GiB heap: mamba3_api.memory --, the cuts of its arrays
+    -- registry.plan, the budget on an 80 GiB heap: mamba3_memory.memory --, the cuts of its arrays
     in pieces), or None where the device would not take it."""
     from types import SimpleNamespace
 
-    from ssm_vk import mamba3_api, registry
+    from ssm_vk import mamba3_memory, registry
     from ssm_vk.config import settings
     from ssm_vk.sizing import TooLarge
 
@@ -101,7 +101,7 @@ def _m3_takes(d, backward: bool):
         fp = registry.plan(d, h100, backward, settings(), op="mamba3_scan")
     except TooLarge:
         return None
-    cuts, why = mamba3_api.memory(d, backward, fp, h100, info)
+    cuts, why = mamba3_memory.memory(d, backward, fp, h100, info)
     return None if why else (fp, cuts)
 
 

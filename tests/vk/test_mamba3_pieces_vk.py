@@ -1,5 +1,5 @@
 """Mamba-3 arrays beyond one allocation, held in pieces (runtime.Pieces) cut at the chunked
-kernels' windows (mamba3_api._pieces), and arrays of tokens beyond one binding, bound window by
+kernels' windows (mamba3_memory.pieces), and arrays of tokens beyond one binding, bound window by
 window.
 
 The device's limits are lowered (``ctx.seams.override_limits``): ``maxStorageBufferRange`` below
