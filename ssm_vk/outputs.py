@@ -38,10 +38,11 @@ def _overlap(u: tuple | None, v: tuple | None) -> bool:
 
 
 def check(out, p, backward: bool, update_cache=False, shapes: dict | None = None, op: str | None = None,
-          inputs: tuple = _INPUTS) -> dict:
+          inputs: tuple = _INPUTS, arrays: dict | None = None) -> dict:
     """``out`` checked for problem ``p`` (ssm_ref's checked Problem): {name: DeviceArray} in the
     order of the outputs. Another op's call (Mamba-3's) gives its outputs' ``shapes`` by name, its
-    name ``op`` and its inputs' names ``inputs`` (the scan's by default). Raises, naming
+    name ``op``, its inputs' names ``inputs`` (the scan's by default) and, where ``p`` holds
+    stand-ins of them, the arrays themselves by name (``arrays``). Raises, naming
     ``out[name]``: ValueError for update_cache (its states go into the cache rows), a missing or
     unknown name, another shape, a view that does not start its buffer (offset 0: what the
     recordings take), a released array, one of another context than the open one, one that
@@ -87,7 +88,7 @@ def check(out, p, backward: bool, update_cache=False, shapes: dict | None = None
             if _overlap(span, other):
                 raise ValueError(f"{what}: overlaps out[{j!r}] (outputs take memory of their own)")
         for j in inputs:
-            v = getattr(p, j, None)
+            v = getattr(p, j, None) if arrays is None else arrays.get(j)
             if isinstance(v, DeviceArray) and _overlap(span, _span(v)):
                 raise ValueError(f"{what}: overlaps the input {j} (outputs take memory of their own)")
         spans.append((k, span))

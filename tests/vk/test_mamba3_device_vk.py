@@ -232,8 +232,8 @@ def test_released_inputs_raise_as_the_scans_do():
 
 def test_bad_input_names_the_argument_before_any_work(monkeypatch):
     """DeviceArrays of a wrong shape, an integer DeviceArray, a host array given to a prepared call,
-    update_cache with out=, an out of another shape: TypeError / ValueError naming the argument,
-    and no decision taken."""
+    update_cache with out=, an out of another shape, an out that is an input: TypeError / ValueError
+    naming the argument, and no decision taken (the input left as it was)."""
     a, _ = _host("siso", seed=14)
     d = _dev(a)
 
@@ -257,6 +257,10 @@ def test_bad_input_names_the_argument_before_any_work(monkeypatch):
         ssm_vk.mamba3_scan(**d, update_cache=True, out=outs)
     with pytest.raises(ValueError, match=r"^out\['h'\]: shape"):
         ssm_vk.mamba3_scan(**d, out={**outs, "h": ssm_vk.to_device(np.zeros((1, 2), np.float32))})
+    x_before = d["x"].numpy().tobytes()
+    with pytest.raises(ValueError, match=r"^out\['y'\]: overlaps the input x "):
+        ssm_vk.mamba3_scan(**d, out={**outs, "y": d["x"]})      # (SISO: y has x's shape)
+    assert d["x"].numpy().tobytes() == x_before
 
 
 def test_out_takes_the_callers_arrays():
@@ -268,6 +272,33 @@ def test_out_takes_the_callers_arrays():
     r = ssm_vk.mamba3_scan(**_dev(a), out=out)
     assert r.y is out["y"] and r.h is out["h"] and r.v is out["v"]
     assert all(_bits(x) == _bits(y) for x, y in zip(r, want, strict=True))
+
+
+@pytest.mark.parametrize(("name", "kw"), [("siso", {}), ("mimo", {"psi": False, "states": False, "ids": "none"}),
+                                          ("siso", {"T": 70, "S": 1, "R": 2})])
+def test_the_backwards_out_takes_the_callers_arrays(name, kw):
+    """mamba3_scan_back's out= writes every gradient into the caller's DeviceArrays (d_psi only
+    where psi is given; the start states' also without start states) and returns them: the plain
+    call's bits (the token-sequential backward, and at 70 tokens the chunked one where it runs);
+    an incomplete or foreign set of arrays is refused naming the array, before any work."""
+    a, cot = _host(name, seed=16, **kw)
+    want = ssm_vk.mamba3_scan_back(**a, **cot)
+    names = [k for k in want.keys() if want[k] is not None]
+    out = {k: ssm_vk.to_device(np.full(np.shape(want[k]), np.nan, np.float32)) for k in names}
+    g = ssm_vk.mamba3_scan_back(**_dev(a), **cot, out=out)
+    assert g.where == want.where
+    for k in names:
+        assert g[k] is out[k], k
+        assert _bits(g[k]) == _bits(want[k]), k
+    with pytest.raises(ValueError, match=r"^out\['d_x'\]: missing"):
+        ssm_vk.mamba3_scan_back(**a, **cot, out={k: v for k, v in out.items() if k != "d_x"})
+    if a["psi"] is None:
+        extra = ssm_vk.to_device(np.zeros((2, 2, 3), np.float32))
+        with pytest.raises(ValueError, match=r"^out\['d_psi'\]: not an output"):
+            ssm_vk.mamba3_scan_back(**a, **cot, out={**out, "d_psi": extra})
+    d = _dev(a)
+    with pytest.raises(ValueError, match=r"^out\['d_x'\]: overlaps the input x"):
+        ssm_vk.mamba3_scan_back(**d, **cot, out={**out, "d_x": d["x"]})
 
 
 @pytest.mark.parametrize("stage", [16, 32])
