@@ -163,37 +163,35 @@ def mamba3_scan(x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi=None, s_theta=
     dtype (without start states: theta in dtheta's, k in B's, h and v in x's). Registered as
     ``torch.ops.ssm_scan.mamba3_scan``: torch.compile traces it without a graph break.
 
+    CUDA tensors (all on one GPU, the Vulkan device's) go with backend="ssm_vk": computed on that
+    GPU without a trip through host memory, as :func:`ssm_scan`'s (ssm_torch/cuda.py); the other
+    backends take CPU tensors.
+
     Raises TypeError for an argument that is not a tensor, ValueError for a tensor on a device
-    the backends cannot read (a CUDA tensor: ssm_vk's Mamba-3 kernels take host arrays; move it with
-    .cpu()), for a backend that does not compute the op, and the backends' TypeError / ValueError
-    naming the argument for shapes and dtypes (before any work).
+    the backend cannot read (a CUDA tensor with another backend than ssm_vk; tensors on two
+    devices; CUDA tensors on another GPU than the Vulkan device's), for a backend that does not
+    compute the op, and the backends' TypeError / ValueError naming the argument for shapes and
+    dtypes (before any work); RuntimeError where CUDA tensors cannot reach the Vulkan device here
+    (ssm_torch.cuda.available() says why).
     """
     from . import _mamba3_op
 
     if precision is not None:
         check_precision(precision)
     given = (x, dt, dA, lam, B, C, B_bias, C_bias, dtheta, psi, s_theta, s_h, s_k, s_v)
-    _check_m3_tensors({a.name: t for a, t in zip(MAMBA3.inputs, given, strict=False) if t is not None
-                       or not a.optional})
+    be = _mamba3_op.default_backend() if backend is None else resolve_backend(backend)
+    _check_tensors({a.name: t for a, t in zip(MAMBA3.inputs, given, strict=False) if t is not None
+                    or not a.optional}, be)
     ids = _as_ids(ids)
     if ids is not None:
-        _check_tensors({"ids": ids})
-    be = _mamba3_op.default_backend() if backend is None else resolve_backend(backend)
+        if x.device.type == "cuda":
+            _check_ids(ids, x.device)
+        else:
+            _check_tensors({"ids": ids})
     if not _mamba3_op.computes(be):
-        raise ValueError(f"backend: {be} does not compute {MAMBA3.name}; use backend='ssm_fast' or 'ssm_ref'")
+        raise ValueError(f"backend: {be} does not compute {MAMBA3.name}; use backend='ssm_fast', 'ssm_vk' or "
+                         "'ssm_ref'")
     return _mamba3_op.scan(*given, ids, be, check_rotation(rotation))
-
-
-def _check_m3_tensors(named: dict) -> None:
-    """Every array a tensor, all on the CPU (or all meta): no backend computes Mamba-3's scan on a
-    GPU, so CUDA tensors are refused with what to do."""
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type == "cuda":
-            raise ValueError(f"{name}: a CUDA tensor; Mamba-3's scan runs on ssm-scan's CPU backends (no backend "
-                             "computes it on the GPU): move the tensors with .cpu()")
-    _check_tensors(named)
 
 
 # (the drop-ins call ssm_scan; Mamba-3's drop-ins and layer call mamba3_scan)

@@ -29,7 +29,7 @@ from ssm_ref.bridging import BridgeLayout, module_name
 
 from . import _common
 
-__all__ = ["Bridge", "backend_module", "work_dtype"]
+__all__ = ["Bridge", "backend_module", "cuda_module", "work_dtype"]
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -44,6 +44,17 @@ def backend_module(backend: str):
     if mod is None:
         mod = _MODULES[backend] = importlib.import_module(module_name(backend))
     return mod
+
+
+def cuda_module(backend: str):
+    """ssm_torch.cuda, which runs the operators on CUDA tensors (backend="ssm_vk" only: the other
+    backends compute from host memory)."""
+    if backend != "ssm_vk":
+        raise ValueError(f"CUDA tensors: backend={backend!r} computes from host memory; use backend='ssm_vk' "
+                         "(docs/TORCH.md) or move the tensors with .cpu()")
+    from . import cuda
+
+    return cuda
 
 
 def work_dtype(backend: str, tensors) -> torch.dtype:

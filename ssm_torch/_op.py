@@ -21,21 +21,10 @@ from __future__ import annotations
 import ssm_ref
 from ssm_ref.ops import SCAN
 
-from ._bridge import Bridge
+from ._bridge import Bridge, cuda_module
 from ._common import backend_kwargs, check_shapes, decode
 
 __all__ = ["scan", "scan_back", "scan_snapshots", "scan_snapshots_back"]
-
-
-def _cuda(backend: str):
-    """ssm_torch.cuda, which runs the operators on CUDA tensors (backend="ssm_vk" only: the other
-    backends compute from host memory)."""
-    if backend != "ssm_vk":
-        raise ValueError(f"CUDA tensors: backend={backend!r} computes from host memory; use backend='ssm_vk' "
-                         "(docs/TORCH.md) or move the tensors with .cpu()")
-    from . import cuda
-
-    return cuda
 
 
 class _Cuda:
@@ -45,12 +34,12 @@ class _Cuda:
     @staticmethod
     def forward(inputs, statics):
         backend, code, *K = statics
-        return _cuda(backend).forward(*inputs, code, K[0] if K else None)
+        return cuda_module(backend).forward(*inputs, code, K[0] if K else None)
 
     @staticmethod
     def backward(inputs, cotangents, statics):
         backend, code = statics
-        return _cuda(backend).backward(*inputs, *(*cotangents, None)[:3], code)
+        return cuda_module(backend).backward(*inputs, *(*cotangents, None)[:3], code)
 
 
 def _shapes(inputs, statics) -> tuple:

@@ -6,7 +6,7 @@ memory exported as a file descriptor (ssm_vk.runtime.external) and imported into
 (``cuImportExternalMemory``, CUDA's driver API through ctypes on ``libcuda.so.1``, which every
 CUDA install has: no package is needed), so that torch tensors can be views of it (through
 ``__cuda_array_interface__``). One call (:func:`forward`, :func:`backward`; ssm_torch's operators
-call them for CUDA tensors):
+call them for CUDA tensors; Mamba-3's: ssm_torch/_cuda_mamba3.py, through :func:`run`):
 
 1. checks that the tensors' GPU is the Vulkan device: the CUDA device's UUID against the Vulkan
    device's (VkPhysicalDeviceIDProperties.deviceUUID) -- ValueError naming both otherwise;
@@ -194,7 +194,7 @@ def shares_memory(ctx, device="cuda") -> tuple[bool, str]:
 _sides: dict[int, CudaSide] = {}
 
 
-def _side_for(device: torch.device) -> CudaSide:
+def side_for(device: torch.device) -> CudaSide:
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
     side = _sides.get(ordinal)
     if side is None:
@@ -230,20 +230,21 @@ def _signature(tensors) -> tuple | None:
         return None
 
 
-def _run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict | None = None):
+def run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict | None = None, held: bool = True):
     """Inputs into the arena, ``call(arrays, out)`` (ssm_vk's, ``out`` the DeviceArrays over the
     output slots, which it writes), its outputs ``outs`` ({name: (shape, dtype)}) out of the arena
     as new tensors; ``unread`` ({name: shape}): outputs the call writes that no tensor is made of
     (the backward's d_s0). Returns (the backend's result, the tensors).
 
-    The forward's inputs stay in their slots (``arena.held``); a backward given those very
+    The scan's forward inputs stay in their slots (``arena.held``); a backward given those very
     tensors, unwritten since, binds the forward's DeviceArrays of them instead of copying them
     again -- and so ssm_vk's backward finds the tables its chunked forward kept for them
-    (engine.KeptForward) instead of computing them again."""
+    (engine.KeptForward) instead of computing them again. ``held=False`` (Mamba-3's calls, whose
+    backward keeps nothing of its forward): no slot is kept for a later call."""
     arena = _arena.arena(ctx, side)
     with arena.lock:
         side.before_writes(arena)
-        sig = _signature([inputs[n] for n in _FWD])
+        sig = _signature([inputs[n] for n in _FWD]) if held else None
         held = arena.held
         reuse = held[1] if (not forward and held is not None and sig is not None and held[0] == sig) else {}
         if not reuse:
@@ -293,7 +294,7 @@ def _numel(shape) -> int:
     return n
 
 
-def _ids(ids):
+def host_ids(ids):
     return None if ids is None else ids.detach().cpu().numpy()
 
 
@@ -308,17 +309,17 @@ def forward(*args, side=None) -> tuple:
     inputs, (dt_softplus, K) = args[:_N], args[_N:]
     arg = dict(zip(SCAN.input_names, inputs, strict=True))
     x, s = arg["x"], arg["s"]
-    side = side if side is not None else _side_for(x.device)
+    side = side if side is not None else side_for(x.device)
     named = {n: arg[n] for n in _FWD}
     d = _common.check_shapes(inputs, snapshots=1 if K is None else K)
     ctx = rt.get_context()
     side.check(ctx, named)
     kw = _common.backend_kwargs(("ssm_vk", dt_softplus) if K is None else ("ssm_vk", dt_softplus, K))
-    ids_ = _ids(arg["ids"])
+    ids_ = host_ids(arg["ids"])
     outs = {"y": ((d.S, d.T, d.H, d.P), x.dtype), "states": ((d.S, d.H, d.P, d.N), s.dtype)}
     if K is not None:
         outs["snapshots"] = ((d.K, d.S, d.H, d.P, d.N), s.dtype)
-    r, tensors = _run(ctx, side, named, outs, lambda a, out: ssm_vk.ssm_scan(*a, ids_, **kw, out=out), True)
+    r, tensors = run(ctx, side, named, outs, lambda a, out: ssm_vk.ssm_scan(*a, ids_, **kw, out=out), True)
     _common.record("ssm_scan", r, torch.float32)
     return tensors
 
@@ -333,7 +334,7 @@ def backward(*args, side=None) -> tuple:
     inputs, (g_y, g_states, g_snapshots, dt_softplus) = args[:_N], args[_N:]
     arg = dict(zip(SCAN.input_names, inputs, strict=True))
     x, s = arg["x"], arg["s"]
-    side = side if side is not None else _side_for(x.device)
+    side = side if side is not None else side_for(x.device)
     named = {n: arg[n] for n in _FWD}
     outs = {SCAN.grad_of[n]: (tuple(t.shape), t.dtype) for n, t in named.items()}
     named["g_y"], named["g_states"] = g_y, g_states
@@ -342,7 +343,7 @@ def backward(*args, side=None) -> tuple:
     ctx = rt.get_context()
     side.check(ctx, named)
     kw = _common.backend_kwargs(("ssm_vk", dt_softplus))
-    ids_ = _ids(arg["ids"])
+    ids_ = host_ids(arg["ids"])
     n = len(_FWD)
 
     def call(a, out):
@@ -350,6 +351,7 @@ def backward(*args, side=None) -> tuple:
         return ssm_vk.ssm_scan_back(*a[:n], ids_, a[n], a[n + 1], **kw, **extra, out=out)
 
     d_s0 = {"d_s0": (x.shape[0], *s.shape[1:])}   # written by the call, no tensor of it (no gradient of s0)
-    g, tensors = _run(ctx, side, named, outs, call, False, d_s0)
+    g, tensors = run(ctx, side, named, outs, call, False, d_s0)
     _common.record("ssm_scan_back", g, torch.float32)
     return tensors
+

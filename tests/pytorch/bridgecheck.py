@@ -1,6 +1,8 @@
-"""Helpers of the tests of CUDA tensors through ssm_vk (test_cuda_tensors.py on a GPU, its stand-in
-test_cuda_bridge.py on the host): a case's tensors, the float64 oracle of exactly those numbers,
-and the comparison of outputs that were rounded to a narrower dtype once."""
+"""Helpers of the tests of CUDA tensors through ssm_vk (test_cuda_tensors.py on a GPU, its stand-ins
+test_cuda_bridge.py and test_mamba3_cuda_bridge.py on the host): a case's tensors, the float64
+oracle of exactly those numbers, the comparison of outputs that were rounded to a narrower dtype
+once, and the host stand-in for CUDA's side of the arena (:class:`HostSide`; the fixtures
+``side`` and ``ctx_mapped`` in conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from registry import BACKENDS, Backend, assert_close
 
 import ssm_ref
 from ssm_ref.tolerance import Tol
+from ssm_vk.runtime import external
 
 NAMES = ("s", "x", "dt", "A", "B", "C")
 VK = next(b for b in BACKENDS if b.name == "ssm_vk")
@@ -79,3 +82,43 @@ def assert_compiles_as_eager(model: torch.nn.Module, u: torch.Tensor) -> None:
     assert torch.allclose(loss_c, loss_e, rtol=1e-6, atol=0)
     for n, p in model.named_parameters():
         assert torch.allclose(grads_c[n], p.grad, rtol=1e-5, atol=1e-7), n
+
+
+class HostSide:
+    """The arena's other side on the host: the exported buffer's mapping stands in for CUDA's
+    import. ``log`` records the steps, in order."""
+
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.key = f"host-stand-in-{id(self)}"   # an arena of its own
+        self.log = []
+        self.attached = 0
+
+    def check(self, ctx, named):
+        self.log.append("check")
+
+    def attach(self, buffer):
+        assert isinstance(buffer, external.ExportableBuffer)
+        self.attached += 1
+        return buffer
+
+    def detach(self, imported):
+        self.attached -= 1
+
+    def view(self, buffer, shape):
+        n = int(np.prod(shape))
+        self.log.append(f"view {tuple(shape)}")
+        return torch.frombuffer(buffer.mapping, dtype=torch.float32, count=n).view(shape)
+
+    def before_writes(self, arena):
+        self.log.append("before_writes")
+
+    def before_vulkan(self):
+        self.log.append("before_vulkan")
+
+    def after_reads(self, arena):
+        self.log.append("after_reads")
+
+    def drain(self, arena):
+        self.log.append("drain")

@@ -21,3 +21,31 @@ def mamba_ref(request, tmp_path_factory):
         return mr.load(root)
     except mr.Unavailable as e:
         missing(f"mamba_ssm's reference functions are not available: {e}")
+
+
+@pytest.fixture
+def ctx_mapped():
+    """The Vulkan context, where the host stand-in of CUDA's side can read its exported memory
+    (lavapipe's, host visible); skipped elsewhere (the GPU's side is tests/pytorch/test_cuda_tensors.py)."""
+    from ssm_vk import runtime as rt
+    from ssm_vk.runtime import external
+
+    ctx = rt.get_context()
+    ok, why = external.export_support(ctx)
+    if not ok:
+        pytest.skip(f"no exportable memory here: {why}")
+    if ctx.info.type != "cpu":
+        pytest.skip("the host stand-in reads the exported memory through its host mapping (lavapipe's)")
+    return ctx
+
+
+@pytest.fixture
+def side(ctx_mapped):
+    """A host stand-in for CUDA's side of the arena (bridgecheck.HostSide), its arena closed after."""
+    from bridgecheck import HostSide
+
+    s = HostSide()
+    yield s
+    arena = ctx_mapped.owned.extension(f"torch-arena:{s.key}")
+    if arena is not None:
+        arena.close()

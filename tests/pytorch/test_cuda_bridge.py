@@ -20,73 +20,13 @@ from bridgecheck import NAMES, assert_close_as, leaves, oracle, rounded  # noqa:
 from problems import make_problem  # noqa: E402
 
 import ssm_torch  # noqa: E402
-from ssm_torch import _common, _driver, _op, cuda  # noqa: E402
+from ssm_torch import _bridge, _common, _driver, cuda  # noqa: E402
 from ssm_vk import runtime as rt  # noqa: E402
 from ssm_vk.runtime import external  # noqa: E402
 
 pytestmark = pytest.mark.vulkan
 
 GGML = _common.encode("ggml")
-
-
-class HostSide:
-    """The arena's other side on the host: the exported buffer's mapping stands in for CUDA's
-    import. ``log`` records the steps, in order."""
-
-    device = torch.device("cpu")
-
-    def __init__(self):
-        self.key = f"host-stand-in-{id(self)}"   # an arena of its own
-        self.log = []
-        self.attached = 0
-
-    def check(self, ctx, named):
-        self.log.append("check")
-
-    def attach(self, buffer):
-        assert isinstance(buffer, external.ExportableBuffer)
-        self.attached += 1
-        return buffer
-
-    def detach(self, imported):
-        self.attached -= 1
-
-    def view(self, buffer, shape):
-        n = int(np.prod(shape))
-        self.log.append(f"view {tuple(shape)}")
-        return torch.frombuffer(buffer.mapping, dtype=torch.float32, count=n).view(shape)
-
-    def before_writes(self, arena):
-        self.log.append("before_writes")
-
-    def before_vulkan(self):
-        self.log.append("before_vulkan")
-
-    def after_reads(self, arena):
-        self.log.append("after_reads")
-
-    def drain(self, arena):
-        self.log.append("drain")
-
-
-@pytest.fixture
-def side(ctx_mapped):
-    s = HostSide()
-    yield s
-    arena = ctx_mapped.owned.extension(f"torch-arena:{s.key}")
-    if arena is not None:
-        arena.close()
-
-
-@pytest.fixture
-def ctx_mapped():
-    ctx = rt.get_context()
-    ok, why = external.export_support(ctx)
-    if not ok:
-        pytest.skip(f"no exportable memory here: {why}")
-    if ctx.info.type != "cpu":
-        pytest.skip("the host stand-in reads the exported memory through its host mapping (lavapipe's)")
-    return ctx
 
 
 @pytest.mark.parametrize(("variant", "ids"), [("mamba2", "permutation"), ("mamba1", "duplicates"),
@@ -311,7 +251,7 @@ def test_cuda_tensors_are_refused_by_the_host_backends_naming_the_tensor():
                                              r"memory\) \(CUDA tensors: with backend='ssm_vk'\), got one on cuda:0"):
             ssm_torch.ssm_scan(*fake_args(), backend=backend)
     with pytest.raises(ValueError, match=r"^CUDA tensors: backend='ssm_fast' computes from host memory"):
-        _op._cuda("ssm_fast")
+        _bridge.cuda_module("ssm_fast")
 
 
 def test_cuda_tensors_must_share_one_device_and_ids_may_be_on_the_cpu():

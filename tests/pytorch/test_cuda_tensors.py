@@ -296,3 +296,70 @@ def test_hf_patch_on_a_cuda_model(model_name):
         assert got[name].is_cuda, name
         assert test_hf.rel(got[name], want[name]) < 1e-4, name
     hf.unpatch(model)
+
+
+@pytest.mark.parametrize("shape", [dict(S=2, T=70, H=4, P=8, N=16, G=2, F=4, R=3, ids="permutation"),
+                                   dict(S=2, T=9, H=2, P=4, N=8, G=1, M=2, F=2, states=False)])
+def test_mamba3_outputs_and_gradients_against_the_float64_oracle(shape):
+    # Mamba-3's scan on CUDA tensors (SISO with start states and ids, 70 tokens: the chunked kernels
+    # on a GPU; MIMO without states): outputs and the gradients of every float input, on the GPU
+    from ssm_ref.ops import MAMBA3
+    from ssm_ref.testing import mamba3_cases
+    from ssm_ref.tolerance import MAMBA3_F32_TOL, compare, scaled
+
+    case = mamba3_cases.make_case(44, **shape)
+    ins = {n: None if case.inputs[n] is None else torch.tensor(case.inputs[n], device=DEV).requires_grad_()
+           for n in MAMBA3.float_inputs}
+    ids = None if case.inputs["ids"] is None else torch.tensor(case.inputs["ids"], device=DEV)
+    rot = case.keywords["rotation"]
+    outs = ssm_torch.mamba3_scan(*ins.values(), ids, rotation=rot, backend="ssm_vk")
+    ran_on_vulkan("mamba3_scan")
+    assert all(o.is_cuda and o.dtype == torch.float32 and o.requires_grad for o in outs)
+    loss = sum((o.double() * torch.tensor(case.cotangents["g_" + n], device=DEV).double()).sum()
+               for o, n in zip(outs, MAMBA3.output_names, strict=True))
+    loss.backward()
+    ran_on_vulkan("mamba3_scan_back")
+    host = [None if v is None else v.detach().double().cpu().numpy() for v in ins.values()]
+    host_ids = None if ids is None else ids.cpu().numpy()
+    cots = {k: np.asarray(v, np.float64) for k, v in case.cotangents.items()}
+    want = ssm_ref.mamba3_scan(*host, host_ids, rotation=rot, dtype=np.float64)
+    gwant = ssm_ref.mamba3_scan_back(*host, host_ids, **cots, rotation=rot, dtype=np.float64)
+    tol = scaled(MAMBA3_F32_TOL, case.dims["T"])
+    for o, n in zip(outs, MAMBA3.output_names, strict=True):
+        c = compare(n, getattr(want, n), o.detach().double().cpu().numpy(), tol[n])
+        assert c.ok, c
+    for n, t in ins.items():
+        if t is None:
+            continue
+        assert t.grad is not None and t.grad.is_cuda and t.grad.shape == t.shape, n
+        c = compare("d_" + n, gwant["d_" + n], t.grad.double().cpu().numpy(), tol["d_" + n])
+        assert c.ok, c
+
+
+@pytest.mark.parametrize("is_mimo", [False, True])
+def test_the_mamba3_layer_on_the_gpu_against_float64_on_the_cpu(is_mimo):
+    # ssm_torch.mamba3.Mamba3 on CUDA (its glue on torch's CUDA kernels, the scan on ssm_vk) against
+    # the same weights in float64 on the CPU (ssm_ref): output and every parameter's gradient
+    import copy
+
+    from ssm_torch import mamba3 as m3
+
+    torch.manual_seed(45)
+    kw = dict(d_model=32, d_state=16, expand=2, headdim=16, ngroups=1, is_mimo=is_mimo, mimo_rank=2,
+              is_outproj_norm=is_mimo)
+    cpu = m3.Mamba3(**kw, backend="ssm_ref").double()
+    gpu = copy.deepcopy(cpu).float().to(DEV)
+    gpu.backend = "ssm_vk"
+    u = torch.randn(2, 70, 32, dtype=torch.float64)
+    w = torch.randn(2, 70, 32, dtype=torch.float64)
+    want = cpu(u)
+    (want * w).sum().backward()
+    got = gpu(u.float().to(DEV))
+    (got.double() * w.to(DEV)).sum().backward()
+    ran_on_vulkan("mamba3_scan_back")
+    err = float((got.double().cpu() - want).norm() / want.norm())
+    assert err < 2e-5, err   # (float32 on both sides of the scan: about 1e-6 on lavapipe)
+    for (name, p), q in zip(cpu.named_parameters(), gpu.parameters(), strict=True):
+        assert q.grad is not None and q.grad.is_cuda, name
+        e = float((q.grad.double().cpu() - p.grad).norm() / max(float(p.grad.norm()), 1e-30))
+        assert e < 1e-4, (name, e)   # (about 3e-6 on lavapipe)

@@ -162,9 +162,9 @@ def test_op_errors_name_the_argument():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_op_cuda_tensors_are_refused_with_what_to_do():
+def test_op_cuda_tensors_with_a_host_backend_are_refused_with_what_to_do():
     floats = op_problem(6, False, False)
-    with pytest.raises(ValueError, match=r"^x: a CUDA tensor.*\.cpu\(\)"):
+    with pytest.raises(ValueError, match=r"^x: expected a CPU tensor.*backend='ssm_vk'.*\.cpu\(\)"):
         ssm_torch.mamba3_scan(floats[0].cuda(), *floats[1:9])
 
 
