@@ -15,7 +15,8 @@ replay's path), ``fwd-miss`` / ``bwd-miss`` (the kept replays cleared before eac
 / ``bwd-host`` / ``step-host`` (host arrays and host results; ``step`` is a forward and its backward
 on the same arrays, counted as one call), each also with ``-staged`` (the ``force_staging`` seam: a
 discrete GPU's path, its staging slots written and compared, the copies recorded);
-``fwd-prepared`` / ``bwd-prepared`` (``run()`` of a prepared call of the device inputs).
+``fwd-prepared`` / ``bwd-prepared`` (``run()`` of a prepared call of the device inputs); each with
+the prefix ``m3-`` (``m3-fwd``, ``m3-bwd``, ...): Mamba-3's calls instead (SISO, start states).
 The shape is tiny, (S, T, H, P, N, G) = (1, 4, 2, 4, 8, 1): the count is Python's, not the scan's.
 """
 
@@ -52,12 +53,21 @@ a = dict(s=rng.uniform(-0.5, 0.5, (S, H, P, N)).astype(f), x=rng.uniform(-1, 1, 
          B=rng.uniform(-0.5, 0.5, (S, T, G, N)).astype(f), C=rng.uniform(-0.5, 0.5, (S, T, G, N)).astype(f),
          ids=np.arange(S), g_y=rng.uniform(-1, 1, (S, T, H, P)).astype(f),
          g_states=rng.uniform(-1, 1, (S, H, P, N)).astype(f))
+m3 = mode.startswith("m3-")
+mode = mode.removeprefix("m3-")
 back = mode.startswith(("bwd", "step"))
 host = "-host" in mode
 rt.get_context().seams.force_staging = mode.endswith("-staged")
 names = ("s", "x", "dt", "A", "B", "C", "ids") + (("g_y", "g_states") if back else ())
-args = {k: (v if k == "ids" or host else ssm_vk.to_device(v)) for k, v in a.items() if k in names}
+if m3:   # Mamba-3 (SISO, start states, F = 2): its inputs, and the backward's g_y and g_h
+    from ssm_ref.testing import mamba3_cases
+    case = mamba3_cases.make_case(0, S=S, T=T, H=H, P=P, N=N, G=G, F=2, R=S, ids="identity")
+    a = {**case.args(), "g_y": case.cotangents["g_y"], "g_h": case.cotangents["g_h"]}
+    names = (*case.args(), *(("g_y", "g_h") if back else ()))
+args = {k: (v if k == "ids" or host or v is None else ssm_vk.to_device(v)) for k, v in a.items() if k in names}
 entry = ssm_vk.ssm_scan_back if back else ssm_vk.ssm_scan
+if m3:
+    entry = ssm_vk.mamba3_scan_back if back else ssm_vk.mamba3_scan
 if mode.startswith("step"):
     fwd_args = {k: v for k, v in args.items() if k not in ("g_y", "g_states")}
 
@@ -65,7 +75,8 @@ if mode.startswith("step"):
         ssm_vk.ssm_scan(**fwd_args)
         return ssm_vk.ssm_scan_back(**kw)
 elif mode.endswith("-prepared"):
-    prepared = (ssm_vk.prepare_scan_back if back else ssm_vk.prepare_scan)(**args)
+    prepared = ((ssm_vk.prepare_mamba3_scan_back if back else ssm_vk.prepare_mamba3_scan) if m3 else
+                (ssm_vk.prepare_scan_back if back else ssm_vk.prepare_scan))(**args)
 
     def entry(**kw):
         return prepared.run()
