@@ -24,6 +24,13 @@ belongs to the next chunk, which receives it as k_in, v_in (the term of H'_in). 
 exp of sums of log-decays over each token range (ssm_ref.chunked.chunk_tables), never
 differences of running sums. Non-finite inputs are the token-by-token spec's business (a masked
 entry here is a zero, where the scan never forms the product).
+
+``precision`` (docs/SPEC.md section 15): at "high" or "medium" every product of a chunk goes
+through :func:`ssm_ref.precision.matmul` -- the chunk's L M rows of queries and keys, token-major
+with the rank inside: S = Q Kᵀ, (W ⊙ S) V, Q H'_inᵀ (its rows then times din) and the chunk's
+state (w ⊙ V)ᵀ K with w = W[Lc-1, :] per row -- each operand one block; the trapezoid's rank-M
+term of H'_in, the decays and the sums around the products stay float32. "highest" is the
+einsum form above, unchanged.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ import numpy as np
 from .chunked import chunk_tables
 from .mamba3 import mod_2pi, rotate
 from .mamba3_checks import M3Problem, pair_index
+from .precision import check_precision, matmul
 
-__all__ = ["check_chunk_length", "forward"]
+__all__ = ["check_chunk_length", "check_chunk_precision", "forward", "rows"]
 
 
 def check_chunk_length(L) -> None:
@@ -43,14 +51,41 @@ def check_chunk_length(L) -> None:
         raise ValueError(f"L: the chunk length must be an integer >= 1, got {L!r}")
 
 
-def forward(p: M3Problem, L: int, keep: bool = False):
+def check_chunk_precision(p: M3Problem, precision: str) -> None:
+    """ValueError for an unknown ``precision``, or matrix units ("high", "medium") on a problem
+    that is not float32 (they emulate float32 products)."""
+    check_precision(precision)
+    if precision != "highest" and p.dtype != np.float32:
+        raise ValueError(f"precision: {precision!r} emulates float32 matrix units; the problem is {p.dtype}")
+
+
+def rows(a: np.ndarray) -> np.ndarray:
+    """(Lc, M, X) -> the chunk's Lc M rows (Lc M, X), token-major with the rank inside."""
+    return a.reshape(a.shape[0] * a.shape[1], a.shape[2])
+
+
+def _products(q, k, v, W, din, H_in, precision: str):
+    """y's two terms and the chunk's own state Σ_s W[Lc-1, s] Σ_r v_s^r k_s^rᵀ, on the matrix
+    units at ``precision`` (module docstring): (y (Lc, M, P), Z (P, N))."""
+    Lc, M, _ = q.shape
+    Q, K, V = rows(q), rows(k), rows(v)                                          # (Lc M, N | P)
+    Wr = np.kron(W, np.ones((M, M), W.dtype))                                    # W[t, s] at ((t,r), (s,q))
+    S = matmul(Q, K.T, precision) * Wr                                           # (Lc M, Lc M)
+    y = matmul(S, V, precision) + np.repeat(din, M)[:, None] * matmul(Q, H_in.T, precision)
+    Z = matmul((V * np.repeat(W[-1], M)[:, None]).T, K, precision)               # (P, N)
+    return y.reshape(Lc, M, -1), Z
+
+
+def forward(p: M3Problem, L: int, keep: bool = False, precision: str = "highest"):
     """The forward in chunks of ``L`` tokens. Returns what :func:`ssm_ref.mamba3.forward` does:
     y (S, T, M, H, P) and the final state (theta (S, H, F), h (S, H, P, N), k (S, H, M, N),
     v (S, H, M, P)); with ``keep`` also the state each chunk receives, NC = ceil(T / L) chunks:
     theta_in (S, H, NC, F), H'_in (S, H, NC, P, N) (the incoming h with the trapezoid's term of
     k_in, v_in added), k_in (S, H, NC, M, N), v_in (S, H, NC, M, P) -- what the chunked backward
-    (:mod:`ssm_ref.mamba3_chunked_back`) reads. ValueError for L < 1."""
+    (:mod:`ssm_ref.mamba3_chunked_back`) reads. ``precision``: the products' (module docstring).
+    ValueError for L < 1 or a precision :func:`check_chunk_precision` refuses."""
     check_chunk_length(L)
+    check_chunk_precision(p, precision)
     d = p.dims
     S, T, H, P, N, M, F = d.S, d.T, d.H, d.P, d.N, d.M, d.F
     one = p.dtype.type(1)
@@ -88,10 +123,14 @@ def forward(p: M3Problem, L: int, keep: bool = False):
                 H_in = Hc + dt[0] * (one - lam[0]) * np.einsum("mp,mn->pn", v_in, k_in)  # (P, N)
                 for arr, val in zip(kept, (th, H_in, k_in, v_in), strict=True):
                     arr[i, h, t0 // L] = val
-                scores = np.einsum("trn,sqn->trsq", q, k) * W[:, None, :, None]       # (Lc, M, Lc, M)
-                y[i, t0:t1, :, h] = (np.einsum("trsq,sqp->trp", scores, v)
-                                     + din[:, None, None] * np.einsum("pn,trn->trp", H_in, q))  # (Lc, M, P)
-                Hc = dch * H_in + np.einsum("s,sqp,sqn->pn", W[-1], v, k)             # (P, N)
+                if precision == "highest":
+                    scores = np.einsum("trn,sqn->trsq", q, k) * W[:, None, :, None]   # (Lc, M, Lc, M)
+                    y[i, t0:t1, :, h] = (np.einsum("trsq,sqp->trp", scores, v)
+                                         + din[:, None, None] * np.einsum("pn,trn->trp", H_in, q))  # (Lc, M, P)
+                    Hc = dch * H_in + np.einsum("s,sqp,sqn->pn", W[-1], v, k)         # (P, N)
+                else:
+                    y[i, t0:t1, :, h], Z = _products(q, k, v, W, din, H_in, precision)
+                    Hc = dch * H_in + Z
                 th, k_in, v_in = ths[-1], k[-1], v[-1]
             theta[i, h], h_out[i, h], k_out[i, h], v_out[i, h] = th, Hc, k_in, v_in
     if keep:

@@ -48,6 +48,13 @@ g_v), runs in three steps, each a kernel's worth of work:
 
 Decays as in the forward (ssm_ref.chunked.chunk_tables: exp of sums over each token range).
 Non-finite inputs are the token-by-token spec's business.
+
+``precision`` (docs/SPEC.md section 15): at "high" or "medium" the forward is recomputed at that
+precision and every product of a chunk goes through :func:`ssm_ref.precision.matmul`, on the
+chunk's L M rows (token-major, the rank inside): S = Q Kᵀ, GV = g_Y Vᵀ, (W ⊙ S)ᵀ g_Y, K G_outᵀ,
+(W ⊙ GV)ᵀ Q, V G_out, (W ⊙ GV) K, g_Y H'_in, and the state pass's (din ⊙ g_Y)ᵀ Q; b and gdin
+are the row dots of V G_out with K and of g_Y H'_in with Q, as a kernel forms them from those
+products. The rank-M terms of the first chunk token's σ, the decays and the sums stay float32.
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ import numpy as np
 from .chunked import chunk_tables
 from .mamba3 import mod_2pi, rotate, rotate_back
 from .mamba3_checks import M3Problem, pair_index
-from .mamba3_chunked import check_chunk_length, forward
+from .mamba3_chunked import check_chunk_length, check_chunk_precision, forward, rows
+from .precision import matmul
 
 __all__ = ["backward"]
 
@@ -93,12 +101,49 @@ class _Chunk:
         self.wout = self.dout * (self.gamma + sigma)                                  # (Lc,)
 
 
-def backward(p: M3Problem, L: int) -> dict[str, np.ndarray]:
+def _einsums(q: _Chunk, Go, Hi):
+    """The chunk's products in float32 (``precision="highest"``): S, GV (Lc, M, Lc, M), g_v, g_k,
+    g_q (Lc, M, P | N), b, gdin (Lc,)."""
+    Sc = np.einsum("trn,sqn->trsq", q.q, q.k)                                     # (Lc, M, Lc, M)
+    GV = np.einsum("trp,sqp->trsq", q.gy, q.v)
+    Wm = q.W[:, None, :, None]
+    g_v = (np.einsum("trsq,trp->sqp", Sc * Wm, q.gy)
+           + q.wout[:, None, None] * np.einsum("pn,sqn->sqp", Go, q.k))              # (Lc, M, P)
+    g_k = (np.einsum("trsq,trn->sqn", GV * Wm, q.q)
+           + q.wout[:, None, None] * np.einsum("pn,sqp->sqn", Go, q.v))              # (Lc, M, N)
+    g_q = (np.einsum("trsq,sqn->trn", GV * Wm, q.k)
+           + q.din[:, None, None] * np.einsum("pn,trp->trn", Hi, q.gy))              # (Lc, M, N)
+    b = np.einsum("sqp,pn,sqn->s", q.v, Go, q.k)                                   # (Lc,)
+    gdin = np.einsum("trp,pn,trn->t", q.gy, Hi, q.q)                               # (Lc,)
+    return Sc, GV, g_v, g_k, g_q, b, gdin
+
+
+def _matrix_units(q: _Chunk, Go, Hi, precision: str):
+    """:func:`_einsums`'s products on the matrix units at ``precision`` (module docstring)."""
+    Lc, M, _ = q.q.shape
+    Q, K, V, GY = rows(q.q), rows(q.k), rows(q.v), rows(q.gy)
+    Wr = np.kron(q.W, np.ones((M, M), q.W.dtype))
+    wout, din = np.repeat(q.wout, M)[:, None], np.repeat(q.din, M)[:, None]
+    S, GV = matmul(Q, K.T, precision), matmul(GY, V.T, precision)                  # (Lc M, Lc M)
+    VG, GH = matmul(V, Go, precision), matmul(GY, Hi, precision)                   # (Lc M, N)
+    g_v = matmul((S * Wr).T, GY, precision) + wout * matmul(K, Go.T, precision)
+    g_k = matmul((GV * Wr).T, Q, precision) + wout * VG
+    g_q = matmul(GV * Wr, K, precision) + din * GH
+    b = (VG * K).sum(axis=1).reshape(Lc, M).sum(axis=1)
+    gdin = (GH * Q).sum(axis=1).reshape(Lc, M).sum(axis=1)
+    four = (Lc, M, Lc, M)
+    return (S.reshape(four), GV.reshape(four), g_v.reshape(Lc, M, -1), g_k.reshape(Lc, M, -1),
+            g_q.reshape(Lc, M, -1), b, gdin)
+
+
+def backward(p: M3Problem, L: int, precision: str = "highest") -> dict[str, np.ndarray]:
     """The adjoint of the forward in chunks of ``L`` tokens. Returns what
     :func:`ssm_ref.mamba3.backward` does (rank axis kept): d_x, d_dt, d_dA, d_lam, d_B, d_C,
     d_B_bias, d_C_bias, d_dtheta, d_psi, and the start-state gradients per sequence d0_theta
-    (S,H,F), d0_h (S,H,P,N), d0_k (S,H,M,N), d0_v (S,H,M,P). ValueError for L < 1."""
+    (S,H,F), d0_h (S,H,P,N), d0_k (S,H,M,N), d0_v (S,H,M,P). ``precision``: the products' (module
+    docstring). ValueError for L < 1 or a precision the forward refuses."""
     check_chunk_length(L)
+    check_chunk_precision(p, precision)
     d = p.dims
     S, T, H, P, N, G, M, F = d.S, d.T, d.H, d.P, d.N, d.G, d.M, d.F
     dt_ = p.dtype
@@ -113,7 +158,7 @@ def backward(p: M3Problem, L: int) -> dict[str, np.ndarray]:
     if T == 0:
         return out                      # the outputs are the start state: the cotangents pass as they are
     chunks = _chunks(T, L)
-    _y, _final, (th_in, h_in, k_in, v_in) = forward(p, L, keep=True)
+    _y, _final, (th_in, h_in, k_in, v_in) = forward(p, L, keep=True, precision=precision)
     for i in range(S):
         for h in range(H):
             cs = [_Chunk(p, i, h, t0, t1, th_in[i, h, c]) for c, (t0, t1) in enumerate(chunks)]
@@ -123,7 +168,10 @@ def backward(p: M3Problem, L: int) -> dict[str, np.ndarray]:
             for c in reversed(range(len(chunks))):
                 q = cs[c]
                 G_out[c] = G
-                G = q.dch * G + np.einsum("t,trp,trn->pn", q.din, q.gy, q.q)        # (P, N)
+                if precision == "highest":
+                    G = q.dch * G + np.einsum("t,trp,trn->pn", q.din, q.gy, q.q)    # (P, N)
+                else:
+                    G = q.dch * G + matmul((rows(q.gy) * np.repeat(q.din, d.M)[:, None]).T, rows(q.q), precision)
                 G_in[c] = G
             out["d0_h"][i, h] = G
             # 2. each chunk's own gradients, and 3. the angle pass (its suffix sums)
@@ -133,22 +181,13 @@ def backward(p: M3Problem, L: int) -> dict[str, np.ndarray]:
                 q, Go, Gi, Hi = cs[c], G_out[c], G_in[c], h_in[i, h, c]
                 ki, vi = k_in[i, h, c], v_in[i, h, c]                             # (M, N), (M, P)
                 causal = np.tri(t1 - t0, dtype=bool)
-                Sc = np.einsum("trn,sqn->trsq", q.q, q.k)                         # (Lc, M, Lc, M)
-                GV = np.einsum("trp,sqp->trsq", q.gy, q.v)
-                Wm = q.W[:, None, :, None]
-                g_v = (np.einsum("trsq,trp->sqp", Sc * Wm, q.gy)
-                       + q.wout[:, None, None] * np.einsum("pn,sqn->sqp", Go, q.k))   # (Lc, M, P)
-                g_k = (np.einsum("trsq,trn->sqn", GV * Wm, q.q)
-                       + q.wout[:, None, None] * np.einsum("pn,sqp->sqn", Go, q.v))   # (Lc, M, N)
-                g_q = (np.einsum("trsq,sqn->trn", GV * Wm, q.k)
-                       + q.din[:, None, None] * np.einsum("pn,trp->trn", Hi, q.gy))   # (Lc, M, N)
+                Sc, GV, g_v, g_k, g_q, b, gdin = (_einsums(q, Go, Hi) if precision == "highest"
+                                                   else _matrix_units(q, Go, Hi, precision))
                 if t1 == T:
                     g_k[-1] += p.g_k[i, h]
                     g_v[-1] += p.g_v[i, h]
                 # the weights' and the decays' cotangents
                 gW = np.where(causal, (Sc * GV).sum(axis=(1, 3)), dt_.type(0))     # (Lc, Lc)
-                b = np.einsum("sqp,pn,sqn->s", q.v, Go, q.k)                        # (Lc,)
-                gdin = np.einsum("trp,pn,trn->t", q.gy, Hi, q.q)                    # (Lc,)
                 E, Eout, Edin = gW * q.W, b * q.wout, gdin * q.din
                 gdch = np.sum(Go * Hi)
                 Lc = t1 - t0
