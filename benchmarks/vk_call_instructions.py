@@ -16,7 +16,8 @@ replay's path), ``fwd-miss`` / ``bwd-miss`` (the kept replays cleared before eac
 on the same arrays, counted as one call), each also with ``-staged`` (the ``force_staging`` seam: a
 discrete GPU's path, its staging slots written and compared, the copies recorded);
 ``fwd-prepared`` / ``bwd-prepared`` (``run()`` of a prepared call of the device inputs); each with
-the prefix ``m3-`` (``m3-fwd``, ``m3-bwd``, ...): Mamba-3's calls instead (SISO, start states).
+the prefix ``m3-`` (``m3-fwd``, ``m3-bwd``, ...): Mamba-3's calls instead (SISO, start states), and
+``m3-dec``: a Mamba-3 decode step (one token, ``update_cache=True`` on DeviceArray caches).
 The shape is tiny, (S, T, H, P, N, G) = (1, 4, 2, 4, 8, 1): the count is Python's, not the scan's.
 """
 
@@ -61,13 +62,17 @@ rt.get_context().seams.force_staging = mode.endswith("-staged")
 names = ("s", "x", "dt", "A", "B", "C", "ids") + (("g_y", "g_states") if back else ())
 if m3:   # Mamba-3 (SISO, start states, F = 2): its inputs, and the backward's g_y and g_h
     from ssm_ref.testing import mamba3_cases
-    case = mamba3_cases.make_case(0, S=S, T=T, H=H, P=P, N=N, G=G, F=2, R=S, ids="identity")
+    dec = mode == "dec"   # a decode step: one token, the four caches (DeviceArrays) written by ids
+    case = mamba3_cases.make_case(0, S=S, T=1 if dec else T, H=H, P=P, N=N, G=G, F=2, R=S, ids="identity")
     a = {**case.args(), "g_y": case.cotangents["g_y"], "g_h": case.cotangents["g_h"]}
     names = (*case.args(), *(("g_y", "g_h") if back else ()))
 args = {k: (v if k == "ids" or host or v is None else ssm_vk.to_device(v)) for k, v in a.items() if k in names}
 entry = ssm_vk.ssm_scan_back if back else ssm_vk.ssm_scan
 if m3:
     entry = ssm_vk.mamba3_scan_back if back else ssm_vk.mamba3_scan
+    if dec:
+        def entry(**kw):
+            return ssm_vk.mamba3_scan(**kw, update_cache=True)
 if mode.startswith("step"):
     fwd_args = {k: v for k, v in args.items() if k not in ("g_y", "g_states")}
 

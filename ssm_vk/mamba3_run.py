@@ -204,6 +204,13 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
     # kernels flag non-finite results, so theirs are written after the flag check)
     if ws.flags_nonfinite or getattr(ws.plan, "npb", None) is None:
         return 0, set()
+    # the bindings on the caches' buffers (one pass over the call's bindings; each part then reads
+    # only those)
+    held = {id(c.buffer) for c in caches.values()}
+    on: dict = {}
+    for k, v in bufs.items():
+        if id(v[0]) in held and k[:1] != "_":
+            on.setdefault(id(v[0]), []).append((k, v[1], v[1] + v[2]))
     ok = set()
     for part, name in zip(STATE_PARTS, _CACHES, strict=True):
         b = bufs[name]
@@ -214,8 +221,7 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
         if c is None or b[0] is not c.buffer or b[1] != c.offset * 4:
             continue
         lo, hi = b[1], b[1] + b[2]
-        if not any(k != name and v[0] is b[0] and v[1] < hi and lo < v[1] + v[2]
-                   for k, v in bufs.items() if k[:1] != "_"):
+        if not any(k != name and at < hi and lo < end for k, at, end in on[id(b[0])]):
             ok.add(part)
     mask, direct = 0, set()
     if {"h", "v"} <= ok:
