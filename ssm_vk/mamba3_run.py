@@ -206,11 +206,11 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
         return 0, set()
     # the bindings on the caches' buffers (one pass over the call's bindings; each part then reads
     # only those)
-    held = {id(c.buffer) for c in caches.values()}
+    held = {c.buffer for c in caches.values()}   # (buffers hash by identity)
     on: dict = {}
     for k, v in bufs.items():
-        if id(v[0]) in held and k[:1] != "_":
-            on.setdefault(id(v[0]), []).append((k, v[1], v[1] + v[2]))
+        if v[0] in held and k[:1] != "_":
+            on.setdefault(v[0], []).append((k, v[1], v[1] + v[2]))
     ok = set()
     for part, name in zip(STATE_PARTS, _CACHES, strict=True):
         b = bufs[name]
@@ -221,7 +221,7 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
         if c is None or b[0] is not c.buffer or b[1] != c.offset * 4:
             continue
         lo, hi = b[1], b[1] + b[2]
-        if not any(k != name and at < hi and lo < end for k, at, end in on[id(b[0])]):
+        if not any(k != name and at < hi and lo < end for k, at, end in on[b[0]]):
             ok.add(part)
     mask, direct = 0, set()
     if {"h", "v"} <= ok:
