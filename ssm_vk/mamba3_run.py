@@ -110,7 +110,7 @@ def run_bound(engine: Engine, ws: M3Workspace, p, backward: bool, device_out: bo
                 return None
             if update:   # the cache rows written only now: a flagged call's recompute reads them as they were
                 put_states_after(ws, p)
-        return finish(ws, p, bufs, outs, update, device_out)
+        return finish(ws, p, outs, update, device_out)
     except BaseException:
         if given is None and device_out:
             _release(outs)
@@ -143,8 +143,20 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
     """The sequence of the call over its inputs' bindings and the outputs ``outs`` (DeviceArrays):
     looked up by their buffers and the ids, recorded on first use. With ``update`` the final state
     goes into the workspace's buffers, and from there into the rows of the DeviceArray caches at
-    the sequence's end."""
+    the sequence's end. The key is made first: a repeat (the sequence kept) binds nothing more."""
     d = ws.dims
+    for a in outs.values():
+        key += (None if a.buffer is None else a.buffer.serial, a.offset)
+    caches = {}
+    if update and not backward:
+        caches = {part: c for part, name in zip(STATE_PARTS, _CACHES, strict=True)
+                  if type(c := getattr(p, name)) is DeviceArray}
+        key.append(("update", tuple(caches)))
+    key.append(p.ids.tobytes())
+    key = tuple(key)
+    seq = ws.recorded(key)
+    if seq is not None:
+        return seq
     spill = []   # (own buffer, the output's buffer, byte offset, bytes): outputs in pieces the windows cannot bind
     for k, a in outs.items():
         b = a.buffer
@@ -154,7 +166,6 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
             bufs[k] = (own, 0, a.nbytes)
         else:
             bufs[k] = (b, a.offset * 4, a.nbytes)
-        key += (None if b is None else b.serial, a.offset)
     for k, n in ws.scratch.items():
         bufs[k] = (ws.own(k, n * 4), 0, n * 4)
     if backward:
@@ -162,24 +173,19 @@ def record(ws: M3Workspace, p, backward: bool, bufs: dict, key: list, outs: dict
             ws.split_grads(seq, p, outs)
             _spill(seq, spill)
     else:
-        caches = {}
         if update:
-            caches = {part: c for part, name in zip(STATE_PARTS, _CACHES, strict=True)
-                      if type(c := getattr(p, name)) is DeviceArray}
             mask, direct = _in_place(ws, bufs, caches)
             for part, row in zip(STATE_PARTS, ws.rows, strict=True):
                 n = d.S * row * 4
                 bufs[part] = (None, 0, 0) if part in direct else (ws.own("fin:" + part, n), 0, n)
             bufs["_in_place"] = (None, mask)   # (a binding's form: no buffer of its own)
-            key.append(("update", tuple(caches)))
         finals = {part: bufs[part][0] for part in STATE_PARTS} if update else {}
 
         def post(seq):
             if caches and not ws.flags_nonfinite:   # (flagging plans: after the check, put_flagged_states)
                 ws.put_states(seq, finals, caches, p.ids)
             _spill(seq, spill)
-    key.append(p.ids.tobytes())
-    return ws.sequence(tuple(key), p, bufs, post)
+    return ws.sequence(key, p, bufs, post)
 
 
 def _spill(seq, spill: list) -> None:
@@ -231,12 +237,12 @@ def _in_place(ws: M3Workspace, bufs: dict, caches: dict) -> tuple[int, set]:
     return mask, direct
 
 
-def finish(ws: M3Workspace, p, bufs: dict, outs: dict, update: bool, device_out: bool) -> dict:
+def finish(ws: M3Workspace, p, outs: dict, update: bool, device_out: bool) -> dict:
     """After the submit: the outputs by name, read back unless ``device_out``; with
     ``update`` y and, flat, the final state of each part whose cache is a host array (for the
     caller to write into its rows; None where the sequence wrote a DeviceArray cache)."""
     if update:
-        out = {"y": outs["y"], **_finals(ws, p, bufs)}
+        out = {"y": outs["y"], **_finals(ws, p)}
     else:
         out = dict(outs)
     if device_out:
@@ -244,17 +250,18 @@ def finish(ws: M3Workspace, p, bufs: dict, outs: dict, update: bool, device_out:
     return {k: a.numpy() if type(a) is DeviceArray else a for k, a in out.items()}
 
 
-def _finals(ws: M3Workspace, p, bufs: dict) -> dict:
+def _finals(ws: M3Workspace, p) -> dict:
     """update_cache's final state, read back, of the parts whose cache is a host array (the caller
-    writes their rows); None for those the sequence put into a DeviceArray cache."""
+    writes their rows; the sequence left each in the workspace's buffer "fin:<part>"); None for
+    those the sequence put into a DeviceArray cache."""
     d = ws.dims
     out = {}
     for part, name, row in zip(STATE_PARTS, _CACHES, ws.rows, strict=True):
         if type(getattr(p, name)) is DeviceArray:
             out[part] = None
             continue
-        buf = bufs[part][0]
-        out[part] = rt.download(buf, ((d.S * row,), np.float32)) if buf is not None else np.zeros(0, np.float32)
+        n = d.S * row
+        out[part] = rt.download(ws.own("fin:" + part, n * 4), ((n,), np.float32)) if n else np.zeros(0, np.float32)
     return out
 
 

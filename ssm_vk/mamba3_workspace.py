@@ -287,13 +287,20 @@ class M3Workspace(FlagHost, M3Windows):
             at += n
 
     # -- recorded sequences -------------------------------------------------------------------
+    def recorded(self, key) -> rt.Sequence | None:
+        """The sequence recorded for binding ``key``, or None (not yet, or no longer kept)."""
+        hit = self.sequences.get(key)
+        if hit is None:
+            return None
+        self.sequences.move_to_end(key)
+        return hit[0]
+
     def sequence(self, key, p, bufs: dict, post) -> rt.Sequence:
         """The sequence recorded for binding ``key``: the copies and fills of ``bufs["_pre"][1]``, the
         family's kernels over ``bufs`` (the ids a constant of it), then ``post(seq)``."""
-        hit = self.sequences.get(key)
+        hit = self.recorded(key)
         if hit is not None:
-            self.sequences.move_to_end(key)
-            return hit[0]
+            return hit
         self._constants = []
         seq = rt.Sequence(self.ctx)
         try:
