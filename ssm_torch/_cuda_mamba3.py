@@ -53,7 +53,7 @@ def forward(inputs, rotation: str, dtypes, side=None) -> tuple:
     def call(a, out):
         return ssm_vk.mamba3_scan(*_m3_args(a, names), ids_, rotation=rotation, out=out)
 
-    r, tensors = cuda.run(ctx, side, named, outs, call, True, held=False)
+    r, tensors = cuda.run(ctx, side, named, outs, call, True, keep=False)
     _common.record(MAMBA3.name, r, torch.float32, "ssm_vk")
     return tensors
 
@@ -86,7 +86,7 @@ def backward(inputs, cotangents, rotation: str, side=None) -> tuple:
     def call(a, out):
         return ssm_vk.mamba3_scan_back(*_m3_args(a[:n], names), ids_, *a[n:], rotation=rotation, out=out)
 
-    g, tensors = cuda.run(ctx, side, named, outs, call, False, unread, held=False)
+    g, tensors = cuda.run(ctx, side, named, outs, call, False, unread, keep=False)
     _common.record(MAMBA3.backward_name, g, torch.float32, "ssm_vk")
     by = dict(zip(names, tensors, strict=True))
     return tuple(by[nm] if nm in by else x.new_empty(0) for nm in _M3)

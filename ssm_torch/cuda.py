@@ -230,7 +230,7 @@ def _signature(tensors) -> tuple | None:
         return None
 
 
-def run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict | None = None, held: bool = True):
+def run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict | None = None, keep: bool = True):
     """Inputs into the arena, ``call(arrays, out)`` (ssm_vk's, ``out`` the DeviceArrays over the
     output slots, which it writes), its outputs ``outs`` ({name: (shape, dtype)}) out of the arena
     as new tensors; ``unread`` ({name: shape}): outputs the call writes that no tensor is made of
@@ -239,12 +239,12 @@ def run(ctx, side, inputs: dict, outs: dict, call, forward: bool, unread: dict |
     The scan's forward inputs stay in their slots (``arena.held``); a backward given those very
     tensors, unwritten since, binds the forward's DeviceArrays of them instead of copying them
     again -- and so ssm_vk's backward finds the tables its chunked forward kept for them
-    (engine.KeptForward) instead of computing them again. ``held=False`` (Mamba-3's calls, whose
+    (engine.KeptForward) instead of computing them again. ``keep=False`` (Mamba-3's calls, whose
     backward keeps nothing of its forward): no slot is kept for a later call."""
     arena = _arena.arena(ctx, side)
     with arena.lock:
         side.before_writes(arena)
-        sig = _signature([inputs[n] for n in _FWD]) if held else None
+        sig = _signature([inputs[n] for n in _FWD]) if keep else None
         held = arena.held
         reuse = held[1] if (not forward and held is not None and sig is not None and held[0] == sig) else {}
         if not reuse:
@@ -354,4 +354,3 @@ def backward(*args, side=None) -> tuple:
     g, tensors = run(ctx, side, named, outs, call, False, d_s0)
     _common.record("ssm_scan_back", g, torch.float32)
     return tensors
-

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from ssm_ref import Support, check_dt_softplus
 from ssm_ref.ops import SCAN
-from ssm_ref.precision import check_precision
 from ssm_ref.results import PRECISION
 
 from . import runtime as rt
@@ -82,14 +81,11 @@ class Decided:
 FORMS = {code: form for form, code in SOFTPLUS.items()}   # the kernels' code -> the checked form
 
 
-def with_precision(sup: Support, precision) -> Support:
-    """``sup`` with what a call asking for ``precision`` computes (ValueError naming ``precision``
-    unless it is one of ssm_ref.precision.PRECISIONS): "high" and "medium" ask for the matrix units,
-    which no ssm_vk kernel runs on yet, so such a call computes at "highest" -- said here, as its
-    result's ``precision`` says it."""
-    if precision is PRECISION:   # (the default, and the literal "highest": one test)
-        return sup
-    if check_precision(precision) == PRECISION:
+def with_precision(sup: Support, precision: str) -> Support:
+    """``sup`` with what a call asking for ``precision`` (checked by the caller, before any work)
+    computes: "high" and "medium" ask for the matrix units, which no ssm_vk kernel runs on yet, so
+    such a call computes at "highest" -- said here, as its result's ``precision`` says it."""
+    if precision == PRECISION:
         return sup
     return Support(sup.ok, f"{sup.reason}; precision {precision!r} computes as {PRECISION!r} (float32 products): "
                            "no ssm_vk kernel runs on the matrix units yet")
